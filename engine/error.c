@@ -1,0 +1,56 @@
+/*
+ * error.c - kvx_strerror, kvx_err_name and the thread-local last-error
+ * message. Names and messages come from KVX_ERROR_MAP in kvx.h.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static _Thread_local char last_error[512];
+
+const char *kvx_version(void) { return KVX_VERSION_STRING; }
+
+const char *kvx_strerror(int code)
+{
+    switch (code) {
+    case KVX_OK: return "success";
+#define KVX_ERROR_MSG_(name, value, msg) case KVX_##name: return msg;
+    KVX_ERROR_MAP(KVX_ERROR_MSG_)
+#undef KVX_ERROR_MSG_
+    default: break;
+    }
+    if (code < 0 && code > -4096) return strerror(-code);
+    return "unknown error";
+}
+
+const char *kvx_err_name(int code)
+{
+    switch (code) {
+    case KVX_OK: return "KVX_OK";
+#define KVX_ERROR_NAME_(name, value, msg) case KVX_##name: return "KVX_" #name;
+    KVX_ERROR_MAP(KVX_ERROR_NAME_)
+#undef KVX_ERROR_NAME_
+    default: break;
+    }
+    if (code < 0 && code > -4096) {
+        const char *n = strerrorname_np(-code);
+        if (n) return n;
+    }
+    return "KVX_EUNKNOWN";
+}
+
+const char *kvx_last_error(void) { return last_error; }
+
+void kvx_clear_error(void) { last_error[0] = '\0'; }
+
+int kvx_fail(int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return code;
+}

@@ -1,0 +1,99 @@
+/*
+ * os.c - the OS seam (see os.h): the default table and the loops that turn
+ * short transfers and EINTR into whole-buffer calls.
+ */
+#include "os.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static int os_open(const char *path, int flags, mode_t mode) { return open(path, flags, mode); }
+static int os_openat(int dirfd, const char *path, int flags, mode_t mode) { return openat(dirfd, path, flags, mode); }
+static int os_uring_result(int res, size_t requested) { (void)requested; return res; }
+
+static const kvx_os_ops default_ops = {
+    .open = os_open,
+    .openat = os_openat,
+    .close = close,
+    .pread = pread,
+    .pwrite = pwrite,
+    .fsync = fsync,
+    .fdatasync = fdatasync,
+    .ftruncate = ftruncate,
+    .rename = rename,
+    .renameat = renameat,
+    .unlink = unlink,
+    .unlinkat = unlinkat,
+    .mkdir = mkdir,
+    .uring_result = os_uring_result,
+};
+
+kvx_os_ops kvx_os = default_ops;
+
+void kvx_os_reset(void) { kvx_os = default_ops; }
+
+int kvx_os_pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
+{
+    const char *p = buf;
+    while (len > 0) {
+        size_t chunk = len > (size_t)1 << 30 ? (size_t)1 << 30 : len;
+        ssize_t n = kvx_os.pwrite(fd, p, chunk, (off_t)off);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (n == 0) return -EIO;
+        p += n;
+        off += (uint64_t)n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int kvx_os_pread_all(int fd, void *buf, size_t len, uint64_t off, size_t *out_got)
+{
+    char *p = buf;
+    size_t got = 0;
+    while (got < len) {
+        size_t chunk = len - got > (size_t)1 << 30 ? (size_t)1 << 30 : len - got;
+        ssize_t n = kvx_os.pread(fd, p + got, chunk, (off_t)(off + got));
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (n == 0) break; /* end of file */
+        got += (size_t)n;
+    }
+    if (out_got) {
+        *out_got = got;
+        return 0;
+    }
+    return got == len ? 0 : -EIO;
+}
+
+int kvx_os_fsync_dir(const char *dir)
+{
+    int fd = kvx_os.open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (fd < 0) return -errno;
+    int rc = kvx_os.fsync(fd) < 0 ? -errno : 0;
+    kvx_os.close(fd);
+    return rc;
+}
+
+int kvx_os_fsync_parent(const char *path)
+{
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (!slash) return kvx_os_fsync_dir(".");
+    size_t n = (size_t)(slash - path);
+    if (n == 0) return kvx_os_fsync_dir("/");
+    if (n >= sizeof dir) return -ENAMETOOLONG;
+    memcpy(dir, path, n);
+    dir[n] = '\0';
+    return kvx_os_fsync_dir(dir);
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs everything kvx needs to build, test, fuzz and benchmark on Debian 12.
+# Run as root (or with sudo). Safe to run again.
+set -euo pipefail
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+  build-essential cmake pkg-config clang libclang-rt-14-dev \
+  liburing-dev liblmdb-dev lmdb-utils libnuma-dev libcmocka-dev libisal-dev zlib1g-dev \
+  fio golang-go gnuplot-nox ca-certificates >/dev/null
