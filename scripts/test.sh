@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Second command of the README: the whole test suite, as CI runs it.
+#  1. plain build (with the CUDA path compiled and linked when nvcc is
+#     there) and every ctest test: unit, crash, fault, two-process, CLI,
+#     fuzz-corpus replay; make install into a scratch prefix + pkg-config;
+#  2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer;
+#  3. a short libFuzzer smoke run of each harness (clang);
+#  4. the Go package: go vet, go test, go test -race.
+# Set KVX_TEST_QUICK=1 to run only step 1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs=$(nproc)
+step() { printf '\n==> %s\n' "$*"; }
+
+step "plain build and tests"
+cmake -S . -B build -DKVX_BUILD_TESTS=ON >/dev/null
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+
+step "install into a scratch prefix"
+prefix=$(mktemp -d)
+cmake --install build --prefix "$prefix" >/dev/null
+PKG_CONFIG_PATH="$prefix/lib/pkgconfig:$prefix/lib/x86_64-linux-gnu/pkgconfig" pkg-config --exists kvx
+test -x "$prefix/bin/kvx" && "$prefix/bin/kvx" --version
+rm -rf "$prefix"
+
+[ "${KVX_TEST_QUICK:-0}" = 1 ] && exit 0
+
+step "AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
+cmake -S . -B build-asan -DKVX_BUILD_TESTS=ON -DKVX_SANITIZE=ON -DKVX_WITH_CUDA=OFF -DKVX_BUILD_BENCH=OFF >/dev/null
+cmake --build build-asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j"$jobs"
+
+step "libFuzzer smoke run"
+cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DKVX_BUILD_FUZZERS=ON -DKVX_WITH_CUDA=OFF -DKVX_BUILD_BENCH=OFF >/dev/null
+cmake --build build-fuzz -j"$jobs"
+for fz in build-fuzz/fuzz/fuzz_*; do
+  name=${fz##*/fuzz_}
+  work=$(mktemp -d)
+  cp fuzz/corpus/"$name"/* "$work"/
+  "$fz" -max_total_time="${KVX_FUZZ_SECONDS:-20}" -rss_limit_mb=2048 "$work" 2>&1 | tail -n 2
+  rm -rf "$work"
+done
+
+if [ -f bindings/go/go.mod ]; then
+  step "Go package"
+  (cd bindings/go && go vet ./... && go test ./... && go test -race ./...)
+fi
+echo "all kvx tests passed"
