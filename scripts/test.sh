@@ -33,7 +33,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
   ctest --test-dir build-asan --output-on-failure -j"$jobs"
 
 step "libFuzzer smoke run"
-cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DKVX_BUILD_FUZZERS=ON -DKVX_WITH_CUDA=OFF -DKVX_BUILD_BENCH=OFF >/dev/null
+cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DKVX_BUILD_FUZZERS=ON -DKVX_BUILD_TESTS=OFF -DKVX_WITH_CUDA=OFF -DKVX_BUILD_BENCH=OFF >/dev/null
 cmake --build build-fuzz -j"$jobs"
 for fz in build-fuzz/fuzz/fuzz_*; do
   name=${fz##*/fuzz_}
