@@ -1,0 +1,51 @@
+/*
+ * geometry.c - sizes derived from a shard's geometry (L, Hkv, D, quant).
+ *
+ * Every size here is computed with overflow-checked 64-bit arithmetic and
+ * returns 0 when it does not fit, so callers can treat 0 as "refuse": no
+ * valid geometry has a zero-byte page or zero scales.
+ */
+#include "internal.h"
+
+size_t kvx_quant_elem_size(uint32_t quant)
+{
+    switch (quant) {
+    case KVX_QUANT_FP16: return 2;
+    case KVX_QUANT_E4M3: return 1;
+    case KVX_QUANT_E5M2: return 1;
+    default: return 0;
+    }
+}
+
+const char *kvx_quant_name(uint32_t quant)
+{
+    switch (quant) {
+    case KVX_QUANT_FP16: return "fp16";
+    case KVX_QUANT_E4M3: return "e4m3";
+    case KVX_QUANT_E5M2: return "e5m2";
+    default: return NULL;
+    }
+}
+
+/* 2 * L * Hkv * n * D * elem, or 0 on overflow / unknown quant. */
+uint64_t kvx_page_bytes(const kvx_geometry *g, uint32_t n_tokens)
+{
+    if (!g) return 0;
+    uint64_t elem = kvx_quant_elem_size(g->quant), v = 2;
+    if (!elem) return 0;
+    if (!kvx_mul64(&v, v, g->num_layers) || !kvx_mul64(&v, v, g->kv_heads) ||
+        !kvx_mul64(&v, v, n_tokens) || !kvx_mul64(&v, v, g->head_dim) ||
+        !kvx_mul64(&v, v, elem))
+        return 0;
+    return v;
+}
+
+/* L * 2 * Hkv: one f32 scale per (layer, K|V, head) slab. Cannot overflow
+ * for 32-bit L and Hkv (< 2^65 would need both near 2^32; checked anyway). */
+uint64_t kvx_scale_count(const kvx_geometry *g)
+{
+    if (!g) return 0;
+    uint64_t v = 2;
+    if (!kvx_mul64(&v, v, g->num_layers) || !kvx_mul64(&v, v, g->kv_heads)) return 0;
+    return v;
+}
