@@ -154,9 +154,18 @@ KVX_API uint32_t kvx_crc32c(uint32_t crc, const void *data, size_t len); /* Cast
 KVX_API uint32_t kvx_crc32(uint32_t crc, const void *data, size_t len);  /* IEEE, as zlib */
 
 /* ------------------------------------------------------------------------
- * Numerics: round to nearest even. f16 keeps inf and NaN. E4M3FN has no
- * inf: finite values beyond 448 and +-inf saturate to +-448, NaN becomes
- * 0x7F (sign kept). E5M2 keeps inf and NaN like f16.
+ * Numerics: round to nearest, ties to even, subnormals included.
+ *  - f16: overflow (|x| >= 65520) goes to inf; inf and NaN are kept. A NaN
+ *    keeps its sign and top payload bits and comes out quiet (as x86 F16C
+ *    does), so every non-NaN f16 round-trips exactly through f32 and a
+ *    signalling NaN comes back with its quiet bit (0x0200) set.
+ *  - E4M3FN (bias 7, max 448, no inf): finite values beyond 448 and +-inf
+ *    saturate to +-448 (0x7E / 0xFE); NaN becomes 0x7F, 0xFF when negative.
+ *  - E5M2 (bias 15, max 57344): overflow (|x| >= 61440) goes to inf
+ *    (0x7C | sign); NaN becomes the quiet 0x7E | sign.
+ * Bulk _n forms: encoders multiply by inv_scale before rounding, decoders
+ * multiply by scale after; equal bit for bit to the scalar forms (F16C and
+ * table lookups where the CPU allows).
  * ---------------------------------------------------------------------- */
 
 KVX_API uint16_t kvx_f32_to_f16(float x);

@@ -1,0 +1,334 @@
+/*
+ * test_numerics.c - f16 / E4M3FN / E5M2 conversions.
+ *
+ * Decoders are checked exhaustively against the formats' defining formulas
+ * (computed with ldexp, not with our code); encoders against a brute-force
+ * nearest-value reference over the format's full value list (ties to the
+ * even code), so rounding, subnormals, saturation and overflow are tested
+ * by an independent method. Known values come from the OCP FP8 and IEEE
+ * definitions. The bulk paths (F16C, tables) must equal the scalar ones bit
+ * for bit on random data, NaNs and subnormals included.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#include <cmocka.h>
+
+#include "kvx.h"
+
+static uint32_t fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static float bitsf(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+static uint32_t rng_state = 0x12345678u;
+static uint32_t rnd(void) /* xorshift32: deterministic and fast */
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 17;
+    rng_state ^= rng_state << 5;
+    return rng_state;
+}
+
+/* ---- defining formulas --------------------------------------------------- */
+
+static double def_f16(uint16_t h) /* NaN/inf handled by callers */
+{
+    int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+    double v = e == 0 ? ldexp(m, -24) : e == 31 ? INFINITY : ldexp(1024 + m, e - 25);
+    return s ? -v : v;
+}
+static double def_e4m3(uint8_t b)
+{
+    int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    double v = e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
+    return s ? -v : v;
+}
+static double def_e5m2(uint8_t b)
+{
+    int s = b >> 7, e = (b >> 2) & 31, m = b & 3;
+    double v = e == 0 ? ldexp(m, -16) : e == 31 ? INFINITY : ldexp(4 + m, e - 17);
+    return s ? -v : v;
+}
+
+/* Nearest code by brute force over the ascending list of non-negative
+ * finite codes vals[0..n) (code i has value vals[i]); ties to the even
+ * code. Returns -1 when |x| lies past max + half an ulp (overflow). */
+static int nearest(const double *vals, int n, double ax, double overflow_at)
+{
+    if (ax >= overflow_at) return -1;
+    int lo = 0, hi = n - 1;
+    while (hi - lo > 1) { /* vals[lo] <= ax < vals[hi] after the search */
+        int mid = (lo + hi) / 2;
+        if (vals[mid] <= ax) lo = mid; else hi = mid;
+    }
+    if (ax >= vals[n - 1]) return n - 1;
+    double dl = ax - vals[lo], dh = vals[hi] - ax;
+    if (dl < dh) return lo;
+    if (dh < dl) return hi;
+    return (lo & 1) ? hi : lo;
+}
+
+/* ---- f16 ----------------------------------------------------------------- */
+
+static void test_f16_decode_exhaustive(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = kvx_f16_to_f32((uint16_t)h);
+        int e = (h >> 10) & 31, m = h & 1023;
+        if (e == 31 && m) {
+            assert_true(isnan(f));
+            assert_int_equal(fbits(f) >> 31, h >> 15);
+            /* quiet, payload kept */
+            assert_int_equal(fbits(f) & 0x7FFFFF, 0x400000u | ((uint32_t)m << 13));
+        } else {
+            assert_true((double)f == def_f16((uint16_t)h));
+            assert_int_equal(fbits(f) >> 31, h >> 15); /* -0 stays -0 */
+        }
+    }
+}
+
+static void test_f16_roundtrip_exhaustive(void **state)
+{
+    (void)state;
+    for (uint32_t h = 0; h < 65536; h++) {
+        uint16_t back = kvx_f32_to_f16(kvx_f16_to_f32((uint16_t)h));
+        int nan = ((h >> 10) & 31) == 31 && (h & 1023);
+        /* Every non-NaN is exact; a NaN comes back quiet (bit 9 set). */
+        assert_int_equal(back, nan ? (h | 0x200u) : h);
+    }
+}
+
+static void test_f16_encode_vs_reference(void **state)
+{
+    (void)state;
+    static double vals[31744]; /* codes 0x0000..0x7BFF */
+    for (int i = 0; i < 31744; i++) vals[i] = def_f16((uint16_t)i);
+    double overflow = 65504.0 + 16.0; /* max + half an ulp (ulp 32) */
+    for (int k = 0; k < 400000; k++) {
+        uint32_t u = rnd();
+        /* Half the samples near the f16 range so every binade is hit. */
+        if (k & 1) u = (u & 0x80FFFFFFu) | ((uint32_t)(100 + (rnd() % 45)) << 23);
+        float x = bitsf(u);
+        if (isnan(x)) continue;
+        uint16_t h = kvx_f32_to_f16(x);
+        int want = nearest(vals, 31744, fabs((double)x), overflow);
+        uint16_t exp = (uint16_t)((u >> 16 & 0x8000u) | (want < 0 ? 0x7C00u : (unsigned)want));
+        if (h != exp) fail_msg("f32 %08x -> f16 %04x, expected %04x", u, h, exp);
+    }
+}
+
+static void test_f16_known(void **state)
+{
+    (void)state;
+    assert_int_equal(kvx_f32_to_f16(1.0f), 0x3C00);
+    assert_int_equal(kvx_f32_to_f16(-2.0f), 0xC000);
+    assert_int_equal(kvx_f32_to_f16(0.5f), 0x3800);
+    assert_int_equal(kvx_f32_to_f16(0.25f), 0x3400);
+    assert_int_equal(kvx_f32_to_f16(-0.0f), 0x8000);
+    assert_int_equal(kvx_f32_to_f16(65504.0f), 0x7BFF);
+    assert_int_equal(kvx_f32_to_f16(65519.0f), 0x7BFF);
+    assert_int_equal(kvx_f32_to_f16(65520.0f), 0x7C00); /* tie to even -> inf */
+    assert_int_equal(kvx_f32_to_f16(1e10f), 0x7C00);
+    assert_int_equal(kvx_f32_to_f16(-INFINITY), 0xFC00);
+    assert_int_equal(kvx_f32_to_f16(0x1p-24f), 0x0001);   /* min subnormal */
+    assert_int_equal(kvx_f32_to_f16(0x1p-25f), 0x0000);   /* tie -> even 0 */
+    assert_int_equal(kvx_f32_to_f16(0x1.8p-25f), 0x0001); /* above the tie */
+    assert_int_equal(kvx_f32_to_f16(0x3p-24f), 0x0003);
+    assert_int_equal(kvx_f32_to_f16(0x1.8p-23f), 0x0003); /* 3*2^-24 exactly */
+    assert_int_equal(kvx_f32_to_f16(0x1.4p-23f), 0x0002); /* 2.5*2^-24: tie -> 2 */
+    assert_int_equal(kvx_f32_to_f16(0x1.cp-23f), 0x0004); /* 3.5*2^-24: tie -> 4 */
+    assert_int_equal(kvx_f32_to_f16(0x1p-14f), 0x0400);   /* min normal */
+    assert_int_equal(kvx_f32_to_f16(0x1.ff8p-15f), 0x03FF); /* max subnormal 1023*2^-24 */
+    assert_int_equal(kvx_f32_to_f16(0x1.ffcp-15f), 0x0400); /* max subnormal + half ulp: tie up */
+    assert_int_equal(kvx_f32_to_f16(2049.0f), 0x6800); /* tie between 2048 and 2050 */
+    assert_int_equal(kvx_f32_to_f16(2051.0f), 0x6802); /* tie between 2050 and 2052 */
+    assert_int_equal(kvx_f32_to_f16(1e-30f), 0x0000);
+    assert_int_equal(kvx_f32_to_f16(bitsf(0x00000001u)), 0x0000); /* f32 subnormal */
+    assert_int_equal(kvx_f32_to_f16(NAN) & 0x7E00, 0x7E00);
+    assert_int_equal(kvx_f32_to_f16(bitsf(0xFF800001u)), 0xFE00); /* sNaN -> quiet, sign kept */
+    assert_true(kvx_f16_to_f32(0x3C00) == 1.0f);
+    assert_true(kvx_f16_to_f32(0x0001) == 0x1p-24f);
+    assert_true(isinf(kvx_f16_to_f32(0x7C00)) && kvx_f16_to_f32(0xFC00) < 0);
+}
+
+/* ---- FP8 ----------------------------------------------------------------- */
+
+static void test_e4m3_exhaustive(void **state)
+{
+    (void)state;
+    double vals[127]; /* 0x00..0x7E */
+    for (int b = 0; b < 256; b++) {
+        float f = kvx_e4m3_to_f32((uint8_t)b);
+        if ((b & 0x7F) == 0x7F) {
+            assert_true(isnan(f));
+            assert_int_equal(fbits(f) >> 31, b >> 7);
+            assert_int_equal(kvx_f32_to_e4m3(f), b); /* NaN keeps its sign */
+            continue;
+        }
+        assert_true((double)f == def_e4m3((uint8_t)b));
+        assert_int_equal(fbits(f) >> 31, b >> 7);
+        assert_int_equal(kvx_f32_to_e4m3(f), b); /* exact round trip */
+        if (b < 127) vals[b] = def_e4m3((uint8_t)b);
+    }
+    assert_true(vals[126] == 448.0);
+    /* Encoder vs brute force over random f32 around the format's range.
+     * Past 448 it saturates, so the "overflow" point is never reached. */
+    for (int k = 0; k < 200000; k++) {
+        uint32_t u = (rnd() & 0x80FFFFFFu) | ((uint32_t)(110 + (rnd() % 30)) << 23);
+        float x = bitsf(u);
+        uint8_t b = kvx_f32_to_e4m3(x);
+        int want = nearest(vals, 127, fabs((double)x), INFINITY);
+        uint8_t exp = (uint8_t)((u >> 24 & 0x80u) | (unsigned)want);
+        if (b != exp) fail_msg("f32 %08x -> e4m3 %02x, expected %02x", u, b, exp);
+    }
+}
+
+static void test_e4m3_known(void **state)
+{
+    (void)state;
+    assert_int_equal(kvx_f32_to_e4m3(1.0f), 0x38);
+    assert_int_equal(kvx_f32_to_e4m3(-1.0f), 0xB8);
+    assert_int_equal(kvx_f32_to_e4m3(448.0f), 0x7E);
+    assert_int_equal(kvx_f32_to_e4m3(-448.0f), 0xFE);
+    assert_int_equal(kvx_f32_to_e4m3(416.0f), 0x7D);
+    assert_int_equal(kvx_f32_to_e4m3(464.0f), 0x7E); /* saturates */
+    assert_int_equal(kvx_f32_to_e4m3(1e30f), 0x7E);
+    assert_int_equal(kvx_f32_to_e4m3(INFINITY), 0x7E);
+    assert_int_equal(kvx_f32_to_e4m3(-INFINITY), 0xFE);
+    assert_int_equal(kvx_f32_to_e4m3(NAN), 0x7F);
+    assert_int_equal(kvx_f32_to_e4m3(-NAN), 0xFF);
+    assert_int_equal(kvx_f32_to_e4m3(-0.0f), 0x80);
+    assert_int_equal(kvx_f32_to_e4m3(0x1p-9f), 0x01);   /* min subnormal */
+    assert_int_equal(kvx_f32_to_e4m3(0x1p-10f), 0x00);  /* tie -> even 0 */
+    assert_int_equal(kvx_f32_to_e4m3(0x1.8p-10f), 0x01);
+    assert_int_equal(kvx_f32_to_e4m3(0x1.4p-8f), 0x02); /* 2.5 units: tie -> 2 */
+    assert_int_equal(kvx_f32_to_e4m3(0x1.cp-8f), 0x04); /* 3.5 units: tie -> 4 */
+    assert_int_equal(kvx_f32_to_e4m3(0x1.cp-7f), 0x07); /* max subnormal 7*2^-9 */
+    assert_int_equal(kvx_f32_to_e4m3(0x1p-6f), 0x08);   /* min normal */
+    assert_int_equal(kvx_f32_to_e4m3(1.0625f), 0x38);   /* tie between 1 and 1.125 */
+    assert_int_equal(kvx_f32_to_e4m3(1.1875f), 0x3A);   /* tie between 1.125 and 1.25 */
+    assert_true(kvx_e4m3_to_f32(0x7E) == 448.0f);
+    assert_true(kvx_e4m3_to_f32(0x01) == 0x1p-9f);
+    assert_true(isnan(kvx_e4m3_to_f32(0x7F)) && isnan(kvx_e4m3_to_f32(0xFF)));
+    assert_true(kvx_e4m3_to_f32(0x78) == 256.0f); /* 0x78 is a number in E4M3FN, not inf */
+}
+
+static void test_e5m2_exhaustive(void **state)
+{
+    (void)state;
+    double vals[124]; /* 0x00..0x7B */
+    for (int b = 0; b < 256; b++) {
+        float f = kvx_e5m2_to_f32((uint8_t)b);
+        int e = (b >> 2) & 31, m = b & 3;
+        if (e == 31 && m) {
+            assert_true(isnan(f));
+            assert_int_equal(kvx_f32_to_e5m2(f), (b & 0x80) | 0x7E); /* canonical quiet NaN */
+            continue;
+        }
+        assert_true((double)f == def_e5m2((uint8_t)b));
+        assert_int_equal(fbits(f) >> 31, b >> 7);
+        assert_int_equal(kvx_f32_to_e5m2(f), b);
+        if (b < 124) vals[b] = def_e5m2((uint8_t)b);
+    }
+    double overflow = 57344.0 + 4096.0; /* max + half an ulp (ulp 8192) */
+    for (int k = 0; k < 200000; k++) {
+        uint32_t u = (rnd() & 0x80FFFFFFu) | ((uint32_t)(105 + (rnd() % 40)) << 23);
+        float x = bitsf(u);
+        uint8_t b = kvx_f32_to_e5m2(x);
+        int want = nearest(vals, 124, fabs((double)x), overflow);
+        uint8_t exp = (uint8_t)((u >> 24 & 0x80u) | (want < 0 ? 0x7Cu : (unsigned)want));
+        if (b != exp) fail_msg("f32 %08x -> e5m2 %02x, expected %02x", u, b, exp);
+    }
+}
+
+static void test_e5m2_known(void **state)
+{
+    (void)state;
+    assert_int_equal(kvx_f32_to_e5m2(1.0f), 0x3C);
+    assert_int_equal(kvx_f32_to_e5m2(57344.0f), 0x7B);
+    assert_int_equal(kvx_f32_to_e5m2(61439.0f), 0x7B);
+    assert_int_equal(kvx_f32_to_e5m2(61440.0f), 0x7C); /* tie to even -> inf */
+    assert_int_equal(kvx_f32_to_e5m2(INFINITY), 0x7C);
+    assert_int_equal(kvx_f32_to_e5m2(-INFINITY), 0xFC);
+    assert_int_equal(kvx_f32_to_e5m2(NAN), 0x7E);
+    assert_int_equal(kvx_f32_to_e5m2(-NAN), 0xFE);
+    assert_int_equal(kvx_f32_to_e5m2(0x1p-16f), 0x01);
+    assert_int_equal(kvx_f32_to_e5m2(0x1p-17f), 0x00);
+    assert_int_equal(kvx_f32_to_e5m2(1.125f), 0x3C); /* tie between 1 and 1.25 */
+    assert_int_equal(kvx_f32_to_e5m2(1.375f), 0x3E); /* tie between 1.25 and 1.5 */
+}
+
+/* ---- bulk ---------------------------------------------------------------- */
+
+static void test_bulk_equals_scalar(void **state)
+{
+    (void)state;
+    enum { N = 4099 }; /* not a multiple of the vector width */
+    float *f = malloc(N * sizeof *f), *g = malloc(N * sizeof *g);
+    uint16_t *h = malloc(N * sizeof *h);
+    uint8_t *b = malloc(N);
+    assert_true(f && g && h && b);
+    for (int round = 0; round < 4; round++) {
+        for (int i = 0; i < N; i++) {
+            uint32_t u = rnd();
+            if (round == 1) u = (u & 0x80FFFFFFu) | ((uint32_t)(100 + (rnd() % 45)) << 23);
+            if (round == 2 && (i % 5) == 0) u = (u & 0x807FFFFFu) | 0x7F800000u; /* inf/NaN */
+            if (round == 3) u &= 0x807FFFFFu; /* f32 subnormals and zeros */
+            f[i] = bitsf(u);
+            h[i] = (uint16_t)rnd();
+            b[i] = (uint8_t)rnd();
+        }
+        kvx_f32_to_f16_n(h, f, N);
+        for (int i = 0; i < N; i++)
+            if (h[i] != kvx_f32_to_f16(f[i]))
+                fail_msg("f32_to_f16_n[%d] %08x: %04x vs %04x", i, fbits(f[i]), h[i],
+                         kvx_f32_to_f16(f[i]));
+        for (int i = 0; i < N; i++) h[i] = (uint16_t)rnd();
+        kvx_f16_to_f32_n(g, h, N);
+        for (int i = 0; i < N; i++)
+            if (fbits(g[i]) != fbits(kvx_f16_to_f32(h[i])))
+                fail_msg("f16_to_f32_n[%d] %04x", i, h[i]);
+
+        const float scales[] = {1.0f, 0.5f, 3.0f / 448.0f};
+        for (int s = 0; s < 3; s++) {
+            float sc = scales[s], inv = 1.0f / sc;
+            kvx_f32_to_e4m3_n(b, f, N, inv);
+            for (int i = 0; i < N; i++) assert_int_equal(b[i], kvx_f32_to_e4m3(f[i] * inv));
+            kvx_f32_to_e5m2_n(b, f, N, inv);
+            for (int i = 0; i < N; i++) assert_int_equal(b[i], kvx_f32_to_e5m2(f[i] * inv));
+            for (int i = 0; i < N; i++) b[i] = (uint8_t)rnd();
+            kvx_e4m3_to_f32_n(g, b, N, sc);
+            for (int i = 0; i < N; i++)
+                assert_int_equal(fbits(g[i]), fbits(kvx_e4m3_to_f32(b[i]) * sc));
+            kvx_e5m2_to_f32_n(g, b, N, sc);
+            for (int i = 0; i < N; i++)
+                assert_int_equal(fbits(g[i]), fbits(kvx_e5m2_to_f32(b[i]) * sc));
+        }
+    }
+    /* Short and empty inputs take only the tail loop. */
+    kvx_f32_to_f16_n(h, f, 0);
+    kvx_f32_to_f16_n(h, f, 3);
+    for (int i = 0; i < 3; i++) assert_int_equal(h[i], kvx_f32_to_f16(f[i]));
+    free(f); free(g); free(h); free(b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_f16_decode_exhaustive),
+        cmocka_unit_test(test_f16_roundtrip_exhaustive),
+        cmocka_unit_test(test_f16_encode_vs_reference),
+        cmocka_unit_test(test_f16_known),
+        cmocka_unit_test(test_e4m3_exhaustive),
+        cmocka_unit_test(test_e4m3_known),
+        cmocka_unit_test(test_e5m2_exhaustive),
+        cmocka_unit_test(test_e5m2_known),
+        cmocka_unit_test(test_bulk_equals_scalar),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
