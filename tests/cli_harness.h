@@ -1,0 +1,310 @@
+/*
+ * cli_harness.h - drive the built `kvx` binary (KVX_CLI) the way a user
+ * does, for tests/test_cli*.c: run it with arguments (fork/exec, no
+ * shell), capture stdout, stderr and the exit code; plus a small JSON
+ * parser so --json output is checked as parsed JSON, not as text.
+ */
+#ifndef KVX_CLI_HARNESS_H
+#define KVX_CLI_HARNESS_H
+
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct cli_run {
+    int rc; /* exit code, or 128+signal */
+    char *out;
+    char *err;
+} cli_run;
+
+static char *harness_slurp(int fd)
+{
+    size_t cap = 4096, len = 0;
+    char *b = malloc(cap);
+    lseek(fd, 0, SEEK_SET);
+    for (;;) {
+        if (cap - len < 2) {
+            cap *= 2;
+            b = realloc(b, cap);
+        }
+        ssize_t r = read(fd, b + len, cap - len - 1);
+        if (r <= 0) break;
+        len += (size_t)r;
+    }
+    b[len] = '\0';
+    return b;
+}
+
+/* Runs KVX_CLI with argv (NULL-terminated, without argv[0]) and optional
+ * stdin text. */
+__attribute__((unused)) static cli_run cli_runv(const char *stdin_text, const char *const *args)
+{
+    char tmpl_o[] = "/tmp/kvx-cli-out-XXXXXX", tmpl_e[] = "/tmp/kvx-cli-err-XXXXXX",
+         tmpl_i[] = "/tmp/kvx-cli-in-XXXXXX";
+    int fo = mkstemp(tmpl_o), fe = mkstemp(tmpl_e), fi = mkstemp(tmpl_i);
+    unlink(tmpl_o);
+    unlink(tmpl_e);
+    unlink(tmpl_i);
+    if (stdin_text) {
+        size_t n = strlen(stdin_text);
+        if (write(fi, stdin_text, n) != (ssize_t)n) abort();
+        lseek(fi, 0, SEEK_SET);
+    }
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = KVX_CLI;
+    for (; args[n - 1] && n < 63; n++) argv[n] = args[n - 1];
+    argv[n] = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(fi, 0);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        execv(KVX_CLI, (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    cli_run r;
+    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    r.out = harness_slurp(fo);
+    r.err = harness_slurp(fe);
+    close(fo);
+    close(fe);
+    close(fi);
+    return r;
+}
+
+/* cli_run r = CLI(NULL, "hash", "-b", "2", "1", "2"); */
+#define CLI(stdin_text, ...) cli_runv((stdin_text), (const char *const[]){__VA_ARGS__, NULL})
+
+__attribute__((unused)) static void cli_run_free(cli_run *r)
+{
+    free(r->out);
+    free(r->err);
+    r->out = r->err = NULL;
+}
+
+/* Prints what the command said when an expectation fails. */
+#define EXPECT_RC(r, code)                                                                    \
+    do {                                                                                      \
+        if ((r).rc != (code))                                                                 \
+            fprintf(stderr, "exit %d (want %d)\nstdout:\n%s\nstderr:\n%s\n", (r).rc, (code), \
+                    (r).out, (r).err);                                                        \
+        assert_int_equal((r).rc, (code));                                                     \
+    } while (0)
+
+static int harness_rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(p);
+}
+
+__attribute__((unused)) static void rm_rf(const char *dir) { nftw(dir, harness_rm_cb, 16, FTW_DEPTH | FTW_PHYS); }
+
+__attribute__((unused)) static int file_exists(const char *p)
+{
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* ------------------------------------------------------------ tiny JSON */
+
+typedef enum { JNULL, JBOOL, JNUM, JSTR, JARR, JOBJ } jtype;
+typedef struct jval {
+    jtype t;
+    double num;
+    int b;
+    char *str;           /* JSTR */
+    struct jval **items; /* JARR / JOBJ values */
+    char **keys;         /* JOBJ */
+    size_t n;
+} jval;
+
+static void jskip(const char **p)
+{
+    while (**p == ' ' || **p == '\n' || **p == '\t' || **p == '\r') (*p)++;
+}
+
+__attribute__((unused)) static void jfree(jval *v)
+{
+    if (!v) return;
+    free(v->str);
+    for (size_t i = 0; i < v->n; i++) {
+        jfree(v->items[i]);
+        if (v->keys) free(v->keys[i]);
+    }
+    free(v->items);
+    free(v->keys);
+    free(v);
+}
+
+static char *jparse_str(const char **p)
+{
+    if (**p != '"') return NULL;
+    (*p)++;
+    size_t cap = 16, n = 0;
+    char *s = malloc(cap);
+    while (**p && **p != '"') {
+        char c = **p;
+        if ((unsigned char)c < 0x20) {
+            free(s);
+            return NULL;
+        }
+        if (c == '\\') {
+            (*p)++;
+            switch (**p) {
+            case 'n': c = '\n'; break;
+            case 't': c = '\t'; break;
+            case 'r': c = '\r'; break;
+            case 'b': c = '\b'; break;
+            case 'f': c = '\f'; break;
+            case '"': c = '"'; break;
+            case '\\': c = '\\'; break;
+            case '/': c = '/'; break;
+            case 'u': {
+                unsigned x = 0;
+                for (int i = 0; i < 4; i++) {
+                    (*p)++;
+                    char h = **p;
+                    if (!((h >= '0' && h <= '9') || (h >= 'a' && h <= 'f') || (h >= 'A' && h <= 'F'))) {
+                        free(s);
+                        return NULL;
+                    }
+                    x = x * 16 + (unsigned)(h <= '9' ? h - '0' : (h | 32) - 'a' + 10);
+                }
+                c = (char)(x < 0x80 ? x : '?');
+                break;
+            }
+            default: free(s); return NULL;
+            }
+        }
+        if (n + 2 > cap) s = realloc(s, cap *= 2);
+        s[n++] = c;
+        (*p)++;
+    }
+    if (**p != '"') {
+        free(s);
+        return NULL;
+    }
+    (*p)++;
+    s[n] = '\0';
+    return s;
+}
+
+static jval *jparse_val(const char **p, int depth)
+{
+    jskip(p);
+    if (depth > 32) return NULL;
+    jval *v = calloc(1, sizeof *v);
+    if (**p == '{' || **p == '[') {
+        int obj = **p == '{';
+        v->t = obj ? JOBJ : JARR;
+        (*p)++;
+        jskip(p);
+        if (**p == (obj ? '}' : ']')) {
+            (*p)++;
+            return v;
+        }
+        for (;;) {
+            char *key = NULL;
+            if (obj) {
+                jskip(p);
+                key = jparse_str(p);
+                jskip(p);
+                if (!key || **p != ':') {
+                    free(key);
+                    jfree(v);
+                    return NULL;
+                }
+                (*p)++;
+            }
+            jval *item = jparse_val(p, depth + 1);
+            if (!item) {
+                free(key);
+                jfree(v);
+                return NULL;
+            }
+            v->items = realloc(v->items, (v->n + 1) * sizeof *v->items);
+            if (obj) v->keys = realloc(v->keys, (v->n + 1) * sizeof *v->keys);
+            v->items[v->n] = item;
+            if (obj) v->keys[v->n] = key;
+            v->n++;
+            jskip(p);
+            if (**p == ',') {
+                (*p)++;
+                continue;
+            }
+            if (**p == (obj ? '}' : ']')) {
+                (*p)++;
+                return v;
+            }
+            jfree(v);
+            return NULL;
+        }
+    }
+    if (**p == '"') {
+        v->t = JSTR;
+        v->str = jparse_str(p);
+        if (!v->str) {
+            jfree(v);
+            return NULL;
+        }
+        return v;
+    }
+    if (!strncmp(*p, "null", 4)) {
+        v->t = JNULL;
+        *p += 4;
+        return v;
+    }
+    if (!strncmp(*p, "true", 4) || !strncmp(*p, "false", 5)) {
+        v->t = JBOOL;
+        v->b = (*p)[0] == 't';
+        *p += v->b ? 4 : 5;
+        return v;
+    }
+    if (**p == '-' || (**p >= '0' && **p <= '9')) {
+        char *end;
+        v->t = JNUM;
+        v->num = strtod(*p, &end);
+        *p = end;
+        return v;
+    }
+    jfree(v);
+    return NULL;
+}
+
+/* Parses a whole document (trailing whitespace allowed); NULL if invalid. */
+__attribute__((unused)) static jval *jparse(const char *text)
+{
+    const char *p = text;
+    jval *v = jparse_val(&p, 0);
+    if (!v) return NULL;
+    jskip(&p);
+    if (*p) {
+        jfree(v);
+        return NULL;
+    }
+    return v;
+}
+
+__attribute__((unused)) static jval *jget(const jval *o, const char *key)
+{
+    if (!o || o->t != JOBJ) return NULL;
+    for (size_t i = 0; i < o->n; i++)
+        if (!strcmp(o->keys[i], key)) return o->items[i];
+    return NULL;
+}
+
+#endif

@@ -1,0 +1,232 @@
+/*
+ * test_cli.c - the `kvx` command driven as a user drives it: the built
+ * binary (KVX_CLI) is run with arguments; exit codes (0 ok, 1 failure or
+ * bad data, 2 usage), stdout, stderr and parsed --json output are checked.
+ * This file covers the command framework, `kvx hash` (against the spec's
+ * worked example) and the unit helpers (human units, JSON escaping); the
+ * shard, store, warmup and demo commands are in tests/test_cli_*.c.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "cli_harness.h"
+
+/* The helpers themselves are unit-tested by including them. */
+#include "../cli/util.c"
+
+static void test_hash_spec_example(void **state)
+{
+    (void)state;
+    /* spec/kv-block-hash-and-envelope.txt, worked example: B = 2,
+     * tokens 1 2 3 4 5: two full blocks, the tail is not hashed. */
+    cli_run r = CLI(NULL, "hash", "--block-tokens", "2", "1", "2", "3", "4", "5");
+    EXPECT_RC(r, 0);
+    assert_string_equal(r.out, "0xa91ab0c1027b9366\n0x03df829571605c60\n");
+    assert_string_equal(r.err, "");
+    cli_run_free(&r);
+
+    /* Tokens from standard input, options after the short form. */
+    r = CLI("1 2\n3\t4 5\n", "hash", "-b", "2");
+    EXPECT_RC(r, 0);
+    assert_string_equal(r.out, "0xa91ab0c1027b9366\n0x03df829571605c60\n");
+    cli_run_free(&r);
+
+    /* Fewer tokens than a block: no full block, nothing printed. */
+    r = CLI(NULL, "hash", "-b", "16", "1", "2", "3");
+    EXPECT_RC(r, 0);
+    assert_string_equal(r.out, "");
+    cli_run_free(&r);
+}
+
+static void test_hash_usage_errors(void **state)
+{
+    (void)state;
+    const char *const cases[][4] = {
+        {"hash", "1", "2", NULL},                  /* --block-tokens missing */
+        {"hash", "-b", "0", "1"},                  /* B = 0 */
+        {"hash", "-b", "x", "1"},                  /* not a number */
+        {"hash", "-b", "2", "-1"},                 /* negative token: an unknown option */
+        {"hash", "-b", "2", "4294967296"},         /* token > u32 */
+        {"hash", "--bogus", NULL, NULL},           /* unknown option */
+        {"hash", "-b", NULL, NULL},                /* missing value */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cli_run r = cli_runv("", cases[i]);
+        EXPECT_RC(r, 2);
+        assert_string_equal(r.out, "");
+        assert_non_null(strstr(r.err, "kvx hash: "));
+        assert_non_null(strstr(r.err, "--help")); /* says what to do */
+        cli_run_free(&r);
+    }
+    cli_run r = CLI("1 two 3", "hash", "-b", "1");
+    EXPECT_RC(r, 2);
+    assert_non_null(strstr(r.err, "two"));
+    cli_run_free(&r);
+}
+
+static void test_main_help_and_version(void **state)
+{
+    (void)state;
+    cli_run r = CLI(NULL, "--help");
+    EXPECT_RC(r, 0);
+    /* Every subcommand is listed with a one-line summary. */
+    const char *subs[] = {"hash", "inspect", "verify", "convert", "store", "warmup", "demo"};
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
+        char line[64];
+        snprintf(line, sizeof line, "\n  %s ", subs[i]);
+        assert_non_null(strstr(r.out, line));
+    }
+    cli_run_free(&r);
+
+    r = CLI(NULL, "--version");
+    EXPECT_RC(r, 0);
+    char want[64];
+    snprintf(want, sizeof want, "kvx %s\n", KVX_VERSION_STRING);
+    assert_string_equal(r.out, want);
+    cli_run_free(&r);
+
+    r = CLI(NULL, "-V");
+    EXPECT_RC(r, 0);
+    assert_string_equal(r.out, want);
+    cli_run_free(&r);
+}
+
+static void test_every_subcommand_has_help(void **state)
+{
+    (void)state;
+    const char *subs[][2] = {
+        {"hash", NULL},
+    };
+    for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
+        cli_run r = subs[i][1] ? CLI(NULL, subs[i][0], subs[i][1], "--help")
+                               : CLI(NULL, subs[i][0], "--help");
+        EXPECT_RC(r, 0);
+        char want[64];
+        snprintf(want, sizeof want, "Usage: kvx %s%s%s", subs[i][0], subs[i][1] ? " " : "",
+                 subs[i][1] ? subs[i][1] : "");
+        if (strncmp(r.out, want, strlen(want)) != 0) fprintf(stderr, "%s\n", r.out);
+        assert_memory_equal(r.out, want, strlen(want));
+        cli_run_free(&r);
+        /* -h is the same text. */
+        r = subs[i][1] ? CLI(NULL, subs[i][0], subs[i][1], "-h") : CLI(NULL, subs[i][0], "-h");
+        EXPECT_RC(r, 0);
+        assert_memory_equal(r.out, want, strlen(want));
+        cli_run_free(&r);
+    }
+}
+
+static void test_main_usage_errors(void **state)
+{
+    (void)state;
+    cli_run r = CLI(NULL, "frobnicate");
+    EXPECT_RC(r, 2);
+    assert_non_null(strstr(r.err, "unknown command 'frobnicate'"));
+    assert_non_null(strstr(r.err, "kvx --help"));
+    cli_run_free(&r);
+
+    r = cli_runv(NULL, (const char *const[]){NULL});
+    EXPECT_RC(r, 2);
+    assert_non_null(strstr(r.err, "Usage: kvx"));
+    cli_run_free(&r);
+
+    r = CLI(NULL, "--frob");
+    EXPECT_RC(r, 2);
+    cli_run_free(&r);
+}
+
+static void test_units(void **state)
+{
+    (void)state;
+    uint64_t v;
+    assert_int_equal(cli_parse_size("4096", &v), 0);
+    assert_true(v == 4096);
+    assert_int_equal(cli_parse_size("4GiB", &v), 0);
+    assert_true(v == 4ull << 30);
+    assert_int_equal(cli_parse_size("4G", &v), 0);
+    assert_true(v == 4ull << 30);
+    assert_int_equal(cli_parse_size("2GB", &v), 0);
+    assert_true(v == 2000000000ull);
+    assert_int_equal(cli_parse_size("1.5MiB", &v), 0);
+    assert_true(v == 1572864ull);
+    assert_int_equal(cli_parse_size("64K", &v), 0);
+    assert_true(v == 65536);
+    assert_int_equal(cli_parse_size("10 MB", &v), 0);
+    assert_true(v == 10000000ull);
+    assert_int_equal(cli_parse_size("1TiB", &v), 0);
+    assert_true(v == 1ull << 40);
+    assert_int_equal(cli_parse_size("-1G", &v), -1);
+    assert_int_equal(cli_parse_size("4XB", &v), -1);
+    assert_int_equal(cli_parse_size("", &v), -1);
+    assert_int_equal(cli_parse_size("GiB", &v), -1);
+    assert_int_equal(cli_parse_size("99999999999EiB", &v), -1);
+    assert_int_equal(cli_parse_size("1e30", &v), -1);
+
+    char b[32];
+    assert_string_equal(cli_fmt_size(b, sizeof b, 512), "512 B");
+    assert_string_equal(cli_fmt_size(b, sizeof b, 4ull << 30), "4.00 GiB");
+    assert_string_equal(cli_fmt_size(b, sizeof b, 1536), "1.50 KiB");
+    assert_string_equal(cli_fmt_size(b, sizeof b, 200ull << 20), "200 MiB");
+    assert_string_equal(cli_fmt_rate(b, sizeof b, 1.2e9), "1.20 GB/s");
+    assert_string_equal(cli_fmt_rate(b, sizeof b, 850e6), "850 MB/s");
+    assert_string_equal(cli_fmt_rate(b, sizeof b, 12.5e9), "12.5 GB/s");
+
+    assert_int_equal(cli_parse_u64("0x10", 100, &v), 0);
+    assert_true(v == 16);
+    assert_int_equal(cli_parse_u64("101", 100, &v), -1);
+    assert_int_equal(cli_parse_u64("-1", UINT64_MAX, &v), -1);
+    assert_int_equal(cli_parse_u64("1x", 100, &v), -1);
+}
+
+static void test_json_emitter(void **state)
+{
+    (void)state;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    cli_json j;
+    cli_json_init(&j, f);
+    cli_json_obj_begin(&j);
+    cli_json_key(&j, "s");
+    cli_json_str(&j, "a\"b\\c\n\x01");
+    cli_json_key(&j, "n");
+    cli_json_u64(&j, UINT64_MAX);
+    cli_json_key(&j, "arr");
+    cli_json_arr_begin(&j);
+    cli_json_hex(&j, 0xab, 8);
+    cli_json_null(&j);
+    cli_json_double(&j, 0.0 / 0.0);
+    cli_json_obj_begin(&j);
+    cli_json_obj_end(&j);
+    cli_json_arr_end(&j);
+    cli_json_key(&j, "t");
+    cli_json_bool(&j, 1);
+    cli_json_obj_end(&j);
+    cli_json_finish(&j);
+    fclose(f);
+    assert_string_equal(buf, "{\"s\":\"a\\\"b\\\\c\\n\\u0001\",\"n\":18446744073709551615,"
+                             "\"arr\":[\"0x000000ab\",null,null,{}],\"t\":true}\n");
+    jval *v = jparse(buf);
+    assert_non_null(v);
+    assert_string_equal(jget(v, "s")->str, "a\"b\\c\n\x01");
+    assert_int_equal(jget(v, "arr")->n, 4);
+    jfree(v);
+    free(buf);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hash_spec_example),
+        cmocka_unit_test(test_hash_usage_errors),
+        cmocka_unit_test(test_main_help_and_version),
+        cmocka_unit_test(test_every_subcommand_has_help),
+        cmocka_unit_test(test_main_usage_errors),
+        cmocka_unit_test(test_units),
+        cmocka_unit_test(test_json_emitter),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
