@@ -61,6 +61,8 @@ int cli_getopt_error(const cli_cmd *c, int ch, char **argv);
 /* Parses a non-negative integer (decimal or 0x hex) that fits max.
  * Returns 0 or -1. */
 int cli_parse_u64(const char *s, uint64_t max, uint64_t *out);
+/* Parses 1..16 hex digits, with or without 0x. Returns 0 or -1. */
+int cli_parse_hex64(const char *s, uint64_t *out);
 /* Parses a size in human units: 4096, 64K, 64KiB, 1.5GiB, 2GB, 10MB ...
  * (K/Ki/KiB = 1024; KB = 1000). Returns 0 or -1. */
 int cli_parse_size(const char *s, uint64_t *out);

@@ -121,6 +121,24 @@ int cli_parse_u64(const char *s, uint64_t max, uint64_t *out)
     return 0;
 }
 
+int cli_parse_hex64(const char *s, uint64_t *out)
+{
+    if (!s) return -1;
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) s += 2;
+    size_t n = strlen(s);
+    if (n == 0 || n > 16) return -1;
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v << 4 | (uint64_t)d;
+    }
+    *out = v;
+    return 0;
+}
+
 int cli_parse_size(const char *s, uint64_t *out)
 {
     if (!s || !*s || *s == '-' || *s == '+') return -1;
