@@ -1,0 +1,490 @@
+/*
+ * shard_reader.c - opens a sealed KVX shard: validates every rule of
+ * DESIGN.md with a distinct code, then serves entries, lookups by
+ * coordinate and zero-copy pages.
+ *
+ * Shape: the header, every table and the spectral bundle are read with
+ * pread (through the kvx_os seam, so tests can inject faults) and copied to
+ * the heap at open, so after open only page reads touch the mapping. The
+ * file is mapped read-only and MAP_SHARED; the mapping is registered with
+ * the SIGBUS guard (sigbus.c), so a file truncated after open reads as zero
+ * pages that fail their CRC instead of killing the process. The handle is
+ * immutable after open except for its atomic reference count, so any
+ * number of threads may read through it.
+ */
+#include "shard_format.h"
+#include "os.h"
+#include "sigbus.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct shard_rec {
+    uint32_t coordinate, token_count;
+    uint64_t offset; /* absolute */
+    uint32_t bytes, crc32;
+} shard_rec;
+
+struct kvx_shard {
+    atomic_int refs;
+    kvx_shard_info info;
+    char *path;
+    int fd;
+    const uint8_t *map;
+    size_t map_len;
+    int guard_slot;
+    uint32_t n;
+    shard_rec *recs;
+    uint64_t *hashes;  /* n, or NULL */
+    uint64_t *parents; /* n, or NULL */
+    uint32_t *tokens;  /* n * B, or NULL */
+    float *scales;     /* n * L*2*Hkv, or NULL */
+    uint64_t scale_count;
+    uint64_t *by_coord; /* (coordinate << 32 | index), sorted */
+    int has_spectral;
+    kvx_spectral spectral;
+    uint32_t *spectral_ids;
+    float *spectral_psi;
+};
+
+static void shard_free(kvx_shard *s)
+{
+    if (!s) return;
+    if (s->map) {
+        kvx_sigbus_unregister(s->guard_slot);
+        munmap((void *)s->map, s->map_len);
+    }
+    if (s->fd >= 0) kvx_os.close(s->fd);
+    free(s->path);
+    free(s->recs);
+    free(s->hashes);
+    free(s->parents);
+    free(s->tokens);
+    free(s->scales);
+    free(s->by_coord);
+    free(s->spectral_ids);
+    free(s->spectral_psi);
+    free(s);
+}
+
+/* pread of exactly len bytes; a short read means the file shrank under us. */
+static int read_exact(int fd, void *buf, size_t len, uint64_t off, const char *what)
+{
+    size_t got = 0;
+    int rc = kvx_os_pread_all(fd, buf, len, off, &got);
+    if (rc) return kvx_fail(rc, "%s: read at offset %llu failed", what, (unsigned long long)off);
+    if (got != len)
+        return kvx_fail(KVX_ETRUNC, "%s: file ends %zu bytes into its %zu bytes at offset %llu",
+                        what, got, len, (unsigned long long)off);
+    return 0;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Header fields alone: magic, version, quant, dimensions, flags. */
+static int check_header(const kvx_shard_header *h)
+{
+    if (h->format_version != KVX_FORMAT_VERSION)
+        return kvx_fail(KVX_EVERSION, "header: format_version 0x%04x (this reader reads 0x%04x)",
+                        h->format_version, KVX_FORMAT_VERSION);
+    if (!kvx_quant_elem_size(h->quant))
+        return kvx_fail(KVX_EQUANT, "header: quant_format %u is not 0 (fp16), 1 (e4m3) or 2 (e5m2)",
+                        h->quant);
+    if (!h->num_layers || !h->kv_heads || !h->head_dim)
+        return kvx_fail(KVX_EFORMAT, "header: a dimension is 0 (num_layers %u, kv_heads %u, head_dim %u)",
+                        h->num_layers, h->kv_heads, h->head_dim);
+    if (h->num_blocks > KVX_MAX_ENTRIES)
+        return kvx_fail(KVX_EFORMAT, "header: num_blocks %u exceeds %u", h->num_blocks, KVX_MAX_ENTRIES);
+    if (h->flags & ~KVX_FLAGS_KNOWN)
+        return kvx_fail(KVX_EFORMAT, "header: unknown flags bits 0x%x", h->flags & ~KVX_FLAGS_KNOWN);
+    if ((h->flags & KVX_FLAG_LINEAGE) && !(h->flags & KVX_FLAG_HASHES))
+        return kvx_fail(KVX_EFORMAT, "header: flags have a lineage table without a hash table");
+    if ((h->flags & KVX_FLAG_HASHES) && !h->block_tokens)
+        return kvx_fail(KVX_EFORMAT, "header: flags have a hash table but block_tokens is 0");
+    if ((h->flags & KVX_FLAG_SCALES) && h->quant == KVX_QUANT_FP16)
+        return kvx_fail(KVX_EFORMAT, "header: an FP16 file has a scale table");
+    if ((h->spectral_offset == 0) != (h->spectral_dim == 0))
+        return kvx_fail(KVX_ESPECTRAL, "header: spectral_offset %llu and spectral_dim %u disagree",
+                        (unsigned long long)h->spectral_offset, h->spectral_dim);
+    if (h->kv_data_offset % KVX_PAGE_ALIGN)
+        return kvx_fail(KVX_EALIGN, "header: kv_data_offset %llu is not a multiple of 4096",
+                        (unsigned long long)h->kv_data_offset);
+    if (h->spectral_offset % KVX_SECTION_ALIGN)
+        return kvx_fail(KVX_EALIGN, "header: spectral_offset %llu is not 64-aligned",
+                        (unsigned long long)h->spectral_offset);
+    return 0;
+}
+
+/* Decodes and checks the entries against the header; fills s's tables. */
+static int load_entries(kvx_shard *s, const kvx_shard_header *h, const kvx_shard_layout *lay,
+                        const uint8_t *tables, uint64_t file_size)
+{
+    const kvx_geometry *g = &s->info.geometry;
+    uint32_t n = h->num_blocks, B = h->block_tokens;
+    int hashes = (h->flags & KVX_FLAG_HASHES) != 0, lineage = (h->flags & KVX_FLAG_LINEAGE) != 0;
+    int scales = (h->flags & KVX_FLAG_SCALES) != 0;
+    uint64_t kv_len = file_size - h->kv_data_offset;
+    s->recs = calloc(n ? n : 1, sizeof *s->recs);
+    s->by_coord = malloc(sizeof(uint64_t) * (n ? n : 1));
+    if (hashes) s->hashes = malloc(sizeof(uint64_t) * (n ? n : 1));
+    if (lineage) {
+        s->parents = malloc(sizeof(uint64_t) * (n ? n : 1));
+        s->tokens = malloc(lay->lineage_bytes ? (size_t)(lay->lineage_bytes - 8ull * n) : 1);
+    }
+    if (scales) {
+        s->scale_count = lay->scale_rec / 4;
+        s->scales = malloc(lay->scale_bytes ? (size_t)lay->scale_bytes : 1);
+    }
+    if (!s->recs || !s->by_coord || (hashes && !s->hashes) ||
+        (lineage && (!s->parents || !s->tokens)) || (scales && !s->scales))
+        return kvx_fail(-ENOMEM, "out of memory for the tables of %u entries", n);
+
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *e = tables + (lay->coord_off - KVX_HEADER_BYTES) + (size_t)i * KVX_ENTRY_BYTES;
+        shard_rec *r = &s->recs[i];
+        r->coordinate = kvx_load32(e + KVX_E_COORD);
+        r->token_count = kvx_load32(e + KVX_E_TOKENS);
+        uint64_t rel = kvx_load64(e + KVX_E_OFFSET);
+        r->bytes = kvx_load32(e + KVX_E_BYTES);
+        r->crc32 = kvx_load32(e + KVX_E_CRC);
+        if (i > 0 && KVX_COORD_SHARD(r->coordinate) != KVX_COORD_SHARD(s->recs[0].coordinate))
+            return kvx_fail(KVX_ESHARDID, "entry %u: coordinate 0x%08x has shard %u, entry 0 has %u",
+                            i, r->coordinate, KVX_COORD_SHARD(r->coordinate),
+                            KVX_COORD_SHARD(s->recs[0].coordinate));
+        if (r->token_count == 0)
+            return kvx_fail(KVX_ETOKENS, "entry %u: token_count is 0", i);
+        if (hashes && r->token_count > B)
+            return kvx_fail(KVX_ETOKENS, "entry %u: token_count %u exceeds block_tokens %u", i,
+                            r->token_count, B);
+        uint64_t want = kvx_page_bytes(g, r->token_count);
+        if (!want)
+            return kvx_fail(KVX_EOVERFLOW, "entry %u: page size for %u tokens overflows", i,
+                            r->token_count);
+        if (want != r->bytes)
+            return kvx_fail(KVX_EPAGE, "entry %u: kv_page_bytes %u, the geometry needs %llu for %u tokens",
+                            i, r->bytes, (unsigned long long)want, r->token_count);
+        if (rel % KVX_PAGE_ALIGN)
+            return kvx_fail(KVX_EALIGN, "entry %u: kv_page_offset %llu is not a multiple of 4096", i,
+                            (unsigned long long)rel);
+        if (rel > kv_len || r->bytes > kv_len - rel)
+            return kvx_fail(KVX_EPAGE,
+                            "entry %u: page [%llu, +%u) lies outside the KV section (%llu bytes)", i,
+                            (unsigned long long)rel, r->bytes, (unsigned long long)kv_len);
+        r->offset = h->kv_data_offset + rel;
+        s->by_coord[i] = (uint64_t)r->coordinate << 32 | i;
+
+        uint64_t hash = 0;
+        if (hashes) {
+            hash = kvx_load64(tables + (lay->hash_off - KVX_HEADER_BYTES) + (size_t)i * 8);
+            s->hashes[i] = hash;
+            if (hash && r->token_count != B)
+                return kvx_fail(KVX_EHASH, "entry %u: non-zero hash with token_count %u != block_tokens %u",
+                                i, r->token_count, B);
+        }
+        if (lineage) {
+            const uint8_t *lr = tables + (lay->lineage_off - KVX_HEADER_BYTES) + (size_t)i * lay->lineage_rec;
+            uint32_t *tok = s->tokens + (size_t)i * B;
+            s->parents[i] = kvx_load64(lr);
+            for (uint32_t t = 0; t < B; t++) {
+                tok[t] = kvx_load32(lr + 8 + (size_t)t * 4);
+                if (t >= r->token_count && tok[t] != 0)
+                    return kvx_fail(KVX_ELINEAGE, "entry %u: lineage token %u past token_count %u is not 0",
+                                    i, t, r->token_count);
+            }
+            if (hash && kvx_block_hash(s->parents[i], tok, B) != hash)
+                return kvx_fail(KVX_ELINEAGE,
+                                "entry %u: hash 0x%016llx is not H(parent 0x%016llx, tokens) = 0x%016llx",
+                                i, (unsigned long long)hash, (unsigned long long)s->parents[i],
+                                (unsigned long long)kvx_block_hash(s->parents[i], tok, B));
+        }
+    }
+    if (scales)
+        memcpy(s->scales, tables + (lay->scale_off - KVX_HEADER_BYTES), (size_t)lay->scale_bytes);
+
+    qsort(s->by_coord, n, sizeof(uint64_t), cmp_u64);
+    for (uint32_t i = 1; i < n; i++)
+        if (s->by_coord[i] >> 32 == s->by_coord[i - 1] >> 32)
+            return kvx_fail(KVX_EDUPLICATE, "entries %u and %u share coordinate 0x%08x",
+                            (uint32_t)s->by_coord[i - 1], (uint32_t)s->by_coord[i],
+                            (uint32_t)(s->by_coord[i] >> 32));
+
+    /* Two pages that overlap are no writer's output: refuse them too. */
+    if (n > 1) {
+        uint64_t *by_off = malloc(sizeof(uint64_t) * n);
+        if (!by_off) return kvx_fail(-ENOMEM, "out of memory");
+        /* offsets are multiples of 4096 below 2^64: offset/4096 fits in 52
+         * bits, leaving room for the 17-bit index (n <= 65536) */
+        for (uint32_t i = 0; i < n; i++) by_off[i] = (s->recs[i].offset / KVX_PAGE_ALIGN) << 17 | i;
+        qsort(by_off, n, sizeof(uint64_t), cmp_u64);
+        for (uint32_t k = 1; k < n; k++) {
+            const shard_rec *a = &s->recs[by_off[k - 1] & 0x1FFFF], *b = &s->recs[by_off[k] & 0x1FFFF];
+            if (a->offset + a->bytes > b->offset) {
+                uint32_t ia = (uint32_t)(by_off[k - 1] & 0x1FFFF), ib = (uint32_t)(by_off[k] & 0x1FFFF);
+                free(by_off);
+                return kvx_fail(KVX_EOVERLAP, "entries %u and %u: pages overlap", ia, ib);
+            }
+        }
+        free(by_off);
+    }
+    s->info.shard_id = n ? (uint8_t)KVX_COORD_SHARD(s->recs[0].coordinate) : 0;
+    return 0;
+}
+
+static int load_spectral(kvx_shard *s, const kvx_shard_header *h, uint64_t file_size)
+{
+    uint8_t sub[KVX_SPECTRAL_HEADER_BYTES];
+    if (h->spectral_offset + KVX_SPECTRAL_HEADER_BYTES > file_size)
+        return kvx_fail(KVX_ETRUNC, "spectral bundle at %llu lies past the end of the file",
+                        (unsigned long long)h->spectral_offset);
+    int rc = read_exact(s->fd, sub, sizeof sub, h->spectral_offset, "spectral bundle");
+    if (rc) return rc;
+    uint64_t len, end;
+    rc = kvx_spectral_header_check(&len, sub, h->spectral_dim, h->num_layers);
+    if (rc) return rc;
+    if (!kvx_add64(&end, h->spectral_offset, len))
+        return kvx_fail(KVX_EOVERFLOW, "spectral bundle: end offset overflows");
+    if (end > h->kv_data_offset)
+        return kvx_fail(KVX_EOVERLAP, "spectral bundle [%llu, %llu) overlaps the KV section at %llu",
+                        (unsigned long long)h->spectral_offset, (unsigned long long)end,
+                        (unsigned long long)h->kv_data_offset);
+    uint8_t *buf = malloc((size_t)len);
+    if (!buf) return kvx_fail(-ENOMEM, "out of memory for the spectral bundle");
+    rc = read_exact(s->fd, buf, (size_t)len, h->spectral_offset, "spectral bundle");
+    if (!rc)
+        rc = kvx_spectral_decode(&s->spectral, &s->spectral_ids, &s->spectral_psi, buf, len,
+                                 h->spectral_dim, h->num_layers);
+    free(buf);
+    if (!rc) s->has_spectral = 1;
+    return rc;
+}
+
+static int open_validated(kvx_shard *s, uint64_t file_size)
+{
+    uint8_t hdr[KVX_HEADER_BYTES];
+    if (file_size < 8)
+        return kvx_fail(KVX_ETRUNC, "file is %llu bytes, shorter than the magic",
+                        (unsigned long long)file_size);
+    int rc = read_exact(s->fd, hdr, file_size < KVX_HEADER_BYTES ? 8 : KVX_HEADER_BYTES, 0, "header");
+    if (rc) return rc;
+    if (memcmp(hdr, KVX_MAGIC, 8) != 0) return kvx_fail(KVX_EMAGIC, "magic is not RADX-KVX");
+    if (file_size < KVX_HEADER_BYTES)
+        return kvx_fail(KVX_ETRUNC, "file is %llu bytes, shorter than the 64-byte header",
+                        (unsigned long long)file_size);
+    kvx_shard_header h;
+    kvx_header_decode(&h, hdr);
+    if ((rc = check_header(&h))) return rc;
+
+    kvx_shard_layout lay;
+    if (kvx_shard_layout_for(&lay, h.num_blocks, h.flags, h.block_tokens, h.num_layers, h.kv_heads))
+        return kvx_fail(KVX_EOVERFLOW, "table sizes for %u entries overflow", h.num_blocks);
+    if (h.spectral_offset && h.spectral_offset < lay.tables_end)
+        return kvx_fail(KVX_EOVERLAP, "spectral_offset %llu lies inside the tables (end %llu)",
+                        (unsigned long long)h.spectral_offset, (unsigned long long)lay.tables_end);
+    if (h.kv_data_offset < lay.tables_end)
+        return kvx_fail(KVX_EOVERLAP, "kv_data_offset %llu lies inside the tables (end %llu)",
+                        (unsigned long long)h.kv_data_offset, (unsigned long long)lay.tables_end);
+    if (h.spectral_offset && h.spectral_offset >= h.kv_data_offset)
+        return kvx_fail(KVX_EOVERLAP, "spectral_offset %llu lies inside the KV section at %llu",
+                        (unsigned long long)h.spectral_offset, (unsigned long long)h.kv_data_offset);
+    if (lay.tables_end > file_size)
+        return kvx_fail(KVX_ETRUNC, "tables end at %llu, past the end of the file (%llu)",
+                        (unsigned long long)lay.tables_end, (unsigned long long)file_size);
+    if (h.kv_data_offset > file_size)
+        return kvx_fail(KVX_ETRUNC, "kv_data_offset %llu lies past the end of the file (%llu)",
+                        (unsigned long long)h.kv_data_offset, (unsigned long long)file_size);
+
+    kvx_geometry *g = &s->info.geometry;
+    g->num_layers = h.num_layers;
+    g->kv_heads = h.kv_heads;
+    g->head_dim = h.head_dim;
+    g->block_tokens = h.block_tokens;
+    g->quant = h.quant;
+    g->model_signature = h.model_signature;
+    s->info.format_version = h.format_version;
+    s->info.num_blocks = h.num_blocks;
+    s->info.spectral_dim = h.spectral_dim;
+    s->info.spectral_offset = h.spectral_offset;
+    s->info.kv_data_offset = h.kv_data_offset;
+    s->info.flags = h.flags;
+    s->info.meta_crc32c = h.meta_crc32c;
+    s->info.file_size = file_size;
+    s->n = h.num_blocks;
+
+    size_t tlen = (size_t)(lay.tables_end - KVX_HEADER_BYTES);
+    uint8_t *tables = malloc(tlen ? tlen : 1);
+    if (!tables) return kvx_fail(-ENOMEM, "out of memory for %zu bytes of tables", tlen);
+    rc = read_exact(s->fd, tables, tlen, KVX_HEADER_BYTES, "tables");
+    if (!rc && (h.flags & KVX_FLAG_META_CRC)) {
+        uint32_t crc = kvx_crc32c(kvx_crc32c(0, hdr, KVX_H_META_CRC), tables, tlen);
+        if (crc != h.meta_crc32c)
+            rc = kvx_fail(KVX_EMETACRC, "meta_crc32c 0x%08x, header and tables give 0x%08x",
+                          h.meta_crc32c, crc);
+    }
+    if (!rc) rc = load_entries(s, &h, &lay, tables, file_size);
+    free(tables);
+    if (rc) return rc;
+    if (h.spectral_offset && (rc = load_spectral(s, &h, file_size))) return rc;
+    return 0;
+}
+
+int kvx_shard_open(kvx_shard **out, const char *path, unsigned flags)
+{
+    if (!out || !path) return kvx_fail(KVX_EINVALID, "kvx_shard_open: out and path must not be NULL");
+    *out = NULL;
+    if (flags & ~KVX_OPEN_VERIFY_PAGES)
+        return kvx_fail(KVX_EINVALID, "kvx_shard_open: unknown flags 0x%x", flags);
+    kvx_shard *s = calloc(1, sizeof *s);
+    if (!s || !(s->path = strdup(path))) {
+        free(s);
+        return kvx_fail(-ENOMEM, "out of memory");
+    }
+    s->guard_slot = -1;
+    atomic_init(&s->refs, 1);
+    s->fd = kvx_os.open(path, O_RDONLY | O_CLOEXEC, 0);
+    if (s->fd < 0) {
+        int e = -errno;
+        shard_free(s);
+        return kvx_fail(e, "%s: cannot open: %s", path, strerror(-e));
+    }
+    struct stat st;
+    int rc = 0;
+    if (fstat(s->fd, &st) != 0) rc = kvx_fail(-errno, "%s: fstat failed", path);
+    else if (!S_ISREG(st.st_mode)) rc = kvx_fail(KVX_EINVALID, "%s: not a regular file", path);
+    if (!rc) rc = open_validated(s, (uint64_t)st.st_size);
+    if (!rc) {
+        s->map_len = (size_t)st.st_size;
+        void *m = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, s->fd, 0);
+        if (m == MAP_FAILED) rc = kvx_fail(-errno, "%s: mmap failed", path);
+        else {
+            s->map = m;
+            rc = kvx_sigbus_register(&s->guard_slot, m, s->map_len);
+        }
+    }
+    if (!rc && (flags & KVX_OPEN_VERIFY_PAGES)) {
+        uint32_t bad = 0;
+        rc = kvx_shard_verify(s, &bad, NULL, NULL);
+    }
+    if (rc) {
+        /* keep the validation message, prefixed by nothing: it names the field */
+        shard_free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+kvx_shard *kvx_shard_ref(kvx_shard *s)
+{
+    if (s) atomic_fetch_add_explicit(&s->refs, 1, memory_order_relaxed);
+    return s;
+}
+
+void kvx_shard_close(kvx_shard *s)
+{
+    if (!s) return;
+    if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1) shard_free(s);
+}
+
+const kvx_shard_info *kvx_shard_get_info(const kvx_shard *s) { return s ? &s->info : NULL; }
+const char *kvx_shard_path(const kvx_shard *s) { return s ? s->path : NULL; }
+int kvx_shard_fd(const kvx_shard *s) { return s ? s->fd : -1; }
+
+int kvx_shard_entry(kvx_entry *out, const kvx_shard *s, uint32_t index)
+{
+    if (!out || !s) return kvx_fail(KVX_EINVALID, "kvx_shard_entry: NULL argument");
+    if (index >= s->n)
+        return kvx_fail(KVX_EINVALID, "kvx_shard_entry: index %u, the shard has %u entries", index, s->n);
+    const shard_rec *r = &s->recs[index];
+    out->coordinate = r->coordinate;
+    out->token_count = r->token_count;
+    out->offset = r->offset;
+    out->bytes = r->bytes;
+    out->crc32 = r->crc32;
+    out->hash = s->hashes ? s->hashes[index] : 0;
+    out->parent = s->parents ? s->parents[index] : 0;
+    out->tokens = s->tokens ? s->tokens + (size_t)index * s->info.geometry.block_tokens : NULL;
+    out->scales = s->scales ? s->scales + (size_t)index * s->scale_count : NULL;
+    return 0;
+}
+
+int kvx_shard_find(uint32_t *out_index, const kvx_shard *s, uint32_t coordinate)
+{
+    if (!out_index || !s) return kvx_fail(KVX_EINVALID, "kvx_shard_find: NULL argument");
+    size_t lo = 0, hi = s->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        uint32_t c = (uint32_t)(s->by_coord[mid] >> 32);
+        if (c < coordinate) lo = mid + 1;
+        else if (c > coordinate) hi = mid;
+        else {
+            *out_index = (uint32_t)s->by_coord[mid];
+            return 0;
+        }
+    }
+    return kvx_fail(KVX_ENOTFOUND, "coordinate 0x%08x is not in %s", coordinate, s->path);
+}
+
+static int page_crc(const kvx_shard *s, uint32_t index)
+{
+    const shard_rec *r = &s->recs[index];
+    uint32_t crc = kvx_crc32(0, s->map + r->offset, r->bytes);
+    if (crc != r->crc32)
+        return kvx_fail(KVX_EPAGECRC, "entry %u (coordinate 0x%08x): page CRC-32 0x%08x, stored 0x%08x",
+                        index, r->coordinate, crc, r->crc32);
+    return 0;
+}
+
+int kvx_shard_page(const void **out_page, const kvx_shard *s, uint32_t index, int verify)
+{
+    if (!out_page || !s) return kvx_fail(KVX_EINVALID, "kvx_shard_page: NULL argument");
+    if (index >= s->n)
+        return kvx_fail(KVX_EINVALID, "kvx_shard_page: index %u, the shard has %u entries", index, s->n);
+    *out_page = s->map + s->recs[index].offset;
+    return verify ? page_crc(s, index) : 0;
+}
+
+int kvx_shard_verify(const kvx_shard *s, uint32_t *out_bad,
+                     void (*report)(void *ctx, uint32_t index, int code), void *ctx)
+{
+    if (!s) return kvx_fail(KVX_EINVALID, "kvx_shard_verify: NULL shard");
+    /* One fstat up front: pages now past the end of the file are reported
+     * as truncated without touching them. */
+    struct stat st;
+    uint64_t size = s->info.file_size;
+    if (fstat(s->fd, &st) == 0 && (uint64_t)st.st_size < size) size = (uint64_t)st.st_size;
+    uint32_t bad = 0;
+    int first = 0;
+    for (uint32_t i = 0; i < s->n; i++) {
+        const shard_rec *r = &s->recs[i];
+        int rc = r->offset + r->bytes > size
+                     ? kvx_fail(KVX_ETRUNC, "entry %u: page lies past the end of the file (now %llu bytes)",
+                                i, (unsigned long long)size)
+                     : page_crc(s, i);
+        if (rc) {
+            bad++;
+            if (!first) first = rc;
+            if (report) report(ctx, i, rc);
+        }
+    }
+    if (out_bad) *out_bad = bad;
+    if (first) return kvx_fail(first, "%u of %u pages are bad", bad, s->n);
+    return 0;
+}
+
+int kvx_shard_spectral(kvx_spectral *out, const kvx_shard *s)
+{
+    if (!out || !s) return kvx_fail(KVX_EINVALID, "kvx_shard_spectral: NULL argument");
+    if (!s->has_spectral) return kvx_fail(KVX_ENOTFOUND, "%s has no spectral bundle", s->path);
+    *out = s->spectral;
+    return 0;
+}

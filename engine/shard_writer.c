@@ -1,0 +1,395 @@
+/*
+ * shard_writer.c - writes a KVX shard that appears at its final path only
+ * once it is complete and durable.
+ *
+ * Shape: kvx_shard_writer_create reserves room for max_entries in every
+ * table (and the spectral bundle after them), so kv_data_offset is known
+ * from the start and each page can be written at its final place as soon
+ * as it is added (kvx_os_pwrite_all into a temporary file ".<name>.tmp.
+ * <pid>.<random>" beside the path). Only the tables stay in memory. Seal
+ * writes header + tables + bundle, ftruncates (the gaps between 4096-
+ * aligned pages are holes that read as zeros), fsyncs, renames into place
+ * and fsyncs the directory. Any failure removes the temporary file, so a
+ * crash or an error never leaves a partial file under the final name.
+ * Every OS call goes through kvx_os so tests can make each one fail.
+ */
+#include "shard_format.h"
+#include "os.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+struct kvx_shard_writer {
+    kvx_geometry g;
+    uint8_t shard_id;
+    uint32_t max_entries, flags;
+    char *path, *tmp_path;
+    int fd;
+    uint32_t n, cap;        /* entries added, entries allocated in the tables */
+    uint8_t *coords;        /* cap * 24 */
+    uint64_t *hashes;       /* cap */
+    uint8_t *lineage;       /* cap * (8 + 4B) */
+    float *scales;          /* cap * L*2*Hkv */
+    uint64_t scale_count;   /* L*2*Hkv */
+    uint64_t lineage_rec;
+    uint8_t *spectral;      /* encoded bundle, or NULL */
+    uint64_t spectral_len;
+    uint64_t spectral_offset, kv_data_offset;
+    uint64_t kv_end;        /* end of the last page, relative to kv_data_offset */
+    uint8_t *seen;          /* bitmap of the 2^24 in-shard coordinates */
+};
+
+static void writer_free(kvx_shard_writer *w)
+{
+    if (!w) return;
+    free(w->path);
+    free(w->tmp_path);
+    free(w->coords);
+    free(w->hashes);
+    free(w->lineage);
+    free(w->scales);
+    free(w->spectral);
+    free(w->seen);
+    free(w);
+}
+
+/* Closes and removes the temporary file, then frees w. */
+static void writer_discard(kvx_shard_writer *w)
+{
+    if (!w) return;
+    if (w->fd >= 0) kvx_os.close(w->fd);
+    if (w->tmp_path) kvx_os.unlink(w->tmp_path);
+    writer_free(w);
+}
+
+static int check_options(const kvx_shard_writer_options *o)
+{
+    if (o->version != KVX_SHARD_WRITER_OPTIONS_VERSION)
+        return kvx_fail(KVX_EVERSION, "writer options: version %u, expected %u", o->version,
+                        KVX_SHARD_WRITER_OPTIONS_VERSION);
+    const kvx_geometry *g = &o->geometry;
+    if (!kvx_quant_elem_size(g->quant))
+        return kvx_fail(KVX_EQUANT, "writer options: quant %u is unknown", g->quant);
+    if (g->num_layers < 1 || g->num_layers > 65535 || g->kv_heads < 1 || g->kv_heads > 65535 ||
+        g->head_dim < 1 || g->head_dim > 65535)
+        return kvx_fail(KVX_EINVALID,
+                        "writer options: num_layers %u, kv_heads %u, head_dim %u must be in 1..65535",
+                        g->num_layers, g->kv_heads, g->head_dim);
+    if (o->max_entries < 1 || o->max_entries > KVX_MAX_ENTRIES)
+        return kvx_fail(KVX_EINVALID, "writer options: max_entries %u is not in 1..%u", o->max_entries,
+                        KVX_MAX_ENTRIES);
+    uint32_t f = o->flags & ~KVX_FLAG_META_CRC; /* the writer always sets META_CRC */
+    if (f & ~(KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES))
+        return kvx_fail(KVX_EINVALID, "writer options: unknown flags 0x%x", f);
+    if ((f & KVX_FLAG_LINEAGE) && !(f & KVX_FLAG_HASHES))
+        return kvx_fail(KVX_EINVALID, "writer options: a lineage table needs KVX_FLAG_HASHES");
+    if ((f & KVX_FLAG_HASHES) && !g->block_tokens)
+        return kvx_fail(KVX_EINVALID, "writer options: a hash table needs geometry.block_tokens");
+    if ((f & KVX_FLAG_SCALES) && g->quant == KVX_QUANT_FP16)
+        return kvx_fail(KVX_EINVALID, "writer options: a scale table is only for FP8 shards");
+    if (o->spectral) {
+        int rc = kvx_spectral_check_in(o->spectral, g->num_layers);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* ".<name>.tmp.<pid>.<random>" in path's directory. */
+static int open_temp(kvx_shard_writer *w)
+{
+    const char *slash = strrchr(w->path, '/');
+    size_t dir_len = slash ? (size_t)(slash - w->path) + 1 : 0;
+    const char *base = w->path + dir_len;
+    if (!*base) return kvx_fail(KVX_EINVALID, "shard path \"%s\" names a directory", w->path);
+    size_t cap = strlen(w->path) + 64;
+    w->tmp_path = malloc(cap);
+    if (!w->tmp_path) return kvx_fail(-ENOMEM, "out of memory");
+    for (int attempt = 0; attempt < 16; attempt++) {
+        uint64_t r;
+        if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            r = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^ (uint64_t)attempt;
+        }
+        snprintf(w->tmp_path, cap, "%.*s.%s.tmp.%ld.%016llx", (int)dir_len, w->path, base,
+                 (long)getpid(), (unsigned long long)r);
+        w->fd = kvx_os.open(w->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (w->fd >= 0) return 0;
+        if (errno != EEXIST) {
+            int e = -errno;
+            free(w->tmp_path);
+            w->tmp_path = NULL; /* nothing was created */
+            return kvx_fail(e, "%s: cannot create the temporary file beside it: %s", w->path,
+                            strerror(-e));
+        }
+    }
+    free(w->tmp_path);
+    w->tmp_path = NULL;
+    return kvx_fail(-EEXIST, "%s: no free temporary name", w->path);
+}
+
+int kvx_shard_writer_create(kvx_shard_writer **out, const char *path,
+                            const kvx_shard_writer_options *opts)
+{
+    if (!out || !path || !opts)
+        return kvx_fail(KVX_EINVALID, "kvx_shard_writer_create: NULL argument");
+    *out = NULL;
+    int rc = check_options(opts);
+    if (rc) return rc;
+    kvx_shard_writer *w = calloc(1, sizeof *w);
+    if (!w) return kvx_fail(-ENOMEM, "out of memory");
+    w->fd = -1;
+    w->g = opts->geometry;
+    w->shard_id = opts->shard_id;
+    w->max_entries = opts->max_entries;
+    w->flags = (opts->flags & ~KVX_FLAG_META_CRC);
+    w->scale_count = kvx_scale_count(&w->g);
+
+    /* Reserve the tables for max_entries; the bundle and the KV section
+     * follow at fixed places. */
+    kvx_shard_layout lay;
+    if (kvx_shard_layout_for(&lay, w->max_entries, w->flags, w->g.block_tokens, w->g.num_layers,
+                             w->g.kv_heads)) {
+        writer_free(w);
+        return kvx_fail(KVX_EOVERFLOW, "table sizes for %u entries overflow", w->max_entries);
+    }
+    w->lineage_rec = lay.lineage_rec;
+    uint64_t end = lay.tables_end;
+    if (opts->spectral) {
+        const kvx_spectral_in *sp = opts->spectral;
+        w->spectral_len = kvx_spectral_bundle_bytes(sp->n_cartridges, sp->n_layers, sp->dim, sp->rank);
+        w->spectral_offset = kvx_align_up(end, KVX_SECTION_ALIGN);
+        if (w->spectral_len > SIZE_MAX / 2 || !kvx_add64(&end, w->spectral_offset, w->spectral_len)) {
+            writer_free(w);
+            return kvx_fail(KVX_EOVERFLOW, "spectral bundle size overflows");
+        }
+        w->spectral = malloc((size_t)w->spectral_len);
+        if (!w->spectral) {
+            writer_free(w);
+            return kvx_fail(-ENOMEM, "out of memory for the spectral bundle");
+        }
+        kvx_spectral_encode(w->spectral, sp);
+    }
+    if (end > UINT64_MAX - KVX_PAGE_ALIGN) {
+        writer_free(w);
+        return kvx_fail(KVX_EOVERFLOW, "section sizes overflow");
+    }
+    w->kv_data_offset = kvx_align_up(end, KVX_PAGE_ALIGN);
+    w->seen = calloc((size_t)1 << 21, 1); /* 2^24 bits; pages stay untouched until used */
+    w->path = strdup(path);
+    if (!w->seen || !w->path) {
+        writer_free(w);
+        return kvx_fail(-ENOMEM, "out of memory");
+    }
+    if ((rc = open_temp(w))) {
+        writer_free(w);
+        return rc;
+    }
+    *out = w;
+    return 0;
+}
+
+/* Grows the in-memory tables to hold at least need entries. */
+static int grow(kvx_shard_writer *w, uint32_t need)
+{
+    if (need <= w->cap) return 0;
+    uint32_t cap = w->cap ? w->cap : 16;
+    while (cap < need) cap = cap > w->max_entries / 2 ? w->max_entries : cap * 2;
+    uint8_t *c = realloc(w->coords, (size_t)cap * KVX_ENTRY_BYTES);
+    if (!c) return kvx_fail(-ENOMEM, "out of memory");
+    w->coords = c;
+    if (w->flags & KVX_FLAG_HASHES) {
+        uint64_t *h = realloc(w->hashes, (size_t)cap * 8);
+        if (!h) return kvx_fail(-ENOMEM, "out of memory");
+        w->hashes = h;
+    }
+    if (w->flags & KVX_FLAG_LINEAGE) {
+        uint8_t *l = realloc(w->lineage, (size_t)cap * w->lineage_rec);
+        if (!l) return kvx_fail(-ENOMEM, "out of memory");
+        w->lineage = l;
+    }
+    if (w->flags & KVX_FLAG_SCALES) {
+        float *s = realloc(w->scales, (size_t)cap * w->scale_count * sizeof(float));
+        if (!s) return kvx_fail(-ENOMEM, "out of memory");
+        w->scales = s;
+    }
+    w->cap = cap;
+    return 0;
+}
+
+int kvx_shard_writer_add(kvx_shard_writer *w, const kvx_entry_in *e)
+{
+    if (!w || !e) return kvx_fail(KVX_EINVALID, "kvx_shard_writer_add: NULL argument");
+    if (w->n >= w->max_entries)
+        return kvx_fail(KVX_EFULL, "shard is full: max_entries %u reached", w->max_entries);
+    uint32_t B = w->g.block_tokens;
+    int hashes = (w->flags & KVX_FLAG_HASHES) != 0, lineage = (w->flags & KVX_FLAG_LINEAGE) != 0;
+    int scales = (w->flags & KVX_FLAG_SCALES) != 0;
+    if (!e->page) return kvx_fail(KVX_EINVALID, "entry: page is NULL");
+    if (e->token_count == 0) return kvx_fail(KVX_ETOKENS, "entry: token_count is 0");
+    if (hashes && e->token_count > B)
+        return kvx_fail(KVX_ETOKENS, "entry: token_count %u exceeds block_tokens %u", e->token_count, B);
+    uint64_t bytes = kvx_page_bytes(&w->g, e->token_count);
+    if (!bytes || bytes > UINT32_MAX)
+        return kvx_fail(KVX_EOVERFLOW, "entry: page of %u tokens does not fit kv_page_bytes (u32)",
+                        e->token_count);
+    if (hashes && e->hash && e->token_count != B)
+        return kvx_fail(KVX_EHASH, "entry: non-zero hash with token_count %u != block_tokens %u",
+                        e->token_count, B);
+    if (lineage && !e->tokens) return kvx_fail(KVX_EINVALID, "entry: lineage needs tokens");
+    if (lineage && e->hash && kvx_block_hash(e->parent, e->tokens, B) != e->hash)
+        return kvx_fail(KVX_ELINEAGE, "entry: hash 0x%016llx is not H(parent 0x%016llx, tokens)",
+                        (unsigned long long)e->hash, (unsigned long long)e->parent);
+    if (e->scales && !scales)
+        return kvx_fail(KVX_EINVALID, "entry: scales given but the shard has no scale table");
+    if (e->scales)
+        for (uint64_t k = 0; k < w->scale_count; k++)
+            if (!isfinite(e->scales[k]) || !(e->scales[k] > 0.0f))
+                return kvx_fail(KVX_EFORMAT, "entry: scale %llu is %g (must be finite and > 0)",
+                                (unsigned long long)k, (double)e->scales[k]);
+    uint32_t coord = KVX_COORD(w->shard_id, e->radix_block, e->spectral);
+    uint32_t key = coord & 0xFFFFFFu;
+    if (w->seen[key >> 3] & (1u << (key & 7)))
+        return kvx_fail(KVX_EDUPLICATE, "entry: coordinate 0x%08x was already added", coord);
+    int rc = grow(w, w->n + 1);
+    if (rc) return rc;
+
+    uint64_t rel = kvx_align_up(w->kv_end, KVX_PAGE_ALIGN), abs;
+    if (!kvx_add64(&abs, w->kv_data_offset, rel) || abs > (uint64_t)INT64_MAX - bytes)
+        return kvx_fail(KVX_EOVERFLOW, "entry: file offset overflows");
+    rc = kvx_os_pwrite_all(w->fd, e->page, (size_t)bytes, abs);
+    if (rc) return kvx_fail(rc, "%s: writing page %u failed: %s", w->tmp_path, w->n, strerror(-rc));
+
+    uint8_t *c = w->coords + (size_t)w->n * KVX_ENTRY_BYTES;
+    kvx_store32(c + KVX_E_COORD, coord);
+    kvx_store32(c + KVX_E_TOKENS, e->token_count);
+    kvx_store64(c + KVX_E_OFFSET, rel);
+    kvx_store32(c + KVX_E_BYTES, (uint32_t)bytes);
+    kvx_store32(c + KVX_E_CRC, kvx_crc32(0, e->page, (size_t)bytes));
+    if (hashes) w->hashes[w->n] = e->hash;
+    if (lineage) {
+        uint8_t *l = w->lineage + (size_t)w->n * w->lineage_rec;
+        memset(l, 0, (size_t)w->lineage_rec);
+        kvx_store64(l, e->parent);
+        for (uint32_t t = 0; t < e->token_count; t++) kvx_store32(l + 8 + (size_t)t * 4, e->tokens[t]);
+    }
+    if (scales) {
+        float *s = w->scales + (size_t)w->n * w->scale_count;
+        for (uint64_t k = 0; k < w->scale_count; k++) s[k] = e->scales ? e->scales[k] : 1.0f;
+    }
+    w->seen[key >> 3] |= (uint8_t)(1u << (key & 7));
+    w->kv_end = rel + bytes;
+    w->n++;
+    return 0;
+}
+
+uint32_t kvx_shard_writer_count(const kvx_shard_writer *w) { return w ? w->n : 0; }
+
+uint64_t kvx_shard_writer_bytes(const kvx_shard_writer *w)
+{
+    /* The sealed file ends on a 4096 boundary, so O_DIRECT reads of the
+     * last page never run into end of file. */
+    return w ? w->kv_data_offset + kvx_align_up(w->kv_end, KVX_PAGE_ALIGN) : 0;
+}
+
+/* Header and the tables for the n entries actually added, contiguous from
+ * offset 0, with the meta CRC filled in. */
+static int build_head(kvx_shard_writer *w, uint8_t **out, size_t *out_len)
+{
+    kvx_shard_layout lay;
+    uint32_t flags = w->flags | KVX_FLAG_META_CRC;
+    if (kvx_shard_layout_for(&lay, w->n, flags, w->g.block_tokens, w->g.num_layers, w->g.kv_heads))
+        return kvx_fail(KVX_EOVERFLOW, "table sizes overflow"); /* cannot: fits max_entries */
+    uint8_t *buf = malloc((size_t)lay.tables_end);
+    if (!buf) return kvx_fail(-ENOMEM, "out of memory for the tables");
+    if (w->n) memcpy(buf + lay.coord_off, w->coords, (size_t)lay.coord_bytes);
+    for (uint32_t i = 0; i < w->n && (flags & KVX_FLAG_HASHES); i++)
+        kvx_store64(buf + lay.hash_off + (size_t)i * 8, w->hashes[i]);
+    if (lay.lineage_bytes) memcpy(buf + lay.lineage_off, w->lineage, (size_t)lay.lineage_bytes);
+    if (lay.scale_bytes) memcpy(buf + lay.scale_off, w->scales, (size_t)lay.scale_bytes); /* LE host */
+    kvx_shard_header h = {
+        .format_version = KVX_FORMAT_VERSION,
+        .num_layers = (uint16_t)w->g.num_layers,
+        .kv_heads = (uint16_t)w->g.kv_heads,
+        .head_dim = (uint16_t)w->g.head_dim,
+        .num_blocks = w->n,
+        .block_tokens = w->g.block_tokens,
+        .model_signature = w->g.model_signature,
+        .quant = w->g.quant,
+        .spectral_dim = w->spectral ? kvx_load32(w->spectral + KVX_S_DIM) : 0,
+        .spectral_offset = w->spectral ? w->spectral_offset : 0,
+        .kv_data_offset = w->kv_data_offset,
+        .flags = flags,
+        .meta_crc32c = 0,
+    };
+    kvx_header_encode(buf, &h);
+    uint32_t crc = kvx_crc32c(0, buf, KVX_H_META_CRC);
+    crc = kvx_crc32c(crc, buf + KVX_HEADER_BYTES, (size_t)(lay.tables_end - KVX_HEADER_BYTES));
+    kvx_store32(buf + KVX_H_META_CRC, crc);
+    *out = buf;
+    *out_len = (size_t)lay.tables_end;
+    return 0;
+}
+
+int kvx_shard_writer_seal(kvx_shard_writer *w)
+{
+    if (!w) return kvx_fail(KVX_EINVALID, "kvx_shard_writer_seal: NULL writer");
+    uint8_t *head = NULL;
+    size_t head_len = 0;
+    int rc = build_head(w, &head, &head_len);
+    const char *step = "building the header";
+    if (!rc) {
+        step = "writing the header and tables";
+        rc = kvx_os_pwrite_all(w->fd, head, head_len, 0);
+    }
+    free(head);
+    if (!rc && w->spectral) {
+        step = "writing the spectral bundle";
+        rc = kvx_os_pwrite_all(w->fd, w->spectral, (size_t)w->spectral_len, w->spectral_offset);
+    }
+    if (!rc) {
+        step = "setting the file size";
+        rc = kvx_os.ftruncate(w->fd, (off_t)kvx_shard_writer_bytes(w)) ? -errno : 0;
+    }
+    if (!rc) {
+        step = "fsync of the file";
+        rc = kvx_os.fsync(w->fd) ? -errno : 0;
+    }
+    if (!rc) {
+        step = "closing the file";
+        int fd = w->fd;
+        w->fd = -1;
+        rc = kvx_os.close(fd) ? -errno : 0;
+    }
+    if (!rc) {
+        step = "renaming into place";
+        rc = kvx_os.rename(w->tmp_path, w->path) ? -errno : 0;
+    }
+    if (!rc) {
+        step = "fsync of the directory";
+        rc = kvx_os_fsync_parent(w->path);
+        /* The rename is not durable: take the file back out, so a failed
+         * seal never leaves a file the caller was told is not there. */
+        if (rc) kvx_os.unlink(w->path);
+    }
+    if (rc) {
+        if (rc > 0) rc = -EIO; /* paranoia: an errno of 0 is still a failure */
+        char path[PATH_MAX];
+        snprintf(path, sizeof path, "%s", w->path);
+        writer_discard(w);
+        return kvx_fail(rc, "%s: seal failed while %s: %s", path, step, kvx_strerror(rc));
+    }
+    free(w->tmp_path);
+    w->tmp_path = NULL;
+    writer_free(w);
+    return 0;
+}
+
+void kvx_shard_writer_abort(kvx_shard_writer *w) { writer_discard(w); }
