@@ -411,15 +411,22 @@ typedef struct kvx_store kvx_store;
 
 #define KVX_STORE_READONLY 0x1u /* open for lookups only (no writer lock) */
 #define KVX_STORE_NOWAIT 0x2u   /* a second writer gets KVX_EBUSY at once */
+#define KVX_STORE_VERIFY 0x4u   /* open: check every shard's meta CRC now (else
+                                   at first use); lookups: check each served
+                                   page's CRC (KVX_EPAGECRC) */
+#define KVX_STORE_NOSYNC 0x8u   /* benchmarks and tests only: LMDB commits
+                                   without fsync (shards are still fsynced) */
 
 typedef struct kvx_store_options {
     uint32_t version; /* KVX_STORE_OPTIONS_VERSION */
     kvx_geometry geometry;
     uint64_t capacity_bytes; /* 0 = default (see README) */
     uint32_t flags;          /* KVX_STORE_* */
+    uint64_t shard_bytes;    /* target size of a sealed shard; 0 = capacity/64
+                                clamped to [256 KiB, 1 GiB] (docs/STORE.md) */
 } kvx_store_options;
 #define KVX_STORE_OPTIONS_VERSION 1
-#define KVX_STORE_OPTIONS_INIT {KVX_STORE_OPTIONS_VERSION, {0, 0, 0, 0, 0, 0}, 0, 0}
+#define KVX_STORE_OPTIONS_INIT {KVX_STORE_OPTIONS_VERSION, {0, 0, 0, 0, 0, 0}, 0, 0, 0}
 
 /* A block served from the store: a zero-copy view of its mapped page. It
  * holds a reference on its shard, so it stays valid until
@@ -446,6 +453,8 @@ typedef struct kvx_store_stats {
     uint64_t evicted_blocks;
     uint64_t compactions;
     uint64_t pending_blocks; /* put but not yet flushed (this handle) */
+    uint64_t dropped_shards; /* shards dropped by recovery (missing or damaged) */
+    uint64_t shard_bytes;    /* target shard size */
 } kvx_store_stats;
 
 /* Creates a new store directory (0700) with fixed geometry and capacity. */
@@ -502,7 +511,7 @@ KVX_API int kvx_store_shards(kvx_shard ***out_shards, size_t *out_n, kvx_store *
 
 /* ------------------------------------------------------------------------
  * Data path: pinned buffer pool, io_uring fetch, warmup, GPU upload.
- * (Section owned by io/; see io/README in docs.)
+ * (Section owned by io/; see docs/DATAPATH.md.)
  * ---------------------------------------------------------------------- */
 
 typedef enum kvx_io_mode {
@@ -512,6 +521,280 @@ typedef enum kvx_io_mode {
 } kvx_io_mode;
 
 KVX_API const char *kvx_io_mode_name(int mode);
+
+/* --- Pinned buffer pool ----------------------------------------------------
+ * One anonymous mapping placed on a NUMA node (libnuma), locked in RAM
+ * (mlock), registered with CUDA (cudaHostRegister) when kvx is built with
+ * CUDA and a GPU is present, and registered as io_uring fixed buffers by
+ * every kvx_fetch created on it. The pool hands out slots: 4096-aligned
+ * ranges that never cross a 1 GiB registration chunk. Slots are what
+ * fetches land in; callers may also take slots for their own staging.
+ * The pool's memory is C-owned: hand pointers to Go, never the reverse.
+ * A pool may be shared by several kvx_fetch handles (slot allocation is
+ * locked); destroy it after all of them. */
+
+typedef struct kvx_pool kvx_pool;
+
+#define KVX_POOL_NODE_AUTO (-1) /* the GPU's node when known, else this thread's */
+
+#define KVX_POOL_NO_MLOCK 0x1u    /* do not mlock (io_uring registration still pins) */
+#define KVX_POOL_NO_CUDA 0x2u     /* do not cudaHostRegister */
+#define KVX_POOL_NO_REGISTER 0x4u /* fetches on this pool use plain reads, not READ_FIXED */
+
+typedef struct kvx_pool_options {
+    uint32_t version; /* KVX_POOL_OPTIONS_VERSION */
+    uint64_t bytes;   /* size; rounded up to 4096. 0 = 64 MiB */
+    int numa_node;    /* KVX_POOL_NODE_AUTO or a node number */
+    int gpu;          /* CUDA device whose node is the default and which
+                         registration targets; -1 = none */
+    uint32_t flags;   /* KVX_POOL_* */
+} kvx_pool_options;
+#define KVX_POOL_OPTIONS_VERSION 1
+#define KVX_POOL_OPTIONS_INIT {KVX_POOL_OPTIONS_VERSION, 0, KVX_POOL_NODE_AUTO, 0, 0}
+
+typedef struct kvx_pool_info {
+    void *base;          /* valid until kvx_pool_destroy */
+    uint64_t bytes;
+    uint64_t free_bytes;
+    int numa_node;       /* node the memory is bound to; -1 without NUMA */
+    int locked;          /* 1 when mlock'd */
+    int cuda_registered; /* 1 when cudaHostRegister'ed */
+} kvx_pool_info;
+
+/* KVX_EMEMLOCK (message: the limit, its current value, the bytes needed)
+ * when RLIMIT_MEMLOCK refuses the lock; KVX_EINVALID for a node that does
+ * not exist; -ENOMEM when the node has no room. */
+KVX_API int kvx_pool_create(kvx_pool **out, const kvx_pool_options *opts);
+/* NULL is fine. Every kvx_fetch / kvx_warmup using the pool must be gone. */
+KVX_API void kvx_pool_destroy(kvx_pool *p);
+KVX_API int kvx_pool_get_info(kvx_pool_info *out, kvx_pool *p);
+/* A 4096-aligned slot of at least bytes; KVX_ECAPACITY when no free range
+ * is large enough. The slot is the caller's until kvx_pool_free. */
+KVX_API int kvx_pool_alloc(void **out, kvx_pool *p, uint64_t bytes);
+/* ptr and bytes as given to/returned by kvx_pool_alloc. KVX_EINVALID for a
+ * range that is not an allocated slot of p. */
+KVX_API int kvx_pool_free(kvx_pool *p, void *ptr, uint64_t bytes);
+
+/* --- Fetch: shard pages into pinned memory --------------------------------
+ * A batch of (shard, entry) requests becomes coalesced reads of adjacent
+ * pages (sorted by file and offset, runs up to max_read_bytes), issued with
+ * io_uring (O_DIRECT with statx STATX_DIOALIGN alignment, READ_FIXED into
+ * the registered pool, registered files) or, when io_uring is refused or
+ * not wanted, buffered preads from a small thread pool. Each page's CRC-32
+ * is checked as it lands. One batch is in flight per handle; use several
+ * handles on one pool to pipeline. Typical use (cgo: one crossing each):
+ *
+ *     kvx_fetch_submit(f, reqs, n);          // copies reqs, starts I/O
+ *     while (kvx_fetch_wait(f, res, n, 10) == -ETIMEDOUT)
+ *         if (canceled) kvx_fetch_cancel(f); // then wait drains
+ *     ... use res[i].page (pinned) ...
+ *     kvx_fetch_release(f);                  // pages go back to the pool
+ */
+
+typedef struct kvx_fetch kvx_fetch;
+
+#define KVX_FETCH_NO_VERIFY 0x1u /* skip the per-page CRC check */
+#define KVX_FETCH_BUFFERED 0x2u  /* never O_DIRECT (use the page cache) */
+
+typedef struct kvx_fetch_options {
+    uint32_t version;        /* KVX_FETCH_OPTIONS_VERSION */
+    int io_mode;             /* kvx_io_mode; AUTO = io_uring, else pread */
+    uint32_t queue_depth;    /* reads in flight; 0 = 64 */
+    uint32_t threads;        /* pread fallback workers; 0 = 4 */
+    uint32_t max_read_bytes; /* coalescing cap per read; 0 = 4 MiB */
+    uint32_t flags;          /* KVX_FETCH_* */
+} kvx_fetch_options;
+#define KVX_FETCH_OPTIONS_VERSION 1
+#define KVX_FETCH_OPTIONS_INIT {KVX_FETCH_OPTIONS_VERSION, KVX_IO_AUTO, 0, 0, 0, 0}
+
+typedef struct kvx_fetch_req {
+    kvx_shard *shard; /* referenced by the batch until kvx_fetch_release */
+    uint32_t entry;   /* entry index within shard */
+} kvx_fetch_req;
+
+typedef struct kvx_fetch_result {
+    void *page;     /* pinned pool memory (4096-aligned); valid until
+                       kvx_fetch_release / the next submit / destroy */
+    uint64_t bytes; /* kv_page_bytes */
+    int status;     /* 0; KVX_EPAGECRC; KVX_ETRUNC (page past end of
+                       file); KVX_ENOTFOUND (no such entry); KVX_ECANCELED;
+                       a -errno of the read */
+    uint32_t crc32; /* CRC-32 computed (0 with KVX_FETCH_NO_VERIFY) */
+} kvx_fetch_result;
+
+/* KVX_IO_URING when io_uring is refused is the refusal's -errno
+ * (-ENOSYS, -EPERM); KVX_EMEMLOCK when buffer registration is refused. The
+ * environment variable KVX_IO_FORCE_NO_URING=1 makes ring setup fail with
+ * -EPERM (tests and operators use it to force the fallback). */
+KVX_API int kvx_fetch_create(kvx_fetch **out, kvx_pool *pool, const kvx_fetch_options *opts);
+/* Waits for reads in flight, releases the batch. NULL is fine. */
+KVX_API void kvx_fetch_destroy(kvx_fetch *f);
+/* KVX_IO_URING or KVX_IO_PREAD: the path in use. */
+KVX_API int kvx_fetch_mode(const kvx_fetch *f);
+/* 1 when O_DIRECT reads were used for at least one file of the last batch. */
+KVX_API int kvx_fetch_direct(const kvx_fetch *f);
+/* Starts a batch (releasing the previous one). The whole batch's slots are
+ * taken from the pool at once: KVX_ECAPACITY when they do not fit. Bad
+ * requests (NULL shard, entry out of range) only fail their own page. */
+KVX_API int kvx_fetch_submit(kvx_fetch *f, const kvx_fetch_req *reqs, size_t n);
+/* Makes progress without blocking; *out_done (nullable) = pages finished. */
+KVX_API int kvx_fetch_poll(kvx_fetch *f, size_t *out_done);
+/* Waits up to timeout_ms (< 0: forever) for the whole batch. 0: done and
+ * out[0..n) filled (n must equal the batch size); -ETIMEDOUT: not yet. */
+KVX_API int kvx_fetch_wait(kvx_fetch *f, kvx_fetch_result *out, size_t n, int timeout_ms);
+/* No new reads start; pages not read end KVX_ECANCELED. Wait still needed. */
+KVX_API int kvx_fetch_cancel(kvx_fetch *f);
+/* Returns the batch's slots to the pool and drops its shard references. */
+KVX_API void kvx_fetch_release(kvx_fetch *f);
+
+/* --- GPU upload (CUDA) ------------------------------------------------------
+ * A device arena (one cudaMalloc) filled with cudaMemcpyAsync on several
+ * streams from pinned pool memory, plus a device page table: an array of
+ * device pointers (one per entry, uint64_t each) uploaded to the device,
+ * ready for a paged-attention kernel. Built without CUDA every call returns
+ * KVX_ENOCUDA; with CUDA but no GPU at run time, KVX_ENOGPU. Device
+ * addresses are uint64_t (CUdeviceptr). */
+
+typedef struct kvx_gpu kvx_gpu;
+
+typedef struct kvx_gpu_options {
+    uint32_t version;     /* KVX_GPU_OPTIONS_VERSION */
+    int device;           /* CUDA device ordinal */
+    uint64_t arena_bytes; /* device arena size; 0 = 256 MiB */
+    uint32_t streams;     /* copy streams; 0 = 4 */
+} kvx_gpu_options;
+#define KVX_GPU_OPTIONS_VERSION 1
+#define KVX_GPU_OPTIONS_INIT {KVX_GPU_OPTIONS_VERSION, 0, 0, 0}
+
+/* Number of usable GPUs (0 with none); KVX_ENOCUDA without CUDA. */
+KVX_API int kvx_gpu_count(int *out);
+/* NUMA node of a device (from its PCI bus id in sysfs); -1 when unknown. */
+KVX_API int kvx_gpu_numa_node(int *out_node, int device);
+KVX_API int kvx_gpu_create(kvx_gpu **out, const kvx_gpu_options *opts);
+/* Waits for copies in flight and frees the arena. NULL is fine. */
+KVX_API void kvx_gpu_destroy(kvx_gpu *g);
+/* Reserves bytes (256-aligned) of the arena; KVX_ECAPACITY when full. */
+KVX_API int kvx_gpu_reserve(uint64_t *out_dev, kvx_gpu *g, uint64_t bytes);
+/* Frees every reservation (after kvx_gpu_sync). */
+KVX_API void kvx_gpu_reset(kvx_gpu *g);
+/* Queues n host->device copies (src should be pinned pool memory; it must
+ * stay untouched until kvx_gpu_sync) on the streams in turn. */
+KVX_API int kvx_gpu_upload(kvx_gpu *g, const uint64_t *dev, const void *const *src,
+                           const uint64_t *bytes, size_t n);
+/* Waits for every queued copy. */
+KVX_API int kvx_gpu_sync(kvx_gpu *g);
+/* Uploads n device pointers as a uint64_t array in the arena: the device
+ * page table. *out_table is its device address. */
+KVX_API int kvx_gpu_page_table(uint64_t *out_table, kvx_gpu *g, const uint64_t *dev_ptrs,
+                               size_t n);
+/* Synchronous device->host copy, for verification. */
+KVX_API int kvx_gpu_copy_back(void *dst, kvx_gpu *g, uint64_t dev, uint64_t bytes);
+
+/* --- Bulk warmup ------------------------------------------------------------
+ * Every page of whole shards (or a whole store: kvx_store_shards, or
+ * kvx_warmup_collect) is read in large sequential runs into a ring of pinned
+ * staging buffers, its CRC checked, and handed to a sink while the next
+ * reads are in flight (double buffering). A page failing its CRC is
+ * counted, named in the report, and not delivered (its sink range is left
+ * as it was; on the GPU its page table slot is 0).
+ *
+ * Sink layout (host buffer and GPU arena alike): pages in input order
+ * (shards in the order given, entries by index), each at the next multiple
+ * of 256 bytes; kvx_warmup_sink_bytes gives the size needed. */
+
+typedef enum kvx_sink_kind {
+    KVX_SINK_DISCARD = 0, /* read and verify only (a checksum of the bytes is reported) */
+    KVX_SINK_HOST = 1,    /* copy into host_buf */
+    KVX_SINK_GPU = 2      /* upload into gpu's arena (needs CUDA) */
+} kvx_sink_kind;
+
+#define KVX_WARMUP_NO_VERIFY 0x1u /* skip page CRCs */
+#define KVX_WARMUP_BUFFERED 0x2u  /* never O_DIRECT (use the page cache) */
+
+typedef struct kvx_warmup_progress {
+    uint64_t bytes_done;  /* page bytes delivered or failed so far */
+    uint64_t bytes_total; /* page bytes of every input */
+    uint64_t pages_done;
+    uint64_t pages_total;
+    uint64_t crc_failures;
+    double seconds;
+    int finished; /* 1 once every page is done, or after cancel */
+} kvx_warmup_progress;
+
+typedef struct kvx_warmup_options {
+    uint32_t version;      /* KVX_WARMUP_OPTIONS_VERSION */
+    int io_mode;           /* kvx_io_mode */
+    uint32_t flags;        /* KVX_WARMUP_* */
+    uint32_t queue_depth;  /* reads in flight; 0 = 8 */
+    uint32_t chunk_bytes;  /* bytes per read; 0 = 4 MiB (grown to fit the largest page) */
+    int numa_node;         /* staging node; KVX_POOL_NODE_AUTO */
+    int sink;              /* kvx_sink_kind */
+    void *host_buf;        /* KVX_SINK_HOST: kvx_warmup_sink_bytes bytes */
+    uint64_t host_buf_bytes;
+    kvx_gpu *gpu;          /* KVX_SINK_GPU: arena of kvx_warmup_sink_bytes + 8 per page */
+    /* kvx_warmup_run only: called on the calling thread about every
+     * 100 ms and once at the end. Nullable. */
+    void (*progress)(void *ctx, const kvx_warmup_progress *p);
+    void *progress_ctx;
+} kvx_warmup_options;
+#define KVX_WARMUP_OPTIONS_VERSION 1
+#define KVX_WARMUP_OPTIONS_INIT                                                            \
+    {KVX_WARMUP_OPTIONS_VERSION, KVX_IO_AUTO, 0, 0, 0, KVX_POOL_NODE_AUTO, KVX_SINK_DISCARD, \
+     NULL, 0, NULL, NULL, NULL}
+
+typedef struct kvx_warmup_failure {
+    const char *path; /* the shard's path; lives with the report */
+    uint32_t shard;   /* index into the inputs */
+    uint32_t entry;   /* entry index within the shard */
+    int code;         /* KVX_EPAGECRC, KVX_ETRUNC, -EIO, ... */
+} kvx_warmup_failure;
+
+typedef struct kvx_warmup_report {
+    uint64_t bytes;        /* page bytes delivered good */
+    uint64_t pages;        /* pages delivered good */
+    uint64_t crc_failures; /* pages failing their CRC */
+    uint64_t io_failures;  /* pages lost to read errors or truncation */
+    uint64_t bytes_read;   /* bytes read from the files */
+    double seconds;
+    double gbps;           /* bytes / seconds / 1e9 */
+    int io_mode;           /* KVX_IO_URING or KVX_IO_PREAD */
+    int direct;            /* 1 when O_DIRECT was used */
+    int canceled;
+    uint64_t checksum;     /* KVX_SINK_DISCARD: sum of the pages' CRC-32s */
+    uint64_t gpu_page_table; /* KVX_SINK_GPU: device address of the table */
+    kvx_warmup_failure *failures; /* n_failures, owned: kvx_warmup_report_free */
+    size_t n_failures;
+} kvx_warmup_report;
+
+typedef struct kvx_warmup kvx_warmup;
+
+/* Sink bytes the inputs need (layout above). */
+KVX_API int kvx_warmup_sink_bytes(uint64_t *out, kvx_shard *const *shards, size_t n);
+/* Blocking warmup with the optional progress callback. The return is 0
+ * when the warmup ran to the end, even with failed pages (see the report). */
+KVX_API int kvx_warmup_run(kvx_warmup_report *out, kvx_shard *const *shards, size_t n,
+                           const kvx_warmup_options *opts);
+/* The same on a background thread (opts->progress is ignored): poll
+ * kvx_warmup_get_progress, kvx_warmup_cancel, and kvx_warmup_wait. The
+ * warmup holds references on the shards and copies opts. */
+KVX_API int kvx_warmup_start(kvx_warmup **out, kvx_shard *const *shards, size_t n,
+                             const kvx_warmup_options *opts);
+KVX_API int kvx_warmup_get_progress(kvx_warmup_progress *out, kvx_warmup *w);
+KVX_API int kvx_warmup_cancel(kvx_warmup *w);
+/* 0 and the report when finished; -ETIMEDOUT after timeout_ms (< 0:
+ * forever). Other results: the warmup's own failure (setup, sink). */
+KVX_API int kvx_warmup_wait(kvx_warmup_report *out, kvx_warmup *w, int timeout_ms);
+/* Cancels if running, waits, frees. NULL is fine. */
+KVX_API void kvx_warmup_destroy(kvx_warmup *w);
+/* Per-entry device pointers after a GPU warmup (input order; 0 for a failed
+ * page); valid until kvx_warmup_destroy. */
+KVX_API int kvx_warmup_device_pages(const uint64_t **out, size_t *out_n, kvx_warmup *w);
+KVX_API void kvx_warmup_report_free(kvx_warmup_report *r);
+/* Opens what `kvx warmup DIR|FILE.kvx...` names: a directory is a store
+ * (opened read-only; its live shards), anything else a shard file. The
+ * caller drops each reference (kvx_shard_close) and kvx_free(array). */
+KVX_API int kvx_warmup_collect(kvx_shard ***out_shards, size_t *out_n, const char *const *paths,
+                               size_t n_paths);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,259 @@
+/*
+ * fetch.c - kvx_fetch: a batch of (shard, entry) pages into pinned slots.
+ *
+ * The batch is planned once at submit: requests are sorted by file and
+ * offset, pages that sit back to back in a file (a page starts at the
+ * next 4096 boundary after the previous one ends) become one read of up to
+ * max_read_bytes, and each read gets one pool slot, so a page's bytes land
+ * at its offset within the read: no copy after the read, and every page is
+ * 4096-aligned in pinned memory. The executor (ioq.c) does the reads and
+ * the CRCs; here we only map finished reads back to request order.
+ * Everything the batch owns (copies of the requests, results, slots, shard
+ * references) is C memory, released by kvx_fetch_release: a cgo caller
+ * passes Go arrays only for the duration of submit and wait.
+ */
+#include "io.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+
+typedef struct item {
+    kvx_shard *shard;
+    kvx_io_file *file;
+    uint64_t off;
+    uint64_t bytes;
+    uint32_t crc;
+    uint32_t req;
+} item;
+
+struct kvx_fetch {
+    kvx_pool *pool;
+    kvx_ioq *q;
+    uint32_t max_read;
+    int verify;
+    /* the batch */
+    size_t n;
+    int active;
+    kvx_shard **refs; /* n, NULL where the request failed early */
+    kvx_fetch_result *res;
+    kvx_io_page *pages;
+    kvx_io_run *runs;
+    size_t n_runs;
+    size_t done;
+    kvx_io_run **reaped; /* scratch for kvx_ioq_reap */
+};
+
+int kvx_fetch_create(kvx_fetch **out, kvx_pool *pool, const kvx_fetch_options *opts)
+{
+    if (!out) return kvx_fail(KVX_EINVALID, "kvx_fetch_create: out is NULL");
+    *out = NULL;
+    if (!pool) return kvx_fail(KVX_EINVALID, "kvx_fetch_create: pool is NULL");
+    kvx_fetch_options def = KVX_FETCH_OPTIONS_INIT;
+    if (!opts) opts = &def;
+    if (opts->version != KVX_FETCH_OPTIONS_VERSION)
+        return kvx_fail(KVX_EVERSION, "kvx_fetch_options.version is %u, expected %u", opts->version,
+                        KVX_FETCH_OPTIONS_VERSION);
+    if (opts->flags & ~(uint32_t)(KVX_FETCH_NO_VERIFY | KVX_FETCH_BUFFERED))
+        return kvx_fail(KVX_EINVALID, "kvx_fetch_options.flags has unknown bits 0x%x", opts->flags);
+    if (opts->max_read_bytes && opts->max_read_bytes < KVX_IO_SLOT_ALIGN)
+        return kvx_fail(KVX_EINVALID, "kvx_fetch_options.max_read_bytes %u is below 4096",
+                        opts->max_read_bytes);
+    kvx_fetch *f = calloc(1, sizeof *f);
+    if (!f) return kvx_fail(-ENOMEM, "kvx_fetch_create: out of memory");
+    f->pool = pool;
+    f->max_read = opts->max_read_bytes ? opts->max_read_bytes : 4u << 20;
+    f->verify = !(opts->flags & KVX_FETCH_NO_VERIFY);
+    kvx_ioq_options qo = {opts->io_mode, opts->queue_depth, opts->threads,
+                          (opts->flags & KVX_FETCH_BUFFERED) != 0, pool};
+    int rc = kvx_ioq_create(&f->q, &qo);
+    if (rc) {
+        free(f);
+        return rc;
+    }
+    *out = f;
+    return 0;
+}
+
+int kvx_fetch_mode(const kvx_fetch *f) { return f ? kvx_ioq_mode(f->q) : KVX_IO_AUTO; }
+int kvx_fetch_direct(const kvx_fetch *f) { return f ? kvx_ioq_used_direct(f->q) : 0; }
+
+void kvx_fetch_release(kvx_fetch *f)
+{
+    if (!f || !f->active) return;
+    if (kvx_ioq_pending(f->q) > 0) {
+        /* The kernel may still write into our slots: drain first. */
+        kvx_ioq_cancel(f->q);
+        while (kvx_ioq_pending(f->q) > 0)
+            if (kvx_ioq_reap(f->q, f->reaped, f->n_runs ? f->n_runs : 1, -1) < 0) break;
+    }
+    for (size_t i = 0; i < f->n_runs; i++)
+        if (f->runs[i].buf) kvx_pool_free(f->pool, f->runs[i].buf, f->runs[i].len);
+    for (size_t i = 0; i < f->n; i++) kvx_shard_close(f->refs[i]);
+    kvx_ioq_files_trim(f->q);
+    free(f->refs);
+    free(f->res);
+    free(f->pages);
+    free(f->runs);
+    free(f->reaped);
+    f->refs = NULL;
+    f->res = NULL;
+    f->pages = NULL;
+    f->runs = NULL;
+    f->reaped = NULL;
+    f->n = f->n_runs = f->done = 0;
+    f->active = 0;
+}
+
+void kvx_fetch_destroy(kvx_fetch *f)
+{
+    if (!f) return;
+    kvx_fetch_release(f);
+    kvx_ioq_destroy(f->q);
+    free(f);
+}
+
+static int item_cmp(const void *a, const void *b)
+{
+    const item *x = a, *y = b;
+    if (x->file != y->file) return (uintptr_t)x->file < (uintptr_t)y->file ? -1 : 1;
+    if (x->off != y->off) return x->off < y->off ? -1 : 1;
+    return x->req < y->req ? -1 : x->req > y->req;
+}
+
+int kvx_fetch_submit(kvx_fetch *f, const kvx_fetch_req *reqs, size_t n)
+{
+    if (!f || (n && !reqs)) return kvx_fail(KVX_EINVALID, "kvx_fetch_submit: fetch or reqs is NULL");
+    if (n > UINT32_MAX) return kvx_fail(KVX_EINVALID, "kvx_fetch_submit: n %zu is too large", n);
+    kvx_fetch_release(f);
+    f->active = 1;
+    f->n = n;
+    f->refs = calloc(n ? n : 1, sizeof *f->refs);
+    f->res = calloc(n ? n : 1, sizeof *f->res);
+    f->pages = calloc(n ? n : 1, sizeof *f->pages);
+    f->runs = calloc(n ? n : 1, sizeof *f->runs);
+    f->reaped = calloc(n ? n : 1, sizeof *f->reaped);
+    item *items = calloc(n ? n : 1, sizeof *items);
+    if (!f->refs || !f->res || !f->pages || !f->runs || !f->reaped || !items) {
+        free(items);
+        kvx_fetch_release(f);
+        return kvx_fail(-ENOMEM, "kvx_fetch_submit: out of memory");
+    }
+    size_t n_items = 0;
+    int rc = 0;
+    for (size_t i = 0; i < n; i++) {
+        kvx_fetch_result *r = &f->res[i];
+        if (!reqs[i].shard) {
+            r->status = KVX_EINVALID;
+            f->done++;
+            continue;
+        }
+        kvx_entry e;
+        int erc = kvx_shard_entry(&e, reqs[i].shard, reqs[i].entry);
+        if (erc) {
+            r->status = erc;
+            f->done++;
+            continue;
+        }
+        kvx_io_file *file;
+        rc = kvx_ioq_file(&file, f->q, kvx_shard_fd(reqs[i].shard));
+        if (rc) goto fail;
+        f->refs[i] = kvx_shard_ref(reqs[i].shard);
+        r->bytes = e.bytes;
+        items[n_items++] = (item){reqs[i].shard, file, e.offset, e.bytes, e.crc32, (uint32_t)i};
+    }
+    qsort(items, n_items, sizeof *items, item_cmp);
+    /* Coalesce: back-to-back pages of one file, up to max_read per read. */
+    for (size_t i = 0; i < n_items;) {
+        kvx_io_run *run = &f->runs[f->n_runs++];
+        kvx_io_file *file = items[i].file;
+        uint64_t start = items[i].off - items[i].off % file->align;
+        uint64_t end = items[i].off + items[i].bytes;
+        size_t j = i + 1;
+        while (j < n_items && items[j].file == file && items[j].off == kvx_align_up(end, 4096) &&
+               items[j].off + items[j].bytes - start <= f->max_read) {
+            end = items[j].off + items[j].bytes;
+            j++;
+        }
+        run->file = file;
+        run->off = start;
+        run->want = end - start;
+        run->len = kvx_align_up(run->want, file->align);
+        run->verify = f->verify;
+        run->pages = &f->pages[i];
+        run->n_pages = (uint32_t)(j - i);
+        run->owner = f;
+        rc = kvx_pool_alloc((void **)&run->buf, f->pool, run->len);
+        if (rc) goto fail;
+        for (size_t k = i; k < j; k++) {
+            kvx_io_page *pg = &f->pages[k];
+            pg->rel = items[k].off - start;
+            pg->bytes = items[k].bytes;
+            pg->crc_want = items[k].crc;
+            pg->tag = items[k].req;
+            f->res[items[k].req].page = run->buf + pg->rel;
+        }
+        i = j;
+    }
+    free(items);
+    for (size_t i = 0; i < f->n_runs; i++) kvx_ioq_push(f->q, &f->runs[i]);
+    kvx_ioq_kick(f->q);
+    return 0;
+fail:
+    free(items);
+    kvx_fetch_release(f);
+    return rc;
+}
+
+static int absorb(kvx_fetch *f, int timeout_ms)
+{
+    int got = kvx_ioq_reap(f->q, f->reaped, f->n_runs ? f->n_runs : 1, timeout_ms);
+    if (got < 0) return got;
+    for (int i = 0; i < got; i++) {
+        kvx_io_run *r = f->reaped[i];
+        for (uint32_t k = 0; k < r->n_pages; k++) {
+            kvx_fetch_result *res = &f->res[r->pages[k].tag];
+            res->status = r->pages[k].status;
+            res->crc32 = r->pages[k].crc_got;
+        }
+        f->done += r->n_pages;
+    }
+    return 0;
+}
+
+int kvx_fetch_poll(kvx_fetch *f, size_t *out_done)
+{
+    if (!f) return kvx_fail(KVX_EINVALID, "kvx_fetch_poll: fetch is NULL");
+    int rc = f->active && f->done < f->n ? absorb(f, 0) : 0;
+    if (out_done) *out_done = f->done;
+    return rc;
+}
+
+int kvx_fetch_wait(kvx_fetch *f, kvx_fetch_result *out, size_t n, int timeout_ms)
+{
+    if (!f) return kvx_fail(KVX_EINVALID, "kvx_fetch_wait: fetch is NULL");
+    if (!f->active) return kvx_fail(KVX_EINVALID, "kvx_fetch_wait: no batch was submitted");
+    if (n != f->n || (n && !out))
+        return kvx_fail(KVX_EINVALID, "kvx_fetch_wait: n is %zu, the batch has %zu pages", n, f->n);
+    double deadline = kvx_io_now() + (timeout_ms > 0 ? timeout_ms / 1000.0 : 0);
+    while (f->done < f->n) {
+        int left = -1;
+        if (timeout_ms >= 0) {
+            double s = deadline - kvx_io_now();
+            if (s <= 0) return -ETIMEDOUT;
+            left = (int)(s * 1000) + 1;
+        }
+        int rc = absorb(f, left);
+        if (rc) return rc;
+        if (timeout_ms == 0 && f->done < f->n) return -ETIMEDOUT;
+    }
+    if (n) memcpy(out, f->res, n * sizeof *out);
+    return 0;
+}
+
+int kvx_fetch_cancel(kvx_fetch *f)
+{
+    if (!f) return kvx_fail(KVX_EINVALID, "kvx_fetch_cancel: fetch is NULL");
+    if (f->active) kvx_ioq_cancel(f->q);
+    return 0;
+}

@@ -1,0 +1,132 @@
+/*
+ * io.h - internals of the data path (io/), not API.
+ *
+ * Three layers, bottom up:
+ *  - pool.c: the pinned, NUMA-placed pool and its slot allocator;
+ *  - ioq.c: an executor of "runs" (one contiguous read of a file into a
+ *    slot, covering one or more pages) over io_uring or a pread thread
+ *    pool, with a cache of opened files (O_DIRECT where the file system
+ *    allows, registered with the ring). It handles short reads, -EAGAIN,
+ *    -EINTR and out-of-order completions, and checks each page's CRC as
+ *    its run lands (on the worker thread in pread mode, so CRCs run in
+ *    parallel there);
+ *  - fetch.c (random pages, poll/wait) and warmup.c (whole shards in
+ *    sequential runs, double-buffered into a sink) plan runs and consume
+ *    them. gpu.c is the CUDA side.
+ * Keeping one executor means both public paths share every fault-handling
+ * rule and every test of it.
+ */
+#ifndef KVX_IO_H
+#define KVX_IO_H
+
+#include "internal.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define KVX_IO_SLOT_ALIGN 4096u
+#define KVX_IO_REG_CHUNK ((uint64_t)1 << 30) /* io_uring caps one fixed buffer at 1 GiB */
+
+/* --- pool.c --- */
+struct kvx_pool {
+    uint8_t *base;
+    uint64_t bytes;
+    int node;
+    int locked;
+    int cuda_registered;
+    int no_register;
+    pthread_mutex_t mu;
+    /* free extents, sorted by offset, never crossing a 1 GiB chunk */
+    struct kvx_extent { uint64_t off, len; } *ext;
+    size_t n_ext, cap_ext;
+    uint64_t free_bytes;
+};
+/* Index of the registered buffer holding [ptr, ptr+len), or -1. */
+int kvx_pool_buf_index(const kvx_pool *p, const void *ptr, uint64_t len);
+unsigned kvx_pool_nbufs(const kvx_pool *p);
+
+/* --- ioq.c --- */
+typedef struct kvx_io_file {
+    dev_t dev;
+    ino_t ino;
+    int fd;          /* ours: O_DIRECT when direct */
+    int bfd;         /* buffered descriptor (== fd when not direct) */
+    int direct;
+    uint32_t align;  /* O_DIRECT offset/length alignment */
+    int reg;         /* registered file slot, or -1 */
+    uint64_t last_use;
+    unsigned users;  /* runs of the current batch using it */
+} kvx_io_file;
+
+typedef struct kvx_io_page {
+    uint64_t rel;      /* page start within the run */
+    uint64_t bytes;
+    uint32_t crc_want;
+    uint32_t crc_got;
+    int status;
+    uint32_t tag;      /* owner's index (request or page number) */
+} kvx_io_page;
+
+enum { RUN_QUEUED = 0, RUN_INFLIGHT, RUN_DONE };
+
+typedef struct kvx_io_run {
+    kvx_io_file *file;
+    uint64_t off;     /* file offset of the run (aligned for O_DIRECT) */
+    uint64_t len;     /* bytes to read (rounded up for O_DIRECT) */
+    uint64_t want;    /* bytes the pages need (<= len) */
+    uint8_t *buf;     /* slot of at least len bytes */
+    uint64_t got;     /* bytes read so far */
+    int status;       /* 0 or the read's -errno / KVX_ECANCELED */
+    int state;
+    int verify;
+    unsigned retries;
+    kvx_io_page *pages;
+    uint32_t n_pages;
+    uint64_t hwm;     /* most bytes ever seen read (O_DIRECT re-reads) */
+    void *owner;      /* fetch batch or warmup buffer */
+    struct kvx_io_run *next; /* executor queues */
+} kvx_io_run;
+
+typedef struct kvx_ioq kvx_ioq;
+
+typedef struct kvx_ioq_options {
+    int mode;             /* kvx_io_mode */
+    unsigned queue_depth;
+    unsigned threads;
+    int buffered;         /* never O_DIRECT */
+    kvx_pool *pool;       /* registered as fixed buffers (nullable) */
+} kvx_ioq_options;
+
+int kvx_ioq_create(kvx_ioq **out, const kvx_ioq_options *o);
+void kvx_ioq_destroy(kvx_ioq *q);
+int kvx_ioq_mode(const kvx_ioq *q);
+/* Our own descriptor for the file behind fd (cached by device and inode). */
+int kvx_ioq_file(kvx_io_file **out, kvx_ioq *q, int fd);
+/* Done with a batch: files with no users may be closed (LRU beyond a cap). */
+void kvx_ioq_files_trim(kvx_ioq *q);
+/* Queues a run (state RUN_QUEUED); it is started as the depth allows. */
+void kvx_ioq_push(kvx_ioq *q, kvx_io_run *r);
+/* Collects finished runs (pages verified) into done[0..max); waits up to
+ * timeout_ms (< 0 forever, 0 not at all) for at least one when none is
+ * ready. Returns the number collected, or -errno of the ring. */
+int kvx_ioq_reap(kvx_ioq *q, kvx_io_run **done, size_t max, int timeout_ms);
+/* Runs queued or in flight. */
+size_t kvx_ioq_pending(kvx_ioq *q);
+/* Queued runs not yet started finish with KVX_ECANCELED. */
+void kvx_ioq_cancel(kvx_ioq *q);
+/* 1 if any file so far used O_DIRECT. */
+int kvx_ioq_used_direct(const kvx_ioq *q);
+
+/* Verifies the pages of a finished run (sets page status). */
+void kvx_io_run_finish(kvx_io_run *r);
+
+/* KVX_EMEMLOCK with the limit, its value and the bytes needed. */
+int kvx_io_memlock_error(const char *what, int err, uint64_t bytes);
+/* Starts queued runs up to the queue depth (io_uring); no-op for pread. */
+void kvx_ioq_kick(kvx_ioq *q);
+
+/* Monotonic seconds. */
+double kvx_io_now(void);
+
+#endif

@@ -1,0 +1,113 @@
+/*
+ * io_fixture.h - shared by the data-path tests (test_fetch, test_warmup,
+ * test_gpu): a temporary directory and tiny shards written with the real
+ * kvx_shard_writer, whose page bytes are a function of (shard, entry,
+ * byte) so a test can check any page it gets back without keeping it.
+ *
+ * Geometry: FP16, L = 2, Hkv = 2, D = 64, so a page of n tokens is
+ * 1024 * n bytes; token counts vary (1..16) so some pages end on a 4096
+ * boundary and some leave padding, which is what coalescing must respect.
+ */
+#ifndef KVX_IO_FIXTURE_H
+#define KVX_IO_FIXTURE_H
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvx.h"
+
+static char io_tmpdir[256];
+
+static inline int io_mkdtemp(const char *tag)
+{
+    snprintf(io_tmpdir, sizeof io_tmpdir, "/tmp/kvx_%s.XXXXXX", tag);
+    return mkdtemp(io_tmpdir) ? 0 : -1;
+}
+
+static inline void io_rm_rf(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char p[768];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (e->d_type == DT_DIR)
+            io_rm_rf(p);
+        else
+            unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
+static inline kvx_geometry io_geometry(void)
+{
+    kvx_geometry g = {2, 2, 64, 16, KVX_QUANT_FP16, 0x1234};
+    return g;
+}
+
+/* Tokens of entry i: 1..16, in a pattern with both padded and exact pages. */
+static inline uint32_t io_tokens(uint32_t i) { return (i * 7 + 3) % 16 + 1; }
+
+static inline uint8_t io_byte(uint32_t shard, uint32_t entry, uint64_t k)
+{
+    uint64_t x = (uint64_t)shard * 0x9E3779B97F4A7C15ull ^ (uint64_t)entry * 0xC2B2AE3D27D4EB4Full ^ k;
+    x ^= x >> 29;
+    x *= 0xBF58476D1CE4E5B9ull;
+    return (uint8_t)(x >> 32);
+}
+
+static inline void io_fill(uint8_t *p, uint32_t shard, uint32_t entry, uint64_t n)
+{
+    for (uint64_t k = 0; k < n; k++) p[k] = io_byte(shard, entry, k);
+}
+
+static inline int io_page_ok(const void *page, uint32_t shard, uint32_t entry, uint64_t n)
+{
+    const uint8_t *p = page;
+    for (uint64_t k = 0; k < n; k++)
+        if (p[k] != io_byte(shard, entry, k)) return 0;
+    return 1;
+}
+
+/* Writes dir/name with n entries of shard byte shard_id; returns the
+ * writer's result. tokens (nullable) overrides io_tokens for every entry. */
+static inline int io_make_shard(char *out_path, size_t cap, const char *dir, const char *name,
+                                uint8_t shard_id, uint32_t n, uint32_t tokens)
+{
+    snprintf(out_path, cap, "%s/%s", dir, name);
+    kvx_shard_writer_options o = KVX_SHARD_WRITER_OPTIONS_INIT;
+    o.geometry = io_geometry();
+    o.shard_id = shard_id;
+    o.max_entries = n;
+    kvx_shard_writer *w = NULL;
+    int rc = kvx_shard_writer_create(&w, out_path, &o);
+    if (rc) return rc;
+    uint8_t *page = malloc(kvx_page_bytes(&o.geometry, 16 > tokens ? 16 : tokens));
+    if (!page) {
+        kvx_shard_writer_abort(w);
+        return -12;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t t = tokens ? tokens : io_tokens(i);
+        kvx_entry_in e = {0};
+        e.radix_block = (uint16_t)i;
+        e.token_count = t;
+        io_fill(page, shard_id, i, kvx_page_bytes(&o.geometry, t));
+        e.page = page;
+        if ((rc = kvx_shard_writer_add(w, &e))) {
+            free(page);
+            kvx_shard_writer_abort(w);
+            return rc;
+        }
+    }
+    free(page);
+    return kvx_shard_writer_seal(w);
+}
+
+#endif
