@@ -16,8 +16,6 @@ static int run_pending(const cli_cmd *self, int argc, char **argv)
                          "Usage: kvx " nm "\n\nNot available in this build yet.\n", \
                          run_pending}
 
-PENDING(cli_cmd_inspect, "inspect");
-PENDING(cli_cmd_verify, "verify");
 PENDING(cli_cmd_convert, "convert");
 PENDING(cli_cmd_store, "store");
 PENDING(cli_cmd_warmup, "warmup");

@@ -99,7 +99,7 @@ static void test_every_subcommand_has_help(void **state)
 {
     (void)state;
     const char *subs[][2] = {
-        {"hash", NULL},
+        {"hash", NULL}, {"inspect", NULL}, {"verify", NULL},
     };
     for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
         cli_run r = subs[i][1] ? CLI(NULL, subs[i][0], subs[i][1], "--help")
