@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 /* Provided by gpu.c (stubs without CUDA). */
 int kvx_gpu_host_register(void *p, uint64_t bytes, int device);
@@ -130,7 +132,9 @@ int kvx_pool_create(kvx_pool **out, const kvx_pool_options *opts)
     p->no_register = (opts->flags & KVX_POOL_NO_REGISTER) != 0;
     pthread_mutex_init(&p->mu, NULL);
     if (!(opts->flags & KVX_POOL_NO_MLOCK)) {
-        if (mlock(base, bytes) != 0) {
+        /* The raw syscall: sanitizers intercept mlock() as a no-op, which
+         * would hide exactly the RLIMIT_MEMLOCK refusal callers must see. */
+        if (syscall(SYS_mlock, base, (size_t)bytes) != 0) {
             int e = errno;
             int rc = kvx_io_memlock_error("mlock", e, bytes);
             kvx_pool_destroy(p);
@@ -172,7 +176,7 @@ void kvx_pool_destroy(kvx_pool *p)
 {
     if (!p) return;
     if (p->cuda_registered) kvx_gpu_host_unregister(p->base);
-    if (p->locked) munlock(p->base, p->bytes);
+    if (p->locked) syscall(SYS_munlock, p->base, (size_t)p->bytes);
     munmap(p->base, p->bytes);
     pthread_mutex_destroy(&p->mu);
     free(p->ext);

@@ -34,8 +34,8 @@ static inline void io_rm_rf(const char *dir)
     struct dirent *e;
     while ((e = readdir(d))) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char p[768];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        char p[1024];
+        if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= sizeof p) continue;
         if (e->d_type == DT_DIR)
             io_rm_rf(p);
         else

@@ -179,7 +179,10 @@ static int memlock_child(void)
     o.bytes = 4 << 20;
     kvx_pool *p = NULL;
     int rc = kvx_pool_create(&p, &o);
-    if (rc != KVX_EMEMLOCK) return 12;
+    if (rc != KVX_EMEMLOCK) {
+        fprintf(stderr, "pool_create under the limit: %d %s\n", rc, kvx_last_error());
+        return 12;
+    }
     const char *m = kvx_last_error();
     fprintf(stderr, "mlock refusal: %s\n", m);
     if (!strstr(m, "RLIMIT_MEMLOCK") || !strstr(m, "65536 bytes") || !strstr(m, "4194304") ||

@@ -1,0 +1,545 @@
+/*
+ * test_fetch.c - the fetch engine on every path: io_uring (O_DIRECT on
+ * this file system), io_uring buffered, the pread thread pool, and the
+ * fallback forced with KVX_IO_FORCE_NO_URING. Each fetch is checked byte
+ * for byte against the pattern the shard was written with, in the order
+ * requested. Also: coalescing (counted reads), -EAGAIN / -EINTR / short
+ * reads injected through kvx_os.uring_result and kvx_os.pread, CRC
+ * failures reported on the bad page only, pages past a truncated end,
+ * bad requests, cancel, capacity, and a tmpfs file (O_DIRECT refused).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "io_fixture.h"
+#include "kvx.h"
+#include "os.h"
+
+#define N1 40
+#define N2 23
+
+static char path1[512], path2[512];
+static kvx_shard *s1, *s2;
+
+static int group_setup(void **state)
+{
+    (void)state;
+    unsetenv("KVX_IO_FORCE_NO_URING");
+    if (io_mkdtemp("test_fetch")) return -1;
+    if (io_make_shard(path1, sizeof path1, io_tmpdir, "a.kvx", 1, N1, 0)) return -1;
+    if (io_make_shard(path2, sizeof path2, io_tmpdir, "b.kvx", 2, N2, 0)) return -1;
+    if (kvx_shard_open(&s1, path1, 0) || kvx_shard_open(&s2, path2, 0)) return -1;
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    kvx_shard_close(s1);
+    kvx_shard_close(s2);
+    io_rm_rf(io_tmpdir);
+    return 0;
+}
+
+static int reset(void **state)
+{
+    (void)state;
+    kvx_os_reset();
+    unsetenv("KVX_IO_FORCE_NO_URING");
+    return 0;
+}
+
+static kvx_pool *pool_of(uint64_t bytes)
+{
+    kvx_pool_options o = KVX_POOL_OPTIONS_INIT;
+    o.bytes = bytes;
+    kvx_pool *p = NULL;
+    assert_int_equal(kvx_pool_create(&p, &o), 0);
+    return p;
+}
+
+static kvx_fetch *fetch_of(kvx_pool *p, int mode, uint32_t qd, uint32_t flags, uint32_t max_read)
+{
+    kvx_fetch_options o = KVX_FETCH_OPTIONS_INIT;
+    o.io_mode = mode;
+    o.queue_depth = qd;
+    o.flags = flags;
+    o.max_read_bytes = max_read;
+    o.threads = 3;
+    kvx_fetch *f = NULL;
+    int rc = kvx_fetch_create(&f, p, &o);
+    if (rc == -EPERM || rc == -ENOSYS) {
+        kvx_pool_destroy(p);
+        skip(); /* io_uring refused on this machine */
+    }
+    assert_int_equal(rc, 0);
+    return f;
+}
+
+/* Every entry of both shards, interleaved and shuffled (deterministically). */
+static size_t all_reqs(kvx_fetch_req *r)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < N1; i++) r[n++] = (kvx_fetch_req){s1, i};
+    for (uint32_t i = 0; i < N2; i++) r[n++] = (kvx_fetch_req){s2, i};
+    uint64_t x = 12345;
+    for (size_t i = n - 1; i > 0; i--) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        size_t j = (size_t)(x >> 33) % (i + 1);
+        kvx_fetch_req t = r[i];
+        r[i] = r[j];
+        r[j] = t;
+    }
+    return n;
+}
+
+static void check_all(const kvx_fetch_req *r, const kvx_fetch_result *res, size_t n, int verify)
+{
+    for (size_t i = 0; i < n; i++) {
+        kvx_entry e;
+        assert_int_equal(kvx_shard_entry(&e, r[i].shard, r[i].entry), 0);
+        assert_int_equal(res[i].status, 0);
+        assert_int_equal(res[i].bytes, e.bytes);
+        assert_non_null(res[i].page);
+        assert_int_equal((uintptr_t)res[i].page % 4096, 0);
+        assert_true(io_page_ok(res[i].page, r[i].shard == s1 ? 1 : 2, r[i].entry, e.bytes));
+        if (verify) assert_int_equal(res[i].crc32, e.crc32);
+    }
+}
+
+static void run_path(int mode, uint32_t flags, int want_mode)
+{
+    kvx_pool *p = pool_of(4 << 20);
+    kvx_fetch *f = fetch_of(p, mode, 8, flags, 0);
+    assert_int_equal(kvx_fetch_mode(f), want_mode);
+    kvx_fetch_req r[N1 + N2];
+    kvx_fetch_result res[N1 + N2];
+    size_t n = all_reqs(r);
+    for (int round = 0; round < 2; round++) { /* the second reuses cached files and slots */
+        assert_int_equal(kvx_fetch_submit(f, r, n), 0);
+        size_t done = 0;
+        assert_int_equal(kvx_fetch_poll(f, &done), 0);
+        assert_true(done <= n);
+        assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
+        assert_int_equal(kvx_fetch_poll(f, &done), 0);
+        assert_int_equal(done, n);
+        check_all(r, res, n, !(flags & KVX_FETCH_NO_VERIFY));
+    }
+    if (want_mode == KVX_IO_URING && !(flags & KVX_FETCH_BUFFERED)) assert_int_equal(kvx_fetch_direct(f), 1);
+    if (flags & KVX_FETCH_BUFFERED || want_mode == KVX_IO_PREAD) assert_int_equal(kvx_fetch_direct(f), 0);
+    kvx_fetch_release(f);
+    kvx_pool_info info;
+    assert_int_equal(kvx_pool_get_info(&info, p), 0);
+    assert_int_equal(info.free_bytes, info.bytes); /* every slot back */
+    kvx_fetch_destroy(f);
+    kvx_pool_destroy(p);
+}
+
+static void test_uring_direct(void **state) { (void)state; run_path(KVX_IO_URING, 0, KVX_IO_URING); }
+static void test_uring_buffered(void **state) { (void)state; run_path(KVX_IO_URING, KVX_FETCH_BUFFERED, KVX_IO_URING); }
+static void test_pread(void **state) { (void)state; run_path(KVX_IO_PREAD, 0, KVX_IO_PREAD); }
+static void test_no_verify(void **state) { (void)state; run_path(KVX_IO_AUTO, KVX_FETCH_NO_VERIFY, KVX_IO_URING); }
+
+static void test_forced_fallback(void **state)
+{
+    (void)state;
+    setenv("KVX_IO_FORCE_NO_URING", "1", 1);
+    kvx_pool *p = pool_of(4 << 20);
+    kvx_fetch_options o = KVX_FETCH_OPTIONS_INIT;
+    o.io_mode = KVX_IO_URING;
+    kvx_fetch *f = NULL;
+    assert_int_equal(kvx_fetch_create(&f, p, &o), -EPERM);
+    assert_null(f);
+    assert_non_null(strstr(kvx_last_error(), "io_uring refused"));
+    kvx_pool_destroy(p);
+    /* AUTO falls back to pread and says so */
+    run_path(KVX_IO_AUTO, 0, KVX_IO_PREAD);
+}
+
+/* ---- coalescing: count reads through the seam ---- */
+
+static int n_completions;
+static int count_result(int res, size_t requested)
+{
+    (void)requested;
+    n_completions++;
+    return res;
+}
+static int n_preads;
+static ssize_t count_pread(int fd, void *buf, size_t len, off_t off)
+{
+    n_preads++;
+    return pread(fd, buf, len, off);
+}
+
+/* Entries lo..hi of s1 are back to back when each starts at the 4096
+ * boundary after the previous one ends (the writer's layout). */
+static size_t expected_runs(uint32_t lo, uint32_t hi, uint64_t max_read)
+{
+    size_t runs = 0;
+    uint64_t start = 0, end = 0;
+    for (uint32_t i = lo; i <= hi; i++) {
+        kvx_entry e;
+        assert_int_equal(kvx_shard_entry(&e, s1, i), 0);
+        if (i == lo || e.offset != (end + 4095) / 4096 * 4096 || e.offset + e.bytes - start > max_read) {
+            runs++;
+            start = e.offset;
+        }
+        end = e.offset + e.bytes;
+    }
+    return runs;
+}
+
+static void coalesce_case(int mode, uint32_t max_read)
+{
+    kvx_pool *p = pool_of(4 << 20);
+    kvx_fetch *f = fetch_of(p, mode, 4, KVX_FETCH_BUFFERED, max_read);
+    kvx_fetch_req r[N1];
+    kvx_fetch_result res[N1];
+    /* requested backwards: the engine sorts */
+    for (uint32_t i = 0; i < N1; i++) r[i] = (kvx_fetch_req){s1, N1 - 1 - i};
+    n_completions = n_preads = 0;
+    kvx_os.uring_result = count_result;
+    kvx_os.pread = count_pread;
+    assert_int_equal(kvx_fetch_submit(f, r, N1), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, N1, -1), 0);
+    kvx_os_reset();
+    check_all(r, res, N1, 1);
+    size_t want = expected_runs(0, N1 - 1, max_read ? max_read : 4u << 20);
+    assert_true(want < N1 || max_read == 4096);
+    assert_int_equal(mode == KVX_IO_URING ? n_completions : n_preads, (int)want);
+    /* pages of one run are consecutive in the slot, as in the file */
+    kvx_entry e0, e1;
+    assert_int_equal(kvx_shard_entry(&e0, s1, 0), 0);
+    assert_int_equal(kvx_shard_entry(&e1, s1, 1), 0);
+    if (max_read >= e1.offset + e1.bytes - e0.offset || max_read == 0)
+        assert_ptr_equal((uint8_t *)res[N1 - 1].page + (e1.offset - e0.offset), res[N1 - 2].page);
+    kvx_fetch_destroy(f);
+    kvx_pool_destroy(p);
+}
+
+static void test_coalesce(void **state)
+{
+    (void)state;
+    coalesce_case(KVX_IO_URING, 0);
+    coalesce_case(KVX_IO_URING, 32768);
+    coalesce_case(KVX_IO_PREAD, 0);
+    coalesce_case(KVX_IO_PREAD, 4096); /* every page its own read */
+}
+
+/* ---- faults through the seam ---- */
+
+static int fault_step;
+/* Cycles: -EAGAIN, -EINTR, a short read (1/3 of what was asked, odd so
+ * O_DIRECT has to realign), then the real result. */
+static int faulty_result(int res, size_t requested)
+{
+    int step = fault_step++ % 4;
+    if (step == 0) return -EAGAIN;
+    if (step == 1) return -EINTR;
+    if (step == 2 && res > 3 && requested > 3) return res / 3 | 1;
+    return res;
+}
+
+static int pread_step;
+static ssize_t faulty_pread(int fd, void *buf, size_t len, off_t off)
+{
+    int step = __atomic_fetch_add(&pread_step, 1, __ATOMIC_RELAXED) % 3;
+    if (step == 0) {
+        errno = EINTR;
+        return -1;
+    }
+    if (step == 1 && len > 3) len = len / 3 | 1;
+    return pread(fd, buf, len, off);
+}
+
+static void fault_case(int mode, uint32_t flags)
+{
+    kvx_pool *p = pool_of(4 << 20);
+    kvx_fetch *f = fetch_of(p, mode, 5, flags, 16384);
+    kvx_fetch_req r[N1 + N2];
+    kvx_fetch_result res[N1 + N2];
+    size_t n = all_reqs(r);
+    fault_step = pread_step = 0;
+    kvx_os.uring_result = faulty_result;
+    kvx_os.pread = faulty_pread;
+    assert_int_equal(kvx_fetch_submit(f, r, n), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
+    kvx_os_reset();
+    check_all(r, res, n, 1);
+    assert_true(mode == KVX_IO_URING ? fault_step > (int)n / 4 : pread_step > 0);
+    kvx_fetch_destroy(f);
+    kvx_pool_destroy(p);
+}
+
+static void test_faults_uring_direct(void **state) { (void)state; fault_case(KVX_IO_URING, 0); }
+static void test_faults_uring_buffered(void **state) { (void)state; fault_case(KVX_IO_URING, KVX_FETCH_BUFFERED); }
+static void test_faults_pread(void **state) { (void)state; fault_case(KVX_IO_PREAD, 0); }
+
+static int eio_result(int res, size_t requested)
+{
+    (void)res, (void)requested;
+    return -EIO;
+}
+
+static void test_read_error(void **state)
+{
+    (void)state;
+    kvx_pool *p = pool_of(4 << 20);
+    kvx_fetch *f = fetch_of(p, KVX_IO_URING, 4, 0, 0);
+    kvx_fetch_req r[3] = {{s1, 0}, {s1, 5}, {s2, 2}};
+    kvx_fetch_result res[3];
+    kvx_os.uring_result = eio_result;
+    assert_int_equal(kvx_fetch_submit(f, r, 3), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, 3, -1), 0);
+    kvx_os_reset();
+    for (int i = 0; i < 3; i++) assert_int_equal(res[i].status, -EIO);
+    kvx_fetch_destroy(f);
+    kvx_pool_destroy(p);
+}
+
+/* ---- damaged and truncated files ---- */
+
+static void copy_file(const char *from, const char *to)
+{
+    int a = open(from, O_RDONLY), b = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    assert_true(a >= 0 && b >= 0);
+    char buf[65536];
+    ssize_t k;
+    while ((k = read(a, buf, sizeof buf)) > 0) assert_int_equal(write(b, buf, (size_t)k), k);
+    close(a);
+    close(b);
+}
+
+static void crc_case(int mode)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/bad.kvx", io_tmpdir);
+    copy_file(path1, path);
+    kvx_shard *s = NULL;
+    assert_int_equal(kvx_shard_open(&s, path, 0), 0);
+    kvx_entry e;
+    assert_int_equal(kvx_shard_entry(&e, s, 7), 0);
+    int fd = open(path, O_WRONLY);
+    uint8_t x = (uint8_t)~io_byte(1, 7, 5);
+    assert_int_equal(pwrite(fd, &x, 1, (off_t)e.offset + 5), 1);
+    close(fd);
+    kvx_pool *p = pool_of(4 << 20);
+    kvx_fetch *f = fetch_of(p, mode, 4, 0, 0);
+    kvx_fetch_req r[N1];
+    kvx_fetch_result res[N1];
+    for (uint32_t i = 0; i < N1; i++) r[i] = (kvx_fetch_req){s, i};
+    assert_int_equal(kvx_fetch_submit(f, r, N1), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, N1, -1), 0);
+    for (uint32_t i = 0; i < N1; i++) {
+        if (i == 7) {
+            assert_int_equal(res[i].status, KVX_EPAGECRC);
+            assert_int_not_equal(res[i].crc32, e.crc32);
+            assert_int_equal(res[i].crc32, kvx_crc32(0, res[i].page, res[i].bytes));
+        } else {
+            assert_int_equal(res[i].status, 0);
+            assert_true(io_page_ok(res[i].page, 1, i, res[i].bytes));
+        }
+    }
+    kvx_fetch_destroy(f);
+    /* without verification the page is delivered as read */
+    kvx_fetch_options o = KVX_FETCH_OPTIONS_INIT;
+    o.io_mode = mode;
+    o.flags = KVX_FETCH_NO_VERIFY;
+    assert_int_equal(kvx_fetch_create(&f, p, &o), 0);
+    assert_int_equal(kvx_fetch_submit(f, r + 7, 1), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, 1, -1), 0);
+    assert_int_equal(res[0].status, 0);
+    kvx_fetch_destroy(f);
+    kvx_pool_destroy(p);
+    kvx_shard_close(s);
+    unlink(path);
+}
+
+static void test_crc_uring(void **state) { (void)state; crc_case(KVX_IO_URING); }
+static void test_crc_pread(void **state) { (void)state; crc_case(KVX_IO_PREAD); }
+
+static void trunc_case(int mode)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/trunc.kvx", io_tmpdir);
+    copy_file(path1, path);
+    kvx_shard *s = NULL;
+    assert_int_equal(kvx_shard_open(&s, path, 0), 0);
+    kvx_entry last, cut;
+    assert_int_equal(kvx_shard_entry(&last, s, N1 - 1), 0);
+    assert_int_equal(kvx_shard_entry(&cut, s, N1 - 3), 0);
+    /* cut in the middle of entry N1-3: it and the two after it are gone */
+    assert_int_equal(truncate(path, (off_t)(cut.offset + cut.bytes / 2 + 1)), 0);
+    kvx_pool *p = pool_of(4 << 20);
+    kvx_fetch *f = fetch_of(p, mode, 4, 0, 0);
+    kvx_fetch_req r[N1];
+    kvx_fetch_result res[N1];
+    for (uint32_t i = 0; i < N1; i++) r[i] = (kvx_fetch_req){s, i};
+    assert_int_equal(kvx_fetch_submit(f, r, N1), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, N1, -1), 0);
+    for (uint32_t i = 0; i < N1; i++) {
+        if (i >= N1 - 3)
+            assert_int_equal(res[i].status, KVX_ETRUNC);
+        else {
+            assert_int_equal(res[i].status, 0);
+            assert_true(io_page_ok(res[i].page, 1, i, res[i].bytes));
+        }
+    }
+    kvx_fetch_destroy(f);
+    kvx_pool_destroy(p);
+    kvx_shard_close(s);
+    unlink(path);
+}
+
+static void test_trunc_uring(void **state) { (void)state; trunc_case(KVX_IO_URING); }
+static void test_trunc_pread(void **state) { (void)state; trunc_case(KVX_IO_PREAD); }
+
+/* ---- tmpfs: O_DIRECT may be refused; the data must be right either way ---- */
+
+static void test_tmpfs(void **state)
+{
+    (void)state;
+    char dir[] = "/dev/shm/kvx_test_fetch.XXXXXX";
+    if (!mkdtemp(dir)) skip();
+    char path[600];
+    assert_int_equal(io_make_shard(path, sizeof path, dir, "t.kvx", 3, 9, 0), 0);
+    kvx_shard *s = NULL;
+    assert_int_equal(kvx_shard_open(&s, path, 0), 0);
+    kvx_pool *p = pool_of(1 << 20);
+    kvx_fetch *f = fetch_of(p, KVX_IO_URING, 4, 0, 0);
+    kvx_fetch_req r[9];
+    kvx_fetch_result res[9];
+    for (uint32_t i = 0; i < 9; i++) r[i] = (kvx_fetch_req){s, 8 - i};
+    assert_int_equal(kvx_fetch_submit(f, r, 9), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, 9, -1), 0);
+    for (uint32_t i = 0; i < 9; i++) {
+        assert_int_equal(res[i].status, 0);
+        assert_true(io_page_ok(res[i].page, 3, 8 - i, res[i].bytes));
+    }
+    kvx_fetch_destroy(f);
+    kvx_pool_destroy(p);
+    kvx_shard_close(s);
+    io_rm_rf(dir);
+}
+
+/* ---- API edges ---- */
+
+static void test_bad_requests(void **state)
+{
+    (void)state;
+    kvx_pool *p = pool_of(1 << 20);
+    kvx_fetch *f = fetch_of(p, KVX_IO_AUTO, 0, 0, 0);
+    kvx_fetch_req r[4] = {{s1, 1}, {NULL, 0}, {s2, N2 + 5}, {s2, 0}};
+    kvx_fetch_result res[4];
+    assert_int_equal(kvx_fetch_submit(f, r, 4), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, 3, -1), KVX_EINVALID); /* wrong n */
+    assert_int_equal(kvx_fetch_wait(f, res, 4, -1), 0);
+    assert_int_equal(res[0].status, 0);
+    assert_int_equal(res[1].status, KVX_EINVALID);
+    assert_null(res[1].page);
+    assert_int_not_equal(res[2].status, 0);
+    assert_null(res[2].page);
+    assert_int_equal(res[3].status, 0);
+    assert_true(io_page_ok(res[3].page, 2, 0, res[3].bytes));
+    /* an empty batch completes at once */
+    assert_int_equal(kvx_fetch_submit(f, r, 0), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, 0, 0), 0);
+    kvx_fetch_destroy(f);
+    kvx_pool_destroy(p);
+
+    /* a batch that does not fit the pool */
+    p = pool_of(16384);
+    f = fetch_of(p, KVX_IO_AUTO, 0, 0, 0);
+    kvx_fetch_req all[N1 + N2];
+    size_t n = all_reqs(all);
+    assert_int_equal(kvx_fetch_submit(f, all, n), KVX_ECAPACITY);
+    kvx_pool_info info;
+    assert_int_equal(kvx_pool_get_info(&info, p), 0);
+    assert_int_equal(info.free_bytes, info.bytes); /* nothing leaked */
+    kvx_fetch_destroy(f);
+    kvx_pool_destroy(p);
+
+    kvx_fetch_options o = KVX_FETCH_OPTIONS_INIT;
+    o.version = 7;
+    assert_int_equal(kvx_fetch_create(&f, NULL, &o), KVX_EINVALID);
+    p = pool_of(1 << 20);
+    assert_int_equal(kvx_fetch_create(&f, p, &o), KVX_EVERSION);
+    o = (kvx_fetch_options)KVX_FETCH_OPTIONS_INIT;
+    o.io_mode = 9;
+    assert_int_equal(kvx_fetch_create(&f, p, &o), KVX_EINVALID);
+    kvx_pool_destroy(p);
+    kvx_fetch_destroy(NULL);
+}
+
+static void cancel_case(int mode)
+{
+    kvx_pool *p = pool_of(4 << 20);
+    kvx_fetch *f = fetch_of(p, mode, 1, 0, 4096);
+    kvx_fetch_req r[N1 + N2];
+    kvx_fetch_result res[N1 + N2];
+    size_t n = all_reqs(r);
+    assert_int_equal(kvx_fetch_submit(f, r, n), 0);
+    assert_int_equal(kvx_fetch_cancel(f), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
+    size_t canceled = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (res[i].status == KVX_ECANCELED)
+            canceled++;
+        else {
+            assert_int_equal(res[i].status, 0);
+            assert_true(io_page_ok(res[i].page, r[i].shard == s1 ? 1 : 2, r[i].entry, res[i].bytes));
+        }
+    }
+    assert_true(canceled > 0); /* depth 1, one page per read: most never started */
+    /* the handle is reusable after a canceled batch */
+    assert_int_equal(kvx_fetch_submit(f, r, 3), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, 3, -1), 0);
+    check_all(r, res, 3, 1);
+    /* destroy with a batch in flight drains it */
+    assert_int_equal(kvx_fetch_submit(f, r, n), 0);
+    kvx_fetch_destroy(f);
+    kvx_pool_info info;
+    assert_int_equal(kvx_pool_get_info(&info, p), 0);
+    assert_int_equal(info.free_bytes, info.bytes);
+    kvx_pool_destroy(p);
+}
+
+static void test_cancel_uring(void **state) { (void)state; cancel_case(KVX_IO_URING); }
+static void test_cancel_pread(void **state) { (void)state; cancel_case(KVX_IO_PREAD); }
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(test_uring_direct, reset),
+        cmocka_unit_test_setup(test_uring_buffered, reset),
+        cmocka_unit_test_setup(test_pread, reset),
+        cmocka_unit_test_setup(test_no_verify, reset),
+        cmocka_unit_test_setup_teardown(test_forced_fallback, reset, reset),
+        cmocka_unit_test_setup(test_coalesce, reset),
+        cmocka_unit_test_setup(test_faults_uring_direct, reset),
+        cmocka_unit_test_setup(test_faults_uring_buffered, reset),
+        cmocka_unit_test_setup(test_faults_pread, reset),
+        cmocka_unit_test_setup(test_read_error, reset),
+        cmocka_unit_test_setup(test_crc_uring, reset),
+        cmocka_unit_test_setup(test_crc_pread, reset),
+        cmocka_unit_test_setup(test_trunc_uring, reset),
+        cmocka_unit_test_setup(test_trunc_pread, reset),
+        cmocka_unit_test_setup(test_tmpfs, reset),
+        cmocka_unit_test_setup(test_bad_requests, reset),
+        cmocka_unit_test_setup(test_cancel_uring, reset),
+        cmocka_unit_test_setup(test_cancel_pread, reset),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
