@@ -15,11 +15,12 @@
  * in bias and mantissa width), so the rounding logic is written once. The
  * bulk decoders of the 8-bit formats are a 256-entry table lookup; the f16
  * bulk paths use F16C (8 lanes per instruction) when the CPU has it, chosen
- * at run time, with the scalar code as the portable fallback.
+ * at run time (CPUID), with the scalar code as the portable fallback.
  */
 #include "internal.h"
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KVX_X86 1
 #endif
@@ -112,7 +113,7 @@ float kvx_e5m2_to_f32(uint8_t b) { return kvx_f16_to_f32((uint16_t)(b << 8)); }
  * and writes the same values, so a race between first callers is benign;
  * the flag is atomic so the tables are seen complete once it is set. */
 static float e4m3_table[256], e5m2_table[256];
-static _Atomic int tables_ready;
+static int tables_ready; /* accessed with __atomic builtins */
 
 static void build_tables(void)
 {
@@ -125,13 +126,25 @@ static void build_tables(void)
 }
 
 #ifdef KVX_X86
+/* F16C and AVX from CPUID leaf 1, and the OS saving YMM state (XGETBV),
+ * read directly: clang's __builtin_cpu_supports does not know "f16c". */
+static int detect_f16c(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const unsigned osxsave = 1u << 27, avx = 1u << 28, f16c = 1u << 29;
+    if ((c & (osxsave | avx | f16c)) != (osxsave | avx | f16c)) return 0;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (lo & 6u) == 6u; /* XMM and YMM state enabled */
+}
+
 static int have_f16c(void)
 {
-    static _Atomic int cached = -1;
+    static int cached = -1; /* accessed with __atomic builtins */
     int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
     if (v < 0) {
-        __builtin_cpu_init();
-        v = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+        v = detect_f16c();
         __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
     }
     return v;

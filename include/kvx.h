@@ -224,16 +224,26 @@ KVX_API size_t kvx_envelope_payload_bytes(uint16_t version, const kvx_geometry *
 KVX_API int kvx_envelope_size(size_t *out_bytes, uint16_t version, const kvx_geometry *g,
                               uint32_t n_blocks);
 /* Every reader rule of the spec. expect (nullable) gives the receiving
- * pool's B, L, Hkv, D: a mismatch is KVX_ESHAPE. Bad length, magic, CRC,
- * dtype or n_tokens: KVX_EFORMAT. Unknown version: KVX_EVERSION. */
+ * pool's B, L, Hkv, D: a mismatch is KVX_ESHAPE (expect->block_tokens 0
+ * accepts any B). Bad length, magic, CRC, dtype, a zero or overflowing
+ * dimension, n_tokens or the hash rule: KVX_EFORMAT. An intact envelope of
+ * another version: KVX_EVERSION. Never allocates; out is set only on 0.
+ * Order: length >= 32, magic, version, dtype, dimensions and exact length,
+ * CRC, expect, blocks (docs/FORMAT.md). */
 KVX_API int kvx_envelope_parse(kvx_envelope *out, const void *buf, size_t len,
                                const kvx_geometry *expect);
 KVX_API int kvx_envelope_block_at(kvx_envelope_block *out, const kvx_envelope *env, uint32_t index);
-/* Writes a whole envelope (header, blocks, CRC) into buf of cap bytes. */
+/* Writes a whole envelope (header, blocks, CRC) into buf of cap bytes.
+ * Every block is checked first (n_tokens 1..B: KVX_ETOKENS; a hash on a
+ * partial block: KVX_EHASH; cap too small: KVX_ECAPACITY), so on failure
+ * buf is untouched. */
 KVX_API int kvx_envelope_export(void *buf, size_t cap, uint16_t version, const kvx_geometry *g,
                                 const kvx_envelope_block_in *blocks, uint32_t n_blocks);
 /* The v2 writer rule for one block given as f32 [L][2][Hkv][B][D]:
- * scale = amax/448 over each slab's filled positions (1.0 when amax is 0). */
+ * scale = amax/448 over each slab's filled positions (1.0 when amax is 0,
+ * or so small that amax/448 underflows), element = RNE e4m3 of x/scale;
+ * positions >= n_tokens become 0. out_e4m3 holds L*2*Hkv*B*D bytes,
+ * out_scales L*2*Hkv. A NaN or inf among the filled values: KVX_EINVALID. */
 KVX_API int kvx_envelope_quantize_v2(uint8_t *out_e4m3, float *out_scales, const float *kv,
                                      const kvx_geometry *g, uint32_t n_tokens);
 
