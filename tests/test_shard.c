@@ -1030,6 +1030,78 @@ static void test_spectral_apply(void **state)
     assert_true(g[0] == 4.0f && g[1] == 5.0f && g[2] == 15.0f);
 }
 
+
+/* ---- the fuzz seed corpus -------------------------------------------------
+ * Seeds are written by this test when KVX_SHARD_CORPUS_OUT names a
+ * directory (that is how fuzz/corpus/shard/ was made), and the committed
+ * seeds are checked on every run: valid_* open and verify, bad_* are
+ * refused, so the corpus cannot silently go stale when the format moves. */
+
+static void write_seeds(const char *dir)
+{
+    static const struct { const char *name; uint32_t quant, flags; int spectral; } seeds[] = {
+        {"valid_plain_e4m3", KVX_QUANT_E4M3, 0, 0},
+        {"valid_fp16_hashes", KVX_QUANT_FP16, KVX_FLAG_HASHES, 0},
+        {"valid_fp16_lineage_spectral", KVX_QUANT_FP16, KVX_FLAG_HASHES | KVX_FLAG_LINEAGE, 1},
+        {"valid_e4m3_all", KVX_QUANT_E4M3, ALL_FLAGS, 1},
+        {"valid_e5m2_scales", KVX_QUANT_E5M2, KVX_FLAG_SCALES, 0},
+    };
+    char p[600];
+    for (size_t k = 0; k < sizeof seeds / sizeof seeds[0]; k++) {
+        fixture f;
+        fixture_init(&f, seeds[k].quant, seeds[k].flags, seeds[k].spectral);
+        snprintf(p, sizeof p, "%s/%s", dir, seeds[k].name);
+        assert_int_equal(write_fixture(&f, p), 0);
+    }
+    fixture f;
+    fixture_init(&f, KVX_QUANT_FP16, KVX_FLAG_HASHES, 0);
+    kvx_shard_writer *w;
+    kvx_shard_writer_options o = options(&f);
+    snprintf(p, sizeof p, "%s/valid_empty", dir);
+    assert_int_equal(kvx_shard_writer_create(&w, p, &o), 0);
+    assert_int_equal(kvx_shard_writer_seal(w), 0);
+
+    snprintf(p, sizeof p, "%s/valid_e4m3_all", dir);
+    size_t len;
+    uint8_t *b = read_file(p, &len);
+    b[24] ^= 1; /* meta CRC no longer matches */
+    snprintf(p, sizeof p, "%s/bad_meta_crc", dir);
+    write_bytes(p, b, len);
+    b[24] ^= 1;
+    snprintf(p, sizeof p, "%s/bad_truncated_tables", dir);
+    write_bytes(p, b, 200);
+    free(b);
+}
+
+static void test_corpus(void **state)
+{
+    (void)state;
+    const char *out = getenv("KVX_SHARD_CORPUS_OUT");
+    write_seeds(out && *out ? out : tmpdir);
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/fuzz/corpus/shard", KVX_SOURCE_DIR);
+    DIR *d = opendir(dir);
+    if (!d) return; /* no committed corpus yet */
+    struct dirent *e;
+    int seen = 0;
+    while ((e = readdir(d))) {
+        char p[1200];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        kvx_shard *s = NULL;
+        if (!strncmp(e->d_name, "valid_", 6)) {
+            if (kvx_shard_open(&s, p, KVX_OPEN_VERIFY_PAGES) != 0)
+                fail_msg("seed %s: %s", e->d_name, kvx_last_error());
+            kvx_shard_close(s);
+            seen++;
+        } else if (!strncmp(e->d_name, "bad_", 4)) {
+            assert_true(kvx_shard_open(&s, p, 0) < 0);
+            seen++;
+        }
+    }
+    closedir(d);
+    assert_true(seen > 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1047,6 +1119,7 @@ int main(void)
         cmocka_unit_test_setup(test_seal_faults, clean),
         cmocka_unit_test_setup(test_open_errors, clean),
         cmocka_unit_test(test_spectral_apply),
+        cmocka_unit_test_setup(test_corpus, clean),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,192 @@
+/*
+ * shard_fuzzer.c - libFuzzer harness for the KVX shard reader.
+ *
+ * The input is written to a temporary file and opened with
+ * kvx_shard_open, which must return 0 or one of the reader's documented
+ * codes and never read outside the file (ASan watches the heap copies;
+ * the mapping is only read at page offsets the reader validated). An
+ * opened shard is walked completely: every entry, a lookup of its
+ * coordinate (which must find that entry), every page with its CRC, the
+ * spectral bundle (applied to a vector), verify, and, when small enough,
+ * an export to envelopes v1 and v2 that must parse.
+ *
+ * A random mutation almost always breaks meta_crc32c first, so each input
+ * is also tried with its meta CRC and spectral CRC repaired: that lets the
+ * fuzzer reach the entry and bundle rules behind them.
+ *
+ * Long runs (clang): cmake -DKVX_BUILD_FUZZERS=ON ... && build/fuzz/fuzz_shard
+ *   -max_len=65536 fuzz/corpus/shard  (pages sit at 4096-byte offsets, so
+ *   inputs need more than libFuzzer's default 4096 bytes).
+ * Replayed over fuzz/corpus/shard/ as the ctest fuzz_replay_shard.
+ */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvx.h"
+
+#define CHECK(c) do { if (!(c)) __builtin_trap(); } while (0)
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static char path[64];
+static int fd = -1;
+static volatile uint32_t sink;
+
+static void cleanup(void)
+{
+    if (fd >= 0) close(fd);
+    unlink(path);
+}
+
+static int known_code(int rc)
+{
+    switch (rc) {
+    case KVX_EMAGIC: case KVX_EVERSION: case KVX_EQUANT: case KVX_EFORMAT: case KVX_EALIGN:
+    case KVX_EOVERLAP: case KVX_ETRUNC: case KVX_EOVERFLOW: case KVX_EPAGE: case KVX_ETOKENS:
+    case KVX_EHASH: case KVX_ELINEAGE: case KVX_EDUPLICATE: case KVX_ESHARDID: case KVX_EMETACRC:
+    case KVX_ESPECTRAL: case -ENOMEM:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static void walk(kvx_shard *s)
+{
+    const kvx_shard_info *info = kvx_shard_get_info(s);
+    CHECK(info->kv_data_offset % 4096 == 0 && info->kv_data_offset <= info->file_size);
+    uint64_t env_bytes = 0;
+    for (uint32_t i = 0; i < info->num_blocks; i++) {
+        kvx_entry e;
+        CHECK(kvx_shard_entry(&e, s, i) == 0);
+        CHECK(e.offset % 4096 == 0 && e.offset + e.bytes <= info->file_size);
+        CHECK(e.bytes == kvx_page_bytes(&info->geometry, e.token_count));
+        uint32_t idx;
+        CHECK(kvx_shard_find(&idx, s, e.coordinate) == 0 && idx == i);
+        const void *p;
+        int rc = kvx_shard_page(&p, s, i, 1);
+        CHECK(rc == 0 || rc == KVX_EPAGECRC);
+        const uint8_t *b = p;
+        uint32_t acc = 0;
+        for (uint32_t k = 0; k < e.bytes; k += 61) acc += b[k];
+        if (e.tokens) acc += e.tokens[0];
+        if (e.scales) acc += (uint32_t)(e.scales[0] != 0.0f);
+        sink = acc;
+        env_bytes += e.bytes;
+    }
+    CHECK(kvx_shard_entry(&(kvx_entry){0}, s, info->num_blocks) == KVX_EINVALID);
+    uint32_t bad;
+    int rc = kvx_shard_verify(s, &bad, NULL, NULL);
+    CHECK(rc == 0 || rc == KVX_EPAGECRC);
+    kvx_spectral sp;
+    rc = kvx_shard_spectral(&sp, s);
+    CHECK(rc == 0 || rc == KVX_ENOTFOUND);
+    if (rc == 0 && sp.dim <= 4096) {
+        float *h = calloc(sp.dim, sizeof(float));
+        if (h) {
+            for (uint32_t k = 0; k < sp.dim; k++) h[k] = 1.0f;
+            for (uint32_t c = 0; c < sp.n_cartridges; c++)
+                kvx_spectral_apply(h, sp.psi + (size_t)c * sp.n_layers * sp.dim * sp.rank, sp.dim,
+                                   sp.rank, 0.5f);
+            sink = (uint32_t)h[0];
+            free(h);
+        }
+    }
+    /* Export only when the envelope stays small (B can be huge while the
+     * pages are tiny). */
+    size_t env_size;
+    if (info->geometry.block_tokens &&
+        kvx_envelope_size(&env_size, KVX_ENVELOPE_V1, &info->geometry, info->num_blocks) == 0 &&
+        env_size < ((size_t)1 << 22)) {
+        for (uint16_t v = 1; v <= 2; v++) {
+            void *out;
+            size_t len;
+            rc = kvx_shard_to_envelope(&out, &len, s, v);
+            CHECK(rc == 0 || rc == KVX_EPAGECRC || rc == KVX_ETOKENS || rc == KVX_EINVALID);
+            if (rc == 0) {
+                kvx_envelope env;
+                CHECK(kvx_envelope_parse(&env, out, len, NULL) == 0);
+                kvx_free(out);
+            }
+        }
+    }
+    (void)env_bytes;
+}
+
+static void try_open(const uint8_t *data, size_t size)
+{
+    CHECK(ftruncate(fd, 0) == 0);
+    if (size) CHECK(pwrite(fd, data, size, 0) == (ssize_t)size);
+    kvx_shard *s = NULL;
+    int rc = kvx_shard_open(&s, path, 0);
+    CHECK(rc == 0 || known_code(rc));
+    CHECK(kvx_last_error() != NULL);
+    if (rc) {
+        CHECK(s == NULL);
+        return;
+    }
+    walk(s);
+    kvx_shard_close(s);
+}
+
+/* Little-endian helpers, local so the harness needs only kvx.h. */
+static uint32_t ld32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint64_t ld64(const uint8_t *p) { return ld32(p) | (uint64_t)ld32(p + 4) << 32; }
+static void st32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+
+/* Repairs meta_crc32c and the spectral bundle's crc32c where the header's
+ * sizes allow; returns 1 when something changed. */
+static int repair(uint8_t *b, size_t size)
+{
+    if (size < 64) return 0;
+    int changed = 0;
+    uint32_t flags = ld32(b + 56), n = ld32(b + 16), B = ld32(b + 20);
+    uint64_t L = (uint16_t)(b[10] | b[11] << 8), H = (uint16_t)(b[12] | b[13] << 8);
+    unsigned __int128 end = 64 + (unsigned __int128)n * 24;
+    if (flags & KVX_FLAG_HASHES) end += (unsigned __int128)n * 8;
+    if (flags & KVX_FLAG_LINEAGE) end += (unsigned __int128)n * (8 + 4 * (uint64_t)B);
+    if (flags & KVX_FLAG_SCALES) end += (unsigned __int128)n * L * 2 * H * 4;
+    if (end <= size) {
+        uint32_t crc = kvx_crc32c(kvx_crc32c(0, b, 60), b + 64, (size_t)end - 64);
+        if (crc != ld32(b + 60)) {
+            st32(b + 60, crc);
+            changed = 1;
+        }
+    }
+    uint64_t so = ld64(b + 40);
+    if (so && so < size && size - so >= 32) {
+        const uint8_t *sh = b + so;
+        unsigned __int128 len = (unsigned __int128)ld32(sh) *
+                                (8 + (unsigned __int128)ld32(sh + 8) * ld32(sh + 12) * ld32(sh + 16) * 4);
+        if (len <= size - so - 32) {
+            uint32_t crc = kvx_crc32c(0, sh + 32, (size_t)len);
+            if (crc != ld32(sh + 20)) {
+                st32(b + so + 20, crc);
+                changed = 1;
+            }
+        }
+    }
+    return changed;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (fd < 0) {
+        snprintf(path, sizeof path, "/tmp/kvx_shard_fuzz.XXXXXX");
+        fd = mkstemp(path);
+        CHECK(fd >= 0);
+        atexit(cleanup);
+    }
+    if (size > ((size_t)1 << 24)) return 0;
+    try_open(data, size);
+    uint8_t *copy = malloc(size ? size : 1);
+    if (!copy) return 0;
+    memcpy(copy, data, size);
+    if (repair(copy, size)) try_open(copy, size);
+    free(copy);
+    return 0;
+}

@@ -1,0 +1,440 @@
+/*
+ * test_convert.c - KVX pages <-> TLKV envelope blocks.
+ *
+ * The spec's worked v1 envelope (a golden vector, byte for byte) becomes a
+ * shard whose page holds the example's values, and comes back as the same
+ * 60 bytes. Random multi-block v1 and v2 envelopes with partial tail blocks
+ * round-trip through a shard to identical bytes (lossless), and the page
+ * layout [K|V][L][Hkv][N][D] is checked element by element against the
+ * payload layout [L][K|V][Hkv][B][D] with the test's own index arithmetic.
+ * Cross conversions (f16 -> e4m3) land within e4m3 precision with the
+ * writer rule's scales (amax / 448, computed here independently).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kvx.h"
+
+static char tmpdir[256];
+static char pathbuf[512];
+
+static const char *path_of(const char *name)
+{
+    snprintf(pathbuf, sizeof pathbuf, "%s/%s", tmpdir, name);
+    return pathbuf;
+}
+
+static int dir_entries(void)
+{
+    DIR *d = opendir(tmpdir);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    closedir(d);
+    return n;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kvx_test_convert.XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    DIR *d = opendir(tmpdir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        unlink(path_of(e->d_name));
+    }
+    if (d) closedir(d);
+    rmdir(tmpdir);
+    return 0;
+}
+
+/* The spec's worked example (v1), 60 bytes. */
+static const uint8_t spec_v1[60] = {
+    0x54, 0x4c, 0x4b, 0x56, 0x01, 0x00, 0x01, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00,
+    0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x66, 0x93,
+    0x7b, 0x02, 0xc1, 0xb0, 0x1a, 0xa9, 0x02, 0x00, 0x00, 0x00, 0x00, 0x3c, 0x00, 0x40, 0x00,
+    0x42, 0x00, 0x44, 0x00, 0x38, 0x00, 0xbc, 0x00, 0x00, 0x00, 0x34, 0x1c, 0x54, 0x0b, 0x4f};
+
+static void test_spec_example(void **state)
+{
+    (void)state;
+    const char *path = path_of("spec.kvx");
+    assert_int_equal(kvx_shard_from_envelope(path, spec_v1, sizeof spec_v1, 5, 0xABCDull), 0);
+    kvx_shard *s;
+    assert_int_equal(kvx_shard_open(&s, path, KVX_OPEN_VERIFY_PAGES), 0);
+    const kvx_shard_info *info = kvx_shard_get_info(s);
+    assert_int_equal(info->geometry.quant, KVX_QUANT_FP16);
+    assert_int_equal(info->geometry.block_tokens, 2);
+    assert_int_equal(info->num_blocks, 1);
+    assert_true(info->geometry.model_signature == 0xABCDull);
+    assert_true(info->flags & KVX_FLAG_HASHES);
+    kvx_entry e;
+    assert_int_equal(kvx_shard_entry(&e, s, 0), 0);
+    assert_int_equal(e.coordinate, KVX_COORD(5, 0, 0));
+    assert_true(e.hash == 0xA91AB0C1027B9366ull);
+    assert_int_equal(e.token_count, 2);
+    const void *p;
+    assert_int_equal(kvx_shard_page(&p, s, 0, 1), 0);
+    /* K = [[1, 2], [3, 4]], V = [[0.5, -1], [0, 0.25]] in f16 */
+    static const uint8_t want[16] = {0x00, 0x3c, 0x00, 0x40, 0x00, 0x42, 0x00, 0x44,
+                                     0x00, 0x38, 0x00, 0xbc, 0x00, 0x00, 0x00, 0x34};
+    assert_int_equal(e.bytes, 16);
+    assert_memory_equal(p, want, 16);
+    void *out;
+    size_t len;
+    assert_int_equal(kvx_shard_to_envelope(&out, &len, s, KVX_ENVELOPE_V1), 0);
+    assert_int_equal(len, sizeof spec_v1);
+    assert_memory_equal(out, spec_v1, sizeof spec_v1);
+    kvx_free(out);
+
+    /* The same block as v2: exactly the writer rule on the example's values. */
+    assert_int_equal(kvx_shard_to_envelope(&out, &len, s, KVX_ENVELOPE_V2), 0);
+    kvx_envelope env;
+    assert_int_equal(kvx_envelope_parse(&env, out, len, NULL), 0);
+    kvx_envelope_block b;
+    assert_int_equal(kvx_envelope_block_at(&b, &env, 0), 0);
+    float sk, sv;
+    memcpy(&sk, b.scales, 4);
+    memcpy(&sv, b.scales + 4, 4);
+    assert_true(sk == 4.0f / 448.0f);
+    assert_true(sv == 1.0f / 448.0f);
+    /* 4 / (4/448) = 448 exactly: e4m3 0x7E; 1 / sk = 112: 0x6E (2^6 * 1.75) */
+    assert_int_equal(b.payload[3], 0x7E);
+    assert_int_equal(b.payload[0], 0x6E);
+    kvx_free(out);
+    kvx_shard_close(s);
+    kvx_free(NULL);
+}
+
+static uint32_t rng = 777;
+static uint32_t rnd(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 17;
+    rng ^= rng << 5;
+    return rng;
+}
+static float frand(float lo, float hi) { return lo + (hi - lo) * (float)(rnd() % 100000) / 100000.0f; }
+
+enum { L = 3, H = 2, D = 5, B = 4, NB = 5 };
+#define SLABS (L * 2 * H)
+
+typedef struct env_in {
+    uint32_t ntok[NB];
+    uint64_t hash[NB];
+    uint16_t f16[NB][SLABS * B * D];
+    uint8_t e4m3[NB][SLABS * B * D];
+    float scales[NB][SLABS];
+} env_in;
+
+/* NB blocks of a token chain: full blocks hashed, the last one partial. */
+static uint8_t *make_envelope(env_in *in, uint16_t version, size_t *len)
+{
+    uint32_t toks[NB * B];
+    for (int i = 0; i < NB * B; i++) toks[i] = rnd() % 50000;
+    uint64_t parent = 0;
+    kvx_envelope_block_in blocks[NB];
+    memset(in, 0, sizeof *in);
+    for (int i = 0; i < NB; i++) {
+        in->ntok[i] = i == NB - 1 ? 3 : B;
+        in->hash[i] = in->ntok[i] == B ? kvx_block_hash(parent, toks + i * B, B) : 0;
+        parent = in->hash[i];
+        for (int s = 0; s < SLABS; s++) {
+            in->scales[i][s] = frand(0.01f, 2.0f);
+            for (uint32_t t = 0; t < in->ntok[i]; t++)
+                for (int d = 0; d < D; d++) {
+                    size_t k = ((size_t)s * B + t) * D + d;
+                    in->f16[i][k] = kvx_f32_to_f16(frand(-6.0f, 6.0f));
+                    uint8_t q;
+                    do q = (uint8_t)rnd(); while ((q & 0x7F) == 0x7F); /* no NaN */
+                    in->e4m3[i][k] = q;
+                }
+        }
+        blocks[i].hash = in->hash[i];
+        blocks[i].n_tokens = in->ntok[i];
+        blocks[i].payload = version == KVX_ENVELOPE_V1 ? (const void *)in->f16[i] : (const void *)in->e4m3[i];
+        blocks[i].scales = in->scales[i];
+    }
+    kvx_geometry g = {L, H, D, B, 0, 0};
+    assert_int_equal(kvx_envelope_size(len, version, &g, NB), 0);
+    uint8_t *buf = malloc(*len);
+    assert_int_equal(kvx_envelope_export(buf, *len, version, &g, blocks, NB), 0);
+    return buf;
+}
+
+static void check_layout(const kvx_shard *s, const env_in *in, uint16_t version)
+{
+    for (uint32_t i = 0; i < NB; i++) {
+        kvx_entry e;
+        const void *pv;
+        assert_int_equal(kvx_shard_entry(&e, s, i), 0);
+        assert_int_equal(kvx_shard_page(&pv, s, i, 1), 0);
+        const uint8_t *p = pv;
+        uint32_t N = in->ntok[i];
+        assert_int_equal(e.token_count, N);
+        assert_int_equal(e.coordinate, KVX_COORD(9, i, 0));
+        assert_true(e.hash == in->hash[i]);
+        for (int kv = 0; kv < 2; kv++)
+            for (int l = 0; l < L; l++)
+                for (int h = 0; h < H; h++)
+                    for (uint32_t t = 0; t < N; t++)
+                        for (int d = 0; d < D; d++) {
+                            size_t pi = ((((size_t)kv * L + l) * H + h) * N + t) * D + d;
+                            size_t ei = ((((size_t)l * 2 + kv) * H + h) * B + t) * D + d;
+                            if (version == KVX_ENVELOPE_V1) {
+                                uint16_t v;
+                                memcpy(&v, p + 2 * pi, 2);
+                                assert_int_equal(v, in->f16[i][ei]);
+                            } else {
+                                assert_int_equal(p[pi], in->e4m3[i][ei]);
+                            }
+                        }
+        if (version == KVX_ENVELOPE_V2) assert_memory_equal(e.scales, in->scales[i], sizeof in->scales[i]);
+        else assert_null(e.scales);
+    }
+}
+
+static void round_trip(uint16_t version)
+{
+    for (int rep = 0; rep < 3; rep++) {
+        env_in *in = malloc(sizeof *in);
+        size_t len;
+        uint8_t *env = make_envelope(in, version, &len);
+        const char *path = path_of("rt.kvx");
+        assert_int_equal(kvx_shard_from_envelope(path, env, len, 9, 0), 0);
+        kvx_shard *s;
+        assert_int_equal(kvx_shard_open(&s, path, KVX_OPEN_VERIFY_PAGES), 0);
+        assert_int_equal(kvx_shard_get_info(s)->geometry.quant,
+                         version == KVX_ENVELOPE_V1 ? KVX_QUANT_FP16 : KVX_QUANT_E4M3);
+        check_layout(s, in, version);
+        void *out;
+        size_t out_len;
+        assert_int_equal(kvx_shard_to_envelope(&out, &out_len, s, version), 0);
+        assert_int_equal(out_len, len);
+        assert_memory_equal(out, env, len);
+        kvx_free(out);
+        kvx_shard_close(s);
+        free(env);
+        free(in);
+    }
+}
+
+static void test_round_trip_v1(void **state) { (void)state; round_trip(KVX_ENVELOPE_V1); }
+static void test_round_trip_v2(void **state) { (void)state; round_trip(KVX_ENVELOPE_V2); }
+
+/* f16 shard -> v2: scales by the writer rule over the filled positions, and
+ * every value within e4m3 precision (3 mantissa bits: half an ulp is 1/16
+ * of the value; subnormals step by 2^-9 * scale). */
+static void test_f16_to_v2(void **state)
+{
+    (void)state;
+    env_in *in = malloc(sizeof *in);
+    size_t len;
+    uint8_t *env = make_envelope(in, KVX_ENVELOPE_V1, &len);
+    const char *path = path_of("x.kvx");
+    assert_int_equal(kvx_shard_from_envelope(path, env, len, 9, 0), 0);
+    kvx_shard *s;
+    assert_int_equal(kvx_shard_open(&s, path, 0), 0);
+    void *out;
+    size_t out_len;
+    assert_int_equal(kvx_shard_to_envelope(&out, &out_len, s, KVX_ENVELOPE_V2), 0);
+    kvx_envelope e2;
+    kvx_geometry expect = {L, H, D, B, 0, 0};
+    assert_int_equal(kvx_envelope_parse(&e2, out, out_len, &expect), 0);
+    for (uint32_t i = 0; i < NB; i++) {
+        kvx_envelope_block b;
+        assert_int_equal(kvx_envelope_block_at(&b, &e2, i), 0);
+        assert_int_equal(b.n_tokens, in->ntok[i]);
+        assert_true(b.hash == in->hash[i]);
+        for (int sl = 0; sl < SLABS; sl++) {
+            float amax = 0, scale;
+            for (uint32_t t = 0; t < in->ntok[i]; t++)
+                for (int d = 0; d < D; d++)
+                    amax = fmaxf(amax, fabsf(kvx_f16_to_f32(in->f16[i][((size_t)sl * B + t) * D + d])));
+            memcpy(&scale, b.scales + 4 * sl, 4);
+            assert_true(scale == (amax > 0 ? amax / 448.0f : 1.0f));
+            for (uint32_t t = 0; t < B; t++)
+                for (int d = 0; d < D; d++) {
+                    size_t k = ((size_t)sl * B + t) * D + d;
+                    if (t >= in->ntok[i]) {
+                        assert_int_equal(b.payload[k], 0);
+                        continue;
+                    }
+                    float x = kvx_f16_to_f32(in->f16[i][k]);
+                    float y = kvx_e4m3_to_f32(b.payload[k]) * scale;
+                    float tol = fmaxf(fabsf(x) / 16.0f, scale * 0x1p-10f) * 1.0001f;
+                    if (fabsf(x - y) > tol) fail_msg("block %u slab %d: %g became %g", i, sl, x, y);
+                }
+        }
+    }
+    /* E4M3 target with scales: a v1 block quantized by the writer rule equals
+     * the v2 export's bytes and scales (same rule, same rounding) */
+    kvx_envelope e1;
+    assert_int_equal(kvx_envelope_parse(&e1, env, len, NULL), 0);
+    kvx_geometry g8 = {L, H, D, B, KVX_QUANT_E4M3, 0};
+    uint8_t page[SLABS * B * D];
+    float sc[SLABS];
+    kvx_envelope_block b1, b2;
+    assert_int_equal(kvx_envelope_block_at(&b1, &e1, 0), 0);
+    assert_int_equal(kvx_envelope_block_at(&b2, &e2, 0), 0);
+    assert_int_equal(kvx_envelope_payload_to_page(page, sc, &g8, &e1, &b1), 0);
+    uint8_t pl[SLABS * (B * D + 4)];
+    assert_int_equal(kvx_page_to_envelope_payload(pl, KVX_ENVELOPE_V2, &g8, page, B, sc), 0);
+    assert_memory_equal(pl, b2.payload, sizeof pl);
+    kvx_free(out);
+    kvx_shard_close(s);
+    free(env);
+    free(in);
+}
+
+/* v2 -> FP16 and E5M2 pages: values are e4m3 * scale rounded once. */
+static void test_v2_to_other_quants(void **state)
+{
+    (void)state;
+    env_in *in = malloc(sizeof *in);
+    size_t len;
+    uint8_t *env = make_envelope(in, KVX_ENVELOPE_V2, &len);
+    kvx_envelope e;
+    assert_int_equal(kvx_envelope_parse(&e, env, len, NULL), 0);
+    kvx_envelope_block b;
+    assert_int_equal(kvx_envelope_block_at(&b, &e, NB - 1), 0); /* the partial block */
+    uint32_t N = b.n_tokens;
+    kvx_geometry g16 = {L, H, D, B, KVX_QUANT_FP16, 0}, g5 = g16;
+    g5.quant = KVX_QUANT_E5M2;
+    uint16_t p16[SLABS * B * D];
+    uint8_t p5[SLABS * B * D];
+    float sc[SLABS];
+    assert_int_equal(kvx_envelope_payload_to_page(p16, NULL, &g16, &e, &b), 0);
+    assert_int_equal(kvx_envelope_payload_to_page(p5, sc, &g5, &e, &b), 0);
+    for (int sl = 0; sl < SLABS; sl++) assert_true(sc[sl] == 1.0f);
+    for (int kv = 0; kv < 2; kv++)
+        for (int l = 0; l < L; l++)
+            for (int h = 0; h < H; h++)
+                for (uint32_t t = 0; t < N; t++)
+                    for (int d = 0; d < D; d++) {
+                        size_t pi = ((((size_t)kv * L + l) * H + h) * N + t) * D + d;
+                        size_t sl = ((size_t)l * 2 + kv) * H + h;
+                        float x = kvx_e4m3_to_f32(in->e4m3[NB - 1][(sl * B + t) * D + d]) * in->scales[NB - 1][sl];
+                        assert_int_equal(p16[pi], kvx_f32_to_f16(x));
+                        assert_int_equal(p5[pi], kvx_f32_to_e5m2(x));
+                    }
+    /* and back from E5M2 to v1: e5m2 values are exact in f16 */
+    uint8_t pl[SLABS * B * D * 2];
+    assert_int_equal(kvx_page_to_envelope_payload(pl, KVX_ENVELOPE_V1, &g5, p5, N, NULL), 0);
+    for (int kv = 0; kv < 2; kv++)
+        for (int l = 0; l < L; l++)
+            for (int h = 0; h < H; h++)
+                for (uint32_t t = 0; t < B; t++)
+                    for (int d = 0; d < D; d++) {
+                        size_t sl = ((size_t)l * 2 + kv) * H + h, ei = (sl * B + t) * D + d;
+                        uint16_t v;
+                        memcpy(&v, pl + 2 * ei, 2);
+                        if (t >= N) assert_int_equal(v, 0);
+                        else {
+                            size_t pi = ((((size_t)kv * L + l) * H + h) * N + t) * D + d;
+                            assert_true(kvx_f16_to_f32(v) == kvx_e5m2_to_f32(p5[pi]));
+                        }
+                    }
+    free(env);
+    free(in);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    /* A damaged envelope: refused, and nothing appears at the path. */
+    uint8_t bad[sizeof spec_v1];
+    memcpy(bad, spec_v1, sizeof bad);
+    bad[45] ^= 1;
+    int before = dir_entries();
+    assert_int_equal(kvx_shard_from_envelope(path_of("bad.kvx"), bad, sizeof bad, 1, 0), KVX_EFORMAT);
+    assert_int_equal(access(path_of("bad.kvx"), F_OK), -1);
+    assert_int_equal(dir_entries(), before);
+    assert_int_equal(kvx_shard_from_envelope(path_of("bad.kvx"), spec_v1, 20, 1, 0), KVX_EFORMAT);
+    assert_int_equal(kvx_shard_from_envelope(NULL, spec_v1, sizeof spec_v1, 1, 0), KVX_EINVALID);
+
+    kvx_envelope e;
+    kvx_envelope_block b;
+    assert_int_equal(kvx_envelope_parse(&e, spec_v1, sizeof spec_v1, NULL), 0);
+    assert_int_equal(kvx_envelope_block_at(&b, &e, 0), 0);
+    uint8_t page[64];
+    kvx_geometry g = {1, 1, 2, 2, KVX_QUANT_FP16, 0};
+    kvx_geometry g_wrong = {1, 2, 2, 2, KVX_QUANT_FP16, 0};
+    assert_int_equal(kvx_envelope_payload_to_page(page, NULL, &g_wrong, &e, &b), KVX_ESHAPE);
+    g_wrong = g;
+    g_wrong.quant = 7;
+    assert_int_equal(kvx_envelope_payload_to_page(page, NULL, &g_wrong, &e, &b), KVX_EQUANT);
+    uint8_t pl[64];
+    assert_int_equal(kvx_page_to_envelope_payload(pl, 3, &g, page, 2, NULL), KVX_EVERSION);
+    assert_int_equal(kvx_page_to_envelope_payload(pl, 1, &g, page, 3, NULL), KVX_ETOKENS);
+    assert_int_equal(kvx_page_to_envelope_payload(pl, 1, &g, page, 0, NULL), KVX_ETOKENS);
+    g_wrong = g;
+    g_wrong.block_tokens = 0;
+    assert_int_equal(kvx_page_to_envelope_payload(pl, 1, &g_wrong, page, 1, NULL), KVX_EINVALID);
+
+    /* A shard without block_tokens cannot become an envelope; nor can one
+     * with a damaged page. */
+    kvx_shard_writer_options o = KVX_SHARD_WRITER_OPTIONS_INIT;
+    o.geometry = (kvx_geometry){1, 1, 2, 0, KVX_QUANT_FP16, 0};
+    o.max_entries = 1;
+    kvx_shard_writer *w;
+    assert_int_equal(kvx_shard_writer_create(&w, path_of("nob.kvx"), &o), 0);
+    kvx_entry_in ein = {0};
+    ein.token_count = 2;
+    ein.page = spec_v1 + 40;
+    assert_int_equal(kvx_shard_writer_add(w, &ein), 0);
+    assert_int_equal(kvx_shard_writer_seal(w), 0);
+    kvx_shard *s;
+    assert_int_equal(kvx_shard_open(&s, path_of("nob.kvx"), 0), 0);
+    void *out = (void *)1;
+    size_t len = 1;
+    assert_int_equal(kvx_shard_to_envelope(&out, &len, s, 1), KVX_EINVALID);
+    assert_null(out);
+    assert_int_equal(len, 0);
+    kvx_shard_close(s);
+
+    assert_int_equal(kvx_shard_from_envelope(path_of("dmg.kvx"), spec_v1, sizeof spec_v1, 1, 0), 0);
+    assert_int_equal(kvx_shard_open(&s, path_of("dmg.kvx"), 0), 0);
+    kvx_entry ent;
+    assert_int_equal(kvx_shard_entry(&ent, s, 0), 0);
+    int fd = open(path_of("dmg.kvx"), O_WRONLY);
+    uint8_t x = 0x55;
+    assert_int_equal(pwrite(fd, &x, 1, (off_t)ent.offset), 1);
+    close(fd);
+    assert_int_equal(kvx_shard_to_envelope(&out, &len, s, 1), KVX_EPAGECRC);
+    assert_int_equal(kvx_shard_to_envelope(&out, &len, s, 5), KVX_EVERSION);
+    kvx_shard_close(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_spec_example),
+        cmocka_unit_test(test_round_trip_v1),
+        cmocka_unit_test(test_round_trip_v2),
+        cmocka_unit_test(test_f16_to_v2),
+        cmocka_unit_test(test_v2_to_other_quants),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
