@@ -22,6 +22,7 @@ void kvx_gpu_host_unregister(void *p);
 int kvx_gpu_copy_lane(kvx_gpu *g, unsigned lane, uint64_t dev, const void *src, uint64_t bytes);
 int kvx_gpu_lane_record(kvx_gpu *g, unsigned lane);
 int kvx_gpu_lane_wait(kvx_gpu *g, unsigned lane);
+int kvx_gpu_device(const kvx_gpu *g);
 
 #ifndef KVX_WITH_CUDA
 
@@ -47,6 +48,11 @@ int kvx_gpu_create(kvx_gpu **out, const kvx_gpu_options *opts)
     return NOCUDA();
 }
 void kvx_gpu_destroy(kvx_gpu *g) { (void)g; }
+int kvx_gpu_device(const kvx_gpu *g)
+{
+    (void)g;
+    return -1;
+}
 int kvx_gpu_reserve(uint64_t *out_dev, kvx_gpu *g, uint64_t bytes)
 {
     (void)g, (void)bytes;
@@ -242,6 +248,8 @@ void kvx_gpu_reset(kvx_gpu *g)
 {
     if (g) g->used = 0;
 }
+
+int kvx_gpu_device(const kvx_gpu *g) { return g ? g->device : -1; }
 
 static int in_arena(const kvx_gpu *g, uint64_t dev, uint64_t bytes)
 {

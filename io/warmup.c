@@ -1,0 +1,607 @@
+/*
+ * warmup.c - bulk warmup: every page of whole shards, read in large
+ * sequential runs into a ring of pinned staging buffers, verified, and
+ * handed to a sink (discard, host buffer, GPU arena).
+ *
+ * Shape: one thread drives the executor (ioq.c). queue_depth runs are in
+ * flight while that thread verifies and copies the run that just landed,
+ * and two spare staging buffers let the next reads start before the copy
+ * of the previous ones ends (double buffering; on the GPU a buffer is
+ * reused only after its cudaMemcpyAsync's event fired). In pread mode the
+ * worker threads verify, so CRCs run on several cores while this thread
+ * copies. Runs are the writer's layout (pages back to back) cut at
+ * chunk_bytes, so the disk sees the same large sequential reads fio does.
+ *
+ * kvx_warmup_start runs the same loop on a background thread and exposes
+ * progress through atomics, for callers (cgo) that poll instead of taking
+ * a callback.
+ */
+#include "io.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <time.h>
+
+int kvx_gpu_copy_lane(kvx_gpu *g, unsigned lane, uint64_t dev, const void *src, uint64_t bytes);
+int kvx_gpu_lane_record(kvx_gpu *g, unsigned lane);
+int kvx_gpu_lane_wait(kvx_gpu *g, unsigned lane);
+int kvx_gpu_device(const kvx_gpu *g);
+
+#define SINK_ALIGN 256u
+#define MAX_BUFS 64
+
+typedef struct wpage {
+    uint32_t shard, entry;
+    uint64_t off, bytes, sink_off;
+    uint32_t crc;
+} wpage;
+
+typedef struct wfail {
+    uint32_t shard, entry;
+    int code;
+} wfail;
+
+struct kvx_warmup {
+    kvx_warmup_options o;
+    kvx_shard **shards;
+    size_t n_shards;
+    wpage *pages;        /* input order */
+    size_t n_pages;
+    kvx_io_page *rpages; /* run order; tag = index into pages */
+    kvx_io_run *runs;
+    size_t n_runs;
+    uint64_t chunk;
+    unsigned nbuf;
+    kvx_pool *pool;
+    kvx_ioq *q;
+    uint8_t *bufs[MAX_BUFS];
+    uint64_t sink_bytes;
+    uint64_t gpu_base;
+    uint64_t *dev_pages;
+    /* results */
+    wfail *fails;
+    size_t n_fails, cap_fails;
+    uint64_t good_bytes, good_pages, io_failures, bytes_read, checksum;
+    double t0, seconds;
+    int rc;
+    /* progress, read by other threads */
+    _Atomic uint64_t a_bytes, a_pages, a_crc;
+    atomic_int a_cancel, a_finished;
+    uint64_t bytes_total;
+    /* background thread */
+    pthread_t tid;
+    int started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+};
+
+static int wpage_cmp(const void *a, const void *b)
+{
+    const wpage *x = *(const wpage *const *)a, *y = *(const wpage *const *)b;
+    if (x->shard != y->shard) return x->shard < y->shard ? -1 : 1;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+int kvx_warmup_sink_bytes(uint64_t *out, kvx_shard *const *shards, size_t n)
+{
+    if (!out || (n && !shards)) return kvx_fail(KVX_EINVALID, "kvx_warmup_sink_bytes: a NULL argument");
+    uint64_t total = 0;
+    for (size_t s = 0; s < n; s++) {
+        if (!shards[s]) return kvx_fail(KVX_EINVALID, "warmup input %zu is NULL", s);
+        const kvx_shard_info *info = kvx_shard_get_info(shards[s]);
+        for (uint32_t i = 0; i < info->num_blocks; i++) {
+            kvx_entry e;
+            int rc = kvx_shard_entry(&e, shards[s], i);
+            if (rc) return rc;
+            total = kvx_align_up(total, SINK_ALIGN) + e.bytes;
+        }
+    }
+    *out = total;
+    return 0;
+}
+
+static void warmup_free(kvx_warmup *w)
+{
+    if (!w) return;
+    kvx_ioq_destroy(w->q);
+    kvx_pool_destroy(w->pool);
+    for (size_t i = 0; i < w->n_shards; i++) kvx_shard_close(w->shards[i]);
+    free(w->shards);
+    free(w->pages);
+    free(w->rpages);
+    free(w->runs);
+    free(w->fails);
+    free(w->dev_pages);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    free(w);
+}
+
+static int make_staging(kvx_warmup *w)
+{
+    kvx_pool_options po = KVX_POOL_OPTIONS_INIT;
+    po.bytes = w->chunk * w->nbuf;
+    po.numa_node = w->o.numa_node;
+    po.gpu = w->o.sink == KVX_SINK_GPU && w->o.gpu ? kvx_gpu_device(w->o.gpu) : -1;
+    kvx_ioq_options qo = {w->o.io_mode, w->o.queue_depth ? w->o.queue_depth : 8, 4,
+                          (w->o.flags & KVX_WARMUP_BUFFERED) != 0, NULL};
+    int rc = kvx_pool_create(&w->pool, &po);
+    if (rc == KVX_EMEMLOCK) {
+        /* Locking is an optimization here: carry on unlocked and unregistered. */
+        po.flags |= KVX_POOL_NO_MLOCK | KVX_POOL_NO_REGISTER;
+        rc = kvx_pool_create(&w->pool, &po);
+    }
+    if (rc) return rc;
+    qo.pool = w->pool;
+    rc = kvx_ioq_create(&w->q, &qo);
+    if (rc == KVX_EMEMLOCK) {
+        w->pool->no_register = 1;
+        rc = kvx_ioq_create(&w->q, &qo);
+    }
+    if (rc) return rc;
+    for (unsigned b = 0; b < w->nbuf; b++) {
+        rc = kvx_pool_alloc((void **)&w->bufs[b], w->pool, w->chunk);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int warmup_new(kvx_warmup **out, kvx_shard *const *shards, size_t n, const kvx_warmup_options *opts)
+{
+    *out = NULL;
+    kvx_warmup_options def = KVX_WARMUP_OPTIONS_INIT;
+    if (!opts) opts = &def;
+    if (opts->version != KVX_WARMUP_OPTIONS_VERSION)
+        return kvx_fail(KVX_EVERSION, "kvx_warmup_options.version is %u, expected %u", opts->version,
+                        KVX_WARMUP_OPTIONS_VERSION);
+    if (n && !shards) return kvx_fail(KVX_EINVALID, "warmup: shards is NULL");
+    if (opts->flags & ~(uint32_t)(KVX_WARMUP_NO_VERIFY | KVX_WARMUP_BUFFERED))
+        return kvx_fail(KVX_EINVALID, "kvx_warmup_options.flags has unknown bits 0x%x", opts->flags);
+    if (opts->sink != KVX_SINK_DISCARD && opts->sink != KVX_SINK_HOST && opts->sink != KVX_SINK_GPU)
+        return kvx_fail(KVX_EINVALID, "kvx_warmup_options.sink %d is not a kvx_sink_kind", opts->sink);
+    if (opts->queue_depth > MAX_BUFS - 2)
+        return kvx_fail(KVX_EINVALID, "kvx_warmup_options.queue_depth %u is above %d", opts->queue_depth,
+                        MAX_BUFS - 2);
+    if (opts->sink == KVX_SINK_GPU && !opts->gpu) {
+        int rc = kvx_gpu_count(&(int){0});
+        if (rc == KVX_ENOCUDA) return rc;
+        return kvx_fail(KVX_EINVALID, "kvx_warmup_options.gpu is NULL with KVX_SINK_GPU");
+    }
+    uint64_t need;
+    int rc = kvx_warmup_sink_bytes(&need, shards, n);
+    if (rc) return rc;
+    if (opts->sink == KVX_SINK_HOST && (!opts->host_buf || opts->host_buf_bytes < need))
+        return kvx_fail(KVX_EINVALID, "kvx_warmup_options.host_buf: %" PRIu64 " bytes given, the inputs need %" PRIu64,
+                        opts->host_buf ? opts->host_buf_bytes : 0, need);
+
+    kvx_warmup *w = calloc(1, sizeof *w);
+    if (!w) return kvx_fail(-ENOMEM, "warmup: out of memory");
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv, NULL);
+    w->o = *opts;
+    w->sink_bytes = need;
+    w->shards = calloc(n ? n : 1, sizeof *w->shards);
+    if (!w->shards) goto nomem;
+    for (size_t s = 0; s < n; s++) w->shards[s] = kvx_shard_ref(shards[s]);
+    w->n_shards = n;
+    size_t total = 0;
+    for (size_t s = 0; s < n; s++) total += kvx_shard_get_info(shards[s])->num_blocks;
+    w->pages = calloc(total ? total : 1, sizeof *w->pages);
+    w->rpages = calloc(total ? total : 1, sizeof *w->rpages);
+    w->runs = calloc(total ? total : 1, sizeof *w->runs);
+    wpage **order = calloc(total ? total : 1, sizeof *order);
+    if (!w->pages || !w->rpages || !w->runs || !order) {
+        free(order);
+        goto nomem;
+    }
+    uint64_t sink = 0, biggest = 0;
+    for (size_t s = 0; s < n; s++) {
+        uint32_t nb = kvx_shard_get_info(shards[s])->num_blocks;
+        for (uint32_t i = 0; i < nb; i++) {
+            kvx_entry e;
+            kvx_shard_entry(&e, shards[s], i); /* checked by sink_bytes */
+            wpage *p = &w->pages[w->n_pages];
+            sink = kvx_align_up(sink, SINK_ALIGN);
+            *p = (wpage){(uint32_t)s, i, e.offset, e.bytes, sink, e.crc32};
+            sink += e.bytes;
+            w->bytes_total += e.bytes;
+            if (kvx_align_up(e.bytes, 4096) + 4096 > biggest) biggest = kvx_align_up(e.bytes, 4096) + 4096;
+            order[w->n_pages] = p;
+            w->n_pages++;
+        }
+    }
+    qsort(order, w->n_pages, sizeof *order, wpage_cmp);
+    w->chunk = kvx_align_up(opts->chunk_bytes ? opts->chunk_bytes : 4u << 20, 4096);
+    if (w->chunk < biggest) w->chunk = biggest;
+    w->nbuf = (opts->queue_depth ? opts->queue_depth : 8) + 2;
+    rc = make_staging(w);
+    if (rc) {
+        free(order);
+        warmup_free(w);
+        return rc;
+    }
+    /* runs: back-to-back pages of one shard, up to chunk bytes */
+    for (size_t i = 0; i < w->n_pages;) {
+        wpage *first = order[i];
+        kvx_io_file *file;
+        rc = kvx_ioq_file(&file, w->q, kvx_shard_fd(w->shards[first->shard]));
+        if (rc) {
+            free(order);
+            warmup_free(w);
+            return rc;
+        }
+        uint64_t start = first->off - first->off % file->align;
+        uint64_t end = first->off + first->bytes;
+        size_t j = i + 1;
+        while (j < w->n_pages && order[j]->shard == first->shard && order[j]->off == kvx_align_up(end, 4096) &&
+               kvx_align_up(order[j]->off + order[j]->bytes - start, file->align) <= w->chunk) {
+            end = order[j]->off + order[j]->bytes;
+            j++;
+        }
+        kvx_io_run *r = &w->runs[w->n_runs++];
+        r->file = file;
+        r->off = start;
+        r->want = end - start;
+        r->len = kvx_align_up(r->want, file->align);
+        r->verify = !(opts->flags & KVX_WARMUP_NO_VERIFY);
+        r->pages = &w->rpages[i];
+        r->n_pages = (uint32_t)(j - i);
+        for (size_t k = i; k < j; k++) {
+            w->rpages[k].rel = order[k]->off - start;
+            w->rpages[k].bytes = order[k]->bytes;
+            w->rpages[k].crc_want = order[k]->crc;
+            w->rpages[k].tag = (uint32_t)(order[k] - w->pages);
+        }
+        i = j;
+    }
+    free(order);
+    if (opts->sink == KVX_SINK_GPU) {
+        w->dev_pages = calloc(w->n_pages ? w->n_pages : 1, sizeof *w->dev_pages);
+        if (!w->dev_pages) goto nomem;
+        rc = kvx_gpu_reserve(&w->gpu_base, opts->gpu, need ? need : 1);
+        if (rc) {
+            warmup_free(w);
+            return rc;
+        }
+    }
+    *out = w;
+    return 0;
+nomem:
+    warmup_free(w);
+    return kvx_fail(-ENOMEM, "warmup: out of memory");
+}
+
+static int add_fail(kvx_warmup *w, const wpage *p, int code)
+{
+    if (w->n_fails == w->cap_fails) {
+        size_t nc = w->cap_fails ? w->cap_fails * 2 : 16;
+        void *nf = realloc(w->fails, nc * sizeof *w->fails);
+        if (!nf) return -ENOMEM;
+        w->fails = nf;
+        w->cap_fails = nc;
+    }
+    w->fails[w->n_fails++] = (wfail){p->shard, p->entry, code};
+    return 0;
+}
+
+/* A run landed in staging buffer b: deliver its good pages, name the bad. */
+static int deliver(kvx_warmup *w, kvx_io_run *r, unsigned b)
+{
+    w->bytes_read += r->got;
+    int gpu_used = 0;
+    for (uint32_t k = 0; k < r->n_pages; k++) {
+        const kvx_io_page *pg = &r->pages[k];
+        wpage *p = &w->pages[pg->tag];
+        if (pg->status == 0) {
+            const uint8_t *src = r->buf + pg->rel;
+            if (w->o.sink == KVX_SINK_HOST) {
+                memcpy((uint8_t *)w->o.host_buf + p->sink_off, src, p->bytes);
+            } else if (w->o.sink == KVX_SINK_GPU) {
+                uint64_t dev = w->gpu_base + p->sink_off;
+                int rc = kvx_gpu_copy_lane(w->o.gpu, b, dev, src, p->bytes);
+                if (rc) return rc;
+                w->dev_pages[pg->tag] = dev;
+                gpu_used = 1;
+            } else {
+                w->checksum += pg->crc_got;
+            }
+            w->good_bytes += p->bytes;
+            w->good_pages++;
+        } else {
+            if (pg->status == KVX_EPAGECRC)
+                atomic_fetch_add(&w->a_crc, 1);
+            else
+                w->io_failures++;
+            if (add_fail(w, p, pg->status)) return kvx_fail(-ENOMEM, "warmup: out of memory");
+        }
+        atomic_fetch_add(&w->a_bytes, p->bytes);
+        atomic_fetch_add(&w->a_pages, 1);
+    }
+    if (gpu_used) return kvx_gpu_lane_record(w->o.gpu, b);
+    return 0;
+}
+
+static void progress_now(kvx_warmup_progress *out, kvx_warmup *w)
+{
+    out->bytes_done = atomic_load(&w->a_bytes);
+    out->bytes_total = w->bytes_total;
+    out->pages_done = atomic_load(&w->a_pages);
+    out->pages_total = w->n_pages;
+    out->crc_failures = atomic_load(&w->a_crc);
+    out->finished = atomic_load(&w->a_finished);
+    out->seconds = out->finished ? w->seconds : (w->t0 > 0 ? kvx_io_now() - w->t0 : 0);
+}
+
+static int exec(kvx_warmup *w, void (*cb)(void *, const kvx_warmup_progress *), void *ctx)
+{
+    w->t0 = kvx_io_now();
+    double next_cb = w->t0 + 0.1;
+    unsigned free_bufs[MAX_BUFS], n_free = 0;
+    for (unsigned b = 0; b < w->nbuf; b++) free_bufs[n_free++] = w->nbuf - 1 - b;
+    kvx_io_run *done[MAX_BUFS];
+    size_t next = 0, finished = 0, pushed = 0;
+    int rc = 0, canceled = 0;
+    while (finished < pushed || (next < w->n_runs && !canceled)) {
+        if (!canceled && atomic_load(&w->a_cancel)) {
+            canceled = 1;
+            kvx_ioq_cancel(w->q);
+        }
+        while (!canceled && n_free > 0 && next < w->n_runs) {
+            unsigned b = free_bufs[--n_free];
+            if (w->o.sink == KVX_SINK_GPU && (rc = kvx_gpu_lane_wait(w->o.gpu, b))) goto out;
+            kvx_io_run *r = &w->runs[next++];
+            r->buf = w->bufs[b];
+            r->owner = (void *)(uintptr_t)b;
+            kvx_ioq_push(w->q, r);
+            pushed++;
+        }
+        kvx_ioq_kick(w->q);
+        int got = kvx_ioq_reap(w->q, done, MAX_BUFS, cb ? 50 : 100);
+        if (got < 0) {
+            rc = got;
+            goto out;
+        }
+        for (int i = 0; i < got; i++) {
+            unsigned b = (unsigned)(uintptr_t)done[i]->owner;
+            if (done[i]->status != KVX_ECANCELED && (rc = deliver(w, done[i], b))) goto out;
+            free_bufs[n_free++] = b;
+            finished++;
+        }
+        if (cb && kvx_io_now() >= next_cb) {
+            kvx_warmup_progress p;
+            progress_now(&p, w);
+            cb(ctx, &p);
+            next_cb = kvx_io_now() + 0.1;
+        }
+    }
+    if (w->o.sink == KVX_SINK_GPU) {
+        if ((rc = kvx_gpu_sync(w->o.gpu))) goto out;
+    }
+out:
+    if (rc) {
+        /* drain what the kernel may still write into staging */
+        kvx_ioq_cancel(w->q);
+        while (kvx_ioq_pending(w->q) > 0)
+            if (kvx_ioq_reap(w->q, done, MAX_BUFS, -1) < 0) break;
+    }
+    w->seconds = kvx_io_now() - w->t0;
+    if (canceled) w->rc = KVX_ECANCELED;
+    if (!rc && w->o.sink == KVX_SINK_GPU && w->n_pages) {
+        uint64_t table;
+        rc = kvx_gpu_page_table(&table, w->o.gpu, w->dev_pages, w->n_pages);
+        if (!rc) w->gpu_base = table; /* reported as gpu_page_table */
+    }
+    w->rc = rc ? rc : (canceled ? KVX_ECANCELED : 0);
+    atomic_store(&w->a_finished, 1);
+    if (cb) {
+        kvx_warmup_progress p;
+        progress_now(&p, w);
+        cb(ctx, &p);
+    }
+    return rc;
+}
+
+static int fill_report(kvx_warmup_report *out, kvx_warmup *w)
+{
+    memset(out, 0, sizeof *out);
+    out->bytes = w->good_bytes;
+    out->pages = w->good_pages;
+    out->crc_failures = atomic_load(&w->a_crc);
+    out->io_failures = w->io_failures;
+    out->bytes_read = w->bytes_read;
+    out->seconds = w->seconds;
+    out->gbps = w->seconds > 0 ? (double)w->good_bytes / w->seconds / 1e9 : 0;
+    out->io_mode = kvx_ioq_mode(w->q);
+    out->direct = kvx_ioq_used_direct(w->q);
+    out->canceled = w->rc == KVX_ECANCELED;
+    out->checksum = w->checksum;
+    out->gpu_page_table = w->o.sink == KVX_SINK_GPU && w->n_pages ? w->gpu_base : 0;
+    if (w->n_fails) {
+        size_t strbytes = 0;
+        for (size_t i = 0; i < w->n_fails; i++) strbytes += strlen(kvx_shard_path(w->shards[w->fails[i].shard])) + 1;
+        kvx_warmup_failure *f = malloc(w->n_fails * sizeof *f + strbytes);
+        if (!f) return kvx_fail(-ENOMEM, "warmup report: out of memory");
+        char *s = (char *)(f + w->n_fails);
+        for (size_t i = 0; i < w->n_fails; i++) {
+            const char *path = kvx_shard_path(w->shards[w->fails[i].shard]);
+            size_t len = strlen(path) + 1;
+            memcpy(s, path, len);
+            f[i] = (kvx_warmup_failure){s, w->fails[i].shard, w->fails[i].entry, w->fails[i].code};
+            s += len;
+        }
+        out->failures = f;
+        out->n_failures = w->n_fails;
+    }
+    return 0;
+}
+
+void kvx_warmup_report_free(kvx_warmup_report *r)
+{
+    if (!r) return;
+    free(r->failures);
+    r->failures = NULL;
+    r->n_failures = 0;
+}
+
+int kvx_warmup_run(kvx_warmup_report *out, kvx_shard *const *shards, size_t n, const kvx_warmup_options *opts)
+{
+    if (!out) return kvx_fail(KVX_EINVALID, "kvx_warmup_run: out is NULL");
+    memset(out, 0, sizeof *out);
+    kvx_warmup *w;
+    int rc = warmup_new(&w, shards, n, opts);
+    if (rc) return rc;
+    rc = exec(w, w->o.progress, w->o.progress_ctx);
+    if (!rc) rc = fill_report(out, w);
+    warmup_free(w);
+    return rc;
+}
+
+static void *bg_main(void *arg)
+{
+    kvx_warmup *w = arg;
+    exec(w, NULL, NULL);
+    pthread_mutex_lock(&w->mu);
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    return NULL;
+}
+
+int kvx_warmup_start(kvx_warmup **out, kvx_shard *const *shards, size_t n, const kvx_warmup_options *opts)
+{
+    if (!out) return kvx_fail(KVX_EINVALID, "kvx_warmup_start: out is NULL");
+    kvx_warmup *w;
+    int rc = warmup_new(&w, shards, n, opts);
+    if (rc) return rc;
+    w->o.progress = NULL;
+    int e = pthread_create(&w->tid, NULL, bg_main, w);
+    if (e) {
+        warmup_free(w);
+        return kvx_fail(-e, "kvx_warmup_start: pthread_create: %s", strerror(e));
+    }
+    w->started = 1;
+    *out = w;
+    return 0;
+}
+
+int kvx_warmup_get_progress(kvx_warmup_progress *out, kvx_warmup *w)
+{
+    if (!out || !w) return kvx_fail(KVX_EINVALID, "kvx_warmup_get_progress: a NULL argument");
+    progress_now(out, w);
+    return 0;
+}
+
+int kvx_warmup_cancel(kvx_warmup *w)
+{
+    if (!w) return kvx_fail(KVX_EINVALID, "kvx_warmup_cancel: warmup is NULL");
+    atomic_store(&w->a_cancel, 1);
+    return 0;
+}
+
+int kvx_warmup_wait(kvx_warmup_report *out, kvx_warmup *w, int timeout_ms)
+{
+    if (!out || !w) return kvx_fail(KVX_EINVALID, "kvx_warmup_wait: a NULL argument");
+    memset(out, 0, sizeof *out);
+    pthread_mutex_lock(&w->mu);
+    double deadline = kvx_io_now() + (timeout_ms > 0 ? timeout_ms / 1000.0 : 0);
+    while (!atomic_load(&w->a_finished)) {
+        if (timeout_ms == 0) break;
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&w->cv, &w->mu);
+            continue;
+        }
+        double left = deadline - kvx_io_now();
+        if (left <= 0) break;
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        long ns = ts.tv_nsec + (long)(left * 1e9);
+        ts.tv_sec += ns / 1000000000L;
+        ts.tv_nsec = ns % 1000000000L;
+        pthread_cond_timedwait(&w->cv, &w->mu, &ts);
+    }
+    pthread_mutex_unlock(&w->mu);
+    if (!atomic_load(&w->a_finished)) return -ETIMEDOUT;
+    if (w->started) {
+        pthread_join(w->tid, NULL);
+        w->started = 0;
+    }
+    if (w->rc && w->rc != KVX_ECANCELED) return w->rc;
+    return fill_report(out, w);
+}
+
+void kvx_warmup_destroy(kvx_warmup *w)
+{
+    if (!w) return;
+    if (w->started) {
+        atomic_store(&w->a_cancel, 1);
+        pthread_join(w->tid, NULL);
+    }
+    warmup_free(w);
+}
+
+int kvx_warmup_device_pages(const uint64_t **out, size_t *out_n, kvx_warmup *w)
+{
+    if (!out || !out_n || !w) return kvx_fail(KVX_EINVALID, "kvx_warmup_device_pages: a NULL argument");
+    if (!w->dev_pages) return kvx_fail(KVX_EINVALID, "kvx_warmup_device_pages: not a GPU warmup");
+    if (!atomic_load(&w->a_finished)) return kvx_fail(KVX_EBUSY, "kvx_warmup_device_pages: still running");
+    *out = w->dev_pages;
+    *out_n = w->n_pages;
+    return 0;
+}
+
+int kvx_warmup_collect(kvx_shard ***out_shards, size_t *out_n, const char *const *paths, size_t n_paths)
+{
+    if (!out_shards || !out_n || (n_paths && !paths))
+        return kvx_fail(KVX_EINVALID, "kvx_warmup_collect: a NULL argument");
+    *out_shards = NULL;
+    *out_n = 0;
+    kvx_shard **all = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    for (size_t i = 0; i < n_paths; i++) {
+        struct stat st;
+        if (stat(paths[i], &st) != 0) {
+            rc = kvx_fail(-errno, "%s: %s", paths[i], strerror(errno));
+            goto fail;
+        }
+        kvx_shard **got = NULL;
+        size_t n_got = 0;
+        kvx_shard *one = NULL;
+        if (S_ISDIR(st.st_mode)) {
+            kvx_store *s = NULL;
+            rc = kvx_store_open(&s, paths[i], NULL, KVX_STORE_READONLY);
+            if (rc) goto fail;
+            rc = kvx_store_shards(&got, &n_got, s);
+            kvx_store_close(s); /* the shards hold their own references */
+            if (rc) goto fail;
+        } else {
+            rc = kvx_shard_open(&one, paths[i], 0);
+            if (rc) goto fail;
+            got = &one;
+            n_got = 1;
+        }
+        if (n + n_got > cap) {
+            size_t nc = (n + n_got) * 2;
+            void *na = realloc(all, nc * sizeof *all);
+            if (!na) {
+                for (size_t k = 0; k < n_got; k++) kvx_shard_close(got[k]);
+                if (got != &one) free(got);
+                rc = kvx_fail(-ENOMEM, "kvx_warmup_collect: out of memory");
+                goto fail;
+            }
+            all = na;
+            cap = nc;
+        }
+        for (size_t k = 0; k < n_got; k++) all[n++] = got[k];
+        if (got != &one) kvx_free(got); /* kvx_store_shards' array */
+    }
+    *out_shards = all;
+    *out_n = n;
+    return 0;
+fail:
+    for (size_t k = 0; k < n; k++) kvx_shard_close(all[k]);
+    free(all);
+    return rc;
+}
