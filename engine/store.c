@@ -1,0 +1,1121 @@
+/*
+ * store.c - the public store API, read side: create and open a store
+ * directory (layout, permissions, name checks, writer lock, recovery),
+ * lookups by coordinate, hash and prefix, views, usage batching, stat and
+ * verify. Writes (put, flush, eviction, compaction, reindex) are in
+ * store_write.c. docs/STORE.md explains the design.
+ *
+ * Lookups cost one LMDB read transaction per call (renewed from a pool, no
+ * thread-local storage), one mdb_get per block, and a cached shard handle
+ * per shard byte; the block's own entry (hash, lineage) is checked against
+ * the query before a view is handed out, so the index only has to be a
+ * hint: a stale or colliding index record can never serve wrong bytes.
+ */
+#include "os.h"
+#include "store_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define USE_PERSIST_CALLS 65536u /* a reader writes usage every this many calls */
+
+void st_shard_name(char *buf, uint64_t gen) { snprintf(buf, 32, "%016" PRIx64 ".kvx", gen); }
+
+uint64_t st_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static char *st_join(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    char *p = malloc(la + lb + 2);
+    if (!p) return NULL;
+    memcpy(p, a, la);
+    p[la] = '/';
+    memcpy(p + la + 1, b, lb + 1);
+    return p;
+}
+
+/* ---------------------------------------------------------------- config */
+
+static void st_config_encode(uint8_t *b, const kvx_geometry *g, uint64_t cap, uint64_t target)
+{
+    memset(b, 0, ST_CONFIG_BYTES);
+    memcpy(b, "KVXSTORE", 8);
+    kvx_store32(b + 8, 1);
+    kvx_store32(b + 12, g->quant);
+    kvx_store32(b + 16, g->num_layers);
+    kvx_store32(b + 20, g->kv_heads);
+    kvx_store32(b + 24, g->head_dim);
+    kvx_store32(b + 28, g->block_tokens);
+    kvx_store64(b + 32, g->model_signature);
+    kvx_store64(b + 40, cap);
+    kvx_store64(b + 48, target);
+    kvx_store32(b + 60, kvx_crc32c(0, b, 60));
+}
+
+static int st_config_decode(const uint8_t *b, kvx_geometry *g, uint64_t *cap, uint64_t *target)
+{
+    if (memcmp(b, "KVXSTORE", 8) != 0) return kvx_fail(KVX_EMAGIC, "store: STORE file: bad magic");
+    if (kvx_load32(b + 60) != kvx_crc32c(0, b, 60))
+        return kvx_fail(KVX_ECORRUPT, "store: STORE file: checksum mismatch");
+    if (kvx_load32(b + 8) != 1)
+        return kvx_fail(KVX_EVERSION, "store: STORE file: version %u unknown", kvx_load32(b + 8));
+    g->quant = kvx_load32(b + 12);
+    g->num_layers = kvx_load32(b + 16);
+    g->kv_heads = kvx_load32(b + 20);
+    g->head_dim = kvx_load32(b + 24);
+    g->block_tokens = kvx_load32(b + 28);
+    g->model_signature = kvx_load64(b + 32);
+    *cap = kvx_load64(b + 40);
+    *target = kvx_load64(b + 48);
+    return 0;
+}
+
+static int st_check_geometry(const kvx_geometry *g)
+{
+    if (g->num_layers == 0 || g->num_layers > 65535)
+        return kvx_fail(KVX_EINVALID, "store: geometry.num_layers %u not in 1..65535", g->num_layers);
+    if (g->kv_heads == 0 || g->kv_heads > 65535)
+        return kvx_fail(KVX_EINVALID, "store: geometry.kv_heads %u not in 1..65535", g->kv_heads);
+    if (g->head_dim == 0 || g->head_dim > 65535)
+        return kvx_fail(KVX_EINVALID, "store: geometry.head_dim %u not in 1..65535", g->head_dim);
+    if (g->block_tokens == 0 || g->block_tokens > 65535)
+        return kvx_fail(KVX_EINVALID, "store: geometry.block_tokens %u not in 1..65535 (a store names blocks by chained hash)",
+                        g->block_tokens);
+    if (kvx_quant_elem_size(g->quant) == 0)
+        return kvx_fail(KVX_EQUANT, "store: geometry.quant %u unknown", g->quant);
+    uint64_t pb = kvx_page_bytes(g, g->block_tokens);
+    if (pb == 0 || pb > UINT32_MAX)
+        return kvx_fail(KVX_EOVERFLOW, "store: a block's page (2*L*Hkv*B*D*elem) exceeds 4 GiB");
+    return 0;
+}
+
+/* Derived sizes: page, bytes one entry occupies in a shard, entries per shard. */
+static void st_sizes(kvx_store *s)
+{
+    const kvx_geometry *g = &s->g;
+    s->page_bytes = kvx_page_bytes(g, g->block_tokens);
+    s->nscales = (uint32_t)kvx_scale_count(g);
+    uint64_t tables = 24 + 8 + 8 + 4ull * g->block_tokens;
+    if (g->quant != KVX_QUANT_FP16) tables += 4ull * s->nscales;
+    s->entry_bytes = kvx_align_up(s->page_bytes, 4096) + tables;
+    uint64_t n = s->target / s->entry_bytes;
+    if (n < 1) n = 1;
+    if (n > KVX_MAX_ENTRIES) n = KVX_MAX_ENTRIES;
+    s->max_entries = (uint32_t)n;
+}
+
+/* --------------------------------------------------------------- handles */
+
+static kvx_store *st_alloc(void)
+{
+    kvx_store *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->dirfd = s->shardsfd = s->stagingfd = s->lockfd = -1;
+    pthread_rwlock_init(&s->cache_lock, NULL);
+    pthread_mutex_init(&s->use_mu, NULL);
+    pthread_mutex_init(&s->wmu, NULL);
+    return s;
+}
+
+static void st_free(kvx_store *s)
+{
+    for (int i = 0; i < ST_SLOTS; i++) {
+        kvx_shard_close(s->cache[i].sh);
+        free(s->use[i].bits);
+    }
+    if (s->ix) kvx_idx_close(s->ix);
+    if (s->lockfd >= 0) kvx_os.close(s->lockfd); /* releases the flock */
+    if (s->stagingfd >= 0) kvx_os.close(s->stagingfd);
+    if (s->shardsfd >= 0) kvx_os.close(s->shardsfd);
+    if (s->dirfd >= 0) kvx_os.close(s->dirfd);
+    free(s->dir);
+    free(s->shards_path);
+    free(s->staging_path);
+    free(s->index_path);
+    free(s->sealed);
+    free(s->pend);
+    free(s->ptok);
+    free(s->ptab);
+    pthread_rwlock_destroy(&s->cache_lock);
+    pthread_mutex_destroy(&s->use_mu);
+    pthread_mutex_destroy(&s->wmu);
+    free(s);
+}
+
+/* Opens a subdirectory of the store without following a symlink. */
+static int st_open_subdir(kvx_store *s, const char *name, int *out)
+{
+    int fd = kvx_os.openat(s->dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ELOOP || e == ENOTDIR)
+            return kvx_fail(KVX_EPATH, "store: %s/%s is a symlink or not a directory", s->dir, name);
+        return kvx_fail(-e, "store: open %s/%s: %s", s->dir, name, strerror(e));
+    }
+    *out = fd;
+    return 0;
+}
+
+static int st_check_not_link(int dirfd, const char *dir, const char *name)
+{
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT ? 0 : -errno;
+    if (!S_ISREG(st.st_mode))
+        return kvx_fail(KVX_EPATH, "store: %s/%s is a symlink or not a regular file", dir, name);
+    return 0;
+}
+
+static int st_lock(kvx_store *s, uint32_t flags, int try_only)
+{
+    int fd = kvx_os.openat(s->dirfd, "LOCK", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ELOOP) return kvx_fail(KVX_EPATH, "store: %s/LOCK is a symlink", s->dir);
+        return kvx_fail(-e, "store: open %s/LOCK: %s", s->dir, strerror(e));
+    }
+    int op = LOCK_EX | ((flags & KVX_STORE_NOWAIT) || try_only ? LOCK_NB : 0);
+    while (flock(fd, op) != 0) {
+        if (errno == EINTR) continue;
+        int e = errno;
+        kvx_os.close(fd);
+        if (e == EWOULDBLOCK)
+            return kvx_fail(KVX_EBUSY, "store: %s: another writer holds the store", s->dir);
+        return kvx_fail(-e, "store: flock %s/LOCK: %s", s->dir, strerror(e));
+    }
+    s->lockfd = fd;
+    return 0;
+}
+
+static int st_read_config(kvx_store *s);
+
+static int st_open_dirs(kvx_store *s, const char *dir)
+{
+    if (!(s->dir = strdup(dir)) || !(s->shards_path = st_join(dir, "shards")) ||
+        !(s->staging_path = st_join(dir, "staging")) || !(s->index_path = st_join(dir, "index")))
+        return kvx_fail(-ENOMEM, "store: out of memory");
+    s->dirfd = kvx_os.open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (s->dirfd < 0) {
+        int e = errno;
+        return kvx_fail(e == ENOENT ? KVX_ENOTFOUND : -e, "store: open %s: %s", dir, strerror(e));
+    }
+    int rc, ifd = -1;
+    if ((rc = st_read_config(s))) return rc; /* "not a store" before anything else */
+    if ((rc = st_open_subdir(s, "shards", &s->shardsfd)) || (rc = st_open_subdir(s, "staging", &s->stagingfd)) ||
+        (rc = st_open_subdir(s, "index", &ifd)))
+        return rc;
+    rc = st_check_not_link(ifd, s->index_path, "data.mdb");
+    if (!rc) rc = st_check_not_link(ifd, s->index_path, "lock.mdb");
+    kvx_os.close(ifd);
+    return rc;
+}
+
+static int st_read_config(kvx_store *s)
+{
+    int fd = kvx_os.openat(s->dirfd, "STORE", O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ELOOP) return kvx_fail(KVX_EPATH, "store: %s/STORE is a symlink", s->dir);
+        return kvx_fail(e == ENOENT ? KVX_ENOTFOUND : -e, "store: %s is not a kvx store (STORE: %s)", s->dir,
+                        strerror(e));
+    }
+    uint8_t b[ST_CONFIG_BYTES];
+    int rc = kvx_os_pread_all(fd, b, sizeof b, 0, NULL);
+    kvx_os.close(fd);
+    if (rc) return kvx_fail(rc == -EIO ? KVX_ETRUNC : rc, "store: %s/STORE: cannot read 64 bytes", s->dir);
+    if ((rc = st_config_decode(b, &s->g, &s->capacity, &s->target))) return rc;
+    if ((rc = st_check_geometry(&s->g))) return rc;
+    if (s->capacity == 0 || s->target == 0) return kvx_fail(KVX_ECORRUPT, "store: STORE: zero capacity");
+    st_sizes(s);
+    return 0;
+}
+
+/* --------------------------------------------------------------- recovery */
+
+int st_each_file(kvx_store *s, int fd, st_dir_fn fn, void *ctx)
+{
+    int dfd = dup(fd);
+    if (dfd < 0) return kvx_fail(-errno, "store: dup: %s", strerror(errno));
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return kvx_fail(-errno, "store: fdopendir: %s", strerror(errno));
+    }
+    rewinddir(d);
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if ((rc = fn(s, fd, e->d_name, ctx))) break;
+    }
+    closedir(d);
+    return rc;
+}
+
+static int st_rm_staging(kvx_store *s, int fd, const char *name, void *ctx)
+{
+    (void)s;
+    (void)ctx;
+    if (kvx_os.unlinkat(fd, name, 0) != 0 && errno != ENOENT)
+        return kvx_fail(-errno, "store: recovery: unlink staging/%s: %s", name, strerror(errno));
+    return 0;
+}
+
+int st_parse_name(const char *name, uint64_t *gen)
+{
+    if (strlen(name) != 20 || strcmp(name + 16, ".kvx") != 0) return 0;
+    uint64_t v = 0;
+    for (int i = 0; i < 16; i++) {
+        char c = name[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        v = v << 4 | (uint64_t)d;
+    }
+    *gen = v;
+    return 1;
+}
+
+/* A shard file that no registry record names was sealed but never
+ * published (or was evicted/compacted away just before a crash): delete. */
+static int st_rm_unregistered(kvx_store *s, int fd, const char *name, void *ctx)
+{
+    (void)ctx;
+    uint64_t gen;
+    if (!st_parse_name(name, &gen)) return 0; /* not ours: leave it alone */
+    for (int b = 0; b < ST_SLOTS; b++)
+        if (s->reg_live[b] && s->reg[b].gen == gen) return 0;
+    if (kvx_os.unlinkat(fd, name, 0) != 0 && errno != ENOENT)
+        return kvx_fail(-errno, "store: recovery: unlink shards/%s: %s", name, strerror(errno));
+    return 0;
+}
+
+int st_registry_load(kvx_store *s)
+{
+    MDB_txn *txn;
+    int rc = kvx_idx_read_begin(s->ix, &txn);
+    if (rc) return rc;
+    memset(s->reg_live, 0, sizeof s->reg_live);
+    MDB_cursor *cur;
+    rc = mdb_cursor_open(txn, s->ix->shards, &cur);
+    if (rc == 0) {
+        MDB_val k, v;
+        int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+        while (r == 0) {
+            uint32_t b;
+            memcpy(&b, k.mv_data, 4);
+            if (b < ST_SLOTS && v.mv_size == sizeof(kvx_idx_shard)) {
+                memcpy(&s->reg[b], v.mv_data, sizeof s->reg[b]);
+                s->reg_live[b] = 1;
+            }
+            r = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+        }
+        mdb_cursor_close(cur);
+        rc = r == MDB_NOTFOUND ? 0 : r;
+    }
+    uint64_t ng = 0;
+    if (!rc) rc = kvx_idx_get_u64(txn, s->ix->meta, "next_gen", &ng);
+    kvx_idx_read_end(s->ix, txn);
+    if (rc) return kvx_idx_err(rc, "read registry");
+    s->next_gen = ng;
+    for (int b = 0; b < ST_SLOTS; b++)
+        if (s->reg_live[b] && s->reg[b].gen >= s->next_gen) s->next_gen = s->reg[b].gen + 1;
+    if (s->next_gen == 0) s->next_gen = 1;
+    return 0;
+}
+
+/* Which registered shards are missing or damaged: cheap checks always
+ * (regular file, size), the full header+tables check (meta CRC and every
+ * structural rule) when verify is set. */
+static void st_check_registered(kvx_store *s, int verify)
+{
+    for (int b = 0; b < ST_SLOTS; b++) {
+        if (!s->reg_live[b]) continue;
+        char name[32];
+        st_shard_name(name, s->reg[b].gen);
+        struct stat st;
+        int bad = 0;
+        if (fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
+            (uint64_t)st.st_size != s->reg[b].file_bytes) {
+            bad = 1;
+        } else if (verify) {
+            kvx_shard *sh = st_shard_get(s, (uint32_t)b, s->reg[b].gen);
+            if (!sh) bad = 1;
+            kvx_shard_close(sh);
+        }
+        if (bad) {
+            pthread_rwlock_wrlock(&s->cache_lock);
+            s->cache[b].gen = s->reg[b].gen;
+            s->cache[b].bad = 1;
+            pthread_rwlock_unlock(&s->cache_lock);
+        }
+    }
+}
+
+static int st_recover(kvx_store *s)
+{
+    int rc = st_each_file(s, s->stagingfd, st_rm_staging, NULL);
+    if (rc) return rc;
+    if ((rc = st_registry_load(s))) return rc;
+    MDB_txn *txn;
+    uint64_t ng = 0;
+    if ((rc = kvx_idx_read_begin(s->ix, &txn))) return rc;
+    MDB_val k = {8, "next_gen"}, v;
+    int fresh = mdb_get(txn, s->ix->meta, &k, &v) == MDB_NOTFOUND;
+    kvx_idx_read_end(s->ix, txn);
+    (void)ng;
+    if (fresh) {
+        /* index lost or deleted: rebuild it from the shards' own tables */
+        return st_reindex_locked(s);
+    }
+    if ((rc = st_each_file(s, s->shardsfd, st_rm_unregistered, NULL))) return rc;
+    st_check_registered(s, (s->flags & KVX_STORE_VERIFY) != 0);
+    return st_drop_bad_shards(s);
+}
+
+/* ---------------------------------------------------------------- create */
+
+static int st_finish_open(kvx_store *s, int create)
+{
+    /* a writer may meet an empty index/ (lost index): it creates the
+     * databases and recovery rebuilds them from the shards */
+    int rc = kvx_idx_open(&s->ix, s->index_path, create || s->writer, (s->flags & KVX_STORE_NOSYNC) != 0);
+    if (rc) return rc;
+    if (s->writer) return st_recover(s);
+    /* a reader recovers only when no writer is alive (it then holds the lock
+     * for the duration of recovery only) */
+    if (st_lock(s, KVX_STORE_NOWAIT, 1) == 0) {
+        s->writer = 1;
+        rc = st_recover(s);
+        s->writer = 0;
+        kvx_os.close(s->lockfd);
+        s->lockfd = -1;
+        if (rc == -EROFS) rc = 0; /* read-only directory: nothing to repair */
+        kvx_clear_error();
+        return rc;
+    }
+    kvx_clear_error();
+    return 0;
+}
+
+static int st_create_body(MDB_txn *txn, void *ctx)
+{
+    kvx_store *s = ctx;
+    kvx_idx_stats st = {0};
+    int rc = kvx_idx_put_u64(txn, s->ix->meta, "next_gen", 1);
+    if (!rc) rc = kvx_idx_put_stats(txn, s->ix, &st);
+    return rc;
+}
+
+KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_options *opts)
+{
+    if (!out) return kvx_fail(KVX_EINVALID, "kvx_store_create: out is NULL");
+    *out = NULL;
+    if (!dir || !*dir) return kvx_fail(KVX_EINVALID, "kvx_store_create: dir is empty");
+    if (!opts || opts->version != KVX_STORE_OPTIONS_VERSION)
+        return kvx_fail(KVX_EVERSION, "kvx_store_create: options.version must be KVX_STORE_OPTIONS_VERSION");
+    int rc = st_check_geometry(&opts->geometry);
+    if (rc) return rc;
+    if (opts->flags & ~(KVX_STORE_NOWAIT | KVX_STORE_VERIFY | KVX_STORE_NOSYNC))
+        return kvx_fail(KVX_EINVALID, "kvx_store_create: flags 0x%x unknown or READONLY", opts->flags);
+    kvx_store *s = st_alloc();
+    if (!s) return kvx_fail(-ENOMEM, "store: out of memory");
+    s->g = opts->geometry;
+    s->flags = opts->flags;
+    s->capacity = opts->capacity_bytes ? opts->capacity_bytes : ST_DEFAULT_CAPACITY;
+    s->target = opts->shard_bytes;
+    if (!s->target) {
+        s->target = s->capacity / 64;
+        if (s->target < ((uint64_t)256 << 10)) s->target = (uint64_t)256 << 10;
+        if (s->target > ((uint64_t)1 << 30)) s->target = (uint64_t)1 << 30;
+    }
+    st_sizes(s);
+    if (s->capacity < s->entry_bytes + 4096) {
+        uint64_t eb = s->entry_bytes;
+        st_free(s);
+        return kvx_fail(KVX_EINVALID, "kvx_store_create: capacity_bytes %llu holds not even one block (%llu bytes)",
+                        (unsigned long long)opts->capacity_bytes, (unsigned long long)eb);
+    }
+    if (kvx_os.mkdir(dir, 0700) != 0) {
+        int e = errno;
+        st_free(s);
+        return kvx_fail(-e, "kvx_store_create: mkdir %s: %s", dir, strerror(e));
+    }
+    s->dirfd = kvx_os.open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (s->dirfd < 0) {
+        rc = kvx_fail(-errno, "kvx_store_create: open %s: %s", dir, strerror(errno));
+        goto fail;
+    }
+    static const char *subs[] = {"index", "shards", "staging"};
+    for (int i = 0; i < 3; i++) {
+        int fd = kvx_os.openat(s->dirfd, ".", O_RDONLY | O_DIRECTORY, 0); /* for mkdirat */
+        if (fd < 0 || mkdirat(s->dirfd, subs[i], 0700) != 0) {
+            rc = kvx_fail(-errno, "kvx_store_create: mkdir %s/%s: %s", dir, subs[i], strerror(errno));
+            if (fd >= 0) kvx_os.close(fd);
+            goto fail;
+        }
+        kvx_os.close(fd);
+    }
+    uint8_t cfg[ST_CONFIG_BYTES];
+    st_config_encode(cfg, &s->g, s->capacity, s->target);
+    int fd = kvx_os.openat(s->dirfd, "STORE.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        rc = kvx_fail(-errno, "kvx_store_create: create STORE: %s", strerror(errno));
+        goto fail;
+    }
+    rc = kvx_os_pwrite_all(fd, cfg, sizeof cfg, 0);
+    if (!rc && kvx_os.fsync(fd) != 0) rc = -errno;
+    kvx_os.close(fd);
+    if (!rc && kvx_os.renameat(s->dirfd, "STORE.tmp", s->dirfd, "STORE") != 0) rc = -errno;
+    if (!rc && kvx_os.fsync(s->dirfd) != 0) rc = -errno;
+    if (rc) {
+        kvx_fail(rc, "kvx_store_create: write %s/STORE: %s", dir, strerror(-rc));
+        goto fail;
+    }
+    kvx_os.close(s->dirfd);
+    s->dirfd = -1;
+    if ((rc = st_open_dirs(s, dir))) goto fail;
+    if ((rc = st_lock(s, s->flags, 0))) goto fail;
+    s->writer = 1;
+    if ((rc = kvx_idx_open(&s->ix, s->index_path, 1, (s->flags & KVX_STORE_NOSYNC) != 0))) goto fail;
+    if ((rc = kvx_idx_write(s->ix, st_create_body, s))) goto fail;
+    if ((rc = st_registry_load(s))) goto fail;
+    *out = s;
+    kvx_clear_error();
+    return 0;
+fail:
+    st_free(s);
+    return rc;
+}
+
+KVX_API int kvx_store_open(kvx_store **out, const char *dir, const kvx_geometry *expect, uint32_t flags)
+{
+    if (!out) return kvx_fail(KVX_EINVALID, "kvx_store_open: out is NULL");
+    *out = NULL;
+    if (!dir || !*dir) return kvx_fail(KVX_EINVALID, "kvx_store_open: dir is empty");
+    if (flags & ~(KVX_STORE_READONLY | KVX_STORE_NOWAIT | KVX_STORE_VERIFY | KVX_STORE_NOSYNC))
+        return kvx_fail(KVX_EINVALID, "kvx_store_open: flags 0x%x has unknown bits", flags);
+    kvx_store *s = st_alloc();
+    if (!s) return kvx_fail(-ENOMEM, "store: out of memory");
+    s->flags = flags;
+    int rc = st_open_dirs(s, dir);
+    if (!rc && expect) {
+        const kvx_geometry *g = &s->g;
+#define ST_EXPECT(field)                                                                                  \
+    if (expect->field && expect->field != g->field) {                                                     \
+        rc = kvx_fail(KVX_ESHAPE, "store %s: " #field " is %u, expected %u", dir, (unsigned)g->field,      \
+                      (unsigned)expect->field);                                                            \
+    }
+        ST_EXPECT(num_layers)
+        else ST_EXPECT(kv_heads) else ST_EXPECT(head_dim) else ST_EXPECT(block_tokens);
+#undef ST_EXPECT
+        if (!rc && expect->num_layers && expect->quant != g->quant)
+            rc = kvx_fail(KVX_ESHAPE, "store %s: quant is %s, expected %s", dir, kvx_quant_name(g->quant),
+                          kvx_quant_name(expect->quant) ? kvx_quant_name(expect->quant) : "unknown");
+        if (!rc && expect->model_signature && expect->model_signature != g->model_signature)
+            rc = kvx_fail(KVX_EMODEL, "store %s: model_signature is %016llx, expected %016llx", dir,
+                          (unsigned long long)g->model_signature, (unsigned long long)expect->model_signature);
+    }
+    if (!rc && !(flags & KVX_STORE_READONLY)) {
+        rc = st_lock(s, flags, 0);
+        s->writer = rc == 0;
+    }
+    if (!rc) rc = st_finish_open(s, 0);
+    if (rc) {
+        st_free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+KVX_API void kvx_store_close(kvx_store *s)
+{
+    if (!s) return;
+    if (s->writer) {
+        pthread_mutex_lock(&s->wmu);
+        st_discard_pending(s);
+        pthread_mutex_unlock(&s->wmu);
+    }
+    st_usage_persist(s);
+    st_free(s);
+}
+
+KVX_API int kvx_store_get_geometry(kvx_geometry *out, const kvx_store *s)
+{
+    if (!out || !s) return kvx_fail(KVX_EINVALID, "kvx_store_get_geometry: NULL argument");
+    *out = s->g;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- shards */
+
+kvx_shard *st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
+{
+    pthread_rwlock_rdlock(&s->cache_lock);
+    st_cache *c = &s->cache[byte];
+    if (c->gen == gen && (c->sh || c->bad)) {
+        kvx_shard *r = c->bad ? NULL : kvx_shard_ref(c->sh);
+        pthread_rwlock_unlock(&s->cache_lock);
+        return r;
+    }
+    pthread_rwlock_unlock(&s->cache_lock);
+
+    char name[32];
+    st_shard_name(name, gen);
+    kvx_shard *sh = NULL;
+    struct stat st;
+    int bad = 1;
+    if (fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
+        char *path = st_join(s->shards_path, name);
+        if (path && kvx_shard_open(&sh, path, 0) == 0) {
+            const kvx_shard_info *in = kvx_shard_get_info(sh);
+            const kvx_geometry *g = &in->geometry;
+            if (in->shard_id == byte && g->num_layers == s->g.num_layers && g->kv_heads == s->g.kv_heads &&
+                g->head_dim == s->g.head_dim && g->block_tokens == s->g.block_tokens && g->quant == s->g.quant &&
+                g->model_signature == s->g.model_signature && (in->flags & KVX_FLAG_HASHES))
+                bad = 0;
+        }
+        free(path);
+    }
+    if (bad && errno != ENOENT) {
+        /* missing files are normal for readers racing an eviction */
+    }
+    pthread_rwlock_wrlock(&s->cache_lock);
+    c = &s->cache[byte];
+    kvx_shard *old = NULL;
+    if (c->gen != gen || (!c->sh && !c->bad)) {
+        old = c->sh;
+        c->gen = gen;
+        c->sh = bad ? NULL : sh;
+        c->bad = bad;
+        sh = bad ? sh : NULL;
+    }
+    kvx_shard *r = c->bad || c->gen != gen ? NULL : kvx_shard_ref(c->sh);
+    pthread_rwlock_unlock(&s->cache_lock);
+    kvx_shard_close(old);
+    kvx_shard_close(sh);
+    return r;
+}
+
+void st_cache_drop(kvx_store *s, uint32_t byte)
+{
+    pthread_rwlock_wrlock(&s->cache_lock);
+    kvx_shard *old = s->cache[byte].sh;
+    s->cache[byte].sh = NULL;
+    s->cache[byte].gen = 0;
+    s->cache[byte].bad = 0;
+    pthread_rwlock_unlock(&s->cache_lock);
+    kvx_shard_close(old);
+}
+
+/* ---------------------------------------------------------------- lookups */
+
+static int st_try_loc(kvx_store *s, const kvx_idx_loc *loc, uint64_t hash, uint64_t parent, const uint32_t *toks,
+                      kvx_view *out)
+{
+    uint32_t byte = KVX_COORD_SHARD(loc->coord);
+    kvx_shard *sh = st_shard_get(s, byte, loc->gen);
+    if (!sh) return KVX_ENOTFOUND;
+    uint32_t idx = KVX_COORD_BLOCK(loc->coord);
+    kvx_entry e;
+    int rc = kvx_shard_entry(&e, sh, idx);
+    if (rc || e.coordinate != loc->coord || e.hash != hash || e.token_count != s->g.block_tokens) goto miss;
+    if (toks && e.tokens) {
+        if (e.parent != parent || memcmp(e.tokens, toks, 4u * s->g.block_tokens) != 0) goto miss;
+    }
+    const void *page;
+    rc = kvx_shard_page(&page, sh, idx, (s->flags & KVX_STORE_VERIFY) != 0);
+    if (rc) {
+        kvx_shard_close(sh);
+        return rc == KVX_EPAGECRC ? kvx_fail(KVX_EPAGECRC, "store: block %016llx (coordinate 0x%08x): page CRC mismatch",
+                                             (unsigned long long)hash, loc->coord)
+                                  : rc;
+    }
+    out->coordinate = e.coordinate;
+    out->token_count = e.token_count;
+    out->hash = e.hash;
+    out->page = page;
+    out->page_bytes = e.bytes;
+    out->scales = e.scales;
+    out->shard = sh;
+    out->entry = idx;
+    return 0;
+miss:
+    kvx_shard_close(sh);
+    return KVX_ENOTFOUND;
+}
+
+int st_lookup(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, const uint32_t *toks, kvx_view *out)
+{
+    MDB_val k = {8, &hash}, v;
+    int rc = mdb_get(txn, s->ix->hash, &k, &v);
+    if (rc == MDB_NOTFOUND) return KVX_ENOTFOUND;
+    if (rc) return kvx_idx_err(rc, "get hash");
+    kvx_idx_loc loc;
+    if (v.mv_size != sizeof loc) return kvx_fail(KVX_ECORRUPT, "index: hash record has %zu bytes", v.mv_size);
+    memcpy(&loc, v.mv_data, sizeof loc);
+    rc = st_try_loc(s, &loc, hash, parent, toks, out);
+    if (rc != KVX_ENOTFOUND) return rc;
+    /* other blocks under the same hash (collisions): walk the duplicates */
+    MDB_cursor *cur;
+    if (mdb_cursor_open(txn, s->ix->hash, &cur) != 0) return KVX_ENOTFOUND;
+    rc = mdb_cursor_get(cur, &k, &v, MDB_SET);
+    size_t cnt = 0;
+    if (rc == 0) mdb_cursor_count(cur, &cnt);
+    int res = KVX_ENOTFOUND;
+    if (cnt > 1) {
+        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
+        while (rc == 0) {
+            memcpy(&loc, v.mv_data, sizeof loc);
+            res = st_try_loc(s, &loc, hash, parent, toks, out);
+            if (res != KVX_ENOTFOUND) break;
+            rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
+        }
+    }
+    mdb_cursor_close(cur);
+    return res;
+}
+
+/* Batched usage: referenced entries and last use per shard, hit/miss
+ * counters; written to LMDB by the writer at flush/gc/close and by readers
+ * every USE_PERSIST_CALLS calls and at close. */
+static void st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses)
+{
+    uint64_t now = n ? st_now_ns() : 0;
+    int persist = 0;
+    pthread_mutex_lock(&s->use_mu);
+    uint64_t hits = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!v[i].shard) continue;
+        hits++;
+        uint32_t b = KVX_COORD_SHARD(v[i].coordinate);
+        uint64_t gen = 0;
+        pthread_rwlock_rdlock(&s->cache_lock);
+        if (s->cache[b].sh == v[i].shard) gen = s->cache[b].gen;
+        pthread_rwlock_unlock(&s->cache_lock);
+        if (!gen) continue;
+        st_use *u = &s->use[b];
+        if (u->gen != gen || !u->bits) {
+            uint32_t nb = kvx_shard_get_info(v[i].shard)->num_blocks;
+            uint8_t *bits = calloc((nb + 7) / 8 + 1, 1);
+            if (!bits) continue;
+            free(u->bits);
+            u->bits = bits;
+            u->nbits = nb;
+            u->gen = gen;
+            u->hits = 0;
+        }
+        if (v[i].entry < u->nbits) u->bits[v[i].entry / 8] |= (uint8_t)(1u << (v[i].entry % 8));
+        u->last_use = now;
+        u->hits++;
+        u->dirty = 1;
+    }
+    s->hits += hits;
+    s->misses += misses;
+    if (++s->calls % USE_PERSIST_CALLS == 0 && !s->writer) persist = 1;
+    pthread_mutex_unlock(&s->use_mu);
+    if (persist) st_usage_persist(s);
+}
+
+typedef struct st_usage_snap {
+    kvx_store *s;
+    st_use use[ST_SLOTS];
+    uint64_t hits, misses;
+} st_usage_snap;
+
+static int st_usage_body(MDB_txn *txn, void *ctx)
+{
+    st_usage_snap *u = ctx;
+    kvx_index *ix = u->s->ix;
+    kvx_idx_stats st;
+    int rc = kvx_idx_get_stats(txn, ix, &st);
+    if (rc) return rc;
+    st.hits += u->hits;
+    st.misses += u->misses;
+    if ((rc = kvx_idx_put_stats(txn, ix, &st))) return rc;
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        st_use *x = &u->use[b];
+        if (!x->dirty) continue;
+        MDB_val k = {4, &b}, v;
+        rc = mdb_get(txn, ix->shards, &k, &v);
+        if (rc == MDB_NOTFOUND) continue;
+        if (rc) return rc;
+        kvx_idx_shard rec;
+        memcpy(&rec, v.mv_data, sizeof rec);
+        if (rec.gen != x->gen) continue; /* shard replaced since: drop */
+        size_t nbytes = (x->nbits + 7) / 8;
+        rc = mdb_get(txn, ix->usage, &k, &v);
+        kvx_idx_usage old = {0};
+        const uint8_t *oldbits = NULL;
+        if (rc == 0 && v.mv_size >= sizeof old) {
+            memcpy(&old, v.mv_data, sizeof old);
+            if (old.gen == x->gen && old.n_bits == x->nbits && v.mv_size == sizeof old + nbytes)
+                oldbits = (const uint8_t *)v.mv_data + sizeof old;
+        } else if (rc && rc != MDB_NOTFOUND) {
+            return rc;
+        }
+        MDB_val nv = {sizeof old + nbytes, NULL};
+        uint8_t *tmp = malloc(nv.mv_size);
+        if (!tmp) return ENOMEM;
+        kvx_idx_usage nu = {x->gen, x->last_use > old.last_use_ns ? x->last_use : old.last_use_ns,
+                            (old.gen == x->gen ? old.hits : 0) + x->hits, x->nbits, 0};
+        memcpy(tmp, &nu, sizeof nu);
+        for (size_t i = 0; i < nbytes; i++) tmp[sizeof nu + i] = x->bits[i] | (oldbits ? oldbits[i] : 0);
+        nv.mv_data = tmp;
+        rc = mdb_put(txn, ix->usage, &k, &nv, 0);
+        free(tmp);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int st_usage_persist(kvx_store *s)
+{
+    if (!s->ix || s->ix->rdonly_env) return 0;
+    st_usage_snap *u = calloc(1, sizeof *u);
+    if (!u) return -ENOMEM;
+    u->s = s;
+    int any = 0;
+    pthread_mutex_lock(&s->use_mu);
+    for (int b = 0; b < ST_SLOTS; b++) {
+        st_use *x = &s->use[b];
+        if (!x->dirty) continue;
+        u->use[b] = *x;
+        u->use[b].bits = malloc((x->nbits + 7) / 8 + 1);
+        if (u->use[b].bits) memcpy(u->use[b].bits, x->bits, (x->nbits + 7) / 8);
+        else u->use[b].dirty = 0;
+        memset(x->bits, 0, (x->nbits + 7) / 8);
+        x->dirty = 0;
+        x->hits = 0;
+        any = 1;
+    }
+    u->hits = s->hits;
+    u->misses = s->misses;
+    s->hits = s->misses = 0;
+    pthread_mutex_unlock(&s->use_mu);
+    int rc = 0;
+    if (any || u->hits || u->misses) rc = kvx_idx_write(s->ix, st_usage_body, u);
+    if (rc) {
+        /* usage is advisory: give the counters back, drop the bits */
+        pthread_mutex_lock(&s->use_mu);
+        s->hits += u->hits;
+        s->misses += u->misses;
+        pthread_mutex_unlock(&s->use_mu);
+    }
+    for (int b = 0; b < ST_SLOTS; b++) free(u->use[b].bits);
+    free(u);
+    return rc;
+}
+
+static void st_view_clear(kvx_view *v) { memset(v, 0, sizeof *v); }
+
+KVX_API void kvx_view_release(kvx_view *v)
+{
+    if (!v) return;
+    kvx_shard_close(v->shard);
+    st_view_clear(v);
+}
+
+KVX_API void kvx_views_release(kvx_view *views, size_t n)
+{
+    if (!views) return;
+    for (size_t i = 0; i < n; i++) kvx_view_release(&views[i]);
+}
+
+KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate)
+{
+    if (!out || !s) return kvx_fail(KVX_EINVALID, "kvx_store_get: NULL argument");
+    st_view_clear(out);
+    MDB_txn *txn;
+    int rc = kvx_idx_read_begin(s->ix, &txn);
+    if (rc) return rc;
+    MDB_val k = {4, &coordinate}, v;
+    rc = mdb_get(txn, s->ix->coord, &k, &v);
+    if (rc == 0 && v.mv_size == sizeof(kvx_idx_coord)) {
+        kvx_idx_coord cv;
+        memcpy(&cv, v.mv_data, sizeof cv);
+        kvx_idx_loc loc = {coordinate, 0, cv.gen};
+        rc = st_try_loc(s, &loc, cv.hash, 0, NULL, out);
+    } else if (rc == MDB_NOTFOUND || rc == 0) {
+        rc = KVX_ENOTFOUND;
+    } else {
+        rc = kvx_idx_err(rc, "get coordinate");
+    }
+    kvx_idx_read_end(s->ix, txn);
+    if (rc == KVX_ENOTFOUND) rc = kvx_fail(KVX_ENOTFOUND, "store: no block at coordinate 0x%08x", coordinate);
+    if (rc == 0 || rc == KVX_ENOTFOUND) st_note(s, out, rc == 0, rc != 0);
+    return rc;
+}
+
+KVX_API int kvx_store_get_hash(kvx_view *out, kvx_store *s, uint64_t hash)
+{
+    if (!out || !s) return kvx_fail(KVX_EINVALID, "kvx_store_get_hash: NULL argument");
+    st_view_clear(out);
+    MDB_txn *txn;
+    int rc = kvx_idx_read_begin(s->ix, &txn);
+    if (rc) return rc;
+    rc = st_lookup(s, txn, hash, 0, NULL, out);
+    kvx_idx_read_end(s->ix, txn);
+    if (rc == KVX_ENOTFOUND) rc = kvx_fail(KVX_ENOTFOUND, "store: no block with hash %016llx", (unsigned long long)hash);
+    if (rc == 0 || rc == KVX_ENOTFOUND) st_note(s, out, rc == 0, rc != 0);
+    return rc;
+}
+
+KVX_API int kvx_store_get_hashes(kvx_view *out_views, int *out_status, kvx_store *s, const uint64_t *hashes, size_t n)
+{
+    if (!s || (n && (!out_views || !out_status || !hashes)))
+        return kvx_fail(KVX_EINVALID, "kvx_store_get_hashes: NULL argument");
+    for (size_t i = 0; i < n; i++) st_view_clear(&out_views[i]);
+    MDB_txn *txn;
+    int rc = kvx_idx_read_begin(s->ix, &txn);
+    if (rc) return rc;
+    uint64_t misses = 0;
+    for (size_t i = 0; i < n; i++) {
+        out_status[i] = st_lookup(s, txn, hashes[i], 0, NULL, &out_views[i]);
+        if (out_status[i]) misses++;
+    }
+    kvx_idx_read_end(s->ix, txn);
+    st_note(s, out_views, n, misses); /* views of misses are zeroed (shard NULL) */
+    return 0;
+}
+
+KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
+                             size_t max_views)
+{
+    if (!out_n || !s || (n_tokens && !tokens) || (max_views && !out_views))
+        return kvx_fail(KVX_EINVALID, "kvx_store_prefix: NULL argument");
+    *out_n = 0;
+    uint32_t B = s->g.block_tokens;
+    size_t nblocks = n_tokens / B;
+    size_t want = nblocks < max_views ? nblocks : max_views;
+    MDB_txn *txn;
+    int rc = kvx_idx_read_begin(s->ix, &txn);
+    if (rc) return rc;
+    uint64_t parent = 0;
+    size_t i = 0;
+    for (; i < want; i++) {
+        const uint32_t *t = tokens + i * B;
+        uint64_t h = kvx_block_hash(parent, t, B);
+        rc = st_lookup(s, txn, h, parent, t, &out_views[i]);
+        if (rc) break;
+        parent = h;
+    }
+    kvx_idx_read_end(s->ix, txn);
+    if (rc && rc != KVX_ENOTFOUND) {
+        kvx_views_release(out_views, i);
+        return rc;
+    }
+    *out_n = i;
+    st_note(s, out_views, i, nblocks - i);
+    kvx_clear_error();
+    return 0;
+}
+
+/* ------------------------------------------------------------- stat, etc */
+
+KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s)
+{
+    if (!out || !s) return kvx_fail(KVX_EINVALID, "kvx_store_stat: NULL argument");
+    memset(out, 0, sizeof *out);
+    MDB_txn *txn;
+    int rc = kvx_idx_read_begin(s->ix, &txn);
+    if (rc) return rc;
+    MDB_stat ms;
+    kvx_idx_stats st;
+    rc = mdb_stat(txn, s->ix->coord, &ms);
+    if (!rc) rc = kvx_idx_get_stats(txn, s->ix, &st);
+    MDB_cursor *cur = NULL;
+    if (!rc) rc = mdb_cursor_open(txn, s->ix->shards, &cur);
+    if (!rc) {
+        MDB_val k, v;
+        int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+        while (r == 0) {
+            kvx_idx_shard rec;
+            memcpy(&rec, v.mv_data, sizeof rec);
+            out->shards++;
+            out->bytes += rec.file_bytes;
+            r = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+        }
+        mdb_cursor_close(cur);
+    }
+    kvx_idx_read_end(s->ix, txn);
+    if (rc) return kvx_idx_err(rc, "stat");
+    out->blocks = ms.ms_entries;
+    out->capacity_bytes = s->capacity;
+    pthread_mutex_lock(&s->use_mu);
+    out->hits = st.hits + s->hits;
+    out->misses = st.misses + s->misses;
+    pthread_mutex_unlock(&s->use_mu);
+    out->evictions = st.evictions;
+    out->evicted_blocks = st.evicted_blocks;
+    out->compactions = st.compactions;
+    out->dropped_shards = st.dropped_shards;
+    out->shard_bytes = s->target;
+    pthread_mutex_lock(&s->wmu);
+    out->pending_blocks = s->npend;
+    pthread_mutex_unlock(&s->wmu);
+    return 0;
+}
+
+/* Registered shards, read in one transaction. */
+static int st_list_registered(kvx_store *s, kvx_idx_shard *reg, uint8_t *live)
+{
+    memset(live, 0, ST_SLOTS);
+    MDB_txn *txn;
+    int rc = kvx_idx_read_begin(s->ix, &txn);
+    if (rc) return rc;
+    MDB_cursor *cur;
+    rc = mdb_cursor_open(txn, s->ix->shards, &cur);
+    if (!rc) {
+        MDB_val k, v;
+        int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+        while (r == 0) {
+            uint32_t b;
+            memcpy(&b, k.mv_data, 4);
+            if (b < ST_SLOTS) {
+                memcpy(&reg[b], v.mv_data, sizeof reg[b]);
+                live[b] = 1;
+            }
+            r = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+        }
+        mdb_cursor_close(cur);
+    }
+    kvx_idx_read_end(s->ix, txn);
+    return rc ? kvx_idx_err(rc, "list shards") : 0;
+}
+
+KVX_API int kvx_store_shards(kvx_shard ***out_shards, size_t *out_n, kvx_store *s)
+{
+    if (!out_shards || !out_n || !s) return kvx_fail(KVX_EINVALID, "kvx_store_shards: NULL argument");
+    *out_shards = NULL;
+    *out_n = 0;
+    kvx_idx_shard reg[ST_SLOTS];
+    uint8_t live[ST_SLOTS];
+    int rc = st_list_registered(s, reg, live);
+    if (rc) return rc;
+    kvx_shard **arr = calloc(ST_SLOTS, sizeof *arr);
+    if (!arr) return kvx_fail(-ENOMEM, "store: out of memory");
+    size_t n = 0;
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        if (!live[b]) continue;
+        kvx_shard *sh = st_shard_get(s, b, reg[b].gen);
+        if (sh) arr[n++] = sh;
+    }
+    *out_shards = arr;
+    *out_n = n;
+    return 0;
+}
+
+typedef struct st_verify_ctx {
+    void (*report)(void *ctx, const char *what, int code);
+    void *ctx;
+    uint64_t bad;
+    const char *shard;
+} st_verify_ctx;
+
+static void st_vreport(st_verify_ctx *v, int code, const char *fmt, ...) KVX_PRINTF(3, 4);
+static void st_vreport(st_verify_ctx *v, int code, const char *fmt, ...)
+{
+    v->bad++;
+    if (!v->report) return;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    v->report(v->ctx, buf, code);
+}
+
+static void st_page_report(void *ctx, uint32_t index, int code)
+{
+    st_verify_ctx *v = ctx;
+    st_vreport(v, code, "shards/%s: entry %u: %s", v->shard, index, kvx_strerror(code));
+}
+
+KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(void *ctx, const char *what, int code),
+                             void *ctx)
+{
+    if (!s) return kvx_fail(KVX_EINVALID, "kvx_store_verify: NULL argument");
+    st_verify_ctx v = {report, ctx, 0, NULL};
+    kvx_idx_shard reg[ST_SLOTS];
+    uint8_t live[ST_SLOTS];
+    int rc = st_list_registered(s, reg, live);
+    if (rc) return rc;
+    MDB_txn *txn;
+    if ((rc = kvx_idx_read_begin(s->ix, &txn))) return rc;
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        if (!live[b]) continue;
+        char name[32];
+        st_shard_name(name, reg[b].gen);
+        v.shard = name;
+        char *path = st_join(s->shards_path, name);
+        kvx_shard *sh = NULL;
+        int r = path ? kvx_shard_open(&sh, path, 0) : -ENOMEM;
+        free(path);
+        if (r) {
+            st_vreport(&v, r, "shards/%s (shard %u): %s", name, b, kvx_last_error());
+            continue;
+        }
+        uint32_t nbad = 0;
+        kvx_shard_verify(sh, &nbad, st_page_report, &v);
+        const kvx_shard_info *in = kvx_shard_get_info(sh);
+        if (in->num_blocks != reg[b].n_entries)
+            st_vreport(&v, KVX_ECORRUPT, "shards/%s: %u entries, registry says %u", name, in->num_blocks, reg[b].n_entries);
+        for (uint32_t i = 0; i < in->num_blocks; i++) {
+            kvx_entry e;
+            if (kvx_shard_entry(&e, sh, i) || !e.hash) continue;
+            MDB_val k = {4, &e.coordinate}, val;
+            int g = mdb_get(txn, s->ix->coord, &k, &val);
+            kvx_idx_coord cv;
+            if (g == 0) memcpy(&cv, val.mv_data, sizeof cv);
+            if (g != 0 || cv.gen != reg[b].gen || cv.hash != e.hash)
+                st_vreport(&v, KVX_ENOTFOUND, "shards/%s: entry %u (hash %016llx) is not indexed", name, i,
+                           (unsigned long long)e.hash);
+            kvx_idx_loc loc = {e.coordinate, 0, reg[b].gen};
+            MDB_val hk = {8, &e.hash}, hv = {sizeof loc, &loc};
+            MDB_cursor *cur;
+            if (mdb_cursor_open(txn, s->ix->hash, &cur) == 0) {
+                if (mdb_cursor_get(cur, &hk, &hv, MDB_GET_BOTH) != 0)
+                    st_vreport(&v, KVX_ENOTFOUND, "shards/%s: entry %u: hash %016llx has no index record", name, i,
+                               (unsigned long long)e.hash);
+                mdb_cursor_close(cur);
+            }
+        }
+        kvx_shard_close(sh);
+    }
+    /* every index record names a registered shard */
+    MDB_cursor *cur;
+    if (mdb_cursor_open(txn, s->ix->coord, &cur) == 0) {
+        MDB_val k, val;
+        int r = mdb_cursor_get(cur, &k, &val, MDB_FIRST);
+        while (r == 0) {
+            uint32_t c;
+            kvx_idx_coord cv;
+            memcpy(&c, k.mv_data, 4);
+            memcpy(&cv, val.mv_data, sizeof cv);
+            uint32_t b = KVX_COORD_SHARD(c);
+            if (!live[b] || reg[b].gen != cv.gen || KVX_COORD_BLOCK(c) >= reg[b].n_entries)
+                st_vreport(&v, KVX_ECORRUPT, "index: coordinate 0x%08x names no registered shard entry", c);
+            r = mdb_cursor_get(cur, &k, &val, MDB_NEXT);
+        }
+        mdb_cursor_close(cur);
+    }
+    kvx_idx_read_end(s->ix, txn);
+    if (out_bad) *out_bad = v.bad;
+    return v.bad ? kvx_fail(KVX_ECORRUPT, "store %s: verify found %llu problem(s)", s->dir, (unsigned long long)v.bad)
+                 : 0;
+}

@@ -1,0 +1,128 @@
+/*
+ * store_internal.h - the kvx_store handle and the helpers shared by
+ * store.c (open, recovery, lookups, stat, verify) and store_write.c (put,
+ * flush, eviction, compaction, reindex). Not API. docs/STORE.md describes
+ * the design these files implement.
+ */
+#ifndef KVX_STORE_INTERNAL_H
+#define KVX_STORE_INTERNAL_H
+
+#include "index.h"
+#include "internal.h"
+
+#include <pthread.h>
+
+#define ST_SLOTS 256
+#define ST_KIND_LINEAGE 0 /* blocks put with their tokens */
+#define ST_KIND_PLAIN 1   /* blocks put by hash only (envelope without tokens) */
+#define ST_DEFAULT_CAPACITY ((uint64_t)64 << 30)
+#define ST_CONFIG_BYTES 64
+#define ST_COMPACT_AT 128 /* live shards before a flush merges small ones */
+
+typedef struct st_cache {
+    uint64_t gen;
+    kvx_shard *sh; /* one reference, owned by the cache */
+    int bad;       /* the file is missing or failed validation */
+} st_cache;
+
+typedef struct st_use {
+    uint64_t gen;
+    uint64_t last_use;
+    uint64_t hits;
+    uint8_t *bits; /* referenced entries since the last persist */
+    uint32_t nbits;
+    int dirty;
+} st_use;
+
+typedef struct st_pblock {
+    uint64_t hash, parent;
+    uint32_t coord;
+    uint32_t kind;
+    uint64_t gen;
+    size_t tok; /* offset into ptok (B ids), SIZE_MAX when none */
+    size_t next; /* chain in the pending hash table, SIZE_MAX ends */
+} st_pblock;
+
+typedef struct st_open {
+    kvx_shard_writer *w;
+    uint8_t byte;
+    uint64_t gen;
+    uint32_t flags;
+} st_open;
+
+typedef struct st_sealed {
+    uint8_t byte;
+    uint64_t gen;
+    uint32_t flags, n;
+    uint64_t bytes;
+    uint64_t last_use; /* for the usage record (compaction keeps the max) */
+} st_sealed;
+
+struct kvx_store {
+    char *dir, *shards_path, *staging_path, *index_path;
+    int dirfd, shardsfd, stagingfd, lockfd;
+    uint32_t flags;
+    int writer;
+    kvx_geometry g;
+    uint64_t capacity, target, page_bytes, entry_bytes;
+    uint32_t nscales, max_entries;
+    kvx_index *ix;
+
+    pthread_rwlock_t cache_lock;
+    st_cache cache[ST_SLOTS];
+
+    pthread_mutex_t use_mu;
+    st_use use[ST_SLOTS];
+    uint64_t hits, misses, calls;
+
+    /* writer state, under wmu */
+    pthread_mutex_t wmu;
+    kvx_idx_shard reg[ST_SLOTS];
+    uint8_t reg_live[ST_SLOTS];
+    st_open cur[2];
+    st_sealed *sealed;
+    size_t nsealed, capsealed;
+    st_pblock *pend;
+    size_t npend, cappend;
+    uint32_t *ptok;
+    size_t nptok, capptok;
+    size_t *ptab; /* open hashing by hash: head index or SIZE_MAX */
+    size_t ptab_n;
+    uint64_t next_gen;
+    uint64_t dropped;
+};
+
+/* "%016llx.kvx" of gen into buf (32 bytes). */
+void st_shard_name(char *buf, uint64_t gen);
+uint64_t st_now_ns(void);
+/* 1 and the generation when name is a shard file name. */
+int st_parse_name(const char *name, uint64_t *gen);
+/* Calls fn for every entry of directory fd but . and .. */
+typedef int (*st_dir_fn)(kvx_store *s, int dirfd, const char *name, void *ctx);
+int st_each_file(kvx_store *s, int fd, st_dir_fn fn, void *ctx);
+
+/* A new reference on the shard (byte, gen), opened lazily; NULL when it
+ * cannot be opened (then marked bad). */
+kvx_shard *st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen);
+/* Forgets the cached handle of byte (drops the cache's reference). */
+void st_cache_drop(kvx_store *s, uint32_t byte);
+
+/* Looks a block up in txn: 0 and a view, KVX_ENOTFOUND, or an error.
+ * toks non-NULL: lineage must match (parent, B ids). */
+int st_lookup(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, const uint32_t *toks,
+              kvx_view *out);
+
+/* Usage: writes this handle's batched counters and referenced bits. */
+int st_usage_persist(kvx_store *s);
+/* Reloads the registry mirror (writer). */
+int st_registry_load(kvx_store *s);
+
+/* store_write.c */
+void st_discard_pending(kvx_store *s);
+int st_flush_locked(kvx_store *s);
+int st_enforce_capacity(kvx_store *s);
+int st_compact(kvx_store *s, int full);
+int st_reindex_locked(kvx_store *s);
+int st_drop_bad_shards(kvx_store *s);
+
+#endif

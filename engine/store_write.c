@@ -1,0 +1,1105 @@
+/*
+ * store_write.c - the store's write side: put (dedupe against the index and
+ * the pending batch, pages into an open shard writer in staging/), flush
+ * (seal, rename into shards/, fsync the directory, then ONE LMDB
+ * transaction publishes every pending block: the commit is the
+ * acknowledgement), eviction (whole shards, least recently used first, hot
+ * blocks carried forward into a new shard), compaction (small or
+ * mostly-orphaned shards merged into new ones) and reindex.
+ *
+ * Every mutation follows one rule: new files are complete and fsynced
+ * before the transaction that names them commits; files the index stops
+ * naming are unlinked only after that commit. A crash at any instant leaves
+ * either the old or the new index, and recovery deletes files neither
+ * names. All of this runs under the handle's writer mutex, in the one
+ * process that holds the store's flock.
+ */
+#include "os.h"
+#include "store_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------ pending set */
+
+static size_t st_hslot(uint64_t h, size_t n) { return (size_t)((h * 0x9E3779B97F4A7C15ull) >> 20) & (n - 1); }
+
+static int st_ptab_grow(kvx_store *s)
+{
+    size_t n = s->ptab_n ? s->ptab_n * 2 : 1024;
+    size_t *t = malloc(n * sizeof *t);
+    if (!t) return kvx_fail(-ENOMEM, "store: out of memory");
+    for (size_t i = 0; i < n; i++) t[i] = SIZE_MAX;
+    for (size_t i = 0; i < s->npend; i++) {
+        size_t h = st_hslot(s->pend[i].hash, n);
+        s->pend[i].next = t[h];
+        t[h] = i;
+    }
+    free(s->ptab);
+    s->ptab = t;
+    s->ptab_n = n;
+    return 0;
+}
+
+static const st_pblock *st_pending_find(kvx_store *s, uint64_t hash, uint64_t parent, const uint32_t *toks)
+{
+    if (!s->ptab_n) return NULL;
+    for (size_t i = s->ptab[st_hslot(hash, s->ptab_n)]; i != SIZE_MAX; i = s->pend[i].next) {
+        const st_pblock *p = &s->pend[i];
+        if (p->hash != hash) continue;
+        if (!toks || p->tok == SIZE_MAX) return p;
+        if (p->parent == parent && !memcmp(s->ptok + p->tok, toks, 4u * s->g.block_tokens)) return p;
+    }
+    return NULL;
+}
+
+static int st_pending_add(kvx_store *s, uint64_t hash, uint64_t parent, const uint32_t *toks, uint32_t coord,
+                          uint32_t kind, uint64_t gen)
+{
+    if (s->npend == s->cappend) {
+        size_t n = s->cappend ? s->cappend * 2 : 256;
+        st_pblock *p = realloc(s->pend, n * sizeof *p);
+        if (!p) return kvx_fail(-ENOMEM, "store: out of memory");
+        s->pend = p;
+        s->cappend = n;
+    }
+    if ((s->npend + 1) * 2 > s->ptab_n) {
+        int rc = st_ptab_grow(s);
+        if (rc) return rc;
+    }
+    size_t tok = SIZE_MAX;
+    if (toks) {
+        uint32_t B = s->g.block_tokens;
+        if (s->nptok + B > s->capptok) {
+            size_t n = s->capptok ? s->capptok * 2 : 4096;
+            while (n < s->nptok + B) n *= 2;
+            uint32_t *t = realloc(s->ptok, n * sizeof *t);
+            if (!t) return kvx_fail(-ENOMEM, "store: out of memory");
+            s->ptok = t;
+            s->capptok = n;
+        }
+        memcpy(s->ptok + s->nptok, toks, 4u * B);
+        tok = s->nptok;
+        s->nptok += B;
+    }
+    st_pblock *p = &s->pend[s->npend];
+    p->hash = hash;
+    p->parent = parent;
+    p->coord = coord;
+    p->kind = kind;
+    p->gen = gen;
+    p->tok = tok;
+    size_t h = st_hslot(hash, s->ptab_n);
+    p->next = s->ptab[h];
+    s->ptab[h] = s->npend++;
+    return 0;
+}
+
+static void st_unlink_shard(kvx_store *s, uint64_t gen)
+{
+    char name[32];
+    st_shard_name(name, gen);
+    kvx_os.unlinkat(s->shardsfd, name, 0);
+}
+
+/* Drops every unflushed block: open writers are aborted, sealed but
+ * unpublished files deleted. They were never acknowledged. */
+void st_discard_pending(kvx_store *s)
+{
+    for (int k = 0; k < 2; k++) {
+        if (s->cur[k].w) kvx_shard_writer_abort(s->cur[k].w);
+        memset(&s->cur[k], 0, sizeof s->cur[k]);
+    }
+    for (size_t i = 0; i < s->nsealed; i++) st_unlink_shard(s, s->sealed[i].gen);
+    s->nsealed = 0;
+    s->npend = 0;
+    s->nptok = 0;
+    for (size_t i = 0; i < s->ptab_n; i++) s->ptab[i] = SIZE_MAX;
+}
+
+/* ----------------------------------------------------- shard ids, writers */
+
+static int st_alloc_byte(kvx_store *s, const uint8_t *extra, uint8_t *out)
+{
+    uint8_t used[ST_SLOTS];
+    memcpy(used, s->reg_live, sizeof used);
+    for (int k = 0; k < 2; k++)
+        if (s->cur[k].w) used[s->cur[k].byte] = 1;
+    for (size_t i = 0; i < s->nsealed; i++) used[s->sealed[i].byte] = 1;
+    for (int b = 0; b < ST_SLOTS; b++) {
+        if (!used[b] && !(extra && extra[b])) {
+            *out = (uint8_t)b;
+            return 0;
+        }
+    }
+    return kvx_fail(KVX_EFULL, "store %s: all 256 shard ids are in use (a coordinate's shard byte); "
+                               "run gc or create the store with a larger shard_bytes", s->dir);
+}
+
+static uint32_t st_kind_flags(const kvx_store *s, int kind)
+{
+    uint32_t f = KVX_FLAG_HASHES;
+    if (kind == ST_KIND_LINEAGE) f |= KVX_FLAG_LINEAGE;
+    if (s->g.quant != KVX_QUANT_FP16) f |= KVX_FLAG_SCALES;
+    return f;
+}
+
+static int st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_open *o)
+{
+    uint8_t b = 0;
+    int rc = st_alloc_byte(s, extra, &b);
+    if (rc) return rc;
+    uint64_t gen = s->next_gen++;
+    char name[32];
+    st_shard_name(name, gen);
+    size_t len = strlen(s->staging_path) + 1 + strlen(name) + 1;
+    char *path = malloc(len);
+    if (!path) return kvx_fail(-ENOMEM, "store: out of memory");
+    snprintf(path, len, "%s/%s", s->staging_path, name);
+    kvx_shard_writer_options opts = KVX_SHARD_WRITER_OPTIONS_INIT;
+    opts.geometry = s->g;
+    opts.shard_id = b;
+    opts.max_entries = s->max_entries;
+    opts.flags = flags;
+    rc = kvx_shard_writer_create(&o->w, path, &opts);
+    free(path);
+    if (rc) return rc;
+    o->byte = b;
+    o->gen = gen;
+    o->flags = flags;
+    return 0;
+}
+
+/* Seals o's shard in staging/ and renames it into shards/ (the directory
+ * fsync comes once, before the publishing transaction). */
+static int st_writer_seal(kvx_store *s, st_open *o, st_sealed *out)
+{
+    uint32_t n = kvx_shard_writer_count(o->w);
+    int rc = kvx_shard_writer_seal(o->w);
+    o->w = NULL;
+    char name[32];
+    st_shard_name(name, o->gen);
+    if (rc) {
+        kvx_os.unlinkat(s->stagingfd, name, 0);
+        return rc;
+    }
+    if (kvx_os.renameat(s->stagingfd, name, s->shardsfd, name) != 0) {
+        rc = -errno;
+        kvx_os.unlinkat(s->stagingfd, name, 0);
+        return kvx_fail(rc, "store: rename staging/%s to shards/: %s", name, strerror(-rc));
+    }
+    struct stat st;
+    if (fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        rc = -errno;
+        kvx_os.unlinkat(s->shardsfd, name, 0);
+        return kvx_fail(rc, "store: stat shards/%s: %s", name, strerror(-rc));
+    }
+    out->byte = o->byte;
+    out->gen = o->gen;
+    out->flags = o->flags;
+    out->n = n;
+    out->bytes = (uint64_t)st.st_size;
+    out->last_use = st_now_ns();
+    return 0;
+}
+
+static int st_sealed_push(kvx_store *s, const st_sealed *x)
+{
+    if (s->nsealed == s->capsealed) {
+        size_t n = s->capsealed ? s->capsealed * 2 : 8;
+        st_sealed *p = realloc(s->sealed, n * sizeof *p);
+        if (!p) return kvx_fail(-ENOMEM, "store: out of memory");
+        s->sealed = p;
+        s->capsealed = n;
+    }
+    s->sealed[s->nsealed++] = *x;
+    return 0;
+}
+
+static int st_seal_cur(kvx_store *s, int kind)
+{
+    st_open *o = &s->cur[kind];
+    if (!o->w) return 0;
+    if (kvx_shard_writer_count(o->w) == 0) {
+        kvx_shard_writer_abort(o->w);
+        o->w = NULL;
+        return 0;
+    }
+    /* reserve the slot first so a failure cannot lose track of the file */
+    if (s->nsealed == s->capsealed) {
+        st_sealed dummy = {0};
+        int rc = st_sealed_push(s, &dummy);
+        if (rc) return rc;
+        s->nsealed--;
+    }
+    st_sealed x;
+    int rc = st_writer_seal(s, o, &x);
+    if (rc) return rc;
+    return st_sealed_push(s, &x);
+}
+
+/* ------------------------------------------------------------------ put */
+
+static int st_put_one(kvx_store *s, int kind, uint64_t hash, uint64_t parent, const uint32_t *toks, const void *page,
+                      const float *scales)
+{
+    st_open *o = &s->cur[kind];
+    int rc;
+    if (!o->w) {
+        rc = st_writer_begin(s, st_kind_flags(s, kind), NULL, o);
+        if (rc == KVX_EFULL) {
+            /* out of shard ids: publish what is pending and merge small shards */
+            if ((rc = st_flush_locked(s))) return rc;
+            st_compact(s, 1);
+            rc = st_writer_begin(s, st_kind_flags(s, kind), NULL, o);
+        }
+        if (rc) return rc;
+    }
+    uint32_t idx = kvx_shard_writer_count(o->w);
+    kvx_entry_in e;
+    memset(&e, 0, sizeof e);
+    e.radix_block = (uint16_t)idx;
+    e.token_count = s->g.block_tokens;
+    e.page = page;
+    e.hash = hash;
+    e.parent = kind == ST_KIND_LINEAGE ? parent : 0;
+    e.tokens = kind == ST_KIND_LINEAGE ? toks : NULL;
+    e.scales = s->g.quant != KVX_QUANT_FP16 ? scales : NULL;
+    if ((rc = kvx_shard_writer_add(o->w, &e))) return rc;
+    if ((rc = st_pending_add(s, hash, parent, kind == ST_KIND_LINEAGE ? toks : NULL, KVX_COORD(o->byte, idx, 0), kind,
+                             o->gen)))
+        return rc;
+    if (idx + 1 >= s->max_entries || kvx_shard_writer_bytes(o->w) >= s->target) rc = st_seal_cur(s, kind);
+    return rc;
+}
+
+/* Is (hash, lineage) already published? 1 yes, 0 no, <0 error. */
+static int st_held(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, const uint32_t *toks)
+{
+    kvx_view v;
+    memset(&v, 0, sizeof v);
+    int rc = st_lookup(s, txn, hash, parent, toks, &v);
+    if (rc == 0) {
+        kvx_view_release(&v);
+        return 1;
+    }
+    return rc == KVX_ENOTFOUND || rc == KVX_EPAGECRC ? 0 : rc;
+}
+
+static int st_writer_check(kvx_store *s, const char *fn)
+{
+    if (!s) return kvx_fail(KVX_EINVALID, "%s: store is NULL", fn);
+    if (!s->writer) return kvx_fail(KVX_EINVALID, "%s: store was opened KVX_STORE_READONLY", fn);
+    return 0;
+}
+
+KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens, const void *pages, size_t n_pages,
+                          const float *scales, size_t *out_new)
+{
+    if (out_new) *out_new = 0;
+    int rc = st_writer_check(s, "kvx_store_put");
+    if (rc) return rc;
+    uint32_t B = s->g.block_tokens;
+    if (n_pages > n_tokens / B)
+        return kvx_fail(KVX_ETOKENS, "kvx_store_put: n_pages %zu exceeds the %zu full blocks of n_tokens %zu", n_pages,
+                        n_tokens / B, n_tokens);
+    if (n_pages && (!tokens || !pages)) return kvx_fail(KVX_EINVALID, "kvx_store_put: tokens or pages is NULL");
+    if (n_pages == 0) return 0;
+    uint64_t *h = malloc(n_pages * sizeof *h);
+    uint8_t *held = calloc(n_pages, 1);
+    if (!h || !held) {
+        free(h);
+        free(held);
+        return kvx_fail(-ENOMEM, "store: out of memory");
+    }
+    kvx_block_hashes(h, tokens, n_pages * B, B);
+    pthread_mutex_lock(&s->wmu);
+    MDB_txn *txn;
+    rc = kvx_idx_read_begin(s->ix, &txn);
+    if (!rc) {
+        for (size_t i = 0; !rc && i < n_pages; i++) {
+            int r = st_held(s, txn, h[i], i ? h[i - 1] : 0, tokens + i * B);
+            if (r < 0) rc = r;
+            else held[i] = (uint8_t)r;
+        }
+        kvx_idx_read_end(s->ix, txn);
+    }
+    size_t added = 0;
+    for (size_t i = 0; !rc && i < n_pages; i++) {
+        uint64_t parent = i ? h[i - 1] : 0;
+        if (held[i] || st_pending_find(s, h[i], parent, tokens + i * B)) continue;
+        rc = st_put_one(s, ST_KIND_LINEAGE, h[i], parent, tokens + i * B, (const uint8_t *)pages + i * s->page_bytes,
+                        scales ? scales + i * s->nscales : NULL);
+        if (rc) st_discard_pending(s); /* a failed put drops the whole unflushed batch */
+        else added++;
+    }
+    pthread_mutex_unlock(&s->wmu);
+    free(h);
+    free(held);
+    if (out_new) *out_new = added;
+    return rc;
+}
+
+KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, const uint32_t *tokens, size_t n_tokens,
+                                   size_t *out_new)
+{
+    if (out_new) *out_new = 0;
+    int rc = st_writer_check(s, "kvx_store_put_envelope");
+    if (rc) return rc;
+    if (!env) return kvx_fail(KVX_EINVALID, "kvx_store_put_envelope: env is NULL");
+    if (n_tokens && !tokens) return kvx_fail(KVX_EINVALID, "kvx_store_put_envelope: tokens is NULL");
+    kvx_geometry expect = s->g;
+    kvx_envelope e;
+    if ((rc = kvx_envelope_parse(&e, env, len, &expect))) return rc;
+    uint32_t B = s->g.block_tokens;
+    size_t nfull = tokens ? n_tokens / B : 0;
+    uint64_t *h = NULL;
+    if (tokens) {
+        h = malloc((nfull + 1) * sizeof *h);
+        if (!h) return kvx_fail(-ENOMEM, "store: out of memory");
+        kvx_block_hashes(h, tokens, nfull * B, B);
+    }
+    void *page = malloc(s->page_bytes);
+    float *sc = malloc((size_t)s->nscales * sizeof *sc + 1);
+    if (!page || !sc) {
+        free(h);
+        free(page);
+        free(sc);
+        return kvx_fail(-ENOMEM, "store: out of memory");
+    }
+    /* check everything before writing anything */
+    for (uint32_t i = 0; !rc && i < e.n_blocks; i++) {
+        kvx_envelope_block blk;
+        if ((rc = kvx_envelope_block_at(&blk, &e, i))) break;
+        if (blk.n_tokens != B || blk.hash == 0) continue;
+        if (tokens && (i >= nfull || h[i] != blk.hash))
+            rc = kvx_fail(KVX_EHASH, "kvx_store_put_envelope: block %u hash %016llx is not the hash of the tokens' block %u",
+                          i, (unsigned long long)blk.hash, i);
+    }
+    size_t added = 0;
+    pthread_mutex_lock(&s->wmu);
+    for (uint32_t i = 0; !rc && i < e.n_blocks; i++) {
+        kvx_envelope_block blk;
+        if ((rc = kvx_envelope_block_at(&blk, &e, i))) break;
+        if (blk.n_tokens != B || blk.hash == 0) continue;
+        uint64_t parent = tokens && i ? h[i - 1] : 0;
+        const uint32_t *t = tokens ? tokens + (size_t)i * B : NULL;
+        MDB_txn *txn;
+        if ((rc = kvx_idx_read_begin(s->ix, &txn))) break;
+        int held = st_held(s, txn, blk.hash, parent, t);
+        kvx_idx_read_end(s->ix, txn);
+        if (held < 0) {
+            rc = held;
+            break;
+        }
+        if (held || st_pending_find(s, blk.hash, parent, t)) continue;
+        if ((rc = kvx_envelope_payload_to_page(page, sc, &s->g, &e, &blk))) break;
+        rc = st_put_one(s, tokens ? ST_KIND_LINEAGE : ST_KIND_PLAIN, blk.hash, parent, t, page,
+                        s->g.quant != KVX_QUANT_FP16 ? sc : NULL);
+        if (rc) st_discard_pending(s);
+        else added++;
+    }
+    pthread_mutex_unlock(&s->wmu);
+    free(h);
+    free(page);
+    free(sc);
+    if (out_new) *out_new = added;
+    return rc;
+}
+
+/* ---------------------------------------------------------------- flush */
+
+typedef struct st_publish {
+    kvx_store *s;
+    const st_sealed *sealed;
+    size_t nsealed;
+    const st_pblock *pend;
+    size_t npend;
+} st_publish;
+
+static int st_register(MDB_txn *txn, kvx_index *ix, const st_sealed *x)
+{
+    uint32_t b = x->byte;
+    kvx_idx_shard rec = {x->gen, x->bytes, st_now_ns(), x->n, x->flags};
+    MDB_val k = {4, &b}, v = {sizeof rec, &rec};
+    int rc = mdb_put(txn, ix->shards, &k, &v, 0);
+    if (rc) return rc;
+    size_t nbytes = (x->n + 7) / 8;
+    uint8_t *buf = calloc(1, sizeof(kvx_idx_usage) + nbytes);
+    if (!buf) return ENOMEM;
+    kvx_idx_usage u = {x->gen, x->last_use, 0, x->n, 0};
+    memcpy(buf, &u, sizeof u);
+    MDB_val uv = {sizeof u + nbytes, buf};
+    rc = mdb_put(txn, ix->usage, &k, &uv, 0);
+    free(buf);
+    return rc;
+}
+
+static int st_publish_body(MDB_txn *txn, void *ctx)
+{
+    st_publish *p = ctx;
+    kvx_index *ix = p->s->ix;
+    int rc;
+    for (size_t i = 0; i < p->nsealed; i++)
+        if ((rc = st_register(txn, ix, &p->sealed[i]))) return rc;
+    for (size_t i = 0; i < p->npend; i++)
+        if ((rc = kvx_idx_add_block(txn, ix, p->pend[i].coord, p->pend[i].hash, p->pend[i].gen))) return rc;
+    return kvx_idx_put_u64(txn, ix->meta, "next_gen", p->s->next_gen);
+}
+
+static void st_mirror_add(kvx_store *s, const st_sealed *x)
+{
+    kvx_idx_shard rec = {x->gen, x->bytes, st_now_ns(), x->n, x->flags};
+    s->reg[x->byte] = rec;
+    s->reg_live[x->byte] = 1;
+}
+
+int st_flush_locked(kvx_store *s)
+{
+    int rc = 0;
+    for (int k = 0; k < 2 && !rc; k++) rc = st_seal_cur(s, k);
+    if (!rc && s->nsealed && kvx_os.fsync(s->shardsfd) != 0)
+        rc = kvx_fail(-errno, "store: fsync %s: %s", s->shards_path, strerror(errno));
+    if (!rc && s->nsealed) {
+        st_publish p = {s, s->sealed, s->nsealed, s->pend, s->npend};
+        rc = kvx_idx_write(s->ix, st_publish_body, &p);
+    }
+    if (rc) {
+        st_discard_pending(s);
+        return rc;
+    }
+    for (size_t i = 0; i < s->nsealed; i++) st_mirror_add(s, &s->sealed[i]);
+    s->nsealed = 0;
+    s->npend = 0;
+    s->nptok = 0;
+    for (size_t i = 0; i < s->ptab_n; i++) s->ptab[i] = SIZE_MAX;
+    /* acknowledged from here on: what follows only tidies up */
+    st_usage_persist(s);
+    st_drop_bad_shards(s);
+    st_enforce_capacity(s);
+    int live = 0;
+    for (int b = 0; b < ST_SLOTS; b++) live += s->reg_live[b];
+    if (live > ST_COMPACT_AT) st_compact(s, 0);
+    kvx_clear_error();
+    return 0;
+}
+
+KVX_API int kvx_store_flush(kvx_store *s)
+{
+    int rc = st_writer_check(s, "kvx_store_flush");
+    if (rc) return rc;
+    pthread_mutex_lock(&s->wmu);
+    rc = st_flush_locked(s);
+    pthread_mutex_unlock(&s->wmu);
+    return rc;
+}
+
+/* ---------------------------------------------------- dropping shards */
+
+typedef struct st_drop {
+    kvx_store *s;
+    const uint8_t *victims; /* shard bytes to unregister */
+    const st_sealed *added;
+    size_t nadded;
+    const struct st_move *moves;
+    size_t nmoves;
+    int evict, compact, damaged;
+} st_drop;
+
+typedef struct st_move {
+    uint32_t src_coord;
+    uint64_t src_gen, hash, parent;
+    uint64_t last_use;
+    uint32_t new_coord; /* 0 with new_gen 0: dropped (bad page) */
+    uint64_t new_gen;
+} st_move;
+
+static int st_drop_body(MDB_txn *txn, void *ctx)
+{
+    st_drop *d = ctx;
+    kvx_index *ix = d->s->ix;
+    kvx_idx_stats st;
+    int rc = kvx_idx_get_stats(txn, ix, &st);
+    if (rc) return rc;
+    for (size_t i = 0; i < d->nadded; i++)
+        if ((rc = st_register(txn, ix, &d->added[i]))) return rc;
+    for (size_t i = 0; i < d->nmoves; i++) {
+        const st_move *m = &d->moves[i];
+        if (!m->new_gen) continue;
+        if ((rc = kvx_idx_del_block(txn, ix, m->src_coord, m->hash, m->src_gen))) return rc;
+        if ((rc = kvx_idx_add_block(txn, ix, m->new_coord, m->hash, m->new_gen))) return rc;
+    }
+    uint64_t removed = 0, nv = 0;
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        if (!d->victims[b]) continue;
+        uint64_t r = 0;
+        if ((rc = kvx_idx_del_shard_blocks(txn, ix, b, &r))) return rc;
+        removed += r;
+        nv++;
+        MDB_val k = {4, &b};
+        rc = mdb_del(txn, ix->shards, &k, NULL);
+        if (rc && rc != MDB_NOTFOUND) return rc;
+        rc = mdb_del(txn, ix->usage, &k, NULL);
+        if (rc && rc != MDB_NOTFOUND) return rc;
+    }
+    if (d->evict) st.evictions += nv;
+    if (d->damaged) st.dropped_shards += nv;
+    if (d->compact) st.compactions++;
+    st.evicted_blocks += removed;
+    if ((rc = kvx_idx_put_stats(txn, ix, &st))) return rc;
+    return kvx_idx_put_u64(txn, ix->meta, "next_gen", d->s->next_gen);
+}
+
+/* After a committed drop: mirror, caches, files. */
+static void st_after_drop(kvx_store *s, const uint8_t *victims, const st_sealed *added, size_t nadded)
+{
+    for (int b = 0; b < ST_SLOTS; b++) {
+        if (!victims[b]) continue;
+        uint64_t gen = s->reg[b].gen;
+        s->reg_live[b] = 0;
+        st_cache_drop(s, (uint32_t)b);
+        st_unlink_shard(s, gen); /* views keep their mapping alive */
+    }
+    for (size_t i = 0; i < nadded; i++) st_mirror_add(s, &added[i]);
+}
+
+int st_drop_bad_shards(kvx_store *s)
+{
+    uint8_t victims[ST_SLOTS] = {0};
+    int any = 0;
+    pthread_rwlock_rdlock(&s->cache_lock);
+    for (int b = 0; b < ST_SLOTS; b++) {
+        if (s->reg_live[b] && s->cache[b].bad && s->cache[b].gen == s->reg[b].gen) {
+            victims[b] = 1;
+            any = 1;
+        }
+    }
+    pthread_rwlock_unlock(&s->cache_lock);
+    if (!any) return 0;
+    st_drop d = {s, victims, NULL, 0, NULL, 0, 0, 0, 1};
+    int rc = kvx_idx_write(s->ix, st_drop_body, &d);
+    if (rc) return rc;
+    int n = 0;
+    for (int b = 0; b < ST_SLOTS; b++) n += victims[b];
+    s->dropped += (uint64_t)n;
+    st_after_drop(s, victims, NULL, 0);
+    kvx_fail(KVX_ECORRUPT, "store %s: recovery dropped %d shard(s) that were missing or damaged", s->dir, n);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- rewrite */
+
+static void st_unlink_sealed(kvx_store *s, st_sealed *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) st_unlink_shard(s, v[i].gen);
+}
+
+/* Copies the moves' blocks into new sealed shards (in shards/, not yet
+ * published) of the given flags. Pages are CRC-checked on the way: a bad
+ * page is not carried (its move gets new_gen 0 and it leaves the index
+ * with its shard). */
+static int st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t *busy, st_sealed **io_out,
+                      size_t *io_n)
+{
+    st_open o = {0};
+    int rc = 0;
+    uint64_t last_use = 0;
+    size_t first_out = *io_n;
+    for (size_t i = 0; i < n && !rc; i++) {
+        st_move *m = &mv[i];
+        m->new_gen = 0;
+        kvx_shard *sh = st_shard_get(s, KVX_COORD_SHARD(m->src_coord), m->src_gen);
+        if (!sh) continue;
+        uint32_t idx = KVX_COORD_BLOCK(m->src_coord);
+        kvx_entry e;
+        const void *page;
+        if (kvx_shard_entry(&e, sh, idx) || kvx_shard_page(&page, sh, idx, 1)) {
+            kvx_shard_close(sh);
+            continue;
+        }
+        if (!o.w && (rc = st_writer_begin(s, flags, busy, &o))) {
+            kvx_shard_close(sh);
+            break;
+        }
+        busy[o.byte] = 1;
+        uint32_t ni = kvx_shard_writer_count(o.w);
+        kvx_entry_in in;
+        memset(&in, 0, sizeof in);
+        in.radix_block = (uint16_t)ni;
+        in.token_count = e.token_count;
+        in.page = page;
+        in.hash = e.hash;
+        in.parent = e.parent;
+        in.tokens = (flags & KVX_FLAG_LINEAGE) ? e.tokens : NULL;
+        in.scales = (flags & KVX_FLAG_SCALES) ? e.scales : NULL;
+        rc = kvx_shard_writer_add(o.w, &in);
+        kvx_shard_close(sh);
+        if (rc) break;
+        m->new_coord = KVX_COORD(o.byte, ni, 0);
+        m->new_gen = o.gen;
+        if (m->last_use > last_use) last_use = m->last_use;
+        if (ni + 1 >= s->max_entries || kvx_shard_writer_bytes(o.w) >= s->target || i + 1 == n) {
+            st_sealed x;
+            st_sealed *arr = realloc(*io_out, (*io_n + 1) * sizeof *arr);
+            if (!arr) {
+                rc = kvx_fail(-ENOMEM, "store: out of memory");
+                break;
+            }
+            *io_out = arr;
+            if ((rc = st_writer_seal(s, &o, &x))) break;
+            x.last_use = last_use ? last_use : x.last_use;
+            arr[(*io_n)++] = x;
+            last_use = 0;
+        }
+    }
+    if (!rc && o.w) {
+        st_sealed x;
+        st_sealed *arr = realloc(*io_out, (*io_n + 1) * sizeof *arr);
+        if (!arr) rc = kvx_fail(-ENOMEM, "store: out of memory");
+        else {
+            *io_out = arr;
+            if (!(rc = st_writer_seal(s, &o, &x))) {
+                x.last_use = last_use ? last_use : x.last_use;
+                arr[(*io_n)++] = x;
+            }
+        }
+    }
+    if (rc) {
+        if (o.w) kvx_shard_writer_abort(o.w);
+        st_unlink_sealed(s, *io_out + first_out, *io_n - first_out);
+        *io_n = first_out;
+    }
+    return rc;
+}
+
+/* Per-shard last use and referenced bits, as persisted. */
+typedef struct st_usage_view {
+    uint64_t last_use;
+    uint8_t *bits;
+    uint32_t nbits;
+} st_usage_view;
+
+static int st_usage_read(kvx_store *s, st_usage_view *uv)
+{
+    memset(uv, 0, ST_SLOTS * sizeof *uv);
+    MDB_txn *txn;
+    int rc = kvx_idx_read_begin(s->ix, &txn);
+    if (rc) return rc;
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        if (!s->reg_live[b]) continue;
+        uv[b].last_use = s->reg[b].created_ns;
+        MDB_val k = {4, &b}, v;
+        if (mdb_get(txn, s->ix->usage, &k, &v) != 0 || v.mv_size < sizeof(kvx_idx_usage)) continue;
+        kvx_idx_usage u;
+        memcpy(&u, v.mv_data, sizeof u);
+        if (u.gen != s->reg[b].gen) continue;
+        if (u.last_use_ns > uv[b].last_use) uv[b].last_use = u.last_use_ns;
+        size_t nb = (u.n_bits + 7) / 8;
+        if (v.mv_size == sizeof u + nb && nb) {
+            uv[b].bits = malloc(nb);
+            if (uv[b].bits) {
+                memcpy(uv[b].bits, (const uint8_t *)v.mv_data + sizeof u, nb);
+                uv[b].nbits = u.n_bits;
+            }
+        }
+    }
+    kvx_idx_read_end(s->ix, txn);
+    return 0;
+}
+
+static void st_usage_free(st_usage_view *uv)
+{
+    for (int b = 0; b < ST_SLOTS; b++) free(uv[b].bits);
+}
+
+static int st_cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Is parent present after the operation? In a kept shard, or moved. */
+static int st_parent_kept(kvx_store *s, MDB_txn *txn, uint64_t parent, const uint8_t *victims, const uint64_t *moved,
+                          size_t nmoved)
+{
+    if (parent == 0) return 1;
+    if (moved && bsearch(&parent, moved, nmoved, sizeof *moved, st_cmp_u64)) return 1;
+    MDB_val k = {8, &parent}, v;
+    MDB_cursor *cur;
+    if (mdb_cursor_open(txn, s->ix->hash, &cur) != 0) return 0;
+    int kept = 0;
+    int rc = mdb_cursor_get(cur, &k, &v, MDB_SET);
+    while (rc == 0) {
+        kvx_idx_loc loc;
+        memcpy(&loc, v.mv_data, sizeof loc);
+        if (!victims[KVX_COORD_SHARD(loc.coord)]) {
+            kept = 1;
+            break;
+        }
+        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
+    }
+    mdb_cursor_close(cur);
+    return kept;
+}
+
+/* Drops moves whose parent will be gone (they would be orphans), until
+ * nothing changes. */
+static size_t st_filter_orphans(kvx_store *s, st_move *mv, size_t n, const uint8_t *victims)
+{
+    MDB_txn *txn;
+    if (kvx_idx_read_begin(s->ix, &txn)) return 0;
+    uint64_t *moved = malloc((n + 1) * sizeof *moved);
+    for (int pass = 0; pass < 8 && moved; pass++) {
+        for (size_t i = 0; i < n; i++) moved[i] = mv[i].hash;
+        qsort(moved, n, sizeof *moved, st_cmp_u64);
+        size_t w = 0;
+        for (size_t i = 0; i < n; i++)
+            if (st_parent_kept(s, txn, mv[i].parent, victims, moved, n)) mv[w++] = mv[i];
+        int changed = w != n;
+        n = w;
+        if (!changed) break;
+    }
+    if (!moved) n = 0;
+    free(moved);
+    kvx_idx_read_end(s->ix, txn);
+    return n;
+}
+
+/* Appends the entries of shard b (those still indexed there) as moves;
+ * only referenced ones when bits is given. */
+static int st_collect(kvx_store *s, uint32_t b, const st_usage_view *uv, int hot_only, st_move **mv, size_t *n,
+                      size_t *cap, size_t limit)
+{
+    kvx_shard *sh = st_shard_get(s, b, s->reg[b].gen);
+    if (!sh) return 0;
+    uint32_t cnt = kvx_shard_get_info(sh)->num_blocks;
+    for (uint32_t i = 0; i < cnt && *n < limit; i++) {
+        if (hot_only && (!uv->bits || i >= uv->nbits || !(uv->bits[i / 8] & (1u << (i % 8))))) continue;
+        kvx_entry e;
+        if (kvx_shard_entry(&e, sh, i) || !e.hash) continue;
+        if (*n == *cap) {
+            size_t nc = *cap ? *cap * 2 : 256;
+            st_move *p = realloc(*mv, nc * sizeof *p);
+            if (!p) {
+                kvx_shard_close(sh);
+                return kvx_fail(-ENOMEM, "store: out of memory");
+            }
+            *mv = p;
+            *cap = nc;
+        }
+        st_move *m = &(*mv)[(*n)++];
+        memset(m, 0, sizeof *m);
+        m->src_coord = e.coordinate;
+        m->src_gen = s->reg[b].gen;
+        m->hash = e.hash;
+        m->parent = e.parent;
+        m->last_use = uv->last_use;
+    }
+    kvx_shard_close(sh);
+    return 0;
+}
+
+/* ---------------------------------------------------------------- evict */
+
+int st_enforce_capacity(kvx_store *s)
+{
+    uint64_t total = 0;
+    for (int b = 0; b < ST_SLOTS; b++)
+        if (s->reg_live[b]) total += s->reg[b].file_bytes;
+    if (total <= s->capacity) return 0;
+    st_usage_persist(s);
+    st_usage_view *uv = calloc(ST_SLOTS, sizeof *uv);
+    if (!uv) return kvx_fail(-ENOMEM, "store: out of memory");
+    int rc = st_usage_read(s, uv);
+    if (rc) {
+        free(uv);
+        return rc;
+    }
+    uint32_t order[ST_SLOTS];
+    int no = 0;
+    for (uint32_t b = 0; b < ST_SLOTS; b++)
+        if (s->reg_live[b]) order[no++] = b;
+    for (int i = 1; i < no; i++) { /* insertion sort by last use, oldest first */
+        uint32_t x = order[i];
+        int j = i - 1;
+        while (j >= 0 && uv[order[j]].last_use > uv[x].last_use) {
+            order[j + 1] = order[j];
+            j--;
+        }
+        order[j + 1] = x;
+    }
+    uint8_t victims[ST_SLOTS] = {0};
+    st_move *mv = NULL;
+    size_t nmv = 0, capmv = 0;
+    uint64_t freed = 0;
+    for (int i = 0; i < no && !rc; i++) {
+        uint64_t carry = nmv ? 4096 + (uint64_t)nmv * s->entry_bytes : 0;
+        if (total - freed + carry <= s->capacity) break;
+        uint32_t b = order[i];
+        victims[b] = 1;
+        freed += s->reg[b].file_bytes;
+        /* second chance: blocks referenced since they were written are
+         * carried into a new shard, at most half of what is freed */
+        uint64_t room = freed / 2 / s->entry_bytes;
+        if (room > s->max_entries) room = s->max_entries;
+        if ((s->reg[b].flags & KVX_FLAG_LINEAGE) && nmv < room)
+            rc = st_collect(s, b, &uv[b], 1, &mv, &nmv, &capmv, room);
+    }
+    st_usage_free(uv);
+    free(uv);
+    if (rc) {
+        free(mv);
+        return rc;
+    }
+    nmv = st_filter_orphans(s, mv, nmv, victims);
+    st_sealed *added = NULL;
+    size_t nadded = 0;
+    uint8_t busy[ST_SLOTS] = {0};
+    if (nmv) {
+        for (size_t i = 0; i < nmv; i++) mv[i].last_use = st_now_ns();
+        if (st_rewrite(s, mv, nmv, st_kind_flags(s, ST_KIND_LINEAGE), busy, &added, &nadded) != 0) {
+            nmv = 0; /* carrying is an optimisation: evict without it */
+            nadded = 0;
+        }
+    }
+    /* the carried blocks arrive cold: their referenced bits start cleared */
+    st_drop d = {s, victims, added, nadded, mv, nmv, 1, 0, 0};
+    rc = kvx_idx_write(s->ix, st_drop_body, &d);
+    if (rc) {
+        st_unlink_sealed(s, added, nadded);
+    } else {
+        st_after_drop(s, victims, added, nadded);
+    }
+    free(added);
+    free(mv);
+    return rc;
+}
+
+/* -------------------------------------------------------------- compact */
+
+static int st_cmp_move_age(const void *a, const void *b)
+{
+    const st_move *x = a, *y = b;
+    if (x->last_use != y->last_use) return x->last_use < y->last_use ? -1 : 1;
+    return x->src_coord < y->src_coord ? -1 : x->src_coord > y->src_coord;
+}
+
+/* Merges small shards (< target/2) of one kind, oldest use first, into
+ * target-sized ones; with full, also shards whose blocks are mostly
+ * orphans (their parent is gone, so no prefix lookup reaches them).
+ * Orphans are not copied. */
+int st_compact(kvx_store *s, int full)
+{
+    st_usage_view *uv = calloc(ST_SLOTS, sizeof *uv);
+    if (!uv) return kvx_fail(-ENOMEM, "store: out of memory");
+    int rc = st_usage_read(s, uv);
+    if (rc) {
+        free(uv);
+        return rc;
+    }
+    for (int kind = 0; kind < 2 && !rc; kind++) {
+        uint32_t flags = st_kind_flags(s, kind);
+        uint8_t victims[ST_SLOTS] = {0};
+        int nvict = 0;
+        for (uint32_t b = 0; b < ST_SLOTS; b++) {
+            if (!s->reg_live[b] || s->reg[b].flags != flags) continue;
+            if (s->reg[b].file_bytes < s->target / 2) {
+                victims[b] = 1;
+                nvict++;
+            }
+        }
+        if (full && kind == ST_KIND_LINEAGE) {
+            /* mostly-orphaned shards */
+            MDB_txn *txn;
+            uint8_t none[ST_SLOTS] = {0};
+            if (kvx_idx_read_begin(s->ix, &txn) == 0) {
+                for (uint32_t b = 0; b < ST_SLOTS; b++) {
+                    if (!s->reg_live[b] || s->reg[b].flags != flags || victims[b]) continue;
+                    kvx_shard *sh = st_shard_get(s, b, s->reg[b].gen);
+                    if (!sh) continue;
+                    uint32_t cnt = kvx_shard_get_info(sh)->num_blocks, orphans = 0;
+                    for (uint32_t i = 0; i < cnt; i++) {
+                        kvx_entry e;
+                        if (kvx_shard_entry(&e, sh, i) == 0 && !st_parent_kept(s, txn, e.parent, none, NULL, 0))
+                            orphans++;
+                    }
+                    kvx_shard_close(sh);
+                    if (orphans * 2 > cnt) {
+                        victims[b] = 1;
+                        nvict += 2; /* rewrite even alone */
+                    }
+                }
+                kvx_idx_read_end(s->ix, txn);
+            }
+        }
+        if (nvict < 2) continue;
+        st_move *mv = NULL;
+        size_t nmv = 0, capmv = 0;
+        for (uint32_t b = 0; b < ST_SLOTS && !rc; b++)
+            if (victims[b]) rc = st_collect(s, b, &uv[b], 0, &mv, &nmv, &capmv, SIZE_MAX);
+        if (rc) {
+            free(mv);
+            break;
+        }
+        if (kind == ST_KIND_LINEAGE) nmv = st_filter_orphans(s, mv, nmv, victims);
+        qsort(mv, nmv, sizeof *mv, st_cmp_move_age);
+        st_sealed *added = NULL;
+        size_t nadded = 0;
+        uint8_t busy[ST_SLOTS] = {0};
+        if (nmv) rc = st_rewrite(s, mv, nmv, flags, busy, &added, &nadded);
+        if (!rc) {
+            st_drop d = {s, victims, added, nadded, mv, nmv, 0, 1, 0};
+            rc = kvx_idx_write(s->ix, st_drop_body, &d);
+            if (rc) st_unlink_sealed(s, added, nadded);
+            else st_after_drop(s, victims, added, nadded);
+        }
+        free(added);
+        free(mv);
+    }
+    st_usage_free(uv);
+    free(uv);
+    return rc;
+}
+
+KVX_API int kvx_store_gc(kvx_store *s)
+{
+    int rc = st_writer_check(s, "kvx_store_gc");
+    if (rc) return rc;
+    pthread_mutex_lock(&s->wmu);
+    st_usage_persist(s);
+    rc = st_drop_bad_shards(s);
+    if (!rc) rc = st_enforce_capacity(s);
+    if (!rc) rc = st_compact(s, 1);
+    pthread_mutex_unlock(&s->wmu);
+    if (!rc) kvx_clear_error();
+    return rc;
+}
+
+/* -------------------------------------------------------------- reindex */
+
+typedef struct st_found {
+    uint64_t gen;
+    kvx_shard *sh;
+    uint64_t bytes;
+} st_found;
+
+typedef struct st_scan {
+    st_found f[ST_SLOTS];
+    uint64_t max_gen;
+    uint64_t skipped;
+} st_scan;
+
+static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
+{
+    st_scan *sc = ctx;
+    uint64_t gen;
+    if (!st_parse_name(name, &gen)) return 0;
+    if (gen > sc->max_gen) sc->max_gen = gen;
+    struct stat st;
+    if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
+        sc->skipped++;
+        return 0;
+    }
+    size_t len = strlen(s->shards_path) + 1 + strlen(name) + 1;
+    char *path = malloc(len);
+    if (!path) return kvx_fail(-ENOMEM, "store: out of memory");
+    snprintf(path, len, "%s/%s", s->shards_path, name);
+    kvx_shard *sh = NULL;
+    int rc = kvx_shard_open(&sh, path, 0);
+    free(path);
+    if (rc) {
+        sc->skipped++;
+        return 0;
+    }
+    const kvx_shard_info *in = kvx_shard_get_info(sh);
+    const kvx_geometry *g = &in->geometry;
+    if (g->num_layers != s->g.num_layers || g->kv_heads != s->g.kv_heads || g->head_dim != s->g.head_dim ||
+        g->block_tokens != s->g.block_tokens || g->quant != s->g.quant ||
+        g->model_signature != s->g.model_signature || !(in->flags & KVX_FLAG_HASHES)) {
+        kvx_shard_close(sh);
+        sc->skipped++;
+        return 0;
+    }
+    st_found *f = &sc->f[in->shard_id];
+    if (f->sh && f->gen > gen) { /* two files claim one shard byte: newest wins */
+        kvx_shard_close(sh);
+        sc->skipped++;
+        return 0;
+    }
+    if (f->sh) {
+        kvx_shard_close(f->sh);
+        sc->skipped++;
+    }
+    f->gen = gen;
+    f->sh = sh;
+    f->bytes = (uint64_t)st.st_size;
+    return 0;
+}
+
+typedef struct st_reindex {
+    kvx_store *s;
+    st_scan *sc;
+} st_reindex;
+
+static int st_reindex_body(MDB_txn *txn, void *ctx)
+{
+    st_reindex *r = ctx;
+    kvx_index *ix = r->s->ix;
+    int rc;
+    if ((rc = mdb_drop(txn, ix->coord, 0)) || (rc = mdb_drop(txn, ix->hash, 0)) || (rc = mdb_drop(txn, ix->shards, 0)) ||
+        (rc = mdb_drop(txn, ix->usage, 0)))
+        return rc;
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        st_found *f = &r->sc->f[b];
+        if (!f->sh) continue;
+        const kvx_shard_info *in = kvx_shard_get_info(f->sh);
+        st_sealed x = {(uint8_t)b, f->gen, in->flags, in->num_blocks, f->bytes, st_now_ns()};
+        if ((rc = st_register(txn, ix, &x))) return rc;
+        for (uint32_t i = 0; i < in->num_blocks; i++) {
+            kvx_entry e;
+            if (kvx_shard_entry(&e, f->sh, i) || !e.hash) continue;
+            if ((rc = kvx_idx_add_block(txn, ix, e.coordinate, e.hash, f->gen))) return rc;
+        }
+    }
+    kvx_idx_stats st;
+    if ((rc = kvx_idx_get_stats(txn, ix, &st))) return rc;
+    if ((rc = kvx_idx_put_stats(txn, ix, &st))) return rc;
+    uint64_t ng = r->s->next_gen > r->sc->max_gen + 1 ? r->s->next_gen : r->sc->max_gen + 1;
+    return kvx_idx_put_u64(txn, ix->meta, "next_gen", ng);
+}
+
+int st_reindex_locked(kvx_store *s)
+{
+    st_discard_pending(s);
+    st_scan *sc = calloc(1, sizeof *sc);
+    if (!sc) return kvx_fail(-ENOMEM, "store: out of memory");
+    int rc = st_each_file(s, s->shardsfd, st_scan_file, sc);
+    if (!rc) {
+        st_reindex r = {s, sc};
+        rc = kvx_idx_write(s->ix, st_reindex_body, &r);
+    }
+    for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(sc->f[b].sh);
+    uint64_t skipped = sc->skipped;
+    free(sc);
+    for (uint32_t b = 0; b < ST_SLOTS; b++) st_cache_drop(s, b);
+    if (!rc) rc = st_registry_load(s);
+    if (!rc && skipped)
+        kvx_fail(KVX_ECORRUPT, "store %s: reindex skipped %llu file(s) in shards/ (damaged, foreign or duplicate)",
+                 s->dir, (unsigned long long)skipped);
+    return rc;
+}
+
+KVX_API int kvx_store_reindex(kvx_store *s)
+{
+    int rc = st_writer_check(s, "kvx_store_reindex");
+    if (rc) return rc;
+    pthread_mutex_lock(&s->wmu);
+    rc = st_reindex_locked(s);
+    pthread_mutex_unlock(&s->wmu);
+    return rc;
+}

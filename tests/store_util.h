@@ -1,0 +1,71 @@
+/*
+ * store_util.h - helpers shared by the store tests and their child
+ * programs: a tiny geometry, deterministic token sequences, and pages that
+ * are a pure function of (block hash, byte index), so a process that did
+ * not write a block can still check it byte for byte.
+ */
+#ifndef KVX_TEST_STORE_UTIL_H
+#define KVX_TEST_STORE_UTIL_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kvx.h"
+
+#define SU_B 4u
+
+static inline kvx_geometry su_geometry(void)
+{
+    kvx_geometry g = {1, 1, 4, SU_B, KVX_QUANT_FP16, 0x1122334455667788ull};
+    return g; /* page: 2*1*1*4*4*2 = 64 bytes */
+}
+
+static inline uint64_t su_mix(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+/* Page bytes of the block with this hash. */
+static inline void su_page(uint8_t *out, size_t n, uint64_t hash)
+{
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t v = su_mix(hash ^ (i * 0x100000001B3ull));
+        memcpy(out + i, &v, n - i < 8 ? n - i : 8);
+    }
+}
+
+/* Tokens of sequence seq: n_blocks*B ids; blocks before `shared` are the
+ * same for every seq with the same (seq % 4), giving shared prefixes. */
+static inline void su_tokens(uint32_t *t, uint64_t seq, size_t n_blocks, size_t shared)
+{
+    for (size_t b = 0; b < n_blocks; b++)
+        for (size_t j = 0; j < SU_B; j++) {
+            uint64_t base = b < shared ? (seq % 4) : seq + 1000;
+            t[b * SU_B + j] = (uint32_t)su_mix(base * 131 + b * 7 + j);
+        }
+}
+
+/* Pages for tokens: one per full block, each su_page of its chained hash. */
+static inline uint8_t *su_pages(const uint32_t *t, size_t n_blocks, uint64_t *hashes, size_t page_bytes)
+{
+    uint8_t *p = malloc(n_blocks * page_bytes + 1);
+    kvx_block_hashes(hashes, t, n_blocks * SU_B, SU_B);
+    for (size_t b = 0; b < n_blocks; b++) su_page(p + b * page_bytes, page_bytes, hashes[b]);
+    return p;
+}
+
+static inline int su_rm_rf(const char *path)
+{
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", path);
+    return system(cmd);
+}
+
+#endif
