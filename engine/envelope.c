@@ -267,21 +267,38 @@ int kvx_envelope_quantize_v2(uint8_t *out_e4m3, float *out_scales, const float *
 
     for (size_t s = 0; s < slabs; s++) {
         const float *x = kv + s * slab;
-        float amax = 0.0f;
+        /* amax on the bits: for |x| the f32 bit patterns order like the
+         * values, and any bits >= 0x7F800000 are inf or NaN. An integer
+         * max reduction has no early exit, so it vectorizes. */
+        uint32_t mbits = 0;
         for (size_t i = 0; i < fill; i++) {
-            float a = x[i] < 0 ? -x[i] : x[i];
-            if (!(a <= 3.402823466e38f)) /* NaN or inf: no scale can hold it */
-                return kvx_fail(KVX_EINVALID, "envelope quantize: kv slab %zu element %zu is not finite", s, i);
-            if (a > amax) amax = a;
+            uint32_t u;
+            memcpy(&u, &x[i], 4);
+            u &= 0x7FFFFFFFu;
+            mbits = u > mbits ? u : mbits;
         }
+        if (mbits >= 0x7F800000u) {
+            size_t i = 0;
+            while (i < fill && (kvx_load32(&x[i]) & 0x7FFFFFFFu) < 0x7F800000u) i++;
+            return kvx_fail(KVX_EINVALID, "envelope quantize: kv slab %zu element %zu is not finite", s, i);
+        }
+        float amax;
+        memcpy(&amax, &mbits, 4);
         /* The spec's rule; an amax so small that amax/448 underflows to 0
          * is treated like 0 (its values encode as zero either way). */
         float scale = amax / 448.0f;
         if (scale == 0.0f) scale = 1.0f;
         out_scales[s] = scale;
         uint8_t *q = out_e4m3 + s * slab;
-        /* x / scale, not x * (1/scale): one rounding before the RNE. */
-        for (size_t i = 0; i < fill; i++) q[i] = kvx_f32_to_e4m3(x[i] / scale);
+        /* x / scale, not x * (1/scale): one rounding before the RNE. The
+         * quotients go through the bulk encoder in stack-sized chunks
+         * (times 1.0f, which is exact). */
+        float tmp[512];
+        for (size_t i = 0; i < fill; i += 512) {
+            size_t m = fill - i < 512 ? fill - i : 512;
+            for (size_t k = 0; k < m; k++) tmp[k] = x[i + k] / scale;
+            kvx_f32_to_e4m3_n(q + i, tmp, m, 1.0f);
+        }
         memset(q + fill, 0, slab - fill);
     }
     return 0;

@@ -14,8 +14,10 @@
  * One generic rounding routine serves the three encoders (they differ only
  * in bias and mantissa width), so the rounding logic is written once. The
  * bulk decoders of the 8-bit formats are a 256-entry table lookup; the f16
- * bulk paths use F16C (8 lanes per instruction) when the CPU has it, chosen
- * at run time (CPUID), with the scalar code as the portable fallback.
+ * bulk paths use F16C (8 lanes per instruction) and the 8-bit encoders an
+ * AVX2 form of the scalar algorithm, each chosen at run time (CPUID), with
+ * the scalar code as the portable fallback. The tests hold every bulk path
+ * equal to the scalar one bit for bit.
  */
 #include "internal.h"
 
@@ -126,28 +128,100 @@ static void build_tables(void)
 }
 
 #ifdef KVX_X86
-/* F16C and AVX from CPUID leaf 1, and the OS saving YMM state (XGETBV),
- * read directly: clang's __builtin_cpu_supports does not know "f16c". */
-static int detect_f16c(void)
+/* CPU features read directly from CPUID (clang's __builtin_cpu_supports
+ * does not know "f16c"): F16C and AVX from leaf 1, AVX2 from leaf 7, and
+ * the OS saving YMM state (XGETBV), without which neither may be used. */
+#define FEAT_F16C 1
+#define FEAT_AVX2 2
+static int detect_features(void)
 {
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
     const unsigned osxsave = 1u << 27, avx = 1u << 28, f16c = 1u << 29;
-    if ((c & (osxsave | avx | f16c)) != (osxsave | avx | f16c)) return 0;
+    if ((c & (osxsave | avx)) != (osxsave | avx)) return 0;
     unsigned lo, hi;
     __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    return (lo & 6u) == 6u; /* XMM and YMM state enabled */
+    if ((lo & 6u) != 6u) return 0; /* XMM and YMM state enabled */
+    int f = (c & f16c) ? FEAT_F16C : 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (b & (1u << 5))) f |= FEAT_AVX2;
+    return f;
 }
 
-static int have_f16c(void)
+static int cpu_features(void)
 {
     static int cached = -1; /* accessed with __atomic builtins */
     int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
     if (v < 0) {
-        v = detect_f16c();
+        v = detect_features();
         __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
     }
     return v;
+}
+static int have_f16c(void) { return cpu_features() & FEAT_F16C; }
+static int have_avx2(void) { return cpu_features() & FEAT_AVX2; }
+
+/*
+ * FP8 encode, 8 lanes: the scalar algorithm without branches. Normal
+ * range: round the f32 bits by adding half-minus-one plus the kept LSB.
+ * Subnormal range: |x| + 2^k, where 2^k's ulp is the FP8 subnormal step,
+ * lets the FPU round to nearest even; the low bits are the code (assumes
+ * the default rounding mode; DAZ only turns f32 subnormals, which encode
+ * to 0 anyway, into 0). Blends pick subnormal / saturate / NaN results.
+ */
+__attribute__((target("avx2"), always_inline)) static inline __m256i
+fp8_encode8(__m256 v, int mbits, int bias, uint32_t max_bits, int max_code, int nan_code)
+{
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
+    const __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7FFFFFFF));
+    const int shift = 23 - mbits;
+    __m256i t = _mm256_sub_epi32(abs, _mm256_set1_epi32((127 - bias) << 23));
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(t, shift), _mm256_set1_epi32(1));
+    t = _mm256_add_epi32(t, _mm256_add_epi32(_mm256_set1_epi32((1 << (shift - 1)) - 1), odd));
+    __m256i q = _mm256_srli_epi32(t, shift);
+    const int magic = (151 - bias - mbits) << 23;
+    __m256 fs = _mm256_add_ps(_mm256_castsi256_ps(abs), _mm256_castsi256_ps(_mm256_set1_epi32(magic)));
+    __m256i qs = _mm256_sub_epi32(_mm256_castps_si256(fs), _mm256_set1_epi32(magic));
+    __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32((128 - bias) << 23), abs);
+    __m256i r = _mm256_blendv_epi8(q, qs, is_sub);
+    __m256i sat = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32((int)(max_bits - 1)));
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(max_code), sat);
+    __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7F800000));
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(nan_code), nan);
+    return _mm256_or_si256(r, sign);
+}
+
+/* 32 floats -> 32 bytes per step; returns how many were done. */
+__attribute__((target("avx2"), always_inline)) static inline size_t
+fp8_encode_avx2(uint8_t *out, const float *in, size_t n, float inv_scale, int mbits, int bias,
+                uint32_t max_bits, int max_code, int nan_code)
+{
+    const __m256 vs = _mm256_set1_ps(inv_scale);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i r[4];
+        for (int k = 0; k < 4; k++)
+            r[k] = fp8_encode8(_mm256_mul_ps(_mm256_loadu_ps(in + i + 8 * k), vs), mbits, bias, max_bits,
+                               max_code, nan_code);
+        /* Codes are 0..255 in 32-bit lanes: two unsigned-saturating packs
+         * narrow them (lane-interleaved), one permute restores the order. */
+        __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(r[0], r[1]), _mm256_packus_epi32(r[2], r[3]));
+        _mm256_storeu_si256((__m256i *)(void *)(out + i), _mm256_permutevar8x32_epi32(b, order));
+    }
+    return i;
+}
+
+__attribute__((target("avx2"))) static size_t e4m3_encode_avx2(uint8_t *out, const float *in, size_t n,
+                                                              float inv_scale)
+{
+    return fp8_encode_avx2(out, in, n, inv_scale, 3, 7, 0x43E00000u, 0x7E, 0x7F);
+}
+
+__attribute__((target("avx2"))) static size_t e5m2_encode_avx2(uint8_t *out, const float *in, size_t n,
+                                                              float inv_scale)
+{
+    return fp8_encode_avx2(out, in, n, inv_scale, 2, 15, 0x47700000u, 0x7C, 0x7E);
 }
 
 __attribute__((target("avx,f16c"))) static size_t f32_to_f16_f16c(uint16_t *out, const float *in,
@@ -193,7 +267,11 @@ void kvx_f16_to_f32_n(float *out, const uint16_t *in, size_t n)
 
 void kvx_f32_to_e4m3_n(uint8_t *out, const float *in, size_t n, float inv_scale)
 {
-    for (size_t i = 0; i < n; i++) out[i] = kvx_f32_to_e4m3(in[i] * inv_scale);
+    size_t i = 0;
+#ifdef KVX_X86
+    if (have_avx2()) i = e4m3_encode_avx2(out, in, n, inv_scale);
+#endif
+    for (; i < n; i++) out[i] = kvx_f32_to_e4m3(in[i] * inv_scale);
 }
 
 void kvx_e4m3_to_f32_n(float *out, const uint8_t *in, size_t n, float scale)
@@ -204,7 +282,11 @@ void kvx_e4m3_to_f32_n(float *out, const uint8_t *in, size_t n, float scale)
 
 void kvx_f32_to_e5m2_n(uint8_t *out, const float *in, size_t n, float inv_scale)
 {
-    for (size_t i = 0; i < n; i++) out[i] = kvx_f32_to_e5m2(in[i] * inv_scale);
+    size_t i = 0;
+#ifdef KVX_X86
+    if (have_avx2()) i = e5m2_encode_avx2(out, in, n, inv_scale);
+#endif
+    for (; i < n; i++) out[i] = kvx_f32_to_e5m2(in[i] * inv_scale);
 }
 
 void kvx_e5m2_to_f32_n(float *out, const uint8_t *in, size_t n, float scale)

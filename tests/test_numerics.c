@@ -317,6 +317,57 @@ static void test_bulk_equals_scalar(void **state)
     free(f); free(g); free(h); free(b);
 }
 
+/* Every code and every midpoint between neighbouring codes (the ties),
+ * both signs, through the bulk encoders: equal to the scalar encoder and
+ * to the brute-force reference. Random data almost never hits a tie. */
+static void test_bulk_ties(void **state)
+{
+    (void)state;
+    double v4[127], v5[124], v16[31744];
+    for (int i = 0; i < 127; i++) v4[i] = def_e4m3((uint8_t)i);
+    for (int i = 0; i < 124; i++) v5[i] = def_e5m2((uint8_t)i);
+    for (int i = 0; i < 31744; i++) v16[i] = def_f16((uint16_t)i);
+    const struct { const double *v; int n; double overflow; int kind; } fm[3] = {
+        {v4, 127, INFINITY, 4}, {v5, 124, 61440.0, 5}, {v16, 31744, 65520.0, 16}};
+    for (int k = 0; k < 3; k++) {
+        int n = fm[k].n, m = 4 * n + 8;
+        float *f = malloc((size_t)m * sizeof *f);
+        uint8_t *b = malloc((size_t)m);
+        uint16_t *h = malloc((size_t)m * 2);
+        assert_true(f && b && h);
+        int c = 0;
+        for (int i = 0; i < n; i++) {
+            double mid = i + 1 < n ? (fm[k].v[i] + fm[k].v[i + 1]) / 2 : fm[k].v[i] * 1.0625;
+            f[c++] = (float)fm[k].v[i]; f[c++] = -(float)fm[k].v[i];
+            f[c++] = (float)mid; f[c++] = -(float)mid; /* exact: one more bit */
+        }
+        while (c < m) f[c++] = (float)fm[k].overflow;
+        for (int i = 0; i < m; i++) {
+            int want = nearest(fm[k].v, n, fabs((double)f[i]), fm[k].overflow);
+            unsigned sign = fbits(f[i]) >> 31;
+            if (fm[k].kind == 16) {
+                unsigned e = (sign << 15) | (want < 0 ? 0x7C00u : (unsigned)want);
+                assert_int_equal(kvx_f32_to_f16(f[i]), e);
+            } else {
+                unsigned ovf = fm[k].kind == 4 ? 0x7Eu : 0x7Cu;
+                unsigned e = (sign << 7) | (want < 0 ? ovf : (unsigned)want);
+                assert_int_equal(fm[k].kind == 4 ? kvx_f32_to_e4m3(f[i]) : kvx_f32_to_e5m2(f[i]), e);
+            }
+        }
+        if (fm[k].kind == 16) {
+            kvx_f32_to_f16_n(h, f, (size_t)m);
+            for (int i = 0; i < m; i++) assert_int_equal(h[i], kvx_f32_to_f16(f[i]));
+        } else if (fm[k].kind == 4) {
+            kvx_f32_to_e4m3_n(b, f, (size_t)m, 1.0f);
+            for (int i = 0; i < m; i++) assert_int_equal(b[i], kvx_f32_to_e4m3(f[i]));
+        } else {
+            kvx_f32_to_e5m2_n(b, f, (size_t)m, 1.0f);
+            for (int i = 0; i < m; i++) assert_int_equal(b[i], kvx_f32_to_e5m2(f[i]));
+        }
+        free(f); free(b); free(h);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -329,6 +380,7 @@ int main(void)
         cmocka_unit_test(test_e5m2_exhaustive),
         cmocka_unit_test(test_e5m2_known),
         cmocka_unit_test(test_bulk_equals_scalar),
+        cmocka_unit_test(test_bulk_ties),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
