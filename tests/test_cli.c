@@ -99,7 +99,10 @@ static void test_every_subcommand_has_help(void **state)
 {
     (void)state;
     const char *subs[][2] = {
-        {"hash", NULL}, {"inspect", NULL}, {"verify", NULL},
+        {"hash", NULL},       {"inspect", NULL},   {"verify", NULL},    {"convert", NULL},
+        {"store", NULL},      {"store", "create"}, {"store", "put"},    {"store", "get"},
+        {"store", "prefix"},  {"store", "stat"},   {"store", "verify"}, {"store", "reindex"},
+        {"store", "gc"},      {"warmup", NULL},    {"demo", NULL},
     };
     for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
         cli_run r = subs[i][1] ? CLI(NULL, subs[i][0], subs[i][1], "--help")
@@ -217,6 +220,36 @@ static void test_json_emitter(void **state)
     free(buf);
 }
 
+/* docs/kvx.md is generated from the help text: it must be up to date. */
+static void test_docs_match_help(void **state)
+{
+    (void)state;
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "sh '%s/scripts/gen-cli-doc.sh' '%s' -", KVX_SOURCE_DIR, KVX_CLI);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 20, len = 0, r;
+    char *gen = malloc(cap);
+    while ((r = fread(gen + len, 1, cap - len - 1, p)) > 0) len += r;
+    gen[len] = '\0';
+    assert_int_equal(pclose(p), 0);
+    snprintf(cmd, sizeof cmd, "%s/docs/kvx.md", KVX_SOURCE_DIR);
+    FILE *f = fopen(cmd, "r");
+    assert_non_null(f);
+    char *doc = malloc(cap);
+    size_t dl = fread(doc, 1, cap - 1, f);
+    doc[dl] = '\0';
+    fclose(f);
+    if (strcmp(gen, doc) != 0)
+        fprintf(stderr, "docs/kvx.md is out of date: run scripts/gen-cli-doc.sh BUILD/kvx\n");
+    assert_string_equal(gen, doc);
+    /* Every subcommand has its section. */
+    assert_non_null(strstr(doc, "## kvx store prefix"));
+    assert_non_null(strstr(doc, "## kvx demo"));
+    free(gen);
+    free(doc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -227,6 +260,7 @@ int main(void)
         cmocka_unit_test(test_main_usage_errors),
         cmocka_unit_test(test_units),
         cmocka_unit_test(test_json_emitter),
+        cmocka_unit_test(test_docs_match_help),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,9 +1,12 @@
 /*
- * test_cli_shard.c - `kvx inspect` and `kvx verify` run as a user runs
- * them, on shards written here with the library's shard writer: every
- * JSON key of inspect against what was written (and the page bytes read
- * back at the reported absolute offset), exit codes 0/1/2, and verify
- * naming each damaged file and entry.
+ * test_cli_shard.c - `kvx inspect`, `kvx verify` and `kvx convert` run as
+ * a user runs them, on shards written here with the library's shard
+ * writer and on envelopes (the spec's worked example, byte for byte, and
+ * multi-block v2 envelopes made with the library): every JSON key of
+ * inspect against what was written (and the page bytes read back at the
+ * reported absolute offset), exit codes 0/1/2, verify naming each damaged
+ * file and entry, lossless round trips, and no output file from a damaged
+ * input.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -239,12 +242,242 @@ static void test_verify(void **state)
     cli_run_free(&r);
 }
 
+/* spec/kv-block-hash-and-envelope.txt, "Worked example (v1)": 60 bytes. */
+static const uint8_t spec_v1[60] = {
+    0x54, 0x4c, 0x4b, 0x56, 0x01, 0x00, 0x01, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00,
+    0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x66, 0x93,
+    0x7b, 0x02, 0xc1, 0xb0, 0x1a, 0xa9, 0x02, 0x00, 0x00, 0x00, 0x00, 0x3c, 0x00, 0x40, 0x00,
+    0x42, 0x00, 0x44, 0x00, 0x38, 0x00, 0xbc, 0x00, 0x00, 0x00, 0x34, 0x1c, 0x54, 0x0b, 0x4f,
+};
+
+static void write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(p, 1, n, f), n);
+    fclose(f);
+}
+
+static uint8_t *read_bytes(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc(*n + 1);
+    assert_int_equal(fread(b, 1, *n, f), *n);
+    fclose(f);
+    return b;
+}
+
+static void test_convert_spec_v1(void **state)
+{
+    (void)state;
+    char env[512], kvx[512], back[512];
+    path_in(env, sizeof env, "spec.env");
+    path_in(kvx, sizeof kvx, "spec.kvx");
+    path_in(back, sizeof back, "spec-back.env");
+    write_bytes(env, spec_v1, sizeof spec_v1);
+
+    cli_run r = CLI(NULL, "convert", env, "-o", kvx, "--shard", "3");
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    jval *v = inspect_json(kvx);
+    assert_string_equal(jget(v, "quant_format")->str, "fp16");
+    assert_int_equal((int)jget(v, "block_tokens")->num, 2);
+    assert_int_equal((int)jget(v, "num_blocks")->num, 1);
+    jval *e = jget(v, "entries")->items[0];
+    assert_string_equal(jget(e, "coordinate")->str, "0x03000000");
+    assert_string_equal(jget(e, "hash")->str, "0xa91ab0c1027b9366");
+    assert_int_equal((int)jget(e, "token_count")->num, 2);
+    assert_int_equal((int)jget(e, "bytes")->num, 16);
+    /* With L = Hkv = 1 the page layout equals the payload's: K 1 2 3 4,
+     * V 0.5 -1 0 0.25 in f16, at the reported offset. */
+    size_t n;
+    uint8_t *file = read_bytes(kvx, &n);
+    uint64_t off = (uint64_t)jget(e, "offset")->num;
+    assert_true(off + 16 <= n);
+    assert_memory_equal(file + off, spec_v1 + 40, 16);
+    free(file);
+    jfree(v);
+
+    /* Back to v1: the same 60 bytes. */
+    r = CLI(NULL, "convert", kvx, "-o", back, "--format", "v1");
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    uint8_t *b = read_bytes(back, &n);
+    assert_int_equal(n, sizeof spec_v1);
+    assert_memory_equal(b, spec_v1, sizeof spec_v1);
+    free(b);
+}
+
+/* A 3-block v2 envelope (two full blocks with their hashes, a partial
+ * tail) made with the library's writer rule. */
+static size_t make_v2(uint8_t **out, const kvx_geometry *g)
+{
+    uint32_t B = g->block_tokens;
+    size_t elems = (size_t)g->num_layers * 2 * g->kv_heads * B * g->head_dim;
+    size_t ns = (size_t)g->num_layers * 2 * g->kv_heads;
+    uint32_t toks[64];
+    for (uint32_t i = 0; i < 3 * B; i++) toks[i] = 7 * i + 1;
+    uint64_t h[3] = {0, 0, 0};
+    kvx_block_hashes(h, toks, 3 * B, B);
+    h[2] = 0;
+    kvx_envelope_block_in in[3];
+    uint8_t *q[3];
+    float *sc[3];
+    for (int b = 0; b < 3; b++) {
+        float *kv = malloc(elems * sizeof *kv);
+        for (size_t i = 0; i < elems; i++) kv[i] = (float)((int)((i * 37 + (size_t)b * 11) % 200) - 100) / (float)(13 + b);
+        q[b] = malloc(elems);
+        sc[b] = malloc(ns * sizeof(float));
+        uint32_t nt = b == 2 ? B / 2 : B;
+        assert_int_equal(kvx_envelope_quantize_v2(q[b], sc[b], kv, g, nt), 0);
+        in[b] = (kvx_envelope_block_in){h[b], nt, q[b], sc[b]};
+        free(kv);
+    }
+    size_t len;
+    assert_int_equal(kvx_envelope_size(&len, 2, g, 3), 0);
+    *out = malloc(len);
+    assert_int_equal(kvx_envelope_export(*out, len, 2, g, in, 3), 0);
+    for (int b = 0; b < 3; b++) {
+        free(q[b]);
+        free(sc[b]);
+    }
+    return len;
+}
+
+static void test_convert_v2_round_trip(void **state)
+{
+    (void)state;
+    kvx_geometry g = {2, 2, 4, 4, KVX_QUANT_E4M3, 0};
+    uint8_t *env;
+    size_t len = make_v2(&env, &g);
+    char ep[512], kp[512], bp[512], v1p[512];
+    path_in(ep, sizeof ep, "v2.env");
+    path_in(kp, sizeof kp, "v2.kvx");
+    path_in(bp, sizeof bp, "v2-back.env");
+    path_in(v1p, sizeof v1p, "v2-as-v1.env");
+    write_bytes(ep, env, len);
+
+    cli_run r = CLI(NULL, "convert", "-o", kp, ep);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    jval *v = inspect_json(kp);
+    assert_string_equal(jget(v, "quant_format")->str, "e4m3");
+    assert_true(((unsigned)jget(v, "flags")->num & KVX_FLAG_SCALES) != 0);
+    jval *ents = jget(v, "entries");
+    assert_int_equal(ents->n, 3);
+    assert_string_equal(jget(ents->items[1], "coordinate")->str, "0x00000100");
+    assert_int_equal((int)jget(ents->items[2], "token_count")->num, 2);
+    jfree(v);
+
+    r = CLI(NULL, "convert", kp, "--format", "v2", "-o", bp);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    size_t n;
+    uint8_t *b = read_bytes(bp, &n);
+    assert_int_equal(n, len);
+    assert_memory_equal(b, env, len);
+    free(b);
+
+    /* To v1 works too (f16 of the decoded values) and parses. */
+    r = CLI(NULL, "convert", kp, "--format", "v1", "-o", v1p);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    b = read_bytes(v1p, &n);
+    kvx_envelope pe;
+    assert_int_equal(kvx_envelope_parse(&pe, b, n, NULL), 0);
+    assert_int_equal(pe.version, 1);
+    assert_int_equal(pe.n_blocks, 3);
+    free(b);
+    free(env);
+}
+
+static void test_convert_refuses_damage(void **state)
+{
+    (void)state;
+    char ep[512], out[512], kp[512];
+    path_in(ep, sizeof ep, "damaged.env");
+    path_in(out, sizeof out, "damaged-out.kvx");
+    path_in(kp, sizeof kp, "damaged.kvx");
+
+    /* A flipped payload byte: the envelope CRC fails. */
+    uint8_t bad[60];
+    memcpy(bad, spec_v1, 60);
+    bad[44] ^= 1;
+    write_bytes(ep, bad, 60);
+    cli_run r = CLI(NULL, "convert", ep, "-o", out);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "damaged.env"));
+    assert_false(file_exists(out));
+    cli_run_free(&r);
+
+    /* Truncated. */
+    write_bytes(ep, spec_v1, 50);
+    r = CLI(NULL, "convert", ep, "-o", out);
+    EXPECT_RC(r, 1);
+    assert_false(file_exists(out));
+    cli_run_free(&r);
+
+    /* A shard with a damaged page does not become an envelope. */
+    write_shard(kp, KVX_FLAG_HASHES);
+    jval *v = inspect_json(kp);
+    uint64_t off = (uint64_t)jget(jget(v, "entries")->items[0], "offset")->num;
+    jfree(v);
+    flip_byte(kp, off);
+    r = CLI(NULL, "convert", kp, "-o", out, "--format", "v1");
+    EXPECT_RC(r, 1);
+    assert_false(file_exists(out));
+    cli_run_free(&r);
+
+    /* Neither kind of file. */
+    write_bytes(ep, "hello world", 11);
+    r = CLI(NULL, "convert", ep, "-o", out);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "neither"));
+    assert_false(file_exists(out));
+    cli_run_free(&r);
+}
+
+static void test_convert_usage(void **state)
+{
+    (void)state;
+    char ep[512], kp[512], out[512];
+    path_in(ep, sizeof ep, "u.env");
+    path_in(kp, sizeof kp, "u.kvx");
+    path_in(out, sizeof out, "u-out");
+    write_bytes(ep, spec_v1, sizeof spec_v1);
+    write_shard(kp, KVX_FLAG_HASHES);
+    const char *const cases[][7] = {
+        {"convert", ep, NULL},                                 /* no -o */
+        {"convert", "-o", out, NULL},                          /* no input */
+        {"convert", ep, "-o", out, "--shard", "256", NULL},    /* shard id */
+        {"convert", ep, "-o", out, "--format", "v1", NULL},    /* --format for an envelope */
+        {"convert", kp, "-o", out, NULL},                      /* shard without --format */
+        {"convert", kp, "-o", out, "--format", "v3", NULL},    /* unknown version */
+        {"convert", kp, "-o", out, "--shard", "1", NULL},      /* --shard for a shard */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cli_run r = cli_runv(NULL, cases[i]);
+        EXPECT_RC(r, 2);
+        assert_non_null(strstr(r.err, "kvx convert: "));
+        assert_false(file_exists(out));
+        cli_run_free(&r);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_inspect_json),
         cmocka_unit_test(test_inspect_text_and_errors),
         cmocka_unit_test(test_verify),
+        cmocka_unit_test(test_convert_spec_v1),
+        cmocka_unit_test(test_convert_v2_round_trip),
+        cmocka_unit_test(test_convert_refuses_damage),
+        cmocka_unit_test(test_convert_usage),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

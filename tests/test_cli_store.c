@@ -1,0 +1,402 @@
+/*
+ * test_cli_store.c - `kvx store ...` run as a user runs it: create a
+ * store, put an envelope with its tokens, look up prefixes, get blocks
+ * back byte for byte, stat (parsed --json), verify, reindex, gc, and the
+ * failure paths (exit 1: missing blocks, wrong geometry, hash/token
+ * mismatch, damaged shard, not a store; exit 2: bad command lines).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <dirent.h>
+
+#include "cli_harness.h"
+#include "kvx.h"
+
+static char tmpdir[256];
+static char store[300], envp[300], tokp[300], out[300];
+
+/* L=2, Hkv=1, D=8, B=4, fp16; tokens 0..13: three full blocks and a tail. */
+static const kvx_geometry G = {2, 1, 8, 4, KVX_QUANT_FP16, 0};
+#define NT 14
+#define NB 3
+static uint32_t toks[NT];
+static uint64_t hashes[NB];
+static uint8_t *env;
+static size_t env_len;
+
+static void write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(p, 1, n, f), n);
+    fclose(f);
+}
+
+static uint8_t *read_bytes(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc(*n + 1);
+    assert_int_equal(fread(b, 1, *n, f), *n);
+    fclose(f);
+    return b;
+}
+
+/* A v1 envelope of the NB full blocks, payloads of finite f16 values. */
+static size_t make_env(uint8_t **outp, const kvx_geometry *g, const uint64_t *h, uint32_t nb)
+{
+    size_t P = kvx_envelope_payload_bytes(1, g);
+    uint16_t *pl = malloc(P * nb);
+    kvx_envelope_block_in in[8];
+    for (uint32_t b = 0; b < nb; b++) {
+        for (size_t i = 0; i < P / 2; i++)
+            pl[b * P / 2 + i] = kvx_f32_to_f16((float)((int)((i * 5 + b * 3) % 17) - 8) / 4.0f);
+        in[b] = (kvx_envelope_block_in){h[b], g->block_tokens, pl + b * P / 2, NULL};
+    }
+    size_t len;
+    assert_int_equal(kvx_envelope_size(&len, 1, g, nb), 0);
+    *outp = malloc(len);
+    assert_int_equal(kvx_envelope_export(*outp, len, 1, g, in, nb), 0);
+    free(pl);
+    return len;
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kvx-test-cli-store-XXXXXX");
+    if (!mkdtemp(tmpdir)) return -1;
+    snprintf(store, sizeof store, "%s/store", tmpdir);
+    snprintf(envp, sizeof envp, "%s/seq.env", tmpdir);
+    snprintf(tokp, sizeof tokp, "%s/seq.tokens", tmpdir);
+    snprintf(out, sizeof out, "%s/out.env", tmpdir);
+    for (uint32_t i = 0; i < NT; i++) toks[i] = 1000 + i * 3;
+    kvx_block_hashes(hashes, toks, NT, G.block_tokens);
+    env_len = make_env(&env, &G, hashes, NB);
+    write_bytes(envp, env, env_len);
+    FILE *f = fopen(tokp, "w");
+    for (uint32_t i = 0; i < NT; i++) fprintf(f, "%u%s", toks[i], i % 5 == 4 ? "\n" : " ");
+    fclose(f);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    rm_rf(tmpdir);
+    free(env);
+    return 0;
+}
+
+static cli_run create_store(const char *dir)
+{
+    return CLI(NULL, "store", "create", dir, "--layers", "2", "--kv-heads", "1", "--head-dim", "8",
+               "--block-tokens", "4", "--quant", "fp16", "--capacity", "64MiB");
+}
+
+/* The prefix command's first word. */
+static long prefix_blocks(const char *const *tok_args)
+{
+    const char *argv[64] = {"store", "prefix", store};
+    int n = 3;
+    for (; *tok_args; tok_args++) argv[n++] = *tok_args;
+    argv[n] = NULL;
+    cli_run r = cli_runv(NULL, argv);
+    EXPECT_RC(r, 0);
+    char *end;
+    long v = strtol(r.out, &end, 10);
+    assert_true(end != r.out && *end == ' ');
+    cli_run_free(&r);
+    return v;
+}
+
+static void test_store_round_trip(void **state)
+{
+    (void)state;
+    cli_run r = create_store(store);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+
+    r = CLI(NULL, "store", "put", store, envp, "--tokens", tokp);
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, "3 new block"));
+    cli_run_free(&r);
+    /* Putting again writes nothing new. */
+    r = CLI(NULL, "store", "put", store, envp, "--tokens", tokp);
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, "0 new block"));
+    cli_run_free(&r);
+
+    /* Prefix: the tokens themselves serve 3 blocks; a longer sequence
+     * with the same start serves 3; a change in block 1 serves 1; a
+     * change in the first token serves 0. */
+    char tk[NT + 8][16];
+    const char *args[NT + 8];
+    for (int i = 0; i < NT; i++) {
+        snprintf(tk[i], sizeof tk[i], "%u", toks[i]);
+        args[i] = tk[i];
+    }
+    args[NT] = NULL;
+    assert_int_equal(prefix_blocks(args), 3);
+    args[NT] = "5";
+    args[NT + 1] = "6";
+    args[NT + 2] = NULL;
+    assert_int_equal(prefix_blocks(args), 3);
+    args[NT] = NULL;
+    args[5] = "999999";
+    assert_int_equal(prefix_blocks(args), 1);
+    args[5] = tk[5];
+    args[0] = "7";
+    assert_int_equal(prefix_blocks(args), 0);
+
+    /* Get the blocks back, in the given order: same bytes as put. */
+    char h0[24], h1[24], h2[24];
+    snprintf(h0, sizeof h0, "0x%016llx", (unsigned long long)hashes[0]);
+    snprintf(h1, sizeof h1, "%016llx", (unsigned long long)hashes[1]);
+    snprintf(h2, sizeof h2, "0x%016llx", (unsigned long long)hashes[2]);
+    r = CLI(NULL, "store", "get", store, "-o", out, "--format", "v1", h0, h1, h2);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    size_t n;
+    uint8_t *b = read_bytes(out, &n);
+    assert_int_equal(n, env_len);
+    assert_memory_equal(b, env, env_len);
+    free(b);
+    /* Reversed order: a valid envelope whose first block is block 2. */
+    r = CLI(NULL, "store", "get", store, "-o", out, "--format", "v2", h2, h0);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    b = read_bytes(out, &n);
+    kvx_envelope pe;
+    kvx_envelope_block blk;
+    assert_int_equal(kvx_envelope_parse(&pe, b, n, NULL), 0);
+    assert_int_equal(pe.version, 2);
+    assert_int_equal(pe.n_blocks, 2);
+    assert_int_equal(kvx_envelope_block_at(&blk, &pe, 0), 0);
+    assert_true(blk.hash == hashes[2]);
+    free(b);
+
+    /* A missing hash: exit 1, named, and no file. */
+    unlink(out);
+    r = CLI(NULL, "store", "get", store, "-o", out, "--format", "v1", h0, "0x1234");
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "0x0000000000001234"));
+    assert_false(file_exists(out));
+    cli_run_free(&r);
+
+    /* stat --json. */
+    r = CLI(NULL, "store", "stat", "--json", store);
+    EXPECT_RC(r, 0);
+    jval *v = jparse(r.out);
+    assert_non_null(v);
+    const char *keys[] = {"blocks", "bytes", "shards", "capacity", "hits", "misses", "evictions"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        assert_non_null(jget(v, keys[i]));
+        assert_int_equal(jget(v, keys[i])->t, JNUM);
+    }
+    assert_int_equal((int)jget(v, "blocks")->num, 3);
+    assert_true(jget(v, "capacity")->num == 64.0 * 1024 * 1024);
+    assert_true(jget(v, "bytes")->num >= 3 * (double)kvx_page_bytes(&G, 4));
+    assert_true(jget(v, "shards")->num >= 1);
+    jfree(v);
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "stat", store);
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, "blocks       3"));
+    cli_run_free(&r);
+
+    /* Maintenance keeps every block. */
+    r = CLI(NULL, "store", "verify", store);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "reindex", store);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "gc", store);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    args[0] = tk[0];
+    assert_int_equal(prefix_blocks(args), 3);
+}
+
+static void test_store_failures(void **state)
+{
+    (void)state;
+    char st2[320], other[320], bad_tok[320];
+    snprintf(st2, sizeof st2, "%s/store2", tmpdir);
+    snprintf(other, sizeof other, "%s/other.env", tmpdir);
+    snprintf(bad_tok, sizeof bad_tok, "%s/bad.tokens", tmpdir);
+    cli_run r = create_store(st2);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    /* Creating it again fails: it exists. */
+    r = create_store(st2);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "store2"));
+    cli_run_free(&r);
+
+    /* An envelope of another geometry (D = 4) is refused. */
+    kvx_geometry g2 = G;
+    g2.head_dim = 4;
+    uint8_t *e2;
+    size_t l2 = make_env(&e2, &g2, hashes, NB);
+    write_bytes(other, e2, l2);
+    free(e2);
+    r = CLI(NULL, "store", "put", st2, other);
+    EXPECT_RC(r, 1);
+    cli_run_free(&r);
+
+    /* Tokens whose hashes differ from the envelope's are refused. */
+    write_bytes(bad_tok, "1 2 3 4 5 6 7 8 9 10 11 12 13 14\n", 33);
+    r = CLI(NULL, "store", "put", st2, envp, "--tokens", bad_tok);
+    EXPECT_RC(r, 1);
+    cli_run_free(&r);
+    /* A token file that is not token ids. */
+    write_bytes(bad_tok, "1 2 x\n", 6);
+    r = CLI(NULL, "store", "put", st2, envp, "--tokens", bad_tok);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "'x"));
+    cli_run_free(&r);
+    /* A damaged envelope. */
+    uint8_t *d = malloc(env_len);
+    memcpy(d, env, env_len);
+    d[60] ^= 4;
+    write_bytes(other, d, env_len);
+    free(d);
+    r = CLI(NULL, "store", "put", st2, other);
+    EXPECT_RC(r, 1);
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "stat", "--json", st2);
+    EXPECT_RC(r, 0);
+    jval *v = jparse(r.out);
+    assert_non_null(v);
+    assert_int_equal((int)jget(v, "blocks")->num, 0); /* nothing got in */
+    jfree(v);
+    cli_run_free(&r);
+
+    /* Not a store. */
+    r = CLI(NULL, "store", "stat", tmpdir);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "kvx store stat: "));
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "prefix", "/nonexistent/store", "1");
+    EXPECT_RC(r, 1);
+    cli_run_free(&r);
+}
+
+/* Finds a sealed shard file under dir (any depth). */
+static int find_shard(char *outp, size_t cap, const char *dir)
+{
+    DIR *dp = opendir(dir);
+    if (!dp) return -1;
+    struct dirent *de;
+    int found = -1;
+    while (found && (de = readdir(dp))) {
+        if (de->d_name[0] == '.') continue;
+        char p[1024];
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        struct stat st;
+        if (lstat(p, &st) != 0) continue;
+        if (S_ISDIR(st.st_mode)) {
+            found = find_shard(outp, cap, p);
+        } else if (S_ISREG(st.st_mode) && st.st_size > 4096) {
+            FILE *f = fopen(p, "rb");
+            char m[8] = {0};
+            if (f && fread(m, 1, 8, f) == 8 && !memcmp(m, "RADX-KVX", 8)) {
+                snprintf(outp, cap, "%s", p);
+                found = 0;
+            }
+            if (f) fclose(f);
+        }
+    }
+    closedir(dp);
+    return found;
+}
+
+static void test_store_verify_finds_damage(void **state)
+{
+    (void)state;
+    char st3[320], shard[1024];
+    snprintf(st3, sizeof st3, "%s/store3", tmpdir);
+    cli_run r = create_store(st3);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "put", st3, envp, "--tokens", tokp);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    assert_int_equal(find_shard(shard, sizeof shard, st3), 0);
+    /* Flip a byte of the first page (pages start at kv_data_offset). */
+    r = CLI(NULL, "inspect", "--json", shard);
+    EXPECT_RC(r, 0);
+    jval *v = jparse(r.out);
+    assert_non_null(v);
+    uint64_t off = (uint64_t)jget(jget(v, "entries")->items[0], "offset")->num;
+    jfree(v);
+    cli_run_free(&r);
+    int fd = open(shard, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, (off_t)off + 3), 1);
+    b ^= 0x10;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)off + 3), 1);
+    close(fd);
+    r = CLI(NULL, "store", "verify", st3);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.out, "BAD"));
+    cli_run_free(&r);
+}
+
+static void test_store_usage(void **state)
+{
+    (void)state;
+    const char *const cases[][12] = {
+        {"store", NULL},
+        {"store", "frob", store, NULL},
+        {"store", "create", store, "--layers", "2", NULL}, /* missing options */
+        {"store", "create", store, "--layers", "2", "--kv-heads", "1", "--head-dim", "8", NULL},
+        {"store", "create", "x", "-L", "1", "-H", "1", "-D", "1", "--quant", NULL},
+        {"store", "create", "x", "-L", "0", NULL},
+        {"store", "put", store, NULL},
+        {"store", "get", store, "-o", out, "--format", "v1", NULL}, /* no hash */
+        {"store", "get", store, "--format", "v1", "abc", NULL},     /* no -o */
+        {"store", "get", store, "-o", out, "--format", "v9", "abc", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cli_run r = cli_runv(NULL, cases[i]);
+        EXPECT_RC(r, 2);
+        assert_non_null(strstr(r.err, "kvx store"));
+        cli_run_free(&r);
+    }
+    const char *const more[][18] = {
+        {"store", "create", "x", "-L", "1", "-H", "1", "-D", "1", "-B", "4", "--quant", "fp8", NULL},
+        {"store", "create", "x", "-L", "1", "-H", "1", "-D", "1", "-B", "4", "--quant", "fp16",
+         "--capacity", "lots", NULL},
+        {"store", "get", store, "-o", out, "--format", "v1", "0xnothex", NULL},
+        {"store", "prefix", store, "1", "-2", NULL},
+        {"store", "stat", store, "extra", NULL},
+    };
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
+        cli_run r = cli_runv(NULL, more[i]);
+        EXPECT_RC(r, 2);
+        cli_run_free(&r);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_store_round_trip),
+        cmocka_unit_test(test_store_failures),
+        cmocka_unit_test(test_store_verify_finds_damage),
+        cmocka_unit_test(test_store_usage),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
