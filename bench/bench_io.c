@@ -1,0 +1,291 @@
+/*
+ * bench_io.c - the data path against its physical references, side by
+ * side in one run on the same files (see bench/RESULTS.md "Data path"):
+ *
+ *   cold warmup  kvx_warmup_run, O_DIRECT io_uring, page cache dropped,
+ *                vs fio io_uring sequential read, same block size / depth;
+ *   warm warmup  kvx_warmup_run from the page cache, CRC on, into pinned
+ *                staging (discard sink) and into a host buffer,
+ *                vs memcpy of the same number of bytes;
+ *   random pages kvx_fetch of random entries 64 KiB..2 MiB (O_DIRECT),
+ *                vs fio io_uring randread with the same size mix / depth.
+ *
+ * usage: bench_io [DIR] [MiB=1024] [QD=32]
+ * Writes two shard files into DIR (default /tmp), about MiB and MiB/2
+ * large, removes them at the end. Needs fio on PATH; dropping the page
+ * cache uses /proc/sys/vm/drop_caches when root, else posix_fadvise.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvx.h"
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void drop_cache(const char *path)
+{
+    sync();
+    int fd = open("/proc/sys/vm/drop_caches", O_WRONLY);
+    if (fd >= 0) {
+        if (write(fd, "3", 1) != 1) perror("drop_caches");
+        close(fd);
+    }
+    fd = open(path, O_RDONLY);
+    if (fd >= 0) {
+        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        close(fd);
+    }
+}
+
+static void warm_cache(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    static char buf[1 << 20];
+    while (read(fd, buf, sizeof buf) > 0) {
+    }
+    close(fd);
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t next_rand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+/* n entries; tokens of entry i = tok(i). */
+static int write_shard(const char *path, kvx_geometry g, uint32_t n, uint32_t (*tok)(uint32_t))
+{
+    kvx_shard_writer_options o = KVX_SHARD_WRITER_OPTIONS_INIT;
+    o.geometry = g;
+    o.shard_id = 9;
+    o.max_entries = n;
+    kvx_shard_writer *w;
+    int rc = kvx_shard_writer_create(&w, path, &o);
+    if (rc) return rc;
+    uint64_t maxb = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (kvx_page_bytes(&g, tok(i)) > maxb) maxb = kvx_page_bytes(&g, tok(i));
+    uint64_t *page = malloc(maxb);
+    for (uint32_t i = 0; i < n && !rc; i++) {
+        uint64_t b = kvx_page_bytes(&g, tok(i));
+        for (uint64_t k = 0; k < b / 8; k++) page[k] = next_rand();
+        kvx_entry_in e = {0};
+        e.radix_block = (uint16_t)i;
+        e.token_count = tok(i);
+        e.page = page;
+        rc = kvx_shard_writer_add(w, &e);
+    }
+    free(page);
+    if (rc) {
+        kvx_shard_writer_abort(w);
+        return rc;
+    }
+    return kvx_shard_writer_seal(w);
+}
+
+static uint32_t tok_seq(uint32_t i)
+{
+    (void)i;
+    return 16; /* FP16 L32 Hkv8 D128: 2 MiB pages */
+}
+static uint32_t tok_mix(uint32_t i) { return 1u << (i % 6); } /* FP8: 64 KiB .. 2 MiB */
+
+/* Runs fio, returns read bandwidth in bytes/s (0 on failure). */
+static double fio_bw(const char *args)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "fio --output-format=json --ioengine=io_uring --direct=1 %s 2>/dev/null", args);
+    FILE *p = popen(cmd, "r");
+    if (!p) return 0;
+    size_t cap = 1 << 20, len = 0;
+    char *out = malloc(cap);
+    size_t k;
+    while ((k = fread(out + len, 1, cap - 1 - len, p)) > 0) len += k;
+    out[len] = 0;
+    pclose(p);
+    double bw = 0;
+    char *r = strstr(out, "\"read\"");
+    if (r) {
+        char *b = strstr(r, "\"bw_bytes\"");
+        if (b) bw = strtod(strchr(b, ':') + 1, NULL);
+    }
+    free(out);
+    return bw;
+}
+
+static double memcpy_bw(uint64_t bytes)
+{
+    uint64_t chunk = 64 << 20;
+    char *a = malloc(chunk), *b = malloc(chunk);
+    memset(a, 1, chunk);
+    memset(b, 2, chunk);
+    double best = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t = now();
+        for (uint64_t done = 0; done < bytes; done += chunk) memcpy(b, a, chunk);
+        double s = now() - t;
+        if (bytes / s > best) best = (double)bytes / s;
+    }
+    volatile char sink = b[chunk - 1];
+    (void)sink;
+    free(a);
+    free(b);
+    return best;
+}
+
+static double warmup_bw(kvx_shard *s, int mode, uint32_t flags, int sink, void *buf, uint64_t buf_bytes,
+                        uint32_t qd, kvx_warmup_report *rep_out)
+{
+    kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
+    o.io_mode = mode;
+    o.flags = flags;
+    o.queue_depth = qd;
+    o.sink = sink;
+    o.host_buf = buf;
+    o.host_buf_bytes = buf_bytes;
+    kvx_warmup_report rep;
+    int rc = kvx_warmup_run(&rep, &s, 1, &o);
+    if (rc) {
+        fprintf(stderr, "warmup: %s: %s\n", kvx_err_name(rc), kvx_last_error());
+        return 0;
+    }
+    if (rep.crc_failures || rep.io_failures) fprintf(stderr, "warmup: %" PRIu64 " failures!\n", rep.crc_failures + rep.io_failures);
+    double bw = (double)rep.bytes / rep.seconds;
+    if (rep_out) *rep_out = rep;
+    kvx_warmup_report_free(&rep);
+    return bw;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = argc > 1 ? argv[1] : "/tmp";
+    uint64_t mib = argc > 2 ? strtoull(argv[2], NULL, 10) : 1024;
+    uint32_t qd = argc > 3 ? (uint32_t)strtoul(argv[3], NULL, 10) : 32;
+    char seq[600], mix[600];
+    snprintf(seq, sizeof seq, "%s/bench_io_seq.kvx", dir);
+    snprintf(mix, sizeof mix, "%s/bench_io_mix.kvx", dir);
+
+    kvx_geometry g16 = {32, 8, 128, 16, KVX_QUANT_FP16, 1};
+    kvx_geometry g8 = {32, 8, 128, 32, KVX_QUANT_E4M3, 1};
+    uint32_t n_seq = (uint32_t)(mib / 2);                 /* 2 MiB pages */
+    uint32_t n_mix = (uint32_t)(mib / 2 * 1024 / 672);    /* avg 672 KiB */
+    if (n_mix > 65536) n_mix = 65536;
+    printf("writing %s (%u x 2 MiB) and %s (%u pages 64 KiB..2 MiB)\n", seq, n_seq, mix, n_mix);
+    int rc = write_shard(seq, g16, n_seq, tok_seq);
+    if (!rc) rc = write_shard(mix, g8, n_mix, tok_mix);
+    if (rc) {
+        fprintf(stderr, "write: %s: %s\n", kvx_err_name(rc), kvx_last_error());
+        return 1;
+    }
+    kvx_shard *s_seq, *s_mix;
+    if (kvx_shard_open(&s_seq, seq, 0) || kvx_shard_open(&s_mix, mix, 0)) {
+        fprintf(stderr, "open: %s\n", kvx_last_error());
+        return 1;
+    }
+    const kvx_shard_info *info = kvx_shard_get_info(s_seq);
+    uint64_t kv_bytes = (uint64_t)n_seq * (2u << 20);
+    char args[1024];
+
+    /* 1. cold sequential: warmup (O_DIRECT) vs fio read, bs 4 MiB, same depth */
+    drop_cache(seq);
+    kvx_warmup_report rep;
+    double w_cold = warmup_bw(s_seq, KVX_IO_URING, 0, KVX_SINK_DISCARD, NULL, 0, qd, &rep);
+    int direct = rep.direct;
+    drop_cache(seq);
+    snprintf(args, sizeof args, "--name=seq --filename=%s --rw=read --bs=4M --iodepth=%u --offset=%" PRIu64 " --size=%" PRIu64,
+             seq, qd, info->kv_data_offset, kv_bytes);
+    double f_seq = fio_bw(args);
+    drop_cache(seq);
+    double w_cold2 = warmup_bw(s_seq, KVX_IO_URING, 0, KVX_SINK_DISCARD, NULL, 0, qd, NULL);
+    if (w_cold2 > w_cold) w_cold = w_cold2;
+
+    /* 2. warm: page cache, CRC on */
+    warm_cache(seq);
+    double m_bw = memcpy_bw(kv_bytes);
+    warm_cache(seq);
+    double w_warm_u = warmup_bw(s_seq, KVX_IO_URING, KVX_WARMUP_BUFFERED, KVX_SINK_DISCARD, NULL, 0, qd, NULL);
+    double w_warm_p = warmup_bw(s_seq, KVX_IO_PREAD, 0, KVX_SINK_DISCARD, NULL, 0, qd, NULL);
+    uint64_t need;
+    kvx_warmup_sink_bytes(&need, &s_seq, 1);
+    void *host = malloc(need);
+    memset(host, 0, need);
+    double w_warm_h = warmup_bw(s_seq, KVX_IO_AUTO, KVX_WARMUP_BUFFERED, KVX_SINK_HOST, host, need, qd, NULL);
+    free(host);
+    drop_cache(seq);
+
+    /* 3. random pages 64 KiB..2 MiB: fetch (O_DIRECT) vs fio randread, same mix and depth */
+    kvx_pool_options po = KVX_POOL_OPTIONS_INIT;
+    po.bytes = 600ull << 20;
+    kvx_pool *pool;
+    rc = kvx_pool_create(&pool, &po);
+    if (rc) {
+        fprintf(stderr, "pool: %s\n", kvx_last_error());
+        return 1;
+    }
+    kvx_fetch_options fo = KVX_FETCH_OPTIONS_INIT;
+    fo.queue_depth = qd;
+    kvx_fetch *f;
+    if (kvx_fetch_create(&f, pool, &fo)) {
+        fprintf(stderr, "fetch: %s\n", kvx_last_error());
+        return 1;
+    }
+    enum { BATCH = 512 };
+    kvx_fetch_req reqs[BATCH];
+    kvx_fetch_result *res = malloc(sizeof *res * BATCH);
+    uint64_t fbytes = 0, target = (uint64_t)n_mix * 672 * 1024;
+    drop_cache(mix);
+    double t = now();
+    while (fbytes < target) {
+        for (int i = 0; i < BATCH; i++) reqs[i] = (kvx_fetch_req){s_mix, (uint32_t)(next_rand() % n_mix)};
+        kvx_fetch_submit(f, reqs, BATCH);
+        kvx_fetch_wait(f, res, BATCH, -1);
+        for (int i = 0; i < BATCH; i++) {
+            if (res[i].status) fprintf(stderr, "fetch: page status %s\n", kvx_err_name(res[i].status));
+            fbytes += res[i].bytes;
+        }
+    }
+    double f_rand = (double)fbytes / (now() - t);
+    int f_mode = kvx_fetch_mode(f), f_direct = kvx_fetch_direct(f);
+    kvx_fetch_destroy(f);
+    kvx_pool_destroy(pool);
+    const kvx_shard_info *mi = kvx_shard_get_info(s_mix);
+    snprintf(args, sizeof args,
+             "--name=rand --filename=%s --rw=randread --bssplit=64k/17:128k/17:256k/17:512k/17:1m/16:2m/16 "
+             "--iodepth=%u --offset=%" PRIu64 " --size=%" PRIu64 " --io_size=%" PRIu64,
+             mix, qd, mi->kv_data_offset, mi->file_size - mi->kv_data_offset, target);
+    double fio_rand = fio_bw(args);
+
+    printf("\n%-44s %10s %10s %7s %7s\n", "case (same files, same run)", "kvx GB/s", "ref GB/s", "ratio", "target");
+    printf("%-44s %10.2f %10.2f %7.2f %7s\n", "cold warmup O_DIRECT vs fio read bs=4M", w_cold / 1e9, f_seq / 1e9,
+           f_seq > 0 ? w_cold / f_seq : 0, ">=0.95");
+    printf("%-44s %10.2f %10.2f %7.2f %7s\n", "warm warmup uring+CRC (pinned) vs memcpy", w_warm_u / 1e9, m_bw / 1e9,
+           w_warm_u / m_bw, ">=0.80");
+    printf("%-44s %10.2f %10.2f %7.2f %7s\n", "warm warmup pread+CRC (pinned) vs memcpy", w_warm_p / 1e9, m_bw / 1e9,
+           w_warm_p / m_bw, ">=0.80");
+    printf("%-44s %10.2f %10.2f %7.2f %7s\n", "warm warmup +CRC into host buffer vs memcpy", w_warm_h / 1e9,
+           m_bw / 1e9, w_warm_h / m_bw, "-");
+    printf("%-44s %10.2f %10.2f %7.2f %7s\n", "random fetch 64K..2M vs fio randread", f_rand / 1e9, fio_rand / 1e9,
+           fio_rand > 0 ? f_rand / fio_rand : 0, ">=0.90");
+    printf("\nqd %u; seq %" PRIu64 " MiB (direct=%d); random fetch io=%s direct=%d, %" PRIu64 " MiB in batches of %d\n",
+           qd, kv_bytes >> 20, direct, kvx_io_mode_name(f_mode), f_direct, fbytes >> 20, BATCH);
+    kvx_shard_close(s_seq);
+    kvx_shard_close(s_mix);
+    unlink(seq);
+    unlink(mix);
+    free(res);
+    return 0;
+}
