@@ -562,6 +562,17 @@ static int run_demo(const cli_cmd *self, int argc, char **argv)
     }
     if (optind < argc) return cli_usage(self, "unexpected argument '%s'", argv[optind]);
 
+    if (gpu) {
+        /* Say so now, not after the whole workload has run. */
+        int ngpu = 0;
+        int grc = kvx_gpu_count(&ngpu);
+        if (grc != 0) return cli_fail_code(self, grc, "the GPU (--gpu) cannot be used");
+        if (ngpu == 0) {
+            cli_fail(self, "the GPU (--gpu): no usable GPU was found");
+            fprintf(stderr, "  hint: run without --gpu to warm up into host memory\n");
+            return CLI_FAIL;
+        }
+    }
     demo d;
     memset(&d, 0, sizeof d);
     d.self = self;

@@ -55,7 +55,13 @@ static int simple_opts(const cli_cmd *self, int argc, char **argv, int *json, in
 static int open_store(const cli_cmd *self, kvx_store **out, const char *dir, uint32_t flags)
 {
     int rc = kvx_store_open(out, dir, NULL, flags);
-    if (rc != 0) return cli_fail_code(self, rc, "cannot open the store '%s'", dir);
+    if (rc != 0) {
+        cli_fail_code(self, rc, "cannot open the store '%s'", dir);
+        if (rc == KVX_ENOTFOUND)
+            fprintf(stderr, "  hint: make one with 'kvx store create %s --layers L --kv-heads H "
+                            "--head-dim D --block-tokens B --quant fp16'\n", dir);
+        return CLI_FAIL;
+    }
     return CLI_OK;
 }
 

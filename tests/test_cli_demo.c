@@ -384,6 +384,20 @@ static void test_demo_errors(void **state)
     jfree(v);
     cli_run_free(&r);
 
+    /* --gpu: runs with a GPU; without one, says so at once. */
+    r = CLI(NULL, "demo", "--json", "--gpu", "--conversations", "2", "--turns", "2");
+    if (r.rc == 0) {
+        v = run_json(&r, 0);
+        check_demo_invariants(v);
+        assert_string_equal(jget(v, "warmup_sink")->str, "gpu");
+        jfree(v);
+    } else {
+        EXPECT_RC(r, 1);
+        assert_non_null(strstr(r.err, "GPU"));
+        assert_string_equal(r.out, "");
+    }
+    cli_run_free(&r);
+
     const char *const usage[][4] = {
         {"demo", "--turns", "1", NULL},
         {"demo", "--conversations", "0", NULL},
