@@ -326,14 +326,15 @@ KVX_API const kvx_shard_info *kvx_shard_get_info(const kvx_shard *s);
 KVX_API const char *kvx_shard_path(const kvx_shard *s);
 /* The open file descriptor (read-only; owned by the shard). */
 KVX_API int kvx_shard_fd(const kvx_shard *s);
-/* O(1). */
+/* O(1). An index >= num_blocks is KVX_EINVALID. */
 KVX_API int kvx_shard_entry(kvx_entry *out, const kvx_shard *s, uint32_t index);
 KVX_API int kvx_shard_find(uint32_t *out_index, const kvx_shard *s, uint32_t coordinate);
 /* Zero-copy pointer into the mapping, valid while s is held. With verify,
  * a CRC mismatch is KVX_EPAGECRC (the pointer is still set). */
 KVX_API int kvx_shard_page(const void **out_page, const kvx_shard *s, uint32_t index, int verify);
-/* Structure was checked at open; this checks every page CRC. Returns 0 or
- * the first failure; out_bad (nullable) gets the number of bad pages. Each
+/* Structure was checked at open; this checks every page CRC (a page now
+ * past the end of a file truncated after open: KVX_ETRUNC, not read).
+ * Returns 0 or the first failure; out_bad (nullable) gets the number of bad pages. Each
  * bad page is reported through report (nullable) with its index and code. */
 KVX_API int kvx_shard_verify(const kvx_shard *s, uint32_t *out_bad,
                              void (*report)(void *ctx, uint32_t index, int code), void *ctx);
@@ -376,10 +377,14 @@ typedef struct kvx_entry_in {
 KVX_API int kvx_shard_writer_create(kvx_shard_writer **out, const char *path,
                                     const kvx_shard_writer_options *opts);
 /* Copies the page into the file now (pwrite); nothing is kept in memory
- * but the tables. */
+ * but the tables. Refusals leave w usable: KVX_EFULL (max_entries reached),
+ * KVX_ETOKENS (0, or > B with hashes), KVX_EHASH (hash on a partial block),
+ * KVX_ELINEAGE (hash != H(parent, tokens)), KVX_EDUPLICATE (coordinate),
+ * KVX_EFORMAT (a scale not finite and > 0), KVX_EINVALID (NULL page, no
+ * tokens with lineage, scales without a scale table). */
 KVX_API int kvx_shard_writer_add(kvx_shard_writer *w, const kvx_entry_in *e);
 KVX_API uint32_t kvx_shard_writer_count(const kvx_shard_writer *w);
-/* Bytes the sealed file will occupy so far. */
+/* Bytes the sealed file will occupy so far (it ends on a 4096 boundary). */
 KVX_API uint64_t kvx_shard_writer_bytes(const kvx_shard_writer *w);
 /* Header, tables, meta CRC; fsync; rename to path; fsync the directory.
  * Frees w whatever the result; on failure nothing appears at path. */
@@ -399,7 +404,10 @@ KVX_API int kvx_page_to_envelope_payload(void *out_payload, uint16_t version, co
                                          const void *page, uint32_t n_tokens, const float *scales);
 /* One envelope block becomes a KVX page in g's quant (must match the
  * envelope's B, L, Hkv, D). out_scales (L*2*Hkv, nullable) receives the
- * scales for an FP8 target (v2 -> E4M3 copies them exactly). */
+ * scales for an FP8 target (v2 -> E4M3 copies them exactly; v1 -> E4M3 uses
+ * the v2 writer rule); with out_scales NULL the page is meant to decode at
+ * scale 1.0 (values are rounded, and saturate in E4M3). E5M2 targets use
+ * scale 1.0 always. */
 KVX_API int kvx_envelope_payload_to_page(void *out_page, float *out_scales, const kvx_geometry *g,
                                          const kvx_envelope *env, const kvx_envelope_block *blk);
 /* An envelope becomes a sealed shard at path: v1 -> FP16, v2 -> E4M3 with a
