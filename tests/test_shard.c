@@ -1102,6 +1102,50 @@ static void test_corpus(void **state)
     assert_true(seen > 0);
 }
 
+/* Read errors at open come back as they are (or as ETRUNC for a file that
+ * shrank between fstat and read), with nothing leaked (ASan checks). */
+static int pread_calls, pread_fail_at, pread_short;
+static ssize_t f_pread(int fd, void *buf, size_t len, off_t off)
+{
+    pread_calls++;
+    if (pread_fail_at && pread_calls == pread_fail_at) {
+        errno = EIO;
+        return -1;
+    }
+    if (pread_short && pread_calls == pread_short) return 0; /* end of file */
+    return pread(fd, buf, len, off);
+}
+
+static void test_open_read_faults(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_init(&f, KVX_QUANT_E4M3, ALL_FLAGS, 1);
+    const char *path = path_of("rf.kvx");
+    assert_int_equal(write_fixture(&f, path), 0);
+    kvx_os.pread = f_pread;
+    kvx_shard *s;
+    /* count the reads of a clean open, then fail each one in turn */
+    pread_calls = pread_fail_at = pread_short = 0;
+    assert_int_equal(kvx_shard_open(&s, path, 0), 0);
+    kvx_shard_close(s);
+    int reads = pread_calls;
+    assert_true(reads >= 3); /* header, tables, spectral sub-header and bundle */
+    for (int k = 1; k <= reads; k++) {
+        pread_calls = 0;
+        pread_fail_at = k;
+        pread_short = 0;
+        assert_int_equal(kvx_shard_open(&s, path, 0), -EIO);
+        assert_null(s);
+        pread_calls = 0;
+        pread_fail_at = 0;
+        pread_short = k;
+        assert_int_equal(kvx_shard_open(&s, path, 0), KVX_ETRUNC);
+        assert_null(s);
+    }
+    kvx_os_reset();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1118,6 +1162,7 @@ int main(void)
         cmocka_unit_test_setup(test_foreign_sigbus_not_swallowed, clean),
         cmocka_unit_test_setup(test_seal_faults, clean),
         cmocka_unit_test_setup(test_open_errors, clean),
+        cmocka_unit_test_setup(test_open_read_faults, clean),
         cmocka_unit_test(test_spectral_apply),
         cmocka_unit_test_setup(test_corpus, clean),
     };
