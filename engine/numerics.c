@@ -235,10 +235,24 @@ __attribute__((target("avx,f16c"))) static size_t f32_to_f16_f16c(uint16_t *out,
     return i;
 }
 
+/* Outputs at least this big bypass the cache (streaming stores): the f32
+ * side is twice the input, and for a buffer beyond the caches reading its
+ * lines in before overwriting them (RFO) costs as much as the writes. */
+#define KVX_STREAM_BYTES ((size_t)8 << 20)
+
 __attribute__((target("avx,f16c"))) static size_t f16_to_f32_f16c(float *out, const uint16_t *in,
                                                                   size_t n)
 {
     size_t i = 0;
+    if (n * sizeof(float) >= KVX_STREAM_BYTES) {
+        for (; ((uintptr_t)(out + i) & 31) != 0 && i < n; i++) out[i] = kvx_f16_to_f32(in[i]);
+        for (; i + 8 <= n; i += 8) {
+            __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(in + i));
+            _mm256_stream_ps(out + i, _mm256_cvtph_ps(h));
+        }
+        _mm_sfence();
+        return i;
+    }
     for (; i + 8 <= n; i += 8) {
         __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(in + i));
         _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));

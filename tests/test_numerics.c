@@ -368,6 +368,27 @@ static void test_bulk_ties(void **state)
     }
 }
 
+/* Large f16 -> f32 conversions take the streaming-store path (outputs of
+ * 8 MiB and more): every code, at an aligned and a misaligned output. */
+static void test_bulk_f16_large(void **state)
+{
+    (void)state;
+    const size_t n = (size_t)65536 * 40 + 5; /* > 2^21 floats = 8 MiB */
+    uint16_t *h = malloc(n * sizeof *h);
+    float *f = malloc((n + 8) * sizeof *f);
+    assert_true(h && f);
+    for (size_t i = 0; i < n; i++) h[i] = (uint16_t)(i * 40503u); /* odd step: every code */
+    for (int off = 0; off < 2; off++) {
+        memset(f, 0xFF, (n + 8) * sizeof *f);
+        kvx_f16_to_f32_n(f + off, h, n);
+        for (size_t i = 0; i < n; i++)
+            if (fbits(f[off + i]) != fbits(kvx_f16_to_f32(h[i]))) fail_msg("f16 %04x at %zu", h[i], i);
+        assert_int_equal(fbits(f[off + n]), 0xFFFFFFFFu); /* nothing past the end */
+    }
+    free(h);
+    free(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -381,6 +402,7 @@ int main(void)
         cmocka_unit_test(test_e5m2_known),
         cmocka_unit_test(test_bulk_equals_scalar),
         cmocka_unit_test(test_bulk_ties),
+        cmocka_unit_test(test_bulk_f16_large),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
