@@ -335,7 +335,8 @@ KVX_API int kvx_shard_page(const void **out_page, const kvx_shard *s, uint32_t i
 /* Structure was checked at open; this checks every page CRC (a page now
  * past the end of a file truncated after open: KVX_ETRUNC, not read).
  * Returns 0 or the first failure; out_bad (nullable) gets the number of bad pages. Each
- * bad page is reported through report (nullable) with its index and code. */
+ * bad page is reported through report (nullable) with its index and code;
+ * inside report, kvx_last_error() describes that page. */
 KVX_API int kvx_shard_verify(const kvx_shard *s, uint32_t *out_bad,
                              void (*report)(void *ctx, uint32_t index, int code), void *ctx);
 /* KVX_ENOTFOUND when the shard has no bundle. */
