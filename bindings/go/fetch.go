@@ -1,0 +1,401 @@
+// fetch.go - the data path: a pinned buffer pool, batched page fetches
+// into it, and (CUDA builds) a GPU arena.
+//
+// Pages fetched land in C-owned pinned memory (C never sees Go memory
+// beyond a call, which cgo requires of asynchronous I/O). A fetch is one
+// crossing to submit, then a poll loop of bounded waits (a few ms each, in
+// C) between which the context is checked: cancellation calls
+// kvx_fetch_cancel and drains, with no C -> Go callback.
+package kvx
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"unsafe"
+)
+
+// NodeAuto places memory on the GPU's NUMA node when known, else on the
+// calling thread's.
+const NodeAuto = int(C.KVX_POOL_NODE_AUTO)
+
+// PoolOptions configure a pinned pool. Use DefaultPoolOptions and change
+// what you need (the zero value means NUMA node 0).
+type PoolOptions struct {
+	Bytes      uint64 // rounded up to 4096; 0 = 64 MiB
+	NUMANode   int    // NodeAuto or a node
+	GPU        int    // CUDA device for registration; -1 = none
+	NoMlock    bool   // do not mlock (RLIMIT_MEMLOCK is often small)
+	NoCUDA     bool   // do not cudaHostRegister
+	NoRegister bool   // fetches use plain reads, not io_uring fixed buffers
+}
+
+// DefaultPoolOptions: 64 MiB, NodeAuto, GPU 0, locked.
+func DefaultPoolOptions() PoolOptions { return PoolOptions{NUMANode: NodeAuto} }
+
+// PoolInfo describes a pool.
+type PoolInfo struct {
+	Bytes, FreeBytes uint64
+	NUMANode         int
+	Locked           bool
+	CUDARegistered   bool
+}
+
+// Pool is a pinned, NUMA-placed buffer pool that fetches land in. Close it
+// after its Fetchers (Close refuses with ErrBusy while any is open).
+type Pool struct {
+	mu       sync.Mutex
+	c        *C.kvx_pool
+	fetchers int
+}
+
+// NewPool creates a pool (nil = DefaultPoolOptions()). ErrMemlock when
+// RLIMIT_MEMLOCK refuses the lock (the message gives the limit).
+func NewPool(opts *PoolOptions) (*Pool, error) {
+	o := DefaultPoolOptions()
+	if opts != nil {
+		o = *opts
+	}
+	co := C.kvx_pool_options{version: C.KVX_POOL_OPTIONS_VERSION, bytes: C.uint64_t(o.Bytes),
+		numa_node: C.int(o.NUMANode), gpu: C.int(o.GPU)}
+	if o.NoMlock {
+		co.flags |= C.KVX_POOL_NO_MLOCK
+	}
+	if o.NoCUDA {
+		co.flags |= C.KVX_POOL_NO_CUDA
+	}
+	if o.NoRegister {
+		co.flags |= C.KVX_POOL_NO_REGISTER
+	}
+	var cp *C.kvx_pool
+	if err := check(C.gokvx_pool_create(&cp, &co)); err != nil {
+		return nil, err
+	}
+	p := &Pool{c: cp}
+	runtime.SetFinalizer(p, func(p *Pool) { p.Close() })
+	return p, nil
+}
+
+// Info describes the pool.
+func (p *Pool) Info() (PoolInfo, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.c == nil {
+		return PoolInfo{}, ErrClosed
+	}
+	var i C.kvx_pool_info
+	if err := check(C.gokvx_pool_info(&i, p.c)); err != nil {
+		return PoolInfo{}, err
+	}
+	return PoolInfo{Bytes: uint64(i.bytes), FreeBytes: uint64(i.free_bytes), NUMANode: int(i.numa_node),
+		Locked: i.locked != 0, CUDARegistered: i.cuda_registered != 0}, nil
+}
+
+// Close frees the pool: ErrBusy while Fetchers created on it are open.
+// Idempotent.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.c == nil {
+		return nil
+	}
+	if p.fetchers > 0 {
+		return newError(CodeBusy, "Pool.Close: "+u64s(uint64(p.fetchers))+" Fetcher(s) still open")
+	}
+	C.kvx_pool_destroy(p.c)
+	p.c = nil
+	runtime.SetFinalizer(p, nil)
+	return nil
+}
+
+// IOMode is the read path of a fetch or warmup.
+type IOMode int
+
+const (
+	IOAuto  IOMode = C.KVX_IO_AUTO  // io_uring, else the pread fallback
+	IOUring IOMode = C.KVX_IO_URING // io_uring only
+	IOPread IOMode = C.KVX_IO_PREAD // buffered pread from a thread pool
+)
+
+func (m IOMode) String() string { return C.GoString(C.kvx_io_mode_name(C.int(m))) }
+
+// FetchOptions configure a Fetcher (zero value: io_uring when allowed,
+// library defaults, CRC checked).
+type FetchOptions struct {
+	IOMode       IOMode
+	QueueDepth   uint32 // 0 = 64
+	Threads      uint32 // pread workers; 0 = 4
+	MaxReadBytes uint32 // coalescing cap; 0 = 4 MiB
+	NoVerify     bool   // skip the per-page CRC check
+	Buffered     bool   // never O_DIRECT
+}
+
+// Fetcher reads batches of pages into its pool. One batch at a time: a
+// Fetch while the previous *Fetched is not released fails with ErrBusy
+// (use several Fetchers on one pool to pipeline). Safe for concurrent use
+// (calls are serialized).
+type Fetcher struct {
+	mu   sync.Mutex
+	c    *C.kvx_fetch
+	pool *Pool
+	cur  *Fetched
+}
+
+// NewFetcher creates a fetcher on the pool.
+func (p *Pool) NewFetcher(opts *FetchOptions) (*Fetcher, error) {
+	var o FetchOptions
+	if opts != nil {
+		o = *opts
+	}
+	co := C.kvx_fetch_options{version: C.KVX_FETCH_OPTIONS_VERSION, io_mode: C.int(o.IOMode),
+		queue_depth: C.uint32_t(o.QueueDepth), threads: C.uint32_t(o.Threads),
+		max_read_bytes: C.uint32_t(o.MaxReadBytes)}
+	if o.NoVerify {
+		co.flags |= C.KVX_FETCH_NO_VERIFY
+	}
+	if o.Buffered {
+		co.flags |= C.KVX_FETCH_BUFFERED
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.c == nil {
+		return nil, ErrClosed
+	}
+	var cf *C.kvx_fetch
+	if err := check(C.gokvx_fetch_create(&cf, p.c, &co)); err != nil {
+		return nil, err
+	}
+	p.fetchers++
+	f := &Fetcher{c: cf, pool: p}
+	runtime.SetFinalizer(f, (*Fetcher).Close)
+	return f, nil
+}
+
+// Mode is the read path in use (IOUring or IOPread).
+func (f *Fetcher) Mode() IOMode {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.c == nil {
+		return IOAuto
+	}
+	return IOMode(C.kvx_fetch_mode(f.c))
+}
+
+// Close releases the current batch (if any) and frees the fetcher.
+// Idempotent.
+func (f *Fetcher) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.c == nil {
+		return nil
+	}
+	if f.cur != nil {
+		f.cur.released = true
+		f.cur = nil
+	}
+	C.kvx_fetch_destroy(f.c)
+	f.c = nil
+	runtime.SetFinalizer(f, nil)
+	f.pool.mu.Lock()
+	f.pool.fetchers--
+	f.pool.mu.Unlock()
+	return nil
+}
+
+// pollMs bounds each wait in C, so a canceled context is noticed quickly.
+const pollMs = 5
+
+// Fetch reads the pages of blocks (views from the store, not released)
+// into pinned memory: one crossing to submit, bounded waits in C between
+// context checks. Per-page failures (ErrPageCRC, ErrTruncated, -EIO) are
+// in the result's Err(i), not the error. A canceled context cancels the
+// reads, drains them, and returns an error matching ErrCanceled and
+// ctx.Err(). Views may be released once Fetch returns (the batch holds
+// its own shard references).
+func (f *Fetcher) Fetch(ctx context.Context, blocks []View) (*Fetched, error) {
+	reqs := make([]C.kvx_fetch_req, len(blocks))
+	for i, b := range blocks {
+		c := b.cv()
+		if c == nil || c.shard == nil {
+			return nil, newError(CodeInvalid, "Fetch: block "+u64s(uint64(i))+" is released or a miss")
+		}
+		reqs[i] = C.kvx_fetch_req{shard: c.shard, entry: c.entry}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.c == nil {
+		return nil, ErrClosed
+	}
+	if f.cur != nil {
+		return nil, newError(CodeBusy, "Fetch: the previous batch of this Fetcher is not released")
+	}
+	if len(reqs) == 0 {
+		if err := ctx.Err(); err != nil {
+			return nil, canceled(err, "Fetch")
+		}
+		r := &Fetched{f: f}
+		f.cur = r
+		return r, nil
+	}
+	if err := check(C.gokvx_fetch_submit(f.c, &reqs[0], C.size_t(len(reqs)))); err != nil {
+		return nil, err
+	}
+	// blocks' shard references are now the batch's own; keep the views
+	// alive until here.
+	runtime.KeepAlive(blocks)
+	res := make([]C.kvx_fetch_result, len(reqs))
+	var cause error
+	for {
+		if cause == nil {
+			select {
+			case <-ctx.Done():
+				cause = ctx.Err()
+				C.kvx_fetch_cancel(f.c) // no new reads; wait drains the rest
+			default:
+			}
+		}
+		r := C.gokvx_fetch_wait(f.c, &res[0], C.size_t(len(res)), pollMs)
+		if r.rc == 0 {
+			break
+		}
+		if r.rc != -C.ETIMEDOUT {
+			C.kvx_fetch_release(f.c)
+			return nil, check(r)
+		}
+	}
+	if cause != nil {
+		C.kvx_fetch_release(f.c)
+		return nil, canceled(cause, "Fetch")
+	}
+	out := &Fetched{f: f, res: res}
+	f.cur = out
+	return out, nil
+}
+
+// Fetched is a batch of pages in pinned pool memory, valid until Release
+// (or the Fetcher's Close). Read it from one goroutine at a time, or
+// from several with Release after all of them.
+type Fetched struct {
+	f        *Fetcher
+	res      []C.kvx_fetch_result
+	released bool // guarded by f.mu
+}
+
+// Len is the number of pages.
+func (r *Fetched) Len() int { return len(r.res) }
+
+func (r *Fetched) live() bool {
+	r.f.mu.Lock()
+	defer r.f.mu.Unlock()
+	return !r.released
+}
+
+// Page is page i, zero-copy in pinned memory (nil if it failed or after
+// Release).
+func (r *Fetched) Page(i int) []byte {
+	x := &r.res[i]
+	if !r.live() || x.status != 0 {
+		return nil
+	}
+	return cbytes(x.page, uint64(x.bytes))
+}
+
+// Err is page i's failure: nil, ErrPageCRC, ErrTruncated, ErrNotFound, or
+// an OS error.
+func (r *Fetched) Err(i int) error {
+	if st := int(r.res[i].status); st != 0 {
+		return newError(st, "page "+u64s(uint64(i))+" of the batch")
+	}
+	return nil
+}
+
+// CRC32 is the CRC-32 computed over page i as it landed (0 with NoVerify).
+func (r *Fetched) CRC32(i int) uint32 { return uint32(r.res[i].crc32) }
+
+// Bytes is a copy of page i (nil if it failed or after Release).
+func (r *Fetched) Bytes(i int) []byte {
+	p := r.Page(i)
+	if p == nil {
+		return nil
+	}
+	return append([]byte(nil), p...)
+}
+
+// CopyTo copies page i into dst; returns the bytes copied.
+func (r *Fetched) CopyTo(i int, dst []byte) int { return copy(dst, r.Page(i)) }
+
+// Release returns the pages to the pool; their slices become invalid and
+// the Fetcher takes its next batch. Idempotent.
+func (r *Fetched) Release() {
+	f := r.f
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r.released {
+		return
+	}
+	r.released = true
+	if f.cur == r {
+		f.cur = nil
+		if f.c != nil && len(r.res) > 0 {
+			C.kvx_fetch_release(f.c)
+		}
+	}
+}
+
+// GPUCount is the number of usable GPUs (ErrNoCUDA in a build without
+// CUDA).
+func GPUCount() (int, error) {
+	r := C.gokvx_gpu_count()
+	return int(r.n), check(r)
+}
+
+// GPU is a device arena that a warmup can upload into (CUDA builds).
+type GPU struct {
+	mu sync.Mutex
+	c  *C.kvx_gpu
+}
+
+// NewGPU creates an arena of arenaBytes (0 = 256 MiB) on device.
+// ErrNoCUDA / ErrNoGPU where there is none.
+func NewGPU(device int, arenaBytes uint64) (*GPU, error) {
+	co := C.kvx_gpu_options{version: C.KVX_GPU_OPTIONS_VERSION, device: C.int(device),
+		arena_bytes: C.uint64_t(arenaBytes)}
+	var cg *C.kvx_gpu
+	if err := check(C.gokvx_gpu_create(&cg, &co)); err != nil {
+		return nil, err
+	}
+	g := &GPU{c: cg}
+	runtime.SetFinalizer(g, (*GPU).Close)
+	return g, nil
+}
+
+// CopyBack copies bytes at device address dev into dst (verification).
+func (g *GPU) CopyBack(dst []byte, dev uint64) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.c == nil {
+		return ErrClosed
+	}
+	if len(dst) == 0 {
+		return nil
+	}
+	// dst is Go memory used only during this synchronous call.
+	return check(C.gokvx_gpu_copy_back(unsafe.Pointer(&dst[0]), g.c, C.uint64_t(dev), C.uint64_t(len(dst))))
+}
+
+// Close frees the arena. Idempotent.
+func (g *GPU) Close() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.c != nil {
+		C.kvx_gpu_destroy(g.c)
+		g.c = nil
+		runtime.SetFinalizer(g, nil)
+	}
+	return nil
+}

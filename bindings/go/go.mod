@@ -1,0 +1,3 @@
+module kvx.dev/kvx
+
+go 1.19

@@ -1,0 +1,253 @@
+/*
+ * shim.c - see shim.h: one C call per Go call, the error message captured
+ * on the failing thread, and C-side collectors instead of callbacks.
+ */
+#include "shim.h"
+
+#include <errno.h>
+#include <string.h>
+
+static gokvx_rc gokvx_done(int rc, uint64_t n)
+{
+    gokvx_rc r;
+    r.rc = rc;
+    r.n = n;
+    r.msg = NULL;
+    if (rc) {
+        const char *m = kvx_last_error();
+        r.msg = strdup(m && *m ? m : kvx_strerror(rc));
+    }
+    return r;
+}
+
+gokvx_rc gokvx_store_create(kvx_store **out, const char *dir, const kvx_store_options *opts)
+{
+    return gokvx_done(kvx_store_create(out, dir, opts), 0);
+}
+
+gokvx_rc gokvx_store_open(kvx_store **out, const char *dir, const kvx_geometry *expect, uint32_t flags)
+{
+    return gokvx_done(kvx_store_open(out, dir, expect, flags), 0);
+}
+
+gokvx_rc gokvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens, const void *pages,
+                         size_t n_pages, const float *scales)
+{
+    size_t added = 0;
+    int rc = kvx_store_put(s, tokens, n_tokens, pages, n_pages, scales, &added);
+    return gokvx_done(rc, added);
+}
+
+gokvx_rc gokvx_store_flush(kvx_store *s) { return gokvx_done(kvx_store_flush(s), 0); }
+gokvx_rc gokvx_store_gc(kvx_store *s) { return gokvx_done(kvx_store_gc(s), 0); }
+gokvx_rc gokvx_store_reindex(kvx_store *s) { return gokvx_done(kvx_store_reindex(s), 0); }
+
+gokvx_rc gokvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate)
+{
+    return gokvx_done(kvx_store_get(out, s, coordinate), 0);
+}
+
+gokvx_rc gokvx_store_get_hash(kvx_view *out, kvx_store *s, uint64_t hash)
+{
+    return gokvx_done(kvx_store_get_hash(out, s, hash), 0);
+}
+
+gokvx_rc gokvx_store_get_hashes(kvx_view *out, int *status, kvx_store *s, const uint64_t *hashes,
+                                size_t n)
+{
+    return gokvx_done(kvx_store_get_hashes(out, status, s, hashes, n), 0);
+}
+
+gokvx_rc gokvx_store_prefix(kvx_view *out, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
+                            size_t max_views)
+{
+    size_t n = 0;
+    int rc = kvx_store_prefix(out, &n, s, tokens, n_tokens, max_views);
+    return gokvx_done(rc, n);
+}
+
+gokvx_rc gokvx_store_stat(kvx_store_stats *out, kvx_store *s)
+{
+    return gokvx_done(kvx_store_stat(out, s), 0);
+}
+
+/* A growable array of problems, filled by the library's report callbacks. */
+typedef struct bads {
+    gokvx_bad *v;
+    size_t n, cap;
+    int oom;
+} bads;
+
+static void bads_push(bads *b, uint32_t index, int code, const char *what)
+{
+    if (b->oom) return;
+    if (b->n == b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 16;
+        gokvx_bad *v = realloc(b->v, cap * sizeof *v);
+        if (!v) {
+            b->oom = 1;
+            return;
+        }
+        b->v = v;
+        b->cap = cap;
+    }
+    gokvx_bad *x = &b->v[b->n++];
+    x->index = index;
+    x->code = code;
+    x->what = what ? strdup(what) : NULL;
+}
+
+static void store_report(void *ctx, const char *what, int code) { bads_push(ctx, 0, code, what); }
+static void shard_report(void *ctx, uint32_t index, int code) { bads_push(ctx, index, code, NULL); }
+
+gokvx_rc gokvx_store_verify(kvx_store *s, gokvx_bad **out_bad)
+{
+    bads b = {0};
+    uint64_t nbad = 0;
+    int rc = kvx_store_verify(s, &nbad, store_report, &b);
+    gokvx_rc r = gokvx_done(rc, b.n);
+    *out_bad = b.v;
+    (void)nbad;
+    return r;
+}
+
+gokvx_rc gokvx_store_shards(kvx_shard ***out, kvx_store *s)
+{
+    size_t n = 0;
+    int rc = kvx_store_shards(out, &n, s);
+    return gokvx_done(rc, n);
+}
+
+gokvx_rc gokvx_shard_open(kvx_shard **out, const char *path, unsigned flags)
+{
+    return gokvx_done(kvx_shard_open(out, path, flags), 0);
+}
+
+gokvx_rc gokvx_shard_entries(kvx_entry *out, const kvx_shard *s, uint32_t first, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        int rc = kvx_shard_entry(&out[i], s, first + i);
+        if (rc) return gokvx_done(rc, i);
+    }
+    return gokvx_done(0, n);
+}
+
+gokvx_rc gokvx_shard_find(const kvx_shard *s, uint32_t coordinate)
+{
+    uint32_t idx = 0;
+    int rc = kvx_shard_find(&idx, s, coordinate);
+    return gokvx_done(rc, idx);
+}
+
+gokvx_rc gokvx_shard_page(const void **out, const kvx_shard *s, uint32_t index, int verify)
+{
+    return gokvx_done(kvx_shard_page(out, s, index, verify), 0);
+}
+
+gokvx_rc gokvx_shard_verify(const kvx_shard *s, gokvx_bad **out_bad)
+{
+    bads b = {0};
+    uint32_t nbad = 0;
+    int rc = kvx_shard_verify(s, &nbad, shard_report, &b);
+    gokvx_rc r = gokvx_done(rc, b.n);
+    *out_bad = b.v;
+    return r;
+}
+
+void gokvx_bads_free(gokvx_bad *b, size_t n)
+{
+    if (!b) return;
+    for (size_t i = 0; i < n; i++) free(b[i].what);
+    free(b);
+}
+
+void gokvx_shards_free(kvx_shard **a, size_t n)
+{
+    if (!a) return;
+    for (size_t i = 0; i < n; i++) kvx_shard_close(a[i]);
+    kvx_free(a);
+}
+
+gokvx_rc gokvx_pool_create(kvx_pool **out, const kvx_pool_options *opts)
+{
+    return gokvx_done(kvx_pool_create(out, opts), 0);
+}
+
+gokvx_rc gokvx_pool_info(kvx_pool_info *out, kvx_pool *p) { return gokvx_done(kvx_pool_get_info(out, p), 0); }
+
+gokvx_rc gokvx_fetch_create(kvx_fetch **out, kvx_pool *p, const kvx_fetch_options *opts)
+{
+    return gokvx_done(kvx_fetch_create(out, p, opts), 0);
+}
+
+gokvx_rc gokvx_fetch_submit(kvx_fetch *f, const kvx_fetch_req *reqs, size_t n)
+{
+    return gokvx_done(kvx_fetch_submit(f, reqs, n), 0);
+}
+
+gokvx_rc gokvx_fetch_wait(kvx_fetch *f, kvx_fetch_result *out, size_t n, int timeout_ms)
+{
+    int rc = kvx_fetch_wait(f, out, n, timeout_ms);
+    if (rc == -ETIMEDOUT) return (gokvx_rc){rc, 0, NULL}; /* not a failure: poll again */
+    return gokvx_done(rc, 0);
+}
+
+gokvx_rc gokvx_gpu_count(void)
+{
+    int n = 0;
+    int rc = kvx_gpu_count(&n);
+    return gokvx_done(rc, rc ? 0 : (uint64_t)n);
+}
+
+gokvx_rc gokvx_gpu_create(kvx_gpu **out, const kvx_gpu_options *opts)
+{
+    return gokvx_done(kvx_gpu_create(out, opts), 0);
+}
+
+gokvx_rc gokvx_gpu_copy_back(void *dst, kvx_gpu *g, uint64_t dev, uint64_t bytes)
+{
+    return gokvx_done(kvx_gpu_copy_back(dst, g, dev, bytes), 0);
+}
+
+gokvx_rc gokvx_warmup_sink_bytes(kvx_shard *const *shards, size_t n)
+{
+    uint64_t b = 0;
+    int rc = kvx_warmup_sink_bytes(&b, shards, n);
+    return gokvx_done(rc, b);
+}
+
+gokvx_rc gokvx_warmup_start(kvx_warmup **out, kvx_shard *const *shards, size_t n,
+                            const kvx_warmup_options *opts)
+{
+    return gokvx_done(kvx_warmup_start(out, shards, n, opts), 0);
+}
+
+gokvx_rc gokvx_warmup_wait(kvx_warmup_report *out, kvx_warmup *w, int timeout_ms)
+{
+    int rc = kvx_warmup_wait(out, w, timeout_ms);
+    if (rc == -ETIMEDOUT) return (gokvx_rc){rc, 0, NULL};
+    return gokvx_done(rc, 0);
+}
+
+gokvx_rc gokvx_warmup_collect(kvx_shard ***out, const char *const *paths, size_t n)
+{
+    size_t got = 0;
+    int rc = kvx_warmup_collect(out, &got, paths, n);
+    return gokvx_done(rc, got);
+}
+
+gokvx_rc gokvx_warmup_device_pages(const uint64_t **out, kvx_warmup *w)
+{
+    size_t n = 0;
+    int rc = kvx_warmup_device_pages(out, &n, w);
+    return gokvx_done(rc, n);
+}
+
+void *gokvx_alloc_aligned(uint64_t bytes)
+{
+    void *p = NULL;
+    if (bytes == 0) bytes = 1;
+    if (posix_memalign(&p, 4096, (size_t)bytes)) return NULL;
+    memset(p, 0, (size_t)bytes);
+    return p;
+}

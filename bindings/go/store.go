@@ -1,0 +1,517 @@
+// store.go - the store: a persistent prefix cache indexed in LMDB.
+//
+// Lookups (Prefix, Get, GetHash, GetHashes) are one cgo crossing per call
+// whatever the number of blocks: the C call fills a Go array of kvx_view
+// (C pointers only, so cgo's rules allow it, and C keeps nothing), and the
+// returned *Views reads that array in place: building the result costs no
+// per-block Go work. Lookups run concurrently (the C store is thread-safe
+// for them); writers (Put, Flush, GC, Reindex) are serialized by a mutex.
+// Close waits for calls in flight (a read-write lock) and is idempotent.
+package kvx
+
+/*
+#include "shim.h"
+*/
+import "C"
+
+import (
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+)
+
+// StoreOptions are the fixed settings of a new store.
+type StoreOptions struct {
+	Geometry      Geometry // BlockTokens must be set: blocks are named by chained hash
+	CapacityBytes uint64   // 0 = the library's default
+	ShardBytes    uint64   // target sealed shard size; 0 = capacity/64 clamped
+	NoWait        bool     // a second writer gets ErrBusy at once instead of waiting
+	Verify        bool     // check shard meta CRCs at open and each served page's CRC
+	NoSync        bool     // tests and benchmarks only: LMDB commits without fsync
+}
+
+// OpenOptions are the settings of Open (nil = read-write, waiting for the
+// writer lock, no expectations).
+type OpenOptions struct {
+	ReadOnly bool      // lookups only, no writer lock
+	NoWait   bool      // ErrBusy at once when another writer holds the store
+	Verify   bool      // check meta CRCs now and each served page's CRC
+	NoSync   bool      // tests and benchmarks only
+	Expect   *Geometry // nil, or a geometry that must match (ErrShape / ErrModel)
+}
+
+// Store is an open store directory. Safe for concurrent use.
+type Store struct {
+	mu   sync.RWMutex // read: any call on c; write: Close
+	wmu  sync.Mutex   // serializes writers
+	c    *C.kvx_store
+	geom Geometry
+}
+
+// Stats are a store's counters.
+type Stats struct {
+	Blocks, Bytes, Shards, CapacityBytes      uint64
+	Hits, Misses, Evictions, EvictedBlocks    uint64
+	Compactions, PendingBlocks, DroppedShards uint64
+	ShardBytes                                uint64
+}
+
+func storeFlags(noWait, verify, noSync, readOnly bool) C.uint32_t {
+	var f C.uint32_t
+	if readOnly {
+		f |= C.KVX_STORE_READONLY
+	}
+	if noWait {
+		f |= C.KVX_STORE_NOWAIT
+	}
+	if verify {
+		f |= C.KVX_STORE_VERIFY
+	}
+	if noSync {
+		f |= C.KVX_STORE_NOSYNC
+	}
+	return f
+}
+
+// Create makes a new store directory (0700) with a fixed geometry.
+func Create(dir string, opts StoreOptions) (*Store, error) {
+	co := C.kvx_store_options{
+		version:        C.KVX_STORE_OPTIONS_VERSION,
+		geometry:       opts.Geometry.c(),
+		capacity_bytes: C.uint64_t(opts.CapacityBytes),
+		flags:          storeFlags(opts.NoWait, opts.Verify, opts.NoSync, false),
+		shard_bytes:    C.uint64_t(opts.ShardBytes),
+	}
+	cdir := C.CString(dir)
+	defer C.free(unsafe.Pointer(cdir))
+	var cs *C.kvx_store
+	if err := check(C.gokvx_store_create(&cs, cdir, &co)); err != nil {
+		return nil, err
+	}
+	return newStore(cs), nil
+}
+
+// Open opens an existing store and runs its recovery.
+func Open(dir string, opts *OpenOptions) (*Store, error) {
+	var o OpenOptions
+	if opts != nil {
+		o = *opts
+	}
+	cdir := C.CString(dir)
+	defer C.free(unsafe.Pointer(cdir))
+	var expect *C.kvx_geometry
+	if o.Expect != nil {
+		g := o.Expect.c()
+		expect = (*C.kvx_geometry)(C.malloc(C.size_t(unsafe.Sizeof(g))))
+		*expect = g
+		defer C.free(unsafe.Pointer(expect))
+	}
+	var cs *C.kvx_store
+	if err := check(C.gokvx_store_open(&cs, cdir, expect, storeFlags(o.NoWait, o.Verify, o.NoSync, o.ReadOnly))); err != nil {
+		return nil, err
+	}
+	return newStore(cs), nil
+}
+
+func newStore(cs *C.kvx_store) *Store {
+	s := &Store{c: cs}
+	var g C.kvx_geometry
+	C.kvx_store_get_geometry(&g, cs)
+	s.geom = geometryFromC(&g)
+	runtime.SetFinalizer(s, (*Store).Close)
+	return s
+}
+
+// Close closes the store; unflushed puts are dropped. Views and shards
+// taken from the store stay valid (they hold their own references). Safe
+// to call more than once.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.c != nil {
+		C.kvx_store_close(s.c)
+		s.c = nil
+		runtime.SetFinalizer(s, nil)
+	}
+	return nil
+}
+
+// Geometry is the store's fixed geometry.
+func (s *Store) Geometry() Geometry { return s.geom }
+
+// acquire read-locks the store; the caller must call s.mu.RUnlock().
+func (s *Store) acquire() (*C.kvx_store, error) {
+	s.mu.RLock()
+	if s.c == nil {
+		s.mu.RUnlock()
+		return nil, ErrClosed
+	}
+	return s.c, nil
+}
+
+// Put stores the full blocks of one sequence: tokens are its ids, pages
+// holds n contiguous KVX pages of B tokens each (n <= len(tokens)/B,
+// len(pages) a multiple of the page size), scales (nil, or n*L*2*Hkv) the
+// FP8 scales. Blocks already held are skipped; Put returns how many were
+// written. Nothing is visible or durable until Flush returns nil. The
+// library copies the pages during the call.
+func (s *Store) Put(tokens []uint32, pages []byte, scales []float32) (int, error) {
+	pb := s.geom.PageBytes(s.geom.BlockTokens)
+	if pb == 0 || uint64(len(pages))%pb != 0 {
+		return 0, newError(CodeInvalid, "Put: len(pages) "+u64s(uint64(len(pages)))+
+			" is not a multiple of the page size "+u64s(pb))
+	}
+	n := uint64(len(pages)) / pb
+	if scales != nil && uint64(len(scales)) != n*s.geom.ScaleCount() {
+		return 0, newError(CodeInvalid, "Put: len(scales) "+u64s(uint64(len(scales)))+" is not pages*L*2*Hkv = "+
+			u64s(n*s.geom.ScaleCount()))
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	cs, err := s.acquire()
+	if err != nil {
+		return 0, err
+	}
+	defer s.mu.RUnlock()
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	var ctok *C.uint32_t
+	if len(tokens) > 0 {
+		ctok = (*C.uint32_t)(&tokens[0])
+	}
+	var csc *C.float
+	if len(scales) > 0 {
+		csc = (*C.float)(&scales[0])
+	}
+	r := C.gokvx_store_put(cs, ctok, C.size_t(len(tokens)), unsafe.Pointer(&pages[0]), C.size_t(n), csc)
+	return int(r.n), check(r)
+}
+
+// Flush makes every block put so far durable and visible. nil is the
+// acknowledgement.
+func (s *Store) Flush() error { return s.writer(func(cs *C.kvx_store) C.gokvx_rc { return C.gokvx_store_flush(cs) }) }
+
+// GC evicts to capacity and compacts mostly-dead or small shards.
+func (s *Store) GC() error { return s.writer(func(cs *C.kvx_store) C.gokvx_rc { return C.gokvx_store_gc(cs) }) }
+
+// Reindex rebuilds the index from the shards' own tables.
+func (s *Store) Reindex() error {
+	return s.writer(func(cs *C.kvx_store) C.gokvx_rc { return C.gokvx_store_reindex(cs) })
+}
+
+func (s *Store) writer(f func(*C.kvx_store) C.gokvx_rc) error {
+	cs, err := s.acquire()
+	if err != nil {
+		return err
+	}
+	defer s.mu.RUnlock()
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return check(f(cs))
+}
+
+// Prefix serves the longest cached prefix of tokens: the leading full
+// blocks found, in order, lineage-verified (a hash collision can never
+// return another prefix's KV). A miss is not an error: the Views is empty.
+// One cgo crossing whatever the number of blocks.
+func (s *Store) Prefix(tokens []uint32) (*Views, error) {
+	return s.PrefixMax(tokens, len(tokens))
+}
+
+// PrefixMax is Prefix serving at most max blocks.
+func (s *Store) PrefixMax(tokens []uint32, max int) (*Views, error) {
+	nb := 0
+	if s.geom.BlockTokens > 0 {
+		nb = len(tokens) / int(s.geom.BlockTokens)
+	}
+	if max < nb {
+		nb = max
+	}
+	if nb <= 0 {
+		return newViews(0), nil
+	}
+	cs, err := s.acquire()
+	if err != nil {
+		return nil, err
+	}
+	v := newViews(nb)
+	r := C.gokvx_store_prefix(&v.c[0], cs, (*C.uint32_t)(&tokens[0]), C.size_t(len(tokens)), C.size_t(nb))
+	s.mu.RUnlock()
+	if err := check(r); err != nil {
+		return nil, err
+	}
+	v.c = v.c[:int(r.n)]
+	v.arm()
+	return v, nil
+}
+
+// Get serves the block at a coordinate (ErrNotFound when there is none).
+func (s *Store) Get(c Coord) (*Views, error) {
+	cs, err := s.acquire()
+	if err != nil {
+		return nil, err
+	}
+	v := newViews(1)
+	r := C.gokvx_store_get(&v.c[0], cs, C.uint32_t(c))
+	s.mu.RUnlock()
+	if err := check(r); err != nil {
+		return nil, err
+	}
+	v.arm()
+	return v, nil
+}
+
+// GetHash serves the block with a chained hash (ErrNotFound when none).
+func (s *Store) GetHash(hash uint64) (*Views, error) {
+	cs, err := s.acquire()
+	if err != nil {
+		return nil, err
+	}
+	v := newViews(1)
+	r := C.gokvx_store_get_hash(&v.c[0], cs, C.uint64_t(hash))
+	s.mu.RUnlock()
+	if err := check(r); err != nil {
+		return nil, err
+	}
+	v.arm()
+	return v, nil
+}
+
+// GetHashes looks up many hashes in one crossing. View i is the block of
+// hashes[i]; a miss has Found() false and errs[i] (ErrNotFound, or
+// ErrPageCRC with Verify) non-nil.
+func (s *Store) GetHashes(hashes []uint64) (*Views, []error, error) {
+	if len(hashes) == 0 {
+		return newViews(0), nil, nil
+	}
+	cs, err := s.acquire()
+	if err != nil {
+		return nil, nil, err
+	}
+	v := newViews(len(hashes))
+	status := make([]C.int, len(hashes))
+	r := C.gokvx_store_get_hashes(&v.c[0], &status[0], cs, (*C.uint64_t)(&hashes[0]), C.size_t(len(hashes)))
+	s.mu.RUnlock()
+	if err := check(r); err != nil {
+		return nil, nil, err
+	}
+	v.arm()
+	errs := make([]error, len(hashes))
+	for i, st := range status {
+		if st != 0 {
+			errs[i] = newError(int(st), "")
+		}
+	}
+	return v, errs, nil
+}
+
+// Stat returns the store's counters.
+func (s *Store) Stat() (Stats, error) {
+	cs, err := s.acquire()
+	if err != nil {
+		return Stats{}, err
+	}
+	defer s.mu.RUnlock()
+	var st C.kvx_store_stats
+	if err := check(C.gokvx_store_stat(&st, cs)); err != nil {
+		return Stats{}, err
+	}
+	return Stats{
+		Blocks: uint64(st.blocks), Bytes: uint64(st.bytes), Shards: uint64(st.shards),
+		CapacityBytes: uint64(st.capacity_bytes), Hits: uint64(st.hits), Misses: uint64(st.misses),
+		Evictions: uint64(st.evictions), EvictedBlocks: uint64(st.evicted_blocks),
+		Compactions: uint64(st.compactions), PendingBlocks: uint64(st.pending_blocks),
+		DroppedShards: uint64(st.dropped_shards), ShardBytes: uint64(st.shard_bytes),
+	}, nil
+}
+
+// Problem is one finding of a verify.
+type Problem struct {
+	Entry uint32 // shard verify: the entry index
+	What  string // store verify: what is wrong, named by the library
+	Err   *Error
+}
+
+// Verify checks every shard and page against the index. The error is the
+// first failure (nil when everything is intact); problems lists each one.
+func (s *Store) Verify() ([]Problem, error) {
+	cs, err := s.acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer s.mu.RUnlock()
+	var bad *C.gokvx_bad
+	r := C.gokvx_store_verify(cs, &bad)
+	probs := problems(bad, r.n)
+	return probs, check(r)
+}
+
+func problems(bad *C.gokvx_bad, n C.uint64_t) []Problem {
+	if bad == nil {
+		return nil
+	}
+	defer C.gokvx_bads_free(bad, C.size_t(n))
+	out := make([]Problem, 0, int(n))
+	for _, b := range unsafe.Slice(bad, int(n)) {
+		p := Problem{Entry: uint32(b.index), Err: newError(int(b.code), "")}
+		if b.what != nil {
+			p.What = C.GoString(b.what)
+			p.Err.Message = p.What
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// Shards is a snapshot of the live shards, each an open *Shard the caller
+// closes (they stay valid after the store is closed or a shard evicted).
+func (s *Store) Shards() ([]*Shard, error) {
+	cs, err := s.acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer s.mu.RUnlock()
+	var arr **C.kvx_shard
+	r := C.gokvx_store_shards(&arr, cs)
+	if err := check(r); err != nil {
+		return nil, err
+	}
+	return adoptShards(arr, int(r.n)), nil
+}
+
+// Views is a batch of blocks served by the store: zero-copy views of
+// mapped pages, each holding a reference on its shard, so they stay valid
+// until Release even if the shard is evicted or the store closed. A Views
+// may be read by several goroutines; Release it once, after all of them
+// are done. A finalizer releases a forgotten Views, so keep it reachable
+// while you use its pages (runtime.KeepAlive, or simply call Release).
+type Views struct {
+	c        []C.kvx_view // filled by C; C pointers only
+	released atomic.Bool
+}
+
+func newViews(n int) *Views { return &Views{c: make([]C.kvx_view, n)} }
+
+func (v *Views) arm() {
+	if len(v.c) > 0 {
+		runtime.SetFinalizer(v, (*Views).Release)
+	}
+}
+
+// Len is the number of blocks.
+func (v *Views) Len() int {
+	if v == nil {
+		return 0
+	}
+	return len(v.c)
+}
+
+// At is block i (0 <= i < Len()).
+func (v *Views) At(i int) View {
+	_ = v.c[i] // bounds check now, not at first use
+	return View{v: v, i: i}
+}
+
+// Release drops the views' shard references. Every page slice taken from
+// them becomes invalid; the package never reads them again. Idempotent.
+func (v *Views) Release() {
+	if v == nil || v.released.Swap(true) {
+		return
+	}
+	runtime.SetFinalizer(v, nil)
+	if len(v.c) > 0 {
+		C.kvx_views_release(&v.c[0], C.size_t(len(v.c)))
+	}
+}
+
+// Released reports whether Release was called.
+func (v *Views) Released() bool { return v.released.Load() }
+
+// View is one block of a Views. Its accessors return zero values after
+// the Views is released.
+type View struct {
+	v *Views
+	i int
+}
+
+func (b View) cv() *C.kvx_view {
+	if b.v.released.Load() {
+		return nil
+	}
+	return &b.v.c[b.i]
+}
+
+// Found is false for a miss of GetHashes (and after Release).
+func (b View) Found() bool { c := b.cv(); return c != nil && c.shard != nil }
+
+// Coordinate of the block.
+func (b View) Coordinate() Coord {
+	if c := b.cv(); c != nil {
+		return Coord(c.coordinate)
+	}
+	return 0
+}
+
+// Tokens is the block's token count.
+func (b View) Tokens() uint32 {
+	if c := b.cv(); c != nil {
+		return uint32(c.token_count)
+	}
+	return 0
+}
+
+// Hash is the block's chained hash.
+func (b View) Hash() uint64 {
+	if c := b.cv(); c != nil {
+		return uint64(c.hash)
+	}
+	return 0
+}
+
+// Entry is the block's index within its shard.
+func (b View) Entry() uint32 {
+	if c := b.cv(); c != nil {
+		return uint32(c.entry)
+	}
+	return 0
+}
+
+// Page is the zero-copy page (the shard mapping), valid until Release;
+// nil after it.
+func (b View) Page() []byte {
+	if c := b.cv(); c != nil {
+		return cbytes(c.page, uint64(c.page_bytes))
+	}
+	return nil
+}
+
+// Scales are the block's FP8 scales (L*2*Hkv), zero-copy; nil when every
+// scale is 1.0 or after Release.
+func (b View) Scales() []float32 {
+	c := b.cv()
+	if c == nil || c.scales == nil {
+		return nil
+	}
+	g := C.kvx_shard_get_info(c.shard).geometry
+	return unsafe.Slice((*float32)(unsafe.Pointer(c.scales)), int(C.kvx_scale_count(&g)))
+}
+
+// Bytes is a copy of the page (nil after Release).
+func (b View) Bytes() []byte {
+	p := b.Page()
+	if p == nil {
+		return nil
+	}
+	out := make([]byte, len(p))
+	copy(out, p)
+	return out
+}
+
+// CopyTo copies the page into dst and returns the bytes copied (0 after
+// Release).
+func (b View) CopyTo(dst []byte) int { return copy(dst, b.Page()) }
+
+func u64s(v uint64) string { return strconv.FormatUint(v, 10) }
