@@ -16,24 +16,28 @@ static int os_open(const char *path, int flags, mode_t mode) { return open(path,
 static int os_openat(int dirfd, const char *path, int flags, mode_t mode) { return openat(dirfd, path, flags, mode); }
 static int os_uring_result(int res, size_t requested) { (void)requested; return res; }
 
-static const kvx_os_ops default_ops = {
-    .open = os_open,
-    .openat = os_openat,
-    .close = close,
-    .pread = pread,
-    .pwrite = pwrite,
-    .fsync = fsync,
-    .fdatasync = fdatasync,
-    .ftruncate = ftruncate,
-    .rename = rename,
-    .renameat = renameat,
-    .unlink = unlink,
-    .unlinkat = unlinkat,
-    .mkdir = mkdir,
-    .uring_result = os_uring_result,
-};
+/* The libc table; a macro so both the live table and its pristine copy are
+ * constant initializers. */
+#define KVX_OS_DEFAULTS { \
+    .open = os_open, \
+    .openat = os_openat, \
+    .close = close, \
+    .pread = pread, \
+    .pwrite = pwrite, \
+    .fsync = fsync, \
+    .fdatasync = fdatasync, \
+    .ftruncate = ftruncate, \
+    .rename = rename, \
+    .renameat = renameat, \
+    .unlink = unlink, \
+    .unlinkat = unlinkat, \
+    .mkdir = mkdir, \
+    .uring_result = os_uring_result \
+}
 
-kvx_os_ops kvx_os = default_ops;
+static const kvx_os_ops default_ops = KVX_OS_DEFAULTS;
+
+kvx_os_ops kvx_os = KVX_OS_DEFAULTS;
 
 void kvx_os_reset(void) { kvx_os = default_ops; }
 
