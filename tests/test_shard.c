@@ -763,6 +763,9 @@ static void report_cb(void *ctx, uint32_t index, int code)
 {
     int *seen = ctx;
     seen[index] = code;
+    char want[32];
+    snprintf(want, sizeof want, "entry %u", index);
+    assert_non_null(strstr(kvx_last_error(), want)); /* the page's own message */
 }
 
 static void test_page_crc(void **state)
