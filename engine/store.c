@@ -383,7 +383,11 @@ static int st_recover(kvx_store *s)
     }
     if ((rc = st_each_file(s, s->shardsfd, st_rm_unregistered, NULL))) return rc;
     st_check_registered(s, (s->flags & KVX_STORE_VERIFY) != 0);
-    return st_drop_bad_shards(s);
+    if ((rc = st_drop_bad_shards(s))) return rc;
+    /* a crash between a flush's publication and its eviction leaves the
+     * store one shard over: evict now, so repeated crashes cannot add up */
+    if (st_enforce_capacity(s) != 0) kvx_clear_error();
+    return 0;
 }
 
 /* ---------------------------------------------------------------- create */
@@ -578,22 +582,26 @@ kvx_shard *st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
     st_shard_name(name, gen);
     kvx_shard *sh = NULL;
     struct stat st;
-    int bad = 1;
+    int bad = 1, transient = 0;
     if (fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
         char *path = st_join(s->shards_path, name);
-        if (path && kvx_shard_open(&sh, path, 0) == 0) {
+        int rc = path ? kvx_shard_open(&sh, path, 0) : -ENOMEM;
+        free(path);
+        if (rc == 0) {
             const kvx_shard_info *in = kvx_shard_get_info(sh);
             const kvx_geometry *g = &in->geometry;
             if (in->shard_id == byte && g->num_layers == s->g.num_layers && g->kv_heads == s->g.kv_heads &&
                 g->head_dim == s->g.head_dim && g->block_tokens == s->g.block_tokens && g->quant == s->g.quant &&
                 g->model_signature == s->g.model_signature && (in->flags & KVX_FLAG_HASHES))
                 bad = 0;
+        } else if (rc > -30000 && rc != -ENOENT) {
+            /* EIO, EMFILE, ENOMEM...: a miss now, not a verdict on the file */
+            transient = 1;
         }
-        free(path);
+    } else if (errno != ENOENT) {
+        transient = 1;
     }
-    if (bad && errno != ENOENT) {
-        /* missing files are normal for readers racing an eviction */
-    }
+    if (transient) return NULL;
     pthread_rwlock_wrlock(&s->cache_lock);
     c = &s->cache[byte];
     kvx_shard *old = NULL;

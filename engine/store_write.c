@@ -614,11 +614,18 @@ static int st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8
         st_move *m = &mv[i];
         m->new_gen = 0;
         kvx_shard *sh = st_shard_get(s, KVX_COORD_SHARD(m->src_coord), m->src_gen);
-        if (!sh) continue;
+        if (!sh) {
+            rc = kvx_fail(-EIO, "store: shard %u cannot be opened to copy its blocks", KVX_COORD_SHARD(m->src_coord));
+            break;
+        }
         uint32_t idx = KVX_COORD_BLOCK(m->src_coord);
         kvx_entry e;
         const void *page;
-        if (kvx_shard_entry(&e, sh, idx) || kvx_shard_page(&page, sh, idx, 1)) {
+        if ((rc = kvx_shard_entry(&e, sh, idx))) {
+            kvx_shard_close(sh);
+            break;
+        }
+        if (kvx_shard_page(&page, sh, idx, 1)) { /* a damaged page is not copied */
             kvx_shard_close(sh);
             continue;
         }
@@ -776,7 +783,7 @@ static int st_collect(kvx_store *s, uint32_t b, const st_usage_view *uv, int hot
                       size_t *cap, size_t limit)
 {
     kvx_shard *sh = st_shard_get(s, b, s->reg[b].gen);
-    if (!sh) return 0;
+    if (!sh) return kvx_fail(-EIO, "store: shard %u cannot be opened to copy its blocks", b);
     uint32_t cnt = kvx_shard_get_info(sh)->num_blocks;
     for (uint32_t i = 0; i < cnt && *n < limit; i++) {
         if (hot_only && (!uv->bits || i >= uv->nbits || !(uv->bits[i / 8] & (1u << (i % 8))))) continue;
@@ -847,8 +854,9 @@ int st_enforce_capacity(kvx_store *s)
          * carried into a new shard, at most half of what is freed */
         uint64_t room = freed / 2 / s->entry_bytes;
         if (room > s->max_entries) room = s->max_entries;
-        if ((s->reg[b].flags & KVX_FLAG_LINEAGE) && nmv < room)
-            rc = st_collect(s, b, &uv[b], 1, &mv, &nmv, &capmv, room);
+        if ((s->reg[b].flags & KVX_FLAG_LINEAGE) && nmv < room &&
+            st_collect(s, b, &uv[b], 1, &mv, &nmv, &capmv, room) != 0)
+            kvx_clear_error(); /* carrying is optional: the shard is evicted anyway */
     }
     st_usage_free(uv);
     free(uv);
