@@ -5,6 +5,7 @@ package kvx
 
 import (
 	"encoding/binary"
+	"os"
 	"testing"
 )
 
@@ -65,4 +66,11 @@ func newTestStore(t testing.TB, nseq, nblocks int) (*Store, string) {
 	}
 	t.Cleanup(func() { s.Close() })
 	return s, dir
+}
+
+func writeFile(t *testing.T, path string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
