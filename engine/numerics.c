@@ -13,9 +13,9 @@
  *
  * One generic rounding routine serves the three encoders (they differ only
  * in bias and mantissa width), so the rounding logic is written once. The
- * bulk decoders of the 8-bit formats are a 256-entry table lookup; the f16
- * bulk paths use F16C (8 lanes per instruction) and the 8-bit encoders an
- * AVX2 form of the scalar algorithm, each chosen at run time (CPUID), with
+ * f16 bulk paths use F16C (8 lanes per instruction), the 8-bit encoders and
+ * decoders an AVX2 form of the scalar algorithm (decoders fall back to a
+ * 256-entry table), each chosen at run time (CPUID), with
  * the scalar code as the portable fallback. The tests hold every bulk path
  * equal to the scalar one bit for bit.
  */
@@ -212,6 +212,63 @@ fp8_encode_avx2(uint8_t *out, const float *in, size_t n, float inv_scale, int mb
     return i;
 }
 
+/*
+ * FP8 decode, 8 lanes, without the table: the code's exponent and
+ * mantissa bits placed at the top of an f32 (code << (23 - mbits)) and
+ * multiplied by 2^(127 - bias) give every normal value exactly; the
+ * subnormals are m * 2^(1 - bias - mbits) from an integer convert (not from
+ * an f32 subnormal operand, which DAZ would zero); inf and NaN are blended
+ * in with the bits the scalar decoder gives. Then times scale, like the
+ * table path, so the two agree bit for bit.
+ */
+__attribute__((target("avx2"), always_inline)) static inline size_t
+fp8_decode_avx2(float *out, const uint8_t *in, size_t n, float scale, int mbits, int bias, int e5m2)
+{
+    const __m256 vs = _mm256_set1_ps(scale);
+    const __m256 pow_norm = _mm256_castsi256_ps(_mm256_set1_epi32((127 + 127 - bias) << 23));
+    const __m256 pow_sub = _mm256_castsi256_ps(_mm256_set1_epi32((127 + 1 - bias - mbits) << 23));
+    const __m256i mmask = _mm256_set1_epi32((1 << mbits) - 1);
+    const __m256i emin = _mm256_set1_epi32(1 << mbits); /* smallest normal code */
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i raw = _mm_loadl_epi64((const __m128i *)(const void *)(in + i));
+        __m256i b = _mm256_cvtepu8_epi32(raw);
+        __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+        __m256i em = _mm256_and_si256(b, _mm256_set1_epi32(0x7F));
+        __m256 normal = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 23 - mbits)), pow_norm);
+        __m256 sub = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(em, mmask)), pow_sub);
+        __m256i is_sub = _mm256_cmpgt_epi32(emin, em);
+        __m256i v = _mm256_castps_si256(_mm256_blendv_ps(normal, sub, _mm256_castsi256_ps(is_sub)));
+        if (e5m2) { /* codes 0x7C..0x7F: inf (m 0) or quiet NaN keeping m */
+            __m256i special = _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7B));
+            __m256i m = _mm256_and_si256(em, mmask);
+            __m256i quiet = _mm256_andnot_si256(_mm256_cmpeq_epi32(m, _mm256_setzero_si256()),
+                                                _mm256_set1_epi32(0x400000));
+            __m256i sp = _mm256_or_si256(_mm256_or_si256(_mm256_set1_epi32(0x7F800000), quiet),
+                                         _mm256_slli_epi32(m, 21));
+            v = _mm256_blendv_epi8(v, sp, special);
+        } else { /* 0x7F: NaN */
+            __m256i nan = _mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7F));
+            v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7FC00000), nan);
+        }
+        v = _mm256_or_si256(v, sign);
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_castsi256_ps(v), vs));
+    }
+    return i;
+}
+
+__attribute__((target("avx2"))) static size_t e4m3_decode_avx2(float *out, const uint8_t *in, size_t n,
+                                                              float scale)
+{
+    return fp8_decode_avx2(out, in, n, scale, 3, 7, 0);
+}
+
+__attribute__((target("avx2"))) static size_t e5m2_decode_avx2(float *out, const uint8_t *in, size_t n,
+                                                              float scale)
+{
+    return fp8_decode_avx2(out, in, n, scale, 2, 15, 1);
+}
+
 __attribute__((target("avx2"))) static size_t e4m3_encode_avx2(uint8_t *out, const float *in, size_t n,
                                                               float inv_scale)
 {
@@ -290,8 +347,13 @@ void kvx_f32_to_e4m3_n(uint8_t *out, const float *in, size_t n, float inv_scale)
 
 void kvx_e4m3_to_f32_n(float *out, const uint8_t *in, size_t n, float scale)
 {
+    size_t i = 0;
+#ifdef KVX_X86
+    if (have_avx2()) i = e4m3_decode_avx2(out, in, n, scale);
+#endif
+    if (i == n) return;
     build_tables();
-    for (size_t i = 0; i < n; i++) out[i] = e4m3_table[in[i]] * scale;
+    for (; i < n; i++) out[i] = e4m3_table[in[i]] * scale;
 }
 
 void kvx_f32_to_e5m2_n(uint8_t *out, const float *in, size_t n, float inv_scale)
@@ -305,6 +367,11 @@ void kvx_f32_to_e5m2_n(uint8_t *out, const float *in, size_t n, float inv_scale)
 
 void kvx_e5m2_to_f32_n(float *out, const uint8_t *in, size_t n, float scale)
 {
+    size_t i = 0;
+#ifdef KVX_X86
+    if (have_avx2()) i = e5m2_decode_avx2(out, in, n, scale);
+#endif
+    if (i == n) return;
     build_tables();
-    for (size_t i = 0; i < n; i++) out[i] = e5m2_table[in[i]] * scale;
+    for (; i < n; i++) out[i] = e5m2_table[in[i]] * scale;
 }

@@ -389,6 +389,25 @@ static void test_bulk_f16_large(void **state)
     free(f);
 }
 
+/* Every FP8 code through the bulk decoders (vector body and scalar tail),
+ * with scale 1 and a scale that makes products subnormal and inexact. */
+static void test_bulk_decode_all_codes(void **state)
+{
+    (void)state;
+    uint8_t b[259];
+    float f[259];
+    for (int i = 0; i < 259; i++) b[i] = (uint8_t)(i * 7); /* 7 is odd: all codes */
+    const float scales[] = {1.0f, 2.5f, 0x1.3p-130f, -3.0f};
+    for (int s = 0; s < 4; s++) {
+        kvx_e4m3_to_f32_n(f, b, 259, scales[s]);
+        for (int i = 0; i < 259; i++)
+            if (fbits(f[i]) != fbits(kvx_e4m3_to_f32(b[i]) * scales[s])) fail_msg("e4m3 %02x scale %d", b[i], s);
+        kvx_e5m2_to_f32_n(f, b, 259, scales[s]);
+        for (int i = 0; i < 259; i++)
+            if (fbits(f[i]) != fbits(kvx_e5m2_to_f32(b[i]) * scales[s])) fail_msg("e5m2 %02x scale %d", b[i], s);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -403,6 +422,7 @@ int main(void)
         cmocka_unit_test(test_bulk_equals_scalar),
         cmocka_unit_test(test_bulk_ties),
         cmocka_unit_test(test_bulk_f16_large),
+        cmocka_unit_test(test_bulk_decode_all_codes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
