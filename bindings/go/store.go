@@ -192,10 +192,14 @@ func (s *Store) Put(tokens []uint32, pages []byte, scales []float32) (int, error
 
 // Flush makes every block put so far durable and visible. nil is the
 // acknowledgement.
-func (s *Store) Flush() error { return s.writer(func(cs *C.kvx_store) C.gokvx_rc { return C.gokvx_store_flush(cs) }) }
+func (s *Store) Flush() error {
+	return s.writer(func(cs *C.kvx_store) C.gokvx_rc { return C.gokvx_store_flush(cs) })
+}
 
 // GC evicts to capacity and compacts mostly-dead or small shards.
-func (s *Store) GC() error { return s.writer(func(cs *C.kvx_store) C.gokvx_rc { return C.gokvx_store_gc(cs) }) }
+func (s *Store) GC() error {
+	return s.writer(func(cs *C.kvx_store) C.gokvx_rc { return C.gokvx_store_gc(cs) })
+}
 
 // Reindex rebuilds the index from the shards' own tables.
 func (s *Store) Reindex() error {

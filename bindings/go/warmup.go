@@ -68,16 +68,16 @@ type WarmupFailure struct {
 // WarmupResult is the report of a finished (or canceled) warmup, plus the
 // host sink. Release frees the sink.
 type WarmupResult struct {
-	Bytes, Pages             uint64 // delivered good
-	CRCFailures, IOFailures  uint64
-	BytesRead                uint64
-	Seconds, GBps            float64
-	IOMode                   IOMode
-	Direct, Canceled         bool
-	Checksum                 uint64   // SinkDiscard: sum of the pages' CRC-32s
-	GPUPageTable             uint64   // SinkGPU: device address of the page table
-	DevicePages              []uint64 // SinkGPU: per-page device pointers (0 = failed)
-	Failures                 []WarmupFailure
+	Bytes, Pages            uint64 // delivered good
+	CRCFailures, IOFailures uint64
+	BytesRead               uint64
+	Seconds, GBps           float64
+	IOMode                  IOMode
+	Direct, Canceled        bool
+	Checksum                uint64   // SinkDiscard: sum of the pages' CRC-32s
+	GPUPageTable            uint64   // SinkGPU: device address of the page table
+	DevicePages             []uint64 // SinkGPU: per-page device pointers (0 = failed)
+	Failures                []WarmupFailure
 
 	mu      sync.Mutex
 	host    unsafe.Pointer // C memory
