@@ -386,7 +386,7 @@ static int st_recover(kvx_store *s)
     if ((rc = st_drop_bad_shards(s))) return rc;
     /* a crash between a flush's publication and its eviction leaves the
      * store one shard over: evict now, so repeated crashes cannot add up */
-    if (st_enforce_capacity(s) != 0) kvx_clear_error();
+    if (s->lockfd >= 0 && !(s->flags & KVX_STORE_READONLY) && st_enforce_capacity(s) != 0) kvx_clear_error();
     return 0;
 }
 

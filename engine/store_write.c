@@ -877,6 +877,12 @@ int st_enforce_capacity(kvx_store *s)
     }
     /* the carried blocks arrive cold: their referenced bits start cleared */
     st_drop d = {s, victims, added, nadded, mv, nmv, 1, 0, 0};
+    if (nadded && kvx_os.fsync(s->shardsfd) != 0) { /* their renames, before the index names them */
+        st_unlink_sealed(s, added, nadded);
+        nadded = 0;
+        d.nadded = 0;
+        d.nmoves = 0;
+    }
     rc = kvx_idx_write(s->ix, st_drop_body, &d);
     if (rc) {
         st_unlink_sealed(s, added, nadded);
@@ -960,6 +966,10 @@ int st_compact(kvx_store *s, int full)
         size_t nadded = 0;
         uint8_t busy[ST_SLOTS] = {0};
         if (nmv) rc = st_rewrite(s, mv, nmv, flags, busy, &added, &nadded);
+        if (!rc && nadded && kvx_os.fsync(s->shardsfd) != 0) {
+            rc = kvx_fail(-errno, "store: fsync %s: %s", s->shards_path, strerror(errno));
+            st_unlink_sealed(s, added, nadded);
+        }
         if (!rc) {
             st_drop d = {s, victims, added, nadded, mv, nmv, 0, 1, 0};
             rc = kvx_idx_write(s->ix, st_drop_body, &d);

@@ -39,12 +39,20 @@ int main(int argc, char **argv)
     if (argc != 4) return 2;
     uint64_t seed = strtoull(argv[3], NULL, 10);
     kvx_store *s;
+    logfd = open(argv[2], O_WRONLY | O_APPEND | O_CREAT, 0600);
+    if (logfd < 0) return 3;
+    /* opening as the writer may evict (capacity after an interrupted
+     * flush): bracket it like any operation */
+    kvx_store_stats st0;
+    if (kvx_store_open(&s, argv[1], NULL, KVX_STORE_READONLY) != 0 || kvx_store_stat(&st0, s) != 0) return 4;
+    kvx_store_close(s);
+    char b0[64];
+    snprintf(b0, sizeof b0, "\nB %" PRIu64 "\n", st0.evicted_blocks);
+    if (write(logfd, b0, strlen(b0)) != (ssize_t)strlen(b0) || fdatasync(logfd) != 0) return 3;
     if (kvx_store_open(&s, argv[1], NULL, 0) != 0) {
         fprintf(stderr, "child open: %s\n", kvx_last_error());
         return 4;
     }
-    logfd = open(argv[2], O_WRONLY | O_APPEND | O_CREAT, 0600);
-    if (logfd < 0) return 3;
     /* acknowledged hashes this process knows of (for the eviction scan) */
     size_t cap = 1 << 16, n = 0;
     uint64_t *known = malloc(cap * sizeof *known);
@@ -66,8 +74,6 @@ int main(int argc, char **argv)
         }
         fclose(f);
     }
-    /* a torn last line from the previous child: start on a fresh line */
-    logline("\n");
     /* blocks an interrupted eviction of the previous child removed (the
      * parent has checked they were within that eviction): record them */
     size_t w = 0;
@@ -82,6 +88,7 @@ int main(int argc, char **argv)
         }
     }
     n = w;
+    logline("C\n");
     logsync();
     for (uint64_t op = 0;; op++) {
         uint64_t r = su_mix(seed * 1000003 + op);

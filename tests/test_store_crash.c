@@ -38,6 +38,12 @@ typedef struct acked_set {
     uint64_t open_base; /* evicted_blocks when it began */
 } acked_set;
 
+static int cmp_u64(const void *x, const void *y)
+{
+    uint64_t a = *(const uint64_t *)x, b = *(const uint64_t *)y;
+    return a < b ? -1 : a > b;
+}
+
 static void parse_log(const char *path, acked_set *a)
 {
     a->n = 0;
@@ -49,8 +55,10 @@ static void parse_log(const char *path, acked_set *a)
         size_t len = strlen(buf);
         if (len == 0 || buf[len - 1] != '\n') break; /* torn last line */
         if (buf[0] == 'B') {
+            /* an operation interrupted by a kill stays open until a later
+             * one completes: the unaccounted span starts at the first B */
+            if (!a->open_op) a->open_base = strtoull(buf + 2, NULL, 10);
             a->open_op = 1;
-            a->open_base = strtoull(buf + 2, NULL, 10);
         } else if (buf[0] == 'C' && len == 2) {
             a->open_op = 0;
         } else if ((buf[0] == 'A' || buf[0] == 'E') && len == 19) {
@@ -65,6 +73,12 @@ static void parse_log(const char *path, acked_set *a)
         }
     }
     fclose(f);
+    /* a block put again while held is logged again: count it once */
+    qsort(a->h, a->n, sizeof *a->h, cmp_u64);
+    size_t w = 0;
+    for (size_t i = 0; i < a->n; i++)
+        if (w == 0 || a->h[w - 1] != a->h[i]) a->h[w++] = a->h[i];
+    a->n = w;
 }
 
 static void test_crash_loop(void **state)
@@ -112,7 +126,9 @@ static void test_crash_loop(void **state)
         }
         parse_log(logp, &a);
         if ((long)a.n > max_acked) max_acked = (long)a.n;
-        int rc = kvx_store_open(&s, dir, NULL, 0);
+        /* read-only: recovery cleans up but evicts nothing, so what is
+         * missing is exactly what the child's operations evicted */
+        int rc = kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY);
         if (rc) fprintf(stderr, "open after kill %ld: %s\n", k, kvx_last_error());
         assert_int_equal(rc, 0);
         kvx_store_stats st;
@@ -125,6 +141,7 @@ static void test_crash_loop(void **state)
             rc = kvx_store_get_hash(&v, s, a.h[i]);
             if (rc == KVX_ENOTFOUND) {
                 missing++;
+                if (getenv("KVX_CRASH_DEBUG")) fprintf(stderr, "missing %016llx\n", (unsigned long long)a.h[i]);
                 continue;
             }
             assert_int_equal(rc, 0);
@@ -139,6 +156,11 @@ static void test_crash_loop(void **state)
         if (missing > allowed)
             fprintf(stderr, "kill %ld: %llu acknowledged blocks missing, %llu evictions unaccounted\n", k,
                     (unsigned long long)missing, (unsigned long long)allowed);
+        if (missing > allowed && getenv("KVX_CRASH_DEBUG")) {
+            char cmd[1400];
+            snprintf(cmd, sizeof cmd, "cp %s /tmp/kvx_crash_fail.log; cp -r %s /tmp/kvx_crash_fail_store", logp, dir);
+            if (system(cmd)) {}
+        }
         assert_true(missing <= allowed);
         allowed_missing_total += (long)missing;
         if (k % 25 == 0) {
