@@ -21,6 +21,9 @@
  */
 #include "internal.h"
 
+#include <pthread.h>
+#include <stdlib.h>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #include <immintrin.h>
@@ -111,21 +114,20 @@ float kvx_e5m2_to_f32(uint8_t b) { return kvx_f16_to_f32((uint16_t)(b << 8)); }
 
 /* ---- bulk --------------------------------------------------------------- */
 
-/* Decode tables for the 8-bit formats, built once. Building is idempotent
- * and writes the same values, so a race between first callers is benign;
- * the flag is atomic so the tables are seen complete once it is set. */
+/* Decode tables for the 8-bit formats (the fallback of the AVX2 decoders),
+ * built once under pthread_once so concurrent first callers never race. */
 static float e4m3_table[256], e5m2_table[256];
-static int tables_ready; /* accessed with __atomic builtins */
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
-static void build_tables(void)
+static void fill_tables(void)
 {
-    if (__atomic_load_n(&tables_ready, __ATOMIC_ACQUIRE)) return;
     for (int i = 0; i < 256; i++) {
         e4m3_table[i] = kvx_e4m3_to_f32((uint8_t)i);
         e5m2_table[i] = kvx_e5m2_to_f32((uint8_t)i);
     }
-    __atomic_store_n(&tables_ready, 1, __ATOMIC_RELEASE);
 }
+
+static void build_tables(void) { pthread_once(&tables_once, fill_tables); }
 
 #ifdef KVX_X86
 /* CPU features read directly from CPUID (clang's __builtin_cpu_supports
@@ -135,6 +137,10 @@ static void build_tables(void)
 #define FEAT_AVX2 2
 static int detect_features(void)
 {
+    /* KVX_DISABLE_SIMD=1 forces the portable paths (tests run them this
+     * way too, so the fallback is checked on machines that never need it). */
+    const char *off = getenv("KVX_DISABLE_SIMD");
+    if (off && *off && *off != '0') return 0;
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
     const unsigned osxsave = 1u << 27, avx = 1u << 28, f16c = 1u << 29;
