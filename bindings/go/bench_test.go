@@ -145,3 +145,28 @@ func BenchmarkFetch64(b *testing.B) {
 		})
 	}
 }
+
+// The comparison the binding is held to: Go's per-block prefix cost over
+// C's, for 64-block prompts, measured interleaved (one pass over the 256
+// prompts in C, one in Go, repeated; best pass of each).
+func BenchmarkPrefixVsC(b *testing.B) {
+	s, toks := openBenchStore(b)
+	bestC, bestGo := time.Duration(1<<62), time.Duration(1<<62)
+	for i := 0; i < b.N; i++ {
+		if c := benchPrefixC(s, toks, benchBlocks); c < bestC {
+			bestC = c
+		}
+		t0 := time.Now()
+		for _, t := range toks {
+			v, _ := s.Prefix(t)
+			v.Release()
+		}
+		if g := time.Since(t0); g < bestGo {
+			bestGo = g
+		}
+	}
+	per := float64(benchSeqs * benchBlocks)
+	b.ReportMetric(float64(bestC.Nanoseconds())/per, "C-ns/block")
+	b.ReportMetric(float64(bestGo.Nanoseconds())/per, "Go-ns/block")
+	b.ReportMetric(float64(bestGo)/float64(bestC), "Go/C")
+}

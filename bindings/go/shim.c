@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 
 static gokvx_rc gokvx_done(int rc, uint64_t n)
 {
@@ -250,4 +251,25 @@ void *gokvx_alloc_aligned(uint64_t bytes)
     if (posix_memalign(&p, 4096, (size_t)bytes)) return NULL;
     memset(p, 0, (size_t)bytes);
     return p;
+}
+
+double gokvx_bench_prefix_c(kvx_store *s, const uint32_t *tokens, size_t nseq, size_t ntok, size_t nblk, kvx_view *views)
+{
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    for (size_t q = 0; q < nseq; q++) {
+        size_t n = 0;
+        kvx_store_prefix(views, &n, s, tokens + q * ntok, ntok, nblk);
+        kvx_views_release(views, n);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    return (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
+}
+
+kvx_view *gokvx_views_alloc(size_t n) { return malloc((n ? n : 1) * sizeof(kvx_view)); }
+
+void gokvx_views_free(kvx_view *v, size_t n)
+{
+    kvx_views_release(v, n);
+    free(v);
 }

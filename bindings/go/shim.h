@@ -76,7 +76,19 @@ gokvx_rc gokvx_warmup_wait(kvx_warmup_report *out, kvx_warmup *w, int timeout_ms
 gokvx_rc gokvx_warmup_collect(kvx_shard ***out, const char *const *paths, size_t n);
 gokvx_rc gokvx_warmup_device_pages(const uint64_t **out, kvx_warmup *w);
 
+/* C memory for n views (uninitialised), so that cgo's pointer check does
+ * not scan them at each call (they hold C pointers); gokvx_views_free
+ * releases n views and frees the array in one crossing. */
+kvx_view *gokvx_views_alloc(size_t n);
+void gokvx_views_free(kvx_view *v, size_t n);
+
 /* 4096-aligned, zeroed C memory for host sinks (free with free). */
 void *gokvx_alloc_aligned(uint64_t bytes);
+
+/* The C reference of the Go benchmark (bench_c.go): nseq prefix lookups
+ * of ntok tokens (up to nblk blocks) with their releases, all in C; the
+ * seconds taken. views has room for nblk. */
+double gokvx_bench_prefix_c(kvx_store *s, const uint32_t *tokens, size_t nseq, size_t ntok, size_t nblk,
+                            kvx_view *views);
 
 #endif
