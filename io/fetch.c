@@ -65,7 +65,7 @@ int kvx_fetch_create(kvx_fetch **out, kvx_pool *pool, const kvx_fetch_options *o
     f->max_read = opts->max_read_bytes ? opts->max_read_bytes : 4u << 20;
     f->verify = !(opts->flags & KVX_FETCH_NO_VERIFY);
     kvx_ioq_options qo = {opts->io_mode, opts->queue_depth, opts->threads,
-                          (opts->flags & KVX_FETCH_BUFFERED) != 0, pool};
+                          (opts->flags & KVX_FETCH_BUFFERED) != 0, pool, 0};
     int rc = kvx_ioq_create(&f->q, &qo);
     if (rc) {
         free(f);

@@ -85,6 +85,11 @@ typedef struct kvx_io_run {
     uint32_t n_pages;
     uint64_t hwm;     /* most bytes ever seen read (O_DIRECT re-reads) */
     void *owner;      /* fetch batch or warmup buffer */
+    /* Called once the pages are verified, on the thread that verified them
+     * (a worker when there are any): warmup copies good pages into a host
+     * sink here, so that copy runs in parallel too. Nullable. */
+    void (*on_done)(struct kvx_io_run *r, void *ctx);
+    void *on_done_ctx;
     struct kvx_io_run *next; /* executor queues */
 } kvx_io_run;
 
@@ -96,6 +101,9 @@ typedef struct kvx_ioq_options {
     unsigned threads;
     int buffered;         /* never O_DIRECT */
     kvx_pool *pool;       /* registered as fixed buffers (nullable) */
+    unsigned verify_threads; /* io_uring: threads that check CRCs (and run
+                                on_done) as completions land, so the thread
+                                driving the ring only submits; 0 = inline */
 } kvx_ioq_options;
 
 int kvx_ioq_create(kvx_ioq **out, const kvx_ioq_options *o);

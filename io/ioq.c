@@ -14,6 +14,13 @@
  *   -EINVAL + O_DIRECT the file system refused this read: redo it
  *                      buffered, synchronously;
  *   0                  end of file: pages not covered end KVX_ETRUNC.
+ * With verify_threads, a finished io_uring run is handed to verify
+ * workers instead of being checked on the driving thread: on warm data
+ * the kernel copies page-cache bytes inline in io_uring_enter, on the
+ * driving thread, so a CRC there would serialize copy and checksum. A
+ * worker appends the verified run to the done list and bumps an eventfd
+ * that the ring is always reading (user_data EFD_TAG), so a thread
+ * blocked in io_uring_wait_cqe wakes for either kind of progress.
  * pread path: worker threads take runs off the queue, read them with
  * buffered preads (through the OS seam) and verify them, so CRCs run on
  * several cores. Both paths verify a run's pages as it lands.
@@ -28,6 +35,7 @@
 #include <liburing.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/eventfd.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -35,6 +43,8 @@
 #define FILE_REG_SLOTS 64
 #define FILE_CACHE_KEEP 64
 #define MAX_RETRIES 1000
+#define EFD_TAG ((void *)&efd_tag_anchor)
+static const char efd_tag_anchor;
 
 struct kvx_ioq {
     int mode;
@@ -57,12 +67,17 @@ struct kvx_ioq {
     struct io_uring ring;
     int ring_ok;
     int bufs_registered;
-    /* pread workers */
+    /* pread workers, or io_uring verify workers */
     pthread_t *tids;
     unsigned n_threads;
     pthread_mutex_t mu;
     pthread_cond_t work_cv, done_cv;
     int stop;
+    kvx_io_run *vhead, *vtail; /* landed, waiting for a verify worker */
+    size_t verifying;          /* in vq or being verified */
+    int efd;                   /* verify workers -> ring waiter */
+    int efd_armed;
+    uint64_t efd_buf;
 };
 
 double kvx_io_now(void)
@@ -70,6 +85,11 @@ double kvx_io_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void run_hook(kvx_io_run *r)
+{
+    if (r->on_done) r->on_done(r, r->on_done_ctx);
 }
 
 void kvx_io_run_finish(kvx_io_run *r)
@@ -146,6 +166,7 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&q->mu);
         pread_run(r);
         kvx_io_run_finish(r);
+        run_hook(r);
         pthread_mutex_lock(&q->mu);
         q->inflight--;
         q_append(&q->dhead, &q->dtail, r);
@@ -153,6 +174,43 @@ static void *worker_main(void *arg)
     }
     pthread_mutex_unlock(&q->mu);
     return NULL;
+}
+
+static void *verify_main(void *arg)
+{
+    kvx_ioq *q = arg;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        while (!q->stop && !q->vhead) pthread_cond_wait(&q->work_cv, &q->mu);
+        if (!q->vhead) break; /* stop, and nothing left to check */
+        kvx_io_run *r = q_pop(&q->vhead, &q->vtail);
+        pthread_mutex_unlock(&q->mu);
+        kvx_io_run_finish(r);
+        run_hook(r);
+        pthread_mutex_lock(&q->mu);
+        q_append(&q->dhead, &q->dtail, r);
+        q->verifying--;
+        pthread_cond_broadcast(&q->done_cv);
+        pthread_mutex_unlock(&q->mu);
+        uint64_t one = 1;
+        if (write(q->efd, &one, sizeof one) < 0) { /* counter full: the reader is already woken */
+        }
+        pthread_mutex_lock(&q->mu);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+
+static int start_threads(kvx_ioq *q, unsigned n, void *(*fn)(void *))
+{
+    q->tids = calloc(n, sizeof *q->tids);
+    if (!q->tids) return kvx_fail(-ENOMEM, "io queue: out of memory");
+    for (unsigned i = 0; i < n; i++) {
+        int e = pthread_create(&q->tids[i], NULL, fn, q);
+        if (e) return kvx_fail(-e, "io queue: pthread_create: %s", strerror(e));
+        q->n_threads = i + 1;
+    }
+    return 0;
 }
 
 /* ---- setup ---- */
@@ -167,7 +225,7 @@ static int uring_setup(kvx_ioq *q, const kvx_ioq_options *o)
 {
     if (ring_refused()) return -EPERM;
     unsigned entries = 8;
-    while (entries < q->qd) entries <<= 1;
+    while (entries < q->qd + 1) entries <<= 1; /* + the eventfd read */
     int rc = io_uring_queue_init(entries, &q->ring, 0);
     if (rc < 0) return rc;
     q->ring_ok = 1;
@@ -202,6 +260,7 @@ int kvx_ioq_create(kvx_ioq **out, const kvx_ioq_options *o)
     if (q->qd > 4096) q->qd = 4096;
     q->buffered = o->buffered;
     q->pool = o->pool;
+    q->efd = -1;
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->work_cv, NULL);
     pthread_cond_init(&q->done_cv, NULL);
@@ -209,6 +268,19 @@ int kvx_ioq_create(kvx_ioq **out, const kvx_ioq_options *o)
         int rc = uring_setup(q, o);
         if (rc == 0) {
             q->mode = KVX_IO_URING;
+            unsigned vt = o->verify_threads > 64 ? 64 : o->verify_threads;
+            if (vt) {
+                q->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+                if (q->efd < 0) {
+                    rc = kvx_fail(-errno, "io queue: eventfd: %s", strerror(errno));
+                    kvx_ioq_destroy(q);
+                    return rc;
+                }
+                if ((rc = start_threads(q, vt, verify_main))) {
+                    kvx_ioq_destroy(q);
+                    return rc;
+                }
+            }
             *out = q;
             return 0;
         }
@@ -230,20 +302,12 @@ int kvx_ioq_create(kvx_ioq **out, const kvx_ioq_options *o)
     }
     q->mode = KVX_IO_PREAD;
     q->buffered = 1;
-    q->n_threads = o->threads ? o->threads : 4;
-    if (q->n_threads > 64) q->n_threads = 64;
-    q->tids = calloc(q->n_threads, sizeof *q->tids);
-    if (!q->tids) {
+    unsigned nt = o->threads ? o->threads : 4;
+    if (nt > 64) nt = 64;
+    int rc = start_threads(q, nt, worker_main);
+    if (rc) {
         kvx_ioq_destroy(q);
-        return kvx_fail(-ENOMEM, "io queue: out of memory");
-    }
-    for (unsigned i = 0; i < q->n_threads; i++) {
-        int e = pthread_create(&q->tids[i], NULL, worker_main, q);
-        if (e) {
-            q->n_threads = i;
-            kvx_ioq_destroy(q);
-            return kvx_fail(-e, "io queue: pthread_create: %s", strerror(e));
-        }
+        return rc;
     }
     *out = q;
     return 0;
@@ -269,8 +333,8 @@ void kvx_ioq_destroy(kvx_ioq *q)
         while (q->inflight > 0) {
             struct io_uring_cqe *cqe;
             if (io_uring_wait_cqe(&q->ring, &cqe) < 0) break;
+            if (io_uring_cqe_get_data(cqe) != EFD_TAG) q->inflight--;
             io_uring_cqe_seen(&q->ring, cqe);
-            q->inflight--;
         }
     }
     if (q->tids) {
@@ -284,6 +348,7 @@ void kvx_ioq_destroy(kvx_ioq *q)
     for (size_t i = 0; i < q->n_files; i++) file_close(q, q->files[i]);
     free(q->files);
     if (q->ring_ok) io_uring_queue_exit(&q->ring);
+    if (q->efd >= 0) close(q->efd); /* after the ring: its read of the eventfd is gone */
     pthread_mutex_destroy(&q->mu);
     pthread_cond_destroy(&q->work_cv);
     pthread_cond_destroy(&q->done_cv);
@@ -384,8 +449,31 @@ void kvx_ioq_files_trim(kvx_ioq *q)
 
 static void finish_uring(kvx_ioq *q, kvx_io_run *r)
 {
+    if (q->n_threads && (r->verify || r->on_done)) {
+        pthread_mutex_lock(&q->mu);
+        r->state = RUN_INFLIGHT; /* until a worker has checked it */
+        q_append(&q->vhead, &q->vtail, r);
+        q->verifying++;
+        pthread_cond_signal(&q->work_cv);
+        pthread_mutex_unlock(&q->mu);
+        return;
+    }
     kvx_io_run_finish(r);
+    run_hook(r);
+    pthread_mutex_lock(&q->mu);
     q_append(&q->dhead, &q->dtail, r);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* Keeps one read of the eventfd in the ring while verify workers exist. */
+static void arm_efd(kvx_ioq *q)
+{
+    if (q->efd < 0 || q->efd_armed) return;
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&q->ring);
+    if (!sqe) return;
+    io_uring_prep_read(sqe, q->efd, &q->efd_buf, sizeof q->efd_buf, 0);
+    io_uring_sqe_set_data(sqe, EFD_TAG);
+    q->efd_armed = 1;
 }
 
 static int prep_one(kvx_ioq *q, kvx_io_run *r)
@@ -412,6 +500,7 @@ void kvx_ioq_kick(kvx_ioq *q)
 {
     if (q->mode != KVX_IO_URING) return;
     int prepped = 0;
+    arm_efd(q);
     while (q->qhead && q->inflight < q->qd) {
         kvx_io_run *r = q->qhead;
         if (!prep_one(q, r)) {
@@ -479,7 +568,11 @@ static void drain_cqes(kvx_ioq *q)
     unsigned head, n = 0;
     io_uring_for_each_cqe(&q->ring, head, cqe)
     {
-        complete(q, io_uring_cqe_get_data(cqe), cqe->res);
+        void *data = io_uring_cqe_get_data(cqe);
+        if (data == EFD_TAG)
+            q->efd_armed = 0; /* a worker finished a run: re-armed by the next kick */
+        else
+            complete(q, data, cqe->res);
         n++;
     }
     io_uring_cq_advance(&q->ring, n);
@@ -559,7 +652,10 @@ int kvx_ioq_reap(kvx_ioq *q, kvx_io_run **done, size_t max, int timeout_ms)
         kvx_ioq_kick(q);
         drain_cqes(q);
         kvx_ioq_kick(q);
-        if (q->dhead || q->inflight == 0 || timeout_ms == 0) break;
+        pthread_mutex_lock(&q->mu);
+        int ready = q->dhead != NULL, verifying = q->verifying > 0;
+        pthread_mutex_unlock(&q->mu);
+        if (ready || (q->inflight == 0 && !verifying) || timeout_ms == 0) break;
         struct io_uring_cqe *cqe;
         int rc;
         if (timeout_ms < 0) {
@@ -574,5 +670,8 @@ int kvx_ioq_reap(kvx_ioq *q, kvx_io_run **done, size_t max, int timeout_ms)
         if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EAGAIN)
             return kvx_fail(rc, "io_uring wait: %s", strerror(-rc));
     }
-    return (int)take_done(q, done, max);
+    pthread_mutex_lock(&q->mu);
+    size_t n = take_done(q, done, max);
+    pthread_mutex_unlock(&q->mu);
+    return (int)n;
 }

@@ -6,7 +6,8 @@
  * delivered (its sink range is untouched), truncated pages are reported,
  * the progress callback ends at the totals, the poll form (start /
  * progress / cancel / wait) works, a store directory is collected and
- * warmed, and the GPU sink answers clearly without CUDA.
+ * warmed, the GPU sink answers clearly without CUDA, and KVX_IO_AUTO picks
+ * buffered pread workers for cached data and O_DIRECT io_uring for cold.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -19,6 +20,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -170,7 +172,65 @@ static void test_host_forced_fallback(void **state)
     host_case(KVX_IO_AUTO, 0, KVX_IO_PREAD, 0, 0);
     unsetenv("KVX_IO_FORCE_NO_URING");
 }
-static void test_no_verify(void **state) { (void)state; host_case(KVX_IO_AUTO, KVX_WARMUP_NO_VERIFY, KVX_IO_URING, 0, 0); }
+static void test_no_verify(void **state) { (void)state; host_case(KVX_IO_URING, KVX_WARMUP_NO_VERIFY, KVX_IO_URING, 0, 0); }
+
+/* Share (0..1) of a file's 4 KiB pages in the page cache. */
+static double resident(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    size_t len = (size_t)st.st_size, np = (len + 4095) / 4096;
+    void *m = mmap(NULL, len, PROT_READ, MAP_SHARED, fd, 0);
+    assert_true(m != MAP_FAILED);
+    unsigned char *vec = malloc(np);
+    assert_int_equal(mincore(m, len, vec), 0);
+    size_t in = 0;
+    for (size_t i = 0; i < np; i++) in += vec[i] & 1;
+    free(vec);
+    munmap(m, len);
+    close(fd);
+    return (double)in / (double)np;
+}
+
+/* KVX_IO_AUTO without KVX_WARMUP_BUFFERED: data found in the page cache is
+ * read by the buffered pread workers (CRCs and the host copy in parallel);
+ * data not cached goes through io_uring with O_DIRECT. */
+static void test_auto_policy(void **state)
+{
+    (void)state;
+    for (int k = 0; k < 2; k++) { /* warm: read every byte once */
+        int fd = open(kvx_shard_path(sh[k]), O_RDONLY);
+        char buf[65536];
+        while (read(fd, buf, sizeof buf) > 0) {
+        }
+        close(fd);
+    }
+    host_case(KVX_IO_AUTO, 0, KVX_IO_PREAD, 0, 0);
+    /* cold: drop the files' cached pages (not possible on tmpfs: then skip) */
+    for (int k = 0; k < 2; k++) {
+        int fd = open(kvx_shard_path(sh[k]), O_RDONLY);
+        fdatasync(fd);
+        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+        close(fd);
+    }
+    if (resident(kvx_shard_path(sh[0])) > 0.5 || resident(kvx_shard_path(sh[1])) > 0.5) skip();
+    kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
+    o.io_mode = KVX_IO_URING;
+    kvx_warmup_report rep;
+    int rc = kvx_warmup_run(&rep, sh, 2, &o); /* O_DIRECT: leaves the cache cold */
+    if (rc == -EPERM || rc == -ENOSYS) skip();
+    assert_int_equal(rc, 0);
+    int direct = rep.direct;
+    kvx_warmup_report_free(&rep);
+    o.io_mode = KVX_IO_AUTO;
+    assert_int_equal(kvx_warmup_run(&rep, sh, 2, &o), 0);
+    assert_int_equal(rep.io_mode, KVX_IO_URING);
+    assert_int_equal(rep.direct, direct);
+    assert_int_equal(rep.crc_failures + rep.io_failures, 0);
+    kvx_warmup_report_free(&rep);
+}
 
 static void test_discard_checksum(void **state)
 {
@@ -455,6 +515,7 @@ int main(void)
         cmocka_unit_test(test_host_pread),
         cmocka_unit_test(test_host_forced_fallback),
         cmocka_unit_test(test_no_verify),
+        cmocka_unit_test(test_auto_policy),
         cmocka_unit_test(test_discard_checksum),
         cmocka_unit_test(test_crc_uring),
         cmocka_unit_test(test_crc_pread),
