@@ -224,10 +224,12 @@ static int make_staging(kvx_warmup *w)
         buffered = 1;
     }
     int checks = !(w->o.flags & KVX_WARMUP_NO_VERIFY) || w->o.sink == KVX_SINK_HOST;
+    /* pread workers: one per CPU on cached data (each reads, checks and
+     * copies from its own cache); 4 for the disk. Verify workers (io_uring):
+     * one per CPU. */
     unsigned nt = w->warm ? online_cpus() : 4;
-    const char *e = getenv("KVX_WARM_THREADS");
-    if (e) nt = (unsigned)atoi(e);
-    kvx_ioq_options qo = {mode, w->qd, nt, buffered, NULL, checks ? online_cpus() : 0};
+    unsigned vt = checks ? online_cpus() : 0;
+    kvx_ioq_options qo = {mode, w->qd, nt, buffered, NULL, vt};
     int rc = kvx_pool_create(&w->pool, &po);
     if (rc == KVX_EMEMLOCK) {
         /* Locking is an optimization here: carry on unlocked and unregistered. */
@@ -323,12 +325,8 @@ static int warmup_new(kvx_warmup **out, kvx_shard *const *shards, size_t n, cons
         /* Cached reads are memory copies: a few runs in flight suffice, and
          * small runs into few staging buffers stay in the CPU caches, so
          * the CRC and the sink copy read them from there. */
-        const char *e = getenv("KVX_WARM_CHUNK_KB");
-        if (!opts->chunk_bytes) chunk = e ? (uint64_t)atoi(e) << 10 : 1u << 20;
-        unsigned cap = 2 * online_cpus();
-        e = getenv("KVX_WARM_QD");
-        if (e) cap = (unsigned)atoi(e);
-        if (w->qd > cap) w->qd = cap;
+        if (!opts->chunk_bytes) chunk = 1u << 20;
+        if (w->qd > 2 * online_cpus()) w->qd = 2 * online_cpus();
         w->warm_pread = opts->io_mode == KVX_IO_AUTO && !(opts->flags & KVX_WARMUP_BUFFERED);
     }
     w->chunk = kvx_align_up(chunk, 4096);
