@@ -45,6 +45,6 @@ done
 
 if [ -f bindings/go/go.mod ]; then
   step "Go package"
-  (cd bindings/go && go vet ./... && go test ./... && go test -race ./...)
+  (cd bindings/go && go vet ./... && go test -count=1 ./... && go test -count=1 -race ./...)
 fi
 echo "all kvx tests passed"
