@@ -241,16 +241,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "pool: %s\n", kvx_last_error());
         return 1;
     }
-    /* Two handles of depth qd/2 each, alternating, so one batch's tail
-     * overlaps the next batch's head: qd reads in flight, as with fio. */
+    /* Two handles sharing one queue of depth qd (kvx_fetch_create_peer),
+     * alternating: the next batch's reads fill the queue while the previous
+     * batch's tail lands, so qd reads stay in flight, as with fio. */
     kvx_fetch_options fo = KVX_FETCH_OPTIONS_INIT;
-    fo.queue_depth = qd / 2 ? qd / 2 : 1;
+    fo.queue_depth = qd;
     kvx_fetch *fh[2];
-    for (int k = 0; k < 2; k++)
-        if (kvx_fetch_create(&fh[k], pool, &fo)) {
-            fprintf(stderr, "fetch: %s\n", kvx_last_error());
-            return 1;
-        }
+    if (kvx_fetch_create(&fh[0], pool, &fo) || kvx_fetch_create_peer(&fh[1], fh[0])) {
+        fprintf(stderr, "fetch: %s\n", kvx_last_error());
+        return 1;
+    }
     enum { BATCH = 256 };
     kvx_fetch_req reqs[BATCH];
     kvx_fetch_result *res = malloc(sizeof *res * BATCH);
@@ -312,7 +312,7 @@ int main(int argc, char **argv)
     printf("\nAUTO picked: cold %s direct=%d; warm %s direct=%d; warm host %s direct=%d\n",
            kvx_io_mode_name(rep_ca.io_mode), rep_ca.direct, kvx_io_mode_name(rep_wa.io_mode), rep_wa.direct,
            kvx_io_mode_name(rep_ha.io_mode), rep_ha.direct);
-    printf("qd %u; seq %" PRIu64 " MiB (direct=%d); random fetch io=%s direct=%d, %" PRIu64 " MiB in batches of %d on 2 handles of depth qd/2\n",
+    printf("qd %u; seq %" PRIu64 " MiB (direct=%d); random fetch io=%s direct=%d, %" PRIu64 " MiB in batches of %d on 2 peer handles sharing one queue of depth qd\n",
            qd, kv_bytes >> 20, direct, kvx_io_mode_name(f_mode), f_direct, fbytes >> 20, BATCH);
     kvx_shard_close(s_seq);
     kvx_shard_close(s_mix);

@@ -11,6 +11,12 @@
  * Everything the batch owns (copies of the requests, results, slots, shard
  * references) is C memory, released by kvx_fetch_release: a cgo caller
  * passes Go arrays only for the duration of submit and wait.
+ *
+ * Handles made with kvx_fetch_create_peer share one executor (ring,
+ * depth, files): whichever handle is driven reaps every finished read and
+ * routes it to its owner (run->owner), so the next batch's reads fill the
+ * queue while the previous batch's tail lands. Each handle counts its own
+ * outstanding reads; release and cancel touch only their own.
  */
 #include "io.h"
 
@@ -27,9 +33,15 @@ typedef struct item {
     uint32_t req;
 } item;
 
+typedef struct fshared {
+    kvx_ioq *q;
+    unsigned refs;
+} fshared;
+
 struct kvx_fetch {
     kvx_pool *pool;
-    kvx_ioq *q;
+    fshared *sh;
+    kvx_ioq *q; /* sh->q */
     uint32_t max_read;
     int verify;
     /* the batch */
@@ -41,7 +53,7 @@ struct kvx_fetch {
     kvx_io_run *runs;
     size_t n_runs;
     size_t done;
-    kvx_io_run **reaped; /* scratch for kvx_ioq_reap */
+    size_t outstanding; /* runs pushed, not yet absorbed (by us or a peer) */
 };
 
 int kvx_fetch_create(kvx_fetch **out, kvx_pool *pool, const kvx_fetch_options *opts)
@@ -66,11 +78,36 @@ int kvx_fetch_create(kvx_fetch **out, kvx_pool *pool, const kvx_fetch_options *o
     f->verify = !(opts->flags & KVX_FETCH_NO_VERIFY);
     kvx_ioq_options qo = {opts->io_mode, opts->queue_depth, opts->threads,
                           (opts->flags & KVX_FETCH_BUFFERED) != 0, pool, 0};
-    int rc = kvx_ioq_create(&f->q, &qo);
+    f->sh = calloc(1, sizeof *f->sh);
+    if (!f->sh) {
+        free(f);
+        return kvx_fail(-ENOMEM, "kvx_fetch_create: out of memory");
+    }
+    int rc = kvx_ioq_create(&f->sh->q, &qo);
     if (rc) {
+        free(f->sh);
         free(f);
         return rc;
     }
+    f->sh->refs = 1;
+    f->q = f->sh->q;
+    *out = f;
+    return 0;
+}
+
+int kvx_fetch_create_peer(kvx_fetch **out, kvx_fetch *peer)
+{
+    if (!out) return kvx_fail(KVX_EINVALID, "kvx_fetch_create_peer: out is NULL");
+    *out = NULL;
+    if (!peer) return kvx_fail(KVX_EINVALID, "kvx_fetch_create_peer: peer is NULL");
+    kvx_fetch *f = calloc(1, sizeof *f);
+    if (!f) return kvx_fail(-ENOMEM, "kvx_fetch_create_peer: out of memory");
+    f->pool = peer->pool;
+    f->max_read = peer->max_read;
+    f->verify = peer->verify;
+    f->sh = peer->sh;
+    f->sh->refs++;
+    f->q = f->sh->q;
     *out = f;
     return 0;
 }
@@ -78,29 +115,29 @@ int kvx_fetch_create(kvx_fetch **out, kvx_pool *pool, const kvx_fetch_options *o
 int kvx_fetch_mode(const kvx_fetch *f) { return f ? kvx_ioq_mode(f->q) : KVX_IO_AUTO; }
 int kvx_fetch_direct(const kvx_fetch *f) { return f ? kvx_ioq_used_direct(f->q) : 0; }
 
+static int absorb(kvx_fetch *f, int timeout_ms);
+
 void kvx_fetch_release(kvx_fetch *f)
 {
     if (!f || !f->active) return;
-    if (kvx_ioq_pending(f->q) > 0) {
+    if (f->outstanding > 0) {
         /* The kernel may still write into our slots: drain first. */
-        kvx_ioq_cancel(f->q);
-        while (kvx_ioq_pending(f->q) > 0)
-            if (kvx_ioq_reap(f->q, f->reaped, f->n_runs ? f->n_runs : 1, -1) < 0) break;
+        kvx_ioq_cancel_owner(f->q, f);
+        while (f->outstanding > 0)
+            if (absorb(f, -1) < 0) break;
     }
     for (size_t i = 0; i < f->n_runs; i++)
         if (f->runs[i].buf) kvx_pool_free(f->pool, f->runs[i].buf, f->runs[i].len);
     for (size_t i = 0; i < f->n; i++) kvx_shard_close(f->refs[i]);
-    kvx_ioq_files_trim(f->q);
+    if (kvx_ioq_pending(f->q) == 0) kvx_ioq_files_trim(f->q); /* a peer's reads may use them */
     free(f->refs);
     free(f->res);
     free(f->pages);
     free(f->runs);
-    free(f->reaped);
     f->refs = NULL;
     f->res = NULL;
     f->pages = NULL;
     f->runs = NULL;
-    f->reaped = NULL;
     f->n = f->n_runs = f->done = 0;
     f->active = 0;
 }
@@ -109,7 +146,10 @@ void kvx_fetch_destroy(kvx_fetch *f)
 {
     if (!f) return;
     kvx_fetch_release(f);
-    kvx_ioq_destroy(f->q);
+    if (--f->sh->refs == 0) {
+        kvx_ioq_destroy(f->sh->q);
+        free(f->sh);
+    }
     free(f);
 }
 
@@ -132,9 +172,8 @@ int kvx_fetch_submit(kvx_fetch *f, const kvx_fetch_req *reqs, size_t n)
     f->res = calloc(n ? n : 1, sizeof *f->res);
     f->pages = calloc(n ? n : 1, sizeof *f->pages);
     f->runs = calloc(n ? n : 1, sizeof *f->runs);
-    f->reaped = calloc(n ? n : 1, sizeof *f->reaped);
     item *items = calloc(n ? n : 1, sizeof *items);
-    if (!f->refs || !f->res || !f->pages || !f->runs || !f->reaped || !items) {
+    if (!f->refs || !f->res || !f->pages || !f->runs || !items) {
         free(items);
         kvx_fetch_release(f);
         return kvx_fail(-ENOMEM, "kvx_fetch_submit: out of memory");
@@ -196,6 +235,7 @@ int kvx_fetch_submit(kvx_fetch *f, const kvx_fetch_req *reqs, size_t n)
         i = j;
     }
     free(items);
+    f->outstanding = f->n_runs;
     for (size_t i = 0; i < f->n_runs; i++) kvx_ioq_push(f->q, &f->runs[i]);
     kvx_ioq_kick(f->q);
     return 0;
@@ -207,16 +247,19 @@ fail:
 
 static int absorb(kvx_fetch *f, int timeout_ms)
 {
-    int got = kvx_ioq_reap(f->q, f->reaped, f->n_runs ? f->n_runs : 1, timeout_ms);
+    kvx_io_run *got_runs[64];
+    int got = kvx_ioq_reap(f->q, got_runs, 64, timeout_ms);
     if (got < 0) return got;
     for (int i = 0; i < got; i++) {
-        kvx_io_run *r = f->reaped[i];
+        kvx_io_run *r = got_runs[i];
+        kvx_fetch *o = r->owner; /* f, or a peer sharing the queue */
         for (uint32_t k = 0; k < r->n_pages; k++) {
-            kvx_fetch_result *res = &f->res[r->pages[k].tag];
+            kvx_fetch_result *res = &o->res[r->pages[k].tag];
             res->status = r->pages[k].status;
             res->crc32 = r->pages[k].crc_got;
         }
-        f->done += r->n_pages;
+        o->done += r->n_pages;
+        o->outstanding--;
     }
     return 0;
 }
@@ -254,6 +297,6 @@ int kvx_fetch_wait(kvx_fetch *f, kvx_fetch_result *out, size_t n, int timeout_ms
 int kvx_fetch_cancel(kvx_fetch *f)
 {
     if (!f) return kvx_fail(KVX_EINVALID, "kvx_fetch_cancel: fetch is NULL");
-    if (f->active) kvx_ioq_cancel(f->q);
+    if (f->active) kvx_ioq_cancel_owner(f->q, f);
     return 0;
 }

@@ -123,6 +123,8 @@ int kvx_ioq_reap(kvx_ioq *q, kvx_io_run **done, size_t max, int timeout_ms);
 size_t kvx_ioq_pending(kvx_ioq *q);
 /* Queued runs not yet started finish with KVX_ECANCELED. */
 void kvx_ioq_cancel(kvx_ioq *q);
+/* The same for the runs of one owner (fetch handles sharing a queue). */
+void kvx_ioq_cancel_owner(kvx_ioq *q, const void *owner);
 /* 1 if any file so far used O_DIRECT. */
 int kvx_ioq_used_direct(const kvx_ioq *q);
 

@@ -602,16 +602,24 @@ size_t kvx_ioq_pending(kvx_ioq *q)
     return n;
 }
 
-void kvx_ioq_cancel(kvx_ioq *q)
+void kvx_ioq_cancel(kvx_ioq *q) { kvx_ioq_cancel_owner(q, NULL); }
+
+void kvx_ioq_cancel_owner(kvx_ioq *q, const void *owner)
 {
     pthread_mutex_lock(&q->mu);
-    kvx_io_run *r;
+    kvx_io_run *r, *keep_h = NULL, *keep_t = NULL;
     while ((r = q_pop(&q->qhead, &q->qtail))) {
+        if (owner && r->owner != owner) {
+            q_append(&keep_h, &keep_t, r);
+            continue;
+        }
         r->status = KVX_ECANCELED;
         r->got = 0;
         kvx_io_run_finish(r);
         q_append(&q->dhead, &q->dtail, r);
     }
+    q->qhead = keep_h;
+    q->qtail = keep_t;
     pthread_cond_broadcast(&q->done_cv);
     pthread_mutex_unlock(&q->mu);
 }

@@ -516,6 +516,59 @@ static void cancel_case(int mode)
     kvx_pool_destroy(p);
 }
 
+/* Two handles on one queue: batches overlap, each reaps the other's reads
+ * for it, and cancel / release / destroy touch only their own batch. */
+static void peer_case(int mode)
+{
+    kvx_pool *p = pool_of(8 << 20);
+    kvx_fetch *f = fetch_of(p, mode, 2, 0, 4096), *g = NULL;
+    assert_int_equal(kvx_fetch_create_peer(NULL, f), KVX_EINVALID);
+    assert_int_equal(kvx_fetch_create_peer(&g, NULL), KVX_EINVALID);
+    assert_null(g);
+    assert_int_equal(kvx_fetch_create_peer(&g, f), 0);
+    assert_int_equal(kvx_fetch_mode(g), kvx_fetch_mode(f));
+    kvx_fetch_req r[N1 + N2];
+    kvx_fetch_result res[N1 + N2], res2[N1 + N2];
+    size_t n = all_reqs(r);
+    /* both batches queued; waiting on f alone finishes f, g may progress */
+    assert_int_equal(kvx_fetch_submit(f, r, n), 0);
+    assert_int_equal(kvx_fetch_submit(g, r + 1, n - 1), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
+    check_all(r, res, n, 1);
+    assert_int_equal(kvx_fetch_wait(g, res2, n - 1, -1), 0);
+    check_all(r + 1, res2, n - 1, 1);
+    /* cancel of f leaves g's batch whole (f's reads queue behind g's) */
+    assert_int_equal(kvx_fetch_submit(g, r, n), 0);
+    assert_int_equal(kvx_fetch_submit(f, r, n), 0);
+    assert_int_equal(kvx_fetch_cancel(f), 0);
+    assert_int_equal(kvx_fetch_wait(g, res2, n, -1), 0);
+    check_all(r, res2, n, 1);
+    assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
+    size_t canceled = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (res[i].status == KVX_ECANCELED)
+            canceled++;
+        else
+            assert_int_equal(res[i].status, 0);
+    }
+    if (mode == KVX_IO_URING) assert_true(canceled > 0); /* depth 2: f's reads had not started */
+    /* releasing f while g's batch is in flight, then destroying f first */
+    assert_int_equal(kvx_fetch_submit(g, r, n), 0);
+    assert_int_equal(kvx_fetch_submit(f, r, 2), 0);
+    kvx_fetch_destroy(f);
+    assert_int_equal(kvx_fetch_wait(g, res2, n, -1), 0);
+    check_all(r, res2, n, 1);
+    kvx_fetch_release(g);
+    kvx_pool_info info;
+    assert_int_equal(kvx_pool_get_info(&info, p), 0);
+    assert_int_equal(info.free_bytes, info.bytes);
+    kvx_fetch_destroy(g);
+    kvx_pool_destroy(p);
+}
+
+static void test_peer_uring(void **state) { (void)state; peer_case(KVX_IO_URING); }
+static void test_peer_pread(void **state) { (void)state; peer_case(KVX_IO_PREAD); }
+
 static void test_cancel_uring(void **state) { (void)state; cancel_case(KVX_IO_URING); }
 static void test_cancel_pread(void **state) { (void)state; cancel_case(KVX_IO_PREAD); }
 
@@ -538,6 +591,8 @@ int main(void)
         cmocka_unit_test_setup(test_trunc_pread, reset),
         cmocka_unit_test_setup(test_tmpfs, reset),
         cmocka_unit_test_setup(test_bad_requests, reset),
+        cmocka_unit_test_setup(test_peer_uring, reset),
+        cmocka_unit_test_setup(test_peer_pread, reset),
         cmocka_unit_test_setup(test_cancel_uring, reset),
         cmocka_unit_test_setup(test_cancel_pread, reset),
     };
