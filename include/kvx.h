@@ -646,6 +646,13 @@ typedef struct kvx_fetch_result {
  * environment variable KVX_IO_FORCE_NO_URING=1 makes ring setup fail with
  * -EPERM (tests and operators use it to force the fallback). */
 KVX_API int kvx_fetch_create(kvx_fetch **out, kvx_pool *pool, const kvx_fetch_options *opts);
+/* A second handle sharing peer's queue (ring, queue depth, open files,
+ * pool, options), with its own batch. Driving either handle (poll, wait,
+ * release) reaps reads of both, so while one batch's tail lands the other
+ * handle's next batch keeps the queue full: alternate two peers to stream
+ * pages at a steady depth. Drive handles sharing a queue from one thread
+ * at a time; destroy them in any order. */
+KVX_API int kvx_fetch_create_peer(kvx_fetch **out, kvx_fetch *peer);
 /* Waits for reads in flight, releases the batch. NULL is fine. */
 KVX_API void kvx_fetch_destroy(kvx_fetch *f);
 /* KVX_IO_URING or KVX_IO_PREAD: the path in use. */
