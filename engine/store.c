@@ -295,6 +295,11 @@ static int st_rm_unregistered(kvx_store *s, int fd, const char *name, void *ctx)
 {
     (void)ctx;
     uint64_t gen;
+    if (name[0] == '.' && strstr(name, ".kvx.tmp.")) { /* a shard writer's temporary file */
+        if (kvx_os.unlinkat(fd, name, 0) != 0 && errno != ENOENT)
+            return kvx_fail(-errno, "store: recovery: unlink shards/%s: %s", name, strerror(errno));
+        return 0;
+    }
     if (!st_parse_name(name, &gen)) return 0; /* not ours: leave it alone */
     for (int b = 0; b < ST_SLOTS; b++)
         if (s->reg_live[b] && s->reg[b].gen == gen) return 0;

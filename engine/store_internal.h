@@ -48,6 +48,7 @@ typedef struct st_open {
     uint8_t byte;
     uint64_t gen;
     uint32_t flags;
+    uint32_t cap; /* entries reserved in its tables */
 } st_open;
 
 typedef struct st_sealed {
@@ -90,6 +91,7 @@ struct kvx_store {
     size_t ptab_n;
     uint64_t next_gen;
     uint64_t dropped;
+    uint32_t reserve_hint; /* entries the next writer reserves (the put's size) */
 };
 
 /* "%016llx.kvx" of gen into buf (32 bytes). */

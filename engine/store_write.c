@@ -149,7 +149,11 @@ static uint32_t st_kind_flags(const kvx_store *s, int kind)
     return f;
 }
 
-static int st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_open *o)
+/* reserve: table entries to reserve. A shard's tables are sized when it is
+ * created, so a writer reserves what it is about to receive (the put's
+ * blocks, at least the batch so far), not the shard maximum: small flushes
+ * then seal tight files instead of files padded with empty tables. */
+static int st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_open *o, uint32_t reserve)
 {
     uint8_t b = 0;
     int rc = st_alloc_byte(s, extra, &b);
@@ -157,14 +161,19 @@ static int st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, s
     uint64_t gen = s->next_gen++;
     char name[32];
     st_shard_name(name, gen);
-    size_t len = strlen(s->staging_path) + 1 + strlen(name) + 1;
+    /* sealed straight into shards/: the writer's temporary file is a
+     * dot-file beside it (deleted by recovery), so a flush costs one rename
+     * and one directory fsync, not two */
+    size_t len = strlen(s->shards_path) + 1 + strlen(name) + 1;
     char *path = malloc(len);
     if (!path) return kvx_fail(-ENOMEM, "store: out of memory");
-    snprintf(path, len, "%s/%s", s->staging_path, name);
+    snprintf(path, len, "%s/%s", s->shards_path, name);
     kvx_shard_writer_options opts = KVX_SHARD_WRITER_OPTIONS_INIT;
     opts.geometry = s->g;
     opts.shard_id = b;
-    opts.max_entries = s->max_entries;
+    if (reserve < 8) reserve = 8;
+    if (reserve > s->max_entries) reserve = s->max_entries;
+    opts.max_entries = reserve;
     opts.flags = flags;
     rc = kvx_shard_writer_create(&o->w, path, &opts);
     free(path);
@@ -172,11 +181,12 @@ static int st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, s
     o->byte = b;
     o->gen = gen;
     o->flags = flags;
+    o->cap = reserve;
     return 0;
 }
 
-/* Seals o's shard in staging/ and renames it into shards/ (the directory
- * fsync comes once, before the publishing transaction). */
+/* Seals o's shard (fsync, rename into shards/; the directory fsync comes
+ * once, before the publishing transaction). */
 static int st_writer_seal(kvx_store *s, st_open *o, st_sealed *out)
 {
     uint32_t n = kvx_shard_writer_count(o->w);
@@ -184,15 +194,7 @@ static int st_writer_seal(kvx_store *s, st_open *o, st_sealed *out)
     o->w = NULL;
     char name[32];
     st_shard_name(name, o->gen);
-    if (rc) {
-        kvx_os.unlinkat(s->stagingfd, name, 0);
-        return rc;
-    }
-    if (kvx_os.renameat(s->stagingfd, name, s->shardsfd, name) != 0) {
-        rc = -errno;
-        kvx_os.unlinkat(s->stagingfd, name, 0);
-        return kvx_fail(rc, "store: rename staging/%s to shards/: %s", name, strerror(-rc));
-    }
+    if (rc) return rc; /* the writer left nothing behind */
     struct stat st;
     if (fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
         rc = -errno;
@@ -251,12 +253,14 @@ static int st_put_one(kvx_store *s, int kind, uint64_t hash, uint64_t parent, co
     st_open *o = &s->cur[kind];
     int rc;
     if (!o->w) {
-        rc = st_writer_begin(s, st_kind_flags(s, kind), NULL, o);
+        uint32_t hint = s->reserve_hint;
+        if (s->npend > hint) hint = s->npend > UINT32_MAX / 2 ? UINT32_MAX : (uint32_t)s->npend;
+        rc = st_writer_begin(s, st_kind_flags(s, kind), NULL, o, hint);
         if (rc == KVX_EFULL) {
             /* out of shard ids: publish what is pending and merge small shards */
             if ((rc = st_flush_locked(s))) return rc;
             st_compact(s, 1);
-            rc = st_writer_begin(s, st_kind_flags(s, kind), NULL, o);
+            rc = st_writer_begin(s, st_kind_flags(s, kind), NULL, o, hint);
         }
         if (rc) return rc;
     }
@@ -274,7 +278,8 @@ static int st_put_one(kvx_store *s, int kind, uint64_t hash, uint64_t parent, co
     if ((rc = st_pending_add(s, hash, parent, kind == ST_KIND_LINEAGE ? toks : NULL, KVX_COORD(o->byte, idx, 0), kind,
                              o->gen)))
         return rc;
-    if (idx + 1 >= s->max_entries || kvx_shard_writer_bytes(o->w) >= s->target) rc = st_seal_cur(s, kind);
+    if (s->reserve_hint > 0) s->reserve_hint--;
+    if (idx + 1 >= o->cap || kvx_shard_writer_bytes(o->w) >= s->target) rc = st_seal_cur(s, kind);
     return rc;
 }
 
@@ -329,7 +334,9 @@ KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens,
         }
         kvx_idx_read_end(s->ix, txn);
     }
-    size_t added = 0;
+    size_t added = 0, todo = 0;
+    for (size_t i = 0; i < n_pages; i++) todo += !held[i];
+    s->reserve_hint = todo > UINT32_MAX ? UINT32_MAX : (uint32_t)todo;
     for (size_t i = 0; !rc && i < n_pages; i++) {
         uint64_t parent = i ? h[i - 1] : 0;
         if (held[i] || st_pending_find(s, h[i], parent, tokens + i * B)) continue;
@@ -383,6 +390,7 @@ KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, co
     }
     size_t added = 0;
     pthread_mutex_lock(&s->wmu);
+    s->reserve_hint = e.n_blocks;
     for (uint32_t i = 0; !rc && i < e.n_blocks; i++) {
         kvx_envelope_block blk;
         if ((rc = kvx_envelope_block_at(&blk, &e, i))) break;
@@ -629,7 +637,7 @@ static int st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8
             kvx_shard_close(sh);
             continue;
         }
-        if (!o.w && (rc = st_writer_begin(s, flags, busy, &o))) {
+        if (!o.w && (rc = st_writer_begin(s, flags, busy, &o, n - i > UINT32_MAX ? UINT32_MAX : (uint32_t)(n - i)))) {
             kvx_shard_close(sh);
             break;
         }
@@ -650,7 +658,7 @@ static int st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8
         m->new_coord = KVX_COORD(o.byte, ni, 0);
         m->new_gen = o.gen;
         if (m->last_use > last_use) last_use = m->last_use;
-        if (ni + 1 >= s->max_entries || kvx_shard_writer_bytes(o.w) >= s->target || i + 1 == n) {
+        if (ni + 1 >= o.cap || kvx_shard_writer_bytes(o.w) >= s->target || i + 1 == n) {
             st_sealed x;
             st_sealed *arr = realloc(*io_out, (*io_n + 1) * sizeof *arr);
             if (!arr) {
