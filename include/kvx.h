@@ -749,7 +749,11 @@ typedef struct kvx_warmup_progress {
 
 typedef struct kvx_warmup_options {
     uint32_t version;      /* KVX_WARMUP_OPTIONS_VERSION */
-    int io_mode;           /* kvx_io_mode */
+    int io_mode;           /* kvx_io_mode. AUTO without KVX_WARMUP_BUFFERED:
+                              data found in the page cache (mincore, >= 90%)
+                              is read by buffered pread workers, one per CPU;
+                              cold data by io_uring with O_DIRECT. CRCs (and
+                              the host-sink copy) run on worker threads. */
     uint32_t flags;        /* KVX_WARMUP_* */
     uint32_t queue_depth;  /* reads in flight; 0 = 8 */
     uint32_t chunk_bytes;  /* bytes per read; 0 = 4 MiB (grown to fit the largest page) */

@@ -7,10 +7,19 @@
  * flight while that thread verifies and copies the run that just landed,
  * and two spare staging buffers let the next reads start before the copy
  * of the previous ones ends (double buffering; on the GPU a buffer is
- * reused only after its cudaMemcpyAsync's event fired). In pread mode the
- * worker threads verify, so CRCs run on several cores while this thread
- * copies. Runs are the writer's layout (pages back to back) cut at
- * chunk_bytes, so the disk sees the same large sequential reads fio does.
+ * reused only after its cudaMemcpyAsync's event fired). CRCs never run on
+ * the driving thread: pread workers, or io_uring's verify workers, check
+ * each run as it lands and (host sink) copy its good pages into the
+ * caller's buffer, so checksums and copies use every core. Runs are the
+ * writer's layout (pages back to back) cut at chunk_bytes, so the disk
+ * sees the same large sequential reads fio does.
+ *
+ * Cached data: before planning, mincore samples whether the pages are in
+ * the page cache. If so (>= 90%), KVX_IO_AUTO without KVX_WARMUP_BUFFERED
+ * reads them with buffered pread workers (one per CPU: each reads, checks
+ * and copies a run from its own cache), and every buffered path uses 1 MiB
+ * runs and 2 per CPU in flight, so staging stays cache-resident. Cold
+ * data keeps io_uring, O_DIRECT, 4 MiB runs at queue_depth.
  *
  * kvx_warmup_start runs the same loop on a background thread and exposes
  * progress through atomics, for callers (cgo) that poll instead of taking
