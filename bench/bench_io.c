@@ -240,35 +240,51 @@ int main(int argc, char **argv)
     uint64_t kv_bytes = (uint64_t)n_seq * (2u << 20);
     char args[1024];
 
-    /* 1. cold sequential: warmup (O_DIRECT) vs fio read, bs 4 MiB, same depth */
-    drop_cache(seq);
-    kvx_warmup_report rep;
-    double w_cold = warmup_bw(s_seq, KVX_IO_URING, 0, KVX_SINK_DISCARD, NULL, 0, qd, &rep);
-    int direct = rep.direct;
-    drop_cache(seq);
+    /* 1. cold sequential: warmup (O_DIRECT; and AUTO, which must pick it)
+     * vs fio read, bs 4 MiB, same depth. Two interleaved rounds, cache
+     * dropped before each read; best of each side (the least disturbed). */
+    kvx_warmup_report rep, rep_ca;
     snprintf(args, sizeof args, "--name=seq --filename=%s --rw=read --bs=4M --iodepth=%u --offset=%" PRIu64 " --size=%" PRIu64,
              seq, qd, info->kv_data_offset, kv_bytes);
-    double f_seq = fio_bw(args);
-    drop_cache(seq);
-    kvx_warmup_report rep_ca;
-    double w_cold_a = warmup_bw(s_seq, KVX_IO_AUTO, 0, KVX_SINK_DISCARD, NULL, 0, qd, &rep_ca);
+    double w_cold = 0, f_seq = 0, w_cold_a = 0;
+    for (int round = 0; round < 2; round++) {
+        drop_cache(seq);
+        double x = warmup_bw(s_seq, KVX_IO_URING, 0, KVX_SINK_DISCARD, NULL, 0, qd, &rep);
+        if (x > w_cold) w_cold = x;
+        drop_cache(seq);
+        x = fio_bw(args);
+        if (x > f_seq) f_seq = x;
+        drop_cache(seq);
+        x = warmup_bw(s_seq, KVX_IO_AUTO, 0, KVX_SINK_DISCARD, NULL, 0, qd, &rep_ca);
+        if (x > w_cold_a) w_cold_a = x;
+    }
+    int direct = rep.direct;
 
-    /* 2. warm: page cache, CRC on */
+    /* 2. warm: page cache, CRC on; best of 3 each, memcpy (best of 3)
+     * measured before and after, the faster taken (ratios err low). */
     warm_cache(seq);
     double m_bw = memcpy_bw(kv_bytes);
     warm_cache(seq);
     kvx_warmup_report rep_wa, rep_ha;
-    double w_warm_a = warmup_bw(s_seq, KVX_IO_AUTO, 0, KVX_SINK_DISCARD, NULL, 0, qd, &rep_wa);
-    double w_warm_u = warmup_bw(s_seq, KVX_IO_URING, KVX_WARMUP_BUFFERED, KVX_SINK_DISCARD, NULL, 0, qd, NULL);
-    double w_warm_p = warmup_bw(s_seq, KVX_IO_PREAD, 0, KVX_SINK_DISCARD, NULL, 0, qd, NULL);
     uint64_t need;
     kvx_warmup_sink_bytes(&need, &s_seq, 1);
     void *host = malloc(need);
     memset(host, 0x5A, need); /* fault it in (a zero memset may become calloc's lazy pages) */
-    double w_warm_h = warmup_bw(s_seq, KVX_IO_AUTO, 0, KVX_SINK_HOST, host, need, qd, &rep_ha);
-    double w_warm_hu = warmup_bw(s_seq, KVX_IO_URING, KVX_WARMUP_BUFFERED, KVX_SINK_HOST, host, need, qd, NULL);
+    double w_warm_a = 0, w_warm_u = 0, w_warm_p = 0, w_warm_h = 0, w_warm_hu = 0;
+    for (int k = 0; k < 3; k++) {
+        double x = warmup_bw(s_seq, KVX_IO_AUTO, 0, KVX_SINK_DISCARD, NULL, 0, qd, &rep_wa);
+        if (x > w_warm_a) w_warm_a = x;
+        x = warmup_bw(s_seq, KVX_IO_URING, KVX_WARMUP_BUFFERED, KVX_SINK_DISCARD, NULL, 0, qd, NULL);
+        if (x > w_warm_u) w_warm_u = x;
+        x = warmup_bw(s_seq, KVX_IO_PREAD, 0, KVX_SINK_DISCARD, NULL, 0, qd, NULL);
+        if (x > w_warm_p) w_warm_p = x;
+        x = warmup_bw(s_seq, KVX_IO_AUTO, 0, KVX_SINK_HOST, host, need, qd, &rep_ha);
+        if (x > w_warm_h) w_warm_h = x;
+        x = warmup_bw(s_seq, KVX_IO_URING, KVX_WARMUP_BUFFERED, KVX_SINK_HOST, host, need, qd, NULL);
+        if (x > w_warm_hu) w_warm_hu = x;
+    }
     double m_bw2 = memcpy_bw(kv_bytes);
-    if (m_bw2 > m_bw) m_bw = m_bw2; /* the better reference: ratios err low */
+    if (m_bw2 > m_bw) m_bw = m_bw2;
     free(host);
     drop_cache(seq);
 
@@ -302,6 +318,10 @@ int main(int argc, char **argv)
     enum { PAIRS = 3 };
     double rk[PAIRS], rf[PAIRS], ratio[PAIRS];
     uint64_t fbytes = 0;
+    /* The virtual disk has a cache on the host: one unmeasured pass first,
+     * or the first measured reader pays for warming it and the next gains. */
+    drop_cache(mix);
+    fio_bw(args);
     for (int k = 0; k < PAIRS; k++) {
         drop_cache(mix);
         rk[k] = fetch_rand(fh, s_mix, n_mix, target, &fbytes);
