@@ -138,8 +138,9 @@ static void warmup_free(kvx_warmup *w)
 }
 
 /* Fraction (0..1) of the inputs' page bytes resident in the page cache,
- * sampled with mincore over a private mapping of each file: up to 64
- * windows of 1 MiB per shard, spread over its KV data. -1 when unknown. */
+ * sampled with mincore over a mapping of each file: up to 64 windows of
+ * 1 MiB per shard spread over its KV data, at most ~4096 in all (a store
+ * of many shards gets fewer per shard). -1 when unknown. */
 static double resident_fraction(kvx_shard *const *shards, size_t n)
 {
     uint64_t seen = 0, in = 0;
@@ -147,13 +148,16 @@ static double resident_fraction(kvx_shard *const *shards, size_t n)
     const uint64_t win = 1u << 20;
     unsigned char vec[(1u << 20) / 4096];
     if (psz != 4096) return -1;
+    uint64_t per = n ? 4096 / n : 1;
+    if (per < 1) per = 1;
+    if (per > 64) per = 64;
     for (size_t s = 0; s < n; s++) {
         const kvx_shard_info *info = kvx_shard_get_info(shards[s]);
         uint64_t lo = info->kv_data_offset & ~(uint64_t)4095, hi = info->file_size;
         if (hi <= lo) continue;
         void *m = mmap(NULL, hi, PROT_READ, MAP_SHARED, kvx_shard_fd(shards[s]), 0);
         if (m == MAP_FAILED) return -1;
-        uint64_t span = hi - lo, step = span / 64 > win ? span / 64 & ~(uint64_t)4095 : win;
+        uint64_t span = hi - lo, step = span / per > win ? span / per & ~(uint64_t)4095 : win;
         for (uint64_t off = lo; off < hi; off += step) {
             uint64_t len = hi - off < win ? hi - off : win;
             if (mincore((uint8_t *)m + off, len, vec) != 0) {
