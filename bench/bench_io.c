@@ -2,13 +2,18 @@
  * bench_io.c - the data path against its physical references, side by
  * side in one run on the same files (see bench/RESULTS.md "Data path"):
  *
- *   cold warmup  kvx_warmup_run, O_DIRECT io_uring, page cache dropped,
- *                vs fio io_uring sequential read, same block size / depth;
- *   warm warmup  kvx_warmup_run from the page cache, CRC on, into pinned
- *                staging (discard sink) and into a host buffer,
- *                vs memcpy of the same number of bytes;
- *   random pages kvx_fetch of random entries 64 KiB..2 MiB (O_DIRECT),
- *                vs fio io_uring randread with the same size mix / depth.
+ *   cold warmup  kvx_warmup_run, O_DIRECT io_uring and KVX_IO_AUTO, page
+ *                cache dropped, vs fio io_uring sequential read, same
+ *                block size / depth (best of 2 interleaved rounds);
+ *   warm warmup  kvx_warmup_run from the page cache, CRC on, AUTO /
+ *                io_uring buffered / pread, into pinned staging (discard
+ *                sink) and into a host buffer, vs memcpy of the same
+ *                number of bytes (best of 3);
+ *   random pages kvx_fetch of random entries 64 KiB..2 MiB (O_DIRECT) on
+ *                two peer handles sharing one queue, vs fio io_uring
+ *                randread with the same size mix / depth (3 interleaved
+ *                pairs after a priming pass; median and all pairs).
+ * It also prints which path KVX_IO_AUTO picked for cold and warm data.
  *
  * usage: bench_io [DIR] [MiB=1024] [QD=32]
  * Writes two shard files into DIR (default /tmp), about MiB and MiB/2
