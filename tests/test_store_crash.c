@@ -74,7 +74,7 @@ static void parse_log(const char *path, acked_set *a)
     }
     fclose(f);
     /* a block put again while held is logged again: count it once */
-    qsort(a->h, a->n, sizeof *a->h, cmp_u64);
+    if (a->n > 1) qsort(a->h, a->n, sizeof *a->h, cmp_u64); /* qsort(NULL, 0) is UB */
     size_t w = 0;
     for (size_t i = 0; i < a->n; i++)
         if (w == 0 || a->h[w - 1] != a->h[i]) a->h[w++] = a->h[i];
