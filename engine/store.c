@@ -137,6 +137,7 @@ static void st_free(kvx_store *s)
     for (int i = 0; i < ST_SLOTS; i++) {
         kvx_shard_close(s->cache[i].sh);
         free(s->use[i].bits);
+        free(s->rec[i].last);
     }
     if (s->ix) kvx_idx_close(s->ix);
     if (s->lockfd >= 0) kvx_os.close(s->lockfd); /* releases the flock */
@@ -447,8 +448,8 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     s->capacity = opts->capacity_bytes ? opts->capacity_bytes : ST_DEFAULT_CAPACITY;
     s->target = opts->shard_bytes;
     if (!s->target) {
-        s->target = s->capacity / 64;
-        if (s->target < ((uint64_t)256 << 10)) s->target = (uint64_t)256 << 10;
+        s->target = s->capacity / ST_TARGET_DIV;
+        if (s->target < ((uint64_t)64 << 10)) s->target = (uint64_t)64 << 10;
         if (s->target > ((uint64_t)1 << 30)) s->target = (uint64_t)1 << 30;
     }
     st_sizes(s);
@@ -706,20 +707,32 @@ int st_lookup(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, const 
 /* Batched usage: referenced entries and last use per shard, hit/miss
  * counters; written to LMDB by the writer at flush/gc/close and by readers
  * every USE_PERSIST_CALLS calls and at close. */
+uint64_t *st_rec_get(kvx_store *s, uint32_t byte, uint64_t gen, uint32_t n)
+{
+    st_rec *r = &s->rec[byte];
+    if (r->gen == gen && r->last && r->n == n) return r->last;
+    uint64_t *a = calloc((size_t)n + 1, sizeof *a);
+    if (!a) return NULL;
+    free(r->last);
+    r->last = a;
+    r->gen = gen;
+    r->n = n;
+    return a;
+}
+
 static void st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses)
 {
     uint64_t now = n ? st_now_ns() : 0;
     int persist = 0;
     pthread_mutex_lock(&s->use_mu);
     uint64_t hits = 0;
+    /* one read lock on the handle cache for the whole prompt */
+    if (n) pthread_rwlock_rdlock(&s->cache_lock);
     for (size_t i = 0; i < n; i++) {
         if (!v[i].shard) continue;
         hits++;
         uint32_t b = KVX_COORD_SHARD(v[i].coordinate);
-        uint64_t gen = 0;
-        pthread_rwlock_rdlock(&s->cache_lock);
-        if (s->cache[b].sh == v[i].shard) gen = s->cache[b].gen;
-        pthread_rwlock_unlock(&s->cache_lock);
+        uint64_t gen = s->cache[b].sh == v[i].shard ? s->cache[b].gen : 0;
         if (!gen) continue;
         st_use *u = &s->use[b];
         if (u->gen != gen || !u->bits) {
@@ -736,7 +749,12 @@ static void st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses)
         u->last_use = now;
         u->hits++;
         u->dirty = 1;
+        if (s->writer) {
+            uint64_t *last = st_rec_get(s, b, gen, u->nbits);
+            if (last && v[i].entry < u->nbits) last[v[i].entry] = now;
+        }
     }
+    if (n) pthread_rwlock_unlock(&s->cache_lock);
     s->hits += hits;
     s->misses += misses;
     if (++s->calls % USE_PERSIST_CALLS == 0 && !s->writer) persist = 1;

@@ -17,7 +17,8 @@
 #define ST_KIND_PLAIN 1   /* blocks put by hash only (envelope without tokens) */
 #define ST_DEFAULT_CAPACITY ((uint64_t)64 << 30)
 #define ST_CONFIG_BYTES 64
-#define ST_COMPACT_AT 128 /* live shards before a flush merges small ones */
+#define ST_COMPACT_AT 192 /* live shards before a flush merges small ones */
+#define ST_TARGET_DIV 128 /* default shard size: capacity / this */
 
 typedef struct st_cache {
     uint64_t gen;
@@ -33,6 +34,16 @@ typedef struct st_use {
     uint32_t nbits;
     int dirty;
 } st_use;
+
+/* Writer: per-entry last use (ns) of a shard's blocks: the writer's own
+ * lookups, and the recency that carried or merged blocks bring along. The
+ * persisted usage record only has a per-shard referenced bitmap and last
+ * use; eviction prefers this finer view where it exists. */
+typedef struct st_rec {
+    uint64_t gen;
+    uint64_t *last; /* 0: not known here */
+    uint32_t n;
+} st_rec;
 
 typedef struct st_pblock {
     uint64_t hash, parent;
@@ -74,6 +85,7 @@ struct kvx_store {
 
     pthread_mutex_t use_mu;
     st_use use[ST_SLOTS];
+    st_rec rec[ST_SLOTS]; /* writer only; under use_mu */
     uint64_t hits, misses, calls;
 
     /* writer state, under wmu */
@@ -113,6 +125,11 @@ void st_cache_drop(kvx_store *s, uint32_t byte);
  * toks non-NULL: lineage must match (parent, B ids). */
 int st_lookup(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, const uint32_t *toks,
               kvx_view *out);
+
+/* Writer: the per-entry last-use array of shard (byte, gen) with n
+ * entries, created (zeroed) or reset when gen changed; NULL on ENOMEM.
+ * Call under use_mu. */
+uint64_t *st_rec_get(kvx_store *s, uint32_t byte, uint64_t gen, uint32_t n);
 
 /* Usage: writes this handle's batched counters and referenced bits. */
 int st_usage_persist(kvx_store *s);

@@ -785,16 +785,17 @@ static size_t st_filter_orphans(kvx_store *s, st_move *mv, size_t n, const uint8
     return n;
 }
 
-/* Appends the entries of shard b (those still indexed there) as moves;
- * only referenced ones when bits is given. */
-static int st_collect(kvx_store *s, uint32_t b, const st_usage_view *uv, int hot_only, st_move **mv, size_t *n,
-                      size_t *cap, size_t limit)
+/* Appends the entries of shard b as moves, each with its recency r[i];
+ * with hot_after, only entries used after it (r[i] > hot_after). */
+static int st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, uint64_t hot_after, st_move **mv,
+                      size_t *n, size_t *cap, size_t limit)
 {
     kvx_shard *sh = st_shard_get(s, b, s->reg[b].gen);
     if (!sh) return kvx_fail(-EIO, "store: shard %u cannot be opened to copy its blocks", b);
     uint32_t cnt = kvx_shard_get_info(sh)->num_blocks;
     for (uint32_t i = 0; i < cnt && *n < limit; i++) {
-        if (hot_only && (!uv->bits || i >= uv->nbits || !(uv->bits[i / 8] & (1u << (i % 8))))) continue;
+        uint64_t ri = r && i < s->reg[b].n_entries ? r[i] : s->reg[b].created_ns;
+        if (hot_only && ri <= hot_after) continue;
         kvx_entry e;
         if (kvx_shard_entry(&e, sh, i) || !e.hash) continue;
         if (*n == *cap) {
@@ -813,77 +814,186 @@ static int st_collect(kvx_store *s, uint32_t b, const st_usage_view *uv, int hot
         m->src_gen = s->reg[b].gen;
         m->hash = e.hash;
         m->parent = e.parent;
-        m->last_use = uv->last_use;
+        m->last_use = ri;
     }
     kvx_shard_close(sh);
     return 0;
 }
 
+/* Per-entry recency of every live shard (ns): the writer's per-entry last
+ * use where it has one (its own lookups, carried and merged blocks), else
+ * the shard's last use for an entry whose referenced bit is set (lookups
+ * of other processes, or before a restart), else the shard's creation. */
+static int st_recency_build(kvx_store *s, const st_usage_view *uv, uint64_t **r)
+{
+    int rc = 0;
+    for (uint32_t b = 0; b < ST_SLOTS; b++) r[b] = NULL;
+    pthread_mutex_lock(&s->use_mu);
+    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
+        if (!s->reg_live[b]) continue;
+        uint32_t n = s->reg[b].n_entries;
+        r[b] = malloc(((size_t)n + 1) * sizeof **r);
+        if (!r[b]) {
+            rc = kvx_fail(-ENOMEM, "store: out of memory");
+            break;
+        }
+        const st_rec *rec = &s->rec[b];
+        int have = rec->gen == s->reg[b].gen && rec->last && rec->n == n;
+        for (uint32_t i = 0; i < n; i++) {
+            uint64_t x = s->reg[b].created_ns;
+            if (uv[b].bits && i < uv[b].nbits && (uv[b].bits[i / 8] & (1u << (i % 8))) && uv[b].last_use > x)
+                x = uv[b].last_use;
+            if (have && rec->last[i]) x = rec->last[i];
+            r[b][i] = x;
+        }
+    }
+    pthread_mutex_unlock(&s->use_mu);
+    return rc;
+}
+
+static void st_recency_free(uint64_t **r)
+{
+    for (int b = 0; b < ST_SLOTS; b++) free(r[b]);
+}
+
+/* After a committed rewrite: the new shards' entries keep the recency
+ * their blocks had. */
+static void st_rec_from_moves(kvx_store *s, const st_move *mv, size_t n, const st_sealed *added, size_t nadded)
+{
+    pthread_mutex_lock(&s->use_mu);
+    for (size_t j = 0; j < nadded; j++) {
+        uint64_t *last = st_rec_get(s, added[j].byte, added[j].gen, added[j].n);
+        if (!last) continue;
+        for (size_t i = 0; i < n; i++)
+            if (mv[i].new_gen == added[j].gen && KVX_COORD_BLOCK(mv[i].new_coord) < added[j].n)
+                last[KVX_COORD_BLOCK(mv[i].new_coord)] = mv[i].last_use;
+    }
+    pthread_mutex_unlock(&s->use_mu);
+}
+
 /* ---------------------------------------------------------------- evict */
 
+static int st_cmp_move_age(const void *a, const void *b)
+{
+    const st_move *x = a, *y = b;
+    if (x->last_use != y->last_use) return x->last_use < y->last_use ? -1 : 1;
+    return x->src_coord < y->src_coord ? -1 : x->src_coord > y->src_coord;
+}
+
+typedef struct st_victim {
+    uint32_t b;
+    double cold; /* fraction of entries an exact LRU would evict now */
+    double mean; /* mean recency */
+} st_victim;
+
+static int st_cmp_victim(const void *a, const void *b)
+{
+    const st_victim *x = a, *y = b;
+    if (x->cold != y->cold) return x->cold > y->cold ? -1 : 1;
+    if (x->mean != y->mean) return x->mean < y->mean ? -1 : 1;
+    return x->b < y->b ? -1 : x->b > y->b;
+}
+
+/* Newest first; equal recency in coordinate order (a parent before its
+ * child), so truncating keeps whole prefixes. */
+static int st_cmp_move_hot(const void *a, const void *b)
+{
+    const st_move *x = a, *y = b;
+    if (x->last_use != y->last_use) return x->last_use > y->last_use ? -1 : 1;
+    return x->src_coord < y->src_coord ? -1 : x->src_coord > y->src_coord;
+}
+
+/* Evicts whole shards until the live shard bytes fit the capacity.
+ *
+ * An exact LRU of the same size would keep the blocks used most recently,
+ * as many as fit: their recency is above a cut. Victims are the shards with
+ * the largest share of blocks below the cut (then the oldest mean
+ * recency); their blocks above the cut are carried into a new shard with
+ * their recency (newest first, at most half of the bytes freed, so
+ * eviction always frees room), unless their parent is gone. */
 int st_enforce_capacity(kvx_store *s)
 {
-    uint64_t total = 0;
+    uint64_t total = 0, nblocks = 0;
     for (int b = 0; b < ST_SLOTS; b++)
-        if (s->reg_live[b]) total += s->reg[b].file_bytes;
+        if (s->reg_live[b]) {
+            total += s->reg[b].file_bytes;
+            nblocks += s->reg[b].n_entries;
+        }
     if (total <= s->capacity) return 0;
     st_usage_persist(s);
     st_usage_view *uv = calloc(ST_SLOTS, sizeof *uv);
-    if (!uv) return kvx_fail(-ENOMEM, "store: out of memory");
-    int rc = st_usage_read(s, uv);
+    uint64_t **r = calloc(ST_SLOTS, sizeof *r);
+    uint64_t *all = malloc((nblocks + 1) * sizeof *all);
+    int rc = uv && r && all ? 0 : kvx_fail(-ENOMEM, "store: out of memory");
+    if (!rc) rc = st_usage_read(s, uv);
+    if (!rc) rc = st_recency_build(s, uv, r);
     if (rc) {
+        if (uv) st_usage_free(uv);
+        if (r) st_recency_free(r);
         free(uv);
+        free(r);
+        free(all);
         return rc;
     }
-    uint32_t order[ST_SLOTS];
-    int no = 0;
+    /* the cut: an exact LRU holding capacity / (bytes per block) blocks */
+    size_t na = 0;
     for (uint32_t b = 0; b < ST_SLOTS; b++)
-        if (s->reg_live[b]) order[no++] = b;
-    for (int i = 1; i < no; i++) { /* insertion sort by last use, oldest first */
-        uint32_t x = order[i];
-        int j = i - 1;
-        while (j >= 0 && uv[order[j]].last_use > uv[x].last_use) {
-            order[j + 1] = order[j];
-            j--;
-        }
-        order[j + 1] = x;
+        if (s->reg_live[b])
+            for (uint32_t i = 0; i < s->reg[b].n_entries; i++) all[na++] = r[b][i];
+    uint64_t keep = nblocks ? (uint64_t)((double)s->capacity / ((double)total / (double)nblocks)) : 0;
+    uint64_t cut = 0;
+    if (keep < na) {
+        qsort(all, na, sizeof *all, st_cmp_u64);
+        cut = all[na - keep - 1];
     }
+    free(all);
+    st_victim order[ST_SLOTS];
+    int no = 0;
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        if (!s->reg_live[b]) continue;
+        uint32_t n = s->reg[b].n_entries, cold = 0;
+        double sum = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            cold += r[b][i] <= cut;
+            sum += (double)r[b][i];
+        }
+        order[no].b = b;
+        order[no].cold = n ? (double)cold / n : 1.0;
+        order[no].mean = n ? sum / n : 0;
+        no++;
+    }
+    qsort(order, (size_t)no, sizeof *order, st_cmp_victim);
     uint8_t victims[ST_SLOTS] = {0};
     st_move *mv = NULL;
     size_t nmv = 0, capmv = 0;
-    uint64_t freed = 0;
+    uint64_t freed = 0, room = 0;
     for (int i = 0; i < no && !rc; i++) {
-        uint64_t carry = nmv ? 4096 + (uint64_t)nmv * s->entry_bytes : 0;
+        size_t carried = nmv < room ? nmv : (size_t)room;
+        uint64_t carry = carried ? 4096 + (uint64_t)carried * s->entry_bytes : 0;
         if (total - freed + carry <= s->capacity) break;
-        uint32_t b = order[i];
+        uint32_t b = order[i].b;
         victims[b] = 1;
         freed += s->reg[b].file_bytes;
-        /* second chance: blocks referenced since they were written are
-         * carried into a new shard, at most half of what is freed */
-        uint64_t room = freed / 2 / s->entry_bytes;
+        room = freed / 2 / s->entry_bytes;
         if (room > s->max_entries) room = s->max_entries;
-        if ((s->reg[b].flags & KVX_FLAG_LINEAGE) && nmv < room &&
-            st_collect(s, b, &uv[b], 1, &mv, &nmv, &capmv, room) != 0)
+        if ((s->reg[b].flags & KVX_FLAG_LINEAGE) && st_collect(s, b, r[b], 1, cut, &mv, &nmv, &capmv, SIZE_MAX) != 0)
             kvx_clear_error(); /* carrying is optional: the shard is evicted anyway */
     }
     st_usage_free(uv);
     free(uv);
-    if (rc) {
-        free(mv);
-        return rc;
-    }
+    st_recency_free(r);
+    free(r);
+    if (nmv) qsort(mv, nmv, sizeof *mv, st_cmp_move_hot);
+    if (nmv > room) nmv = (size_t)room;
     nmv = st_filter_orphans(s, mv, nmv, victims);
+    if (nmv) qsort(mv, nmv, sizeof *mv, st_cmp_move_age);
     st_sealed *added = NULL;
     size_t nadded = 0;
     uint8_t busy[ST_SLOTS] = {0};
-    if (nmv) {
-        for (size_t i = 0; i < nmv; i++) mv[i].last_use = st_now_ns();
-        if (st_rewrite(s, mv, nmv, st_kind_flags(s, ST_KIND_LINEAGE), busy, &added, &nadded) != 0) {
-            nmv = 0; /* carrying is an optimisation: evict without it */
-            nadded = 0;
-        }
+    if (nmv && st_rewrite(s, mv, nmv, st_kind_flags(s, ST_KIND_LINEAGE), busy, &added, &nadded) != 0) {
+        nmv = 0; /* carrying is an optimisation: evict without it */
+        nadded = 0;
     }
-    /* the carried blocks arrive cold: their referenced bits start cleared */
     st_drop d = {s, victims, added, nadded, mv, nmv, 1, 0, 0};
     if (nadded && kvx_os.fsync(s->shardsfd) != 0) { /* their renames, before the index names them */
         st_unlink_sealed(s, added, nadded);
@@ -896,6 +1006,7 @@ int st_enforce_capacity(kvx_store *s)
         st_unlink_sealed(s, added, nadded);
     } else {
         st_after_drop(s, victims, added, nadded);
+        st_rec_from_moves(s, mv, d.nmoves, added, nadded);
     }
     free(added);
     free(mv);
@@ -903,13 +1014,6 @@ int st_enforce_capacity(kvx_store *s)
 }
 
 /* -------------------------------------------------------------- compact */
-
-static int st_cmp_move_age(const void *a, const void *b)
-{
-    const st_move *x = a, *y = b;
-    if (x->last_use != y->last_use) return x->last_use < y->last_use ? -1 : 1;
-    return x->src_coord < y->src_coord ? -1 : x->src_coord > y->src_coord;
-}
 
 /* Merges small shards (< target/2) of one kind, oldest use first, into
  * target-sized ones; with full, also shards whose blocks are mostly
@@ -919,9 +1023,17 @@ int st_compact(kvx_store *s, int full)
 {
     st_usage_view *uv = calloc(ST_SLOTS, sizeof *uv);
     if (!uv) return kvx_fail(-ENOMEM, "store: out of memory");
+    uint64_t *r[ST_SLOTS];
     int rc = st_usage_read(s, uv);
     if (rc) {
         free(uv);
+        return rc;
+    }
+    rc = st_recency_build(s, uv, r);
+    st_usage_free(uv);
+    free(uv);
+    if (rc) {
+        st_recency_free(r);
         return rc;
     }
     for (int kind = 0; kind < 2 && !rc; kind++) {
@@ -963,13 +1075,13 @@ int st_compact(kvx_store *s, int full)
         st_move *mv = NULL;
         size_t nmv = 0, capmv = 0;
         for (uint32_t b = 0; b < ST_SLOTS && !rc; b++)
-            if (victims[b]) rc = st_collect(s, b, &uv[b], 0, &mv, &nmv, &capmv, SIZE_MAX);
+            if (victims[b]) rc = st_collect(s, b, r[b], 0, 0, &mv, &nmv, &capmv, SIZE_MAX);
         if (rc) {
             free(mv);
             break;
         }
         if (kind == ST_KIND_LINEAGE) nmv = st_filter_orphans(s, mv, nmv, victims);
-        qsort(mv, nmv, sizeof *mv, st_cmp_move_age);
+        if (nmv) qsort(mv, nmv, sizeof *mv, st_cmp_move_age);
         st_sealed *added = NULL;
         size_t nadded = 0;
         uint8_t busy[ST_SLOTS] = {0};
@@ -982,13 +1094,15 @@ int st_compact(kvx_store *s, int full)
             st_drop d = {s, victims, added, nadded, mv, nmv, 0, 1, 0};
             rc = kvx_idx_write(s->ix, st_drop_body, &d);
             if (rc) st_unlink_sealed(s, added, nadded);
-            else st_after_drop(s, victims, added, nadded);
+            else {
+                st_after_drop(s, victims, added, nadded);
+                st_rec_from_moves(s, mv, nmv, added, nadded);
+            }
         }
         free(added);
         free(mv);
     }
-    st_usage_free(uv);
-    free(uv);
+    st_recency_free(r);
     return rc;
 }
 
