@@ -449,7 +449,7 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     s->target = opts->shard_bytes;
     if (!s->target) {
         s->target = s->capacity / ST_TARGET_DIV;
-        if (s->target < ((uint64_t)64 << 10)) s->target = (uint64_t)64 << 10;
+        if (s->target < ((uint64_t)256 << 10)) s->target = (uint64_t)256 << 10;
         if (s->target > ((uint64_t)1 << 30)) s->target = (uint64_t)1 << 30;
     }
     st_sizes(s);
@@ -638,11 +638,34 @@ void st_cache_drop(kvx_store *s, uint32_t byte)
 
 /* ---------------------------------------------------------------- lookups */
 
+/* The last shard a prompt's lookup used, with its own reference: the next
+ * block of a prompt usually lives in the same shard, and (byte, gen) names
+ * one file for good, so a held handle skips the cache lock. */
+typedef struct st_hc {
+    kvx_shard *sh;
+    uint32_t byte;
+    uint64_t gen;
+} st_hc;
+
+static kvx_shard *st_hc_get(kvx_store *s, st_hc *hc, uint32_t byte, uint64_t gen)
+{
+    if (!hc) return st_shard_get(s, byte, gen);
+    if (hc->sh && hc->byte == byte && hc->gen == gen) return kvx_shard_ref(hc->sh);
+    kvx_shard *sh = st_shard_get(s, byte, gen);
+    if (sh) {
+        kvx_shard_close(hc->sh);
+        hc->sh = kvx_shard_ref(sh);
+        hc->byte = byte;
+        hc->gen = gen;
+    }
+    return sh;
+}
+
 static int st_try_loc(kvx_store *s, const kvx_idx_loc *loc, uint64_t hash, uint64_t parent, const uint32_t *toks,
-                      kvx_view *out)
+                      kvx_view *out, st_hc *hc)
 {
     uint32_t byte = KVX_COORD_SHARD(loc->coord);
-    kvx_shard *sh = st_shard_get(s, byte, loc->gen);
+    kvx_shard *sh = st_hc_get(s, hc, byte, loc->gen);
     if (!sh) return KVX_ENOTFOUND;
     uint32_t idx = KVX_COORD_BLOCK(loc->coord);
     kvx_entry e;
@@ -673,7 +696,8 @@ miss:
     return KVX_ENOTFOUND;
 }
 
-int st_lookup(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, const uint32_t *toks, kvx_view *out)
+static int st_lookup_hc(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, const uint32_t *toks,
+                        kvx_view *out, st_hc *hc)
 {
     MDB_val k = {8, &hash}, v;
     int rc = mdb_get(txn, s->ix->hash, &k, &v);
@@ -682,7 +706,7 @@ int st_lookup(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, const 
     kvx_idx_loc loc;
     if (v.mv_size != sizeof loc) return kvx_fail(KVX_ECORRUPT, "index: hash record has %zu bytes", v.mv_size);
     memcpy(&loc, v.mv_data, sizeof loc);
-    rc = st_try_loc(s, &loc, hash, parent, toks, out);
+    rc = st_try_loc(s, &loc, hash, parent, toks, out, hc);
     if (rc != KVX_ENOTFOUND) return rc;
     /* other blocks under the same hash (collisions): walk the duplicates */
     MDB_cursor *cur;
@@ -695,13 +719,18 @@ int st_lookup(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, const 
         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
         while (rc == 0) {
             memcpy(&loc, v.mv_data, sizeof loc);
-            res = st_try_loc(s, &loc, hash, parent, toks, out);
+            res = st_try_loc(s, &loc, hash, parent, toks, out, hc);
             if (res != KVX_ENOTFOUND) break;
             rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
         }
     }
     mdb_cursor_close(cur);
     return res;
+}
+
+int st_lookup(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, const uint32_t *toks, kvx_view *out)
+{
+    return st_lookup_hc(s, txn, hash, parent, toks, out, NULL);
 }
 
 /* Batched usage: referenced entries and last use per shard, hit/miss
@@ -720,7 +749,7 @@ uint64_t *st_rec_get(kvx_store *s, uint32_t byte, uint64_t gen, uint32_t n)
     return a;
 }
 
-static void st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses)
+void st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses, int count)
 {
     uint64_t now = n ? st_now_ns() : 0;
     int persist = 0;
@@ -755,9 +784,11 @@ static void st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses)
         }
     }
     if (n) pthread_rwlock_unlock(&s->cache_lock);
-    s->hits += hits;
-    s->misses += misses;
-    if (++s->calls % USE_PERSIST_CALLS == 0 && !s->writer) persist = 1;
+    if (count) {
+        s->hits += hits;
+        s->misses += misses;
+        if (++s->calls % USE_PERSIST_CALLS == 0 && !s->writer) persist = 1;
+    }
     pthread_mutex_unlock(&s->use_mu);
     if (persist) st_usage_persist(s);
 }
@@ -880,7 +911,7 @@ KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate)
         kvx_idx_coord cv;
         memcpy(&cv, v.mv_data, sizeof cv);
         kvx_idx_loc loc = {coordinate, 0, cv.gen};
-        rc = st_try_loc(s, &loc, cv.hash, 0, NULL, out);
+        rc = st_try_loc(s, &loc, cv.hash, 0, NULL, out, NULL);
     } else if (rc == MDB_NOTFOUND || rc == 0) {
         rc = KVX_ENOTFOUND;
     } else {
@@ -888,7 +919,7 @@ KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate)
     }
     kvx_idx_read_end(s->ix, txn);
     if (rc == KVX_ENOTFOUND) rc = kvx_fail(KVX_ENOTFOUND, "store: no block at coordinate 0x%08x", coordinate);
-    if (rc == 0 || rc == KVX_ENOTFOUND) st_note(s, out, rc == 0, rc != 0);
+    if (rc == 0 || rc == KVX_ENOTFOUND) st_note(s, out, rc == 0, rc != 0, 1);
     return rc;
 }
 
@@ -902,7 +933,7 @@ KVX_API int kvx_store_get_hash(kvx_view *out, kvx_store *s, uint64_t hash)
     rc = st_lookup(s, txn, hash, 0, NULL, out);
     kvx_idx_read_end(s->ix, txn);
     if (rc == KVX_ENOTFOUND) rc = kvx_fail(KVX_ENOTFOUND, "store: no block with hash %016llx", (unsigned long long)hash);
-    if (rc == 0 || rc == KVX_ENOTFOUND) st_note(s, out, rc == 0, rc != 0);
+    if (rc == 0 || rc == KVX_ENOTFOUND) st_note(s, out, rc == 0, rc != 0, 1);
     return rc;
 }
 
@@ -920,7 +951,7 @@ KVX_API int kvx_store_get_hashes(kvx_view *out_views, int *out_status, kvx_store
         if (out_status[i]) misses++;
     }
     kvx_idx_read_end(s->ix, txn);
-    st_note(s, out_views, n, misses); /* views of misses are zeroed (shard NULL) */
+    st_note(s, out_views, n, misses, 1); /* views of misses are zeroed (shard NULL) */
     return 0;
 }
 
@@ -938,20 +969,22 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, c
     if (rc) return rc;
     uint64_t parent = 0;
     size_t i = 0;
+    st_hc hc = {NULL, 0, 0};
     for (; i < want; i++) {
         const uint32_t *t = tokens + i * B;
         uint64_t h = kvx_block_hash(parent, t, B);
-        rc = st_lookup(s, txn, h, parent, t, &out_views[i]);
+        rc = st_lookup_hc(s, txn, h, parent, t, &out_views[i], &hc);
         if (rc) break;
         parent = h;
     }
     kvx_idx_read_end(s->ix, txn);
+    kvx_shard_close(hc.sh);
     if (rc && rc != KVX_ENOTFOUND) {
         kvx_views_release(out_views, i);
         return rc;
     }
     *out_n = i;
-    st_note(s, out_views, i, nblocks - i);
+    st_note(s, out_views, i, nblocks - i, 1);
     kvx_clear_error();
     return 0;
 }

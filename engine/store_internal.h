@@ -18,7 +18,8 @@
 #define ST_DEFAULT_CAPACITY ((uint64_t)64 << 30)
 #define ST_CONFIG_BYTES 64
 #define ST_COMPACT_AT 192 /* live shards before a flush merges small ones */
-#define ST_TARGET_DIV 128 /* default shard size: capacity / this */
+#define ST_COMPACT_SMALL 32 /* small shards (< target/2) before a flush merges them */
+#define ST_TARGET_DIV 128 /* default shard size: capacity / this (at least 256 KiB) */
 
 typedef struct st_cache {
     uint64_t gen;
@@ -130,6 +131,11 @@ int st_lookup(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, const 
  * entries, created (zeroed) or reset when gen changed; NULL on ENOMEM.
  * Call under use_mu. */
 uint64_t *st_rec_get(kvx_store *s, uint32_t byte, uint64_t gen, uint32_t n);
+
+/* Notes the n views' blocks as used now (referenced bit, last use); count:
+ * also add them to the hit/miss counters (lookups; a put that finds its
+ * block held only refreshes it). */
+void st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses, int count);
 
 /* Usage: writes this handle's batched counters and referenced bits. */
 int st_usage_persist(kvx_store *s);

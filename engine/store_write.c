@@ -290,6 +290,9 @@ static int st_held(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, c
     memset(&v, 0, sizeof v);
     int rc = st_lookup(s, txn, hash, parent, toks, &v);
     if (rc == 0) {
+        /* putting a held block is a use of it: an exact LRU would move
+         * it to the front too (it may sit behind a block that was gone) */
+        st_note(s, &v, 1, 0, 0);
         kvx_view_release(&v);
         return 1;
     }
@@ -490,9 +493,14 @@ int st_flush_locked(kvx_store *s)
     st_usage_persist(s);
     st_drop_bad_shards(s);
     st_enforce_capacity(s);
-    int live = 0;
-    for (int b = 0; b < ST_SLOTS; b++) live += s->reg_live[b];
-    if (live > ST_COMPACT_AT) st_compact(s, 0);
+    /* merge small shards when ids run low, or when there are enough of
+     * them that their headers and padding (a few KiB each) cost room */
+    int live = 0, small = 0;
+    for (int b = 0; b < ST_SLOTS; b++) {
+        live += s->reg_live[b];
+        small += s->reg_live[b] && s->reg[b].file_bytes < s->target / 2;
+    }
+    if (live > ST_COMPACT_AT || small >= ST_COMPACT_SMALL) st_compact(s, 0);
     kvx_clear_error();
     return 0;
 }
@@ -974,7 +982,7 @@ int st_enforce_capacity(kvx_store *s)
         uint32_t b = order[i].b;
         victims[b] = 1;
         freed += s->reg[b].file_bytes;
-        room = freed / 2 / s->entry_bytes;
+        room = freed / s->entry_bytes;
         if (room > s->max_entries) room = s->max_entries;
         if ((s->reg[b].flags & KVX_FLAG_LINEAGE) && st_collect(s, b, r[b], 1, cut, &mv, &nmv, &capmv, SIZE_MAX) != 0)
             kvx_clear_error(); /* carrying is optional: the shard is evicted anyway */

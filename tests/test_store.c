@@ -433,8 +433,9 @@ static void test_small_flushes_compacted(void **state)
     assert_int_equal(st.blocks, 300);
     assert_int_equal(kvx_store_gc(s), 0);
     assert_int_equal(kvx_store_stat(&st, s), 0);
-    fprintf(stderr, "after gc: %llu shards, target %llu\n", (unsigned long long)st.shards, (unsigned long long)st.shard_bytes);
-    assert_true(st.shards <= 3);
+    /* after gc at most one shard is below half the target size */
+    assert_true(st.shards >= 1);
+    assert_true(st.shards <= st.bytes / (st.shard_bytes / 2) + 1);
     assert_int_equal(st.blocks, 300);
     for (uint64_t q = 0; q < 300; q++) assert_int_equal(prefix_of(s, q, 1, 0, 1), 1);
     uint64_t bad = 9;
