@@ -967,15 +967,18 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, c
     MDB_txn *txn;
     int rc = kvx_idx_read_begin(s->ix, &txn);
     if (rc) return rc;
-    uint64_t parent = 0;
+    uint64_t parent = 0, h = want ? kvx_block_hash(0, tokens, B) : 0;
     size_t i = 0;
     st_hc hc = {NULL, 0, 0};
     for (; i < want; i++) {
         const uint32_t *t = tokens + i * B;
-        uint64_t h = kvx_block_hash(parent, t, B);
+        /* the next block's hash first: its multiply chain (latency-bound)
+         * overlaps this block's index search (load-bound) out of order */
+        uint64_t next = i + 1 < want ? kvx_block_hash(h, t + B, B) : 0;
         rc = st_lookup_hc(s, txn, h, parent, t, &out_views[i], &hc);
         if (rc) break;
         parent = h;
+        h = next;
     }
     kvx_idx_read_end(s->ix, txn);
     kvx_shard_close(hc.sh);
