@@ -56,6 +56,34 @@ static float load_f32(const uint8_t *p)
 
 static void store_f32(uint8_t *p, float f) { memcpy(p, &f, 4); }
 
+/* Scratch of the converting (not copying) path, one (layer, head) pair at a
+ * time: the K and V slabs in f32, their v2 quantization, one slab in f16. */
+typedef struct conv_scratch {
+    float *tmp;    /* [2][B][D] */
+    uint8_t *q;    /* [2][B][D] */
+    uint16_t *h16; /* [fill] */
+} conv_scratch;
+
+static void scratch_free(conv_scratch *s)
+{
+    free(s->tmp);
+    free(s->q);
+    free(s->h16);
+}
+
+/* All NULL when !need; on failure frees what it got and fails -ENOMEM. */
+static int scratch_alloc(conv_scratch *s, int need, size_t slab, size_t fill, const char *who)
+{
+    *s = (conv_scratch){NULL, NULL, NULL};
+    if (!need) return 0;
+    s->tmp = calloc(2 * slab, sizeof(float));
+    s->q = malloc(2 * slab);
+    s->h16 = malloc(sizeof(uint16_t) * fill);
+    if (s->tmp && s->q && s->h16) return 0;
+    scratch_free(s);
+    return kvx_fail(-ENOMEM, "%s: out of memory", who);
+}
+
 static int check_geometry(const kvx_geometry *g, const char *who)
 {
     if (!kvx_quant_elem_size(g->quant)) return kvx_fail(KVX_EQUANT, "%s: quant %u is unknown", who, g->quant);
@@ -89,20 +117,12 @@ int kvx_page_to_envelope_payload(void *out_payload, uint16_t version, const kvx_
 
     int direct = (version == KVX_ENVELOPE_V1 && g->quant == KVX_QUANT_FP16) ||
                  (version == KVX_ENVELOPE_V2 && g->quant == KVX_QUANT_E4M3);
-    float *tmp = NULL;
-    uint8_t *q = NULL;
-    uint16_t *h16 = NULL;
-    if (!direct) {
-        tmp = calloc(2 * slab, sizeof(float));
-        q = malloc(2 * slab);
-        h16 = malloc(sizeof(uint16_t) * fill);
-        if (!tmp || !q || !h16) {
-            free(tmp);
-            free(q);
-            free(h16);
-            return kvx_fail(-ENOMEM, "%s: out of memory", who);
-        }
-    }
+    conv_scratch s;
+    rc = scratch_alloc(&s, !direct, slab, fill, who);
+    if (rc) return rc;
+    float *tmp = s.tmp;
+    uint8_t *q = s.q;
+    uint16_t *h16 = s.h16;
     kvx_geometry pair = {1, 1, g->head_dim, g->block_tokens, KVX_QUANT_E4M3, 0};
     for (size_t l = 0; l < d.L && !rc; l++)
         for (size_t h = 0; h < d.H && !rc; h++) {
@@ -138,9 +158,7 @@ int kvx_page_to_envelope_payload(void *out_payload, uint16_t version, const kvx_
                 }
             }
         }
-    free(tmp);
-    free(q);
-    free(h16);
+    scratch_free(&s);
     return rc;
 }
 
@@ -178,20 +196,12 @@ int kvx_envelope_payload_to_page(void *out_page, float *out_scales, const kvx_ge
     int direct = g->quant == src_q && (src_q == KVX_QUANT_FP16 || out_scales);
     /* v1 into E4M3 with room for scales: the writer rule. */
     int rule = src_q == KVX_QUANT_FP16 && g->quant == KVX_QUANT_E4M3 && out_scales;
-    float *tmp = NULL;
-    uint8_t *q = NULL;
-    uint16_t *h16 = NULL;
-    if (!direct) {
-        tmp = calloc(2 * slab, sizeof(float));
-        q = malloc(2 * slab);
-        h16 = malloc(sizeof(uint16_t) * fill);
-        if (!tmp || !q || !h16) {
-            free(tmp);
-            free(q);
-            free(h16);
-            return kvx_fail(-ENOMEM, "%s: out of memory", who);
-        }
-    }
+    conv_scratch s;
+    rc = scratch_alloc(&s, !direct, slab, fill, who);
+    if (rc) return rc;
+    float *tmp = s.tmp;
+    uint8_t *q = s.q;
+    uint16_t *h16 = s.h16;
     kvx_geometry pair = {1, 1, g->head_dim, g->block_tokens, KVX_QUANT_E4M3, 0};
     for (size_t l = 0; l < d.L && !rc; l++)
         for (size_t h = 0; h < d.H && !rc; h++) {
@@ -221,9 +231,7 @@ int kvx_envelope_payload_to_page(void *out_page, float *out_scales, const kvx_ge
                 if (out_scales) out_scales[sx] = sc2[kv];
             }
         }
-    free(tmp);
-    free(q);
-    free(h16);
+    scratch_free(&s);
     return rc;
 }
 
