@@ -239,55 +239,31 @@ func (s *Store) PrefixMax(tokens []uint32, max int) (*Views, error) {
 	if nb <= 0 {
 		return newViews(0), nil
 	}
-	cs, err := s.acquire()
+	v, r, err := s.lookup(nb, func(out *C.kvx_view, cs *C.kvx_store) C.gokvx_rc {
+		return C.gokvx_store_prefix(out, cs, (*C.uint32_t)(&tokens[0]), C.size_t(len(tokens)), C.size_t(nb))
+	})
 	if err != nil {
 		return nil, err
 	}
-	v := newViews(nb)
-	r := C.gokvx_store_prefix(&v.c[0], cs, (*C.uint32_t)(&tokens[0]), C.size_t(len(tokens)), C.size_t(nb))
-	s.mu.RUnlock()
-	if err := check(r); err != nil {
-		v.free(0)
-		return nil, err
-	}
-	v.c = v.c[:int(r.n)]
+	v.c = v.c[:int(r.n)] // the capacity stays: Release frees the whole array
 	v.n = int(r.n)
-	v.arm()
 	return v, nil
 }
 
 // Get serves the block at a coordinate (ErrNotFound when there is none).
 func (s *Store) Get(c Coord) (*Views, error) {
-	cs, err := s.acquire()
-	if err != nil {
-		return nil, err
-	}
-	v := newViews(1)
-	r := C.gokvx_store_get(&v.c[0], cs, C.uint32_t(c))
-	s.mu.RUnlock()
-	if err := check(r); err != nil {
-		v.free(0)
-		return nil, err
-	}
-	v.arm()
-	return v, nil
+	v, _, err := s.lookup(1, func(out *C.kvx_view, cs *C.kvx_store) C.gokvx_rc {
+		return C.gokvx_store_get(out, cs, C.uint32_t(c))
+	})
+	return v, err
 }
 
 // GetHash serves the block with a chained hash (ErrNotFound when none).
 func (s *Store) GetHash(hash uint64) (*Views, error) {
-	cs, err := s.acquire()
-	if err != nil {
-		return nil, err
-	}
-	v := newViews(1)
-	r := C.gokvx_store_get_hash(&v.c[0], cs, C.uint64_t(hash))
-	s.mu.RUnlock()
-	if err := check(r); err != nil {
-		v.free(0)
-		return nil, err
-	}
-	v.arm()
-	return v, nil
+	v, _, err := s.lookup(1, func(out *C.kvx_view, cs *C.kvx_store) C.gokvx_rc {
+		return C.gokvx_store_get_hash(out, cs, C.uint64_t(hash))
+	})
+	return v, err
 }
 
 // GetHashes looks up many hashes in one crossing. View i is the block of
@@ -297,19 +273,13 @@ func (s *Store) GetHashes(hashes []uint64) (*Views, []error, error) {
 	if len(hashes) == 0 {
 		return newViews(0), nil, nil
 	}
-	cs, err := s.acquire()
+	status := make([]C.int, len(hashes))
+	v, _, err := s.lookup(len(hashes), func(out *C.kvx_view, cs *C.kvx_store) C.gokvx_rc {
+		return C.gokvx_store_get_hashes(out, &status[0], cs, (*C.uint64_t)(&hashes[0]), C.size_t(len(hashes)))
+	})
 	if err != nil {
 		return nil, nil, err
 	}
-	v := newViews(len(hashes))
-	status := make([]C.int, len(hashes))
-	r := C.gokvx_store_get_hashes(&v.c[0], &status[0], cs, (*C.uint64_t)(&hashes[0]), C.size_t(len(hashes)))
-	s.mu.RUnlock()
-	if err := check(r); err != nil {
-		v.free(0)
-		return nil, nil, err
-	}
-	v.arm()
 	errs := make([]error, len(hashes))
 	for i, st := range status {
 		if st != 0 {
@@ -317,6 +287,26 @@ func (s *Store) GetHashes(hashes []uint64) (*Views, []error, error) {
 		}
 	}
 	return v, errs, nil
+}
+
+// lookup runs one crossing that fills n (> 0) views, under the read lock:
+// f gets the C array and the store. On an error the views are freed and
+// nil comes back; otherwise they are armed and come back with f's result
+// (whose n a crossing that may fill fewer than n reports).
+func (s *Store) lookup(n int, f func(out *C.kvx_view, cs *C.kvx_store) C.gokvx_rc) (*Views, C.gokvx_rc, error) {
+	cs, err := s.acquire()
+	if err != nil {
+		return nil, C.gokvx_rc{}, err
+	}
+	v := newViews(n)
+	r := f(&v.c[0], cs)
+	s.mu.RUnlock()
+	if err := check(r); err != nil {
+		v.free(0)
+		return nil, r, err
+	}
+	v.arm()
+	return v, r, nil
 }
 
 // Stat returns the store's counters.
