@@ -2,7 +2,9 @@
  * cli_harness.h - drive the built `kvx` binary (KVX_CLI) the way a user
  * does, for tests/test_cli*.c: run it with arguments (fork/exec, no
  * shell), capture stdout, stderr and the exit code; plus a small JSON
- * parser so --json output is checked as parsed JSON, not as text.
+ * parser so --json output is checked as parsed JSON, not as text, and the
+ * fixture steps several of those tests share (whole files in and out, the
+ * offset of a page as `kvx inspect --json` reports it, a flipped byte).
  */
 #ifndef KVX_CLI_HARNESS_H
 #define KVX_CLI_HARNESS_H
@@ -11,6 +13,7 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -117,6 +120,40 @@ __attribute__((unused)) static int file_exists(const char *p)
 {
     struct stat st;
     return stat(p, &st) == 0;
+}
+
+__attribute__((unused)) static void write_bytes(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(p, 1, n, f), n);
+    fclose(f);
+}
+
+/* The whole file (malloc'd, the caller frees); its length in *n. */
+__attribute__((unused)) static uint8_t *read_bytes(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc(*n + 1);
+    assert_int_equal(fread(b, 1, *n, f), *n);
+    fclose(f);
+    return b;
+}
+
+/* XORs the byte at off with mask, in place. */
+__attribute__((unused)) static void flip_bits(const char *path, uint64_t off, uint8_t mask)
+{
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, (off_t)off), 1);
+    b ^= mask;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)off), 1);
+    close(fd);
 }
 
 /* ------------------------------------------------------------ tiny JSON */
@@ -305,6 +342,38 @@ __attribute__((unused)) static jval *jget(const jval *o, const char *key)
     for (size_t i = 0; i < o->n; i++)
         if (!strcmp(o->keys[i], key)) return o->items[i];
     return NULL;
+}
+
+/* The parsed stdout of a --json run that must exit want_rc (the caller
+ * frees it with jfree; r stays the caller's). */
+__attribute__((unused)) static jval *run_json(const cli_run *r, int want_rc)
+{
+    EXPECT_RC(*r, want_rc);
+    jval *v = jparse(r->out);
+    if (!v) fprintf(stderr, "not JSON:\n%s\n", r->out);
+    assert_non_null(v);
+    return v;
+}
+
+/* `kvx inspect --json path`, parsed. */
+__attribute__((unused)) static jval *inspect_json(const char *path)
+{
+    cli_run r = CLI(NULL, "inspect", "--json", path);
+    jval *v = run_json(&r, 0);
+    cli_run_free(&r);
+    return v;
+}
+
+/* The absolute file offset of entry i's page, as inspect reports it. */
+__attribute__((unused)) static uint64_t page_offset(const char *path, size_t i)
+{
+    jval *v = inspect_json(path);
+    jval *ents = jget(v, "entries");
+    assert_non_null(ents);
+    assert_true(i < ents->n);
+    uint64_t off = (uint64_t)jget(ents->items[i], "offset")->num;
+    jfree(v);
+    return off;
 }
 
 #endif

@@ -29,27 +29,6 @@ static uint64_t hashes[NB];
 static uint8_t *env;
 static size_t env_len;
 
-static void write_bytes(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(p, 1, n, f), n);
-    fclose(f);
-}
-
-static uint8_t *read_bytes(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = malloc(*n + 1);
-    assert_int_equal(fread(b, 1, *n, f), *n);
-    fclose(f);
-    return b;
-}
-
 /* A v1 envelope of the NB full blocks, payloads of finite f16 values. */
 static size_t make_env(uint8_t **outp, const kvx_geometry *g, const uint64_t *h, uint32_t nb)
 {
@@ -194,9 +173,7 @@ static void test_store_round_trip(void **state)
 
     /* stat --json. */
     r = CLI(NULL, "store", "stat", "--json", store);
-    EXPECT_RC(r, 0);
-    jval *v = jparse(r.out);
-    assert_non_null(v);
+    jval *v = run_json(&r, 0);
     const char *keys[] = {"blocks", "bytes", "shards", "capacity", "hits", "misses", "evictions"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         assert_non_null(jget(v, keys[i]));
@@ -275,9 +252,7 @@ static void test_store_failures(void **state)
     EXPECT_RC(r, 1);
     cli_run_free(&r);
     r = CLI(NULL, "store", "stat", "--json", st2);
-    EXPECT_RC(r, 0);
-    jval *v = jparse(r.out);
-    assert_non_null(v);
+    jval *v = run_json(&r, 0);
     assert_int_equal((int)jget(v, "blocks")->num, 0); /* nothing got in */
     jfree(v);
     cli_run_free(&r);
@@ -334,20 +309,7 @@ static void test_store_verify_finds_damage(void **state)
     cli_run_free(&r);
     assert_int_equal(find_shard(shard, sizeof shard, st3), 0);
     /* Flip a byte of the first page (pages start at kv_data_offset). */
-    r = CLI(NULL, "inspect", "--json", shard);
-    EXPECT_RC(r, 0);
-    jval *v = jparse(r.out);
-    assert_non_null(v);
-    uint64_t off = (uint64_t)jget(jget(v, "entries")->items[0], "offset")->num;
-    jfree(v);
-    cli_run_free(&r);
-    int fd = open(shard, O_RDWR);
-    assert_true(fd >= 0);
-    uint8_t b;
-    assert_int_equal(pread(fd, &b, 1, (off_t)off + 3), 1);
-    b ^= 0x10;
-    assert_int_equal(pwrite(fd, &b, 1, (off_t)off + 3), 1);
-    close(fd);
+    flip_bits(shard, page_offset(shard, 0) + 3, 0x10);
     r = CLI(NULL, "store", "verify", st3);
     EXPECT_RC(r, 1);
     assert_non_null(strstr(r.out, "BAD"));
