@@ -2,7 +2,9 @@
  * io_fixture.h - shared by the data-path tests (test_fetch, test_warmup,
  * test_gpu): a temporary directory and tiny shards written with the real
  * kvx_shard_writer, whose page bytes are a function of (shard, entry,
- * byte) so a test can check any page it gets back without keeping it.
+ * byte) so a test can check any page it gets back without keeping it;
+ * and the damage steps of the tests of bad files (a copy of a shard, a
+ * flipped byte). Results are 0 or -1, so the header needs no cmocka.
  *
  * Geometry: FP16, L = 2, Hkv = 2, D = 64, so a page of n tokens is
  * 1024 * n bytes; token counts vary (1..16) so some pages end on a 4096
@@ -12,6 +14,7 @@
 #define KVX_IO_FIXTURE_H
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +76,33 @@ static inline int io_page_ok(const void *page, uint32_t shard, uint32_t entry, u
     for (uint64_t k = 0; k < n; k++)
         if (p[k] != io_byte(shard, entry, k)) return 0;
     return 1;
+}
+
+/* Copies file from to file to (created or truncated). */
+static inline int io_copy_file(const char *from, const char *to)
+{
+    int a = open(from, O_RDONLY), b = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    int rc = a >= 0 && b >= 0 ? 0 : -1;
+    char buf[65536];
+    ssize_t k;
+    while (!rc && (k = read(a, buf, sizeof buf)) > 0)
+        if (write(b, buf, (size_t)k) != k) rc = -1;
+    if (a >= 0) close(a);
+    if (b >= 0) close(b);
+    return rc;
+}
+
+/* XORs the byte at off of path with mask, in place. */
+static inline int io_flip_byte(const char *path, uint64_t off, uint8_t mask)
+{
+    int fd = open(path, O_RDWR);
+    if (fd < 0) return -1;
+    uint8_t x;
+    int rc = pread(fd, &x, 1, (off_t)off) == 1 ? 0 : -1;
+    x ^= mask;
+    if (!rc && pwrite(fd, &x, 1, (off_t)off) != 1) rc = -1;
+    close(fd);
+    return rc;
 }
 
 /* Writes dir/name with n entries of shard byte shard_id; returns the

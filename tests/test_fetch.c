@@ -311,37 +311,29 @@ static void test_read_error(void **state)
 
 /* ---- damaged and truncated files ---- */
 
-static void copy_file(const char *from, const char *to)
+/* Fetches entries 0..N1-1 of s, in order, and waits for all of them. */
+static void fetch_every(kvx_fetch *f, kvx_shard *s, kvx_fetch_req *r, kvx_fetch_result *res)
 {
-    int a = open(from, O_RDONLY), b = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    assert_true(a >= 0 && b >= 0);
-    char buf[65536];
-    ssize_t k;
-    while ((k = read(a, buf, sizeof buf)) > 0) assert_int_equal(write(b, buf, (size_t)k), k);
-    close(a);
-    close(b);
+    for (uint32_t i = 0; i < N1; i++) r[i] = (kvx_fetch_req){s, i};
+    assert_int_equal(kvx_fetch_submit(f, r, N1), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, N1, -1), 0);
 }
 
 static void crc_case(int mode)
 {
     char path[600];
     snprintf(path, sizeof path, "%s/bad.kvx", io_tmpdir);
-    copy_file(path1, path);
+    assert_int_equal(io_copy_file(path1, path), 0);
     kvx_shard *s = NULL;
     assert_int_equal(kvx_shard_open(&s, path, 0), 0);
     kvx_entry e;
     assert_int_equal(kvx_shard_entry(&e, s, 7), 0);
-    int fd = open(path, O_WRONLY);
-    uint8_t x = (uint8_t)~io_byte(1, 7, 5);
-    assert_int_equal(pwrite(fd, &x, 1, (off_t)e.offset + 5), 1);
-    close(fd);
+    assert_int_equal(io_flip_byte(path, e.offset + 5, 0xFF), 0); /* every bit of byte 5 */
     kvx_pool *p = pool_of(4 << 20);
     kvx_fetch *f = fetch_of(p, mode, 4, 0, 0);
     kvx_fetch_req r[N1];
     kvx_fetch_result res[N1];
-    for (uint32_t i = 0; i < N1; i++) r[i] = (kvx_fetch_req){s, i};
-    assert_int_equal(kvx_fetch_submit(f, r, N1), 0);
-    assert_int_equal(kvx_fetch_wait(f, res, N1, -1), 0);
+    fetch_every(f, s, r, res);
     for (uint32_t i = 0; i < N1; i++) {
         if (i == 7) {
             assert_int_equal(res[i].status, KVX_EPAGECRC);
@@ -374,7 +366,7 @@ static void trunc_case(int mode)
 {
     char path[600];
     snprintf(path, sizeof path, "%s/trunc.kvx", io_tmpdir);
-    copy_file(path1, path);
+    assert_int_equal(io_copy_file(path1, path), 0);
     kvx_shard *s = NULL;
     assert_int_equal(kvx_shard_open(&s, path, 0), 0);
     kvx_entry last, cut;
@@ -386,9 +378,7 @@ static void trunc_case(int mode)
     kvx_fetch *f = fetch_of(p, mode, 4, 0, 0);
     kvx_fetch_req r[N1];
     kvx_fetch_result res[N1];
-    for (uint32_t i = 0; i < N1; i++) r[i] = (kvx_fetch_req){s, i};
-    assert_int_equal(kvx_fetch_submit(f, r, N1), 0);
-    assert_int_equal(kvx_fetch_wait(f, res, N1, -1), 0);
+    fetch_every(f, s, r, res);
     for (uint32_t i = 0; i < N1; i++) {
         if (i >= N1 - 3)
             assert_int_equal(res[i].status, KVX_ETRUNC);

@@ -105,20 +105,31 @@ static void on_progress(void *ctx, const kvx_warmup_progress *p)
     pr->last = *p;
 }
 
-static void host_case(int mode, uint32_t flags, int want_mode, uint32_t qd, uint32_t chunk)
+/* Options for the host sink, and the sink: sized for s[0..n-1], every
+ * byte fill so check_sink can tell what was never delivered. The caller
+ * frees the sink. */
+static uint8_t *host_sink(kvx_warmup_options *o, kvx_shard *const *s, size_t n, uint8_t fill)
 {
     uint64_t need = 0;
-    assert_int_equal(kvx_warmup_sink_bytes(&need, sh, 2), 0);
+    assert_int_equal(kvx_warmup_sink_bytes(&need, s, n), 0);
     uint8_t *sink = malloc(need);
-    memset(sink, 0xAA, need);
-    kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
+    assert_non_null(sink);
+    memset(sink, fill, need);
+    *o = (kvx_warmup_options)KVX_WARMUP_OPTIONS_INIT;
+    o->sink = KVX_SINK_HOST;
+    o->host_buf = sink;
+    o->host_buf_bytes = need;
+    return sink;
+}
+
+static void host_case(int mode, uint32_t flags, int want_mode, uint32_t qd, uint32_t chunk)
+{
+    kvx_warmup_options o;
+    uint8_t *sink = host_sink(&o, sh, 2, 0xAA);
     o.io_mode = mode;
     o.flags = flags;
     o.queue_depth = qd;
     o.chunk_bytes = chunk;
-    o.sink = KVX_SINK_HOST;
-    o.host_buf = sink;
-    o.host_buf_bytes = need;
     prog pr = {0};
     o.progress = on_progress;
     o.progress_ctx = &pr;
@@ -249,47 +260,25 @@ static void test_discard_checksum(void **state)
     kvx_warmup_report_free(&rep);
 }
 
-static void copy_file(const char *from, const char *to)
-{
-    int a = open(from, O_RDONLY), b = open(to, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    assert_true(a >= 0 && b >= 0);
-    char buf[65536];
-    ssize_t k;
-    while ((k = read(a, buf, sizeof buf)) > 0) assert_int_equal(write(b, buf, (size_t)k), k);
-    close(a);
-    close(b);
-}
-
 static void flip(const char *path, kvx_shard *s, uint32_t entry, uint64_t at)
 {
     kvx_entry e;
     assert_int_equal(kvx_shard_entry(&e, s, entry), 0);
-    int fd = open(path, O_RDWR);
-    uint8_t x;
-    assert_int_equal(pread(fd, &x, 1, (off_t)(e.offset + at)), 1);
-    x ^= 0x40;
-    assert_int_equal(pwrite(fd, &x, 1, (off_t)(e.offset + at)), 1);
-    close(fd);
+    assert_int_equal(io_flip_byte(path, e.offset + at, 0x40), 0);
 }
 
 static void crc_case(int mode)
 {
     char bad[600];
     snprintf(bad, sizeof bad, "%s/bad.kvx", io_tmpdir);
-    copy_file(path2, bad);
+    assert_int_equal(io_copy_file(path2, bad), 0);
     kvx_shard *in[2] = {sh[0], NULL};
     assert_int_equal(kvx_shard_open(&in[1], bad, 0), 0);
     flip(bad, in[1], 3, 0);
     flip(bad, in[1], 17, 1000);
-    uint64_t need;
-    assert_int_equal(kvx_warmup_sink_bytes(&need, in, 2), 0);
-    uint8_t *sink = malloc(need);
-    memset(sink, 0x5C, need);
-    kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
+    kvx_warmup_options o;
+    uint8_t *sink = host_sink(&o, in, 2, 0x5C);
     o.io_mode = mode;
-    o.sink = KVX_SINK_HOST;
-    o.host_buf = sink;
-    o.host_buf_bytes = need;
     kvx_warmup_report rep;
     assert_int_equal(kvx_warmup_run(&rep, in, 2, &o), 0);
     assert_int_equal(rep.crc_failures, 2);
@@ -324,7 +313,7 @@ static void test_truncated(void **state)
     (void)state;
     char tr[600];
     snprintf(tr, sizeof tr, "%s/trunc.kvx", io_tmpdir);
-    copy_file(path1, tr);
+    assert_int_equal(io_copy_file(path1, tr), 0);
     kvx_shard *s = NULL;
     assert_int_equal(kvx_shard_open(&s, tr, 0), 0);
     kvx_entry e;
@@ -352,13 +341,8 @@ static void test_truncated(void **state)
 static void test_async(void **state)
 {
     (void)state;
-    uint64_t need;
-    assert_int_equal(kvx_warmup_sink_bytes(&need, sh, 2), 0);
-    uint8_t *sink = calloc(1, need);
-    kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
-    o.sink = KVX_SINK_HOST;
-    o.host_buf = sink;
-    o.host_buf_bytes = need;
+    kvx_warmup_options o;
+    uint8_t *sink = host_sink(&o, sh, 2, 0);
     kvx_warmup *w = NULL;
     assert_int_equal(kvx_warmup_start(&w, sh, 2, &o), 0);
     kvx_warmup_progress p;
@@ -481,14 +465,8 @@ static void test_store_collect(void **state)
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) total += kvx_shard_get_info(got[i])->num_blocks;
     assert_int_equal(total, SEQS * BLOCKS + N2);
-    uint64_t need;
-    assert_int_equal(kvx_warmup_sink_bytes(&need, got, n), 0);
-    uint8_t *sink = malloc(need);
-    memset(sink, 0x11, need);
-    kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
-    o.sink = KVX_SINK_HOST;
-    o.host_buf = sink;
-    o.host_buf_bytes = need;
+    kvx_warmup_options o;
+    uint8_t *sink = host_sink(&o, got, n, 0x11);
     kvx_warmup_report rep;
     assert_int_equal(kvx_warmup_run(&rep, got, n, &o), 0);
     assert_int_equal(rep.pages, total);
