@@ -26,45 +26,18 @@
 #include <unistd.h>
 
 #include "kvx.h"
-
-static char tmpdir[256];
-static char pathbuf[512];
-
-static const char *path_of(const char *name)
-{
-    snprintf(pathbuf, sizeof pathbuf, "%s/%s", tmpdir, name);
-    return pathbuf;
-}
-
-static int dir_entries(void)
-{
-    DIR *d = opendir(tmpdir);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-    closedir(d);
-    return n;
-}
+#include "shard_fixture.h"
 
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kvx_test_convert.XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return fx_mkdtemp("test_convert");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    DIR *d = opendir(tmpdir);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        unlink(path_of(e->d_name));
-    }
-    if (d) closedir(d);
-    rmdir(tmpdir);
+    fx_rm_dir();
     return 0;
 }
 

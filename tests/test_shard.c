@@ -33,36 +33,19 @@
 #include "kvx.h"
 #include "os.h"
 #include "shard_format.h"
+#include "shard_fixture.h"
 #include "sigbus.h"
-
-static char tmpdir[256];
 
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/kvx_test_shard.XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
-}
-
-static void rm_rf(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char p[512];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    rmdir(dir);
+    return fx_mkdtemp("test_shard");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    rm_rf(tmpdir);
+    fx_rm_dir();
     return 0;
 }
 
@@ -71,35 +54,7 @@ static int clean(void **state)
 {
     (void)state;
     kvx_os_reset();
-    DIR *d = opendir(tmpdir);
-    if (!d) return -1;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char p[512];
-        snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-        unlink(p);
-    }
-    closedir(d);
-    return 0;
-}
-
-static int dir_entries(void)
-{
-    DIR *d = opendir(tmpdir);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-    closedir(d);
-    return n;
-}
-
-static const char *path_of(const char *name)
-{
-    static char p[512];
-    snprintf(p, sizeof p, "%s/%s", tmpdir, name);
-    return p;
+    return fx_empty_dir();
 }
 
 /* ---- a small valid shard ------------------------------------------------ */
