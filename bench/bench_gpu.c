@@ -18,67 +18,19 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_common.h"
+#include "io_bench_util.h"
 #include "kvx.h"
 
 #ifdef KVX_WITH_CUDA
 #include <cuda_runtime_api.h>
-#define KVX_MAYBE_UNUSED
-#else
-#define KVX_MAYBE_UNUSED __attribute__((unused))
+
+static uint32_t tok16(uint32_t i)
+{
+    (void)i;
+    return 16; /* 2 MiB per page at L32 Hkv8 D128 FP16 */
+}
 #endif
-
-KVX_MAYBE_UNUSED static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-KVX_MAYBE_UNUSED static void drop_cache(const char *path)
-{
-    sync();
-    int fd = open("/proc/sys/vm/drop_caches", O_WRONLY);
-    if (fd >= 0) {
-        if (write(fd, "3", 1) != 1) perror("drop_caches");
-        close(fd);
-    }
-    fd = open(path, O_RDONLY);
-    if (fd >= 0) {
-        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        close(fd);
-    }
-}
-
-KVX_MAYBE_UNUSED static int write_shard(const char *path, uint32_t n)
-{
-    kvx_geometry g = {32, 8, 128, 16, KVX_QUANT_FP16, 1}; /* 2 MiB per 16-token page */
-    kvx_shard_writer_options o = KVX_SHARD_WRITER_OPTIONS_INIT;
-    o.geometry = g;
-    o.shard_id = 7;
-    o.max_entries = n;
-    kvx_shard_writer *w;
-    int rc = kvx_shard_writer_create(&w, path, &o);
-    if (rc) return rc;
-    uint64_t b = kvx_page_bytes(&g, 16), x = 0x243F6A8885A308D3ull;
-    uint64_t *page = malloc(b);
-    for (uint32_t i = 0; i < n && !rc; i++) {
-        for (uint64_t k = 0; k < b / 8; k++) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            page[k] = x;
-        }
-        kvx_entry_in e = {0};
-        e.radix_block = (uint16_t)i;
-        e.token_count = 16;
-        e.page = page;
-        rc = kvx_shard_writer_add(w, &e);
-    }
-    free(page);
-    if (rc) {
-        kvx_shard_writer_abort(w);
-        return rc;
-    }
-    return kvx_shard_writer_seal(w);
-}
 
 int main(int argc, char **argv)
 {
@@ -98,7 +50,9 @@ int main(int argc, char **argv)
     uint32_t n = (uint32_t)(mib / 2);
     char path[600];
     snprintf(path, sizeof path, "%s/bench_gpu.kvx", dir);
-    if ((rc = write_shard(path, n))) {
+    kvx_geometry geo = {32, 8, 128, 16, KVX_QUANT_FP16, 1};
+    uint64_t rng = 0x243F6A8885A308D3ull;
+    if ((rc = kvx_bench_write_shard(path, geo, 7, n, tok16, &rng))) {
         fprintf(stderr, "write: %s\n", kvx_last_error());
         return 1;
     }
@@ -122,14 +76,8 @@ int main(int argc, char **argv)
     double gbps[2] = {0, 0};
     uint64_t bad = 0, table_bad = 0, good_pages = 0;
     for (int pass = 0; pass < 2; pass++) { /* 0: warm page cache, 1: cold O_DIRECT */
-        if (pass == 1) drop_cache(path);
-        else {
-            int fd = open(path, O_RDONLY);
-            static char buf[1 << 20];
-            while (read(fd, buf, sizeof buf) > 0) {
-            }
-            close(fd);
-        }
+        if (pass == 1) kvx_bench_drop_cache(path);
+        else kvx_bench_warm_cache(path);
         kvx_gpu_reset(g);
         kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
         o.sink = KVX_SINK_GPU;
@@ -182,9 +130,9 @@ int main(int argc, char **argv)
         memset(h, 1, bytes);
         cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice); /* warm up */
         for (int rep = 0; rep < 3; rep++) {
-            double t = now();
+            double t = kvx_bench_now();
             cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
-            double bw = (double)bytes / (now() - t);
+            double bw = (double)bytes / (kvx_bench_now() - t);
             if (bw > ref) ref = bw;
         }
     }

@@ -29,78 +29,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_common.h"
+#include "io_bench_util.h"
 #include "kvx.h"
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static void drop_cache(const char *path)
-{
-    sync();
-    int fd = open("/proc/sys/vm/drop_caches", O_WRONLY);
-    if (fd >= 0) {
-        if (write(fd, "3", 1) != 1) perror("drop_caches");
-        close(fd);
-    }
-    fd = open(path, O_RDONLY);
-    if (fd >= 0) {
-        posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-        close(fd);
-    }
-}
-
-static void warm_cache(const char *path)
-{
-    int fd = open(path, O_RDONLY);
-    static char buf[1 << 20];
-    while (read(fd, buf, sizeof buf) > 0) {
-    }
-    close(fd);
-}
-
-static uint64_t rng = 88172645463325252ull;
-static uint64_t next_rand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
-/* n entries; tokens of entry i = tok(i). */
-static int write_shard(const char *path, kvx_geometry g, uint32_t n, uint32_t (*tok)(uint32_t))
-{
-    kvx_shard_writer_options o = KVX_SHARD_WRITER_OPTIONS_INIT;
-    o.geometry = g;
-    o.shard_id = 9;
-    o.max_entries = n;
-    kvx_shard_writer *w;
-    int rc = kvx_shard_writer_create(&w, path, &o);
-    if (rc) return rc;
-    uint64_t maxb = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (kvx_page_bytes(&g, tok(i)) > maxb) maxb = kvx_page_bytes(&g, tok(i));
-    uint64_t *page = malloc(maxb);
-    for (uint32_t i = 0; i < n && !rc; i++) {
-        uint64_t b = kvx_page_bytes(&g, tok(i));
-        for (uint64_t k = 0; k < b / 8; k++) page[k] = next_rand();
-        kvx_entry_in e = {0};
-        e.radix_block = (uint16_t)i;
-        e.token_count = tok(i);
-        e.page = page;
-        rc = kvx_shard_writer_add(w, &e);
-    }
-    free(page);
-    if (rc) {
-        kvx_shard_writer_abort(w);
-        return rc;
-    }
-    return kvx_shard_writer_seal(w);
-}
+static uint64_t rng = 88172645463325252ull; /* the pages' bytes and the random entries */
 
 static uint32_t tok_seq(uint32_t i)
 {
@@ -140,9 +73,9 @@ static double memcpy_bw(uint64_t bytes)
     memset(b, 2, chunk);
     double best = 0;
     for (int rep = 0; rep < 3; rep++) {
-        double t = now();
+        double t = kvx_bench_now();
         for (uint64_t done = 0; done < bytes; done += chunk) memcpy(b, a, chunk);
-        double s = now() - t;
+        double s = kvx_bench_now() - t;
         if (bytes / s > best) best = (double)bytes / s;
     }
     volatile char sink = b[chunk - 1];
@@ -161,11 +94,11 @@ static double fetch_rand(kvx_fetch *fh[2], kvx_shard *s, uint32_t n, uint64_t ta
     kvx_fetch_req reqs[BATCH];
     static kvx_fetch_result res[BATCH];
     uint64_t fbytes = 0;
-    double t = now();
+    double t = kvx_bench_now();
     int cur = 0, inflight[2] = {0, 0};
     for (;;) {
         if (fbytes < target) {
-            for (int i = 0; i < BATCH; i++) reqs[i] = (kvx_fetch_req){s, (uint32_t)(next_rand() % n)};
+            for (int i = 0; i < BATCH; i++) reqs[i] = (kvx_fetch_req){s, (uint32_t)(kvx_bench_xorshift(&rng) % n)};
             if (kvx_fetch_submit(fh[cur], reqs, BATCH)) {
                 fprintf(stderr, "submit: %s\n", kvx_last_error());
                 return -1;
@@ -185,7 +118,7 @@ static double fetch_rand(kvx_fetch *fh[2], kvx_shard *s, uint32_t n, uint64_t ta
         }
         if (fbytes >= target && !inflight[0] && !inflight[1]) break;
     }
-    double bw = (double)fbytes / (now() - t);
+    double bw = (double)fbytes / (kvx_bench_now() - t);
     kvx_fetch_release(fh[0]);
     kvx_fetch_release(fh[1]);
     *out_bytes = fbytes;
@@ -230,8 +163,8 @@ int main(int argc, char **argv)
     uint32_t n_mix = (uint32_t)(mib / 2 * 1024 / 672);    /* avg 672 KiB */
     if (n_mix > 65536) n_mix = 65536;
     printf("writing %s (%u x 2 MiB) and %s (%u pages 64 KiB..2 MiB)\n", seq, n_seq, mix, n_mix);
-    int rc = write_shard(seq, g16, n_seq, tok_seq);
-    if (!rc) rc = write_shard(mix, g8, n_mix, tok_mix);
+    int rc = kvx_bench_write_shard(seq, g16, 9, n_seq, tok_seq, &rng);
+    if (!rc) rc = kvx_bench_write_shard(mix, g8, 9, n_mix, tok_mix, &rng);
     if (rc) {
         fprintf(stderr, "write: %s: %s\n", kvx_err_name(rc), kvx_last_error());
         return 1;
@@ -253,13 +186,13 @@ int main(int argc, char **argv)
              seq, qd, info->kv_data_offset, kv_bytes);
     double w_cold = 0, f_seq = 0, w_cold_a = 0;
     for (int round = 0; round < 2; round++) {
-        drop_cache(seq);
+        kvx_bench_drop_cache(seq);
         double x = warmup_bw(s_seq, KVX_IO_URING, 0, KVX_SINK_DISCARD, NULL, 0, qd, &rep);
         if (x > w_cold) w_cold = x;
-        drop_cache(seq);
+        kvx_bench_drop_cache(seq);
         x = fio_bw(args);
         if (x > f_seq) f_seq = x;
-        drop_cache(seq);
+        kvx_bench_drop_cache(seq);
         x = warmup_bw(s_seq, KVX_IO_AUTO, 0, KVX_SINK_DISCARD, NULL, 0, qd, &rep_ca);
         if (x > w_cold_a) w_cold_a = x;
     }
@@ -267,9 +200,9 @@ int main(int argc, char **argv)
 
     /* 2. warm: page cache, CRC on; best of 3 each, memcpy (best of 3)
      * measured before and after, the faster taken (ratios err low). */
-    warm_cache(seq);
+    kvx_bench_warm_cache(seq);
     double m_bw = memcpy_bw(kv_bytes);
-    warm_cache(seq);
+    kvx_bench_warm_cache(seq);
     kvx_warmup_report rep_wa, rep_ha;
     uint64_t need;
     kvx_warmup_sink_bytes(&need, &s_seq, 1);
@@ -291,7 +224,7 @@ int main(int argc, char **argv)
     double m_bw2 = memcpy_bw(kv_bytes);
     if (m_bw2 > m_bw) m_bw = m_bw2;
     free(host);
-    drop_cache(seq);
+    kvx_bench_drop_cache(seq);
 
     /* 3. random pages 64 KiB..2 MiB: fetch (O_DIRECT) vs fio randread, same mix and depth */
     kvx_pool_options po = KVX_POOL_OPTIONS_INIT;
@@ -325,10 +258,10 @@ int main(int argc, char **argv)
     uint64_t fbytes = 0;
     /* The virtual disk has a cache on the host: one unmeasured pass first,
      * or the first measured reader pays for warming it and the next gains. */
-    drop_cache(mix);
+    kvx_bench_drop_cache(mix);
     fio_bw(args);
     for (int k = 0; k < PAIRS; k++) {
-        drop_cache(mix);
+        kvx_bench_drop_cache(mix);
         rk[k] = fetch_rand(fh, s_mix, n_mix, target, &fbytes);
         if (rk[k] < 0) return 1;
         rf[k] = fio_bw(args);
