@@ -120,9 +120,6 @@ int kvx_page_to_envelope_payload(void *out_payload, uint16_t version, const kvx_
     conv_scratch s;
     rc = scratch_alloc(&s, !direct, slab, fill, who);
     if (rc) return rc;
-    float *tmp = s.tmp;
-    uint8_t *q = s.q;
-    uint16_t *h16 = s.h16;
     kvx_geometry pair = {1, 1, g->head_dim, g->block_tokens, KVX_QUANT_E4M3, 0};
     for (size_t l = 0; l < d.L && !rc; l++)
         for (size_t h = 0; h < d.H && !rc; h++) {
@@ -139,21 +136,21 @@ int kvx_page_to_envelope_payload(void *out_payload, uint16_t version, const kvx_
             for (size_t kv = 0; kv < 2; kv++) {
                 size_t ps = page_slab(&d, kv, l, h), es_ = payload_slab(&d, kv, l, h);
                 float sc = scales && g->quant != KVX_QUANT_FP16 ? scales[es_] : 1.0f;
-                decode_n(tmp + kv * slab, src + ps * fill * es, fill, g->quant, sc);
+                decode_n(s.tmp + kv * slab, src + ps * fill * es, fill, g->quant, sc);
             }
             for (size_t kv = 0; kv < 2; kv++) {
                 size_t es_ = payload_slab(&d, kv, l, h);
                 if (version == KVX_ENVELOPE_V1) {
-                    kvx_f32_to_f16_n(h16, tmp + kv * slab, fill);
-                    memcpy(out + es_ * slab * 2, h16, fill * 2); /* LE host */
+                    kvx_f32_to_f16_n(s.h16, s.tmp + kv * slab, fill);
+                    memcpy(out + es_ * slab * 2, s.h16, fill * 2); /* LE host */
                 }
             }
             if (version == KVX_ENVELOPE_V2) {
                 float sc2[2];
-                rc = kvx_envelope_quantize_v2(q, sc2, tmp, &pair, n_tokens);
+                rc = kvx_envelope_quantize_v2(s.q, sc2, s.tmp, &pair, n_tokens);
                 for (size_t kv = 0; kv < 2 && !rc; kv++) {
                     size_t es_ = payload_slab(&d, kv, l, h);
-                    memcpy(out + es_ * slab, q + kv * slab, fill);
+                    memcpy(out + es_ * slab, s.q + kv * slab, fill);
                     store_f32(out_scales + 4 * es_, sc2[kv]);
                 }
             }
@@ -199,9 +196,6 @@ int kvx_envelope_payload_to_page(void *out_page, float *out_scales, const kvx_ge
     conv_scratch s;
     rc = scratch_alloc(&s, !direct, slab, fill, who);
     if (rc) return rc;
-    float *tmp = s.tmp;
-    uint8_t *q = s.q;
-    uint16_t *h16 = s.h16;
     kvx_geometry pair = {1, 1, g->head_dim, g->block_tokens, KVX_QUANT_E4M3, 0};
     for (size_t l = 0; l < d.L && !rc; l++)
         for (size_t h = 0; h < d.H && !rc; h++) {
@@ -212,20 +206,20 @@ int kvx_envelope_payload_to_page(void *out_page, float *out_scales, const kvx_ge
                     memcpy(dst + ps * fill * es, pl + sx * slab * src_es, fill * es);
                     if (out_scales) out_scales[sx] = sc;
                 } else {
-                    decode_n(tmp + kv * slab, pl + sx * slab * src_es, fill, src_q, sc);
+                    decode_n(s.tmp + kv * slab, pl + sx * slab * src_es, fill, src_q, sc);
                 }
             }
             if (direct) continue;
             float sc2[2] = {1.0f, 1.0f};
-            if (rule) rc = kvx_envelope_quantize_v2(q, sc2, tmp, &pair, n);
+            if (rule) rc = kvx_envelope_quantize_v2(s.q, sc2, s.tmp, &pair, n);
             for (size_t kv = 0; kv < 2 && !rc; kv++) {
                 size_t ps = page_slab(&d, kv, l, h), sx = payload_slab(&d, kv, l, h);
                 uint8_t *o = dst + ps * fill * es;
-                const float *x = tmp + kv * slab;
-                if (rule) memcpy(o, q + kv * slab, fill);
+                const float *x = s.tmp + kv * slab;
+                if (rule) memcpy(o, s.q + kv * slab, fill);
                 else if (g->quant == KVX_QUANT_FP16) {
-                    kvx_f32_to_f16_n(h16, x, fill);
-                    memcpy(o, h16, fill * 2);
+                    kvx_f32_to_f16_n(s.h16, x, fill);
+                    memcpy(o, s.h16, fill * 2);
                 } else if (g->quant == KVX_QUANT_E4M3) kvx_f32_to_e4m3_n(o, x, fill, 1.0f);
                 else kvx_f32_to_e5m2_n(o, x, fill, 1.0f);
                 if (out_scales) out_scales[sx] = sc2[kv];
