@@ -92,6 +92,16 @@ static inline int io_copy_file(const char *from, const char *to)
     return rc;
 }
 
+/* A copy of from at io_tmpdir/name (its path in path), opened: the shard
+ * is checked while whole, so damage done afterwards shows at read time.
+ * Returns 0 or the failing step's result. */
+static inline int io_open_copy(kvx_shard **out, char *path, size_t cap, const char *from, const char *name)
+{
+    snprintf(path, cap, "%s/%s", io_tmpdir, name);
+    if (io_copy_file(from, path)) return -1;
+    return kvx_shard_open(out, path, 0);
+}
+
 /* XORs the byte at off of path with mask, in place. */
 static inline int io_flip_byte(const char *path, uint64_t off, uint8_t mask)
 {

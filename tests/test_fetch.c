@@ -322,10 +322,8 @@ static void fetch_every(kvx_fetch *f, kvx_shard *s, kvx_fetch_req *r, kvx_fetch_
 static void crc_case(int mode)
 {
     char path[600];
-    snprintf(path, sizeof path, "%s/bad.kvx", io_tmpdir);
-    assert_int_equal(io_copy_file(path1, path), 0);
     kvx_shard *s = NULL;
-    assert_int_equal(kvx_shard_open(&s, path, 0), 0);
+    assert_int_equal(io_open_copy(&s, path, sizeof path, path1, "bad.kvx"), 0);
     kvx_entry e;
     assert_int_equal(kvx_shard_entry(&e, s, 7), 0);
     assert_int_equal(io_flip_byte(path, e.offset + 5, 0xFF), 0); /* every bit of byte 5 */
@@ -365,10 +363,8 @@ static void test_crc_pread(void **state) { (void)state; crc_case(KVX_IO_PREAD); 
 static void trunc_case(int mode)
 {
     char path[600];
-    snprintf(path, sizeof path, "%s/trunc.kvx", io_tmpdir);
-    assert_int_equal(io_copy_file(path1, path), 0);
     kvx_shard *s = NULL;
-    assert_int_equal(kvx_shard_open(&s, path, 0), 0);
+    assert_int_equal(io_open_copy(&s, path, sizeof path, path1, "trunc.kvx"), 0);
     kvx_entry last, cut;
     assert_int_equal(kvx_shard_entry(&last, s, N1 - 1), 0);
     assert_int_equal(kvx_shard_entry(&cut, s, N1 - 3), 0);

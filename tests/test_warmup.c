@@ -270,10 +270,8 @@ static void flip(const char *path, kvx_shard *s, uint32_t entry, uint64_t at)
 static void crc_case(int mode)
 {
     char bad[600];
-    snprintf(bad, sizeof bad, "%s/bad.kvx", io_tmpdir);
-    assert_int_equal(io_copy_file(path2, bad), 0);
     kvx_shard *in[2] = {sh[0], NULL};
-    assert_int_equal(kvx_shard_open(&in[1], bad, 0), 0);
+    assert_int_equal(io_open_copy(&in[1], bad, sizeof bad, path2, "bad.kvx"), 0);
     flip(bad, in[1], 3, 0);
     flip(bad, in[1], 17, 1000);
     kvx_warmup_options o;
@@ -312,10 +310,8 @@ static void test_truncated(void **state)
 {
     (void)state;
     char tr[600];
-    snprintf(tr, sizeof tr, "%s/trunc.kvx", io_tmpdir);
-    assert_int_equal(io_copy_file(path1, tr), 0);
     kvx_shard *s = NULL;
-    assert_int_equal(kvx_shard_open(&s, tr, 0), 0);
+    assert_int_equal(io_open_copy(&s, tr, sizeof tr, path1, "trunc.kvx"), 0);
     kvx_entry e;
     assert_int_equal(kvx_shard_entry(&e, s, N1 - 2), 0);
     assert_int_equal(truncate(tr, (off_t)e.offset + 100), 0);
