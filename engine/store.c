@@ -449,7 +449,7 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     s->target = opts->shard_bytes;
     if (!s->target) {
         s->target = s->capacity / ST_TARGET_DIV;
-        if (s->target < ((uint64_t)256 << 10)) s->target = (uint64_t)256 << 10;
+        if (s->target < ((uint64_t)512 << 10)) s->target = (uint64_t)512 << 10;
         if (s->target > ((uint64_t)1 << 30)) s->target = (uint64_t)1 << 30;
     }
     st_sizes(s);

@@ -18,8 +18,9 @@
 #define ST_DEFAULT_CAPACITY ((uint64_t)64 << 30)
 #define ST_CONFIG_BYTES 64
 #define ST_COMPACT_AT 192 /* live shards before a flush merges small ones */
-#define ST_COMPACT_SMALL 32 /* small shards (< target/2) before a flush merges them */
-#define ST_TARGET_DIV 128 /* default shard size: capacity / this (at least 256 KiB) */
+#define ST_COMPACT_SMALL 64 /* at most this many small shards (< target/2) before a flush merges them */
+#define ST_SHARD_OVERHEAD (8u << 10) /* about a shard's header and padding */
+#define ST_TARGET_DIV 64 /* default shard size: capacity / this (at least 512 KiB) */
 
 typedef struct st_cache {
     uint64_t gen;

@@ -185,8 +185,8 @@ static int st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, s
     return 0;
 }
 
-/* Seals o's shard (fsync, rename into shards/; the directory fsync comes
- * once, before the publishing transaction). */
+/* Seals o's shard (kvx_shard_writer_seal: fsync, rename into shards/,
+ * fsync of shards/), so it is durable before any transaction names it. */
 static int st_writer_seal(kvx_store *s, st_open *o, st_sealed *out)
 {
     uint32_t n = kvx_shard_writer_count(o->w);
@@ -473,9 +473,9 @@ static void st_mirror_add(kvx_store *s, const st_sealed *x)
 int st_flush_locked(kvx_store *s)
 {
     int rc = 0;
+    /* each seal fsyncs its file, renames it and fsyncs shards/ (inside
+     * kvx_shard_writer_seal), so every sealed file is durable here */
     for (int k = 0; k < 2 && !rc; k++) rc = st_seal_cur(s, k);
-    if (!rc && s->nsealed && kvx_os.fsync(s->shardsfd) != 0)
-        rc = kvx_fail(-errno, "store: fsync %s: %s", s->shards_path, strerror(errno));
     if (!rc && s->nsealed) {
         st_publish p = {s, s->sealed, s->nsealed, s->pend, s->npend};
         rc = kvx_idx_write(s->ix, st_publish_body, &p);
@@ -493,14 +493,18 @@ int st_flush_locked(kvx_store *s)
     st_usage_persist(s);
     st_drop_bad_shards(s);
     st_enforce_capacity(s);
-    /* merge small shards when ids run low, or when there are enough of
-     * them that their headers and padding (a few KiB each) cost room */
+    /* merge small shards when ids run low, or when their headers and
+     * padding (about ST_SHARD_OVERHEAD each) would cost over 1 % of the
+     * capacity (at least 4, at most ST_COMPACT_SMALL of them) */
     int live = 0, small = 0;
     for (int b = 0; b < ST_SLOTS; b++) {
         live += s->reg_live[b];
         small += s->reg_live[b] && s->reg[b].file_bytes < s->target / 2;
     }
-    if (live > ST_COMPACT_AT || small >= ST_COMPACT_SMALL) st_compact(s, 0);
+    uint64_t small_max = s->capacity / 100 / ST_SHARD_OVERHEAD;
+    if (small_max < 4) small_max = 4;
+    if (small_max > ST_COMPACT_SMALL) small_max = ST_COMPACT_SMALL;
+    if (live > ST_COMPACT_AT || (uint64_t)small >= small_max) st_compact(s, 0);
     kvx_clear_error();
     return 0;
 }
@@ -1002,13 +1006,8 @@ int st_enforce_capacity(kvx_store *s)
         nmv = 0; /* carrying is an optimisation: evict without it */
         nadded = 0;
     }
+    /* the new shards' renames are durable (the seal fsyncs shards/) */
     st_drop d = {s, victims, added, nadded, mv, nmv, 1, 0, 0};
-    if (nadded && kvx_os.fsync(s->shardsfd) != 0) { /* their renames, before the index names them */
-        st_unlink_sealed(s, added, nadded);
-        nadded = 0;
-        d.nadded = 0;
-        d.nmoves = 0;
-    }
     rc = kvx_idx_write(s->ix, st_drop_body, &d);
     if (rc) {
         st_unlink_sealed(s, added, nadded);
@@ -1088,16 +1087,12 @@ int st_compact(kvx_store *s, int full)
             free(mv);
             break;
         }
-        if (kind == ST_KIND_LINEAGE) nmv = st_filter_orphans(s, mv, nmv, victims);
+        if (full && kind == ST_KIND_LINEAGE) nmv = st_filter_orphans(s, mv, nmv, victims);
         if (nmv) qsort(mv, nmv, sizeof *mv, st_cmp_move_age);
         st_sealed *added = NULL;
         size_t nadded = 0;
         uint8_t busy[ST_SLOTS] = {0};
-        if (nmv) rc = st_rewrite(s, mv, nmv, flags, busy, &added, &nadded);
-        if (!rc && nadded && kvx_os.fsync(s->shardsfd) != 0) {
-            rc = kvx_fail(-errno, "store: fsync %s: %s", s->shards_path, strerror(errno));
-            st_unlink_sealed(s, added, nadded);
-        }
+        if (nmv) rc = st_rewrite(s, mv, nmv, flags, busy, &added, &nadded); /* sealed: durable */
         if (!rc) {
             st_drop d = {s, victims, added, nadded, mv, nmv, 0, 1, 0};
             rc = kvx_idx_write(s->ix, st_drop_body, &d);
