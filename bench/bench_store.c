@@ -473,15 +473,18 @@ static int bench_trace(const char *base, int nfiles, char **files)
             double t1 = now_s();
             kvx_store_stats st;
             kvx_store_stat(&st, s);
+            uint64_t carried = s->carried;
             kvx_store_close(s);
             kvx_os_reset();
             rm_rf(dir);
             double hs = 100.0 * (double)store_hits / (double)tr.nids, hl = 100.0 * (double)lru_hits / (double)tr.nids;
             printf("    capacity %5zu blocks: store %.2f %%, exact LRU %.2f %% (%.2f %% as prefix hits) -> %.3fx of LRU, "
                    "%.3fx of infinite; "
-                   "%llu evictions, %llu compactions, %.0f req/s; at the end %llu blocks in %llu shards, %.0f bytes/block\n",
+                   "%llu evictions, %llu compactions, %llu blocks carried (%.2f per block put), %.0f req/s; at the end %llu blocks in "
+                   "%llu shards, %.0f bytes/block\n",
                    caps[ci], hs, hl, 100.0 * (double)lru_prefix / (double)tr.nids, hl > 0 ? hs / hl : 0, hs / (100.0 * (double)inf_hits / (double)tr.nids),
-                   (unsigned long long)st.evictions, (unsigned long long)st.compactions, (double)tr.nreq / (t1 - t0),
+                   (unsigned long long)st.evictions, (unsigned long long)st.compactions, (unsigned long long)carried,
+                   (double)carried / (double)(tr.nids - store_hits), (double)tr.nreq / (t1 - t0),
                    (unsigned long long)st.blocks, (unsigned long long)st.shards,
                    st.blocks ? (double)st.bytes / (double)st.blocks : 0.0);
             fflush(stdout);

@@ -106,6 +106,7 @@ struct kvx_store {
     uint64_t next_gen;
     uint64_t dropped;
     uint32_t reserve_hint; /* entries the next writer reserves (the put's size) */
+    uint64_t carried;      /* blocks this handle carried forward (benchmarks) */
 };
 
 /* "%016llx.kvx" of gen into buf (32 bytes). */

@@ -915,14 +915,16 @@ static int st_cmp_move_hot(const void *a, const void *b)
     return x->src_coord < y->src_coord ? -1 : x->src_coord > y->src_coord;
 }
 
-/* Evicts whole shards until the live shard bytes fit the capacity.
+/* When the live shard bytes exceed the capacity, evicts whole shards down
+ * to the capacity less one target shard (the goal).
  *
- * An exact LRU of the same size would keep the blocks used most recently,
- * as many as fit: their recency is above a cut. Victims are the shards with
+ * An exact LRU holding the goal's worth of blocks would keep those used
+ * most recently: their recency is above a cut. Victims are the shards with
  * the largest share of blocks below the cut (then the oldest mean
- * recency); their blocks above the cut are carried into a new shard with
+ * recency); their blocks above the cut are carried into new shards with
  * their recency (newest first, at most half of the bytes freed, so
- * eviction always frees room), unless their parent is gone. */
+ * eviction always frees room and copies at most as much as it frees),
+ * unless their parent is gone. */
 int st_enforce_capacity(kvx_store *s)
 {
     uint64_t total = 0, nblocks = 0;
@@ -947,12 +949,15 @@ int st_enforce_capacity(kvx_store *s)
         free(all);
         return rc;
     }
-    /* the cut: an exact LRU holding capacity / (bytes per block) blocks */
+    /* Evict down to the capacity less one shard: with only a flush's worth
+     * of blocks below the cut, every victim would be mostly hot blocks to
+     * copy. The cut: an exact LRU holding that many bytes' worth of blocks. */
+    uint64_t goal = s->capacity - (s->target < s->capacity / 8 ? s->target : s->capacity / 8);
     size_t na = 0;
     for (uint32_t b = 0; b < ST_SLOTS; b++)
         if (s->reg_live[b])
             for (uint32_t i = 0; i < s->reg[b].n_entries; i++) all[na++] = r[b][i];
-    uint64_t keep = nblocks ? (uint64_t)((double)s->capacity / ((double)total / (double)nblocks)) : 0;
+    uint64_t keep = nblocks ? (uint64_t)((double)goal / ((double)total / (double)nblocks)) : 0;
     uint64_t cut = 0;
     if (keep < na) {
         qsort(all, na, sizeof *all, st_cmp_u64);
@@ -982,12 +987,11 @@ int st_enforce_capacity(kvx_store *s)
     for (int i = 0; i < no && !rc; i++) {
         size_t carried = nmv < room ? nmv : (size_t)room;
         uint64_t carry = carried ? 4096 + (uint64_t)carried * s->entry_bytes : 0;
-        if (total - freed + carry <= s->capacity) break;
+        if (total - freed + carry <= goal) break;
         uint32_t b = order[i].b;
         victims[b] = 1;
         freed += s->reg[b].file_bytes;
-        room = freed / s->entry_bytes;
-        if (room > s->max_entries) room = s->max_entries;
+        room = freed / 2 / s->entry_bytes;
         if ((s->reg[b].flags & KVX_FLAG_LINEAGE) && st_collect(s, b, r[b], 1, cut, &mv, &nmv, &capmv, SIZE_MAX) != 0)
             kvx_clear_error(); /* carrying is optional: the shard is evicted anyway */
     }
@@ -1014,6 +1018,7 @@ int st_enforce_capacity(kvx_store *s)
     } else {
         st_after_drop(s, victims, added, nadded);
         st_rec_from_moves(s, mv, d.nmoves, added, nadded);
+        for (size_t i = 0; i < d.nmoves; i++) s->carried += mv[i].new_gen != 0;
     }
     free(added);
     free(mv);

@@ -413,6 +413,33 @@ static void test_hot_blocks_carried(void **state)
     kvx_store_close(s);
 }
 
+/* Recency is per block: a shard's cold blocks go while its hot ones are
+ * carried, and putting a held block again counts as a use of it. */
+static void test_recency_per_block(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = create_store(dir, sizeof dir, 450 << 10, 70 << 10);
+    uint64_t h[16];
+    put_seq(s, 0, 8, 0, h); /* A: looked up from now on */
+    put_seq(s, 1, 8, 0, h); /* B: in the same shard, never used again */
+    put_seq(s, 2, 8, 0, h); /* C: only ever put again */
+    assert_int_equal(kvx_store_flush(s), 0);
+    for (uint64_t q = 3; q < 60; q++) {
+        assert_int_equal(prefix_of(s, 0, 8, 0, 1), 8);
+        assert_int_equal(put_seq(s, 2, 8, 0, h), 0); /* held: nothing new */
+        put_seq(s, q, 16, 0, h);
+        assert_int_equal(kvx_store_flush(s), 0);
+    }
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_true(st.evictions > 0);
+    assert_int_equal(prefix_of(s, 0, 8, 0, 1), 8);
+    assert_int_equal(prefix_of(s, 2, 8, 0, 1), 8);
+    assert_int_equal(prefix_of(s, 1, 8, 0, 1), 0);
+    kvx_store_close(s);
+}
+
 static void test_small_flushes_compacted(void **state)
 {
     (void)state;
@@ -746,6 +773,7 @@ int main(void)
         cmocka_unit_test(test_lineage_collision),
         cmocka_unit_test(test_capacity_eviction_and_views),
         cmocka_unit_test(test_hot_blocks_carried),
+        cmocka_unit_test(test_recency_per_block),
         cmocka_unit_test(test_small_flushes_compacted),
         cmocka_unit_test(test_reindex),
         cmocka_unit_test(test_recovery),
