@@ -916,7 +916,7 @@ static int st_cmp_move_hot(const void *a, const void *b)
 }
 
 /* When the live shard bytes exceed the capacity, evicts whole shards down
- * to the capacity less one target shard (the goal).
+ * to 1/64 below it (the goal).
  *
  * An exact LRU holding the goal's worth of blocks would keep those used
  * most recently: their recency is above a cut. Victims are the shards with
@@ -949,10 +949,11 @@ int st_enforce_capacity(kvx_store *s)
         free(all);
         return rc;
     }
-    /* Evict down to the capacity less one shard: with only a flush's worth
-     * of blocks below the cut, every victim would be mostly hot blocks to
-     * copy. The cut: an exact LRU holding that many bytes' worth of blocks. */
-    uint64_t goal = s->capacity - (s->target < s->capacity / 8 ? s->target : s->capacity / 8);
+    /* Evict down to 1/64 below the capacity (a default-sized shard): with
+     * only a flush's worth of blocks below the cut, every victim would be
+     * mostly hot blocks to copy. The cut: an exact LRU holding that many
+     * bytes' worth of blocks. */
+    uint64_t goal = s->capacity - s->capacity / 64;
     size_t na = 0;
     for (uint32_t b = 0; b < ST_SLOTS; b++)
         if (s->reg_live[b])
@@ -1027,7 +1028,7 @@ int st_enforce_capacity(kvx_store *s)
 
 /* -------------------------------------------------------------- compact */
 
-/* Merges small shards (< target/2) of one kind, oldest use first, into
+/* Merges small shards (< target/2) of one kind, by block recency, into
  * target-sized ones; with full, also shards whose blocks are mostly
  * orphans (their parent is gone, so no prefix lookup reaches them).
  * Orphans are not copied. */
