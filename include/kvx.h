@@ -441,8 +441,8 @@ typedef struct kvx_store_options {
     kvx_geometry geometry;
     uint64_t capacity_bytes; /* 0 = default (see README) */
     uint32_t flags;          /* KVX_STORE_* */
-    uint64_t shard_bytes;    /* target size of a sealed shard; 0 = capacity/128
-                                clamped to [256 KiB, 1 GiB] (docs/STORE.md) */
+    uint64_t shard_bytes;    /* target size of a sealed shard; 0 = capacity/64
+                                clamped to [512 KiB, 1 GiB] (docs/STORE.md) */
 } kvx_store_options;
 #define KVX_STORE_OPTIONS_VERSION 1
 #define KVX_STORE_OPTIONS_INIT {KVX_STORE_OPTIONS_VERSION, {0, 0, 0, 0, 0, 0}, 0, 0, 0}
