@@ -21,6 +21,9 @@
 #define KVX_HEADER_BYTES 64u
 #define KVX_ENTRY_BYTES 24u
 #define KVX_PAGE_ALIGN 4096u
+/* kv_data_offset of a writer whose full-block page is >= KVX_LARGE_PAGE. */
+#define KVX_LARGE_PAGE (256u << 10)
+#define KVX_LARGE_ALIGN (1u << 20)
 #define KVX_SECTION_ALIGN 64u
 #define KVX_FLAGS_KNOWN (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_META_CRC)
 
