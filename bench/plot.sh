@@ -9,7 +9,7 @@ cd "$(dirname "$0")"
 rows=$(grep -vc '^#' ratios.tsv)
 height=$((120 + rows * 28))
 gnuplot <<GP
-set terminal pngcairo size 1000,${height} font "sans,10"
+set terminal pngcairo size 1000,${height} font "sans,10" noenhanced
 set output "ratios.png"
 set datafile separator "\t"
 set title "kvx: each measure as a ratio to its physical reference (same run)"
@@ -19,7 +19,8 @@ set xrange [0:*]
 set xlabel "ratio to reference (higher is better; the cost rows are inverted: reference/kvx)"
 set ytics scale 0
 set grid xtics
-set key bottom right
+set key outside top center horizontal
+set arrow from 1,graph 0 to 1,graph 1 nohead dt 2 lc rgb "#555555"
 unset colorbox
 plot "ratios.tsv" using (\$2/2.0):(\$0):(\$2/2.0):(0.35):yticlabels(sprintf("%s  (vs %s)", stringcolumn(1), stringcolumn(4))) \
        with boxxyerror lc rgb "#3b7dd8" title "kvx", \
