@@ -26,12 +26,15 @@
 // scripts/setup.sh makes it); set CGO_LDFLAGS=-L/other/build to use
 // another build directory. When that library was built with CUDA, the
 // CUDA runtime is linked statically from /usr/local/cuda; otherwise an
-// empty stand-in archive (nocuda/) satisfies the link. See README.md.
+// empty stand-in archive (nocuda/) satisfies the link. liburing, LMDB and
+// libnuma are linked from their static archives too (Debian ships them);
+// only ISA-L, which Debian ships as a shared library alone, stays dynamic.
+// See README.md.
 package kvx
 
 /*
 #cgo CFLAGS: -I${SRCDIR}/../../include
-#cgo LDFLAGS: -L${SRCDIR}/../../build -l:libkvx.a -luring -llmdb -lnuma -lisal
+#cgo LDFLAGS: -L${SRCDIR}/../../build -l:libkvx.a -l:liburing.a -l:liblmdb.a -l:libnuma.a -lisal
 #cgo LDFLAGS: -L/usr/local/cuda/lib64 -L${SRCDIR}/nocuda -lcudart_static -ldl -lrt -lpthread -lm
 #include "shim.h"
 */
