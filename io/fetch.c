@@ -281,7 +281,9 @@ int kvx_fetch_wait(kvx_fetch *f, kvx_fetch_result *out, size_t n, int timeout_ms
     double deadline = kvx_io_now() + (timeout_ms > 0 ? timeout_ms / 1000.0 : 0);
     while (f->done < f->n) {
         int left = -1;
-        if (timeout_ms >= 0) {
+        if (timeout_ms == 0) {
+            left = 0; /* collect what has landed, then answer */
+        } else if (timeout_ms > 0) {
             double s = deadline - kvx_io_now();
             if (s <= 0) return -ETIMEDOUT;
             left = (int)(s * 1000) + 1;

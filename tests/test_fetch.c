@@ -555,6 +555,29 @@ static void peer_case(int mode)
 static void test_peer_uring(void **state) { (void)state; peer_case(KVX_IO_URING); }
 static void test_peer_pread(void **state) { (void)state; peer_case(KVX_IO_PREAD); }
 
+/* A caller that polls with wait(..., 0) between other work (the cgo
+ * pattern) must see the batch finish: a zero timeout still collects the
+ * reads that have landed. */
+static void wait0_case(int mode)
+{
+    kvx_pool *p = pool_of(4 << 20);
+    kvx_fetch *f = fetch_of(p, mode, 4, 0, 0);
+    kvx_fetch_req r[N1 + N2];
+    kvx_fetch_result res[N1 + N2];
+    size_t n = all_reqs(r);
+    assert_int_equal(kvx_fetch_submit(f, r, n), 0);
+    int rc;
+    unsigned tries = 0;
+    while ((rc = kvx_fetch_wait(f, res, n, 0)) == -ETIMEDOUT && tries++ < 5000) usleep(1000);
+    assert_int_equal(rc, 0);
+    check_all(r, res, n, 1);
+    kvx_fetch_destroy(f);
+    kvx_pool_destroy(p);
+}
+
+static void test_wait0_uring(void **state) { (void)state; wait0_case(KVX_IO_URING); }
+static void test_wait0_pread(void **state) { (void)state; wait0_case(KVX_IO_PREAD); }
+
 static void test_cancel_uring(void **state) { (void)state; cancel_case(KVX_IO_URING); }
 static void test_cancel_pread(void **state) { (void)state; cancel_case(KVX_IO_PREAD); }
 
@@ -581,6 +604,8 @@ int main(void)
         cmocka_unit_test_setup(test_peer_pread, reset),
         cmocka_unit_test_setup(test_cancel_uring, reset),
         cmocka_unit_test_setup(test_cancel_pread, reset),
+        cmocka_unit_test_setup(test_wait0_uring, reset),
+        cmocka_unit_test_setup(test_wait0_pread, reset),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
