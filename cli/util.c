@@ -9,6 +9,7 @@
  */
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -112,10 +113,19 @@ int cli_getopt_error(const cli_cmd *c, int ch, char **argv)
 
 int cli_parse_u64(const char *s, uint64_t max, uint64_t *out)
 {
-    if (!s || !*s || *s == '-' || *s == '+' || *s == ' ') return -1;
+    if (!s) return -1;
+    /* Decimal, or hex after 0x; never octal (base 0 would read "010" as 8,
+     * and zero-padded token ids are decimal). strtoull itself would accept
+     * leading blanks and a sign: only digits may follow. */
+    int base = 10;
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+        base = 16;
+        s += 2;
+    }
+    if (!isxdigit((unsigned char)*s) || (base == 10 && !isdigit((unsigned char)*s))) return -1;
     char *end;
     errno = 0;
-    unsigned long long v = strtoull(s, &end, 0);
+    unsigned long long v = strtoull(s, &end, base);
     if (errno || *end || v > max) return -1;
     *out = v;
     return 0;

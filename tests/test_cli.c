@@ -42,6 +42,42 @@ static void test_hash_spec_example(void **state)
     cli_run_free(&r);
 }
 
+/* Numbers are decimal or 0x hex, never octal: token ids with leading
+ * zeros (zero-padded dumps) are the same ids, so "010" is ten and "08" is
+ * eight, on the command line and on standard input. */
+static void test_decimal_leading_zeros(void **state)
+{
+    (void)state;
+    cli_run r = CLI(NULL, "hash", "--block-tokens", "02", "01", "02", "03", "04", "05");
+    EXPECT_RC(r, 0);
+    assert_string_equal(r.out, "0xa91ab0c1027b9366\n0x03df829571605c60\n"); /* the spec's */
+    cli_run_free(&r);
+    cli_run a = CLI(NULL, "hash", "-b", "2", "010", "08", "09", "0");
+    cli_run b = CLI(NULL, "hash", "-b", "2", "10", "8", "9", "0");
+    EXPECT_RC(a, 0);
+    EXPECT_RC(b, 0);
+    assert_string_equal(a.out, b.out);
+    cli_run_free(&a);
+    cli_run_free(&b);
+    a = CLI("010 08\n09 0\n", "hash", "-b", "2");
+    b = CLI("10 8 9 0", "hash", "-b", "2");
+    EXPECT_RC(a, 0);
+    EXPECT_RC(b, 0);
+    assert_string_equal(a.out, b.out);
+    cli_run_free(&a);
+    cli_run_free(&b);
+    uint64_t v;
+    assert_int_equal(cli_parse_u64("010", 100, &v), 0);
+    assert_true(v == 10);
+    assert_int_equal(cli_parse_u64("0009", 100, &v), 0);
+    assert_true(v == 9);
+    assert_int_equal(cli_parse_u64("0X1f", 100, &v), 0);
+    assert_true(v == 31);
+    assert_int_equal(cli_parse_u64("0x", 100, &v), -1);
+    assert_int_equal(cli_parse_u64("0x-1", 100, &v), -1);
+    assert_int_equal(cli_parse_u64("\t5", 100, &v), -1);
+}
+
 static void test_hash_usage_errors(void **state)
 {
     (void)state;
@@ -254,6 +290,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hash_spec_example),
+        cmocka_unit_test(test_decimal_leading_zeros),
         cmocka_unit_test(test_hash_usage_errors),
         cmocka_unit_test(test_main_help_and_version),
         cmocka_unit_test(test_every_subcommand_has_help),
