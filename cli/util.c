@@ -438,6 +438,25 @@ void cli_json_obj_end(cli_json *j) { json_close(j, '}'); }
 void cli_json_arr_begin(cli_json *j) { json_open(j, '['); }
 void cli_json_arr_end(cli_json *j) { json_close(j, ']'); }
 
+/* Length of the well-formed UTF-8 sequence (RFC 3629: shortest form, no
+ * surrogates, at most U+10FFFF) of 2..4 bytes starting at p, or 0. */
+static size_t utf8_seq_len(const unsigned char *p)
+{
+    unsigned c = p[0], n, cp;
+    if (c >= 0xC2 && c <= 0xDF) n = 1, cp = c & 0x1F;
+    else if (c >= 0xE0 && c <= 0xEF) n = 2, cp = c & 0x0F;
+    else if (c >= 0xF0 && c <= 0xF4) n = 3, cp = c & 0x07;
+    else return 0;
+    for (unsigned i = 1; i <= n; i++) { /* stops at the NUL: it is no continuation */
+        if ((p[i] & 0xC0) != 0x80) return 0;
+        cp = cp << 6 | (p[i] & 0x3Fu);
+    }
+    if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10FFFF ||
+        (cp >= 0xD800 && cp <= 0xDFFF))
+        return 0;
+    return n + 1;
+}
+
 static void json_raw_str(FILE *f, const char *s)
 {
     fputc('"', f);
@@ -451,10 +470,21 @@ static void json_raw_str(FILE *f, const char *s)
         case '\b': fputs("\\b", f); break;
         case '\f': fputs("\\f", f); break;
         default:
-            if (*p < 0x20)
+            if (*p < 0x20) {
                 fprintf(f, "\\u%04x", *p);
-            else
+            } else if (*p < 0x80) {
                 fputc(*p, f);
+            } else {
+                /* JSON is UTF-8, a file name is any bytes: a well-formed
+                 * sequence goes through, any other byte becomes U+FFFD. */
+                size_t n = utf8_seq_len(p);
+                if (n) {
+                    fwrite(p, 1, n, f);
+                    p += n - 1;
+                } else {
+                    fputs("\\ufffd", f);
+                }
+            }
         }
     }
     fputc('"', f);

@@ -322,9 +322,35 @@ static jval *jparse_val(const char **p, int depth)
     return NULL;
 }
 
-/* Parses a whole document (trailing whitespace allowed); NULL if invalid. */
+/* 1 when s is well-formed UTF-8 (RFC 3629: no overlong forms, no
+ * surrogates, nothing above U+10FFFF), which RFC 8259 requires of JSON. */
+static int harness_utf8_ok(const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    while (*p) {
+        unsigned c = *p, n, cp;
+        if (c < 0x80) { p++; continue; }
+        if (c >= 0xC2 && c <= 0xDF) { n = 1; cp = c & 0x1F; }
+        else if (c >= 0xE0 && c <= 0xEF) { n = 2; cp = c & 0x0F; }
+        else if (c >= 0xF0 && c <= 0xF4) { n = 3; cp = c & 0x07; }
+        else return 0;
+        for (unsigned i = 1; i <= n; i++) {
+            if ((p[i] & 0xC0) != 0x80) return 0;
+            cp = cp << 6 | (p[i] & 0x3F);
+        }
+        if ((n == 2 && cp < 0x800) || (n == 3 && cp < 0x10000) || cp > 0x10FFFF ||
+            (cp >= 0xD800 && cp <= 0xDFFF))
+            return 0;
+        p += n + 1;
+    }
+    return 1;
+}
+
+/* Parses a whole document (trailing whitespace allowed); NULL if invalid,
+ * including text that is not UTF-8. */
 __attribute__((unused)) static jval *jparse(const char *text)
 {
+    if (!harness_utf8_ok(text)) return NULL;
     const char *p = text;
     jval *v = jparse_val(&p, 0);
     if (!v) return NULL;

@@ -133,6 +133,31 @@ static void test_inspect_json(void **state)
     jfree(v);
 }
 
+/* A file name is bytes, JSON is UTF-8: a name that is not UTF-8 must
+ * still give a valid document (each bad byte becomes U+FFFD), and a UTF-8
+ * name comes through unchanged. */
+static void test_json_names_not_utf8(void **state)
+{
+    (void)state;
+    char p[512];
+    path_in(p, sizeof p, "bad\xff\xc3(\xed\xa0\x80.kvx");
+    write_shard(p, KVX_FLAG_HASHES);
+    cli_run r = CLI(NULL, "inspect", "--json", p);
+    jval *v = run_json(&r, 0);
+    assert_non_null(strstr(r.out, "bad\\ufffd\\ufffd(\\ufffd\\ufffd\\ufffd.kvx"));
+    assert_int_equal((int)jget(v, "num_blocks")->num, 3);
+    jfree(v);
+    cli_run_free(&r);
+    unlink(p);
+
+    path_in(p, sizeof p, "caf\xc3\xa9-\xf0\x9f\x98\x80.kvx");
+    write_shard(p, KVX_FLAG_HASHES);
+    v = inspect_json(p);
+    assert_string_equal(jget(v, "file")->str, p);
+    jfree(v);
+    unlink(p);
+}
+
 static void test_inspect_text_and_errors(void **state)
 {
     (void)state;
@@ -423,6 +448,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_inspect_json),
+        cmocka_unit_test(test_json_names_not_utf8),
         cmocka_unit_test(test_inspect_text_and_errors),
         cmocka_unit_test(test_verify),
         cmocka_unit_test(test_convert_spec_v1),
