@@ -480,6 +480,84 @@ static void test_store_collect(void **state)
     assert_null(got);
 }
 
+/* A store evicts a shard by unlinking it. Shards collected for a warmup
+ * hold their own descriptors, so a warmup of shards evicted after they
+ * were collected (before or while it runs) still reads every page right:
+ * the io_uring path reopens the inode through /proc/self/fd for O_DIRECT,
+ * the pread path reads the descriptor. The sink is checked against the
+ * shards' own (still mapped) pages, since the paths are gone. */
+static void evicted_case(int mode, const char *name)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/%s", io_tmpdir, name);
+    kvx_store_options so = KVX_STORE_OPTIONS_INIT;
+    so.geometry = io_geometry();
+    kvx_store *st = NULL;
+    assert_int_equal(kvx_store_create(&st, dir, &so), 0);
+    const uint32_t B = so.geometry.block_tokens;
+    enum { SEQS = 3, BLOCKS = 6 };
+    uint64_t pb = kvx_page_bytes(&so.geometry, B);
+    uint32_t *tok = malloc(sizeof *tok * B * BLOCKS);
+    uint8_t *pages = malloc(pb * BLOCKS);
+    for (uint32_t s = 0; s < SEQS; s++) {
+        for (uint32_t t = 0; t < B * BLOCKS; t++) tok[t] = s * 100000 + t + 7;
+        for (uint32_t b = 0; b < BLOCKS; b++) io_fill(pages + b * pb, 60 + s, b, pb);
+        size_t added = 0;
+        assert_int_equal(kvx_store_put(st, tok, B * BLOCKS, pages, BLOCKS, NULL, &added), 0);
+    }
+    assert_int_equal(kvx_store_flush(st), 0);
+    kvx_store_close(st);
+    free(tok);
+    free(pages);
+
+    const char *paths[1] = {dir};
+    kvx_shard **got = NULL;
+    size_t n = 0;
+    assert_int_equal(kvx_warmup_collect(&got, &n, paths, 1), 0);
+    assert_true(n >= 1);
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) total += kvx_shard_get_info(got[i])->num_blocks;
+    assert_int_equal(total, SEQS * BLOCKS);
+    kvx_warmup_options o;
+    uint8_t *sink = host_sink(&o, got, n, 0x5C);
+    o.io_mode = mode;
+    for (size_t i = 0; i < n; i++) assert_int_equal(unlink(kvx_shard_path(got[i])), 0);
+    kvx_warmup *w = NULL;
+    int rc = kvx_warmup_start(&w, got, n, &o);
+    if (rc == -EPERM || rc == -ENOSYS) {
+        free(sink);
+        for (size_t i = 0; i < n; i++) kvx_shard_close(got[i]);
+        kvx_free(got);
+        skip();
+    }
+    assert_int_equal(rc, 0);
+    kvx_warmup_report rep;
+    assert_int_equal(kvx_warmup_wait(&rep, w, -1), 0);
+    assert_int_equal(rep.n_failures, 0);
+    assert_int_equal(rep.pages, total);
+    uint64_t off = 0;
+    for (size_t k = 0; k < n; k++) {
+        uint32_t nb = kvx_shard_get_info(got[k])->num_blocks;
+        for (uint32_t i = 0; i < nb; i++) {
+            kvx_entry e;
+            const void *pg;
+            assert_int_equal(kvx_shard_entry(&e, got[k], i), 0);
+            assert_int_equal(kvx_shard_page(&pg, got[k], i, 1), 0);
+            off = (off + 255) / 256 * 256;
+            assert_memory_equal(sink + off, pg, e.bytes);
+            off += e.bytes;
+        }
+    }
+    kvx_warmup_report_free(&rep);
+    kvx_warmup_destroy(w);
+    free(sink);
+    for (size_t i = 0; i < n; i++) kvx_shard_close(got[i]);
+    kvx_free(got);
+}
+
+static void test_evicted_uring(void **state) { (void)state; evicted_case(KVX_IO_URING, "evict_uring"); }
+static void test_evicted_pread(void **state) { (void)state; evicted_case(KVX_IO_PREAD, "evict_pread"); }
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -497,6 +575,8 @@ int main(void)
         cmocka_unit_test(test_async),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_store_collect),
+        cmocka_unit_test(test_evicted_uring),
+        cmocka_unit_test(test_evicted_pread),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
