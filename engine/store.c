@@ -358,9 +358,10 @@ static void st_check_registered(kvx_store *s, int verify)
             (uint64_t)st.st_size != s->reg[b].file_bytes) {
             bad = 1;
         } else if (verify) {
-            kvx_shard *sh = st_shard_get(s, (uint32_t)b, s->reg[b].gen);
-            if (!sh) bad = 1;
-            kvx_shard_close(sh);
+            /* st_shard_get marks the cache bad on a verdict (malformed,
+             * checksum); a transient failure (EMFILE, EIO) leaves it
+             * unmarked and the shard registered */
+            kvx_shard_close(st_shard_get(s, (uint32_t)b, s->reg[b].gen));
         }
         if (bad) {
             pthread_rwlock_wrlock(&s->cache_lock);
@@ -600,8 +601,9 @@ kvx_shard *st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
                 g->head_dim == s->g.head_dim && g->block_tokens == s->g.block_tokens && g->quant == s->g.quant &&
                 g->model_signature == s->g.model_signature && (in->flags & KVX_FLAG_HASHES))
                 bad = 0;
-        } else if (rc > -30000 && rc != -ENOENT) {
-            /* EIO, EMFILE, ENOMEM...: a miss now, not a verdict on the file */
+        } else if (st_open_transient(rc)) {
+            /* EIO, EMFILE, ENOMEM, no mapping-guard slot...: a miss now,
+             * not a verdict on the file */
             transient = 1;
         }
     } else if (errno != ENOENT) {

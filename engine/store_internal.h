@@ -10,6 +10,7 @@
 #include "index.h"
 #include "internal.h"
 
+#include <errno.h>
 #include <pthread.h>
 
 #define ST_SLOTS 256
@@ -118,8 +119,19 @@ int st_parse_name(const char *name, uint64_t *gen);
 typedef int (*st_dir_fn)(kvx_store *s, int dirfd, const char *name, void *ctx);
 int st_each_file(kvx_store *s, int fd, st_dir_fn fn, void *ctx);
 
+/* Is rc, from opening a shard file, a passing failure of this process
+ * (EMFILE, EIO, ENOMEM, no free mapping-guard slot, ...) rather than a
+ * verdict on the file (missing, malformed, wrong checksum)? A passing
+ * failure must never get a shard dropped or deleted. */
+static inline int st_open_transient(int rc)
+{
+    if (rc == 0 || rc == -ENOENT) return 0;
+    if (rc > -30000) return 1; /* -errno */
+    return rc == KVX_ECAPACITY || rc == KVX_EBUSY || rc == KVX_EMEMLOCK || rc == KVX_ECANCELED;
+}
+
 /* A new reference on the shard (byte, gen), opened lazily; NULL when it
- * cannot be opened (then marked bad). */
+ * cannot be opened (then marked bad, unless the failure was transient). */
 kvx_shard *st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen);
 /* Forgets the cached handle of byte (drops the cache's reference). */
 void st_cache_drop(kvx_store *s, uint32_t byte);

@@ -1,0 +1,212 @@
+/*
+ * test_store_review.c - regression tests for defects found in a review of
+ * the store (issue 3): each test reproduces one defect that once lost
+ * acknowledged blocks or let a name escape the store directory.
+ *
+ * - A transient failure to open a shard (no free mapping-guard slot,
+ *   EMFILE, EIO) must never be taken as a verdict on the file: the shard
+ *   stays registered and its file stays on disk (at a lookup, at a VERIFY
+ *   open, at reindex).
+ * - kvx_store_verify must not follow a shard name that became a symlink.
+ *
+ * Pages are a pure function of the block hash (store_util.h), so every read
+ * is checked byte for byte.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "os.h"
+#include "sigbus.h"
+#include "store_util.h"
+
+#define NB 6    /* blocks per sequence */
+#define NSEQ 6  /* sequences put (one flush each) */
+
+static char root[256];
+static int dir_counter;
+
+static kvx_store *create_store(char *dir, size_t n)
+{
+    snprintf(dir, n, "%s/s%d", root, dir_counter++);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = 8 << 20;
+    o.shard_bytes = 40 << 10;
+    o.flags = KVX_STORE_NOWAIT;
+    kvx_store *s = NULL;
+    int rc = kvx_store_create(&s, dir, &o);
+    if (rc) fprintf(stderr, "create: %s\n", kvx_last_error());
+    assert_int_equal(rc, 0);
+    return s;
+}
+
+static void put_seq(kvx_store *s, uint64_t seq)
+{
+    uint32_t t[NB * SU_B];
+    uint64_t h[NB];
+    su_tokens(t, seq, NB, 0);
+    uint8_t *p = su_pages(t, NB, h, 64);
+    int rc = kvx_store_put(s, t, NB * SU_B, p, NB, NULL, NULL);
+    if (rc) fprintf(stderr, "put: %s\n", kvx_last_error());
+    assert_int_equal(rc, 0);
+    free(p);
+}
+
+/* Leading blocks of seq served by prefix, each checked byte for byte. */
+static size_t prefix_of(kvx_store *s, uint64_t seq)
+{
+    uint32_t t[NB * SU_B];
+    uint64_t h[NB];
+    su_tokens(t, seq, NB, 0);
+    kvx_block_hashes(h, t, NB * SU_B, SU_B);
+    kvx_view v[NB];
+    size_t n = 99;
+    assert_int_equal(kvx_store_prefix(v, &n, s, t, NB * SU_B, NB), 0);
+    uint8_t want[64];
+    for (size_t i = 0; i < n; i++) {
+        su_page(want, 64, h[i]);
+        assert_true(v[i].hash == h[i]);
+        assert_memory_equal(v[i].page, want, 64);
+    }
+    kvx_views_release(v, n);
+    return n;
+}
+
+/* A store with NSEQ flushed sequences (several shards), closed. */
+static void make_store(char *dir, size_t n)
+{
+    kvx_store *s = create_store(dir, n);
+    for (uint64_t q = 0; q < NSEQ; q++) {
+        put_seq(s, q);
+        assert_int_equal(kvx_store_flush(s), 0);
+    }
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_true(st.shards >= 2);
+    kvx_store_close(s);
+}
+
+/* Reopens dir and checks every sequence whole and nothing dropped. */
+static void check_all(const char *dir)
+{
+    kvx_store *s = NULL;
+    int rc = kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT);
+    if (rc) fprintf(stderr, "open: %s\n", kvx_last_error());
+    assert_int_equal(rc, 0);
+    for (uint64_t q = 0; q < NSEQ; q++) assert_int_equal(prefix_of(s, q), NB);
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_int_equal(st.dropped_shards, 0);
+    uint64_t bad = 9;
+    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
+    assert_int_equal(bad, 0);
+    kvx_store_close(s);
+}
+
+/* ------------------------------------------------ an open() that fails */
+
+static int (*real_open)(const char *, int, mode_t);
+static int open_errno;
+static long open_failed;
+
+/* Fails opens of sealed shard files (shards/<gen>.kvx) with open_errno. */
+static int failing_open(const char *path, int flags, mode_t mode)
+{
+    const char *sl = strrchr(path, '/');
+    size_t len = strlen(path);
+    if (sl && sl - path >= 7 && !strncmp(sl - 7, "/shards", 7) && sl[1] != '.' && len > 4 &&
+        !strcmp(path + len - 4, ".kvx")) {
+        open_failed++;
+        errno = open_errno;
+        return -1;
+    }
+    return real_open(path, flags, mode);
+}
+
+static void fail_shard_opens(int err)
+{
+    kvx_os_reset();
+    real_open = kvx_os.open;
+    open_errno = err;
+    open_failed = 0;
+    kvx_os.open = failing_open;
+}
+
+/* ------------------------------------------------------------------ tests */
+
+/* Every mapping-guard slot taken (a process with many shards mapped): a
+ * lookup cannot map a shard. Before the fix the shard was marked bad, and
+ * the next flush dropped it from the index and deleted its file. */
+static void test_no_mapping_slot_is_not_damage(void **state)
+{
+    (void)state;
+    char dir[300];
+    make_store(dir, sizeof dir);
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
+    static int slots[8192];
+    int nslots = 0;
+    static const char dummy[1];
+    while (nslots < (int)(sizeof slots / sizeof slots[0]) &&
+           kvx_sigbus_register(&slots[nslots], dummy, sizeof dummy) == 0)
+        nslots++;
+    assert_true(nslots > 0);
+    /* lookups miss (nothing can be mapped), a put + flush goes through */
+    assert_int_equal(prefix_of(s, 0), 0);
+    put_seq(s, 100);
+    assert_int_equal(kvx_store_flush(s), 0);
+    for (int i = 0; i < nslots; i++) kvx_sigbus_unregister(slots[i]);
+    for (uint64_t q = 0; q < NSEQ; q++) assert_int_equal(prefix_of(s, q), NB);
+    kvx_store_close(s);
+    check_all(dir);
+}
+
+/* KVX_STORE_VERIFY opens every registered shard at open: an EMFILE there
+ * is not damage. Before the fix every shard was dropped and deleted. */
+static void test_verify_open_transient(void **state)
+{
+    (void)state;
+    char dir[300];
+    make_store(dir, sizeof dir);
+    fail_shard_opens(EMFILE);
+    kvx_store *s = NULL;
+    int rc = kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT | KVX_STORE_VERIFY);
+    kvx_os_reset();
+    assert_true(open_failed > 0);
+    if (rc == 0) kvx_store_close(s);
+    check_all(dir);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(root, sizeof root, "/tmp/kvx-test-store-review-XXXXXX");
+    return mkdtemp(root) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    kvx_os_reset();
+    su_rm_rf(root);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_no_mapping_slot_is_not_damage),
+        cmocka_unit_test(test_verify_open_transient),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
