@@ -1150,7 +1150,12 @@ static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
     if (!st_parse_name(name, &gen)) return 0;
     if (gen > sc->max_gen) sc->max_gen = gen;
     struct stat st;
-    if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        int e = errno;
+        if (e == ENOENT) return 0; /* gone meanwhile */
+        return kvx_fail(-e, "store %s: reindex: stat shards/%s: %s", s->dir, name, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
         sc->skipped++;
         return 0;
     }
@@ -1161,6 +1166,12 @@ static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
     kvx_shard *sh = NULL;
     int rc = kvx_shard_open(&sh, path, 0);
     free(path);
+    if (rc && st_open_transient(rc)) {
+        /* not a verdict on the file: an index rebuilt without it would
+         * get it deleted as unregistered at the next open, so stop here
+         * and leave the index as it was */
+        return kvx_fail(rc, "store %s: reindex: cannot open shards/%s: %s", s->dir, name, kvx_strerror(rc));
+    }
     if (rc) {
         sc->skipped++;
         return 0;

@@ -187,6 +187,37 @@ static void test_verify_open_transient(void **state)
     check_all(dir);
 }
 
+/* A reindex that cannot open a shard (EIO) must fail, not rebuild an index
+ * without it: the next open deletes every file the index does not name.
+ * Before the fix the reindex returned 0 and the reopen deleted the shards. */
+static void test_reindex_transient(void **state)
+{
+    (void)state;
+    char dir[300];
+    make_store(dir, sizeof dir);
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
+    fail_shard_opens(EIO);
+    int rc = kvx_store_reindex(s);
+    kvx_os_reset();
+    assert_true(open_failed > 0);
+    assert_int_equal(rc, -EIO);
+    assert_non_null(strstr(kvx_last_error(), "reindex"));
+    kvx_store_close(s);
+    check_all(dir);
+    /* the same through open on a lost index */
+    char p[400];
+    snprintf(p, sizeof p, "%s/index", dir);
+    su_rm_rf(p);
+    assert_int_equal(mkdir(p, 0700), 0);
+    fail_shard_opens(EIO);
+    rc = kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT);
+    kvx_os_reset();
+    assert_int_equal(rc, -EIO);
+    assert_null(s);
+    check_all(dir);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -207,6 +238,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_mapping_slot_is_not_damage),
         cmocka_unit_test(test_verify_open_transient),
+        cmocka_unit_test(test_reindex_transient),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
