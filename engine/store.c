@@ -1131,6 +1131,12 @@ KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(voi
         char name[32];
         st_shard_name(name, reg[b].gen);
         v.shard = name;
+        /* never through a symlink (lookups refuse one too) */
+        struct stat fst;
+        if (fstatat(s->shardsfd, name, &fst, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(fst.st_mode)) {
+            st_vreport(&v, KVX_EPATH, "shards/%s (shard %u): a symlink or not a regular file", name, b);
+            continue;
+        }
         char *path = st_join(s->shards_path, name);
         kvx_shard *sh = NULL;
         int r = path ? kvx_shard_open(&sh, path, 0) : -ENOMEM;
