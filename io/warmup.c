@@ -344,6 +344,17 @@ static int warmup_new(kvx_warmup **out, kvx_shard *const *shards, size_t n, cons
     }
     w->chunk = kvx_align_up(chunk, 4096);
     if (w->chunk < biggest) w->chunk = biggest;
+    /* A staging buffer is one pool slot, at most 1 GiB: refuse a larger one
+     * before the pool (nbuf of them, touched page by page) is made. */
+    if (w->chunk > KVX_IO_REG_CHUNK) {
+        free(order);
+        warmup_free(w);
+        if (opts->chunk_bytes > KVX_IO_REG_CHUNK)
+            return kvx_fail(KVX_EINVALID, "kvx_warmup_options.chunk_bytes %u is above 1 GiB, the largest staging buffer",
+                            opts->chunk_bytes);
+        return kvx_fail(KVX_ECAPACITY, "warmup: a page of %" PRIu64 " bytes does not fit a 1 GiB staging buffer",
+                        biggest - 4096);
+    }
     w->nbuf = w->qd + 2;
     rc = make_staging(w);
     if (rc) {

@@ -403,6 +403,14 @@ static void test_errors(void **state)
     o = (kvx_warmup_options)KVX_WARMUP_OPTIONS_INIT;
     o.sink = 7;
     assert_int_equal(kvx_warmup_run(&rep, sh, 2, &o), KVX_EINVALID);
+    /* a staging slot is at most 1 GiB (one io_uring fixed buffer): a
+     * larger chunk_bytes is refused before any staging memory is made
+     * (queue_depth 1: three buffers, so the check costs no 20 GiB) */
+    o = (kvx_warmup_options)KVX_WARMUP_OPTIONS_INIT;
+    o.chunk_bytes = (1u << 30) + 4096;
+    o.queue_depth = 1;
+    assert_int_equal(kvx_warmup_run(&rep, sh, 2, &o), KVX_EINVALID);
+    assert_non_null(strstr(kvx_last_error(), "chunk_bytes"));
     kvx_shard *none[1] = {NULL};
     assert_int_equal(kvx_warmup_run(&rep, none, 1, NULL), KVX_EINVALID);
     /* nothing to do is fine */
