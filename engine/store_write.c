@@ -247,6 +247,27 @@ static int st_seal_cur(kvx_store *s, int kind)
 
 /* ------------------------------------------------------------------ put */
 
+static int st_evict(kvx_store *s, uint64_t pending);
+
+/* The capacity holds while a put runs, not only after its flush: once the
+ * sealed but unpublished files would take the shard bytes over the
+ * capacity, published shards are evicted to make room (the pending blocks
+ * are the newest, an LRU keeps them). A batch larger than the store itself
+ * cannot wait for its flush: it is published as it goes (its files are
+ * sealed and durable, like the flush a put makes when shard ids run out)
+ * and the flush's eviction trims it. */
+static int st_room_for_pending(kvx_store *s)
+{
+    uint64_t live = 0, pend = 0;
+    for (int b = 0; b < ST_SLOTS; b++)
+        if (s->reg_live[b]) live += s->reg[b].file_bytes;
+    for (size_t i = 0; i < s->nsealed; i++) pend += s->sealed[i].bytes;
+    if (live + pend <= s->capacity) return 0;
+    if (pend > s->capacity - s->capacity / 64) return st_flush_locked(s);
+    if (st_evict(s, pend) != 0) kvx_clear_error(); /* tidy-up, as after a flush */
+    return 0;
+}
+
 static int st_put_one(kvx_store *s, int kind, uint64_t hash, uint64_t parent, const uint32_t *toks, const void *page,
                       const float *scales)
 {
@@ -279,7 +300,10 @@ static int st_put_one(kvx_store *s, int kind, uint64_t hash, uint64_t parent, co
                              o->gen)))
         return rc;
     if (s->reserve_hint > 0) s->reserve_hint--;
-    if (idx + 1 >= o->cap || kvx_shard_writer_bytes(o->w) >= s->target) rc = st_seal_cur(s, kind);
+    if (idx + 1 >= o->cap || kvx_shard_writer_bytes(o->w) >= s->target) {
+        rc = st_seal_cur(s, kind);
+        if (!rc) rc = st_room_for_pending(s);
+    }
     return rc;
 }
 
@@ -925,15 +949,21 @@ static int st_cmp_move_hot(const void *a, const void *b)
  * their recency (newest first, at most half of the bytes freed, so
  * eviction always frees room and copies at most as much as it frees),
  * unless their parent is gone. */
-int st_enforce_capacity(kvx_store *s)
+static int st_evict(kvx_store *s, uint64_t pending);
+
+int st_enforce_capacity(kvx_store *s) { return st_evict(s, 0); }
+
+/* pending: bytes of sealed files not yet published (a put in progress):
+ * they count against the capacity and are all kept (the newest blocks). */
+static int st_evict(kvx_store *s, uint64_t pending)
 {
-    uint64_t total = 0, nblocks = 0;
+    uint64_t total = pending, nblocks = 0;
     for (int b = 0; b < ST_SLOTS; b++)
         if (s->reg_live[b]) {
             total += s->reg[b].file_bytes;
             nblocks += s->reg[b].n_entries;
         }
-    if (total <= s->capacity) return 0;
+    if (total <= s->capacity || nblocks == 0) return 0;
     st_usage_persist(s);
     st_usage_view *uv = calloc(ST_SLOTS, sizeof *uv);
     uint64_t **r = calloc(ST_SLOTS, sizeof *r);
@@ -958,7 +988,8 @@ int st_enforce_capacity(kvx_store *s)
     for (uint32_t b = 0; b < ST_SLOTS; b++)
         if (s->reg_live[b])
             for (uint32_t i = 0; i < s->reg[b].n_entries; i++) all[na++] = r[b][i];
-    uint64_t keep = nblocks ? (uint64_t)((double)goal / ((double)total / (double)nblocks)) : 0;
+    uint64_t live = total - pending;
+    uint64_t keep = goal > pending ? (uint64_t)((double)(goal - pending) / ((double)live / (double)nblocks)) : 0;
     uint64_t cut = 0;
     if (keep < na) {
         qsort(all, na, sizeof *all, st_cmp_u64);

@@ -247,6 +247,137 @@ static void test_verify_symlinked_shard(void **state)
     kvx_store_close(s);
 }
 
+/* Bytes of the sealed shard files in dir/shards (what the disk holds). */
+static uint64_t shard_file_bytes(const char *dir)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "find '%s/shards' -maxdepth 1 -name '*.kvx' -type f -printf '%%s\\n'", dir);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    uint64_t total = 0;
+    unsigned long long x;
+    while (fscanf(f, "%llu", &x) == 1) total += x;
+    pclose(f);
+    return total;
+}
+
+/* All 256 shard ids taken by shards that compaction cannot merge (one block
+ * each, not small): the put that needs a 257th says KVX_EFULL, nothing
+ * already flushed is lost, the store stays consistent and usable. */
+static void test_shard_ids_exhausted(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/s%d", root, dir_counter++);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = (uint64_t)1 << 30;
+    o.shard_bytes = 4096; /* below one entry: one block per shard */
+    o.flags = KVX_STORE_NOWAIT;
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    enum { NBIG = 260 };
+    uint32_t *t = malloc(NBIG * SU_B * sizeof *t);
+    uint64_t *h = malloc(NBIG * sizeof *h);
+    su_tokens(t, 7, NBIG, 0);
+    uint8_t *p = su_pages(t, NBIG, h, 64);
+    size_t added = 0;
+    int rc = kvx_store_put(s, t, NBIG * SU_B, p, NBIG, NULL, &added);
+    assert_int_equal(rc, KVX_EFULL);
+    assert_non_null(strstr(kvx_last_error(), "256 shard ids"));
+    assert_int_equal(kvx_store_flush(s), 0);
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_true(st.shards <= 256);
+    uint64_t bad = 9;
+    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
+    /* whatever is served is whole and right */
+    kvx_view *v = malloc(NBIG * sizeof *v);
+    size_t n = 0;
+    assert_int_equal(kvx_store_prefix(v, &n, s, t, NBIG * SU_B, NBIG), 0);
+    assert_int_equal(n, st.blocks);
+    uint8_t want[64];
+    for (size_t i = 0; i < n; i++) {
+        su_page(want, 64, h[i]);
+        assert_memory_equal(v[i].page, want, 64);
+    }
+    kvx_views_release(v, n);
+    kvx_store_close(s);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT | KVX_STORE_VERIFY), 0);
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_int_equal(st.dropped_shards, 0);
+    assert_int_equal(st.blocks, n);
+    kvx_store_close(s);
+    free(v);
+    free(p);
+    free(h);
+    free(t);
+}
+
+/* Capacity holds while a put runs, not only after the flush: a put of many
+ * shards' worth into a full store may leave at most one shard over the
+ * capacity on disk before its flush (issue 3, point 5). */
+static void test_capacity_during_put(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/s%d", root, dir_counter++);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = 300 << 10;
+    o.shard_bytes = 40 << 10; /* ~9 blocks a shard */
+    o.flags = KVX_STORE_NOWAIT;
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    for (uint64_t q = 0; q < 12; q++) {
+        put_seq(s, q);
+        assert_int_equal(kvx_store_flush(s), 0);
+    }
+    assert_true(shard_file_bytes(dir) <= o.capacity_bytes);
+    enum { NBIG = 64 }; /* ~7 shards */
+    uint32_t t[NBIG * SU_B];
+    uint64_t h[NBIG];
+    su_tokens(t, 500, NBIG, 0);
+    uint8_t *p = su_pages(t, NBIG, h, 64);
+    assert_int_equal(kvx_store_put(s, t, NBIG * SU_B, p, NBIG, NULL, NULL), 0);
+    uint64_t disk = shard_file_bytes(dir);
+    if (disk > o.capacity_bytes + o.shard_bytes)
+        fprintf(stderr, "shards/ holds %llu bytes before the flush, capacity %llu\n", (unsigned long long)disk,
+                (unsigned long long)o.capacity_bytes);
+    assert_true(disk <= o.capacity_bytes + o.shard_bytes);
+    assert_int_equal(kvx_store_flush(s), 0);
+    assert_true(shard_file_bytes(dir) <= o.capacity_bytes);
+    /* the newest sequence is whole */
+    kvx_view v[NBIG];
+    size_t n = 0;
+    assert_int_equal(kvx_store_prefix(v, &n, s, t, NBIG * SU_B, NBIG), 0);
+    assert_int_equal(n, NBIG);
+    kvx_views_release(v, n);
+    free(p);
+    kvx_store_close(s);
+    /* a batch larger than the whole store: published as it goes, the disk
+     * never holds more than one shard over, the newest blocks stay */
+    snprintf(dir, sizeof dir, "%s/s%d", root, dir_counter++);
+    o.capacity_bytes = 120 << 10;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    su_tokens(t, 501, NBIG, 0);
+    p = su_pages(t, NBIG, h, 64);
+    assert_int_equal(kvx_store_put(s, t, NBIG * SU_B, p, NBIG, NULL, NULL), 0);
+    assert_true(shard_file_bytes(dir) <= o.capacity_bytes + o.shard_bytes);
+    assert_int_equal(kvx_store_flush(s), 0);
+    assert_true(shard_file_bytes(dir) <= o.capacity_bytes);
+    kvx_view last;
+    assert_int_equal(kvx_store_get_hash(&last, s, h[NBIG - 1]), 0);
+    uint8_t want[64];
+    su_page(want, 64, h[NBIG - 1]);
+    assert_memory_equal(last.page, want, 64);
+    kvx_view_release(&last);
+    uint64_t bad = 9;
+    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
+    free(p);
+    kvx_store_close(s);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -269,6 +400,8 @@ int main(void)
         cmocka_unit_test(test_verify_open_transient),
         cmocka_unit_test(test_reindex_transient),
         cmocka_unit_test(test_verify_symlinked_shard),
+        cmocka_unit_test(test_shard_ids_exhausted),
+        cmocka_unit_test(test_capacity_during_put),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
