@@ -12,6 +12,7 @@
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* ------------------------------------------------------------- convert */
 
@@ -55,22 +56,39 @@ static int run_convert(const cli_cmd *self, int argc, char **argv)
     if (!out) return cli_usage(self, "-o FILE is required");
     const char *in = argv[optind];
 
-    /* What the input is decides the direction. */
+    /* What the input is decides the direction. A pipe is read whole, once
+     * (it cannot be opened a second time); of a file, the magic first. */
     unsigned char magic[8] = {0};
-    FILE *f = fopen(in, "rb");
-    if (!f) return cli_fail(self, "cannot open '%s': %m", in);
-    size_t got = fread(magic, 1, sizeof magic, f);
-    fclose(f);
+    size_t got = 0;
+    void *buf = NULL;
+    size_t len = 0;
+    struct stat st;
+    if (stat(in, &st) != 0) return cli_fail(self, "cannot open '%s': %m", in);
+    if (S_ISDIR(st.st_mode)) return cli_fail(self, "'%s' is a directory, not an envelope or a shard", in);
+    if (!S_ISREG(st.st_mode)) {
+        int rc = cli_read_file(&buf, &len, in);
+        if (rc != 0) return cli_fail_code(self, rc, "cannot read '%s'", in);
+        got = len < sizeof magic ? len : sizeof magic;
+        memcpy(magic, buf, got);
+    } else {
+        FILE *f = fopen(in, "rb");
+        if (!f) return cli_fail(self, "cannot open '%s': %m", in);
+        got = fread(magic, 1, sizeof magic, f);
+        fclose(f);
+    }
     int is_env = got >= 4 && !memcmp(magic, "TLKV", 4);
     int is_shard = got >= 8 && !memcmp(magic, "RADX-KVX", 8);
-    if (!is_env && !is_shard)
+    if (!is_env && !is_shard) {
+        free(buf);
         return cli_fail(self, "'%s' is neither a TLKV envelope nor a KVX shard (bad magic)", in);
+    }
 
     if (is_env) {
-        if (version) return cli_usage(self, "--format applies to a shard input; the output of an envelope is a shard");
-        void *buf;
-        size_t len;
-        int rc = cli_read_file(&buf, &len, in);
+        if (version) {
+            free(buf);
+            return cli_usage(self, "--format applies to a shard input; the output of an envelope is a shard");
+        }
+        int rc = buf ? 0 : cli_read_file(&buf, &len, in);
         if (rc != 0) return cli_fail_code(self, rc, "cannot read '%s'", in);
         kvx_envelope env;
         rc = kvx_envelope_parse(&env, buf, len, NULL);
@@ -80,6 +98,11 @@ static int run_convert(const cli_cmd *self, int argc, char **argv)
         return CLI_OK;
     }
 
+    if (buf) {
+        free(buf);
+        return cli_fail(self, "'%s' is a KVX shard from a pipe; a shard input must be a regular file "
+                              "(it is mapped): save it to a file first", in);
+    }
     if (have_shard || have_sig)
         return cli_usage(self, "--shard and --model-signature apply to an envelope input");
     if (!version) return cli_usage(self, "--format v1|v2 is required for a shard input");
@@ -88,7 +111,6 @@ static int run_convert(const cli_cmd *self, int argc, char **argv)
     int rc = kvx_shard_open(&s, in, KVX_OPEN_VERIFY_PAGES);
     if (rc != 0) return cli_fail_code(self, rc, "cannot convert '%s'", in);
     void *env = NULL;
-    size_t len = 0;
     rc = kvx_shard_to_envelope(&env, &len, s, (uint16_t)version);
     kvx_shard_close(s);
     if (rc != 0) return cli_fail_code(self, rc, "cannot convert '%s'", in);

@@ -249,9 +249,40 @@ int cli_read_file(void **out, size_t *out_len, const char *path)
         close(fd);
         return e;
     }
-    if (!S_ISREG(st.st_mode)) {
+    if (S_ISDIR(st.st_mode)) {
         close(fd);
         return -EISDIR;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        /* A pipe or FIFO (`... | kvx store put DIR /dev/stdin`): no size
+         * up front, read to its end. */
+        size_t cap = 1 << 16, got = 0;
+        unsigned char *buf = malloc(cap);
+        int e = buf ? 0 : -ENOMEM;
+        while (!e) {
+            if (got == cap) {
+                unsigned char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+                if (!nb) {
+                    e = -ENOMEM;
+                    break;
+                }
+                buf = nb;
+                cap *= 2;
+            }
+            ssize_t r = read(fd, buf + got, cap - got);
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0) e = -errno;
+            else if (r == 0) break;
+            else got += (size_t)r;
+        }
+        close(fd);
+        if (e) {
+            free(buf);
+            return e;
+        }
+        *out = buf;
+        *out_len = got;
+        return 0;
     }
     size_t len = (size_t)st.st_size;
     unsigned char *buf = malloc(len ? len : 1);

@@ -444,6 +444,46 @@ static void test_convert_usage(void **state)
     }
 }
 
+/* An envelope piped in (`... | kvx convert /dev/stdin -o x.kvx`) is read
+ * once, to its end: the input is not opened twice (a pipe read twice is
+ * empty, a FIFO's second open waits for a writer that never comes). A
+ * shard must be a file (it is mapped): from a pipe it is refused by name. */
+static int sh_rc(const char *cmd)
+{
+    int st = system(cmd);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+static void test_convert_from_pipe(void **state)
+{
+    (void)state;
+    char ep[512], kp[512], out[512], err[512], cmd[4096];
+    path_in(ep, sizeof ep, "pipe.env");
+    path_in(kp, sizeof kp, "pipe-src.kvx");
+    path_in(out, sizeof out, "pipe.kvx");
+    path_in(err, sizeof err, "pipe.err");
+    write_bytes(ep, spec_v1, sizeof spec_v1);
+    snprintf(cmd, sizeof cmd, "cat '%s' | timeout 20 '%s' convert /dev/stdin -o '%s' --shard 3 2>'%s'",
+             ep, KVX_CLI, out, err);
+    assert_int_equal(sh_rc(cmd), 0);
+    jval *v = inspect_json(out);
+    jval *e = jget(v, "entries")->items[0];
+    assert_string_equal(jget(e, "hash")->str, "0xa91ab0c1027b9366");
+    jfree(v);
+
+    write_shard(kp, KVX_FLAG_HASHES);
+    unlink(out);
+    snprintf(cmd, sizeof cmd, "cat '%s' | timeout 20 '%s' convert /dev/stdin -o '%s' --format v1 2>'%s'",
+             kp, KVX_CLI, out, err);
+    assert_int_equal(sh_rc(cmd), 1);
+    assert_false(file_exists(out));
+    size_t len = 0;
+    char *msg = (char *)read_bytes(err, &len);
+    msg[len] = '\0';
+    assert_non_null(strstr(msg, "regular file"));
+    free(msg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -455,6 +495,7 @@ int main(void)
         cmocka_unit_test(test_convert_v2_round_trip),
         cmocka_unit_test(test_convert_refuses_damage),
         cmocka_unit_test(test_convert_usage),
+        cmocka_unit_test(test_convert_from_pipe),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
