@@ -609,6 +609,39 @@ static void m_spec_dim(uint8_t *b, size_t *len) { kvx_store32(b + 36, D + 1); fi
 static void m_spec_count(uint8_t *b, size_t *len) { (void)len; kvx_store32(b + kvx_load64(b + 40), 0); }
 static void m_spec_layers(uint8_t *b, size_t *len) { (void)len; kvx_store32(b + kvx_load64(b + 40) + 4, 1); } /* 1 + 2 > L */
 static void m_spec_reserved(uint8_t *b, size_t *len) { (void)len; b[kvx_load64(b + 40) + 30] = 1; }
+/* Fields at their extremes. */
+static void m_max_blocks_tiny(uint8_t *b, size_t *len)
+{
+    /* the tables of 65536 entries end at 1.5 MiB; the file is 4096 bytes */
+    kvx_store32(b + 16, KVX_MAX_ENTRIES);
+    kvx_store64(b + 48, (64 + 24ull * KVX_MAX_ENTRIES + 4095) / 4096 * 4096);
+    *len = 4096;
+}
+static void m_page_offset_top(uint8_t *b, size_t *len)
+{
+    kvx_store64(entry_at(b, 2) + 8, 0xFFFFFFFFFFFFF000ull); /* + kv_data_offset wraps */
+    fix_meta_crc(b, *len);
+}
+static void m_kv_offset_top(uint8_t *b, size_t *len) { kvx_store64(b + 48, 0xFFFFFFFFFFFFF000ull); fix_meta_crc(b, *len); }
+static void m_spec_offset_top(uint8_t *b, size_t *len) { kvx_store64(b + 40, 0xFFFFFFFFFFFFFFC0ull); fix_meta_crc(b, *len); }
+static void m_spec_size_overflows(uint8_t *b, size_t *len)
+{
+    /* dim = rank = 2^32-1: n_layers*dim*rank*4 does not fit 64 bits */
+    uint8_t *sh = b + kvx_load64(b + 40);
+    kvx_store32(b + 36, 0xFFFFFFFFu);
+    kvx_store32(sh + 12, 0xFFFFFFFFu);
+    kvx_store32(sh + 16, 0xFFFFFFFFu);
+    fix_meta_crc(b, *len);
+}
+static void m_spec_size_huge(uint8_t *b, size_t *len)
+{
+    /* fits 64 bits but runs far past the KV section and the file */
+    uint8_t *sh = b + kvx_load64(b + 40);
+    kvx_store32(b + 36, 1u << 20);
+    kvx_store32(sh + 12, 1u << 20);
+    kvx_store32(sh + 16, 1u << 20);
+    fix_meta_crc(b, *len);
+}
 static void m_spec_into_kv(uint8_t *b, size_t *len)
 {
     /* move the bundle so that it runs into the KV section */
@@ -682,6 +715,12 @@ static void test_validation_rules(void **state)
         {"spectral count", 1, m_spec_count, KVX_ESPECTRAL},
         {"spectral layers", 1, m_spec_layers, KVX_ESPECTRAL},
         {"spectral reserved", 1, m_spec_reserved, KVX_ESPECTRAL},
+        {"num_blocks 65536, 4096-byte file", 0, m_max_blocks_tiny, KVX_ETRUNC},
+        {"page offset near 2^64", 1, m_page_offset_top, KVX_EPAGE},
+        {"kv_data_offset near 2^64", 1, m_kv_offset_top, KVX_ETRUNC},
+        {"spectral_offset near 2^64", 1, m_spec_offset_top, KVX_EOVERLAP},
+        {"spectral size overflows", 1, m_spec_size_overflows, KVX_EOVERFLOW},
+        {"spectral size past the file", 1, m_spec_size_huge, KVX_EOVERLAP},
         {"no meta flag", 1, m_no_meta_flag, 0},
     };
     uint8_t *base[2];
