@@ -68,6 +68,10 @@ static int run_hash(const cli_cmd *self, int argc, char **argv)
             }
         }
         text[len] = '\0';
+        if (memchr(text, '\0', len)) {
+            free(text);
+            return cli_usage(self, "standard input holds a NUL byte: it is not whitespace-separated token ids");
+        }
         const char *bad = NULL;
         int rc = cli_parse_tokens(&toks, &n, text, &bad);
         if (rc != 0) {

@@ -202,6 +202,11 @@ static int run_put(const cli_cmd *self, int argc, char **argv)
             return cli_fail(self, "out of memory");
         }
         z[tl] = '\0';
+        if (memchr(z, '\0', tl)) {
+            free(z);
+            return cli_fail(self, "'%s' holds a NUL byte: it is not whitespace-separated token ids",
+                            tokfile);
+        }
         const char *bad = NULL;
         rc = cli_parse_tokens(&toks, &ntok, z, &bad);
         if (rc != 0) {

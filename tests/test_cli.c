@@ -78,6 +78,22 @@ static void test_decimal_leading_zeros(void **state)
     assert_int_equal(cli_parse_u64("\t5", 100, &v), -1);
 }
 
+/* Token text with a NUL byte in it (a binary file piped in by mistake)
+ * is refused, not read up to the NUL: "1 2\\0 3 4" must not hash as "1 2". */
+static void test_hash_nul_in_input(void **state)
+{
+    (void)state;
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "printf '1 2\\0003 4' | '%s' hash -b 2 >/dev/null 2>&1", KVX_CLI);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 2);
+    snprintf(cmd, sizeof cmd, "printf '1 2 3 4' | '%s' hash -b 2 >/dev/null 2>&1", KVX_CLI);
+    st = system(cmd);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+}
+
 static void test_hash_usage_errors(void **state)
 {
     (void)state;
@@ -291,6 +307,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hash_spec_example),
         cmocka_unit_test(test_decimal_leading_zeros),
+        cmocka_unit_test(test_hash_nul_in_input),
         cmocka_unit_test(test_hash_usage_errors),
         cmocka_unit_test(test_main_help_and_version),
         cmocka_unit_test(test_every_subcommand_has_help),

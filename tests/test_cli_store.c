@@ -242,6 +242,12 @@ static void test_store_failures(void **state)
     EXPECT_RC(r, 1);
     assert_non_null(strstr(r.err, "'x"));
     cli_run_free(&r);
+    /* A token file with a NUL byte is refused, not read up to the NUL. */
+    write_bytes(bad_tok, "1 2\0 3\n", 7);
+    r = CLI(NULL, "store", "put", st2, envp, "--tokens", bad_tok);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "NUL"));
+    cli_run_free(&r);
     /* A damaged envelope. */
     uint8_t *d = malloc(env_len);
     memcpy(d, env, env_len);
