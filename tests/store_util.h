@@ -68,4 +68,23 @@ static inline int su_rm_rf(const char *path)
     return system(cmd);
 }
 
+
+/* The test's scratch directory: made by su_setup (cmocka group setup) and
+ * removed with everything in it by su_teardown. */
+static char su_root[256] __attribute__((unused));
+
+static inline int su_setup(void **state)
+{
+    (void)state;
+    snprintf(su_root, sizeof su_root, "/tmp/kvx-test-store-XXXXXX");
+    return mkdtemp(su_root) ? 0 : -1;
+}
+
+static inline int su_teardown(void **state)
+{
+    (void)state;
+    su_rm_rf(su_root);
+    return 0;
+}
+
 #endif

@@ -26,12 +26,11 @@
 #include "store_internal.h"
 #include "store_util.h"
 
-static char root[256];
 static int dir_counter;
 
 static void new_dir(char *out, size_t n)
 {
-    snprintf(out, n, "%s/s%d", root, dir_counter++);
+    snprintf(out, n, "%s/s%d", su_root, dir_counter++);
 }
 
 static kvx_store *create_store(char *dir, size_t n, uint64_t capacity, uint64_t shard_bytes)
@@ -154,7 +153,7 @@ static void test_geometry_checks(void **state)
     g.model_signature = 42;
     assert_int_equal(kvx_store_open(&s, dir, &g, 0), KVX_EMODEL);
     /* not a store */
-    assert_int_equal(kvx_store_open(&s, root, NULL, 0), KVX_ENOTFOUND);
+    assert_int_equal(kvx_store_open(&s, su_root, NULL, 0), KVX_ENOTFOUND);
     /* bad creation options */
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     char d2[300];
@@ -182,7 +181,7 @@ static void test_no_escape(void **state)
     kvx_store_close(s);
     /* shards/ replaced by a symlink to a directory outside */
     snprintf(p, sizeof p, "%s/shards", dir);
-    snprintf(q, sizeof q, "%s/elsewhere", root);
+    snprintf(q, sizeof q, "%s/elsewhere", su_root);
     assert_int_equal(rename(p, q), 0);
     assert_int_equal(symlink(q, p), 0);
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), KVX_EPATH);
@@ -748,20 +747,6 @@ static void test_reader_threads(void **state)
     kvx_store_close(s);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(root, sizeof root, "/tmp/kvx-test-store-XXXXXX");
-    return mkdtemp(root) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    su_rm_rf(root);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -782,5 +767,5 @@ int main(void)
         cmocka_unit_test(test_map_growth),
         cmocka_unit_test(test_reader_threads),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }

@@ -29,7 +29,6 @@
 
 #include "store_util.h"
 
-static char root[256];
 
 typedef struct acked_set {
     uint64_t *h;
@@ -85,8 +84,8 @@ static void test_crash_loop(void **state)
 {
     (void)state;
     char dir[300], logp[300], prog[512];
-    snprintf(dir, sizeof dir, "%s/store", root);
-    snprintf(logp, sizeof logp, "%s/ack.log", root);
+    snprintf(dir, sizeof dir, "%s/store", su_root);
+    snprintf(logp, sizeof logp, "%s/ack.log", su_root);
     snprintf(prog, sizeof prog, "%s/prog_store_crash", KVX_TEST_BINARY_DIR);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
@@ -176,22 +175,8 @@ static void test_crash_loop(void **state)
     free(a.h);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(root, sizeof root, "/tmp/kvx-test-crash-XXXXXX");
-    return mkdtemp(root) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    su_rm_rf(root);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_crash_loop)};
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }

@@ -26,7 +26,6 @@
 #define NB 3 /* blocks per sequence */
 #define MAXSEQ 4096
 
-static char root[256];
 static uint64_t acked[MAXSEQ];
 static int nacked;
 
@@ -104,7 +103,7 @@ static void test_flush_faults(void **state)
 {
     (void)state;
     char dir[300];
-    snprintf(dir, sizeof dir, "%s/f", root);
+    snprintf(dir, sizeof dir, "%s/f", su_root);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.capacity_bytes = 64 << 20;
@@ -146,7 +145,7 @@ static void test_gc_faults(void **state)
 {
     (void)state;
     char dir[300];
-    snprintf(dir, sizeof dir, "%s/g", root);
+    snprintf(dir, sizeof dir, "%s/g", su_root);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.capacity_bytes = 64 << 20;
@@ -183,25 +182,11 @@ static void test_gc_faults(void **state)
     kvx_store_close(s);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(root, sizeof root, "/tmp/kvx-test-fault-XXXXXX");
-    return mkdtemp(root) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    su_rm_rf(root);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_flush_faults),
         cmocka_unit_test(test_gc_faults),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }

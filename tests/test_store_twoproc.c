@@ -23,7 +23,6 @@
 
 #include "store_util.h"
 
-static char root[256];
 
 static void put_flush(kvx_store *s, uint64_t seq, size_t nb)
 {
@@ -40,7 +39,7 @@ static void test_writer_and_reader(void **state)
 {
     (void)state;
     char dir[300], prog[512];
-    snprintf(dir, sizeof dir, "%s/s", root);
+    snprintf(dir, sizeof dir, "%s/s", su_root);
     snprintf(prog, sizeof prog, "%s/prog_store_reader", KVX_TEST_BINARY_DIR);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
@@ -90,22 +89,8 @@ static void test_writer_and_reader(void **state)
     assert_int_equal(WEXITSTATUS(status), 0);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(root, sizeof root, "/tmp/kvx-test-2proc-XXXXXX");
-    return mkdtemp(root) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    su_rm_rf(root);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_writer_and_reader)};
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }
