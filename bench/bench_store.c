@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -340,6 +341,10 @@ typedef struct trace {
     uint32_t max_id;
 } trace;
 
+/* Reads a Mooncake trace with json-c: one JSON object per line, its
+ * "hash_ids" an array of integers in [0, 2^32 - 2] (the LRU arrays are
+ * indexed by id, UINT32_MAX is their end marker). Blank lines are skipped;
+ * any other line that is not such an object is an error, named by line. */
 static int load_trace(trace *tr, const char *path)
 {
     FILE *f = fopen(path, "r");
@@ -348,33 +353,55 @@ static int load_trace(trace *tr, const char *path)
     size_t cap = 1 << 20, rcap = 1 << 14;
     tr->ids = malloc(cap * 4);
     tr->off = malloc(rcap * sizeof *tr->off);
+    json_tokener *tok = json_tokener_new();
+    if (!tr->ids || !tr->off || !tok) abort();
+    json_tokener_set_flags(tok, JSON_TOKENER_STRICT);
     char *line = NULL;
-    size_t ln = 0;
-    while (getline(&line, &ln, f) > 0) {
-        char *p = strstr(line, "\"hash_ids\"");
-        if (!p) continue;
-        p = strchr(p, '[');
-        if (!p) continue;
+    size_t ln = 0, lineno = 0;
+    ssize_t len;
+    int rc = 0;
+    while (!rc && (len = getline(&line, &ln, f)) > 0) {
+        lineno++;
+        if (strspn(line, " \t\r\n") == (size_t)len) continue;
+        json_tokener_reset(tok);
+        json_object *o = len < INT32_MAX && strlen(line) == (size_t)len
+                             ? json_tokener_parse_ex(tok, line, (int)len + 1)
+                             : NULL;
+        json_object *ids;
+        if (!o || json_tokener_get_error(tok) != json_tokener_success ||
+            !json_object_object_get_ex(o, "hash_ids", &ids) || !json_object_is_type(ids, json_type_array)) {
+            fprintf(stderr, "%s:%zu: not a trace line with \"hash_ids\": [...]\n", path, lineno);
+            rc = -1;
+        }
         if (tr->nreq + 2 > rcap) tr->off = realloc(tr->off, (rcap *= 2) * sizeof *tr->off);
-        tr->off[tr->nreq++] = tr->nids;
-        p++;
-        while (*p && *p != ']') {
-            char *e;
-            unsigned long v = strtoul(p, &e, 10);
-            if (e == p) {
-                p++;
-                continue;
+        if (!tr->off) abort();
+        if (!rc) tr->off[tr->nreq++] = tr->nids;
+        size_t n = rc ? 0 : json_object_array_length(ids);
+        for (size_t k = 0; k < n; k++) {
+            json_object *e = json_object_array_get_idx(ids, k);
+            int64_t v = json_object_is_type(e, json_type_int) ? json_object_get_int64(e) : -1;
+            if (v < 0 || v >= (int64_t)UINT32_MAX) {
+                fprintf(stderr, "%s:%zu: hash_ids[%zu] is not an integer in [0, 2^32 - 2]\n", path, lineno, k);
+                rc = -1;
+                break;
             }
             if (tr->nids == cap) tr->ids = realloc(tr->ids, (cap *= 2) * 4);
+            if (!tr->ids) abort();
             tr->ids[tr->nids++] = (uint32_t)v;
             if (v > tr->max_id) tr->max_id = (uint32_t)v;
-            p = e;
         }
+        json_object_put(o);
     }
     tr->off[tr->nreq] = tr->nids;
+    json_tokener_free(tok);
     free(line);
     fclose(f);
-    return 0;
+    if (rc) {
+        free(tr->ids);
+        free(tr->off);
+        memset(tr, 0, sizeof *tr);
+    }
+    return rc;
 }
 
 /* Exact LRU over block ids: doubly linked list in arrays, per-block hits. */

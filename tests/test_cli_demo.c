@@ -347,6 +347,21 @@ static void test_demo_trace(void **state)
     EXPECT_RC(r, 1);
     assert_non_null(strstr(r.err, "trace.jsonl:2"));
     cli_run_free(&r);
+    /* JSON, not text: a hash id that is not a non-negative integer is
+     * refused by line; any JSON whitespace is taken. */
+    write_text(tr, "{\"input_length\": 512, \"hash_ids\": [1]}\n{\"input_length\": 512, \"hash_ids\": [-1]}\n");
+    r = CLI(NULL, "demo", "--trace", tr);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "trace.jsonl:2"));
+    assert_non_null(strstr(r.err, "\"hash_ids\" entry"));
+    cli_run_free(&r);
+    write_text(tr, "\t{ \"input_length\" :\t512 ,\"hash_ids\":[ 7 ]}\r\n \n{\"input_length\":512,\"hash_ids\":[7]}");
+    r = CLI(NULL, "demo", "--json", "--trace", tr, "--requests", "0");
+    v = run_json(&r, 0);
+    assert_int_equal((int)num(v, "blocks_written"), 1);
+    assert_int_equal((int)num(v, "blocks_served"), 1);
+    jfree(v);
+    cli_run_free(&r);
     r = CLI(NULL, "demo", "--trace", "/nonexistent/trace.jsonl");
     EXPECT_RC(r, 1);
     cli_run_free(&r);
