@@ -1,10 +1,11 @@
 /*
  * cli_harness.h - drive the built `kvx` binary (KVX_CLI) the way a user
  * does, for tests/test_cli*.c: run it with arguments (fork/exec, no
- * shell), capture stdout, stderr and the exit code; plus a small JSON
- * parser so --json output is checked as parsed JSON, not as text, and the
- * fixture steps several of those tests share (whole files in and out, the
- * offset of a page as `kvx inspect --json` reports it, a flipped byte).
+ * shell), capture stdout, stderr and the exit code; parse --json output
+ * (json-c, plus the RFC 8259 checks it lacks) so it is checked as JSON,
+ * not as text; and the fixture steps several of those tests share (whole
+ * files in and out, the offset of a page as `kvx inspect --json` reports
+ * it, a flipped byte).
  */
 #ifndef KVX_CLI_HARNESS_H
 #define KVX_CLI_HARNESS_H
@@ -12,6 +13,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <json-c/json.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -156,8 +159,14 @@ __attribute__((unused)) static void flip_bits(const char *path, uint64_t off, ui
     close(fd);
 }
 
-/* ------------------------------------------------------------ tiny JSON */
+/* ----------------------------------------------------------------- JSON */
 
+/* json-c parses; its tree is copied into jval, a plain tree the tests
+ * read directly (->t, ->num, ->str, ->items[i], ->n). json-c 0.16 in
+ * strict mode still accepts a few things RFC 8259 forbids, so jparse
+ * refuses them itself: overlong, surrogate or out-of-range UTF-8 (its
+ * UTF-8 check only looks at byte patterns), raw control characters inside
+ * strings, and NaN / Infinity (refused as non-finite numbers). */
 typedef enum { JNULL, JBOOL, JNUM, JSTR, JARR, JOBJ } jtype;
 typedef struct jval {
     jtype t;
@@ -168,11 +177,6 @@ typedef struct jval {
     char **keys;         /* JOBJ */
     size_t n;
 } jval;
-
-static void jskip(const char **p)
-{
-    while (**p == ' ' || **p == '\n' || **p == '\t' || **p == '\r') (*p)++;
-}
 
 __attribute__((unused)) static void jfree(jval *v)
 {
@@ -187,137 +191,56 @@ __attribute__((unused)) static void jfree(jval *v)
     free(v);
 }
 
-static char *jparse_str(const char **p)
+static char *harness_strdup(const char *s, size_t n)
 {
-    if (**p != '"') return NULL;
-    (*p)++;
-    size_t cap = 16, n = 0;
-    char *s = malloc(cap);
-    while (**p && **p != '"') {
-        char c = **p;
-        if ((unsigned char)c < 0x20) {
-            free(s);
-            return NULL;
-        }
-        if (c == '\\') {
-            (*p)++;
-            switch (**p) {
-            case 'n': c = '\n'; break;
-            case 't': c = '\t'; break;
-            case 'r': c = '\r'; break;
-            case 'b': c = '\b'; break;
-            case 'f': c = '\f'; break;
-            case '"': c = '"'; break;
-            case '\\': c = '\\'; break;
-            case '/': c = '/'; break;
-            case 'u': {
-                unsigned x = 0;
-                for (int i = 0; i < 4; i++) {
-                    (*p)++;
-                    char h = **p;
-                    if (!((h >= '0' && h <= '9') || (h >= 'a' && h <= 'f') || (h >= 'A' && h <= 'F'))) {
-                        free(s);
-                        return NULL;
-                    }
-                    x = x * 16 + (unsigned)(h <= '9' ? h - '0' : (h | 32) - 'a' + 10);
-                }
-                c = (char)(x < 0x80 ? x : '?');
-                break;
-            }
-            default: free(s); return NULL;
-            }
-        }
-        if (n + 2 > cap) s = realloc(s, cap *= 2);
-        s[n++] = c;
-        (*p)++;
-    }
-    if (**p != '"') {
-        free(s);
-        return NULL;
-    }
-    (*p)++;
-    s[n] = '\0';
-    return s;
+    char *d = malloc(n + 1);
+    memcpy(d, s, n);
+    d[n] = '\0';
+    return d;
 }
 
-static jval *jparse_val(const char **p, int depth)
+/* The jval copy of json-c's o; NULL for a number that is not finite. */
+static jval *jfrom(json_object *o)
 {
-    jskip(p);
-    if (depth > 32) return NULL;
     jval *v = calloc(1, sizeof *v);
-    if (**p == '{' || **p == '[') {
-        int obj = **p == '{';
-        v->t = obj ? JOBJ : JARR;
-        (*p)++;
-        jskip(p);
-        if (**p == (obj ? '}' : ']')) {
-            (*p)++;
-            return v;
-        }
-        for (;;) {
-            char *key = NULL;
-            if (obj) {
-                jskip(p);
-                key = jparse_str(p);
-                jskip(p);
-                if (!key || **p != ':') {
-                    free(key);
-                    jfree(v);
-                    return NULL;
-                }
-                (*p)++;
-            }
-            jval *item = jparse_val(p, depth + 1);
-            if (!item) {
-                free(key);
-                jfree(v);
-                return NULL;
-            }
-            v->items = realloc(v->items, (v->n + 1) * sizeof *v->items);
-            if (obj) v->keys = realloc(v->keys, (v->n + 1) * sizeof *v->keys);
-            v->items[v->n] = item;
-            if (obj) v->keys[v->n] = key;
-            v->n++;
-            jskip(p);
-            if (**p == ',') {
-                (*p)++;
-                continue;
-            }
-            if (**p == (obj ? '}' : ']')) {
-                (*p)++;
-                return v;
-            }
-            jfree(v);
-            return NULL;
-        }
-    }
-    if (**p == '"') {
-        v->t = JSTR;
-        v->str = jparse_str(p);
-        if (!v->str) {
-            jfree(v);
-            return NULL;
-        }
-        return v;
-    }
-    if (!strncmp(*p, "null", 4)) {
-        v->t = JNULL;
-        *p += 4;
-        return v;
-    }
-    if (!strncmp(*p, "true", 4) || !strncmp(*p, "false", 5)) {
+    switch (json_object_get_type(o)) {
+    case json_type_null: v->t = JNULL; return v;
+    case json_type_boolean:
         v->t = JBOOL;
-        v->b = (*p)[0] == 't';
-        *p += v->b ? 4 : 5;
+        v->b = json_object_get_boolean(o);
         return v;
-    }
-    if (**p == '-' || (**p >= '0' && **p <= '9')) {
-        char *end;
+    case json_type_int:
+    case json_type_double:
         v->t = JNUM;
-        v->num = strtod(*p, &end);
-        *p = end;
+        v->num = json_object_get_double(o);
+        if (isfinite(v->num)) return v;
+        break;
+    case json_type_string:
+        v->t = JSTR;
+        v->str = harness_strdup(json_object_get_string(o), (size_t)json_object_get_string_len(o));
+        return v;
+    case json_type_array: {
+        v->t = JARR;
+        size_t n = json_object_array_length(o);
+        v->items = calloc(n ? n : 1, sizeof *v->items);
+        for (; v->n < n; v->n++)
+            if (!(v->items[v->n] = jfrom(json_object_array_get_idx(o, v->n)))) goto bad;
         return v;
     }
+    case json_type_object: {
+        v->t = JOBJ;
+        size_t n = (size_t)json_object_object_length(o);
+        v->items = calloc(n ? n : 1, sizeof *v->items);
+        v->keys = calloc(n ? n : 1, sizeof *v->keys);
+        json_object_object_foreach(o, key, val)
+        {
+            v->keys[v->n] = harness_strdup(key, strlen(key));
+            if (!(v->items[v->n++] = jfrom(val))) goto bad;
+        }
+        return v;
+    }
+    }
+bad:
     jfree(v);
     return NULL;
 }
@@ -346,19 +269,39 @@ static int harness_utf8_ok(const char *s)
     return 1;
 }
 
+/* 1 when no string in the text holds a raw control character (json-c
+ * takes them; RFC 8259 wants them escaped). */
+static int harness_strings_ok(const char *s)
+{
+    int in = 0;
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (!in) {
+            in = c == '"';
+        } else if (c == '\\') {
+            if (!*++s) return 0;
+        } else if (c == '"') {
+            in = 0;
+        } else if (c < 0x20) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* Parses a whole document (trailing whitespace allowed); NULL if invalid,
  * including text that is not UTF-8. */
 __attribute__((unused)) static jval *jparse(const char *text)
 {
-    if (!harness_utf8_ok(text)) return NULL;
-    const char *p = text;
-    jval *v = jparse_val(&p, 0);
-    if (!v) return NULL;
-    jskip(&p);
-    if (*p) {
-        jfree(v);
-        return NULL;
-    }
+    size_t len = strlen(text);
+    if (len >= INT32_MAX || !harness_utf8_ok(text) || !harness_strings_ok(text)) return NULL;
+    json_tokener *tok = json_tokener_new();
+    json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
+    json_object *o = json_tokener_parse_ex(tok, text, (int)len + 1); /* + the NUL: end of input */
+    jval *v = NULL;
+    if (o && json_tokener_get_error(tok) == json_tokener_success) v = jfrom(o);
+    json_object_put(o);
+    json_tokener_free(tok);
     return v;
 }
 
