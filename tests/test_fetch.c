@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "io_fixture.h"
@@ -469,6 +470,19 @@ static void test_bad_requests(void **state)
     kvx_fetch_destroy(NULL);
 }
 
+/* The pread workers would otherwise race the cancel (on a loaded machine
+ * they can finish the whole batch first): each read waits at this gate,
+ * through the OS seam, until the test has canceled. */
+static _Atomic int cancel_gate_open;
+static ssize_t gated_pread(int fd, void *buf, size_t len, off_t off)
+{
+    while (!cancel_gate_open) {
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    return pread(fd, buf, len, off);
+}
+
 static void cancel_case(int mode)
 {
     kvx_pool *p = pool_of(4 << 20);
@@ -476,8 +490,12 @@ static void cancel_case(int mode)
     kvx_fetch_req r[N1 + N2];
     kvx_fetch_result res[N1 + N2];
     size_t n = all_reqs(r);
+    cancel_gate_open = 0;
+    kvx_os.pread = gated_pread;
     assert_int_equal(kvx_fetch_submit(f, r, n), 0);
     assert_int_equal(kvx_fetch_cancel(f), 0);
+    cancel_gate_open = 1;
+    kvx_os_reset();
     assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
     size_t canceled = 0;
     for (size_t i = 0; i < n; i++) {
