@@ -101,14 +101,21 @@ static int check_options(const kvx_shard_writer_options *o)
     return 0;
 }
 
-/* ".<name>.tmp.<pid>.<random>" in path's directory. */
-static int open_temp(kvx_shard_writer *w)
+/* ".<name>.tmp.<pid>.<random>" in staging_dir, or else in path's directory. */
+static int open_temp(kvx_shard_writer *w, const char *staging_dir)
 {
     const char *slash = strrchr(w->path, '/');
     size_t dir_len = slash ? (size_t)(slash - w->path) + 1 : 0;
     const char *base = w->path + dir_len;
     if (!*base) return kvx_fail(KVX_EINVALID, "shard path \"%s\" names a directory", w->path);
-    size_t cap = strlen(w->path) + 64;
+    const char *dir = w->path;
+    if (staging_dir) {
+        dir = staging_dir;
+        dir_len = strlen(staging_dir);
+        if (dir_len == 0) return kvx_fail(KVX_EINVALID, "staging_dir is empty");
+    }
+    int sep = staging_dir && staging_dir[dir_len - 1] != '/';
+    size_t cap = dir_len + strlen(base) + 64;
     w->tmp_path = malloc(cap);
     if (!w->tmp_path) return kvx_fail(-ENOMEM, "out of memory");
     for (int attempt = 0; attempt < 16; attempt++) {
@@ -118,16 +125,17 @@ static int open_temp(kvx_shard_writer *w)
             clock_gettime(CLOCK_MONOTONIC, &ts);
             r = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^ (uint64_t)attempt;
         }
-        snprintf(w->tmp_path, cap, "%.*s.%s.tmp.%ld.%016llx", (int)dir_len, w->path, base,
-                 (long)getpid(), (unsigned long long)r);
+        snprintf(w->tmp_path, cap, "%.*s%s.%s.tmp.%ld.%016llx", (int)dir_len, dir, sep ? "/" : "",
+                 base, (long)getpid(), (unsigned long long)r);
         w->fd = kvx_os.open(w->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (w->fd >= 0) return 0;
         if (errno != EEXIST) {
             int e = -errno;
+            kvx_fail(e, "%s: cannot create its temporary file %s: %s", w->path, w->tmp_path,
+                     strerror(-e));
             free(w->tmp_path);
             w->tmp_path = NULL; /* nothing was created */
-            return kvx_fail(e, "%s: cannot create the temporary file beside it: %s", w->path,
-                            strerror(-e));
+            return e;
         }
     }
     free(w->tmp_path);
@@ -193,7 +201,7 @@ int kvx_shard_writer_create(kvx_shard_writer **out, const char *path,
         writer_free(w);
         return kvx_fail(-ENOMEM, "out of memory");
     }
-    if ((rc = open_temp(w))) {
+    if ((rc = open_temp(w, opts->staging_dir))) {
         writer_free(w);
         return rc;
     }

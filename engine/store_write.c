@@ -161,9 +161,10 @@ static int st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, s
     uint64_t gen = s->next_gen++;
     char name[32];
     st_shard_name(name, gen);
-    /* sealed straight into shards/: the writer's temporary file is a
-     * dot-file beside it (deleted by recovery), so a flush costs one rename
-     * and one directory fsync, not two */
+    /* the writer's temporary file lives in staging/ (emptied by recovery)
+     * and the seal renames it into shards/: one rename and one fsync of
+     * shards/ per shard (the staging/ side needs none: a leftover name
+     * there is only removed at recovery) */
     size_t len = strlen(s->shards_path) + 1 + strlen(name) + 1;
     char *path = malloc(len);
     if (!path) return kvx_fail(-ENOMEM, "store: out of memory");
@@ -175,6 +176,7 @@ static int st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, s
     if (reserve > s->max_entries) reserve = s->max_entries;
     opts.max_entries = reserve;
     opts.flags = flags;
+    opts.staging_dir = s->staging_path;
     rc = kvx_shard_writer_create(&o->w, path, &opts);
     free(path);
     if (rc) return rc;

@@ -358,9 +358,12 @@ typedef struct kvx_shard_writer_options {
     uint32_t max_entries; /* table space reserved; 1..65536 */
     uint32_t flags;       /* KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES */
     const kvx_spectral_in *spectral; /* nullable; copied */
+    const char *staging_dir; /* nullable: where the temporary file lives until
+                                the seal renames it to path (same file
+                                system); NULL = path's own directory */
 } kvx_shard_writer_options;
 #define KVX_SHARD_WRITER_OPTIONS_VERSION 1
-#define KVX_SHARD_WRITER_OPTIONS_INIT {KVX_SHARD_WRITER_OPTIONS_VERSION, {0, 0, 0, 0, 0, 0}, 0, 0, 0, NULL}
+#define KVX_SHARD_WRITER_OPTIONS_INIT {KVX_SHARD_WRITER_OPTIONS_VERSION, {0, 0, 0, 0, 0, 0}, 0, 0, 0, NULL, NULL}
 
 typedef struct kvx_entry_in {
     uint16_t radix_block;
@@ -374,7 +377,7 @@ typedef struct kvx_entry_in {
 } kvx_entry_in;
 
 /* Starts a shard that will appear at path only when sealed; until then it
- * lives in a temporary file beside path. */
+ * lives in a temporary file beside path (or in opts->staging_dir). */
 KVX_API int kvx_shard_writer_create(kvx_shard_writer **out, const char *path,
                                     const kvx_shard_writer_options *opts);
 /* Copies the page into the file now (pwrite); nothing is kept in memory

@@ -8,6 +8,7 @@
  * threads. Pages are a pure function of the block hash (store_util.h), so
  * every read is checked byte for byte.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -206,6 +207,21 @@ static void test_no_escape(void **state)
     kvx_store_close(s);
 }
 
+/* Regular files in dir/sub (hidden ones too). */
+static int files_in(const char *dir, const char *sub)
+{
+    char p[400];
+    snprintf(p, sizeof p, "%s/%s", dir, sub);
+    DIR *d = opendir(p);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    closedir(d);
+    return n;
+}
+
 static void test_put_flush_visibility(void **state)
 {
     (void)state;
@@ -219,12 +235,17 @@ static void test_put_flush_visibility(void **state)
     assert_int_equal(st.blocks, 0);
     kvx_view v;
     assert_int_equal(kvx_store_get_hash(&v, s, h[0]), KVX_ENOTFOUND); /* nothing visible before flush */
+    /* the pending shard is a temporary file in staging/, not in shards/ */
+    assert_int_equal(files_in(dir, "staging"), 1);
+    assert_int_equal(files_in(dir, "shards"), 0);
     assert_int_equal(prefix_of(s, 7, 5, 0, 1), 0);
     /* a reader handle in the same process sees nothing either */
     kvx_store *r;
     assert_int_equal(kvx_store_open(&r, dir, NULL, KVX_STORE_READONLY), 0);
     assert_int_equal(prefix_of(r, 7, 5, 0, 1), 0);
     assert_int_equal(kvx_store_flush(s), 0);
+    assert_int_equal(files_in(dir, "staging"), 0); /* sealed and renamed into shards/ */
+    assert_int_equal(files_in(dir, "shards"), 1);
     assert_int_equal(prefix_of(s, 7, 5, 0, 1), 5);
     assert_int_equal(prefix_of(r, 7, 5, 0, 1), 5); /* published after r opened */
     /* dedupe: the same blocks are not written again */
