@@ -34,6 +34,25 @@ static void logsync(void)
     if (fdatasync(logfd) != 0) exit(3);
 }
 
+/* Keeps in known[] only the blocks the store still holds; each one an
+ * eviction removed is logged as "E <hash>". Returns the new count. */
+static size_t drop_evicted(kvx_store *s, uint64_t *known, size_t n)
+{
+    char line[64];
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        kvx_view v;
+        if (kvx_store_get_hash(&v, s, known[i]) == 0) {
+            kvx_view_release(&v);
+            known[w++] = known[i];
+        } else {
+            snprintf(line, sizeof line, "E %016" PRIx64 "\n", known[i]);
+            logline(line);
+        }
+    }
+    return w;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 4) return 2;
@@ -76,18 +95,7 @@ int main(int argc, char **argv)
     }
     /* blocks an interrupted eviction of the previous child removed (the
      * parent has checked they were within that eviction): record them */
-    size_t w = 0;
-    for (size_t i = 0; i < n; i++) {
-        kvx_view v;
-        if (kvx_store_get_hash(&v, s, known[i]) == 0) {
-            kvx_view_release(&v);
-            known[w++] = known[i];
-        } else {
-            snprintf(line, sizeof line, "E %016" PRIx64 "\n", known[i]);
-            logline(line);
-        }
-    }
-    n = w;
+    n = drop_evicted(s, known, n);
     logline("C\n");
     logsync();
     for (uint64_t op = 0;; op++) {
@@ -124,20 +132,7 @@ int main(int argc, char **argv)
         }
         kvx_store_stats st2;
         if (kvx_store_stat(&st2, s) != 0) return 5;
-        if (st2.evicted_blocks != st.evicted_blocks) {
-            size_t w = 0;
-            for (size_t i = 0; i < n; i++) {
-                kvx_view v;
-                if (kvx_store_get_hash(&v, s, known[i]) == 0) {
-                    kvx_view_release(&v);
-                    known[w++] = known[i];
-                } else {
-                    snprintf(line, sizeof line, "E %016" PRIx64 "\n", known[i]);
-                    logline(line);
-                }
-            }
-            n = w;
-        }
+        if (st2.evicted_blocks != st.evicted_blocks) n = drop_evicted(s, known, n);
         logline("C\n");
         logsync();
     }
