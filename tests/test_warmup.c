@@ -433,32 +433,41 @@ static void test_errors(void **state)
     }
 }
 
-static void test_store_collect(void **state)
+/* A store at io_tmpdir/name holding STORE_SEQS sequences of STORE_BLOCKS
+ * full blocks (token ids from tok_base, pages io_fill(fill_base + seq)),
+ * flushed and closed; its path goes to dir. */
+enum { STORE_SEQS = 3, STORE_BLOCKS = 6 };
+static void make_store(char *dir, size_t cap, const char *name, uint32_t tok_base, uint32_t fill_base)
 {
-    (void)state;
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/store", io_tmpdir);
+    snprintf(dir, cap, "%s/%s", io_tmpdir, name);
     kvx_store_options so = KVX_STORE_OPTIONS_INIT;
     so.geometry = io_geometry();
     kvx_store *st = NULL;
-    int rc = kvx_store_create(&st, dir, &so);
-    assert_int_equal(rc, 0);
+    assert_int_equal(kvx_store_create(&st, dir, &so), 0);
     const uint32_t B = so.geometry.block_tokens;
-    enum { SEQS = 3, BLOCKS = 6 };
     uint64_t pb = kvx_page_bytes(&so.geometry, B);
-    uint32_t *tok = malloc(sizeof *tok * B * BLOCKS);
-    uint8_t *pages = malloc(pb * BLOCKS);
-    for (uint32_t s = 0; s < SEQS; s++) {
-        for (uint32_t t = 0; t < B * BLOCKS; t++) tok[t] = s * 100000 + t + 1;
-        for (uint32_t b = 0; b < BLOCKS; b++) io_fill(pages + b * pb, 50 + s, b, pb);
+    uint32_t *tok = malloc(sizeof *tok * B * STORE_BLOCKS);
+    uint8_t *pages = malloc(pb * STORE_BLOCKS);
+    assert_non_null(tok);
+    assert_non_null(pages);
+    for (uint32_t s = 0; s < STORE_SEQS; s++) {
+        for (uint32_t t = 0; t < B * STORE_BLOCKS; t++) tok[t] = s * 100000 + t + tok_base;
+        for (uint32_t b = 0; b < STORE_BLOCKS; b++) io_fill(pages + b * pb, fill_base + s, b, pb);
         size_t added = 0;
-        assert_int_equal(kvx_store_put(st, tok, B * BLOCKS, pages, BLOCKS, NULL, &added), 0);
-        assert_int_equal(added, BLOCKS);
+        assert_int_equal(kvx_store_put(st, tok, B * STORE_BLOCKS, pages, STORE_BLOCKS, NULL, &added), 0);
+        assert_int_equal(added, STORE_BLOCKS);
     }
     assert_int_equal(kvx_store_flush(st), 0);
     kvx_store_close(st);
     free(tok);
     free(pages);
+}
+
+static void test_store_collect(void **state)
+{
+    (void)state;
+    char dir[600];
+    make_store(dir, sizeof dir, "store", 1, 50);
 
     /* a directory and a file in one call */
     const char *paths[2] = {dir, path2};
@@ -468,7 +477,7 @@ static void test_store_collect(void **state)
     assert_true(n >= 2);
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) total += kvx_shard_get_info(got[i])->num_blocks;
-    assert_int_equal(total, SEQS * BLOCKS + N2);
+    assert_int_equal(total, STORE_SEQS * STORE_BLOCKS + N2);
     kvx_warmup_options o;
     uint8_t *sink = host_sink(&o, got, n, 0x11);
     kvx_warmup_report rep;
@@ -497,26 +506,7 @@ static void test_store_collect(void **state)
 static void evicted_case(int mode, const char *name)
 {
     char dir[600];
-    snprintf(dir, sizeof dir, "%s/%s", io_tmpdir, name);
-    kvx_store_options so = KVX_STORE_OPTIONS_INIT;
-    so.geometry = io_geometry();
-    kvx_store *st = NULL;
-    assert_int_equal(kvx_store_create(&st, dir, &so), 0);
-    const uint32_t B = so.geometry.block_tokens;
-    enum { SEQS = 3, BLOCKS = 6 };
-    uint64_t pb = kvx_page_bytes(&so.geometry, B);
-    uint32_t *tok = malloc(sizeof *tok * B * BLOCKS);
-    uint8_t *pages = malloc(pb * BLOCKS);
-    for (uint32_t s = 0; s < SEQS; s++) {
-        for (uint32_t t = 0; t < B * BLOCKS; t++) tok[t] = s * 100000 + t + 7;
-        for (uint32_t b = 0; b < BLOCKS; b++) io_fill(pages + b * pb, 60 + s, b, pb);
-        size_t added = 0;
-        assert_int_equal(kvx_store_put(st, tok, B * BLOCKS, pages, BLOCKS, NULL, &added), 0);
-    }
-    assert_int_equal(kvx_store_flush(st), 0);
-    kvx_store_close(st);
-    free(tok);
-    free(pages);
+    make_store(dir, sizeof dir, name, 7, 60);
 
     const char *paths[1] = {dir};
     kvx_shard **got = NULL;
@@ -525,7 +515,7 @@ static void evicted_case(int mode, const char *name)
     assert_true(n >= 1);
     uint64_t total = 0;
     for (size_t i = 0; i < n; i++) total += kvx_shard_get_info(got[i])->num_blocks;
-    assert_int_equal(total, SEQS * BLOCKS);
+    assert_int_equal(total, STORE_SEQS * STORE_BLOCKS);
     kvx_warmup_options o;
     uint8_t *sink = host_sink(&o, got, n, 0x5C);
     o.io_mode = mode;
