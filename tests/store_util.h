@@ -69,6 +69,32 @@ static inline int su_rm_rf(const char *path)
 }
 
 
+/* The leading blocks of sequence seq (nb full blocks, no shared prefix)
+ * that the store serves by prefix, each checked against its deterministic
+ * page (64 bytes: su_geometry). Returns their number, or SIZE_MAX when a
+ * served block has the wrong hash or bytes (so an assert on the count
+ * fails). nb is at most 64. */
+static inline size_t su_served_prefix(kvx_store *s, uint64_t seq, size_t nb)
+{
+    uint32_t t[64 * SU_B];
+    uint64_t h[64];
+    kvx_view v[64];
+    if (nb > 64) return SIZE_MAX;
+    su_tokens(t, seq, nb, 0);
+    kvx_block_hashes(h, t, nb * SU_B, SU_B);
+    size_t n = 0;
+    if (kvx_store_prefix(v, &n, s, t, nb * SU_B, nb) != 0) return SIZE_MAX;
+    size_t good = n;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t want[64];
+        su_page(want, sizeof want, h[i]);
+        if (v[i].hash != h[i] || v[i].page_bytes != sizeof want || memcmp(v[i].page, want, sizeof want))
+            good = SIZE_MAX;
+    }
+    kvx_views_release(v, n);
+    return good;
+}
+
 /* The test's scratch directory: made by su_setup (cmocka group setup) and
  * removed with everything in it by su_teardown. */
 static char su_root[256] __attribute__((unused));

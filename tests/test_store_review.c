@@ -63,24 +63,7 @@ static void put_seq(kvx_store *s, uint64_t seq)
 }
 
 /* Leading blocks of seq served by prefix, each checked byte for byte. */
-static size_t prefix_of(kvx_store *s, uint64_t seq)
-{
-    uint32_t t[NB * SU_B];
-    uint64_t h[NB];
-    su_tokens(t, seq, NB, 0);
-    kvx_block_hashes(h, t, NB * SU_B, SU_B);
-    kvx_view v[NB];
-    size_t n = 99;
-    assert_int_equal(kvx_store_prefix(v, &n, s, t, NB * SU_B, NB), 0);
-    uint8_t want[64];
-    for (size_t i = 0; i < n; i++) {
-        su_page(want, 64, h[i]);
-        assert_true(v[i].hash == h[i]);
-        assert_memory_equal(v[i].page, want, 64);
-    }
-    kvx_views_release(v, n);
-    return n;
-}
+static size_t prefix_of(kvx_store *s, uint64_t seq) { return su_served_prefix(s, seq, NB); }
 
 /* A store with NSEQ flushed sequences (several shards), closed. */
 static void make_store(char *dir, size_t n)
