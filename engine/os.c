@@ -3,6 +3,7 @@
  * short transfers and EINTR into whole-buffer calls.
  */
 #include "os.h"
+#include "internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,6 +17,18 @@ static int os_open(const char *path, int flags, mode_t mode) { return open(path,
 static int os_openat(int dirfd, const char *path, int flags, mode_t mode) { return openat(dirfd, path, flags, mode); }
 static int os_uring_result(int res, size_t requested) { (void)requested; return res; }
 
+/* A rename that never replaces a file (DESIGN.md rule 2: a seal never takes
+ * an existing file's name): renameat2(RENAME_NOREPLACE), or, on a file
+ * system that does not support it, link + unlink (link fails with EEXIST
+ * just the same). */
+static int os_rename_noreplace(const char *from, const char *to)
+{
+    if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0) return 0;
+    if (errno != EINVAL && errno != ENOSYS) return -1;
+    if (link(from, to) != 0) return -1;
+    return unlink(from);
+}
+
 /* The libc table; a macro so both the live table and its pristine copy are
  * constant initializers. */
 #define KVX_OS_DEFAULTS { \
@@ -28,11 +41,26 @@ static int os_uring_result(int res, size_t requested) { (void)requested; return 
     .fdatasync = fdatasync, \
     .ftruncate = ftruncate, \
     .rename = rename, \
+    .rename_noreplace = os_rename_noreplace, \
     .renameat = renameat, \
     .unlink = unlink, \
     .unlinkat = unlinkat, \
     .mkdir = mkdir, \
     .uring_result = os_uring_result \
+}
+
+const char *kvx_file_type_name(unsigned int mode)
+{
+    switch (mode & S_IFMT) {
+    case S_IFREG: return "regular file";
+    case S_IFDIR: return "directory";
+    case S_IFIFO: return "FIFO";
+    case S_IFCHR: return "character device";
+    case S_IFBLK: return "block device";
+    case S_IFSOCK: return "socket";
+    case S_IFLNK: return "symlink";
+    default: return "file of unknown type";
+    }
 }
 
 static const kvx_os_ops default_ops = KVX_OS_DEFAULTS;

@@ -26,6 +26,8 @@ typedef struct kvx_os_ops {
     int (*fdatasync)(int fd);
     int (*ftruncate)(int fd, off_t len);
     int (*rename)(const char *from, const char *to);
+    /* a rename that never replaces a file (EEXIST): store seals */
+    int (*rename_noreplace)(const char *from, const char *to);
     int (*renameat)(int olddirfd, const char *from, int newdirfd, const char *to);
     int (*unlink)(const char *path);
     int (*unlinkat)(int dirfd, const char *path, int flags);

@@ -15,6 +15,7 @@
 #include "shard_format.h"
 #include "os.h"
 #include "sigbus.h"
+#include "digest.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,6 +30,7 @@ typedef struct shard_rec {
     uint32_t coordinate, token_count;
     uint64_t offset; /* absolute */
     uint32_t bytes, crc32;
+    int missing; /* the page lies (partly) past the end of the file */
 } shard_rec;
 
 struct kvx_shard {
@@ -45,7 +47,12 @@ struct kvx_shard {
     uint64_t *parents; /* n, or NULL */
     uint32_t *tokens;  /* n * B, or NULL */
     float *scales;     /* n * L*2*Hkv, or NULL */
+    uint8_t *digests;  /* n * 32, or NULL */
     uint64_t scale_count;
+    /* one bit per page: its CRC passed since this handle was opened
+     * (DESIGN.md rule 1: a view is checked before it is first handed out) */
+    _Atomic uint64_t *checked;
+    uint32_t n_missing;
     uint64_t *by_coord; /* (coordinate << 32 | index), sorted */
     int has_spectral;
     kvx_spectral spectral;
@@ -67,6 +74,8 @@ static void shard_free(kvx_shard *s)
     free(s->parents);
     free(s->tokens);
     free(s->scales);
+    free(s->digests);
+    free((void *)s->checked);
     free(s->by_coord);
     free(s->spectral_ids);
     free(s->spectral_psi);
@@ -109,6 +118,8 @@ static int check_header(const kvx_shard_header *h)
         return kvx_fail(KVX_EFORMAT, "header: unknown flags bits 0x%x", h->flags & ~KVX_FLAGS_KNOWN);
     if ((h->flags & KVX_FLAG_LINEAGE) && !(h->flags & KVX_FLAG_HASHES))
         return kvx_fail(KVX_EFORMAT, "header: flags have a lineage table without a hash table");
+    if ((h->flags & KVX_FLAG_DIGEST) && !(h->flags & KVX_FLAG_LINEAGE))
+        return kvx_fail(KVX_EFORMAT, "header: flags have a digest table without a lineage table");
     if ((h->flags & KVX_FLAG_HASHES) && !h->block_tokens)
         return kvx_fail(KVX_EFORMAT, "header: flags have a hash table but block_tokens is 0");
     if ((h->flags & KVX_FLAG_SCALES) && h->quant == KVX_QUANT_FP16)
@@ -132,7 +143,7 @@ static int load_entries(kvx_shard *s, const kvx_shard_header *h, const kvx_shard
     const kvx_geometry *g = &s->info.geometry;
     uint32_t n = h->num_blocks, B = h->block_tokens;
     int hashes = (h->flags & KVX_FLAG_HASHES) != 0, lineage = (h->flags & KVX_FLAG_LINEAGE) != 0;
-    int scales = (h->flags & KVX_FLAG_SCALES) != 0;
+    int scales = (h->flags & KVX_FLAG_SCALES) != 0, digests = (h->flags & KVX_FLAG_DIGEST) != 0;
     uint64_t kv_len = file_size - h->kv_data_offset;
     s->recs = calloc(n ? n : 1, sizeof *s->recs);
     s->by_coord = malloc(sizeof(uint64_t) * (n ? n : 1));
@@ -141,12 +152,15 @@ static int load_entries(kvx_shard *s, const kvx_shard_header *h, const kvx_shard
         s->parents = malloc(sizeof(uint64_t) * (n ? n : 1));
         s->tokens = malloc(lay->lineage_bytes ? (size_t)(lay->lineage_bytes - 8ull * n) : 1);
     }
+    if (digests) s->digests = malloc(lay->digest_bytes ? (size_t)lay->digest_bytes : 1);
+    s->checked = calloc((size_t)n / 64 + 1, sizeof(uint64_t));
     if (scales) {
         s->scale_count = lay->scale_rec / 4;
         s->scales = malloc(lay->scale_bytes ? (size_t)lay->scale_bytes : 1);
     }
     if (!s->recs || !s->by_coord || (hashes && !s->hashes) ||
-        (lineage && (!s->parents || !s->tokens)) || (scales && !s->scales))
+        (lineage && (!s->parents || !s->tokens)) || (scales && !s->scales) || (digests && !s->digests) ||
+        !s->checked)
         return kvx_fail(-ENOMEM, "out of memory for the tables of %u entries", n);
 
     for (uint32_t i = 0; i < n; i++) {
@@ -176,10 +190,15 @@ static int load_entries(kvx_shard *s, const kvx_shard_header *h, const kvx_shard
         if (rel % KVX_PAGE_ALIGN)
             return kvx_fail(KVX_EALIGN, "entry %u: kv_page_offset %llu is not a multiple of 4096", i,
                             (unsigned long long)rel);
-        if (rel > kv_len || r->bytes > kv_len - rel)
-            return kvx_fail(KVX_EPAGE,
-                            "entry %u: page [%llu, +%u) lies outside the KV section (%llu bytes)", i,
-                            (unsigned long long)rel, r->bytes, (unsigned long long)kv_len);
+        /* a page (partly) past the end of the file is missing (DESIGN.md,
+         * Validation): never served, named by verify; the rest of the file
+         * stays usable */
+        if (rel > UINT64_MAX - h->kv_data_offset - r->bytes)
+            return kvx_fail(KVX_EPAGE, "entry %u: page offset %llu overflows", i, (unsigned long long)rel);
+        if (rel > kv_len || r->bytes > kv_len - rel) {
+            r->missing = 1;
+            s->n_missing++;
+        }
         r->offset = h->kv_data_offset + rel;
         s->by_coord[i] = (uint64_t)r->coordinate << 32 | i;
 
@@ -206,6 +225,23 @@ static int load_entries(kvx_shard *s, const kvx_shard_header *h, const kvx_shard
                                 "entry %u: hash 0x%016llx is not H(parent 0x%016llx, tokens) = 0x%016llx",
                                 i, (unsigned long long)hash, (unsigned long long)s->parents[i],
                                 (unsigned long long)kvx_block_hash(s->parents[i], tok, B));
+        }
+        if (digests) {
+            uint8_t *d = s->digests + (size_t)i * KVX_DIGEST_BYTES;
+            memcpy(d, tables + (lay->digest_off - KVX_HEADER_BYTES) + (size_t)i * KVX_DIGEST_BYTES,
+                   KVX_DIGEST_BYTES);
+            if (!kvx_digest_is_zero(d)) {
+                if (!hash)
+                    return kvx_fail(KVX_ELINEAGE, "entry %u: a digest on an entry that is not a full block", i);
+                /* block 0's digest is a function of its own tokens */
+                uint8_t d0[KVX_DIGEST_BYTES];
+                if (s->parents[i] == 0) {
+                    kvx_prefix_digest_next(d0, NULL, s->tokens + (size_t)i * B, B);
+                    if (memcmp(d0, d, KVX_DIGEST_BYTES) != 0)
+                        return kvx_fail(KVX_ELINEAGE, "entry %u: digest of a block with parent 0 is not SHA-256 of its tokens",
+                                        i);
+                }
+            }
         }
     }
     if (scales)
@@ -350,7 +386,8 @@ int kvx_shard_open(kvx_shard **out, const char *path, unsigned flags)
     }
     s->guard_slot = -1;
     atomic_init(&s->refs, 1);
-    s->fd = kvx_os.open(path, O_RDONLY | O_CLOEXEC, 0);
+    /* O_NONBLOCK: a FIFO given as a shard must not block the open */
+    s->fd = kvx_os.open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0);
     if (s->fd < 0) {
         int e = -errno;
         shard_free(s);
@@ -359,7 +396,8 @@ int kvx_shard_open(kvx_shard **out, const char *path, unsigned flags)
     struct stat st;
     int rc = 0;
     if (fstat(s->fd, &st) != 0) rc = kvx_fail(-errno, "%s: fstat failed", path);
-    else if (!S_ISREG(st.st_mode)) rc = kvx_fail(KVX_EINVALID, "%s: not a regular file", path);
+    else if (!S_ISREG(st.st_mode))
+        rc = kvx_fail(KVX_EINVALID, "%s: not a regular file but a %s", path, kvx_file_type_name(st.st_mode));
     if (!rc) rc = open_validated(s, (uint64_t)st.st_size);
     if (!rc) {
         s->map_len = (size_t)st.st_size;
@@ -414,6 +452,9 @@ int kvx_shard_entry(kvx_entry *out, const kvx_shard *s, uint32_t index)
     out->parent = s->parents ? s->parents[index] : 0;
     out->tokens = s->tokens ? s->tokens + (size_t)index * s->info.geometry.block_tokens : NULL;
     out->scales = s->scales ? s->scales + (size_t)index * s->scale_count : NULL;
+    out->digest = s->digests && !kvx_digest_is_zero(s->digests + (size_t)index * KVX_DIGEST_BYTES)
+                      ? s->digests + (size_t)index * KVX_DIGEST_BYTES
+                      : NULL;
     return 0;
 }
 
@@ -449,9 +490,29 @@ int kvx_shard_page(const void **out_page, const kvx_shard *s, uint32_t index, in
     if (!out_page || !s) return kvx_fail(KVX_EINVALID, "kvx_shard_page: NULL argument");
     if (index >= s->n)
         return kvx_fail(KVX_EINVALID, "kvx_shard_page: index %u, the shard has %u entries", index, s->n);
+    if (s->recs[index].missing) {
+        *out_page = NULL;
+        return kvx_fail(KVX_ETRUNC, "entry %u (coordinate 0x%08x): page lies past the end of %s (missing)", index,
+                        s->recs[index].coordinate, s->path);
+    }
     *out_page = s->map + s->recs[index].offset;
-    return verify ? page_crc(s, index) : 0;
+    if (!verify) return 0;
+    int rc = page_crc(s, index);
+    if (rc == 0) atomic_fetch_or_explicit(&s->checked[index / 64], 1ull << (index % 64), memory_order_relaxed);
+    return rc;
 }
+
+int kvx_shard_page_checked(const void **out_page, const kvx_shard *s, uint32_t index)
+{
+    if (index < s->n && !s->recs[index].missing &&
+        (atomic_load_explicit(&s->checked[index / 64], memory_order_relaxed) >> (index % 64) & 1)) {
+        *out_page = s->map + s->recs[index].offset;
+        return 0;
+    }
+    return kvx_shard_page(out_page, s, index, 1);
+}
+
+uint32_t kvx_shard_missing(const kvx_shard *s) { return s ? s->n_missing : 0; }
 
 int kvx_shard_verify(const kvx_shard *s, uint32_t *out_bad,
                      void (*report)(void *ctx, uint32_t index, int code), void *ctx)

@@ -15,6 +15,7 @@
  */
 #include "shard_format.h"
 #include "os.h"
+#include "digest.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -36,6 +37,7 @@ struct kvx_shard_writer {
     uint8_t *coords;        /* cap * 24 */
     uint64_t *hashes;       /* cap */
     uint8_t *lineage;       /* cap * (8 + 4B) */
+    uint8_t *digests;       /* cap * 32 */
     float *scales;          /* cap * L*2*Hkv */
     uint64_t scale_count;   /* L*2*Hkv */
     uint64_t lineage_rec;
@@ -44,6 +46,7 @@ struct kvx_shard_writer {
     uint64_t spectral_offset, kv_data_offset;
     uint64_t kv_end;        /* end of the last page, relative to kv_data_offset */
     uint8_t *seen;          /* bitmap of the 2^24 in-shard coordinates */
+    int no_replace;         /* seal with RENAME_NOREPLACE (store writers) */
 };
 
 static void writer_free(kvx_shard_writer *w)
@@ -54,6 +57,7 @@ static void writer_free(kvx_shard_writer *w)
     free(w->coords);
     free(w->hashes);
     free(w->lineage);
+    free(w->digests);
     free(w->scales);
     free(w->spectral);
     free(w->seen);
@@ -86,10 +90,12 @@ static int check_options(const kvx_shard_writer_options *o)
         return kvx_fail(KVX_EINVALID, "writer options: max_entries %u is not in 1..%u", o->max_entries,
                         KVX_MAX_ENTRIES);
     uint32_t f = o->flags & ~KVX_FLAG_META_CRC; /* the writer always sets META_CRC */
-    if (f & ~(KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES))
+    if (f & ~(KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_DIGEST))
         return kvx_fail(KVX_EINVALID, "writer options: unknown flags 0x%x", f);
     if ((f & KVX_FLAG_LINEAGE) && !(f & KVX_FLAG_HASHES))
         return kvx_fail(KVX_EINVALID, "writer options: a lineage table needs KVX_FLAG_HASHES");
+    if ((f & KVX_FLAG_DIGEST) && !(f & KVX_FLAG_LINEAGE))
+        return kvx_fail(KVX_EINVALID, "writer options: a digest table needs KVX_FLAG_LINEAGE");
     if ((f & KVX_FLAG_HASHES) && !g->block_tokens)
         return kvx_fail(KVX_EINVALID, "writer options: a hash table needs geometry.block_tokens");
     if ((f & KVX_FLAG_SCALES) && g->quant == KVX_QUANT_FP16)
@@ -158,6 +164,7 @@ int kvx_shard_writer_create(kvx_shard_writer **out, const char *path,
     w->shard_id = opts->shard_id;
     w->max_entries = opts->max_entries;
     w->flags = (opts->flags & ~KVX_FLAG_META_CRC);
+    w->no_replace = opts->staging_dir != NULL;
     w->scale_count = kvx_scale_count(&w->g);
 
     /* Reserve the tables for max_entries; the bundle and the KV section
@@ -228,6 +235,11 @@ static int grow(kvx_shard_writer *w, uint32_t need)
         if (!l) return kvx_fail(-ENOMEM, "out of memory");
         w->lineage = l;
     }
+    if (w->flags & KVX_FLAG_DIGEST) {
+        uint8_t *d = realloc(w->digests, (size_t)cap * KVX_DIGEST_BYTES);
+        if (!d) return kvx_fail(-ENOMEM, "out of memory");
+        w->digests = d;
+    }
     if (w->flags & KVX_FLAG_SCALES) {
         float *s = realloc(w->scales, (size_t)cap * w->scale_count * sizeof(float));
         if (!s) return kvx_fail(-ENOMEM, "out of memory");
@@ -262,6 +274,18 @@ int kvx_shard_writer_add(kvx_shard_writer *w, const kvx_entry_in *e)
                         (unsigned long long)e->hash, (unsigned long long)e->parent);
     if (e->scales && !scales)
         return kvx_fail(KVX_EINVALID, "entry: scales given but the shard has no scale table");
+    if (e->digest && !(w->flags & KVX_FLAG_DIGEST))
+        return kvx_fail(KVX_EINVALID, "entry: digest given but the shard has no digest table");
+    if (e->digest && (!e->hash || kvx_digest_is_zero(e->digest)))
+        return kvx_fail(KVX_EINVALID, "entry: a digest needs a full block with a hash, and may not be all zero");
+    if (e->digest && e->parent == 0) {
+        /* block 0's digest is a function of its own tokens: check it */
+        uint8_t d0[KVX_DIGEST_BYTES];
+        kvx_prefix_digest_next(d0, NULL, e->tokens, B);
+        if (memcmp(d0, e->digest, KVX_DIGEST_BYTES) != 0)
+            return kvx_fail(KVX_ELINEAGE, "entry: digest of block 0x%016llx (parent 0) is not SHA-256 of its tokens",
+                            (unsigned long long)e->hash);
+    }
     if (e->scales)
         for (uint64_t k = 0; k < w->scale_count; k++)
             if (!isfinite(e->scales[k]) || !(e->scales[k] > 0.0f))
@@ -292,6 +316,11 @@ int kvx_shard_writer_add(kvx_shard_writer *w, const kvx_entry_in *e)
         memset(l, 0, (size_t)w->lineage_rec);
         kvx_store64(l, e->parent);
         for (uint32_t t = 0; t < e->token_count; t++) kvx_store32(l + 8 + (size_t)t * 4, e->tokens[t]);
+    }
+    if (w->flags & KVX_FLAG_DIGEST) {
+        uint8_t *d = w->digests + (size_t)w->n * KVX_DIGEST_BYTES;
+        if (e->digest) memcpy(d, e->digest, KVX_DIGEST_BYTES);
+        else memset(d, 0, KVX_DIGEST_BYTES);
     }
     if (scales) {
         float *s = w->scales + (size_t)w->n * w->scale_count;
@@ -326,6 +355,7 @@ static int build_head(kvx_shard_writer *w, uint8_t **out, size_t *out_len)
     for (uint32_t i = 0; i < w->n && (flags & KVX_FLAG_HASHES); i++)
         kvx_store64(buf + lay.hash_off + (size_t)i * 8, w->hashes[i]);
     if (lay.lineage_bytes) memcpy(buf + lay.lineage_off, w->lineage, (size_t)lay.lineage_bytes);
+    if (lay.digest_bytes) memcpy(buf + lay.digest_off, w->digests, (size_t)lay.digest_bytes);
     if (lay.scale_bytes) memcpy(buf + lay.scale_off, w->scales, (size_t)lay.scale_bytes); /* LE host */
     kvx_shard_header h = {
         .format_version = KVX_FORMAT_VERSION,
@@ -383,7 +413,9 @@ int kvx_shard_writer_seal(kvx_shard_writer *w)
     }
     if (!rc) {
         step = "renaming into place";
-        rc = kvx_os.rename(w->tmp_path, w->path) ? -errno : 0;
+        /* a writer with a staging directory (the store's) never takes an
+         * existing file's name (DESIGN.md rule 2) */
+        rc = (w->no_replace ? kvx_os.rename_noreplace : kvx_os.rename)(w->tmp_path, w->path) ? -errno : 0;
     }
     if (!rc) {
         step = "fsync of the directory";

@@ -13,6 +13,7 @@
  */
 #include "os.h"
 #include "store_internal.h"
+#include "digest.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -198,6 +199,10 @@ static int st_lock(kvx_store *s, uint32_t flags, int try_only)
             return kvx_fail(KVX_EBUSY, "store: %s: another writer holds the store", s->dir);
         return kvx_fail(-e, "store: flock %s/LOCK: %s", s->dir, strerror(e));
     }
+    /* the holder's pid, for a waiting writer to name (advisory text) */
+    char pid[24];
+    int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) == 0 && pwrite(fd, pid, (size_t)len, 0) != len) { /* best effort */ }
     s->lockfd = fd;
     return 0;
 }
@@ -663,8 +668,15 @@ static kvx_shard *st_hc_get(kvx_store *s, st_hc *hc, uint32_t byte, uint64_t gen
     return sh;
 }
 
-static int st_try_loc(kvx_store *s, const kvx_idx_loc *loc, uint64_t hash, uint64_t parent, const uint32_t *toks,
-                      kvx_view *out, st_hc *hc)
+/* Is entry e a verified block (stored with its tokens and digest)? */
+static int st_verified(const kvx_entry *e) { return e->tokens && e->digest; }
+
+/* Does the block at loc answer q? 0 and a view; KVX_ENOTFOUND when it is
+ * another block (or no longer there); KVX_EPAGECRC / KVX_ETRUNC when it is
+ * the block but its page is damaged or missing. check_page 0: the entry
+ * alone is matched and no view is made (counting). */
+static int st_try_loc(kvx_store *s, const kvx_idx_loc *loc, const st_query *q, kvx_view *out, st_hc *hc,
+                      int *out_verified, int check_page)
 {
     uint32_t byte = KVX_COORD_SHARD(loc->coord);
     kvx_shard *sh = st_hc_get(s, hc, byte, loc->gen);
@@ -672,17 +684,27 @@ static int st_try_loc(kvx_store *s, const kvx_idx_loc *loc, uint64_t hash, uint6
     uint32_t idx = KVX_COORD_BLOCK(loc->coord);
     kvx_entry e;
     int rc = kvx_shard_entry(&e, sh, idx);
-    if (rc || e.coordinate != loc->coord || e.hash != hash || e.token_count != s->g.block_tokens) goto miss;
-    if (toks && e.tokens) {
-        if (e.parent != parent || memcmp(e.tokens, toks, 4u * s->g.block_tokens) != 0) goto miss;
+    if (rc || e.coordinate != loc->coord || e.hash != q->hash || e.token_count != s->g.block_tokens) goto miss;
+    if (q->toks) {
+        /* rule 1: hash, parent, tokens and the prefix digest, all four */
+        if (!st_verified(&e) || e.parent != q->parent || memcmp(e.tokens, q->toks, 4u * s->g.block_tokens) != 0 ||
+            memcmp(e.digest, q->digest, KVX_DIGEST_BYTES) != 0)
+            goto miss;
+    }
+    if (out_verified) *out_verified = st_verified(&e);
+    if (!check_page) {
+        kvx_shard_close(sh);
+        return 0;
     }
     const void *page;
-    rc = kvx_shard_page(&page, sh, idx, (s->flags & KVX_STORE_VERIFY) != 0);
+    rc = kvx_shard_page_checked(&page, sh, idx);
     if (rc) {
         kvx_shard_close(sh);
-        return rc == KVX_EPAGECRC ? kvx_fail(KVX_EPAGECRC, "store: block %016llx (coordinate 0x%08x): page CRC mismatch",
-                                             (unsigned long long)hash, loc->coord)
-                                  : rc;
+        if (rc == KVX_EPAGECRC || rc == KVX_ETRUNC)
+            return kvx_fail(rc, "store: block %016llx (coordinate 0x%08x, shards/%016llx.kvx): %s",
+                            (unsigned long long)q->hash, loc->coord, (unsigned long long)loc->gen,
+                            rc == KVX_EPAGECRC ? "page CRC mismatch" : "page missing (file truncated)");
+        return rc;
     }
     out->coordinate = e.coordinate;
     out->token_count = e.token_count;
@@ -698,41 +720,95 @@ miss:
     return KVX_ENOTFOUND;
 }
 
-static int st_lookup_hc(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, const uint32_t *toks,
-                        kvx_view *out, st_hc *hc)
+/* Every index record under q->hash, in order, until one answers. A damaged
+ * copy does not end the search (a good copy may follow: a put stores the
+ * block again when its only copy is damaged); when none answers, the
+ * damage is reported rather than "not found". */
+static int st_lookup_hc(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view *out, st_hc *hc)
 {
+    uint64_t hash = q->hash;
     MDB_val k = {8, &hash}, v;
     int rc = mdb_get(txn, s->ix->hash, &k, &v);
     if (rc == MDB_NOTFOUND) return KVX_ENOTFOUND;
     if (rc) return kvx_idx_err(rc, "get hash");
     kvx_idx_loc loc;
-    if (v.mv_size != sizeof loc) return kvx_fail(KVX_ECORRUPT, "index: hash record has %zu bytes", v.mv_size);
+    if (v.mv_size != sizeof loc) return kvx_fail(KVX_ECORRUPT, "index: hash record has %zu bytes (run kvx store reindex)", v.mv_size);
     memcpy(&loc, v.mv_data, sizeof loc);
-    rc = st_try_loc(s, &loc, hash, parent, toks, out, hc);
-    if (rc != KVX_ENOTFOUND) return rc;
-    /* other blocks under the same hash (collisions): walk the duplicates */
+    rc = st_try_loc(s, &loc, q, out, hc, NULL, 1);
+    if (rc != KVX_ENOTFOUND && rc != KVX_EPAGECRC && rc != KVX_ETRUNC) return rc;
+    int damage = rc == KVX_ENOTFOUND ? 0 : rc;
+    /* other blocks under the same hash (collisions, unverified copies) */
     MDB_cursor *cur;
-    if (mdb_cursor_open(txn, s->ix->hash, &cur) != 0) return KVX_ENOTFOUND;
+    if ((rc = mdb_cursor_open(txn, s->ix->hash, &cur)) != 0) return kvx_idx_err(rc, "open hash cursor");
     rc = mdb_cursor_get(cur, &k, &v, MDB_SET);
-    size_t cnt = 0;
-    if (rc == 0) mdb_cursor_count(cur, &cnt);
     int res = KVX_ENOTFOUND;
-    if (cnt > 1) {
-        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
-        while (rc == 0) {
-            memcpy(&loc, v.mv_data, sizeof loc);
-            res = st_try_loc(s, &loc, hash, parent, toks, out, hc);
-            if (res != KVX_ENOTFOUND) break;
-            rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
+    if (rc == 0) rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
+    while (rc == 0) {
+        if (v.mv_size != sizeof loc) {
+            res = kvx_fail(KVX_ECORRUPT, "index: hash record has %zu bytes (run kvx store reindex)", v.mv_size);
+            break;
         }
+        memcpy(&loc, v.mv_data, sizeof loc);
+        res = st_try_loc(s, &loc, q, out, hc, NULL, 1);
+        if (res == KVX_EPAGECRC || res == KVX_ETRUNC) {
+            damage = res;
+            res = KVX_ENOTFOUND;
+        } else if (res != KVX_ENOTFOUND) {
+            break;
+        }
+        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
     }
     mdb_cursor_close(cur);
+    if (res == KVX_ENOTFOUND && rc != MDB_NOTFOUND && rc != 0) res = kvx_idx_err(rc, "walk hash records");
+    if (res == KVX_ENOTFOUND && damage) {
+        /* the message of the damaged copy is the one left behind */
+        return damage;
+    }
     return res;
 }
 
-int st_lookup(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, const uint32_t *toks, kvx_view *out)
+int st_lookup(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view *out)
 {
-    return st_lookup_hc(s, txn, hash, parent, toks, out, NULL);
+    return st_lookup_hc(s, txn, q, out, NULL);
+}
+
+/* A get by hash alone (DESIGN.md rule 1): the one verified block holding
+ * hash, KVX_EAMBIGUOUS when several do, KVX_EUNVERIFIED when only
+ * unverified ones do. */
+static int st_get_by_hash(kvx_store *s, MDB_txn *txn, uint64_t hash, kvx_view *out)
+{
+    st_query q = {hash, 0, NULL, NULL};
+    MDB_val k = {8, &hash}, v;
+    MDB_cursor *cur;
+    int rc = mdb_cursor_open(txn, s->ix->hash, &cur);
+    if (rc) return kvx_idx_err(rc, "open hash cursor");
+    size_t verified = 0, unverified = 0;
+    kvx_idx_loc pick = {0, 0, 0};
+    rc = mdb_cursor_get(cur, &k, &v, MDB_SET);
+    while (rc == 0) {
+        kvx_idx_loc loc;
+        if (v.mv_size != sizeof loc) {
+            mdb_cursor_close(cur);
+            return kvx_fail(KVX_ECORRUPT, "index: hash record has %zu bytes (run kvx store reindex)", v.mv_size);
+        }
+        memcpy(&loc, v.mv_data, sizeof loc);
+        int ver = 0;
+        if (st_try_loc(s, &loc, &q, NULL, NULL, &ver, 0) == 0) {
+            if (ver && verified++ == 0) pick = loc;
+            unverified += !ver;
+        }
+        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
+    }
+    mdb_cursor_close(cur);
+    if (rc != MDB_NOTFOUND) return kvx_idx_err(rc, "walk hash records");
+    if (verified > 1)
+        return kvx_fail(KVX_EAMBIGUOUS, "store: %zu verified blocks share hash %016llx (an FNV collision): give the tokens to pick one",
+                        verified, (unsigned long long)hash);
+    if (verified == 0 && unverified)
+        return kvx_fail(KVX_EUNVERIFIED, "store: block %016llx is held only unverified (stored without its tokens)",
+                        (unsigned long long)hash);
+    if (verified == 0) return kvx_fail(KVX_ENOTFOUND, "store: no block with hash %016llx", (unsigned long long)hash);
+    return st_try_loc(s, &pick, &q, out, NULL, NULL, 1);
 }
 
 /* Batched usage: referenced entries and last use per shard, hit/miss
@@ -913,7 +989,8 @@ KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate)
         kvx_idx_coord cv;
         memcpy(&cv, v.mv_data, sizeof cv);
         kvx_idx_loc loc = {coordinate, 0, cv.gen};
-        rc = st_try_loc(s, &loc, cv.hash, 0, NULL, out, NULL);
+        st_query q = {cv.hash, 0, NULL, NULL};
+        rc = st_try_loc(s, &loc, &q, out, NULL, NULL, 1);
     } else if (rc == MDB_NOTFOUND || rc == 0) {
         rc = KVX_ENOTFOUND;
     } else {
@@ -932,9 +1009,8 @@ KVX_API int kvx_store_get_hash(kvx_view *out, kvx_store *s, uint64_t hash)
     MDB_txn *txn;
     int rc = kvx_idx_read_begin(s->ix, &txn);
     if (rc) return rc;
-    rc = st_lookup(s, txn, hash, 0, NULL, out);
+    rc = st_get_by_hash(s, txn, hash, out);
     kvx_idx_read_end(s->ix, txn);
-    if (rc == KVX_ENOTFOUND) rc = kvx_fail(KVX_ENOTFOUND, "store: no block with hash %016llx", (unsigned long long)hash);
     if (rc == 0 || rc == KVX_ENOTFOUND) st_note(s, out, rc == 0, rc != 0, 1);
     return rc;
 }
@@ -949,7 +1025,7 @@ KVX_API int kvx_store_get_hashes(kvx_view *out_views, int *out_status, kvx_store
     if (rc) return rc;
     uint64_t misses = 0;
     for (size_t i = 0; i < n; i++) {
-        out_status[i] = st_lookup(s, txn, hashes[i], 0, NULL, &out_views[i]);
+        out_status[i] = st_get_by_hash(s, txn, hashes[i], &out_views[i]);
         if (out_status[i]) misses++;
     }
     kvx_idx_read_end(s->ix, txn);
@@ -966,31 +1042,128 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, c
     uint32_t B = s->g.block_tokens;
     size_t nblocks = n_tokens / B;
     size_t want = nblocks < max_views ? nblocks : max_views;
-    MDB_txn *txn;
-    int rc = kvx_idx_read_begin(s->ix, &txn);
+    kvx_digest_ctx dc;
+    int rc = want ? kvx_digest_ctx_init(&dc) : 0;
     if (rc) return rc;
+    MDB_txn *txn;
+    if ((rc = kvx_idx_read_begin(s->ix, &txn))) {
+        if (want) kvx_digest_ctx_free(&dc);
+        return rc;
+    }
+    uint8_t digest[2][KVX_DIGEST_BYTES];
     uint64_t parent = 0, h = want ? kvx_block_hash(0, tokens, B) : 0;
     size_t i = 0;
     st_hc hc = {NULL, 0, 0};
     for (; i < want; i++) {
         const uint32_t *t = tokens + i * B;
+        uint8_t *d = digest[i & 1];
+        kvx_digest_step(&dc, d, i ? digest[(i - 1) & 1] : NULL, t, B);
         /* the next block's hash first: its multiply chain (latency-bound)
          * overlaps this block's index search (load-bound) out of order */
         uint64_t next = i + 1 < want ? kvx_block_hash(h, t + B, B) : 0;
-        rc = st_lookup_hc(s, txn, h, parent, t, &out_views[i], &hc);
+        st_query q = {h, parent, t, d};
+        rc = st_lookup_hc(s, txn, &q, &out_views[i], &hc);
         if (rc) break;
         parent = h;
         h = next;
     }
     kvx_idx_read_end(s->ix, txn);
     kvx_shard_close(hc.sh);
-    if (rc && rc != KVX_ENOTFOUND) {
+    if (want) kvx_digest_ctx_free(&dc);
+    if (rc && rc != KVX_ENOTFOUND && rc != KVX_EPAGECRC && rc != KVX_ETRUNC) {
         kvx_views_release(out_views, i);
         return rc;
     }
     *out_n = i;
     st_note(s, out_views, i, nblocks - i, 1);
-    kvx_clear_error();
+    /* a plain miss leaves no message; damage keeps the block's (the
+     * served prefix is still good: only the damaged block and what follows
+     * are withheld) */
+    if (rc != KVX_EPAGECRC && rc != KVX_ETRUNC) kvx_clear_error();
+    return 0;
+}
+
+KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tokens, size_t n_tokens)
+{
+    if (!out || !s || !tokens) return kvx_fail(KVX_EINVALID, "kvx_store_get_block: NULL argument");
+    st_view_clear(out);
+    uint32_t B = s->g.block_tokens;
+    size_t n = n_tokens / B;
+    if (n == 0) return kvx_fail(KVX_ETOKENS, "kvx_store_get_block: %zu tokens hold no full block of %u", n_tokens, B);
+    uint64_t *h = malloc(n * sizeof *h);
+    uint8_t(*d)[KVX_DIGEST_BYTES] = malloc(n * KVX_DIGEST_BYTES);
+    if (!h || !d) {
+        free(h);
+        free(d);
+        return kvx_fail(-ENOMEM, "store: out of memory");
+    }
+    kvx_block_hashes(h, tokens, n * B, B);
+    kvx_prefix_digests(d, tokens, n * B, B);
+    MDB_txn *txn;
+    int rc = kvx_idx_read_begin(s->ix, &txn);
+    if (!rc) {
+        st_query q = {h[n - 1], n > 1 ? h[n - 2] : 0, tokens + (n - 1) * B, d[n - 1]};
+        rc = st_lookup(s, txn, &q, out);
+        kvx_idx_read_end(s->ix, txn);
+        if (rc == KVX_ENOTFOUND)
+            rc = kvx_fail(KVX_ENOTFOUND, "store: no verified block %016llx for these tokens (block %zu)",
+                          (unsigned long long)h[n - 1], n - 1);
+        if (rc == 0 || rc == KVX_ENOTFOUND) st_note(s, out, rc == 0, rc != 0, 1);
+    }
+    free(h);
+    free(d);
+    return rc;
+}
+
+KVX_API int kvx_views_export(void **out_buf, size_t *out_len, kvx_store *s, const kvx_view *views, size_t n,
+                             uint16_t version)
+{
+    if (!out_buf || !out_len || !s || (n && !views)) return kvx_fail(KVX_EINVALID, "kvx_views_export: NULL argument");
+    *out_buf = NULL;
+    *out_len = 0;
+    if (version != KVX_ENVELOPE_V1 && version != KVX_ENVELOPE_V2)
+        return kvx_fail(KVX_EVERSION, "kvx_views_export: envelope version %u is not 1 or 2", version);
+    if (n > UINT32_MAX) return kvx_fail(KVX_EINVALID, "kvx_views_export: %zu views exceed n_blocks (u32)", n);
+    const kvx_geometry *g = &s->g;
+    size_t P = kvx_envelope_payload_bytes(version, g), len;
+    int rc = kvx_envelope_size(&len, version, g, (uint32_t)n);
+    if (rc) return rc;
+    /* always re-checked before an export, whatever was checked before */
+    for (size_t i = 0; i < n; i++) {
+        const void *page;
+        if (!views[i].shard) return kvx_fail(KVX_EINVALID, "kvx_views_export: view %zu holds no block", i);
+        if ((rc = kvx_shard_page(&page, views[i].shard, views[i].entry, 1)))
+            return kvx_fail(rc, "export: block %016llx (coordinate 0x%08x): %s", (unsigned long long)views[i].hash,
+                            views[i].coordinate, rc == KVX_EPAGECRC ? "page CRC mismatch" : kvx_strerror(rc));
+    }
+    uint8_t *payloads = malloc(n * P + 1);
+    kvx_envelope_block_in *bin = calloc(n + 1, sizeof *bin);
+    void *buf = malloc(len);
+    size_t ns = (size_t)kvx_scale_count(g);
+    size_t elem_bytes = P - (version == KVX_ENVELOPE_V2 ? ns * 4 : 0);
+    float *scales = malloc((n * ns + 1) * sizeof *scales);
+    rc = payloads && bin && buf && scales ? 0 : kvx_fail(-ENOMEM, "export: out of memory (%zu blocks)", n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        uint8_t *pl = payloads + i * P;
+        rc = kvx_page_to_envelope_payload(pl, version, g, views[i].page, views[i].token_count, views[i].scales);
+        bin[i].hash = views[i].hash;
+        bin[i].n_tokens = views[i].token_count;
+        bin[i].payload = pl;
+        if (!rc && version == KVX_ENVELOPE_V2) {
+            memcpy(scales + i * ns, pl + elem_bytes, ns * sizeof(float));
+            bin[i].scales = scales + i * ns;
+        }
+    }
+    if (!rc) rc = kvx_envelope_export(buf, len, version, g, bin, (uint32_t)n);
+    free(payloads);
+    free(bin);
+    free(scales);
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    *out_buf = buf;
+    *out_len = len;
     return 0;
 }
 

@@ -49,6 +49,7 @@ typedef struct st_rec {
 } st_rec;
 
 typedef struct st_pblock {
+    uint8_t digest[KVX_DIGEST_BYTES]; /* lineage blocks; zero for plain */
     uint64_t hash, parent;
     uint32_t coord;
     uint32_t kind;
@@ -136,10 +137,19 @@ kvx_shard *st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen);
 /* Forgets the cached handle of byte (drops the cache's reference). */
 void st_cache_drop(kvx_store *s, uint32_t byte);
 
-/* Looks a block up in txn: 0 and a view, KVX_ENOTFOUND, or an error.
- * toks non-NULL: lineage must match (parent, B ids). */
-int st_lookup(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, const uint32_t *toks,
-              kvx_view *out);
+/* What a lookup asks for. With toks (and digest), only a verified block
+ * whose hash, parent, B token ids and prefix digest all equal the query's
+ * (DESIGN.md rule 1); without, any block holding the hash. */
+typedef struct st_query {
+    uint64_t hash, parent;
+    const uint32_t *toks;
+    const uint8_t *digest;
+} st_query;
+
+/* Looks a block up in txn: 0 and a view (its page CRC-checked), or
+ * KVX_ENOTFOUND, KVX_EPAGECRC / KVX_ETRUNC (only damaged copies), or an
+ * error. Every block holding the hash is tried. */
+int st_lookup(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view *out);
 
 /* Writer: the per-entry last-use array of shard (byte, gen) with n
  * entries, created (zeroed) or reset when gen changed; NULL on ENOMEM.

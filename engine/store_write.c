@@ -16,6 +16,7 @@
  */
 #include "os.h"
 #include "store_internal.h"
+#include "digest.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -46,21 +47,27 @@ static int st_ptab_grow(kvx_store *s)
     return 0;
 }
 
-static const st_pblock *st_pending_find(kvx_store *s, uint64_t hash, uint64_t parent, const uint32_t *toks)
+/* A pending block that makes q's put redundant: for a verified put, the
+ * same hash, parent, tokens and digest (an unverified block never counts
+ * as held for it); for a put without tokens, any block with the hash. */
+static const st_pblock *st_pending_find(kvx_store *s, const st_query *q)
 {
     if (!s->ptab_n) return NULL;
-    for (size_t i = s->ptab[st_hslot(hash, s->ptab_n)]; i != SIZE_MAX; i = s->pend[i].next) {
+    for (size_t i = s->ptab[st_hslot(q->hash, s->ptab_n)]; i != SIZE_MAX; i = s->pend[i].next) {
         const st_pblock *p = &s->pend[i];
-        if (p->hash != hash) continue;
-        if (!toks || p->tok == SIZE_MAX) return p;
-        if (p->parent == parent && !memcmp(s->ptok + p->tok, toks, 4u * s->g.block_tokens)) return p;
+        if (p->hash != q->hash) continue;
+        if (!q->toks) return p;
+        if (p->tok != SIZE_MAX && p->parent == q->parent && !memcmp(s->ptok + p->tok, q->toks, 4u * s->g.block_tokens) &&
+            !memcmp(p->digest, q->digest, KVX_DIGEST_BYTES))
+            return p;
     }
     return NULL;
 }
 
-static int st_pending_add(kvx_store *s, uint64_t hash, uint64_t parent, const uint32_t *toks, uint32_t coord,
-                          uint32_t kind, uint64_t gen)
+static int st_pending_add(kvx_store *s, const st_query *q, uint32_t coord, uint32_t kind, uint64_t gen)
 {
+    uint64_t hash = q->hash, parent = q->parent;
+    const uint32_t *toks = q->toks;
     if (s->npend == s->cappend) {
         size_t n = s->cappend ? s->cappend * 2 : 256;
         st_pblock *p = realloc(s->pend, n * sizeof *p);
@@ -88,6 +95,8 @@ static int st_pending_add(kvx_store *s, uint64_t hash, uint64_t parent, const ui
         s->nptok += B;
     }
     st_pblock *p = &s->pend[s->npend];
+    if (q->digest) memcpy(p->digest, q->digest, KVX_DIGEST_BYTES);
+    else memset(p->digest, 0, KVX_DIGEST_BYTES);
     p->hash = hash;
     p->parent = parent;
     p->coord = coord;
@@ -144,7 +153,7 @@ static int st_alloc_byte(kvx_store *s, const uint8_t *extra, uint8_t *out)
 static uint32_t st_kind_flags(const kvx_store *s, int kind)
 {
     uint32_t f = KVX_FLAG_HASHES;
-    if (kind == ST_KIND_LINEAGE) f |= KVX_FLAG_LINEAGE;
+    if (kind == ST_KIND_LINEAGE) f |= KVX_FLAG_LINEAGE | KVX_FLAG_DIGEST;
     if (s->g.quant != KVX_QUANT_FP16) f |= KVX_FLAG_SCALES;
     return f;
 }
@@ -270,8 +279,7 @@ static int st_room_for_pending(kvx_store *s)
     return 0;
 }
 
-static int st_put_one(kvx_store *s, int kind, uint64_t hash, uint64_t parent, const uint32_t *toks, const void *page,
-                      const float *scales)
+static int st_put_one(kvx_store *s, int kind, const st_query *q, const void *page, const float *scales)
 {
     st_open *o = &s->cur[kind];
     int rc;
@@ -293,14 +301,15 @@ static int st_put_one(kvx_store *s, int kind, uint64_t hash, uint64_t parent, co
     e.radix_block = (uint16_t)idx;
     e.token_count = s->g.block_tokens;
     e.page = page;
-    e.hash = hash;
-    e.parent = kind == ST_KIND_LINEAGE ? parent : 0;
-    e.tokens = kind == ST_KIND_LINEAGE ? toks : NULL;
+    e.hash = q->hash;
+    e.parent = kind == ST_KIND_LINEAGE ? q->parent : 0;
+    e.tokens = kind == ST_KIND_LINEAGE ? q->toks : NULL;
+    e.digest = kind == ST_KIND_LINEAGE ? q->digest : NULL;
     e.scales = s->g.quant != KVX_QUANT_FP16 ? scales : NULL;
     if ((rc = kvx_shard_writer_add(o->w, &e))) return rc;
-    if ((rc = st_pending_add(s, hash, parent, kind == ST_KIND_LINEAGE ? toks : NULL, KVX_COORD(o->byte, idx, 0), kind,
-                             o->gen)))
-        return rc;
+    st_query pq = *q;
+    if (kind != ST_KIND_LINEAGE) pq.toks = NULL, pq.digest = NULL;
+    if ((rc = st_pending_add(s, &pq, KVX_COORD(o->byte, idx, 0), kind, o->gen))) return rc;
     if (s->reserve_hint > 0) s->reserve_hint--;
     if (idx + 1 >= o->cap || kvx_shard_writer_bytes(o->w) >= s->target) {
         rc = st_seal_cur(s, kind);
@@ -309,12 +318,13 @@ static int st_put_one(kvx_store *s, int kind, uint64_t hash, uint64_t parent, co
     return rc;
 }
 
-/* Is (hash, lineage) already published? 1 yes, 0 no, <0 error. */
-static int st_held(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, const uint32_t *toks)
+/* Is q's block already published, sound? 1 yes, 0 no, <0 error. A
+ * damaged copy is not "held": the put stores the block again. */
+static int st_held(kvx_store *s, MDB_txn *txn, const st_query *q)
 {
     kvx_view v;
     memset(&v, 0, sizeof v);
-    int rc = st_lookup(s, txn, hash, parent, toks, &v);
+    int rc = st_lookup(s, txn, q, &v);
     if (rc == 0) {
         /* putting a held block is a use of it: an exact LRU would move
          * it to the front too (it may sit behind a block that was gone) */
@@ -322,7 +332,7 @@ static int st_held(kvx_store *s, MDB_txn *txn, uint64_t hash, uint64_t parent, c
         kvx_view_release(&v);
         return 1;
     }
-    return rc == KVX_ENOTFOUND || rc == KVX_EPAGECRC ? 0 : rc;
+    return rc == KVX_ENOTFOUND || rc == KVX_EPAGECRC || rc == KVX_ETRUNC ? 0 : rc;
 }
 
 static int st_writer_check(kvx_store *s, const char *fn)
@@ -346,18 +356,22 @@ KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens,
     if (n_pages == 0) return 0;
     uint64_t *h = malloc(n_pages * sizeof *h);
     uint8_t *held = calloc(n_pages, 1);
-    if (!h || !held) {
+    uint8_t(*d)[KVX_DIGEST_BYTES] = malloc(n_pages * KVX_DIGEST_BYTES);
+    if (!h || !held || !d) {
         free(h);
         free(held);
+        free(d);
         return kvx_fail(-ENOMEM, "store: out of memory");
     }
     kvx_block_hashes(h, tokens, n_pages * B, B);
+    kvx_prefix_digests(d, tokens, n_pages * B, B);
     pthread_mutex_lock(&s->wmu);
     MDB_txn *txn;
     rc = kvx_idx_read_begin(s->ix, &txn);
     if (!rc) {
         for (size_t i = 0; !rc && i < n_pages; i++) {
-            int r = st_held(s, txn, h[i], i ? h[i - 1] : 0, tokens + i * B);
+            st_query q = {h[i], i ? h[i - 1] : 0, tokens + i * B, d[i]};
+            int r = st_held(s, txn, &q);
             if (r < 0) rc = r;
             else held[i] = (uint8_t)r;
         }
@@ -367,9 +381,9 @@ KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens,
     for (size_t i = 0; i < n_pages; i++) todo += !held[i];
     s->reserve_hint = todo > UINT32_MAX ? UINT32_MAX : (uint32_t)todo;
     for (size_t i = 0; !rc && i < n_pages; i++) {
-        uint64_t parent = i ? h[i - 1] : 0;
-        if (held[i] || st_pending_find(s, h[i], parent, tokens + i * B)) continue;
-        rc = st_put_one(s, ST_KIND_LINEAGE, h[i], parent, tokens + i * B, (const uint8_t *)pages + i * s->page_bytes,
+        st_query q = {h[i], i ? h[i - 1] : 0, tokens + i * B, d[i]};
+        if (held[i] || st_pending_find(s, &q)) continue;
+        rc = st_put_one(s, ST_KIND_LINEAGE, &q, (const uint8_t *)pages + i * s->page_bytes,
                         scales ? scales + i * s->nscales : NULL);
         if (rc) st_discard_pending(s); /* a failed put drops the whole unflushed batch */
         else added++;
@@ -377,6 +391,7 @@ KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens,
     pthread_mutex_unlock(&s->wmu);
     free(h);
     free(held);
+    free(d);
     if (out_new) *out_new = added;
     return rc;
 }
@@ -395,15 +410,23 @@ KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, co
     uint32_t B = s->g.block_tokens;
     size_t nfull = tokens ? n_tokens / B : 0;
     uint64_t *h = NULL;
+    uint8_t(*d)[KVX_DIGEST_BYTES] = NULL;
     if (tokens) {
         h = malloc((nfull + 1) * sizeof *h);
-        if (!h) return kvx_fail(-ENOMEM, "store: out of memory");
+        d = malloc((nfull + 1) * KVX_DIGEST_BYTES);
+        if (!h || !d) {
+            free(h);
+            free(d);
+            return kvx_fail(-ENOMEM, "store: out of memory");
+        }
         kvx_block_hashes(h, tokens, nfull * B, B);
+        kvx_prefix_digests(d, tokens, nfull * B, B);
     }
     void *page = malloc(s->page_bytes);
     float *sc = malloc((size_t)s->nscales * sizeof *sc + 1);
     if (!page || !sc) {
         free(h);
+        free(d);
         free(page);
         free(sc);
         return kvx_fail(-ENOMEM, "store: out of memory");
@@ -424,25 +447,25 @@ KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, co
         kvx_envelope_block blk;
         if ((rc = kvx_envelope_block_at(&blk, &e, i))) break;
         if (blk.n_tokens != B || blk.hash == 0) continue;
-        uint64_t parent = tokens && i ? h[i - 1] : 0;
-        const uint32_t *t = tokens ? tokens + (size_t)i * B : NULL;
+        st_query q = {blk.hash, tokens && i ? h[i - 1] : 0, tokens ? tokens + (size_t)i * B : NULL,
+                      tokens ? d[i] : NULL};
         MDB_txn *txn;
         if ((rc = kvx_idx_read_begin(s->ix, &txn))) break;
-        int held = st_held(s, txn, blk.hash, parent, t);
+        int held = st_held(s, txn, &q);
         kvx_idx_read_end(s->ix, txn);
         if (held < 0) {
             rc = held;
             break;
         }
-        if (held || st_pending_find(s, blk.hash, parent, t)) continue;
+        if (held || st_pending_find(s, &q)) continue;
         if ((rc = kvx_envelope_payload_to_page(page, sc, &s->g, &e, &blk))) break;
-        rc = st_put_one(s, tokens ? ST_KIND_LINEAGE : ST_KIND_PLAIN, blk.hash, parent, t, page,
-                        s->g.quant != KVX_QUANT_FP16 ? sc : NULL);
+        rc = st_put_one(s, tokens ? ST_KIND_LINEAGE : ST_KIND_PLAIN, &q, page, s->g.quant != KVX_QUANT_FP16 ? sc : NULL);
         if (rc) st_discard_pending(s);
         else added++;
     }
     pthread_mutex_unlock(&s->wmu);
     free(h);
+    free(d);
     free(page);
     free(sc);
     if (out_new) *out_new = added;
@@ -558,6 +581,7 @@ typedef struct st_drop {
 } st_drop;
 
 typedef struct st_move {
+    uint8_t digest[KVX_DIGEST_BYTES]; /* all zero: unverified */
     uint32_t src_coord;
     uint64_t src_gen, hash, parent;
     uint64_t last_use;
@@ -689,6 +713,7 @@ static int st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8
         in.hash = e.hash;
         in.parent = e.parent;
         in.tokens = (flags & KVX_FLAG_LINEAGE) ? e.tokens : NULL;
+        in.digest = (flags & KVX_FLAG_DIGEST) && !kvx_digest_is_zero(m->digest) ? m->digest : NULL;
         in.scales = (flags & KVX_FLAG_SCALES) ? e.scales : NULL;
         rc = kvx_shard_writer_add(o.w, &in);
         kvx_shard_close(sh);
@@ -852,6 +877,7 @@ static int st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only,
         m->src_gen = s->reg[b].gen;
         m->hash = e.hash;
         m->parent = e.parent;
+        if (e.digest) memcpy(m->digest, e.digest, KVX_DIGEST_BYTES);
         m->last_use = ri;
     }
     kvx_shard_close(sh);

@@ -88,7 +88,9 @@ KVX_API const char *kvx_version(void);
     XX(EINVALID, -30027, "invalid argument")                                       \
     XX(ESPECTRAL, -30028, "spectral bundle malformed")                             \
     XX(EPATH, -30029, "path escapes the store directory")                          \
-    XX(ECANCELED, -30030, "operation canceled")
+    XX(ECANCELED, -30030, "operation canceled")                                    \
+    XX(EAMBIGUOUS, -30031, "several verified blocks share the hash: give tokens to pick one") \
+    XX(EUNVERIFIED, -30032, "the block is held only unverified (stored without its tokens)")
 
 typedef enum kvx_error {
     KVX_OK = 0,
@@ -144,6 +146,24 @@ KVX_API uint64_t kvx_block_hash(uint64_t parent, const uint32_t *tokens, uint32_
  * n_tokens / block_tokens); returns the number of full blocks. */
 KVX_API size_t kvx_block_hashes(uint64_t *out_hashes, const uint32_t *tokens, size_t n_tokens,
                                 uint32_t block_tokens);
+
+/* ------------------------------------------------------------------------
+ * Prefix digest (DESIGN.md, digest table): the proof that a block belongs
+ * to a prompt. FNV-1a 64 names a block but collides on purpose in seconds,
+ * so every lookup and dedup also compares this SHA-256 chain:
+ *   d_0 = SHA-256(le_u32 t_0 .. t_{B-1}),  d_i = SHA-256(d_{i-1} || le_u32 tokens of block i).
+ * ---------------------------------------------------------------------- */
+
+#define KVX_DIGEST_BYTES 32
+
+/* Digests of every full block of tokens into out (room for
+ * n_tokens / block_tokens records of 32 bytes); returns the number of full
+ * blocks, or 0 when block_tokens is 0. */
+KVX_API size_t kvx_prefix_digests(uint8_t (*out)[KVX_DIGEST_BYTES], const uint32_t *tokens, size_t n_tokens,
+                                  uint32_t block_tokens);
+/* One link: out = SHA-256(prev || tokens) (prev NULL for block 0). */
+KVX_API void kvx_prefix_digest_next(uint8_t out[KVX_DIGEST_BYTES], const uint8_t *prev, const uint32_t *tokens,
+                                    uint32_t block_tokens);
 
 /* ------------------------------------------------------------------------
  * Checksums: hardware speed where the CPU allows. crc is the running value
@@ -228,6 +248,7 @@ KVX_API int kvx_envelope_size(size_t *out_bytes, uint16_t version, const kvx_geo
  * accepts any B). Bad length, magic, CRC, dtype, a zero or overflowing
  * dimension, n_tokens or the hash rule: KVX_EFORMAT. An intact envelope of
  * another version: KVX_EVERSION. Never allocates; out is set only on 0.
+ * A v2 scale that is not finite and > 0: KVX_EFORMAT (names block, scale).
  * Order: length >= 32, magic, version, dtype, dimensions and exact length,
  * CRC, expect, blocks (docs/FORMAT.md). */
 KVX_API int kvx_envelope_parse(kvx_envelope *out, const void *buf, size_t len,
@@ -271,6 +292,7 @@ KVX_API int kvx_envelope_quantize_v2(uint8_t *out_e4m3, float *out_scales, const
 #define KVX_FLAG_LINEAGE 0x2u
 #define KVX_FLAG_SCALES 0x4u
 #define KVX_FLAG_META_CRC 0x8u
+#define KVX_FLAG_DIGEST 0x10u /* digest table: needs KVX_FLAG_LINEAGE */
 
 typedef struct kvx_shard kvx_shard;               /* a sealed, mapped shard */
 typedef struct kvx_shard_writer kvx_shard_writer; /* a shard being written */
@@ -299,6 +321,8 @@ typedef struct kvx_entry {
     uint64_t parent;  /* lineage parent hash; 0 without a lineage table */
     const uint32_t *tokens; /* lineage: block_tokens ids; NULL without */
     const float *scales;    /* L*2*Hkv; NULL without a scale table */
+    const uint8_t *digest;  /* 32-byte prefix digest; NULL without a digest
+                               table or when all zero (unverified entry) */
 } kvx_entry;
 
 /* A spectral bundle as stored. psi of cartridge k is
@@ -361,6 +385,8 @@ typedef struct kvx_shard_writer_options {
     const char *staging_dir; /* nullable: where the temporary file lives until
                                 the seal renames it to path (same file
                                 system); NULL = path's own directory */
+                             /* with staging_dir, the seal never replaces a
+                                file at path (RENAME_NOREPLACE: -EEXIST) */
 } kvx_shard_writer_options;
 #define KVX_SHARD_WRITER_OPTIONS_VERSION 1
 #define KVX_SHARD_WRITER_OPTIONS_INIT {KVX_SHARD_WRITER_OPTIONS_VERSION, {0, 0, 0, 0, 0, 0}, 0, 0, 0, NULL, NULL}
@@ -374,6 +400,8 @@ typedef struct kvx_entry_in {
     uint64_t parent;  /* with KVX_FLAG_LINEAGE */
     const uint32_t *tokens; /* with KVX_FLAG_LINEAGE: token_count ids */
     const float *scales;    /* with KVX_FLAG_SCALES: L*2*Hkv; NULL = all 1.0 */
+    const uint8_t *digest;  /* with KVX_FLAG_DIGEST: the block's 32-byte
+                               prefix digest; NULL = unverified (all zero) */
 } kvx_entry_in;
 
 /* Starts a shard that will appear at path only when sealed; until then it
@@ -504,17 +532,38 @@ KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len,
  * acknowledgement. */
 KVX_API int kvx_store_flush(kvx_store *s);
 
-/* Lookups fill views the caller releases with kvx_view_release(s). */
+/* Lookups fill views the caller releases with kvx_view_release(s).
+ * Trust (DESIGN.md rule 1): every page a view points at has passed its
+ * CRC-32 at least once since its shard was opened (KVX_EPAGECRC otherwise);
+ * blocks stored without tokens are "unverified" and never served by a
+ * prefix or token lookup. */
 KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate);
+/* By hash alone: answers only when exactly one verified block holds hash.
+ * Several verified blocks (an FNV collision): KVX_EAMBIGUOUS; only
+ * unverified ones: KVX_EUNVERIFIED; none: KVX_ENOTFOUND. The message
+ * names the hash. Use kvx_store_get_block to pick one by digest. */
 KVX_API int kvx_store_get_hash(kvx_view *out, kvx_store *s, uint64_t hash);
-/* Batch by hash: out_views[i] / out_status[i] (0 or KVX_ENOTFOUND ...). */
+/* Batch by hash: out_views[i] / out_status[i] (0 or the codes above). */
 KVX_API int kvx_store_get_hashes(kvx_view *out_views, int *out_status, kvx_store *s,
                                  const uint64_t *hashes, size_t n);
+/* The block that ends at the last full block of tokens (n_tokens / B
+ * blocks), matched on hash, parent, tokens and prefix digest. */
+KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tokens,
+                                size_t n_tokens);
 /* Longest cached prefix of tokens: fills up to max_views views of leading
- * full blocks (lineage-verified when the shard has lineage) and sets
- * *out_n. One call per prompt. */
+ * full blocks and sets *out_n. A block is served only when its hash,
+ * parent, tokens and prefix digest equal the prompt's; the prefix ends
+ * before the first block that is missing, unverified or fails its page
+ * CRC. Returns 0 whatever *out_n is; when the prefix ended at a damaged
+ * page, kvx_last_error() names it (else it is ""). One call per prompt. */
 KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s,
                              const uint32_t *tokens, size_t n_tokens, size_t max_views);
+/* Exports views (in order) as one envelope of version into a malloc'd
+ * buffer (kvx_free). Every page's CRC-32 is checked again first, whatever
+ * was checked before (KVX_EPAGECRC naming the block; nothing is built).
+ * n may be 0: a valid envelope with n_blocks = 0. */
+KVX_API int kvx_views_export(void **out_buf, size_t *out_len, kvx_store *s, const kvx_view *views,
+                             size_t n, uint16_t version);
 KVX_API void kvx_view_release(kvx_view *v);
 KVX_API void kvx_views_release(kvx_view *views, size_t n);
 

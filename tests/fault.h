@@ -66,6 +66,7 @@ static int f_fsync(int fd) { if (fault_now(1)) FAULT_FAIL_RET(-1); return fault_
 static int f_fdatasync(int fd) { if (fault_now(1)) FAULT_FAIL_RET(-1); return fault_real.fdatasync(fd); }
 static int f_ftruncate(int fd, off_t l) { if (fault_now(0)) FAULT_FAIL_RET(-1); return fault_real.ftruncate(fd, l); }
 static int f_rename(const char *a, const char *b) { if (fault_now(0)) FAULT_FAIL_RET(-1); return fault_real.rename(a, b); }
+static int f_rename_noreplace(const char *a, const char *b) { if (fault_now(0)) FAULT_FAIL_RET(-1); return fault_real.rename_noreplace(a, b); }
 static int f_renameat(int da, const char *a, int db, const char *b) { if (fault_now(0)) FAULT_FAIL_RET(-1); return fault_real.renameat(da, a, db, b); }
 static int f_unlink(const char *p) { if (fault_now(0)) FAULT_FAIL_RET(-1); return fault_real.unlink(p); }
 static int f_unlinkat(int d, const char *p, int fl) { if (fault_now(0)) FAULT_FAIL_RET(-1); return fault_real.unlinkat(d, p, fl); }
@@ -92,6 +93,7 @@ static inline void fault_install(void)
     kvx_os.fdatasync = f_fdatasync;
     kvx_os.ftruncate = f_ftruncate;
     kvx_os.rename = f_rename;
+    kvx_os.rename_noreplace = f_rename_noreplace;
     kvx_os.renameat = f_renameat;
     kvx_os.unlink = f_unlink;
     kvx_os.unlinkat = f_unlinkat;

@@ -368,9 +368,17 @@ static void test_lineage_collision(void **state)
     MDB_txn *txn;
     assert_int_equal(kvx_idx_read_begin(s->ix, &txn), 0);
     tx[SU_B] ^= 0x55; /* block 1 tokens differ, hash claimed equal */
-    assert_int_equal(st_lookup(s, txn, ha[1], ha[0], tx + SU_B, &one), KVX_ENOTFOUND);
-    assert_int_equal(st_lookup(s, txn, ha[1], 777, ta + SU_B, &one), KVX_ENOTFOUND); /* wrong parent */
-    assert_int_equal(st_lookup(s, txn, ha[1], ha[0], ta + SU_B, &one), 0);
+    uint8_t da[2][KVX_DIGEST_BYTES], dx[2][KVX_DIGEST_BYTES];
+    kvx_prefix_digests(da, ta, 2 * SU_B, SU_B);
+    kvx_prefix_digests(dx, tx, 2 * SU_B, SU_B);
+    st_query q_tok = {ha[1], ha[0], tx + SU_B, dx[1]};
+    st_query q_par = {ha[1], 777, ta + SU_B, da[1]};
+    st_query q_dig = {ha[1], ha[0], ta + SU_B, dx[1]};
+    st_query q_ok = {ha[1], ha[0], ta + SU_B, da[1]};
+    assert_int_equal(st_lookup(s, txn, &q_tok, &one), KVX_ENOTFOUND);
+    assert_int_equal(st_lookup(s, txn, &q_par, &one), KVX_ENOTFOUND); /* wrong parent */
+    assert_int_equal(st_lookup(s, txn, &q_dig, &one), KVX_ENOTFOUND); /* wrong digest */
+    assert_int_equal(st_lookup(s, txn, &q_ok, &one), 0);
     kvx_idx_read_end(s->ix, txn);
     check_view(&one, ha[1]);
     kvx_view_release(&one);
@@ -673,16 +681,16 @@ static void test_envelope_put(void **state)
         assert_memory_equal(v[i].page, page, 64);
     }
     kvx_views_release(v, n);
-    /* without tokens: put by hash only, found by hash */
+    /* without tokens: put by hash only, unverified: never served by hash
+     * alone (KVX_EUNVERIFIED) nor by prefix, reachable by coordinate */
     for (int i = 0; i < 3; i++) in[i].hash = h[i] ^ 0xABCDEF;
     assert_int_equal(kvx_envelope_export(env, len, 1, &g, in, 4), 0);
     assert_int_equal(kvx_store_put_envelope(s, env, len, NULL, 0, &added), 0);
     assert_int_equal(added, 3);
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_view one;
-    assert_int_equal(kvx_store_get_hash(&one, s, h[2] ^ 0xABCDEF), 0);
-    assert_null(kvx_shard_get_info(one.shard)->flags & KVX_FLAG_LINEAGE ? (void *)1 : NULL);
-    kvx_view_release(&one);
+    assert_int_equal(kvx_store_get_hash(&one, s, h[2] ^ 0xABCDEF), KVX_EUNVERIFIED);
+    assert_non_null(strstr(kvx_last_error(), "unverified"));
     assert_int_equal(kvx_store_put_envelope(s, env, 10, NULL, 0, &added), KVX_EFORMAT);
     free(env);
     free(pay);
