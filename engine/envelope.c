@@ -23,9 +23,17 @@
  *   6. crc32c                                         KVX_EFORMAT
  *   7. B, L, Hkv, D equal expect's                    KVX_ESHAPE
  *   8. every n_tokens in 1..B; hash != 0 => n == B    KVX_EFORMAT
+ *   9. (v2) every scale finite and > 0                KVX_EFORMAT
  * The length rule needs P, which needs a known version, hence 3 before 5.
+ * Rule 9 is kvx's (DESIGN.md "Envelope and hash"): the writer rule never
+ * makes such a scale, and a NaN, inf, 0 or negative one would make its
+ * whole slab NaN, inf, zero or sign-flipped in whatever reads it next (a
+ * store of any quant, conversion, a transfer), so every path is closed
+ * here.
  */
 #include "internal.h"
+
+#include <math.h>
 
 #define ENV_MAGIC "TLKV"
 #define DTYPE_F16 1 /* tl_dtype TL_F16 */
@@ -147,6 +155,20 @@ int kvx_envelope_parse(kvx_envelope *out, const void *buf, size_t len, const kvx
         if (hash != 0 && nt != B)
             return kvx_fail(KVX_EFORMAT, "envelope block %u: block_hash is set but n_tokens %u != block_tokens %u",
                             i, nt, B);
+        if (version == KVX_ENVELOPE_V2) {
+            /* p = slabs * (B*D + 4): the scales are its last slabs * 4 bytes. */
+            const uint64_t slabs = slab_count(L, hkv);
+            const uint8_t *sc = rec + ENV_RECORD_HEADER + (size_t)(p - slabs * 4);
+            for (uint64_t k = 0; k < slabs; k++) {
+                uint32_t u = kvx_load32(sc + 4 * k);
+                float v;
+                memcpy(&v, &u, 4);
+                if (!isfinite(v) || !(v > 0.0f))
+                    return kvx_fail(KVX_EFORMAT,
+                                    "envelope block %u: scale %llu is %g (v2 scales must be finite and > 0)",
+                                    i, (unsigned long long)k, (double)v);
+            }
+        }
     }
 
     memset(out, 0, sizeof *out);

@@ -3,7 +3,8 @@
  *
  * Any input: kvx_envelope_parse must return 0 or one of the documented
  * codes, never read outside the buffer (ASan watches), and agree with
- * itself when given its own geometry as expect. A valid input is walked
+ * itself when given its own geometry as expect; every scale of a v2
+ * envelope it accepts is finite and > 0. A valid input is walked
  * block by block (every payload byte decoded) and re-exported: the writer
  * must reproduce the input byte for byte, except that positions at or past
  * n_tokens become zero (a writer rule the reader does not enforce) and the
@@ -14,6 +15,7 @@
  * Replayed over fuzz/corpus/envelope/ as the ctest fuzz_replay_envelope;
  * built as a real fuzzer with -DKVX_BUILD_FUZZERS=ON and clang.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +73,8 @@ static int check_one(const uint8_t *data, size_t size)
             if (env.version == KVX_ENVELOPE_V2) {
                 memcpy(&scales[i * slabs + s], blk.scales + 4 * s, 4);
                 scale = scales[i * slabs + s];
+                /* the reader's promise: every v2 scale is finite and > 0 */
+                CHECK(isfinite(scale) && scale > 0.0f);
                 kvx_e4m3_to_f32_n(tmp, p, slab, scale);
             } else {
                 for (size_t k = 0; k < slab; k++)

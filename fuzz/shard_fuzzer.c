@@ -12,7 +12,9 @@
  *
  * A random mutation almost always breaks meta_crc32c first, so each input
  * is also tried with its meta CRC and spectral CRC repaired: that lets the
- * fuzzer reach the entry and bundle rules behind them.
+ * fuzzer reach the entry and bundle rules behind them. Built with
+ * -fno-sanitize-recover=all, so any UB report (the harness's own too)
+ * stops the run.
  *
  * Long runs (clang): cmake -DKVX_BUILD_FUZZERS=ON ... && build/fuzz/fuzz_shard
  *   -max_len=65536 fuzz/corpus/shard  (pages sit at 4096-byte offsets, so
@@ -92,7 +94,12 @@ static void walk(kvx_shard *s)
             for (uint32_t c = 0; c < sp.n_cartridges; c++)
                 kvx_spectral_apply(h, sp.psi + (size_t)c * sp.n_layers * sp.dim * sp.rank, sp.dim,
                                    sp.rank, 0.5f);
-            sink = (uint32_t)h[0];
+            /* Consume the result through its bits: psi values of any finite
+             * size are valid, so h[0] may be far outside uint32's range (or
+             * inf), where a float-to-integer conversion is undefined. */
+            uint32_t bits;
+            memcpy(&bits, &h[0], sizeof bits);
+            sink = bits;
             free(h);
         }
     }
@@ -138,8 +145,10 @@ static uint32_t ld32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] 
 static uint64_t ld64(const uint8_t *p) { return ld32(p) | (uint64_t)ld32(p + 4) << 32; }
 static void st32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
 
-/* Repairs meta_crc32c and the spectral bundle's crc32c where the header's
- * sizes allow; returns 1 when something changed. */
+/* Repairs meta_crc32c and the spectral bundle's crc32c (the whole bundle,
+ * sub-header and records, with the CRC field as zero: DESIGN.md "Spectral
+ * bundle") where the header's sizes allow; returns 1 when something
+ * changed. */
 static int repair(uint8_t *b, size_t size)
 {
     if (size < 64) return 0;
@@ -159,13 +168,20 @@ static int repair(uint8_t *b, size_t size)
     }
     uint64_t so = ld64(b + 40);
     if (so && so < size && size - so >= 32) {
-        const uint8_t *sh = b + so;
-        unsigned __int128 len = (unsigned __int128)ld32(sh) *
-                                (8 + (unsigned __int128)ld32(sh + 8) * ld32(sh + 12) * ld32(sh + 16) * 4);
-        if (len <= size - so - 32) {
-            uint32_t crc = kvx_crc32c(0, sh + 32, (size_t)len);
+        uint8_t *sh = b + so;
+        /* records: n * (8 + n_layers * dim * rank * 4), every step checked
+         * (2^32 * 2^98 would wrap even 128 bits) */
+        uint64_t rec, len;
+        if (!__builtin_mul_overflow((uint64_t)ld32(sh + 8), (uint64_t)ld32(sh + 12), &rec) &&
+            !__builtin_mul_overflow(rec, (uint64_t)ld32(sh + 16), &rec) &&
+            !__builtin_mul_overflow(rec, (uint64_t)4, &rec) &&
+            !__builtin_add_overflow(rec, (uint64_t)8, &rec) &&
+            !__builtin_mul_overflow(rec, (uint64_t)ld32(sh), &len) && len <= size - so - 32) {
+            static const uint8_t zero[4];
+            uint32_t crc = kvx_crc32c(kvx_crc32c(kvx_crc32c(0, sh, 20), zero, 4), sh + 24,
+                                      (size_t)len + 8);
             if (crc != ld32(sh + 20)) {
-                st32(b + so + 20, crc);
+                st32(sh + 20, crc);
                 changed = 1;
             }
         }

@@ -332,6 +332,45 @@ static void test_v2_to_other_quants(void **state)
     free(in);
 }
 
+/* A v2 envelope with a scale that is not finite and > 0 (valid CRC) is
+ * refused by conversion with the reader's message (block and scale named),
+ * and nothing appears at the path: the rule lives in kvx_envelope_parse,
+ * so fp16 and e5m2 targets get it as well as e4m3. */
+static void test_v2_bad_scale(void **state)
+{
+    (void)state;
+    static const uint32_t bad[] = {0x7FC00000u, 0x7F800000u, 0xFF800000u, 0x00000000u, 0xBF800000u};
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        env_in *in = malloc(sizeof *in);
+        size_t len;
+        uint8_t *env = make_envelope(in, KVX_ENVELOPE_V2, &len);
+        const size_t p = (size_t)SLABS * (B * D + 4);
+        uint8_t *sc = env + 28 + 2 * (12 + p) + 12 + (size_t)SLABS * B * D; /* block 2's scales */
+        memcpy(sc + 4 * 5, &bad[k], 4);
+        uint32_t crc = kvx_crc32c(0, env, len - 4);
+        memcpy(env + len - 4, &crc, 4);
+        kvx_envelope e;
+        assert_int_equal(kvx_envelope_parse(&e, env, len, NULL), KVX_EFORMAT);
+        assert_non_null(strstr(kvx_last_error(), "envelope block 2: scale 5"));
+        int before = dir_entries();
+        assert_int_equal(kvx_shard_from_envelope(path_of("badscale.kvx"), env, len, 1, 0), KVX_EFORMAT);
+        if (!strstr(kvx_last_error(), "envelope block 2: scale 5"))
+            fail_msg("bits 0x%08x: \"%s\" is not the reader's refusal", bad[k], kvx_last_error());
+        assert_int_equal(access(path_of("badscale.kvx"), F_OK), -1);
+        assert_int_equal(dir_entries(), before);
+        /* the same envelope with a positive subnormal scale converts */
+        const uint32_t tiny = 0x00000001u;
+        memcpy(sc + 4 * 5, &tiny, 4);
+        crc = kvx_crc32c(0, env, len - 4);
+        memcpy(env + len - 4, &crc, 4);
+        char name[32];
+        snprintf(name, sizeof name, "tiny%zu.kvx", k);
+        assert_int_equal(kvx_shard_from_envelope(path_of(name), env, len, 1, 0), 0);
+        free(env);
+        free(in);
+    }
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -407,6 +446,7 @@ int main(void)
         cmocka_unit_test(test_round_trip_v2),
         cmocka_unit_test(test_f16_to_v2),
         cmocka_unit_test(test_v2_to_other_quants),
+        cmocka_unit_test(test_v2_bad_scale),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

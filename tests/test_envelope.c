@@ -382,6 +382,80 @@ static void test_v2_roundtrip(void **state)
     free(buf); free(q); free(kv);
 }
 
+/* DESIGN.md "Envelope and hash": a reader refuses a v2 scale that is not
+ * finite and > 0 (KVX_EFORMAT naming block, scale and value), whatever the
+ * CRC says. Hand-built: a valid two-block v2 envelope with one scale
+ * replaced and the CRC recomputed. */
+static void test_v2_scale_rule(void **state)
+{
+    (void)state;
+    kvx_geometry g = geom(4, 2, 1, 4, KVX_QUANT_E4M3); /* 4 slabs of 16 */
+    const size_t slabs = 4, elems = slabs * 16;
+    float kv[2][64], sc[2][4];
+    uint8_t q[2][64];
+    for (size_t i = 0; i < 2 * elems; i++) kv[i / elems][i % elems] = frand();
+    assert_int_equal(kvx_envelope_quantize_v2(q[0], sc[0], kv[0], &g, 4), 0);
+    assert_int_equal(kvx_envelope_quantize_v2(q[1], sc[1], kv[1], &g, 2), 0);
+    kvx_envelope_block_in in[2] = {{0, 4, q[0], sc[0]}, {0, 2, q[1], sc[1]}};
+    size_t size;
+    assert_int_equal(kvx_envelope_size(&size, KVX_ENVELOPE_V2, &g, 2), 0);
+    uint8_t good[512], b[512];
+    assert_true(size <= sizeof good);
+    assert_int_equal(kvx_envelope_export(good, size, KVX_ENVELOPE_V2, &g, in, 2), 0);
+    kvx_envelope env;
+    assert_int_equal(kvx_envelope_parse(&env, good, size, &g), 0);
+    /* block 1, scale 3: after its header (12) and elems bytes, 4 bytes each */
+    const size_t rec = 12 + elems + 4 * slabs;
+    const size_t at = 28 + rec + 12 + elems + 4 * 3;
+    static const struct { uint32_t bits; const char *printed; } bad[] = {
+        {0x7FC00000u, "nan"},  /* NaN */
+        {0xFFC00000u, "nan"},  /* -NaN ("-nan") */
+        {0x7F800001u, "nan"},  /* signalling NaN */
+        {0x7F800000u, "inf"},  /* +inf */
+        {0xFF800000u, "-inf"}, /* -inf */
+        {0x00000000u, "is 0"}, /* +0 */
+        {0x80000000u, "-0"},   /* -0: not > 0 */
+        {0xBF800000u, "-1"},   /* -1 */
+        {0x80000001u, "-1.4"}, /* the negative subnormal -2^-149 */
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        memcpy(b, good, size);
+        put32(b + at, bad[k].bits);
+        fix_crc(b, size);
+        expect_reject(b, size, NULL, KVX_EFORMAT, "envelope block 1: scale 3");
+        if (!strstr(kvx_last_error(), bad[k].printed) || !strstr(kvx_last_error(), "finite and > 0"))
+            fail_msg("bits 0x%08x: message \"%s\" does not give the value \"%s\"", bad[k].bits,
+                     kvx_last_error(), bad[k].printed);
+        expect_reject(b, size, &g, KVX_EFORMAT, "scale 3"); /* with expect too */
+    }
+    /* block 0, scale 0: the first scale of the envelope */
+    memcpy(b, good, size);
+    put32(b + 28 + 12 + elems, 0xFF800000u);
+    fix_crc(b, size);
+    expect_reject(b, size, NULL, KVX_EFORMAT, "envelope block 0: scale 0");
+    /* finite and > 0 of any size is accepted: the smallest subnormal, the
+     * smallest normal, 1, FLT_MAX */
+    static const uint32_t fine[] = {0x00000001u, 0x00800000u, 0x3F800000u, 0x7F7FFFFFu};
+    for (size_t k = 0; k < sizeof fine / sizeof fine[0]; k++) {
+        memcpy(b, good, size);
+        put32(b + at, fine[k]);
+        fix_crc(b, size);
+        if (kvx_envelope_parse(&env, b, size, &g) != 0)
+            fail_msg("bits 0x%08x refused: %s", fine[k], kvx_last_error());
+        kvx_envelope_block blk;
+        assert_int_equal(kvx_envelope_block_at(&blk, &env, 1), 0);
+        assert_int_equal(get32(blk.scales + 12), fine[k]);
+    }
+    /* v1 has no scales: the same bytes there are payload, any value */
+    kvx_geometry g1 = geom(4, 2, 1, 4, KVX_QUANT_FP16);
+    uint16_t pay[64];
+    for (int i = 0; i < 64; i++) pay[i] = 0x7E00; /* f16 NaN */
+    kvx_envelope_block_in in1 = {0, 4, pay, NULL};
+    assert_int_equal(kvx_envelope_size(&size, KVX_ENVELOPE_V1, &g1, 1), 0);
+    assert_int_equal(kvx_envelope_export(b, sizeof b, KVX_ENVELOPE_V1, &g1, &in1, 1), 0);
+    assert_int_equal(kvx_envelope_parse(&env, b, size, &g1), 0);
+}
+
 static void test_geometry(void **state)
 {
     (void)state;
@@ -473,6 +547,7 @@ int main(void)
         cmocka_unit_test(test_export_errors),
         cmocka_unit_test(test_v2_quantize_rule),
         cmocka_unit_test(test_v2_roundtrip),
+        cmocka_unit_test(test_v2_scale_rule),
         cmocka_unit_test(test_geometry),
         cmocka_unit_test(test_write_corpus),
     };
