@@ -221,9 +221,16 @@ static int st_open_dirs(kvx_store *s, const char *dir)
     }
     int rc, ifd = -1;
     if ((rc = st_read_config(s))) return rc; /* "not a store" before anything else */
-    if ((rc = st_open_subdir(s, "shards", &s->shardsfd)) || (rc = st_open_subdir(s, "staging", &s->stagingfd)) ||
-        (rc = st_open_subdir(s, "index", &ifd)))
+    if ((rc = st_open_subdir(s, "shards", &s->shardsfd)) || (rc = st_open_subdir(s, "staging", &s->stagingfd)))
         return rc;
+    /* a lost index/ is a reindex away (DESIGN.md rule 4): a writer makes
+     * it again, a reader says so */
+    struct stat ist;
+    if (fstatat(s->dirfd, "index", &ist, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT) {
+        s->index_missing = 1;
+        return 0;
+    }
+    if ((rc = st_open_subdir(s, "index", &ifd))) return rc;
     rc = st_check_not_link(ifd, s->index_path, "data.mdb");
     if (!rc) rc = st_check_not_link(ifd, s->index_path, "lock.mdb");
     kvx_os.close(ifd);
@@ -272,15 +279,6 @@ int st_each_file(kvx_store *s, int fd, st_dir_fn fn, void *ctx)
     return rc;
 }
 
-static int st_rm_staging(kvx_store *s, int fd, const char *name, void *ctx)
-{
-    (void)s;
-    (void)ctx;
-    if (kvx_os.unlinkat(fd, name, 0) != 0 && errno != ENOENT)
-        return kvx_fail(-errno, "store: recovery: unlink staging/%s: %s", name, strerror(errno));
-    return 0;
-}
-
 int st_parse_name(const char *name, uint64_t *gen)
 {
     if (strlen(name) != 20 || strcmp(name + 16, ".kvx") != 0) return 0;
@@ -293,25 +291,6 @@ int st_parse_name(const char *name, uint64_t *gen)
     }
     *gen = v;
     return 1;
-}
-
-/* A shard file that no registry record names was sealed but never
- * published (or was evicted/compacted away just before a crash): delete. */
-static int st_rm_unregistered(kvx_store *s, int fd, const char *name, void *ctx)
-{
-    (void)ctx;
-    uint64_t gen;
-    if (name[0] == '.' && strstr(name, ".kvx.tmp.")) { /* a shard writer's temporary file */
-        if (kvx_os.unlinkat(fd, name, 0) != 0 && errno != ENOENT)
-            return kvx_fail(-errno, "store: recovery: unlink shards/%s: %s", name, strerror(errno));
-        return 0;
-    }
-    if (!st_parse_name(name, &gen)) return 0; /* not ours: leave it alone */
-    for (int b = 0; b < ST_SLOTS; b++)
-        if (s->reg_live[b] && s->reg[b].gen == gen) return 0;
-    if (kvx_os.unlinkat(fd, name, 0) != 0 && errno != ENOENT)
-        return kvx_fail(-errno, "store: recovery: unlink shards/%s: %s", name, strerror(errno));
-    return 0;
 }
 
 int st_registry_load(kvx_store *s)
@@ -342,63 +321,10 @@ int st_registry_load(kvx_store *s)
     kvx_idx_read_end(s->ix, txn);
     if (rc) return kvx_idx_err(rc, "read registry");
     s->next_gen = ng;
+    s->index_live = ng != 0; /* every index a store made names next_gen */
     for (int b = 0; b < ST_SLOTS; b++)
         if (s->reg_live[b] && s->reg[b].gen >= s->next_gen) s->next_gen = s->reg[b].gen + 1;
     if (s->next_gen == 0) s->next_gen = 1;
-    return 0;
-}
-
-/* Which registered shards are missing or damaged: cheap checks always
- * (regular file, size), the full header+tables check (meta CRC and every
- * structural rule) when verify is set. */
-static void st_check_registered(kvx_store *s, int verify)
-{
-    for (int b = 0; b < ST_SLOTS; b++) {
-        if (!s->reg_live[b]) continue;
-        char name[32];
-        st_shard_name(name, s->reg[b].gen);
-        struct stat st;
-        int bad = 0;
-        if (fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
-            (uint64_t)st.st_size != s->reg[b].file_bytes) {
-            bad = 1;
-        } else if (verify) {
-            /* st_shard_get marks the cache bad on a verdict (malformed,
-             * checksum); a transient failure (EMFILE, EIO) leaves it
-             * unmarked and the shard registered */
-            kvx_shard_close(st_shard_get(s, (uint32_t)b, s->reg[b].gen));
-        }
-        if (bad) {
-            pthread_rwlock_wrlock(&s->cache_lock);
-            s->cache[b].gen = s->reg[b].gen;
-            s->cache[b].bad = 1;
-            pthread_rwlock_unlock(&s->cache_lock);
-        }
-    }
-}
-
-static int st_recover(kvx_store *s)
-{
-    int rc = st_each_file(s, s->stagingfd, st_rm_staging, NULL);
-    if (rc) return rc;
-    if ((rc = st_registry_load(s))) return rc;
-    MDB_txn *txn;
-    uint64_t ng = 0;
-    if ((rc = kvx_idx_read_begin(s->ix, &txn))) return rc;
-    MDB_val k = {8, "next_gen"}, v;
-    int fresh = mdb_get(txn, s->ix->meta, &k, &v) == MDB_NOTFOUND;
-    kvx_idx_read_end(s->ix, txn);
-    (void)ng;
-    if (fresh) {
-        /* index lost or deleted: rebuild it from the shards' own tables */
-        return st_reindex_locked(s);
-    }
-    if ((rc = st_each_file(s, s->shardsfd, st_rm_unregistered, NULL))) return rc;
-    st_check_registered(s, (s->flags & KVX_STORE_VERIFY) != 0);
-    if ((rc = st_drop_bad_shards(s))) return rc;
-    /* a crash between a flush's publication and its eviction leaves the
-     * store one shard over: evict now, so repeated crashes cannot add up */
-    if (s->lockfd >= 0 && !(s->flags & KVX_STORE_READONLY) && st_enforce_capacity(s) != 0) kvx_clear_error();
     return 0;
 }
 
@@ -406,23 +332,24 @@ static int st_recover(kvx_store *s)
 
 static int st_finish_open(kvx_store *s, int create)
 {
+    if (s->index_missing) {
+        if (!s->writer)
+            return kvx_fail(KVX_ECORRUPT, "store %s: index/ is missing: run 'kvx store reindex %s'", s->dir, s->dir);
+        if (kvx_os.mkdir(s->index_path, 0700) != 0 && errno != EEXIST)
+            return kvx_fail(-errno, "store %s: mkdir index/: %s", s->dir, strerror(errno));
+        s->index_missing = 0;
+    }
     /* a writer may meet an empty index/ (lost index): it creates the
      * databases and recovery rebuilds them from the shards */
     int rc = kvx_idx_open(&s->ix, s->index_path, create || s->writer, (s->flags & KVX_STORE_NOSYNC) != 0);
     if (rc) return rc;
     if (s->writer) return st_recover(s);
-    /* a reader recovers only when no writer is alive (it then holds the lock
-     * for the duration of recovery only) */
-    if (st_lock(s, KVX_STORE_NOWAIT, 1) == 0) {
-        s->writer = 1;
-        rc = st_recover(s);
-        s->writer = 0;
-        kvx_os.close(s->lockfd);
-        s->lockfd = -1;
-        if (rc == -EROFS) rc = 0; /* read-only directory: nothing to repair */
-        kvx_clear_error();
-        return rc;
-    }
+    /* readers never repair (DESIGN.md rule 3): a stale or damaged record
+     * only makes a miss; recovery is a writer's job */
+    if ((rc = st_registry_load(s))) return rc;
+    if (!s->index_live)
+        return kvx_fail(KVX_ECORRUPT, "store %s: the index is empty or lost: run 'kvx store reindex %s'", s->dir,
+                        s->dir);
     kvx_clear_error();
     return 0;
 }
@@ -558,6 +485,65 @@ KVX_API int kvx_store_open(kvx_store **out, const char *dir, const kvx_geometry 
     return 0;
 }
 
+/* Removes a moved-aside index directory (its two LMDB files). */
+static void st_rm_index_dir(int dirfd, const char *name)
+{
+    int fd = kvx_os.openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0) return;
+    kvx_os.unlinkat(fd, "data.mdb", 0);
+    kvx_os.unlinkat(fd, "lock.mdb", 0);
+    kvx_os.close(fd);
+    kvx_os.unlinkat(dirfd, name, AT_REMOVEDIR);
+}
+
+KVX_API int kvx_store_reindex_dir(const char *dir, uint32_t flags)
+{
+    if (!dir || !*dir) return kvx_fail(KVX_EINVALID, "kvx_store_reindex_dir: dir is empty");
+    if (flags & ~(KVX_STORE_NOWAIT | KVX_STORE_NOSYNC))
+        return kvx_fail(KVX_EINVALID, "kvx_store_reindex_dir: flags 0x%x has unknown bits", flags);
+    kvx_store *s = st_alloc();
+    if (!s) return kvx_fail(-ENOMEM, "store: out of memory");
+    s->flags = flags;
+    int rc = st_open_dirs(s, dir);
+    if (!rc) rc = st_lock(s, flags, 0);
+    /* the old index is never read: moved aside, removed on success */
+    int aside = 0;
+    if (!rc && !s->index_missing) {
+        st_rm_index_dir(s->dirfd, "index.old"); /* a previous attempt's */
+        if (kvx_os.renameat(s->dirfd, "index", s->dirfd, "index.old") != 0)
+            rc = kvx_fail(-errno, "store %s: move index/ aside: %s", dir, strerror(errno));
+        else
+            aside = 1;
+        s->index_missing = 1;
+    }
+    if (!rc) {
+        s->writer = 1;
+        rc = st_finish_open(s, 1); /* an empty index: recovery rebuilds it from the shards */
+    }
+    int note = rc == 0 && kvx_last_error()[0];
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", kvx_last_error());
+    if (s->ix) {
+        kvx_idx_close(s->ix);
+        s->ix = NULL;
+    }
+    if (aside) {
+        if (rc == 0) {
+            st_rm_index_dir(s->dirfd, "index.old");
+        } else {
+            /* put the old one back as it was */
+            st_rm_index_dir(s->dirfd, "index");
+            kvx_os.renameat(s->dirfd, "index.old", s->dirfd, "index");
+        }
+        kvx_os.fsync(s->dirfd);
+    }
+    st_free(s);
+    if (rc) return kvx_fail(rc, "%s", msg);
+    if (note) kvx_fail(KVX_ECORRUPT, "%s", msg); /* what reindex set aside, for the caller to show */
+    else kvx_clear_error();
+    return 0;
+}
+
 KVX_API void kvx_store_close(kvx_store *s)
 {
     if (!s) return;
@@ -676,7 +662,7 @@ static int st_verified(const kvx_entry *e) { return e->tokens && e->digest; }
  * the block but its page is damaged or missing. check_page 0: the entry
  * alone is matched and no view is made (counting). */
 static int st_try_loc(kvx_store *s, const kvx_idx_loc *loc, const st_query *q, kvx_view *out, st_hc *hc,
-                      int *out_verified, int check_page)
+                      uint8_t *out_digest, int check_page)
 {
     uint32_t byte = KVX_COORD_SHARD(loc->coord);
     kvx_shard *sh = st_hc_get(s, hc, byte, loc->gen);
@@ -691,7 +677,10 @@ static int st_try_loc(kvx_store *s, const kvx_idx_loc *loc, const st_query *q, k
             memcmp(e.digest, q->digest, KVX_DIGEST_BYTES) != 0)
             goto miss;
     }
-    if (out_verified) *out_verified = st_verified(&e);
+    if (out_digest) { /* the block's digest; all zero when unverified */
+        if (st_verified(&e)) memcpy(out_digest, e.digest, KVX_DIGEST_BYTES);
+        else memset(out_digest, 0, KVX_DIGEST_BYTES);
+    }
     if (!check_page) {
         kvx_shard_close(sh);
         return 0;
@@ -782,7 +771,10 @@ static int st_get_by_hash(kvx_store *s, MDB_txn *txn, uint64_t hash, kvx_view *o
     MDB_cursor *cur;
     int rc = mdb_cursor_open(txn, s->ix->hash, &cur);
     if (rc) return kvx_idx_err(rc, "open hash cursor");
+    /* copies of one block (a carried or adopted duplicate) share its
+     * digest: only distinct digests are distinct blocks */
     size_t verified = 0, unverified = 0;
+    uint8_t first[KVX_DIGEST_BYTES], d[KVX_DIGEST_BYTES];
     kvx_idx_loc pick = {0, 0, 0};
     rc = mdb_cursor_get(cur, &k, &v, MDB_SET);
     while (rc == 0) {
@@ -792,9 +784,15 @@ static int st_get_by_hash(kvx_store *s, MDB_txn *txn, uint64_t hash, kvx_view *o
             return kvx_fail(KVX_ECORRUPT, "index: hash record has %zu bytes (run kvx store reindex)", v.mv_size);
         }
         memcpy(&loc, v.mv_data, sizeof loc);
-        int ver = 0;
-        if (st_try_loc(s, &loc, &q, NULL, NULL, &ver, 0) == 0) {
-            if (ver && verified++ == 0) pick = loc;
+        if (st_try_loc(s, &loc, &q, NULL, NULL, d, 0) == 0) {
+            int ver = !kvx_digest_is_zero(d);
+            if (ver && verified == 0) {
+                pick = loc;
+                memcpy(first, d, sizeof first);
+                verified = 1;
+            } else if (ver && memcmp(first, d, sizeof d) != 0) {
+                verified++;
+            }
             unverified += !ver;
         }
         rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
@@ -802,7 +800,7 @@ static int st_get_by_hash(kvx_store *s, MDB_txn *txn, uint64_t hash, kvx_view *o
     mdb_cursor_close(cur);
     if (rc != MDB_NOTFOUND) return kvx_idx_err(rc, "walk hash records");
     if (verified > 1)
-        return kvx_fail(KVX_EAMBIGUOUS, "store: %zu verified blocks share hash %016llx (an FNV collision): give the tokens to pick one",
+        return kvx_fail(KVX_EAMBIGUOUS, "store: %zu different verified blocks share hash %016llx (an FNV collision): give the tokens to pick one",
                         verified, (unsigned long long)hash);
     if (verified == 0 && unverified)
         return kvx_fail(KVX_EUNVERIFIED, "store: block %016llx is held only unverified (stored without its tokens)",
@@ -1207,6 +1205,7 @@ KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s)
     out->compactions = st.compactions;
     out->dropped_shards = st.dropped_shards;
     out->shard_bytes = s->target;
+    out->quarantined = st_quarantine_count(s);
     pthread_mutex_lock(&s->wmu);
     out->pending_blocks = s->npend;
     pthread_mutex_unlock(&s->wmu);

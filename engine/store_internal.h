@@ -109,6 +109,9 @@ struct kvx_store {
     uint64_t dropped;
     uint32_t reserve_hint; /* entries the next writer reserves (the put's size) */
     uint64_t carried;      /* blocks this handle carried forward (benchmarks) */
+    int index_live;        /* the index names next_gen (not lost or empty) */
+    int index_missing;     /* index/ was not there at open */
+    uint64_t quarantined;  /* files this handle moved to quarantine/ */
 };
 
 /* "%016llx.kvx" of gen into buf (32 bytes). */
@@ -165,6 +168,19 @@ void st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses, int cou
 int st_usage_persist(kvx_store *s);
 /* Reloads the registry mirror (writer). */
 int st_registry_load(kvx_store *s);
+
+/* store_recover.c: recovery (writer only), quarantine, adoption */
+int st_recover(kvx_store *s);
+/* Moves shards/<name> to quarantine/<name> (a numeric suffix on a clash,
+ * never replacing a file) with the reason in <name>.why. Writer only. */
+int st_quarantine(kvx_store *s, const char *name, const char *why);
+/* Raises next_gen above every generation named in shards/, staging/ and
+ * quarantine/ (a new shard never takes an existing file's name). */
+int st_gen_floor(kvx_store *s);
+/* Files in quarantine/ (not counting .why notes). */
+uint64_t st_quarantine_count(kvx_store *s);
+/* st_register: a shard record and its empty usage record (in txn). */
+int st_register(MDB_txn *txn, kvx_index *ix, const st_sealed *x);
 
 /* store_write.c */
 void st_discard_pending(kvx_store *s);

@@ -482,7 +482,7 @@ typedef struct st_publish {
     size_t npend;
 } st_publish;
 
-static int st_register(MDB_txn *txn, kvx_index *ix, const st_sealed *x)
+int st_register(MDB_txn *txn, kvx_index *ix, const st_sealed *x)
 {
     uint32_t b = x->byte;
     kvx_idx_shard rec = {x->gen, x->bytes, st_now_ns(), x->n, x->flags};
@@ -625,15 +625,50 @@ static int st_drop_body(MDB_txn *txn, void *ctx)
     return kvx_idx_put_u64(txn, ix->meta, "next_gen", d->s->next_gen);
 }
 
-/* After a committed drop: mirror, caches, files. */
-static void st_after_drop(kvx_store *s, const uint8_t *victims, const st_sealed *added, size_t nadded)
+/* Is shard (b, gen) sound: it opens and every page passes its CRC? Only
+ * sound blocks are ever deleted (DESIGN.md rule 2). 1 sound, 0 damaged
+ * (why filled), -1 cannot tell now (a passing failure). */
+static int st_sound(kvx_store *s, uint32_t b, uint64_t gen, char *why, size_t cap)
+{
+    char name[32], path[4096];
+    st_shard_name(name, gen);
+    snprintf(path, sizeof path, "%s/%s", s->shards_path, name);
+    kvx_shard *sh = NULL;
+    int rc = kvx_shard_open(&sh, path, 0);
+    if (rc == -ENOENT) return 1; /* nothing left to delete */
+    if (rc && st_open_transient(rc)) return -1;
+    if (rc) {
+        snprintf(why, cap, "cannot be validated: %s (%s)", kvx_last_error(), kvx_err_name(rc));
+        return 0;
+    }
+    uint32_t bad = 0;
+    rc = kvx_shard_verify(sh, &bad, NULL, NULL);
+    kvx_shard_close(sh);
+    if (rc && bad) {
+        snprintf(why, cap, "%u damaged or missing page(s) (shard %u); its good blocks were %s", bad, b,
+                 "copied or evicted");
+        return 0;
+    }
+    return rc && st_open_transient(rc) ? -1 : 1;
+}
+
+/* After a committed drop: mirror, caches, files. Evicted and compacted
+ * shards are deleted only when sound; a damaged one (and every shard
+ * dropped as damaged) moves to quarantine/ instead; one that cannot be
+ * judged now stays in shards/, unregistered: the next writer's recovery
+ * adopts or quarantines it. */
+static void st_after_drop(kvx_store *s, const uint8_t *victims, const st_sealed *added, size_t nadded, int damaged)
 {
     for (int b = 0; b < ST_SLOTS; b++) {
         if (!victims[b]) continue;
         uint64_t gen = s->reg[b].gen;
         s->reg_live[b] = 0;
         st_cache_drop(s, (uint32_t)b);
-        st_unlink_shard(s, gen); /* views keep their mapping alive */
+        char name[32], why[600] = "damaged: found bad when it was first opened";
+        st_shard_name(name, gen);
+        int sound = damaged ? 0 : st_sound(s, (uint32_t)b, gen, why, sizeof why);
+        if (sound == 1) st_unlink_shard(s, gen); /* views keep their mapping alive */
+        else if (sound == 0 && st_quarantine(s, name, why) != 0) kvx_clear_error();
     }
     for (size_t i = 0; i < nadded; i++) st_mirror_add(s, &added[i]);
 }
@@ -657,8 +692,8 @@ int st_drop_bad_shards(kvx_store *s)
     int n = 0;
     for (int b = 0; b < ST_SLOTS; b++) n += victims[b];
     s->dropped += (uint64_t)n;
-    st_after_drop(s, victims, NULL, 0);
-    kvx_fail(KVX_ECORRUPT, "store %s: recovery dropped %d shard(s) that were missing or damaged", s->dir, n);
+    st_after_drop(s, victims, NULL, 0, 1);
+    kvx_fail(KVX_ECORRUPT, "store %s: %d damaged shard(s) moved to quarantine/", s->dir, n);
     return 0;
 }
 
@@ -1076,7 +1111,7 @@ static int st_evict(kvx_store *s, uint64_t pending)
     if (rc) {
         st_unlink_sealed(s, added, nadded);
     } else {
-        st_after_drop(s, victims, added, nadded);
+        st_after_drop(s, victims, added, nadded, 0);
         st_rec_from_moves(s, mv, d.nmoves, added, nadded);
         for (size_t i = 0; i < d.nmoves; i++) s->carried += mv[i].new_gen != 0;
     }
@@ -1163,7 +1198,7 @@ int st_compact(kvx_store *s, int full)
             rc = kvx_idx_write(s->ix, st_drop_body, &d);
             if (rc) st_unlink_sealed(s, added, nadded);
             else {
-                st_after_drop(s, victims, added, nadded);
+                st_after_drop(s, victims, added, nadded, 0);
                 st_rec_from_moves(s, mv, nmv, added, nadded);
             }
         }
@@ -1194,14 +1229,19 @@ typedef struct st_found {
     uint64_t gen;
     kvx_shard *sh;
     uint64_t bytes;
+    char name[32];
 } st_found;
 
 typedef struct st_scan {
     st_found f[ST_SLOTS];
     uint64_t max_gen;
-    uint64_t skipped;
+    uint64_t quarantined, skipped;
+    int err;
 } st_scan;
 
+/* One file of shards/: kept (newest valid file per shard byte), or moved
+ * to quarantine/ with the reason (invalid, foreign, or an older file
+ * claiming a shard byte a newer one holds). Never deleted. */
 static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
 {
     st_scan *sc = ctx;
@@ -1214,7 +1254,7 @@ static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
         if (e == ENOENT) return 0; /* gone meanwhile */
         return kvx_fail(-e, "store %s: reindex: stat shards/%s: %s", s->dir, name, strerror(e));
     }
-    if (!S_ISREG(st.st_mode)) {
+    if (!S_ISREG(st.st_mode)) { /* a directory or link where a shard belongs: never followed */
         sc->skipped++;
         return 0;
     }
@@ -1226,37 +1266,46 @@ static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
     int rc = kvx_shard_open(&sh, path, 0);
     free(path);
     if (rc && st_open_transient(rc)) {
-        /* not a verdict on the file: an index rebuilt without it would
-         * get it deleted as unregistered at the next open, so stop here
-         * and leave the index as it was */
+        /* not a verdict on the file: stop, leave the index as it was */
         return kvx_fail(rc, "store %s: reindex: cannot open shards/%s: %s", s->dir, name, kvx_strerror(rc));
     }
+    char why[600];
     if (rc) {
-        sc->skipped++;
-        return 0;
+        snprintf(why, sizeof why, "reindex: cannot be validated: %s (%s)", kvx_last_error(), kvx_err_name(rc));
+    } else {
+        const kvx_shard_info *in = kvx_shard_get_info(sh);
+        const kvx_geometry *g = &in->geometry;
+        if (g->num_layers != s->g.num_layers || g->kv_heads != s->g.kv_heads || g->head_dim != s->g.head_dim ||
+            g->block_tokens != s->g.block_tokens || g->quant != s->g.quant ||
+            g->model_signature != s->g.model_signature || !(in->flags & KVX_FLAG_HASHES)) {
+            snprintf(why, sizeof why, "reindex: geometry, model or tables differ from this store's");
+            kvx_shard_close(sh);
+            sh = NULL;
+        } else {
+            st_found *f = &sc->f[in->shard_id];
+            if (!f->sh || f->gen < gen) {
+                /* the newest file holds the byte; an older one goes aside */
+                st_found old = *f;
+                f->gen = gen;
+                f->sh = sh;
+                f->bytes = (uint64_t)st.st_size;
+                snprintf(f->name, sizeof f->name, "%s", name);
+                if (!old.sh) return 0;
+                kvx_shard_close(old.sh);
+                snprintf(why, sizeof why, "reindex: shard byte %u is also claimed by the newer shards/%s",
+                         in->shard_id, f->name);
+                if (st_quarantine(s, old.name, why)) sc->err = 1;
+                else sc->quarantined++;
+                return 0;
+            }
+            snprintf(why, sizeof why, "reindex: shard byte %u is also claimed by the newer shards/%s", in->shard_id,
+                     f->name);
+            kvx_shard_close(sh);
+            sh = NULL;
+        }
     }
-    const kvx_shard_info *in = kvx_shard_get_info(sh);
-    const kvx_geometry *g = &in->geometry;
-    if (g->num_layers != s->g.num_layers || g->kv_heads != s->g.kv_heads || g->head_dim != s->g.head_dim ||
-        g->block_tokens != s->g.block_tokens || g->quant != s->g.quant ||
-        g->model_signature != s->g.model_signature || !(in->flags & KVX_FLAG_HASHES)) {
-        kvx_shard_close(sh);
-        sc->skipped++;
-        return 0;
-    }
-    st_found *f = &sc->f[in->shard_id];
-    if (f->sh && f->gen > gen) { /* two files claim one shard byte: newest wins */
-        kvx_shard_close(sh);
-        sc->skipped++;
-        return 0;
-    }
-    if (f->sh) {
-        kvx_shard_close(f->sh);
-        sc->skipped++;
-    }
-    f->gen = gen;
-    f->sh = sh;
-    f->bytes = (uint64_t)st.st_size;
+    if (st_quarantine(s, name, why)) sc->err = 1;
+    else sc->quarantined++;
     return 0;
 }
 
@@ -1270,8 +1319,9 @@ static int st_reindex_body(MDB_txn *txn, void *ctx)
     st_reindex *r = ctx;
     kvx_index *ix = r->s->ix;
     int rc;
+    /* a fresh index: nothing of the old one is read */
     if ((rc = mdb_drop(txn, ix->coord, 0)) || (rc = mdb_drop(txn, ix->hash, 0)) || (rc = mdb_drop(txn, ix->shards, 0)) ||
-        (rc = mdb_drop(txn, ix->usage, 0)))
+        (rc = mdb_drop(txn, ix->usage, 0)) || (rc = mdb_drop(txn, ix->meta, 0)))
         return rc;
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
         st_found *f = &r->sc->f[b];
@@ -1285,31 +1335,185 @@ static int st_reindex_body(MDB_txn *txn, void *ctx)
             if ((rc = kvx_idx_add_block(txn, ix, e.coordinate, e.hash, f->gen))) return rc;
         }
     }
-    kvx_idx_stats st;
-    if ((rc = kvx_idx_get_stats(txn, ix, &st))) return rc;
+    kvx_idx_stats st = {0};
     if ((rc = kvx_idx_put_stats(txn, ix, &st))) return rc;
     uint64_t ng = r->s->next_gen > r->sc->max_gen + 1 ? r->s->next_gen : r->sc->max_gen + 1;
+    r->s->next_gen = ng;
     return kvx_idx_put_u64(txn, ix->meta, "next_gen", ng);
+}
+
+/* ------------------------------------------- digests for older stores */
+
+/* A lineage entry of the store, for deriving digests (DESIGN.md rule 4). */
+typedef struct st_lin {
+    uint64_t hash, parent;
+    uint32_t b, idx;
+    const uint32_t *toks;
+    uint8_t digest[KVX_DIGEST_BYTES];
+    int state; /* 0 unknown, 1 known, 2 ambiguous (stays unverified) */
+} st_lin;
+
+static int st_cmp_lin(const void *a, const void *b)
+{
+    const st_lin *x = a, *y = b;
+    return x->hash < y->hash ? -1 : x->hash > y->hash;
+}
+
+/* The parent of e: 1 and its digest when every entry with hash ==
+ * e->parent that has a digest agrees (one candidate block), 0 when none is
+ * known yet, -1 when candidates disagree or some are undecidable. */
+static int st_parent_digest(const st_lin *all, size_t n, uint64_t parent, const uint8_t **out)
+{
+    st_lin key = {.hash = parent};
+    const st_lin *p = bsearch(&key, all, n, sizeof *all, st_cmp_lin);
+    if (!p) return -1; /* no parent held: the chain has no block-0 root here */
+    while (p > all && p[-1].hash == parent) p--;
+    const uint8_t *d = NULL;
+    int unknown = 0;
+    for (; p < all + n && p->hash == parent; p++) {
+        if (p->state == 2) return -1;
+        if (p->state == 0) {
+            unknown = 1;
+            continue;
+        }
+        if (d && memcmp(d, p->digest, KVX_DIGEST_BYTES) != 0) return -1; /* two candidate parents */
+        d = p->digest;
+    }
+    if (unknown) return 0;
+    *out = d;
+    return d ? 1 : -1;
+}
+
+/* Shards written before the digest existed have lineage but no digest
+ * table: their blocks are unverified. Walk lineage from blocks whose
+ * parent is 0, derive each block's digest where it has exactly one
+ * candidate parent, and rewrite those shards into digest shards (a sound
+ * shard only: a damaged one stays as it is, unverified). */
+static int st_derive_digests(kvx_store *s)
+{
+    int need = 0;
+    for (int b = 0; b < ST_SLOTS; b++)
+        need |= s->reg_live[b] && (s->reg[b].flags & KVX_FLAG_LINEAGE) && !(s->reg[b].flags & KVX_FLAG_DIGEST);
+    if (!need) return 0;
+    kvx_shard *sh[ST_SLOTS] = {0};
+    size_t n = 0, cap = 0;
+    st_lin *all = NULL;
+    int rc = 0;
+    uint32_t B = s->g.block_tokens;
+    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
+        if (!s->reg_live[b] || !(s->reg[b].flags & KVX_FLAG_LINEAGE)) continue;
+        if (!(sh[b] = st_shard_get(s, b, s->reg[b].gen))) continue;
+        uint32_t cnt = kvx_shard_get_info(sh[b])->num_blocks;
+        for (uint32_t i = 0; i < cnt; i++) {
+            kvx_entry e;
+            if (kvx_shard_entry(&e, sh[b], i) || !e.hash || !e.tokens) continue;
+            if (n == cap) {
+                cap = cap ? cap * 2 : 1024;
+                st_lin *p = realloc(all, cap * sizeof *p);
+                if (!p) {
+                    rc = kvx_fail(-ENOMEM, "store: out of memory");
+                    break;
+                }
+                all = p;
+            }
+            st_lin *l = &all[n++];
+            memset(l, 0, sizeof *l);
+            l->hash = e.hash;
+            l->parent = e.parent;
+            l->b = b;
+            l->idx = i;
+            l->toks = e.tokens;
+            if (e.digest) {
+                memcpy(l->digest, e.digest, KVX_DIGEST_BYTES);
+                l->state = 1;
+            } else if (e.parent == 0) {
+                kvx_prefix_digest_next(l->digest, NULL, e.tokens, B);
+                l->state = 1;
+            }
+        }
+    }
+    if (!rc && n) {
+        qsort(all, n, sizeof *all, st_cmp_lin);
+        for (int changed = 1; changed;) {
+            changed = 0;
+            for (size_t i = 0; i < n; i++) {
+                if (all[i].state) continue;
+                const uint8_t *pd = NULL;
+                int r = st_parent_digest(all, n, all[i].parent, &pd);
+                if (r == 0) continue;
+                if (r < 0) all[i].state = 2;
+                else {
+                    kvx_prefix_digest_next(all[i].digest, pd, all[i].toks, B);
+                    all[i].state = 1;
+                }
+                changed = 1;
+            }
+        }
+    }
+    /* rewrite each older, sound shard with the digests found */
+    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
+        if (!sh[b] || (s->reg[b].flags & KVX_FLAG_DIGEST)) continue;
+        char why[600];
+        if (st_sound(s, b, s->reg[b].gen, why, sizeof why) != 1) continue;
+        st_move *mv = NULL;
+        size_t nmv = 0, capmv = 0;
+        rc = st_collect(s, b, NULL, 0, 0, &mv, &nmv, &capmv, SIZE_MAX);
+        for (size_t i = 0; !rc && i < nmv; i++) {
+            st_lin key = {.hash = mv[i].hash};
+            st_lin *p = bsearch(&key, all, n, sizeof *all, st_cmp_lin);
+            while (p && p > all && p[-1].hash == mv[i].hash) p--;
+            for (; p && p < all + n && p->hash == mv[i].hash; p++)
+                if (p->b == b && p->idx == KVX_COORD_BLOCK(mv[i].src_coord) && p->state == 1)
+                    memcpy(mv[i].digest, p->digest, KVX_DIGEST_BYTES);
+        }
+        st_sealed *added = NULL;
+        size_t nadded = 0;
+        uint8_t busy[ST_SLOTS] = {0}, victims[ST_SLOTS] = {0};
+        victims[b] = 1;
+        if (!rc && nmv) rc = st_rewrite(s, mv, nmv, st_kind_flags(s, ST_KIND_LINEAGE), busy, &added, &nadded);
+        if (!rc) {
+            st_drop d = {s, victims, added, nadded, mv, nmv, 0, 0, 0};
+            rc = kvx_idx_write(s->ix, st_drop_body, &d);
+            if (rc) st_unlink_sealed(s, added, nadded);
+            else {
+                kvx_shard_close(sh[b]);
+                sh[b] = NULL;
+                st_after_drop(s, victims, added, nadded, 0);
+            }
+        }
+        free(added);
+        free(mv);
+    }
+    for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(sh[b]);
+    free(all);
+    return rc;
 }
 
 int st_reindex_locked(kvx_store *s)
 {
     st_discard_pending(s);
+    int rc = st_gen_floor(s);
+    if (rc) return rc;
     st_scan *sc = calloc(1, sizeof *sc);
     if (!sc) return kvx_fail(-ENOMEM, "store: out of memory");
-    int rc = st_each_file(s, s->shardsfd, st_scan_file, sc);
+    rc = st_each_file(s, s->shardsfd, st_scan_file, sc);
     if (!rc) {
         st_reindex r = {s, sc};
         rc = kvx_idx_write(s->ix, st_reindex_body, &r);
     }
     for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(sc->f[b].sh);
-    uint64_t skipped = sc->skipped;
+    uint64_t quarantined = sc->quarantined, skipped = sc->skipped;
+    int qerr = sc->err;
     free(sc);
     for (uint32_t b = 0; b < ST_SLOTS; b++) st_cache_drop(s, b);
     if (!rc) rc = st_registry_load(s);
-    if (!rc && skipped)
-        kvx_fail(KVX_ECORRUPT, "store %s: reindex skipped %llu file(s) in shards/ (damaged, foreign or duplicate)",
-                 s->dir, (unsigned long long)skipped);
+    if (!rc) rc = st_derive_digests(s);
+    if (!rc && qerr) rc = kvx_fail(-EIO, "store %s: reindex could not move every invalid file to quarantine/", s->dir);
+    if (!rc && (quarantined || skipped))
+        kvx_fail(KVX_ECORRUPT,
+                 "store %s: reindex moved %llu invalid or duplicate file(s) to quarantine/ and left %llu entr%s of "
+                 "shards/ that are not regular files alone",
+                 s->dir, (unsigned long long)quarantined, (unsigned long long)skipped, skipped == 1 ? "y" : "ies");
     return rc;
 }
 

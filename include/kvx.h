@@ -503,8 +503,9 @@ typedef struct kvx_store_stats {
     uint64_t evicted_blocks;
     uint64_t compactions;
     uint64_t pending_blocks; /* put but not yet flushed (this handle) */
-    uint64_t dropped_shards; /* shards dropped by recovery (missing or damaged) */
+    uint64_t dropped_shards; /* shards whose records recovery dropped (file gone or invalid) */
     uint64_t shard_bytes;    /* target shard size */
+    uint64_t quarantined;    /* files in DIR/quarantine/ (kept, never deleted) */
 } kvx_store_stats;
 
 /* Creates a new store directory (0700) with fixed geometry and capacity. */
@@ -572,8 +573,18 @@ KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s);
  * the number of problems found, each reported through report (nullable). */
 KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad,
                              void (*report)(void *ctx, const char *what, int code), void *ctx);
-/* Rebuilds the index from the shards' own tables. */
+/* Rebuilds the index from the shards' own tables (a fresh index: nothing
+ * of the old one is read). Files in shards/ that cannot be validated, that
+ * are foreign, or that claim a shard byte a newer file holds move to
+ * DIR/quarantine/ (never deleted); then 0 and kvx_last_error() says how
+ * many. Shards written before the digest existed are rewritten with the
+ * digests derived by walking lineage from blocks whose parent is 0. */
 KVX_API int kvx_store_reindex(kvx_store *s);
+/* The same for a store that may not open: index/ missing or damaged. Takes
+ * the writer lock (KVX_STORE_NOWAIT: KVX_EBUSY at once), moves index/
+ * aside, builds a fresh one from shards/, removes the old one on success
+ * (puts it back on failure). */
+KVX_API int kvx_store_reindex_dir(const char *dir, uint32_t flags);
 /* Evicts to capacity and compacts mostly-dead or small shards. */
 KVX_API int kvx_store_gc(kvx_store *s);
 /* A snapshot of the live shards, each with a reference the caller drops
