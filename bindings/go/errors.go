@@ -27,36 +27,38 @@ import (
 
 // The kvx codes, tied to the header's table.
 const (
-	CodeFormat    = int(C.KVX_EFORMAT)
-	CodeShape     = int(C.KVX_ESHAPE)
-	CodeVersion   = int(C.KVX_EVERSION)
-	CodeCorrupt   = int(C.KVX_ECORRUPT)
-	CodeNotFound  = int(C.KVX_ENOTFOUND)
-	CodeCapacity  = int(C.KVX_ECAPACITY)
-	CodeMagic     = int(C.KVX_EMAGIC)
-	CodeTrunc     = int(C.KVX_ETRUNC)
-	CodeAlign     = int(C.KVX_EALIGN)
-	CodeOverlap   = int(C.KVX_EOVERLAP)
-	CodeOverflow  = int(C.KVX_EOVERFLOW)
-	CodeQuant     = int(C.KVX_EQUANT)
-	CodeDuplicate = int(C.KVX_EDUPLICATE)
-	CodeShardID   = int(C.KVX_ESHARDID)
-	CodePage      = int(C.KVX_EPAGE)
-	CodeTokens    = int(C.KVX_ETOKENS)
-	CodeHash      = int(C.KVX_EHASH)
-	CodeLineage   = int(C.KVX_ELINEAGE)
-	CodeMetaCRC   = int(C.KVX_EMETACRC)
-	CodePageCRC   = int(C.KVX_EPAGECRC)
-	CodeModel     = int(C.KVX_EMODEL)
-	CodeBusy      = int(C.KVX_EBUSY)
-	CodeFull      = int(C.KVX_EFULL)
-	CodeNoGPU     = int(C.KVX_ENOGPU)
-	CodeNoCUDA    = int(C.KVX_ENOCUDA)
-	CodeMemlock   = int(C.KVX_EMEMLOCK)
-	CodeInvalid   = int(C.KVX_EINVALID)
-	CodeSpectral  = int(C.KVX_ESPECTRAL)
-	CodePath      = int(C.KVX_EPATH)
-	CodeCanceled  = int(C.KVX_ECANCELED)
+	CodeFormat     = int(C.KVX_EFORMAT)
+	CodeShape      = int(C.KVX_ESHAPE)
+	CodeVersion    = int(C.KVX_EVERSION)
+	CodeCorrupt    = int(C.KVX_ECORRUPT)
+	CodeNotFound   = int(C.KVX_ENOTFOUND)
+	CodeCapacity   = int(C.KVX_ECAPACITY)
+	CodeMagic      = int(C.KVX_EMAGIC)
+	CodeTrunc      = int(C.KVX_ETRUNC)
+	CodeAlign      = int(C.KVX_EALIGN)
+	CodeOverlap    = int(C.KVX_EOVERLAP)
+	CodeOverflow   = int(C.KVX_EOVERFLOW)
+	CodeQuant      = int(C.KVX_EQUANT)
+	CodeDuplicate  = int(C.KVX_EDUPLICATE)
+	CodeShardID    = int(C.KVX_ESHARDID)
+	CodePage       = int(C.KVX_EPAGE)
+	CodeTokens     = int(C.KVX_ETOKENS)
+	CodeHash       = int(C.KVX_EHASH)
+	CodeLineage    = int(C.KVX_ELINEAGE)
+	CodeMetaCRC    = int(C.KVX_EMETACRC)
+	CodePageCRC    = int(C.KVX_EPAGECRC)
+	CodeModel      = int(C.KVX_EMODEL)
+	CodeBusy       = int(C.KVX_EBUSY)
+	CodeFull       = int(C.KVX_EFULL)
+	CodeNoGPU      = int(C.KVX_ENOGPU)
+	CodeNoCUDA     = int(C.KVX_ENOCUDA)
+	CodeMemlock    = int(C.KVX_EMEMLOCK)
+	CodeInvalid    = int(C.KVX_EINVALID)
+	CodeSpectral   = int(C.KVX_ESPECTRAL)
+	CodePath       = int(C.KVX_EPATH)
+	CodeCanceled   = int(C.KVX_ECANCELED)
+	CodeAmbiguous  = int(C.KVX_EAMBIGUOUS)
+	CodeUnverified = int(C.KVX_EUNVERIFIED)
 )
 
 // Error is a kvx failure.
@@ -130,11 +132,21 @@ var (
 	ErrNoCUDA    = sentinel(CodeNoCUDA)
 	ErrSpectral  = sentinel(CodeSpectral)
 	ErrPath      = sentinel(CodePath)
+	// ErrAmbiguous: a get by hash alone found several verified blocks
+	// under the hash (an FNV collision); give the tokens (GetBlock, Prefix)
+	// to pick one by prefix digest. Also ErrNotFound: no block is served.
+	ErrAmbiguous = sentinel(CodeAmbiguous)
+	// ErrUnverified: the hash is held only by unverified blocks (stored
+	// without their token ids), which a get by hash never serves. Also
+	// ErrNotFound: no block is served.
+	ErrUnverified = sentinel(CodeUnverified)
 )
 
 // Class sentinels: a family of codes each.
 var (
-	// ErrNotFound: no such block, coordinate, hash or entry.
+	// ErrNotFound: no such block, coordinate, hash or entry; also a get by
+	// hash that serves nothing because the hash is ambiguous (ErrAmbiguous)
+	// or held only unverified (ErrUnverified).
 	ErrNotFound = sentinel(CodeNotFound)
 	// ErrCorrupt: data is damaged (page CRC, meta CRC, lineage, truncation,
 	// a damaged store file).
@@ -167,7 +179,7 @@ var (
 var ErrClosed = &Error{Code: CodeInvalid, Name: errName(CodeInvalid), Message: "handle is closed"}
 
 var classes = map[*Error][]int{
-	ErrNotFound: {CodeNotFound},
+	ErrNotFound: {CodeNotFound, CodeAmbiguous, CodeUnverified},
 	ErrCorrupt:  {CodeCorrupt, CodePageCRC, CodeMetaCRC, CodeLineage, CodeTrunc},
 	ErrFormat: {CodeFormat, CodeMagic, CodeTrunc, CodeAlign, CodeOverlap, CodeOverflow, CodeQuant,
 		CodeDuplicate, CodeShardID, CodePage, CodeTokens, CodeHash, CodeSpectral},

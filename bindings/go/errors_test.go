@@ -25,7 +25,9 @@ func TestErrorClasses(t *testing.T) {
 		{CodeModel, []error{ErrModel, ErrShape}, []error{ErrFormat}, "KVX_EMODEL"},
 		{CodeFull, []error{ErrFull, ErrCapacity}, []error{ErrBusy}, "KVX_EFULL"},
 		{CodeNoCUDA, []error{ErrNoCUDA, ErrNoGPU}, []error{ErrInvalid}, "KVX_ENOCUDA"},
-		{CodeNotFound, []error{ErrNotFound}, []error{ErrCorrupt, ErrInvalid}, "KVX_ENOTFOUND"},
+		{CodeNotFound, []error{ErrNotFound}, []error{ErrCorrupt, ErrInvalid, ErrAmbiguous, ErrUnverified}, "KVX_ENOTFOUND"},
+		{CodeAmbiguous, []error{ErrAmbiguous, ErrNotFound}, []error{ErrUnverified, ErrCorrupt, ErrInvalid}, "KVX_EAMBIGUOUS"},
+		{CodeUnverified, []error{ErrUnverified, ErrNotFound}, []error{ErrAmbiguous, ErrCorrupt, ErrInvalid}, "KVX_EUNVERIFIED"},
 		{-int(syscall.ENOSPC), []error{syscall.ENOSPC}, []error{ErrCapacity, ErrNotFound}, "ENOSPC"},
 		{-int(syscall.ENOENT), []error{fs.ErrNotExist}, []error{ErrNotFound}, "ENOENT"},
 	}

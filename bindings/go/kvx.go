@@ -26,15 +26,16 @@
 // scripts/setup.sh makes it); set CGO_LDFLAGS=-L/other/build to use
 // another build directory. When that library was built with CUDA, the
 // CUDA runtime is linked statically from /usr/local/cuda; otherwise an
-// empty stand-in archive (nocuda/) satisfies the link. liburing, LMDB and
-// libnuma are linked from their static archives too (Debian ships them);
+// empty stand-in archive (nocuda/) satisfies the link. liburing, LMDB,
+// libnuma and OpenSSL's libcrypto (SHA-256 of the prefix digests) are
+// linked from their static archives too (Debian ships them);
 // only ISA-L, which Debian ships as a shared library alone, stays dynamic.
 // See README.md.
 package kvx
 
 /*
 #cgo CFLAGS: -I${SRCDIR}/../../include
-#cgo LDFLAGS: -L${SRCDIR}/../../build -l:libkvx.a -l:liburing.a -l:liblmdb.a -l:libnuma.a -lisal
+#cgo LDFLAGS: -L${SRCDIR}/../../build -l:libkvx.a -l:liburing.a -l:liblmdb.a -l:libnuma.a -lisal -l:libcrypto.a
 #cgo LDFLAGS: -L/usr/local/cuda/lib64 -L${SRCDIR}/nocuda -lcudart_static -ldl -lrt -lpthread -lm
 #include "shim.h"
 */
@@ -145,6 +146,42 @@ func BlockHashes(tokens []uint32, blockTokens uint32) []uint64 {
 	n := C.kvx_block_hashes((*C.uint64_t)(&out[0]), (*C.uint32_t)(&tokens[0]), C.size_t(len(tokens)),
 		C.uint32_t(blockTokens))
 	return out[:int(n)]
+}
+
+// DigestBytes is the size of a prefix digest.
+const DigestBytes = int(C.KVX_DIGEST_BYTES)
+
+// PrefixDigests are the prefix digests of every full block of tokens: the
+// SHA-256 chain d_0 = SHA-256(le_u32 tokens of block 0), d_i =
+// SHA-256(d_{i-1} || le_u32 tokens of block i). The 64-bit chained hash
+// (BlockHashes) names a block; the digest is its proof (FNV-1a collides
+// on purpose in seconds): the store serves a block for a prompt only when
+// its stored digest equals the prompt's. Nil when blockTokens is 0 or
+// tokens hold no full block. One cgo crossing.
+func PrefixDigests(tokens []uint32, blockTokens uint32) [][32]byte {
+	if blockTokens == 0 || len(tokens) < int(blockTokens) {
+		return nil
+	}
+	out := make([][32]byte, len(tokens)/int(blockTokens))
+	n := C.kvx_prefix_digests((*[C.KVX_DIGEST_BYTES]C.uint8_t)(unsafe.Pointer(&out[0])), (*C.uint32_t)(&tokens[0]),
+		C.size_t(len(tokens)), C.uint32_t(blockTokens))
+	return out[:int(n)]
+}
+
+// PrefixDigestNext is one link of the chain: SHA-256(prev || le_u32
+// block), prev nil for the first block of a sequence; len(block) is B.
+func PrefixDigestNext(prev *[32]byte, block []uint32) [32]byte {
+	var out [32]byte
+	var cp *C.uint8_t
+	if prev != nil {
+		cp = (*C.uint8_t)(&prev[0])
+	}
+	var ct *C.uint32_t
+	if len(block) > 0 {
+		ct = (*C.uint32_t)(&block[0])
+	}
+	C.kvx_prefix_digest_next((*C.uint8_t)(&out[0]), cp, ct, C.uint32_t(len(block)))
+	return out
 }
 
 // CRC32C is CRC-32C (Castagnoli) of data, continuing from crc (start at 0).

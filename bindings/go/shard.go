@@ -26,7 +26,7 @@ type ShardInfo struct {
 	SpectralDim    uint32
 	SpectralOffset uint64
 	KVDataOffset   uint64
-	Flags          uint32 // FlagHashes | FlagLineage | FlagScales | FlagMetaCRC
+	Flags          uint32 // FlagHashes | FlagLineage | FlagScales | FlagMetaCRC | FlagDigest
 	MetaCRC32C     uint32
 	FileSize       uint64
 }
@@ -37,6 +37,7 @@ const (
 	FlagLineage = uint32(C.KVX_FLAG_LINEAGE)
 	FlagScales  = uint32(C.KVX_FLAG_SCALES)
 	FlagMetaCRC = uint32(C.KVX_FLAG_META_CRC)
+	FlagDigest  = uint32(C.KVX_FLAG_DIGEST) // digest table (needs FlagLineage)
 )
 
 // Entry is one entry of a shard's coordinate table.
@@ -49,6 +50,10 @@ type Entry struct {
 	Hash       uint64   // 0 without a hash table
 	Parent     uint64   // 0 without a lineage table
 	Tokens     []uint32 // lineage token ids (a copy); nil without
+	// Digest is the block's 32-byte prefix digest (a copy; see
+	// PrefixDigests); nil without a digest table or when the entry is
+	// unverified (stored without its tokens: an all-zero digest).
+	Digest []byte
 }
 
 // Shard is an open, validated shard file. Safe for concurrent use; pages
@@ -173,6 +178,9 @@ func entryFromC(e *C.kvx_entry, blockTokens int) Entry {
 	if e.tokens != nil && blockTokens > 0 {
 		t := unsafe.Slice((*uint32)(unsafe.Pointer(e.tokens)), blockTokens)
 		out.Tokens = append([]uint32(nil), t...)
+	}
+	if e.digest != nil {
+		out.Digest = C.GoBytes(unsafe.Pointer(e.digest), C.KVX_DIGEST_BYTES)
 	}
 	return out
 }

@@ -39,14 +39,16 @@ func TestInspectAndVerifyShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	if info.Geometry != testGeom || info.NumBlocks != 3 || len(entries) != 3 || info.FileSize != uint64(len(data)) ||
-		info.Flags&FlagHashes == 0 || info.Flags&FlagLineage == 0 || info.FormatVersion != 0x0100 {
+		info.Flags&FlagHashes == 0 || info.Flags&FlagLineage == 0 || info.Flags&FlagDigest == 0 || info.FormatVersion != 0x0100 {
 		t.Fatalf("info %+v, %d entries", info, len(entries))
 	}
 	toks := seqTokens(0, 3*16)
 	hs := BlockHashes(toks, 16)
+	ds := goDigests(toks, 16)
 	for i, e := range entries {
 		if e.Hash != hs[i] || e.TokenCount != 16 || e.Bytes != 1024 || e.Offset%4096 != 0 ||
-			!equalU32(e.Tokens, toks[i*16:(i+1)*16]) || (i > 0 && e.Parent != hs[i-1]) {
+			!equalU32(e.Tokens, toks[i*16:(i+1)*16]) || (i > 0 && e.Parent != hs[i-1]) ||
+			!bytes.Equal(e.Digest, ds[i][:]) {
 			t.Fatalf("entry %d: %+v", i, e)
 		}
 		if e.CRC32 != CRC32(0, data[e.Offset:e.Offset+uint64(e.Bytes)]) {
@@ -114,13 +116,30 @@ func TestInspectAndVerifyShard(t *testing.T) {
 	if _, _, err := Inspect(path); !errors.Is(err, ErrMetaCRC) || !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("damaged header: %v", err)
 	}
-	// Truncated.
+	// Truncated: the structure is intact, so the shard opens; the last
+	// page, now past the end of the file, is missing (ErrTruncated), the
+	// others are served.
 	if err := os.WriteFile(path, data[:len(data)-4096], 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := Inspect(path); err == nil {
-		t.Fatal("truncated shard opened")
+	if _, es, err := Inspect(path); err != nil || len(es) != 3 {
+		t.Fatalf("truncated shard: %d entries, %v", len(es), err)
 	}
+	probs, err = VerifyFile(path)
+	if !errors.Is(err, ErrTruncated) || len(probs) != 1 || probs[0].Entry != 2 || !errors.Is(probs[0].Err, ErrTruncated) {
+		t.Fatalf("truncated shard verify: %v %+v", err, probs)
+	}
+	sh, err = OpenShard(path, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sh.Page(2, true); !errors.Is(err, ErrTruncated) {
+		t.Fatalf("Page past the end: %v", err)
+	}
+	if p, err := sh.Page(1, true); err != nil || !bytes.Equal(p, pageOf(testGeom, toks, 1)[:1024]) {
+		t.Fatalf("Page before the end: %v", err)
+	}
+	sh.Close()
 }
 
 func equalU32(a, b []uint32) bool {

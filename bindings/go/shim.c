@@ -5,6 +5,7 @@
 #include "shim.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -14,6 +15,7 @@ static gokvx_rc gokvx_done(int rc, uint64_t n)
     r.rc = rc;
     r.n = n;
     r.msg = NULL;
+    r.note = 0;
     if (rc) {
         const char *m = kvx_last_error();
         r.msg = strdup(m && *m ? m : kvx_strerror(rc));
@@ -64,7 +66,79 @@ gokvx_rc gokvx_store_prefix(kvx_view *out, kvx_store *s, const uint32_t *tokens,
 {
     size_t n = 0;
     int rc = kvx_store_prefix(out, &n, s, tokens, n_tokens, max_views);
-    return gokvx_done(rc, n);
+    gokvx_rc r = gokvx_done(rc, n);
+    const char *m = rc ? NULL : kvx_last_error();
+    if (m && *m) {
+        /* The prefix ended at a damaged block (kvx_store_prefix returns 0
+         * and leaves only the message, which names the block and says
+         * which damage it is: store.c st_try_loc). */
+        r.note = strstr(m, "page missing") ? KVX_ETRUNC : strstr(m, "page CRC") ? KVX_EPAGECRC : KVX_ECORRUPT;
+        r.msg = strdup(m);
+    }
+    return r;
+}
+
+gokvx_rc gokvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tokens, size_t n_tokens)
+{
+    return gokvx_done(kvx_store_get_block(out, s, tokens, n_tokens), 0);
+}
+
+gokvx_rc gokvx_store_put_envelope(kvx_store *s, const void *env, size_t len, const uint32_t *tokens,
+                                  size_t n_tokens)
+{
+    size_t added = 0;
+    int rc = kvx_store_put_envelope(s, env, len, tokens, n_tokens, &added);
+    return gokvx_done(rc, added);
+}
+
+static int same_geometry(const kvx_geometry *a, const kvx_geometry *b)
+{
+    return a->num_layers == b->num_layers && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim &&
+           a->block_tokens == b->block_tokens && a->quant == b->quant && a->model_signature == b->model_signature;
+}
+
+gokvx_rc gokvx_views_export(void *dst, size_t cap, kvx_store *s, const kvx_view *views, size_t n,
+                            uint16_t version)
+{
+    kvx_geometry g;
+    int rc = kvx_store_get_geometry(&g, s);
+    if (rc) return gokvx_done(rc, 0);
+    for (size_t i = 0; i < n; i++) {
+        if (views[i].shard && !same_geometry(&kvx_shard_get_info(views[i].shard)->geometry, &g)) {
+            char m[160];
+            snprintf(m, sizeof m, "export: view %zu (coordinate 0x%08x) comes from a store of another geometry", i,
+                     views[i].coordinate);
+            gokvx_rc r = {KVX_ESHAPE, 0, strdup(m), 0};
+            return r;
+        }
+    }
+    void *buf = NULL;
+    size_t len = 0;
+    rc = kvx_views_export(&buf, &len, s, views, n, version);
+    if (rc) return gokvx_done(rc, 0);
+    if (len != cap) {
+        kvx_free(buf);
+        char m[160];
+        snprintf(m, sizeof m, "export: the envelope is %zu bytes, the binding expected %zu", len, cap);
+        gokvx_rc r = {KVX_ECAPACITY, 0, strdup(m), 0};
+        return r;
+    }
+    memcpy(dst, buf, len);
+    kvx_free(buf);
+    return gokvx_done(0, len);
+}
+
+gokvx_rc gokvx_envelope_parse(gokvx_envelope_info *out, const void *buf, size_t len, const kvx_geometry *expect)
+{
+    kvx_envelope e;
+    int rc = kvx_envelope_parse(&e, buf, len, expect);
+    if (rc) return gokvx_done(rc, 0);
+    out->version = e.version;
+    out->dtype = e.dtype;
+    out->n_blocks = e.n_blocks;
+    out->geometry = e.geometry;
+    out->payload_bytes = e.payload_bytes;
+    return gokvx_done(0, 0);
 }
 
 gokvx_rc gokvx_store_stat(kvx_store_stats *out, kvx_store *s)
@@ -189,7 +263,7 @@ gokvx_rc gokvx_fetch_submit(kvx_fetch *f, const kvx_fetch_req *reqs, size_t n)
 gokvx_rc gokvx_fetch_wait(kvx_fetch *f, kvx_fetch_result *out, size_t n, int timeout_ms)
 {
     int rc = kvx_fetch_wait(f, out, n, timeout_ms);
-    if (rc == -ETIMEDOUT) return (gokvx_rc){rc, 0, NULL}; /* not a failure: poll again */
+    if (rc == -ETIMEDOUT) return (gokvx_rc){rc, 0, NULL, 0}; /* not a failure: poll again */
     return gokvx_done(rc, 0);
 }
 
@@ -226,7 +300,7 @@ gokvx_rc gokvx_warmup_start(kvx_warmup **out, kvx_shard *const *shards, size_t n
 gokvx_rc gokvx_warmup_wait(kvx_warmup_report *out, kvx_warmup *w, int timeout_ms)
 {
     int rc = kvx_warmup_wait(out, w, timeout_ms);
-    if (rc == -ETIMEDOUT) return (gokvx_rc){rc, 0, NULL};
+    if (rc == -ETIMEDOUT) return (gokvx_rc){rc, 0, NULL, 0};
     return gokvx_done(rc, 0);
 }
 

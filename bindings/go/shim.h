@@ -22,8 +22,19 @@
 typedef struct gokvx_rc {
     int rc;
     uint64_t n;  /* the call's count output, when it has one */
-    char *msg;   /* malloc'd on failure (free with free); NULL on success */
+    char *msg;   /* malloc'd on failure (free with free); NULL on success,
+                    except a note (below) */
+    int note;    /* a call that succeeded but left a note (prefix: the code of
+                    the damage that ended it, msg its message); 0 otherwise */
 } gokvx_rc;
+
+/* The pointer-free header of a parsed envelope (gokvx_envelope_parse). */
+typedef struct gokvx_envelope_info {
+    uint16_t version, dtype;
+    uint32_t n_blocks;
+    kvx_geometry geometry;
+    uint64_t payload_bytes;
+} gokvx_envelope_info;
 
 typedef struct gokvx_bad {
     uint32_t index; /* shard verify: entry index */
@@ -42,8 +53,21 @@ gokvx_rc gokvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate);
 gokvx_rc gokvx_store_get_hash(kvx_view *out, kvx_store *s, uint64_t hash);
 gokvx_rc gokvx_store_get_hashes(kvx_view *out, int *status, kvx_store *s, const uint64_t *hashes,
                                 size_t n);
+/* n: the blocks served. rc is 0 whatever n; when damage ended the prefix,
+ * note is its code (KVX_EPAGECRC, KVX_ETRUNC) and msg the library's note
+ * naming the block. */
 gokvx_rc gokvx_store_prefix(kvx_view *out, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
                             size_t max_views);
+gokvx_rc gokvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tokens, size_t n_tokens);
+gokvx_rc gokvx_store_put_envelope(kvx_store *s, const void *env, size_t len, const uint32_t *tokens,
+                                  size_t n_tokens);
+/* kvx_views_export into dst (cap bytes, the envelope's exact size, computed
+ * by the caller), the library's buffer freed in the same call; n: the
+ * bytes written. Every view must come from a store of s's geometry
+ * (KVX_ESHAPE otherwise: its pages would be read at the wrong size). */
+gokvx_rc gokvx_views_export(void *dst, size_t cap, kvx_store *s, const kvx_view *views, size_t n,
+                            uint16_t version);
+gokvx_rc gokvx_envelope_parse(gokvx_envelope_info *out, const void *buf, size_t len, const kvx_geometry *expect);
 gokvx_rc gokvx_store_stat(kvx_store_stats *out, kvx_store *s);
 /* *out_bad: malloc'd array of n (the rc's n) problems; free with gokvx_bads_free. */
 gokvx_rc gokvx_store_verify(kvx_store *s, gokvx_bad **out_bad);

@@ -1,14 +1,15 @@
 // store.go - the store: a persistent prefix cache indexed in LMDB.
 //
-// Lookups (Prefix, Get, GetHash, GetHashes) are one cgo crossing per call
-// whatever the number of blocks: the C call fills a C-allocated array of
-// kvx_view, and the returned *Views reads that array in place, so building
-// the result costs no per-block Go work. (A Go array would be legal too, as
-// it holds only C pointers, but cgo's pointer check would scan every view
-// at each call: 14% of a 64-block prefix.) Release frees it in the same
-// crossing that drops the shard references. Lookups run concurrently (the C store is thread-safe
-// for them); writers (Put, Flush, GC, Reindex) are serialized by a mutex.
-// Close waits for calls in flight (a read-write lock) and is idempotent.
+// Lookups (Prefix, GetBlock, Get, GetHash, GetHashes) and Export are one
+// cgo crossing per call whatever the number of blocks: the C call fills a
+// C-allocated array of kvx_view, and the returned *Views reads that array
+// in place, so building the result costs no per-block Go work. (A Go array
+// would be legal too, as it holds only C pointers, but cgo's pointer check
+// would scan every view at each call: 14% of a 64-block prefix.) Release
+// frees it in the same crossing that drops the shard references. Lookups
+// run concurrently (the C store is thread-safe for them); writers (Put,
+// PutEnvelope, Flush, GC, Reindex) are serialized by a mutex. Close waits
+// for calls in flight (a read-write lock) and is idempotent.
 package kvx
 
 /*
@@ -192,6 +193,34 @@ func (s *Store) Put(tokens []uint32, pages []byte, scales []float32) (int, error
 	return int(r.n), check(r)
 }
 
+// PutEnvelope stores every full block of an envelope (spec
+// kv-block-hash-and-envelope) under its hash; PutEnvelope returns how many
+// were written. tokens are the sequence's ids: with them the blocks are
+// verified (their hashes must equal the envelope's, ErrHash otherwise) and
+// servable by Prefix, GetBlock and GetHash. With nil tokens the blocks are
+// unverified: stored and reachable by coordinate, but never served by a
+// prefix, a token lookup or a get by hash alone (ErrUnverified), until a
+// verified put of the same blocks supersedes them. Nothing is visible or
+// durable until Flush returns nil.
+func (s *Store) PutEnvelope(env []byte, tokens []uint32) (int, error) {
+	if len(env) == 0 {
+		return 0, newError(CodeFormat, "PutEnvelope: empty envelope")
+	}
+	cs, err := s.acquire()
+	if err != nil {
+		return 0, err
+	}
+	defer s.mu.RUnlock()
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	var ctok *C.uint32_t
+	if len(tokens) > 0 {
+		ctok = (*C.uint32_t)(&tokens[0])
+	}
+	r := C.gokvx_store_put_envelope(cs, unsafe.Pointer(&env[0]), C.size_t(len(env)), ctok, C.size_t(len(tokens)))
+	return int(r.n), check(r)
+}
+
 // Flush makes every block put so far durable and visible. nil is the
 // acknowledgement.
 func (s *Store) Flush() error {
@@ -220,9 +249,17 @@ func (s *Store) writer(f func(*C.kvx_store) C.gokvx_rc) error {
 }
 
 // Prefix serves the longest cached prefix of tokens: the leading full
-// blocks found, in order, lineage-verified (a hash collision can never
-// return another prefix's KV). A miss is not an error: the Views is empty.
-// One cgo crossing whatever the number of blocks.
+// blocks found, in order. Only verified blocks are served (DESIGN.md trust
+// rule 1): a block is served only when its hash, parent, token ids and
+// prefix digest (PrefixDigests) all equal the prompt's, so an FNV
+// collision can never return another prefix's KV, and blocks stored
+// without their tokens (PutEnvelope with nil tokens) are never served.
+// Every page served has passed its CRC-32 since its shard was opened. The
+// prefix ends before the first block that is missing, unverified or
+// damaged. A miss is not an error: the Views is empty; when damage (a page
+// CRC mismatch, a page missing from a truncated file) ended the prefix,
+// Views.StoppedAt names the block. One cgo crossing whatever the number of
+// blocks.
 func (s *Store) Prefix(tokens []uint32) (*Views, error) {
 	return s.PrefixMax(tokens, len(tokens))
 }
@@ -247,7 +284,28 @@ func (s *Store) PrefixMax(tokens []uint32, max int) (*Views, error) {
 	}
 	v.c = v.c[:int(r.n)] // the capacity stays: Release frees the whole array
 	v.n = int(r.n)
+	if r.msg != nil {
+		v.stopped = newError(int(r.note), C.GoString(r.msg))
+		C.free(unsafe.Pointer(r.msg))
+	}
 	return v, nil
+}
+
+// GetBlock serves the block that ends at the last full block of tokens
+// (len(tokens)/B blocks; a partial tail is ignored), matched like Prefix on
+// hash, parent, token ids and prefix digest: the way to get one block by
+// content when its hash alone is ambiguous. ErrNotFound when no verified
+// block matches, ErrTokens when tokens hold no full block, ErrPageCRC (or
+// ErrTruncated) when the block's only copy is damaged.
+func (s *Store) GetBlock(tokens []uint32) (*Views, error) {
+	if s.geom.BlockTokens == 0 || len(tokens) < int(s.geom.BlockTokens) {
+		return nil, newError(CodeTokens, "GetBlock: "+strconv.Itoa(len(tokens))+" tokens hold no full block of "+
+			u64s(uint64(s.geom.BlockTokens)))
+	}
+	v, _, err := s.lookup(1, func(out *C.kvx_view, cs *C.kvx_store) C.gokvx_rc {
+		return C.gokvx_store_get_block(out, cs, (*C.uint32_t)(&tokens[0]), C.size_t(len(tokens)))
+	})
+	return v, err
 }
 
 // Get serves the block at a coordinate (ErrNotFound when there is none).
@@ -258,7 +316,12 @@ func (s *Store) Get(c Coord) (*Views, error) {
 	return v, err
 }
 
-// GetHash serves the block with a chained hash (ErrNotFound when none).
+// GetHash serves the block with a chained hash, by hash alone: it answers
+// only when exactly one verified block holds the hash. Several verified
+// blocks (an FNV collision): ErrAmbiguous (use GetBlock with the tokens);
+// only unverified ones (stored without tokens): ErrUnverified; none:
+// ErrNotFound. ErrAmbiguous and ErrUnverified are ErrNotFound too, so a
+// caller that only asks "served or not" needs no change.
 func (s *Store) GetHash(hash uint64) (*Views, error) {
 	v, _, err := s.lookup(1, func(out *C.kvx_view, cs *C.kvx_store) C.gokvx_rc {
 		return C.gokvx_store_get_hash(out, cs, C.uint64_t(hash))
@@ -267,8 +330,8 @@ func (s *Store) GetHash(hash uint64) (*Views, error) {
 }
 
 // GetHashes looks up many hashes in one crossing. View i is the block of
-// hashes[i]; a miss has Found() false and errs[i] (ErrNotFound, or
-// ErrPageCRC with Verify) non-nil.
+// hashes[i]; a miss has Found() false and errs[i] non-nil (ErrNotFound,
+// ErrAmbiguous, ErrUnverified as for GetHash, or ErrPageCRC).
 func (s *Store) GetHashes(hashes []uint64) (*Views, []error, error) {
 	if len(hashes) == 0 {
 		return newViews(0), nil, nil
@@ -287,6 +350,46 @@ func (s *Store) GetHashes(hashes []uint64) (*Views, []error, error) {
 		}
 	}
 	return v, errs, nil
+}
+
+// Export writes the blocks of views, in order, as one envelope of version
+// (EnvelopeV1: f16; EnvelopeV2: e4m3 with per-slab scales), the bytes a
+// tl.kv.v1 KvChunk payload or ParseEnvelope takes. Every page's CRC-32 is
+// checked again first, whatever was checked before (ErrPageCRC naming the
+// block; nothing is built). An empty or nil views gives a valid envelope
+// of 0 blocks (32 bytes). Every view must be found (a GetHashes miss:
+// ErrInvalid) and come from a store of this store's geometry (ErrShape).
+// One cgo crossing; the envelope is copied into Go memory.
+func (s *Store) Export(views *Views, version uint16) ([]byte, error) {
+	n := views.Len()
+	if views != nil && views.Released() {
+		return nil, newError(CodeInvalid, "Export: the views were released")
+	}
+	size, ok := envelopeSize(version, s.geom, n)
+	if !ok {
+		// not a version kvx writes, or a size that overflows: C names it
+		size = 0
+	}
+	cs, err := s.acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer s.mu.RUnlock()
+	out := make([]byte, size)
+	var dst unsafe.Pointer
+	if size > 0 {
+		dst = unsafe.Pointer(&out[0])
+	}
+	var cv *C.kvx_view
+	if n > 0 {
+		cv = &views.c[0]
+	}
+	r := C.gokvx_views_export(dst, C.size_t(size), cs, cv, C.size_t(n), C.uint16_t(version))
+	runtime.KeepAlive(views)
+	if err := check(r); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // lookup runs one crossing that fills n (> 0) views, under the read lock:
@@ -392,6 +495,7 @@ func (s *Store) Shards() ([]*Shard, error) {
 type Views struct {
 	c        []C.kvx_view // C memory (gokvx_views_alloc); nil when empty or released
 	n        int          // blocks served
+	stopped  *Error       // Prefix: the damage that ended the prefix
 	released atomic.Bool
 }
 
@@ -442,6 +546,19 @@ func (v *Views) Release() {
 	}
 	runtime.SetFinalizer(v, nil)
 	v.free(v.n)
+}
+
+// StoppedAt is, for a Prefix result, the damage that ended the prefix: an
+// *Error (ErrPageCRC or ErrTruncated, both ErrCorrupt) whose message names
+// the damaged block, which was withheld with every block after it; the
+// blocks served before it are intact. Nil when the prefix ended at a miss
+// or an unverified block, or served every full block (and for every other
+// lookup, whose damage is its error). It stays readable after Release.
+func (v *Views) StoppedAt() error {
+	if v == nil || v.stopped == nil {
+		return nil
+	}
+	return v.stopped
 }
 
 // Released reports whether Release was called.

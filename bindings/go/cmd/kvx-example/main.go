@@ -70,6 +70,9 @@ func run(dir string) error {
 	}
 	defer v.Release()
 	fmt.Printf("prefix: %d of %d tokens cached (%d blocks)\n", v.Len()*int(g.BlockTokens), len(p), v.Len())
+	if damage := v.StoppedAt(); damage != nil {
+		fmt.Printf("  (a damaged block ended the prefix: %v)\n", damage)
+	}
 	blocks := make([]kvx.View, v.Len())
 	for i := range blocks {
 		blocks[i] = v.At(i)
