@@ -386,6 +386,14 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
         if (s->target > ((uint64_t)1 << 30)) s->target = (uint64_t)1 << 30;
     }
     st_sizes(s);
+    if (s->capacity < s->target) {
+        uint64_t t = s->target;
+        st_free(s);
+        return kvx_fail(KVX_EINVALID,
+                        "kvx_store_create: capacity_bytes %llu is below the shard size %llu (the smallest a store can "
+                        "hold: give a larger capacity, or a smaller shard_bytes)",
+                        (unsigned long long)opts->capacity_bytes, (unsigned long long)t);
+    }
     if (s->capacity < s->entry_bytes + 4096) {
         uint64_t eb = s->entry_bytes;
         st_free(s);
@@ -1130,6 +1138,11 @@ KVX_API int kvx_views_export(void **out_buf, size_t *out_len, kvx_store *s, cons
     for (size_t i = 0; i < n; i++) {
         const void *page;
         if (!views[i].shard) return kvx_fail(KVX_EINVALID, "kvx_views_export: view %zu holds no block", i);
+        const kvx_geometry *vg = &kvx_shard_get_info(views[i].shard)->geometry;
+        if (vg->num_layers != g->num_layers || vg->kv_heads != g->kv_heads || vg->head_dim != g->head_dim ||
+            vg->block_tokens != g->block_tokens || vg->quant != g->quant ||
+            views[i].page_bytes != kvx_page_bytes(g, views[i].token_count))
+            return kvx_fail(KVX_ESHAPE, "kvx_views_export: view %zu comes from a shard of another geometry", i);
         if ((rc = kvx_shard_page(&page, views[i].shard, views[i].entry, 1)))
             return kvx_fail(rc, "export: block %016llx (coordinate 0x%08x): %s", (unsigned long long)views[i].hash,
                             views[i].coordinate, rc == KVX_EPAGECRC ? "page CRC mismatch" : kvx_strerror(rc));

@@ -335,6 +335,18 @@ static int st_held(kvx_store *s, MDB_txn *txn, const st_query *q)
     return rc == KVX_ENOTFOUND || rc == KVX_EPAGECRC || rc == KVX_ETRUNC ? 0 : rc;
 }
 
+/* A put bigger than the whole store would keep only its tail, which no
+ * prefix reaches: refused before anything is written. */
+static int st_fits(kvx_store *s, size_t n_blocks, const char *fn)
+{
+    uint64_t need;
+    if (!kvx_mul64(&need, n_blocks, s->entry_bytes) || need > s->capacity)
+        return kvx_fail(KVX_ECAPACITY, "%s: %zu blocks need %llu bytes, more than the store's capacity of %llu bytes",
+                        fn, n_blocks, (unsigned long long)(n_blocks * s->entry_bytes),
+                        (unsigned long long)s->capacity);
+    return 0;
+}
+
 static int st_writer_check(kvx_store *s, const char *fn)
 {
     if (!s) return kvx_fail(KVX_EINVALID, "%s: store is NULL", fn);
@@ -354,6 +366,7 @@ KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens,
                         n_tokens / B, n_tokens);
     if (n_pages && (!tokens || !pages)) return kvx_fail(KVX_EINVALID, "kvx_store_put: tokens or pages is NULL");
     if (n_pages == 0) return 0;
+    if ((rc = st_fits(s, n_pages, "kvx_store_put"))) return rc;
     uint64_t *h = malloc(n_pages * sizeof *h);
     uint8_t *held = calloc(n_pages, 1);
     uint8_t(*d)[KVX_DIGEST_BYTES] = malloc(n_pages * KVX_DIGEST_BYTES);
@@ -440,6 +453,12 @@ KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, co
             rc = kvx_fail(KVX_EHASH, "kvx_store_put_envelope: block %u hash %016llx is not the hash of the tokens' block %u",
                           i, (unsigned long long)blk.hash, i);
     }
+    size_t nput = 0;
+    for (uint32_t i = 0; !rc && i < e.n_blocks; i++) {
+        kvx_envelope_block blk;
+        if (kvx_envelope_block_at(&blk, &e, i) == 0 && blk.n_tokens == B && blk.hash) nput++;
+    }
+    if (!rc) rc = st_fits(s, nput, "kvx_store_put_envelope");
     size_t added = 0;
     pthread_mutex_lock(&s->wmu);
     s->reserve_hint = e.n_blocks;
@@ -1209,6 +1228,9 @@ int st_compact(kvx_store *s, int full)
     return rc;
 }
 
+static int st_drop_headless(kvx_store *s);
+static int st_salvage_damaged(kvx_store *s);
+
 KVX_API int kvx_store_gc(kvx_store *s)
 {
     int rc = st_writer_check(s, "kvx_store_gc");
@@ -1216,7 +1238,9 @@ KVX_API int kvx_store_gc(kvx_store *s)
     pthread_mutex_lock(&s->wmu);
     st_usage_persist(s);
     rc = st_drop_bad_shards(s);
+    if (!rc) rc = st_salvage_damaged(s);
     if (!rc) rc = st_enforce_capacity(s);
+    if (!rc) rc = st_drop_headless(s);
     if (!rc) rc = st_compact(s, 1);
     pthread_mutex_unlock(&s->wmu);
     if (!rc) kvx_clear_error();
@@ -1524,5 +1548,144 @@ KVX_API int kvx_store_reindex(kvx_store *s)
     pthread_mutex_lock(&s->wmu);
     rc = st_reindex_locked(s);
     pthread_mutex_unlock(&s->wmu);
+    return rc;
+}
+
+/* ------------------------------------------------------- gc: chains, damage */
+
+/* Rewrites shard b keeping only the entries keep[] marks (NULL: all whose
+ * page is sound), then drops it: deleted when sound, else quarantined. */
+static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, int damaged)
+{
+    st_move *mv = NULL;
+    size_t nmv = 0, capmv = 0;
+    int rc = st_collect(s, b, NULL, 0, 0, &mv, &nmv, &capmv, SIZE_MAX);
+    if (rc) {
+        free(mv);
+        return rc;
+    }
+    size_t w = 0;
+    for (size_t i = 0; i < nmv; i++)
+        if (!keep || keep[KVX_COORD_BLOCK(mv[i].src_coord)]) mv[w++] = mv[i];
+    nmv = w;
+    st_sealed *added = NULL;
+    size_t nadded = 0;
+    uint8_t busy[ST_SLOTS] = {0}, victims[ST_SLOTS] = {0};
+    victims[b] = 1;
+    uint32_t flags = s->reg[b].flags & (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES);
+    if (flags & KVX_FLAG_LINEAGE) flags |= KVX_FLAG_DIGEST;
+    if (nmv) rc = st_rewrite(s, mv, nmv, flags, busy, &added, &nadded); /* bad pages are not copied */
+    if (!rc) {
+        st_drop d = {s, victims, added, nadded, mv, nmv, 0, 1, damaged};
+        rc = kvx_idx_write(s->ix, st_drop_body, &d);
+        if (rc) st_unlink_sealed(s, added, nadded);
+        else st_after_drop(s, victims, added, nadded, damaged);
+    }
+    free(added);
+    free(mv);
+    return rc;
+}
+
+/* gc copies the good blocks of a shard with damaged or missing pages into
+ * a new shard and moves the damaged file to quarantine/ (DESIGN.md rule
+ * 2). Every page of every shard is read: gc is the maintenance pass. */
+static int st_salvage_damaged(kvx_store *s)
+{
+    int rc = 0;
+    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
+        if (!s->reg_live[b]) continue;
+        kvx_shard *sh = st_shard_get(s, b, s->reg[b].gen);
+        if (!sh) continue;
+        uint32_t bad = 0;
+        int v = kvx_shard_verify(sh, &bad, NULL, NULL);
+        kvx_shard_close(sh);
+        if (v && bad) rc = st_rewrite_shard(s, b, NULL, 1);
+        else kvx_clear_error();
+    }
+    return rc;
+}
+
+/* Lineage blocks with no path to a block-0 ancestor (their chain's head was
+ * evicted or never stored) can never be served by a prefix: gc drops them.
+ * A block is reachable when its parent is 0, or when a reachable block
+ * holds its parent hash (and, both being verified, the parent's digest
+ * chains to its own). */
+static int st_drop_headless(kvx_store *s)
+{
+    kvx_shard *sh[ST_SLOTS] = {0};
+    size_t n = 0, cap = 0;
+    st_lin *all = NULL;
+    int rc = 0;
+    uint32_t B = s->g.block_tokens;
+    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
+        if (!s->reg_live[b] || !(s->reg[b].flags & KVX_FLAG_LINEAGE)) continue;
+        if (!(sh[b] = st_shard_get(s, b, s->reg[b].gen))) continue;
+        uint32_t cnt = kvx_shard_get_info(sh[b])->num_blocks;
+        for (uint32_t i = 0; i < cnt && !rc; i++) {
+            kvx_entry e;
+            if (kvx_shard_entry(&e, sh[b], i) || !e.hash || !e.tokens) continue;
+            if (n == cap) {
+                cap = cap ? cap * 2 : 1024;
+                st_lin *p = realloc(all, cap * sizeof *p);
+                if (!p) {
+                    rc = kvx_fail(-ENOMEM, "store: out of memory");
+                    break;
+                }
+                all = p;
+            }
+            st_lin *l = &all[n++];
+            memset(l, 0, sizeof *l);
+            l->hash = e.hash;
+            l->parent = e.parent;
+            l->b = b;
+            l->idx = i;
+            l->toks = e.tokens;
+            if (e.digest) memcpy(l->digest, e.digest, KVX_DIGEST_BYTES);
+            l->state = e.parent == 0; /* 1: reachable */
+        }
+    }
+    if (!rc && n) {
+        qsort(all, n, sizeof *all, st_cmp_lin);
+        for (int changed = 1; changed;) {
+            changed = 0;
+            for (size_t i = 0; i < n; i++) {
+                if (all[i].state) continue;
+                st_lin key = {.hash = all[i].parent};
+                st_lin *p = bsearch(&key, all, n, sizeof *all, st_cmp_lin);
+                while (p && p > all && p[-1].hash == key.hash) p--;
+                for (; p && p < all + n && p->hash == key.hash; p++) {
+                    if (p->state != 1) continue;
+                    int dz = kvx_digest_is_zero(all[i].digest), pz = kvx_digest_is_zero(p->digest);
+                    if (!dz && !pz) {
+                        uint8_t d[KVX_DIGEST_BYTES];
+                        kvx_prefix_digest_next(d, p->digest, all[i].toks, B);
+                        if (memcmp(d, all[i].digest, KVX_DIGEST_BYTES) != 0) continue;
+                    }
+                    all[i].state = 1;
+                    changed = 1;
+                    break;
+                }
+            }
+        }
+    }
+    uint8_t *keep[ST_SLOTS] = {0};
+    uint8_t headless[ST_SLOTS] = {0};
+    for (size_t i = 0; !rc && i < n; i++) {
+        uint32_t b = all[i].b;
+        if (!keep[b]) {
+            keep[b] = calloc(kvx_shard_get_info(sh[b])->num_blocks + 1u, 1);
+            if (!keep[b]) {
+                rc = kvx_fail(-ENOMEM, "store: out of memory");
+                break;
+            }
+        }
+        keep[b][all[i].idx] = all[i].state == 1;
+        headless[b] |= all[i].state != 1;
+    }
+    free(all);
+    for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(sh[b]);
+    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++)
+        if (headless[b]) rc = st_rewrite_shard(s, b, keep[b], 0);
+    for (int b = 0; b < ST_SLOTS; b++) free(keep[b]);
     return rc;
 }

@@ -338,21 +338,28 @@ static void test_capacity_during_put(void **state)
     kvx_views_release(v, n);
     free(p);
     kvx_store_close(s);
-    /* a batch larger than the whole store: published as it goes, the disk
-     * never holds more than one shard over, the newest blocks stay */
+    /* a batch larger than the whole store would keep only its tail, which
+     * no prefix reaches: refused before anything is written, naming both
+     * sizes (issue "Trust II" finding 5) */
     snprintf(dir, sizeof dir, "%s/s%d", root, dir_counter++);
     o.capacity_bytes = 120 << 10;
     assert_int_equal(kvx_store_create(&s, dir, &o), 0);
     su_tokens(t, 501, NBIG, 0);
     p = su_pages(t, NBIG, h, 64);
-    assert_int_equal(kvx_store_put(s, t, NBIG * SU_B, p, NBIG, NULL, NULL), 0);
-    assert_true(shard_file_bytes(dir) <= o.capacity_bytes + o.shard_bytes);
+    assert_int_equal(kvx_store_put(s, t, NBIG * SU_B, p, NBIG, NULL, NULL), KVX_ECAPACITY);
+    assert_non_null(strstr(kvx_last_error(), "capacity of 122880 bytes"));
+    assert_int_equal(shard_file_bytes(dir), 0);
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_int_equal(st.pending_blocks, 0);
+    assert_int_equal(st.blocks, 0);
+    /* a put that fits still works */
+    assert_int_equal(kvx_store_put(s, t, 8 * SU_B, p, 8, NULL, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
-    assert_true(shard_file_bytes(dir) <= o.capacity_bytes);
     kvx_view last;
-    assert_int_equal(kvx_store_get_hash(&last, s, h[NBIG - 1]), 0);
+    assert_int_equal(kvx_store_get_hash(&last, s, h[7]), 0);
     uint8_t want[64];
-    su_page(want, 64, h[NBIG - 1]);
+    su_page(want, 64, h[7]);
     assert_memory_equal(last.page, want, 64);
     kvx_view_release(&last);
     uint64_t bad = 9;
