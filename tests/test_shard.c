@@ -1245,7 +1245,8 @@ static void test_spectral_nonfinite(void **state)
  * Seeds are written by this test when KVX_SHARD_CORPUS_OUT names a
  * directory (that is how fuzz/corpus/shard/ was made), and the committed
  * seeds are checked on every run: valid_* open and verify, bad_* are
- * refused, so the corpus cannot silently go stale when the format moves. */
+ * refused, missing_* open with one missing page, so the corpus cannot
+ * silently go stale when the format moves. */
 
 static void write_seeds(const char *dir)
 {
@@ -1280,6 +1281,12 @@ static void write_seeds(const char *dir)
     b[24] ^= 1;
     snprintf(p, sizeof p, "%s/bad_truncated_tables", dir);
     write_bytes(p, b, 200);
+    /* cut inside the last page: the file opens, that page is missing */
+    uint64_t last = 0;
+    for (int i = 0; i < NENT; i++)
+        if (kvx_load64(entry_at(b, i) + 8) > last) last = kvx_load64(entry_at(b, i) + 8);
+    snprintf(p, sizeof p, "%s/missing_last_page", dir);
+    write_bytes(p, b, (size_t)(kvx_load64(b + 48) + last + 1));
     free(b);
 
     /* psi of any finite size is valid, and steering with it overflows to
@@ -1312,6 +1319,14 @@ static void test_corpus(void **state)
             seen++;
         } else if (!strncmp(e->d_name, "bad_", 4)) {
             assert_true(kvx_shard_open(&s, p, 0) < 0);
+            seen++;
+        } else if (!strncmp(e->d_name, "missing_", 8)) {
+            /* opens; verify names the one missing page */
+            if (kvx_shard_open(&s, p, 0) != 0) fail_msg("seed %s: %s", e->d_name, kvx_last_error());
+            uint32_t bad = 0;
+            assert_int_equal(kvx_shard_verify(s, &bad, NULL, NULL), KVX_ETRUNC);
+            assert_int_equal(bad, 1);
+            kvx_shard_close(s);
             seen++;
         }
     }
