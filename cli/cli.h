@@ -48,6 +48,9 @@ int cli_fail(const cli_cmd *c, const char *fmt, ...) __attribute__((format(print
  * hint saying what to do for the common codes; returns CLI_FAIL. */
 int cli_fail_code(const cli_cmd *c, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The same with the hint given (NULL: cli_hint(code); "": none). */
+int cli_fail_code_hint(const cli_cmd *c, int code, const char *hint, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 /* A hint for a kvx or errno code ("" when none). */
 const char *cli_hint(int code);
 
@@ -73,11 +76,66 @@ char *cli_fmt_rate(char *buf, size_t cap, double bytes_per_s);
 /* Monotonic seconds. */
 double cli_now(void);
 
-/* Reads a whole file into malloc'd memory. Returns 0 or -errno. */
-int cli_read_file(void **out, size_t *out_len, const char *path);
-/* Writes a whole file atomically: a temp file beside path, fsync, rename.
- * Nothing appears at path on failure. Returns 0 or -errno. */
-int cli_write_file_atomic(const char *path, const void *data, size_t len);
+/* ---------------------------------------------------------- inputs (io.c)
+ * Bounded by the input (DESIGN.md rule 5). Each prints its own message
+ * ("kvx NAME: ...") and returns CLI_OK or CLI_FAIL (or bad_rc). */
+
+#define CLI_ENVELOPE_CAP (4ull << 30) /* an envelope read from anywhere */
+#define CLI_TEXT_CAP (1ull << 30)     /* token text */
+/* The caps; the hidden variables KVX_CLI_ENVELOPE_CAP and KVX_CLI_TEXT_CAP
+ * (sizes) may lower them, never raise them (for tests). */
+uint64_t cli_envelope_cap(void);
+uint64_t cli_text_cap(void);
+/* "a FIFO (named pipe)", "a character device", ... for a st_mode. */
+const char *cli_file_type(unsigned mode);
+/* Refuses, by type and before anything opens it, a path that is not a
+ * regular file (after symlinks): what is "a shard", ... */
+int cli_require_regular(const cli_cmd *c, const char *path, const char *what);
+/* An envelope from path ("-": standard input; a file, FIFO, pipe or
+ * character device): exactly the length its header declares, refused at
+ * the first bad header field or above the cap. malloc'd into *out. */
+int cli_read_envelope(const cli_cmd *c, const char *path, void **out, size_t *out_len);
+/* Opens an input the way cli_read_envelope does and reads its first want
+ * bytes into head (*got may be less at the end of input); the caller goes
+ * on with cli_read_envelope_fd and then cli_close_input. */
+int cli_read_input_head(const cli_cmd *c, const char *path, int *out_fd, int *out_regular,
+                        uint64_t *out_size, uint8_t *head, size_t want, size_t *got);
+/* The rest of an envelope whose first head_len bytes were read already. */
+int cli_read_envelope_fd(const cli_cmd *c, const char *name, int fd, int regular, uint64_t size,
+                         const uint8_t *head, size_t head_len, void **out, size_t *out_len);
+void cli_close_input(int fd);
+/* Token ids as text from path ("-": standard input) or fd, capped; stops
+ * reading at the first byte token text cannot hold. Bad content (a NUL, a
+ * word that is no token id) returns bad_rc (CLI_FAIL or CLI_USAGE). */
+int cli_read_tokens(const cli_cmd *c, const char *path, uint32_t **out, size_t *out_n);
+int cli_read_tokens_fd(const cli_cmd *c, const char *name, int fd, int bad_rc, uint32_t **out,
+                       size_t *out_n);
+
+/* --------------------------------------------------------- outputs (io.c)
+ * The named output is replaced only when it is a regular file or absent
+ * (O_TMPFILE in its directory, fsync, rename: a killed command leaves
+ * nothing); a FIFO or character device is written into directly (a FIFO
+ * without a reader is refused); a symlink, directory, block device or
+ * socket is refused and left alone. "-" is standard output. */
+typedef struct cli_out {
+    const char *path;
+    int fd;       /* where cli_out_write goes; -1 when the library writes */
+    int dirfd;    /* the target's directory (or TMPDIR for a library file) */
+    int direct;   /* writing into the target itself (FIFO, device, stdout) */
+    int is_stdout;
+    int named;    /* tmpname exists in dirfd */
+    char *dir, *base, *tmpname;
+    char *lib_path; /* for_library: the path the library writes its file to */
+} cli_out;
+/* for_library: the bytes come from a library call that writes a file by
+ * path (a shard): give it o->lib_path; commit puts that file in place. */
+int cli_out_open(const cli_cmd *c, cli_out *o, const char *path, int for_library);
+int cli_out_write(const cli_cmd *c, cli_out *o, const void *data, size_t len); /* aborts on failure */
+int cli_out_commit(const cli_cmd *c, cli_out *o);
+void cli_out_abort(cli_out *o);
+/* open + write + commit of a whole buffer. */
+int cli_write_output(const cli_cmd *c, const char *path, const void *data, size_t len);
+
 /* Parses whitespace-separated u32 token ids from text. Returns 0 or -1
  * (with *out_bad pointing at the bad word). */
 int cli_parse_tokens(uint32_t **out, size_t *out_n, const char *text, const char **out_bad);

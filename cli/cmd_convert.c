@@ -4,8 +4,10 @@
  *
  * The library does the re-layout and quantization; this file makes sure
  * nothing half-written is left behind: a damaged input is refused before
- * anything is written, shards appear only when sealed (rename), and
- * envelopes are written to a temporary name and renamed into place.
+ * anything is written, an envelope input is read only as far as its
+ * header says (io.c), and outputs go through cli_out (io.c): a regular
+ * file is replaced atomically, a FIFO or device written into, anything
+ * else refused.
  */
 #include "cli.h"
 
@@ -55,69 +57,82 @@ static int run_convert(const cli_cmd *self, int argc, char **argv)
     if (argc - optind != 1) return cli_usage(self, "expected one input file");
     if (!out) return cli_usage(self, "-o FILE is required");
     const char *in = argv[optind];
+    const char *name = strcmp(in, "-") ? in : "standard input";
 
-    /* What the input is decides the direction. A pipe is read whole, once
-     * (it cannot be opened a second time); of a file, the magic first. */
-    unsigned char magic[8] = {0};
+    /* What the input is decides the direction: its magic is read first,
+     * once (a pipe cannot be read twice). Nothing blocks: a FIFO no
+     * process writes to reads as empty. */
+    uint8_t magic[8] = {0};
     size_t got = 0;
-    void *buf = NULL;
-    size_t len = 0;
-    struct stat st;
-    if (stat(in, &st) != 0) return cli_fail(self, "cannot open '%s': %m", in);
-    if (S_ISDIR(st.st_mode)) return cli_fail(self, "'%s' is a directory, not an envelope or a shard", in);
-    if (!S_ISREG(st.st_mode)) {
-        int rc = cli_read_file(&buf, &len, in);
-        if (rc != 0) return cli_fail_code(self, rc, "cannot read '%s'", in);
-        got = len < sizeof magic ? len : sizeof magic;
-        memcpy(magic, buf, got);
-    } else {
-        FILE *f = fopen(in, "rb");
-        if (!f) return cli_fail(self, "cannot open '%s': %m", in);
-        got = fread(magic, 1, sizeof magic, f);
-        fclose(f);
-    }
+    int fd = -1, regular = 0;
+    uint64_t size = 0;
+    if (cli_read_input_head(self, in, &fd, &regular, &size, magic, sizeof magic, &got) != CLI_OK)
+        return CLI_FAIL;
     int is_env = got >= 4 && !memcmp(magic, "TLKV", 4);
     int is_shard = got >= 8 && !memcmp(magic, "RADX-KVX", 8);
-    if (!is_env && !is_shard) {
-        free(buf);
-        return cli_fail(self, "'%s' is neither a TLKV envelope nor a KVX shard (bad magic)", in);
-    }
+    if (!is_env) cli_close_input(fd);
+    if (got == 0) return cli_fail(self, "'%s' is empty: neither a TLKV envelope nor a KVX shard", name);
+    if (!is_env && !is_shard)
+        return cli_fail(self, "'%s' is neither a TLKV envelope nor a KVX shard (bad magic)", name);
 
     if (is_env) {
         if (version) {
-            free(buf);
+            cli_close_input(fd);
             return cli_usage(self, "--format applies to a shard input; the output of an envelope is a shard");
         }
-        int rc = buf ? 0 : cli_read_file(&buf, &len, in);
-        if (rc != 0) return cli_fail_code(self, rc, "cannot read '%s'", in);
+        void *buf = NULL;
+        size_t len = 0;
+        int rc = cli_read_envelope_fd(self, name, fd, regular, size, magic, got, &buf, &len);
+        cli_close_input(fd);
+        if (rc != CLI_OK) return CLI_FAIL;
         kvx_envelope env;
         rc = kvx_envelope_parse(&env, buf, len, NULL);
-        if (rc == 0) rc = kvx_shard_from_envelope(out, buf, len, (uint8_t)shard, sig);
+        if (rc != 0) {
+            free(buf);
+            return cli_fail_code(self, rc, "cannot convert '%s'", name);
+        }
+        cli_out o;
+        if (cli_out_open(self, &o, out, 1) != CLI_OK) {
+            free(buf);
+            return CLI_FAIL;
+        }
+        rc = kvx_shard_from_envelope(o.lib_path, buf, len, (uint8_t)shard, sig);
         free(buf);
-        if (rc != 0) return cli_fail_code(self, rc, "cannot convert '%s'", in);
-        return CLI_OK;
+        if (rc != 0) {
+            cli_out_abort(&o);
+            return cli_fail_code(self, rc, "cannot convert '%s'", name);
+        }
+        return cli_out_commit(self, &o);
     }
 
-    if (buf) {
-        free(buf);
-        return cli_fail(self, "'%s' is a KVX shard from a pipe; a shard input must be a regular file "
-                              "(it is mapped): save it to a file first", in);
+    if (!regular || !strcmp(in, "-")) {
+        struct stat st;
+        const char *type = strcmp(in, "-") && stat(in, &st) == 0 ? cli_file_type(st.st_mode) : "a pipe";
+        return cli_fail(self, "'%s' is a KVX shard from %s; a shard input must be a regular file "
+                              "(it is mapped): save it to a file first", name, type);
     }
     if (have_shard || have_sig)
         return cli_usage(self, "--shard and --model-signature apply to an envelope input");
     if (!version) return cli_usage(self, "--format v1|v2 is required for a shard input");
+    cli_out o; /* first: an output that will be refused fails before any work */
+    if (cli_out_open(self, &o, out, 0) != CLI_OK) return CLI_FAIL;
     kvx_shard *s = NULL;
     /* Check every page first: a damaged shard must not become an envelope. */
     int rc = kvx_shard_open(&s, in, KVX_OPEN_VERIFY_PAGES);
-    if (rc != 0) return cli_fail_code(self, rc, "cannot convert '%s'", in);
     void *env = NULL;
-    rc = kvx_shard_to_envelope(&env, &len, s, (uint16_t)version);
-    kvx_shard_close(s);
-    if (rc != 0) return cli_fail_code(self, rc, "cannot convert '%s'", in);
-    rc = cli_write_file_atomic(out, env, len);
+    size_t len = 0;
+    if (rc == 0) {
+        rc = kvx_shard_to_envelope(&env, &len, s, (uint16_t)version);
+        kvx_shard_close(s);
+    }
+    if (rc != 0) {
+        cli_out_abort(&o);
+        return cli_fail_code(self, rc, "cannot convert '%s'", in);
+    }
+    rc = cli_out_write(self, &o, env, len);
+    if (rc == CLI_OK) rc = cli_out_commit(self, &o);
     kvx_free(env);
-    if (rc != 0) return cli_fail_code(self, rc, "cannot write '%s'", out);
-    return CLI_OK;
+    return rc;
 }
 
 const cli_cmd cli_cmd_convert = {
@@ -133,13 +148,27 @@ const cli_cmd cli_cmd_convert = {
     "Round trips are lossless: v1 -> shard -> v1 and v2 -> shard -> v2 give\n"
     "the same bytes. A damaged input is refused and no output file appears.\n"
     "\n"
+    "An envelope may come from '-' (standard input), a pipe, a FIFO or a\n"
+    "device: it is read to exactly the length its header declares (at most\n"
+    "4 GiB) and refused at its first bad header field. A shard input must be\n"
+    "a regular file; anything else is refused by type, without waiting.\n"
+    "\n"
+    "The output is replaced only when it is a regular file: it is written to\n"
+    "an unnamed temporary file beside it and renamed into place, so a killed\n"
+    "convert leaves nothing behind (where a named temporary file is needed,\n"
+    "the next run removes it once its process is gone). A FIFO or character\n"
+    "device is written into (a FIFO nobody reads is refused at once); '-' is\n"
+    "standard output (envelopes only); a symlink, directory or other kind of\n"
+    "file is refused and left as it is.\n"
+    "\n"
     "Options:\n"
-    "  -o, --output FILE          where to write (replaced atomically)\n"
+    "  -o, --output FILE          where to write (see above)\n"
     "  -s, --shard S              shard id of the coordinates, 0..255 (default 0)\n"
     "  -m, --model-signature HEX  the shard's model signature (default 0)\n"
     "  -f, --format v1|v2         envelope version to write from a shard\n"
     "  -h, --help                 show this help\n"
     "\n"
-    "Exit status: 0 success, 1 bad or unreadable input, 2 usage error.\n",
+    "Exit status: 0 success, 1 bad or unreadable input, or an output that\n"
+    "cannot be written or is refused, 2 usage error.\n",
     run_convert,
 };

@@ -50,37 +50,10 @@ static int run_hash(const cli_cmd *self, int argc, char **argv)
             toks[i] = (uint32_t)t;
         }
     } else {
-        /* No TOKEN arguments: read them from standard input. */
-        size_t cap = 4096, len = 0;
-        char *text = malloc(cap);
-        if (!text) return cli_fail(self, "out of memory");
-        size_t r;
-        while ((r = fread(text + len, 1, cap - len - 1, stdin)) > 0) {
-            len += r;
-            if (cap - len < 2) {
-                char *nt = realloc(text, cap * 2);
-                if (!nt) {
-                    free(text);
-                    return cli_fail(self, "out of memory");
-                }
-                text = nt;
-                cap *= 2;
-            }
-        }
-        text[len] = '\0';
-        if (memchr(text, '\0', len)) {
-            free(text);
-            return cli_usage(self, "standard input holds a NUL byte: it is not whitespace-separated token ids");
-        }
-        const char *bad = NULL;
-        int rc = cli_parse_tokens(&toks, &n, text, &bad);
-        if (rc != 0) {
-            int e = bad ? cli_usage(self, "standard input holds '%.20s', which is not a token id", bad)
-                        : cli_fail(self, "out of memory");
-            free(text);
-            return e;
-        }
-        free(text);
+        /* No TOKEN arguments: read them from standard input (capped, and
+         * stopped at the first byte token text cannot hold). */
+        int rc = cli_read_tokens_fd(self, "standard input", 0, CLI_USAGE, &toks, &n);
+        if (rc != CLI_OK) return rc;
     }
 
     size_t nb = n / b;
@@ -106,7 +79,9 @@ const cli_cmd cli_cmd_hash = {
     "block's token ids) of every full block of B tokens, one '0x%016x' line\n"
     "per block. A partial last block has no hash and prints nothing. With no\n"
     "TOKEN arguments, whitespace-separated token ids are read from standard\n"
-    "input.\n"
+    "input: at most 1 GiB of text, and reading stops at the first byte that\n"
+    "cannot be part of token ids (a NUL, a letter past f...), which is then\n"
+    "named.\n"
     "\n"
     "Options:\n"
     "  -b, --block-tokens B  tokens per block (the engine uses 16)\n"
@@ -117,6 +92,7 @@ const cli_cmd cli_cmd_hash = {
     "  0xa91ab0c1027b9366\n"
     "  0x03df829571605c60\n"
     "\n"
-    "Exit status: 0 success, 1 failure, 2 usage error.\n",
+    "Exit status: 0 success, 1 failure (standard input over 1 GiB, a read\n"
+    "error), 2 usage error (including standard input that is not token ids).\n",
     run_hash,
 };

@@ -7,10 +7,12 @@
  */
 #include "cli.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const char *quant_str(uint32_t q)
@@ -57,6 +59,7 @@ static int run_inspect(const cli_cmd *self, int argc, char **argv)
     }
     if (argc - optind != 1) return cli_usage(self, "expected one FILE.kvx");
     const char *path = argv[optind];
+    if (cli_require_regular(self, path, "a shard") != CLI_OK) return CLI_FAIL;
 
     kvx_shard *s = NULL;
     int rc = kvx_shard_open(&s, path, 0);
@@ -213,9 +216,11 @@ const cli_cmd cli_cmd_inspect = {
     "              without a hash table)\n"
     "  -h, --help  show this help\n"
     "\n"
-    "Page checksums are not read here; use 'kvx verify' for that.\n"
-    "Exit status: 0 success, 1 the file cannot be opened or is malformed,\n"
-    "2 usage error.\n",
+    "Page checksums are not read here; use 'kvx verify' for that. FILE.kvx\n"
+    "must be a regular file: a FIFO, device, socket or directory is refused\n"
+    "by type, without opening it.\n"
+    "Exit status: 0 success, 1 the file cannot be opened, is not a regular\n"
+    "file or is malformed, 2 usage error.\n",
     run_inspect,
 };
 
@@ -258,6 +263,20 @@ static int run_verify(const cli_cmd *self, int argc, char **argv)
     int bad_files = 0, files = argc - optind;
     for (int i = optind; i < argc; i++) {
         const char *path = argv[i];
+        struct stat st;
+        /* Judged by type before anything opens it: a FIFO would block, a
+         * device never end. */
+        if (stat(path, &st) != 0) {
+            printf("%s: BAD: %s\n", path, strerror(errno));
+            bad_files++;
+            continue;
+        }
+        if (!S_ISREG(st.st_mode)) {
+            printf("%s: BAD: it is %s, not a regular file (a shard must be one)\n", path,
+                   cli_file_type(st.st_mode));
+            bad_files++;
+            continue;
+        }
         kvx_shard *s = NULL;
         int rc = kvx_shard_open(&s, path, 0);
         if (rc != 0) {
@@ -304,13 +323,16 @@ const cli_cmd cli_cmd_verify = {
     "Checks each shard's structure (every validation rule of the format, the\n"
     "header and table checksum) and the CRC-32 of every page. Prints one line\n"
     "per good file and one line per problem: each bad file, and each bad\n"
-    "entry with its index, coordinate and reason.\n"
+    "entry with its index, coordinate and reason. A path that is not a\n"
+    "regular file (a FIFO, device, socket or directory) is a bad file, named\n"
+    "with its type, and is not opened.\n"
     "\n"
     "Options:\n"
     "  -q, --quiet  print only problems\n"
     "  -h, --help   show this help\n"
     "\n"
-    "Exit status: 0 every file is good, 1 anything is bad, 2 usage error.\n",
+    "Exit status: 0 every file is good, 1 anything is bad (or not a regular\n"
+    "file), 2 usage error.\n",
     run_verify,
 };
 

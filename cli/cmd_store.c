@@ -10,10 +10,16 @@
  */
 #include "cli.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 static int parse_quant(const char *s, uint32_t *out)
 {
@@ -52,17 +58,128 @@ static int simple_opts(const cli_cmd *self, int argc, char **argv, int *json, in
         if (simple_opts(self, argc, argv, json, &rc_)) return rc_;     \
     } while (0)
 
+/* The hint for a store that would not open: a lost index is a reindex
+ * away, not a new store. */
+static const char *open_hint(int rc, const char *dir, char *buf, size_t cap)
+{
+    struct stat st;
+    char p[4096];
+    snprintf(p, sizeof p, "%s/STORE", dir);
+    int is_store = lstat(p, &st) == 0;
+    const char *err = kvx_last_error();
+    if (rc == KVX_ENOTFOUND && !is_store) {
+        snprintf(buf, cap, "make one with 'kvx store create %s --layers L --kv-heads H "
+                           "--head-dim D --block-tokens B --quant fp16'", dir);
+    } else if (is_store && (rc == KVX_ENOTFOUND || (err && strstr(err, "index")))) {
+        snprintf(buf, cap, "the store's index is missing or damaged: 'kvx store reindex %s' "
+                           "rebuilds it from the shards", dir);
+    } else if (rc == KVX_EMETACRC || rc == KVX_EPAGECRC || rc == KVX_ECORRUPT || rc == KVX_ETRUNC) {
+        snprintf(buf, cap, "'kvx store verify %s' names what is damaged", dir);
+    } else {
+        return NULL;
+    }
+    return buf;
+}
+
 static int open_store(const cli_cmd *self, kvx_store **out, const char *dir, uint32_t flags)
 {
     int rc = kvx_store_open(out, dir, NULL, flags);
     if (rc != 0) {
-        cli_fail_code(self, rc, "cannot open the store '%s'", dir);
-        if (rc == KVX_ENOTFOUND)
-            fprintf(stderr, "  hint: make one with 'kvx store create %s --layers L --kv-heads H "
-                            "--head-dim D --block-tokens B --quant fp16'\n", dir);
-        return CLI_FAIL;
+        char hint[512];
+        return cli_fail_code_hint(self, rc, open_hint(rc, dir, hint, sizeof hint),
+                                  "cannot open the store '%s'", dir);
     }
     return CLI_OK;
+}
+
+/* The pid in DIR/LOCK (the writer holding the store writes it after
+ * taking the lock), or 0 when it is not there yet or not running. */
+static long lock_holder(const char *dir)
+{
+    char p[4096], b[32];
+    snprintf(p, sizeof p, "%s/LOCK", dir);
+    int fd = open(p, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t r = read(fd, b, sizeof b - 1);
+    close(fd);
+    if (r <= 0) return 0;
+    b[r] = '\0';
+    char *end;
+    long pid = strtol(b, &end, 10);
+    if (pid <= 0 || end == b || (*end && *end != '\n')) return 0;
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 0;
+    return pid;
+}
+
+static void sleep_s(double s)
+{
+    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+}
+
+/* --wait SECONDS / --no-wait of the writer commands: wait < 0 forever
+ * (the default), 0 not at all. */
+#define WAIT_OPTIONS {"wait", required_argument, NULL, 'W'}, {"no-wait", no_argument, NULL, 'N'}
+#define WAIT_HELP                                                                               \
+    "      --wait SECONDS     give up (exit 1) when another writer still holds\n"               \
+    "                         the store after SECONDS (default: wait as long as\n"              \
+    "                         it takes, saying once which pid holds it)\n"                      \
+    "      --no-wait          fail at once (exit 1) when another writer holds it\n"
+
+static int parse_wait(const cli_cmd *self, int ch, const char *arg, double *wait)
+{
+    if (ch == 'N') {
+        *wait = 0;
+        return CLI_OK;
+    }
+    char *end;
+    errno = 0;
+    double v = strtod(arg, &end);
+    if (errno || end == arg || *end || !(v >= 0) || v > 1e9)
+        return cli_usage(self, "--wait must be a number of seconds (0 or more), not '%s'", arg);
+    *wait = v;
+    return CLI_OK;
+}
+
+/* Opens dir as its writer: tries without waiting, every 100 ms, while
+ * another writer holds it (KVX_EBUSY). */
+static int open_writer(const cli_cmd *self, kvx_store **out, const char *dir, double wait)
+{
+    double start = cli_now();
+    int said = 0;
+    for (;;) {
+        int rc = kvx_store_open(out, dir, NULL, KVX_STORE_NOWAIT);
+        if (rc != KVX_EBUSY) {
+            if (rc == 0) return CLI_OK;
+            char hint[512];
+            return cli_fail_code_hint(self, rc, open_hint(rc, dir, hint, sizeof hint),
+                                      "cannot open the store '%s'", dir);
+        }
+        long pid = lock_holder(dir);
+        for (int i = 0; !pid && i < 4; i++) { /* it writes its pid just after locking */
+            sleep_s(0.025);
+            pid = lock_holder(dir);
+        }
+        char who[48];
+        if (pid) snprintf(who, sizeof who, "pid %ld", pid);
+        else snprintf(who, sizeof who, "another process");
+        double waited = cli_now() - start;
+        if (wait == 0) {
+            cli_fail(self, "the store '%s' is held by %s, another writer (--no-wait)", dir, who);
+            fprintf(stderr, "  hint: try again when it is done, or use --wait SECONDS\n");
+            return CLI_FAIL;
+        }
+        if (wait > 0 && waited >= wait)
+            return cli_fail(self, "gave up after %.1f s: the store '%s' is still held by %s, "
+                                  "another writer", waited, dir, who);
+        if (!said) {
+            fprintf(stderr, "kvx %s: waiting for %s, which holds the store '%s' as its writer...\n",
+                    self->name, who, dir);
+            said = 1;
+        }
+        double left = wait > 0 ? wait - waited : 0.1;
+        sleep_s(left < 0.1 ? left : 0.1);
+    }
 }
 
 /* -------------------------------------------------------------- create */
@@ -92,7 +209,7 @@ static int run_create(const cli_cmd *self, int argc, char **argv)
         case 'B': {
             const char *name = ch == 'L' ? "--layers" : ch == 'H' ? "--kv-heads"
                                : ch == 'D' ? "--head-dim" : "--block-tokens";
-            uint64_t max = ch == 'B' ? UINT32_MAX : 65535;
+            uint64_t max = 65535;
             if (cli_parse_u64(optarg, max, &v) != 0 || v == 0)
                 return cli_usage(self, "%s must be a whole number from 1 to %" PRIu64 ", not '%s'",
                                  name, max, optarg);
@@ -127,8 +244,17 @@ static int run_create(const cli_cmd *self, int argc, char **argv)
     for (int i = 0; i < 5; i++)
         if (!(have & (1 << i))) return cli_usage(self, "%s is required", missing[i]);
     const char *dir = argv[optind];
+    uint64_t pb = kvx_page_bytes(&o.geometry, o.geometry.block_tokens);
+    if (pb == 0 || pb > UINT32_MAX)
+        return cli_usage(self, "a block's page (2*L*Hkv*B*D*%zu bytes) must fit in 4 GiB",
+                         kvx_quant_elem_size(o.geometry.quant));
     kvx_store *s = NULL;
     int rc = kvx_store_create(&s, dir, &o);
+    if (rc == KVX_EINVALID || rc == KVX_EOVERFLOW || rc == KVX_EQUANT || rc == KVX_ECAPACITY) {
+        /* Options no store can have (a capacity below one block...). */
+        const char *why = kvx_last_error();
+        return cli_usage(self, "%s", why && *why ? why : kvx_strerror(rc));
+    }
     if (rc != 0) return cli_fail_code(self, rc, "cannot create the store '%s'", dir);
     kvx_store_stats st;
     char cap[32];
@@ -155,15 +281,19 @@ static const cli_cmd cmd_create = {
     "  -L, --layers L             layers (1..65535)\n"
     "  -H, --kv-heads H           KV heads (1..65535)\n"
     "  -D, --head-dim D           head dimension (1..65535)\n"
-    "  -B, --block-tokens B       tokens per block (the engine uses 16)\n"
+    "  -B, --block-tokens B       tokens per block, 1..65535 (the engine uses 16)\n"
     "  -q, --quant Q              page element type: fp16, e4m3 or e5m2\n"
     "  -c, --capacity SIZE        cap on shard bytes, e.g. 4GiB, 500MB\n"
     "                             (default: the library's)\n"
     "  -m, --model-signature HEX  first 8 bytes of the model's SHA-256 (default 0)\n"
     "  -h, --help                 show this help\n"
     "\n"
+    "A geometry or capacity no store can have (a dimension out of range, a\n"
+    "page over 4 GiB, a capacity below the smallest a store holds) is a\n"
+    "usage error.\n"
+    "\n"
     "Exit status: 0 success, 1 failure (DIR exists, no permission...), 2 usage\n"
-    "error.\n",
+    "error (including out-of-range geometry or capacity).\n",
     run_create,
 };
 
@@ -173,66 +303,47 @@ static int run_put(const cli_cmd *self, int argc, char **argv)
 {
     static const struct option opts[] = {
         {"tokens", required_argument, NULL, 't'},
+        WAIT_OPTIONS,
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *tokfile = NULL;
+    double wait = -1;
     int ch;
     cli_getopt_reset();
     while ((ch = getopt_long(argc, argv, ":t:h", opts, NULL)) != -1) {
         switch (ch) {
         case 't': tokfile = optarg; break;
+        case 'W':
+        case 'N':
+            if (parse_wait(self, ch, optarg, &wait) != CLI_OK) return CLI_USAGE;
+            break;
         case 'h': cli_print_help(self); return CLI_OK;
         default: return cli_getopt_error(self, ch, argv);
         }
     }
     if (argc - optind != 2) return cli_usage(self, "expected DIR and ENVELOPE");
     const char *dir = argv[optind], *envp = argv[optind + 1];
+    if (tokfile && !strcmp(tokfile, "-") && !strcmp(envp, "-"))
+        return cli_usage(self, "the envelope and --tokens cannot both be standard input");
 
     uint32_t *toks = NULL;
     size_t ntok = 0;
-    if (tokfile) {
-        void *text;
-        size_t tl;
-        int rc = cli_read_file(&text, &tl, tokfile);
-        if (rc != 0) return cli_fail_code(self, rc, "cannot read the token file '%s'", tokfile);
-        char *z = realloc(text, tl + 1);
-        if (!z) {
-            free(text);
-            return cli_fail(self, "out of memory");
-        }
-        z[tl] = '\0';
-        if (memchr(z, '\0', tl)) {
-            free(z);
-            return cli_fail(self, "'%s' holds a NUL byte: it is not whitespace-separated token ids",
-                            tokfile);
-        }
-        const char *bad = NULL;
-        rc = cli_parse_tokens(&toks, &ntok, z, &bad);
-        if (rc != 0) {
-            int e = bad ? cli_fail(self, "'%s' holds '%.20s', which is not a token id (0..%u)",
-                                   tokfile, bad, UINT32_MAX)
-                        : cli_fail(self, "out of memory");
-            free(z);
-            return e;
-        }
-        free(z);
-    }
+    if (tokfile && cli_read_tokens(self, tokfile, &toks, &ntok) != CLI_OK) return CLI_FAIL;
     void *env;
     size_t len;
-    int rc = cli_read_file(&env, &len, envp);
-    if (rc != 0) {
+    if (cli_read_envelope(self, envp, &env, &len) != CLI_OK) {
         free(toks);
-        return cli_fail_code(self, rc, "cannot read '%s'", envp);
+        return CLI_FAIL;
     }
     kvx_store *s = NULL;
-    if (open_store(self, &s, dir, 0) != CLI_OK) {
+    if (open_writer(self, &s, dir, wait) != CLI_OK) {
         free(env);
         free(toks);
         return CLI_FAIL;
     }
     size_t fresh = 0;
-    rc = kvx_store_put_envelope(s, env, len, toks, ntok, &fresh);
+    int rc = kvx_store_put_envelope(s, env, len, toks, ntok, &fresh);
     if (rc != 0) {
         kvx_store_close(s);
         free(env);
@@ -264,45 +375,121 @@ static int run_put(const cli_cmd *self, int argc, char **argv)
 static const cli_cmd cmd_put = {
     "store put",
     "store every full block of an envelope, durably",
-    "Usage: kvx store put DIR ENVELOPE [--tokens FILE]\n"
+    "Usage: kvx store put DIR ENVELOPE [--tokens FILE] [--wait SECONDS | --no-wait]\n"
     "\n"
     "Stores every full block of a TLKV envelope (v1 or v2) under its block\n"
     "hash; blocks the store already holds are not written again. The command\n"
     "exits 0 only once the blocks are durable (flushed and published).\n"
+    "ENVELOPE may be '-' (standard input), a FIFO or a device: it is read to\n"
+    "exactly the length its header declares (at most 4 GiB), and refused at\n"
+    "its first bad header field.\n"
+    "\n"
+    "Blocks put without --tokens are unverified: they are stored, but a\n"
+    "prefix lookup never serves them and a get by hash refuses them, until a\n"
+    "put with the tokens stores the verified block.\n"
+    "\n"
+    "One writer at a time: while another process writes the store, put waits\n"
+    "for it (saying once which pid holds the store) unless told otherwise.\n"
     "\n"
     "Options:\n"
-    "  -t, --tokens FILE  the sequence's token ids (whitespace separated);\n"
-    "                     they fill the lineage, so a lookup serves a block\n"
-    "                     only for the exact same prefix. Their block hashes\n"
-    "                     must equal the envelope's.\n"
-    "  -h, --help         show this help\n"
+    "  -t, --tokens FILE      the sequence's token ids (whitespace separated;\n"
+    "                         '-' reads standard input); they fill the lineage\n"
+    "                         and digest, so a lookup serves a block only for\n"
+    "                         the exact same prefix. Their block hashes must\n"
+    "                         equal the envelope's. At most 1 GiB of text.\n"
+    WAIT_HELP
+    "  -h, --help             show this help\n"
     "\n"
     "Exit status: 0 blocks durable, 1 failure (bad envelope, wrong geometry,\n"
-    "disk full...), 2 usage error.\n",
+    "disk full, the store held by another writer past --wait...), 2 usage\n"
+    "error.\n",
     run_put,
 };
 
 /* ----------------------------------------------------------------- get */
+
+/* Why the block named hash could not be served, on stderr (one line, and
+ * a hint line where there is something to do). */
+static void say_unserved(const cli_cmd *self, const char *dir, uint64_t hash, int code,
+                         const char *detail)
+{
+    const char *d = detail && *detail ? detail : kvx_strerror(code);
+    switch (code) {
+    case KVX_ENOTFOUND:
+        fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " is not in the store\n", self->name, hash);
+        break;
+    case KVX_EAMBIGUOUS:
+        fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " is ambiguous: several verified blocks "
+                        "share that hash (EAMBIGUOUS)\n  hint: give the prompt's tokens "
+                        "(--tokens FILE) to pick the block by digest\n", self->name, hash);
+        break;
+    case KVX_EUNVERIFIED:
+        fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " is held only unverified (stored without "
+                        "its tokens), so it is not served (EUNVERIFIED)\n  hint: put the "
+                        "envelope again with --tokens FILE\n", self->name, hash);
+        break;
+    case KVX_EPAGECRC:
+    case KVX_EMETACRC:
+    case KVX_ECORRUPT:
+    case KVX_ETRUNC:
+        fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " is in the store but damaged: %s (%s)\n"
+                        "  hint: 'kvx store verify %s' names every damaged shard and page\n",
+                self->name, hash, d, kvx_err_name(code), dir);
+        break;
+    default:
+        fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " could not be read: %s (%s)\n", self->name,
+                hash, d, kvx_err_name(code));
+    }
+}
+
+static int parse_format(const cli_cmd *self, const char *arg, int *version)
+{
+    if (!strcmp(arg, "v1")) *version = KVX_ENVELOPE_V1;
+    else if (!strcmp(arg, "v2")) *version = KVX_ENVELOPE_V2;
+    else return cli_usage(self, "--format must be v1 or v2, not '%s'", arg);
+    return CLI_OK;
+}
+
+/* Exports views as one envelope (every page's CRC checked again by the
+ * library) into the output o, opened already; aborts o on failure. */
+static int export_views(const cli_cmd *self, const char *dir, kvx_store *s, const kvx_view *views,
+                        size_t n, int version, cli_out *o)
+{
+    void *buf = NULL;
+    size_t len = 0;
+    int rc = kvx_views_export(&buf, &len, s, views, n, (uint16_t)version);
+    if (rc != 0) {
+        cli_out_abort(o);
+        char hint[512];
+        snprintf(hint, sizeof hint, "'kvx store verify %s' names every damaged shard and page", dir);
+        return cli_fail_code_hint(self, rc, rc == KVX_EPAGECRC ? hint : NULL,
+                                  "cannot export the blocks; nothing written");
+    }
+    int ret = cli_out_write(self, o, buf, len);
+    if (ret == CLI_OK) ret = cli_out_commit(self, o);
+    kvx_free(buf);
+    return ret;
+}
 
 static int run_get(const cli_cmd *self, int argc, char **argv)
 {
     static const struct option opts[] = {
         {"output", required_argument, NULL, 'o'},
         {"format", required_argument, NULL, 'f'},
+        {"tokens", required_argument, NULL, 't'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *out = NULL;
+    const char *out = NULL, *tokfile = NULL;
     int version = 0, ch;
     cli_getopt_reset();
-    while ((ch = getopt_long(argc, argv, ":o:f:h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, ":o:f:t:h", opts, NULL)) != -1) {
         switch (ch) {
         case 'o': out = optarg; break;
         case 'f':
-            if (!strcmp(optarg, "v1")) version = KVX_ENVELOPE_V1;
-            else if (!strcmp(optarg, "v2")) version = KVX_ENVELOPE_V2;
-            else return cli_usage(self, "--format must be v1 or v2, not '%s'", optarg);
+            if (parse_format(self, optarg, &version) != CLI_OK) return CLI_USAGE;
             break;
+        case 't': tokfile = optarg; break;
         case 'h': cli_print_help(self); return CLI_OK;
         default: return cli_getopt_error(self, ch, argv);
         }
@@ -321,94 +508,97 @@ static int run_get(const cli_cmd *self, int argc, char **argv)
                              argv[optind + 1 + (int)i]);
         }
     }
-    kvx_store *s = NULL;
-    if (open_store(self, &s, dir, KVX_STORE_READONLY) != CLI_OK) {
+    uint32_t *toks = NULL;
+    size_t ntok = 0;
+    if (tokfile && cli_read_tokens(self, tokfile, &toks, &ntok) != CLI_OK) {
         free(hashes);
         return CLI_FAIL;
     }
-    kvx_geometry g;
-    int rc = kvx_store_get_geometry(&g, s);
-    kvx_view *views = calloc(n, sizeof *views);
-    int *status = calloc(n, sizeof *status);
-    kvx_envelope_block_in *bin = calloc(n, sizeof *bin);
-    size_t P = kvx_envelope_payload_bytes((uint16_t)version, &g);
-    uint64_t ns = kvx_scale_count(&g);
-    uint8_t *payloads = NULL;
-    float *scales = NULL;
-    void *buf = NULL;
-    int ret = CLI_FAIL;
-    if (rc != 0) {
-        cli_fail_code(self, rc, "cannot read the store's geometry");
-        goto done;
+    /* The output first: one that will be refused fails before any work. */
+    cli_out o;
+    if (cli_out_open(self, &o, out, 0) != CLI_OK) {
+        free(toks);
+        free(hashes);
+        return CLI_FAIL;
     }
-    if (!views || !status || !bin || !P) {
+    kvx_store *s = NULL;
+    if (open_store(self, &s, dir, KVX_STORE_READONLY) != CLI_OK) {
+        cli_out_abort(&o);
+        free(toks);
+        free(hashes);
+        return CLI_FAIL;
+    }
+    kvx_view *views = calloc(n, sizeof *views);
+    int *status = malloc(n * sizeof *status);
+    uint64_t *chain = NULL;
+    size_t nchain = 0, bad = 0;
+    int ret = CLI_FAIL;
+    if (!views || !status) {
         cli_fail(self, "out of memory");
         goto done;
     }
-    payloads = malloc(n * P);
-    scales = malloc(n * ns * sizeof(float));
-    if (!payloads || !scales) {
-        cli_fail(self, "out of memory (%zu blocks of %zu bytes)", n, P);
-        goto done;
-    }
-    rc = kvx_store_get_hashes(views, status, s, hashes, n);
-    if (rc != 0 && rc != KVX_ENOTFOUND) {
-        cli_fail_code(self, rc, "lookup failed");
-        goto done;
-    }
-    size_t missing = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (status[i] != 0) {
-            fprintf(stderr, "kvx store get: block 0x%016" PRIx64 " is not in the store (%s)\n",
-                    hashes[i], kvx_err_name(status[i]));
-            missing++;
-        }
-    }
-    if (missing) {
-        fprintf(stderr, "kvx store get: %zu of %zu block(s) missing; nothing written\n", missing, n);
-        goto done;
-    }
-    size_t elem_bytes = P - (version == KVX_ENVELOPE_V2 ? ns * 4 : 0);
-    for (size_t i = 0; i < n; i++) {
-        uint8_t *pl = payloads + i * P;
-        rc = kvx_page_to_envelope_payload(pl, (uint16_t)version, &g, views[i].page,
-                                          views[i].token_count, views[i].scales);
+    for (size_t i = 0; i < n; i++) status[i] = 1; /* not looked up */
+    if (tokfile) {
+        /* Each HASH names one of the prompt's full blocks; the block ending
+         * there is picked by the prompt's digest. */
+        kvx_geometry g;
+        int rc = kvx_store_get_geometry(&g, s);
         if (rc != 0) {
-            cli_fail_code(self, rc, "cannot convert block 0x%016" PRIx64, hashes[i]);
+            cli_fail_code(self, rc, "cannot read the store's geometry");
             goto done;
         }
-        bin[i].hash = views[i].hash ? views[i].hash : hashes[i];
-        bin[i].n_tokens = views[i].token_count;
-        bin[i].payload = pl;
-        if (version == KVX_ENVELOPE_V2) {
-            memcpy(scales + i * ns, pl + elem_bytes, ns * sizeof(float));
-            bin[i].scales = scales + i * ns;
+        size_t B = g.block_tokens;
+        nchain = B ? ntok / B : 0;
+        chain = malloc((nchain ? nchain : 1) * sizeof *chain);
+        if (!chain) {
+            cli_fail(self, "out of memory");
+            goto done;
+        }
+        nchain = kvx_block_hashes(chain, toks, ntok, (uint32_t)B);
+        for (size_t i = 0; i < n; i++) {
+            size_t k = 0;
+            while (k < nchain && chain[k] != hashes[i]) k++;
+            if (k == nchain) {
+                fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " is not one of the %zu full "
+                                "block(s) of the tokens in '%s'\n", self->name, hashes[i], nchain,
+                        tokfile);
+                bad++;
+                continue;
+            }
+            status[i] = kvx_store_get_block(&views[i], s, toks, (k + 1) * B);
+            if (status[i] != 0) {
+                say_unserved(self, dir, hashes[i], status[i], kvx_last_error());
+                bad++;
+            }
+        }
+    } else {
+        int rc = kvx_store_get_hashes(views, status, s, hashes, n);
+        for (size_t i = 0; i < n; i++) {
+            if (status[i] == 1) { /* the batch stopped before it */
+                cli_fail_code(self, rc ? rc : KVX_EINVALID, "lookup failed");
+                goto done;
+            }
+            if (status[i] != 0) {
+                say_unserved(self, dir, hashes[i], status[i], NULL);
+                bad++;
+            }
         }
     }
-    size_t len;
-    rc = kvx_envelope_size(&len, (uint16_t)version, &g, (uint32_t)n);
-    if (rc == 0 && !(buf = malloc(len))) rc = -12; /* -ENOMEM */
-    if (rc == 0) rc = kvx_envelope_export(buf, len, (uint16_t)version, &g, bin, (uint32_t)n);
-    if (rc != 0) {
-        cli_fail_code(self, rc, "cannot build the envelope");
+    if (bad) {
+        fprintf(stderr, "kvx %s: %zu of %zu block(s) not served; nothing written\n", self->name,
+                bad, n);
         goto done;
     }
-    rc = cli_write_file_atomic(out, buf, len);
-    if (rc != 0) {
-        cli_fail_code(self, rc, "cannot write '%s'", out);
-        goto done;
-    }
-    ret = CLI_OK;
+    ret = export_views(self, dir, s, views, n, version, &o);
 done:
+    if (ret != CLI_OK) cli_out_abort(&o); /* nothing written */
     if (views && status)
         for (size_t i = 0; i < n; i++)
             if (status[i] == 0) kvx_view_release(&views[i]);
-    free(buf);
-    free(payloads);
-    free(scales);
-    free(bin);
+    free(chain);
     free(status);
     free(views);
+    free(toks);
     free(hashes);
     kvx_store_close(s);
     return ret;
@@ -417,18 +607,37 @@ done:
 static const cli_cmd cmd_get = {
     "store get",
     "write blocks named by hash into one envelope",
-    "Usage: kvx store get DIR -o ENVELOPE --format v1|v2 HASH...\n"
+    "Usage: kvx store get DIR -o ENVELOPE --format v1|v2 [--tokens FILE] HASH...\n"
     "\n"
     "Looks each block up by its chained hash (hex, with or without 0x) and\n"
-    "writes them, in the order given, as one TLKV envelope. If any block is\n"
-    "missing, each missing hash is named and no file is written.\n"
+    "writes them, in the order given, as one TLKV envelope. Every page's\n"
+    "CRC-32 is checked again before it is written: a damaged block is named,\n"
+    "not exported.\n"
+    "\n"
+    "By hash alone, a block is served only when exactly one verified block\n"
+    "holds the hash. Each block that is not served is named with why: not in\n"
+    "the store, ambiguous (several verified blocks share the hash: give\n"
+    "--tokens), held only unverified (stored without tokens), or damaged.\n"
+    "Then nothing is written.\n"
+    "\n"
+    "With --tokens, each HASH must be the hash of one of the prompt's full\n"
+    "blocks, and the block is picked by the prompt's digest: the one whose\n"
+    "whole prefix equals the prompt's.\n"
     "\n"
     "Options:\n"
-    "  -o, --output ENVELOPE  where to write (replaced atomically)\n"
+    "  -o, --output ENVELOPE  where to write: a regular file is replaced\n"
+    "                         atomically (a killed command leaves no temporary\n"
+    "                         file); a FIFO or character device is written into\n"
+    "                         (a FIFO nobody reads is refused); '-' is standard\n"
+    "                         output; a symlink, directory or other kind of\n"
+    "                         file is refused and left as it is\n"
     "  -f, --format v1|v2     v1: f16; v2: e4m3 with per-slab scales\n"
+    "  -t, --tokens FILE      the prompt's token ids (whitespace separated; '-'\n"
+    "                         reads standard input; at most 1 GiB of text)\n"
     "  -h, --help             show this help\n"
     "\n"
-    "Exit status: 0 success, 1 a block is missing or a failure, 2 usage error.\n",
+    "Exit status: 0 success, 1 a block not served (missing, ambiguous,\n"
+    "unverified, damaged, not in the tokens) or another failure, 2 usage error.\n",
     run_get,
 };
 
@@ -436,8 +645,28 @@ static const cli_cmd cmd_get = {
 
 static int run_prefix(const cli_cmd *self, int argc, char **argv)
 {
-    HANDLE_SIMPLE_OPTS(self, argc, argv, NULL);
+    static const struct option opts[] = {
+        {"output", required_argument, NULL, 'o'},
+        {"format", required_argument, NULL, 'f'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *out = NULL;
+    int version = 0, ch;
+    cli_getopt_reset();
+    while ((ch = getopt_long(argc, argv, ":o:f:h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'o': out = optarg; break;
+        case 'f':
+            if (parse_format(self, optarg, &version) != CLI_OK) return CLI_USAGE;
+            break;
+        case 'h': cli_print_help(self); return CLI_OK;
+        default: return cli_getopt_error(self, ch, argv);
+        }
+    }
     if (argc - optind < 1) return cli_usage(self, "expected DIR and TOKEN...");
+    if (out && !version) return cli_usage(self, "-o needs --format v1|v2");
+    if (version && !out) return cli_usage(self, "--format applies to -o ENVELOPE");
     const char *dir = argv[optind];
     size_t n = (size_t)(argc - optind - 1);
     uint32_t *toks = malloc((n ? n : 1) * sizeof *toks);
@@ -451,45 +680,85 @@ static int run_prefix(const cli_cmd *self, int argc, char **argv)
         }
         toks[i] = (uint32_t)t;
     }
+    cli_out o;
+    if (out && cli_out_open(self, &o, out, 0) != CLI_OK) {
+        free(toks);
+        return CLI_FAIL;
+    }
     kvx_store *s = NULL;
     if (open_store(self, &s, dir, KVX_STORE_READONLY) != CLI_OK) {
+        if (out) cli_out_abort(&o);
         free(toks);
         return CLI_FAIL;
     }
     kvx_geometry g;
+    memset(&g, 0, sizeof g);
     int rc = kvx_store_get_geometry(&g, s);
     size_t full = (rc == 0 && g.block_tokens) ? n / g.block_tokens : 0;
     kvx_view *views = calloc(full ? full : 1, sizeof *views);
     size_t got = 0;
-    if (rc == 0 && !views) rc = -12;
-    if (rc == 0) rc = kvx_store_prefix(views, &got, s, toks, n, full);
+    char stopped[1024] = "";
+    int ret = CLI_OK;
+    if (rc == 0 && !views) rc = -ENOMEM;
     if (rc == 0) {
+        rc = kvx_store_prefix(views, &got, s, toks, n, full);
+        /* 0 whatever was served; a message when a damaged page ended it. */
+        const char *why = kvx_last_error();
+        if (rc == 0 && why && *why) snprintf(stopped, sizeof stopped, "%s", why);
+    }
+    if (rc != 0) {
+        if (out) cli_out_abort(&o);
+        ret = cli_fail_code(self, rc, "prefix lookup failed");
+        got = 0;
+    } else if (out) {
+        /* Exactly the served blocks, checked again; none: n_blocks = 0. */
+        ret = export_views(self, dir, s, views, got, version, &o);
+    }
+    if (ret == CLI_OK) {
         printf("%zu of %zu full block(s) served from the store (%zu of %zu tokens)\n", got, full,
                got * g.block_tokens, n);
-        kvx_views_release(views, got);
+        if (fflush(stdout) != 0) ret = cli_fail(self, "cannot write to standard output");
+        if (*stopped) {
+            fprintf(stderr, "kvx %s: the prefix stopped at a damaged block: %s\n", self->name,
+                    stopped);
+            fprintf(stderr, "  hint: 'kvx store verify %s' names every damaged shard and page\n",
+                    dir);
+        }
     }
+    kvx_views_release(views, got);
     free(views);
     free(toks);
     kvx_store_close(s);
-    if (rc != 0) return cli_fail_code(self, rc, "prefix lookup failed");
-    return CLI_OK;
+    return ret;
 }
 
 static const cli_cmd cmd_prefix = {
     "store prefix",
     "how many leading blocks of a token sequence the store serves",
-    "Usage: kvx store prefix DIR TOKEN...\n"
+    "Usage: kvx store prefix DIR [-o ENVELOPE --format v1|v2] TOKEN...\n"
     "\n"
     "Looks up the longest cached prefix of the token sequence and prints the\n"
     "number of leading full blocks served from the store as its first word:\n"
     "  3 of 4 full block(s) served from the store (48 of 70 tokens)\n"
-    "With a lineage table, a block counts only when its stored parent and\n"
-    "tokens equal the query's.\n"
+    "A block is served only when its hash, parent, tokens and prefix digest\n"
+    "equal the query's. The prefix ends before the first block that is\n"
+    "missing, unverified (stored without tokens) or fails its page CRC; a\n"
+    "CRC failure is named on standard error, but the exit status stays 0\n"
+    "('kvx store verify' is the command that fails on damage).\n"
     "\n"
     "Options:\n"
-    "  -h, --help  show this help\n"
+    "  -o, --output ENVELOPE  also write exactly the served blocks, their\n"
+    "                         pages' CRCs checked again, as one envelope (none\n"
+    "                         served: a valid envelope of 0 blocks). Written\n"
+    "                         like 'kvx store get -o': a regular file is\n"
+    "                         replaced atomically, a FIFO or character device\n"
+    "                         written into, '-' is standard output, anything\n"
+    "                         else refused\n"
+    "  -f, --format v1|v2     the envelope's version (required with -o)\n"
+    "  -h, --help             show this help\n"
     "\n"
-    "Exit status: 0 success (even when nothing is served), 1 failure, 2 usage\n"
+    "Exit status: 0 the lookup ran (whatever it served, 0 blocks included),\n"
+    "1 failure (not a store, the envelope could not be written...), 2 usage\n"
     "error.\n",
     run_prefix,
 };
@@ -588,10 +857,45 @@ static const cli_cmd cmd_stat = {
 
 /* ------------------------------------------- verify / reindex / gc */
 
+/* Options of reindex and gc: -h, --wait, --no-wait. Returns 1 when the
+ * caller must return *rc at once. */
+static int writer_opts(const cli_cmd *self, int argc, char **argv, double *wait, int *rc)
+{
+    static const struct option opts[] = {
+        WAIT_OPTIONS,
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int ch;
+    cli_getopt_reset();
+    while ((ch = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'W':
+        case 'N':
+            if (parse_wait(self, ch, optarg, wait) != CLI_OK) {
+                *rc = CLI_USAGE;
+                return 1;
+            }
+            break;
+        case 'h': cli_print_help(self); *rc = CLI_OK; return 1;
+        default: *rc = cli_getopt_error(self, ch, argv); return 1;
+        }
+    }
+    return 0;
+}
+
+typedef struct verify_ctx {
+    const char *dir;
+    uint64_t pages;  /* damaged pages: nothing mends them */
+    uint64_t others; /* index or shard structure */
+} verify_ctx;
+
 static void store_report(void *ctx, const char *what, int code)
 {
-    const char *dir = ctx;
-    printf("%s: BAD: %s (%s)\n", dir, what, kvx_err_name(code));
+    verify_ctx *v = ctx;
+    printf("%s: BAD: %s (%s)\n", v->dir, what, kvx_err_name(code));
+    if (code == KVX_EPAGECRC) v->pages++;
+    else v->others++;
 }
 
 static int run_sverify(const cli_cmd *self, int argc, char **argv)
@@ -602,14 +906,20 @@ static int run_sverify(const cli_cmd *self, int argc, char **argv)
     kvx_store *s = NULL;
     if (open_store(self, &s, dir, KVX_STORE_READONLY) != CLI_OK) return CLI_FAIL;
     uint64_t bad = 0;
-    int rc = kvx_store_verify(s, &bad, store_report, (void *)dir);
+    verify_ctx v = {dir, 0, 0};
+    int rc = kvx_store_verify(s, &bad, store_report, &v);
     kvx_store_stats st;
     int src = kvx_store_stat(&st, s);
     kvx_store_close(s);
     fflush(stdout);
     if (bad) {
         fprintf(stderr, "kvx store verify: %" PRIu64 " problem(s) in %s\n", bad, dir);
-        fprintf(stderr, "  hint: 'kvx store reindex %s' rebuilds the index from the shards\n", dir);
+        if (v.pages)
+            fprintf(stderr, "  hint: a page that fails its CRC cannot be mended: its block is no "
+                            "longer served; put it again from its source\n");
+        if (v.others || !v.pages)
+            fprintf(stderr, "  hint: 'kvx store reindex %s' rebuilds the index from the shards\n",
+                    dir);
         return CLI_FAIL;
     }
     if (rc != 0) return cli_fail_code(self, rc, "cannot verify '%s'", dir);
@@ -637,11 +947,13 @@ static const cli_cmd cmd_sverify = {
 
 static int run_reindex(const cli_cmd *self, int argc, char **argv)
 {
-    HANDLE_SIMPLE_OPTS(self, argc, argv, NULL);
+    int ch;
+    double wait = -1;
+    if (writer_opts(self, argc, argv, &wait, &ch)) return ch;
     if (argc - optind != 1) return cli_usage(self, "expected one DIR");
     const char *dir = argv[optind];
     kvx_store *s = NULL;
-    if (open_store(self, &s, dir, 0) != CLI_OK) return CLI_FAIL;
+    if (open_writer(self, &s, dir, wait) != CLI_OK) return CLI_FAIL;
     int rc = kvx_store_reindex(s);
     kvx_store_stats st;
     if (rc == 0) rc = kvx_store_stat(&st, s);
@@ -654,25 +966,31 @@ static int run_reindex(const cli_cmd *self, int argc, char **argv)
 static const cli_cmd cmd_reindex = {
     "store reindex",
     "rebuild the index from the shards' own tables",
-    "Usage: kvx store reindex DIR\n"
+    "Usage: kvx store reindex DIR [--wait SECONDS | --no-wait]\n"
     "\n"
     "Rebuilds the LMDB index from the coordinate, hash and lineage tables of\n"
-    "the sealed shards, so a lost or damaged index loses no data.\n"
+    "the sealed shards, so a lost or damaged index loses no data. It is a\n"
+    "writer: while another process writes the store, it waits (saying once\n"
+    "which pid holds the store) unless told otherwise.\n"
     "\n"
     "Options:\n"
-    "  -h, --help  show this help\n"
+    WAIT_HELP
+    "  -h, --help             show this help\n"
     "\n"
-    "Exit status: 0 success, 1 failure, 2 usage error.\n",
+    "Exit status: 0 success, 1 failure (or the store still held by another\n"
+    "writer past --wait / at once with --no-wait), 2 usage error.\n",
     run_reindex,
 };
 
 static int run_gc(const cli_cmd *self, int argc, char **argv)
 {
-    HANDLE_SIMPLE_OPTS(self, argc, argv, NULL);
+    int ch;
+    double wait = -1;
+    if (writer_opts(self, argc, argv, &wait, &ch)) return ch;
     if (argc - optind != 1) return cli_usage(self, "expected one DIR");
     const char *dir = argv[optind];
     kvx_store *s = NULL;
-    if (open_store(self, &s, dir, 0) != CLI_OK) return CLI_FAIL;
+    if (open_writer(self, &s, dir, wait) != CLI_OK) return CLI_FAIL;
     kvx_store_stats a, b;
     int rc = kvx_store_stat(&a, s);
     if (rc == 0) rc = kvx_store_gc(s);
@@ -691,15 +1009,19 @@ static int run_gc(const cli_cmd *self, int argc, char **argv)
 static const cli_cmd cmd_gc = {
     "store gc",
     "evict to capacity and compact mostly-dead or small shards",
-    "Usage: kvx store gc DIR\n"
+    "Usage: kvx store gc DIR [--wait SECONDS | --no-wait]\n"
     "\n"
     "Evicts whole shards, least recently used first, until the store is under\n"
-    "its capacity, and rewrites mostly-dead or small shards into new ones.\n"
+    "its capacity, and rewrites mostly-dead or small shards into new ones. It\n"
+    "is a writer: while another process writes the store, it waits (saying\n"
+    "once which pid holds the store) unless told otherwise.\n"
     "\n"
     "Options:\n"
-    "  -h, --help  show this help\n"
+    WAIT_HELP
+    "  -h, --help             show this help\n"
     "\n"
-    "Exit status: 0 success, 1 failure, 2 usage error.\n",
+    "Exit status: 0 success, 1 failure (or the store still held by another\n"
+    "writer past --wait / at once with --no-wait), 2 usage error.\n",
     run_gc,
 };
 

@@ -6,14 +6,20 @@
  * The library does the work (kvx_warmup_run: io_uring or pread into
  * pinned staging buffers, double-buffered into the sink); this file picks
  * the sink, draws the progress bar from the library's progress callback
- * (only on a terminal, never with --json) and names each failed page.
+ * (only on a terminal, never with --json) and names each failed page. It
+ * opens the inputs itself, so that every one that does not open is named
+ * (a store's registered shards included) while the rest is warmed up.
  */
 #include "cli.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void warm_progress(void *ctx, const kvx_warmup_progress *p)
@@ -21,6 +27,156 @@ static void warm_progress(void *ctx, const kvx_warmup_progress *p)
     cli_progress *bar = ctx;
     bar->total = p->bytes_total;
     cli_progress_update(bar, p->bytes_done);
+}
+
+/* What could not be opened, named on stderr and kept for --json. */
+typedef struct unopened {
+    char **paths;
+    size_t n;
+} unopened;
+
+static void note_unopened(const cli_cmd *self, unopened *u, const char *path, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void note_unopened(const cli_cmd *self, unopened *u, const char *path, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "kvx %s: cannot open '%s': ", self->name, path);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    char **np = realloc(u->paths, (u->n + 1) * sizeof *np);
+    if (!np) return;
+    u->paths = np;
+    if ((np[u->n] = strdup(path))) u->n++;
+}
+
+static int push(kvx_shard ***v, size_t *n, size_t *cap, kvx_shard *sh)
+{
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 16;
+        kvx_shard **nv = realloc(*v, nc * sizeof *nv);
+        if (!nv) return -1;
+        *v = nv;
+        *cap = nc;
+    }
+    (*v)[(*n)++] = sh;
+    return 0;
+}
+
+/* The shards of a store directory. The library lists the ones it could
+ * open; every registered one it could not is found here and named: each
+ * file of shards/ that is not among them and does not open, and then the
+ * count of any still unaccounted for (a registered file that is gone). */
+static void collect_store(const cli_cmd *self, const char *dir, kvx_shard ***v, size_t *n,
+                          size_t *cap, unopened *u)
+{
+    kvx_store *s = NULL;
+    int rc = kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY);
+    if (rc != 0) {
+        const char *d = kvx_last_error();
+        note_unopened(self, u, dir, "%s (%s)", *d ? d : kvx_strerror(rc), kvx_err_name(rc));
+        return;
+    }
+    kvx_store_stats st;
+    kvx_shard **got = NULL;
+    size_t ngot = 0;
+    if ((rc = kvx_store_stat(&st, s)) == 0) rc = kvx_store_shards(&got, &ngot, s);
+    kvx_store_close(s); /* the shards hold their own references */
+    if (rc != 0) {
+        const char *d = kvx_last_error();
+        note_unopened(self, u, dir, "%s (%s)", *d ? d : kvx_strerror(rc), kvx_err_name(rc));
+        return;
+    }
+    size_t first = *n;
+    for (size_t i = 0; i < ngot; i++) {
+        if (push(v, n, cap, got[i]) != 0) {
+            for (size_t k = i; k < ngot; k++) kvx_shard_close(got[k]);
+            note_unopened(self, u, dir, "out of memory");
+            break;
+        }
+    }
+    kvx_free(got);
+    if (st.shards <= ngot) return;
+    uint64_t missing = st.shards - ngot, named = 0;
+    char sp[4096];
+    snprintf(sp, sizeof sp, "%s/shards", dir);
+    DIR *d = opendir(sp);
+    struct dirent *de;
+    while (d && named < missing && (de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        int known = 0;
+        for (size_t i = first; i < *n && !known; i++) {
+            const char *p = kvx_shard_path((*v)[i]);
+            const char *b = p ? strrchr(p, '/') : NULL;
+            known = p && !strcmp(b ? b + 1 : p, de->d_name);
+        }
+        if (known) continue;
+        char fp[8192];
+        snprintf(fp, sizeof fp, "%s/%s", sp, de->d_name);
+        struct stat fst;
+        if (lstat(fp, &fst) != 0) continue;
+        if (!S_ISREG(fst.st_mode)) {
+            note_unopened(self, u, fp, "it is %s", cli_file_type(fst.st_mode));
+            named++;
+            continue;
+        }
+        kvx_shard *sh = NULL;
+        rc = kvx_shard_open(&sh, fp, 0);
+        if (rc == 0) {
+            kvx_shard_close(sh); /* opens: not one the index names */
+            continue;
+        }
+        const char *e = kvx_last_error();
+        note_unopened(self, u, fp, "%s (%s)", *e ? e : kvx_strerror(rc), kvx_err_name(rc));
+        named++;
+    }
+    if (d) closedir(d);
+    if (named < missing) {
+        char what[64];
+        snprintf(what, sizeof what, "%s (%" PRIu64 " registered shard(s))", dir, missing - named);
+        note_unopened(self, u, what, "the store's index names them but they could not be opened");
+    }
+}
+
+static int collect(const cli_cmd *self, char **paths, size_t np, kvx_shard ***out, size_t *out_n,
+                   unopened *u)
+{
+    kvx_shard **v = NULL;
+    size_t n = 0, cap = 0;
+    for (size_t i = 0; i < np; i++) {
+        struct stat st;
+        if (stat(paths[i], &st) != 0) {
+            note_unopened(self, u, paths[i], "%s", strerror(errno));
+            continue;
+        }
+        if (S_ISDIR(st.st_mode)) {
+            collect_store(self, paths[i], &v, &n, &cap, u);
+            continue;
+        }
+        if (!S_ISREG(st.st_mode)) {
+            /* Judged by type, never opened: a FIFO would block. */
+            note_unopened(self, u, paths[i], "it is %s, neither a shard file nor a store directory",
+                          cli_file_type(st.st_mode));
+            continue;
+        }
+        kvx_shard *sh = NULL;
+        int rc = kvx_shard_open(&sh, paths[i], 0);
+        if (rc != 0) {
+            const char *d = kvx_last_error();
+            note_unopened(self, u, paths[i], "%s (%s)", *d ? d : kvx_strerror(rc), kvx_err_name(rc));
+            continue;
+        }
+        if (push(&v, &n, &cap, sh) != 0) {
+            kvx_shard_close(sh);
+            for (size_t k = 0; k < n; k++) kvx_shard_close(v[k]);
+            free(v);
+            return cli_fail(self, "out of memory");
+        }
+    }
+    *out = v;
+    *out_n = n;
+    return CLI_OK;
 }
 
 static int run_warmup(const cli_cmd *self, int argc, char **argv)
@@ -62,9 +218,17 @@ static int run_warmup(const cli_cmd *self, int argc, char **argv)
 
     kvx_shard **shards = NULL;
     size_t n = 0;
-    int rc = kvx_warmup_collect(&shards, &n, (const char *const *)(argv + optind),
-                                (size_t)(argc - optind));
-    if (rc != 0) return cli_fail_code(self, rc, "cannot open what to warm up");
+    unopened un = {NULL, 0};
+    if (collect(self, argv + optind, (size_t)(argc - optind), &shards, &n, &un) != CLI_OK)
+        return CLI_FAIL;
+    int rc = 0;
+    if (un.n && !n) {
+        cli_fail(self, "nothing to warm up: %zu input(s) could not be opened", un.n);
+        for (size_t i = 0; i < un.n; i++) free(un.paths[i]);
+        free(un.paths);
+        free(shards);
+        return CLI_FAIL;
+    }
 
     uint64_t sink_bytes = 0, pages = 0;
     for (size_t i = 0; i < n; i++) pages += kvx_shard_get_info(shards[i])->num_blocks;
@@ -159,6 +323,10 @@ static int run_warmup(const cli_cmd *self, int argc, char **argv)
         cli_json_bool(&j, !(flags & KVX_WARMUP_NO_VERIFY));
         cli_json_key(&j, "shards");
         cli_json_u64(&j, n);
+        cli_json_key(&j, "unopened");
+        cli_json_arr_begin(&j);
+        for (size_t i = 0; i < un.n; i++) cli_json_str(&j, un.paths[i]);
+        cli_json_arr_end(&j);
         cli_json_key(&j, "failures");
         cli_json_arr_begin(&j);
         for (size_t i = 0; i < rep.n_failures; i++) {
@@ -185,13 +353,18 @@ static int run_warmup(const cli_cmd *self, int argc, char **argv)
                sink_name, (flags & KVX_WARMUP_NO_VERIFY) ? "not checked" : "checked",
                rep.crc_failures, rep.io_failures);
     }
-    ret = (rep.crc_failures || rep.io_failures) ? CLI_FAIL : CLI_OK;
+    ret = (rep.crc_failures || rep.io_failures || un.n) ? CLI_FAIL : CLI_OK;
+    if (un.n)
+        fprintf(stderr, "kvx warmup: %zu input(s) could not be opened (named above); the rest "
+                        "was warmed up\n", un.n);
 out:
+    for (size_t i = 0; i < un.n; i++) free(un.paths[i]);
+    free(un.paths);
     kvx_warmup_report_free(&rep);
     kvx_gpu_destroy(gpu);
     free(host);
     for (size_t i = 0; i < n; i++) kvx_shard_close(shards[i]);
-    kvx_free(shards);
+    free(shards);
     return ret;
 }
 
@@ -208,6 +381,12 @@ const cli_cmd cli_cmd_warmup = {
     "A page failing its CRC is counted, named and not delivered. A progress\n"
     "bar is drawn on a terminal.\n"
     "\n"
+    "Every input that cannot be opened is named on standard error (the rest\n"
+    "is still warmed up, and the exit status is 1): a shard file that does\n"
+    "not open, a shard a store's index names that does not open or is gone,\n"
+    "and a path that is neither a regular file nor a directory (a FIFO or\n"
+    "device is refused by type, never opened).\n"
+    "\n"
     "Options:\n"
     "  -s, --sink host|gpu|discard  where pages go (default host; discard\n"
     "                               only reads and verifies)\n"
@@ -217,10 +396,12 @@ const cli_cmd cli_cmd_warmup = {
     "  -b, --buffered               never O_DIRECT (read through the page cache)\n"
     "  -j, --json                   one JSON object: bytes, pages, crc_failures,\n"
     "                               io_failures, seconds, gbps, io, direct, sink,\n"
-    "                               verified, shards, failures\n"
+    "                               verified, shards, unopened (paths),\n"
+    "                               failures\n"
     "  -h, --help                   show this help\n"
     "\n"
-    "Exit status: 0 every page delivered good, 1 a page failed or the warmup\n"
-    "could not run (no GPU, not enough memory...), 2 usage error.\n",
+    "Exit status: 0 every input opened and every page delivered good, 1 an\n"
+    "input could not be opened, a page failed or the warmup could not run (no\n"
+    "GPU, not enough memory...), 2 usage error.\n",
     run_warmup,
 };

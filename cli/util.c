@@ -1,8 +1,8 @@
 /*
  * util.c - the plumbing every `kvx` subcommand shares: error messages that
  * say what is wrong and what to do, number and size parsing in human
- * units, a progress bar that only draws on a terminal, whole-file I/O with
- * an atomic write, and a small JSON emitter.
+ * units, a progress bar that only draws on a terminal, and a small JSON
+ * emitter (inputs and outputs: io.c).
  *
  * JSON output needs no library: the emitter tracks commas and nesting and
  * escapes strings per RFC 8259, which is all a report needs.
@@ -73,25 +73,41 @@ const char *cli_hint(int code)
     case KVX_ENOGPU: return "use the host sink (--sink host) on a machine without a GPU";
     case KVX_ENOCUDA: return "rebuild kvx with the CUDA toolkit, or use the host sink";
     case KVX_EMEMLOCK: return "raise the locked-memory limit (ulimit -l)";
+    case KVX_EAMBIGUOUS: return "give the prompt's tokens (--tokens FILE) to pick the block by digest";
+    case KVX_EUNVERIFIED: return "put the envelope again with --tokens FILE so the block is verified";
     case KVX_ENOTFOUND: return "";
     default: return "";
     }
+}
+
+static void vfail_code(const cli_cmd *c, int code, const char *hint, const char *fmt, va_list ap)
+{
+    fprintf(stderr, "kvx%s%s: ", c ? " " : "", c ? c->name : "");
+    vfprintf(stderr, fmt, ap);
+    const char *detail = kvx_last_error();
+    if (detail && *detail)
+        fprintf(stderr, ": %s (%s)\n", detail, kvx_err_name(code));
+    else
+        fprintf(stderr, ": %s (%s)\n", kvx_strerror(code), kvx_err_name(code));
+    if (!hint) hint = cli_hint(code);
+    if (*hint) fprintf(stderr, "  hint: %s\n", hint);
 }
 
 int cli_fail_code(const cli_cmd *c, int code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "kvx%s%s: ", c ? " " : "", c ? c->name : "");
-    vfprintf(stderr, fmt, ap);
+    vfail_code(c, code, NULL, fmt, ap);
     va_end(ap);
-    const char *detail = kvx_last_error();
-    if (detail && *detail)
-        fprintf(stderr, ": %s (%s)\n", detail, kvx_err_name(code));
-    else
-        fprintf(stderr, ": %s (%s)\n", kvx_strerror(code), kvx_err_name(code));
-    const char *hint = cli_hint(code);
-    if (*hint) fprintf(stderr, "  hint: %s\n", hint);
+    return CLI_FAIL;
+}
+
+int cli_fail_code_hint(const cli_cmd *c, int code, const char *hint, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vfail_code(c, code, hint, fmt, ap);
+    va_end(ap);
     return CLI_FAIL;
 }
 
@@ -235,110 +251,7 @@ double cli_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* ------------------------------------------------------------------ files */
-
-int cli_read_file(void **out, size_t *out_len, const char *path)
-{
-    *out = NULL;
-    *out_len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -errno;
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int e = -errno;
-        close(fd);
-        return e;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        close(fd);
-        return -EISDIR;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        /* A pipe or FIFO (`... | kvx store put DIR /dev/stdin`): no size
-         * up front, read to its end. */
-        size_t cap = 1 << 16, got = 0;
-        unsigned char *buf = malloc(cap);
-        int e = buf ? 0 : -ENOMEM;
-        while (!e) {
-            if (got == cap) {
-                unsigned char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
-                if (!nb) {
-                    e = -ENOMEM;
-                    break;
-                }
-                buf = nb;
-                cap *= 2;
-            }
-            ssize_t r = read(fd, buf + got, cap - got);
-            if (r < 0 && errno == EINTR) continue;
-            if (r < 0) e = -errno;
-            else if (r == 0) break;
-            else got += (size_t)r;
-        }
-        close(fd);
-        if (e) {
-            free(buf);
-            return e;
-        }
-        *out = buf;
-        *out_len = got;
-        return 0;
-    }
-    size_t len = (size_t)st.st_size;
-    unsigned char *buf = malloc(len ? len : 1);
-    if (!buf) {
-        close(fd);
-        return -ENOMEM;
-    }
-    size_t got = 0;
-    while (got < len) {
-        ssize_t r = read(fd, buf + got, len - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) {
-            int e = r < 0 ? -errno : -EIO; /* shrank while we read */
-            free(buf);
-            close(fd);
-            return e;
-        }
-        got += (size_t)r;
-    }
-    close(fd);
-    *out = buf;
-    *out_len = len;
-    return 0;
-}
-
-int cli_write_file_atomic(const char *path, const void *data, size_t len)
-{
-    size_t n = strlen(path);
-    char *tmp = malloc(n + 32);
-    if (!tmp) return -ENOMEM;
-    snprintf(tmp, n + 32, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int e = -errno;
-        free(tmp);
-        return e;
-    }
-    const unsigned char *p = data;
-    size_t done = 0;
-    int err = 0;
-    while (done < len) {
-        ssize_t w = write(fd, p + done, len - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            err = w < 0 ? -errno : -EIO;
-            break;
-        }
-        done += (size_t)w;
-    }
-    if (!err && fsync(fd) != 0) err = -errno;
-    if (close(fd) != 0 && !err) err = -errno;
-    if (!err && rename(tmp, path) != 0) err = -errno;
-    if (err) unlink(tmp);
-    free(tmp);
-    return err;
-}
+/* ----------------------------------------------------------------- tokens */
 
 int cli_parse_tokens(uint32_t **out, size_t *out_n, const char *text, const char **out_bad)
 {

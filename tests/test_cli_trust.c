@@ -1,0 +1,1300 @@
+/*
+ * test_cli_trust.c - the `kvx` command keeps the trust rules of
+ * ../shared/DESIGN.md (never wrong KV, bounded by the input, the named
+ * output only) when driven as a hostile or unlucky user drives it:
+ *
+ * - store get exports only blocks whose pages pass their CRC, names each
+ *   block it does not serve with why (missing, unverified, ambiguous,
+ *   damaged) and writes nothing then; --tokens picks one of two blocks
+ *   sharing a hash (a real FNV-1a chain collision) by digest;
+ * - store prefix -o writes exactly the served blocks (0 included), and a
+ *   damaged page ends the prefix with a message but exit 0;
+ * - outputs: a FIFO or character device is written into (never renamed
+ *   over; /dev/null stays a device), a FIFO without reader, a symlink or a
+ *   directory is refused and left alone, and kill -9 leaves no temporary
+ *   file (or the next run removes it);
+ * - inputs: /dev/zero, endless random or text streams and headers that
+ *   declare too much end promptly with exit 1; a FIFO, device, socket or
+ *   directory where a shard belongs is refused by type without blocking;
+ * - writers: --no-wait and --wait N give up naming the pid that holds the
+ *   store, the default waits and says so once;
+ * - hints fitted to the problem (lost index: reindex), out-of-range
+ *   geometry is a usage error, warmup names every shard it cannot open.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/sysmacros.h>
+#include <sys/un.h>
+#include <time.h>
+
+#include "cli_harness.h"
+#include "kvx.h"
+
+static char tmpdir[256];
+static char base[300], envp[300], tokp[300];
+
+/* L=2, Hkv=1, D=8, B=4, fp16; tokens: three full blocks and a tail. */
+static const kvx_geometry G = {2, 1, 8, 4, KVX_QUANT_FP16, 0};
+#define NT 14
+#define NB 3
+static uint32_t toks[NT];
+static uint64_t hashes[NB];
+static uint8_t *env;
+static size_t env_len;
+
+/* A chained FNV-1a collision at block 0 for B = 2 (found once with
+ * tests/collide.h): H(0, A) == H(0, B) == 0xc314a8c6084d4b91, so every
+ * block appended identically to both prompts collides as well. */
+static const uint32_t COLL_A[2] = {3911133820u, 200437748u};
+static const uint32_t COLL_B[2] = {1649453268u, 807956602u};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void path_in(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/%s", tmpdir, name);
+}
+
+static void hexs(char *out, size_t cap, uint64_t h)
+{
+    snprintf(out, cap, "0x%016llx", (unsigned long long)h);
+}
+
+/* A v1 envelope of nb full blocks; seed varies the payloads. */
+static size_t make_env(uint8_t **outp, const kvx_geometry *g, const uint64_t *h, uint32_t nb,
+                       unsigned seed)
+{
+    size_t P = kvx_envelope_payload_bytes(1, g);
+    uint16_t *pl = malloc(P * (nb ? nb : 1));
+    kvx_envelope_block_in *in = calloc(nb ? nb : 1, sizeof *in);
+    for (uint32_t b = 0; b < nb; b++) {
+        for (size_t i = 0; i < P / 2; i++)
+            pl[b * P / 2 + i] =
+                kvx_f32_to_f16((float)((int)((i * 5 + b * 3 + seed * 7) % 17) - 8) / 4.0f);
+        in[b] = (kvx_envelope_block_in){h[b], g->block_tokens, pl + b * P / 2, NULL};
+    }
+    size_t len;
+    assert_int_equal(kvx_envelope_size(&len, 1, g, nb), 0);
+    *outp = malloc(len);
+    assert_int_equal(kvx_envelope_export(*outp, len, 1, g, in, nb), 0);
+    free(in);
+    free(pl);
+    return len;
+}
+
+static void write_tokens(const char *path, const uint32_t *t, size_t n)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    for (size_t i = 0; i < n; i++) fprintf(f, "%u%s", t[i], i % 5 == 4 ? "\n" : " ");
+    fclose(f);
+}
+
+static cli_run create_store_g(const char *dir, const kvx_geometry *g)
+{
+    char L[16], H[16], D[16], B[16];
+    snprintf(L, sizeof L, "%u", g->num_layers);
+    snprintf(H, sizeof H, "%u", g->kv_heads);
+    snprintf(D, sizeof D, "%u", g->head_dim);
+    snprintf(B, sizeof B, "%u", g->block_tokens);
+    return CLI(NULL, "store", "create", dir, "-L", L, "-H", H, "-D", D, "-B", B, "--quant", "fp16",
+               "--capacity", "64MiB");
+}
+
+static void make_store(const char *dir, int with_tokens)
+{
+    cli_run r = create_store_g(dir, &G);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    if (with_tokens) r = CLI(NULL, "store", "put", dir, envp, "--tokens", tokp);
+    else r = CLI(NULL, "store", "put", dir, envp);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kvx-test-cli-trust-XXXXXX");
+    if (!mkdtemp(tmpdir)) return -1;
+    path_in(base, sizeof base, "base");
+    path_in(envp, sizeof envp, "seq.env");
+    path_in(tokp, sizeof tokp, "seq.tokens");
+    for (uint32_t i = 0; i < NT; i++) toks[i] = 1000 + i * 3;
+    kvx_block_hashes(hashes, toks, NT, G.block_tokens);
+    env_len = make_env(&env, &G, hashes, NB, 0);
+    write_bytes(envp, env, env_len);
+    write_tokens(tokp, toks, NT);
+    make_store(base, 1);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    rm_rf(tmpdir);
+    free(env);
+    return 0;
+}
+
+/* ------------------------------------------------------------- runner */
+
+#define TIMED_OUT 999
+
+/* Runs KVX_CLI (or prog when given) with stdin from in_fd (-1: /dev/null),
+ * stdout into out_path (NULL: captured), for at most secs seconds: then it
+ * is killed and rc is TIMED_OUT. */
+static cli_run run_t(const char *prog, int in_fd, const char *out_path, double secs,
+                     const char *const *args)
+{
+    char tmpl_o[] = "/tmp/kvx-trust-out-XXXXXX", tmpl_e[] = "/tmp/kvx-trust-err-XXXXXX";
+    int fo = out_path ? open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644) : mkstemp(tmpl_o);
+    int fe = mkstemp(tmpl_e);
+    if (!out_path) unlink(tmpl_o);
+    unlink(tmpl_e);
+    assert_true(fo >= 0 && fe >= 0);
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = prog ? prog : KVX_CLI;
+    for (; args[n - 1] && n < 63; n++) argv[n] = args[n - 1];
+    argv[n] = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fi = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY);
+        dup2(fi, 0);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        signal(SIGPIPE, SIG_DFL);
+        execv(argv[0], (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0, done = 0;
+    struct timespec ts = {0, 5 * 1000 * 1000};
+    for (double t0 = now_s(); now_s() - t0 < secs;) {
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            done = 1;
+            break;
+        }
+        nanosleep(&ts, NULL);
+    }
+    cli_run r;
+    if (!done) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        r.rc = TIMED_OUT;
+    } else {
+        r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    r.out = out_path ? calloc(1, 1) : harness_slurp(fo);
+    r.err = harness_slurp(fe);
+    close(fo);
+    close(fe);
+    if (r.rc == TIMED_OUT) fprintf(stderr, "timed out after %.1f s; stderr:\n%s\n", secs, r.err);
+    return r;
+}
+
+#define RUN_T(in_fd, secs, ...) \
+    run_t(NULL, (in_fd), NULL, (secs), (const char *const[]){__VA_ARGS__, NULL})
+#define RUN_TO(out_path, ...) \
+    run_t(NULL, -1, (out_path), 60, (const char *const[]){__VA_ARGS__, NULL})
+
+/* A child that writes head, then repeats fill (or random bytes when fill
+ * is NULL) into fd until the reader goes away. Returns its pid. */
+static pid_t feeder(int fd, const void *head, size_t head_len, const char *fill, int other_end)
+{
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(other_end); /* the reader's going away must end the writes */
+        signal(SIGPIPE, SIG_DFL);
+        const uint8_t *p = head;
+        size_t done = 0;
+        while (done < head_len) {
+            ssize_t w = write(fd, p + done, head_len - done);
+            if (w <= 0) _exit(0);
+            done += (size_t)w;
+        }
+        static uint8_t buf[65536];
+        uint64_t x = 0x9e3779b97f4a7c15ull;
+        if (fill) {
+            size_t fl = strlen(fill);
+            for (size_t i = 0; i < sizeof buf; i++) buf[i] = (uint8_t)fill[i % fl];
+        }
+        for (;;) {
+            if (!fill)
+                for (size_t i = 0; i < sizeof buf; i++) {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    buf[i] = (uint8_t)(x >> 24);
+                }
+            if (write(fd, buf, sizeof buf) <= 0) _exit(0);
+        }
+    }
+    return pid;
+}
+
+static void reap(pid_t pid)
+{
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+}
+
+/* Runs the command with stdin fed as feeder() does. */
+static cli_run run_fed(const void *head, size_t head_len, const char *fill, double secs,
+                       const char *const *args)
+{
+    int p[2];
+    assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+    pid_t f = feeder(p[1], head, head_len, fill, p[0]);
+    close(p[1]);
+    cli_run r = run_t(NULL, p[0], NULL, secs, args);
+    close(p[0]);
+    reap(f);
+    return r;
+}
+#define RUN_FED(head, len, fill, ...) \
+    run_fed((head), (len), (fill), 20, (const char *const[]){__VA_ARGS__, NULL})
+
+/* A pid that no process has (a child that already exited). */
+static pid_t dead_pid(void)
+{
+    pid_t p = fork();
+    if (p == 0) _exit(0);
+    waitpid(p, NULL, 0);
+    return p;
+}
+
+static size_t count_substr(const char *s, const char *needle)
+{
+    size_t n = 0;
+    for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
+/* Names in dir containing needle. */
+static int names_with(const char *dir, const char *needle)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (strstr(de->d_name, needle)) n++;
+    closedir(d);
+    return n;
+}
+
+/* The sealed shard of dir/shards holding the block hash (its path in
+ * out) and that block's entry index; -1 when none. */
+static int shard_with(char *out, size_t cap, const char *dir, uint64_t hash)
+{
+    char sd[512], want[24];
+    snprintf(sd, sizeof sd, "%s/shards", dir);
+    hexs(want, sizeof want, hash);
+    DIR *d = opendir(sd);
+    assert_non_null(d);
+    struct dirent *de;
+    int found = -1;
+    while (found < 0 && (de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        snprintf(out, cap, "%s/%s", sd, de->d_name);
+        cli_run r = CLI(NULL, "inspect", "--json", out);
+        jval *v = r.rc == 0 ? jparse(r.out) : NULL;
+        cli_run_free(&r);
+        jval *ents = jget(v, "entries");
+        for (size_t i = 0; ents && i < ents->n && found < 0; i++) {
+            jval *h = jget(ents->items[i], "hash");
+            if (h && h->t == JSTR && !strcmp(h->str, want)) found = (int)i;
+        }
+        jfree(v);
+    }
+    closedir(d);
+    return found;
+}
+
+static int shard_files(const char *dir)
+{
+    char sd[512];
+    snprintf(sd, sizeof sd, "%s/shards", dir);
+    DIR *d = opendir(sd);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (de->d_name[0] != '.') n++;
+    closedir(d);
+    return n;
+}
+
+static int is_type(const char *path, mode_t type)
+{
+    struct stat st;
+    return lstat(path, &st) == 0 && (st.st_mode & S_IFMT) == type;
+}
+
+static uint8_t *slurp_file(const char *path, size_t *n)
+{
+    return read_bytes(path, n);
+}
+
+/* ------------------------------------------------------ 1: store get */
+
+static void test_get_checks_every_page(void **state)
+{
+    (void)state;
+    char st[320], out[320], shard[1024], h0[24], h1[24], h2[24];
+    path_in(st, sizeof st, "damaged");
+    path_in(out, sizeof out, "damaged.env");
+    make_store(st, 1);
+    hexs(h0, sizeof h0, hashes[0]);
+    hexs(h1, sizeof h1, hashes[1]);
+    hexs(h2, sizeof h2, hashes[2]);
+    cli_run r = CLI(NULL, "store", "get", st, "-o", out, "--format", "v1", h0, h1, h2);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    size_t n;
+    uint8_t *b = slurp_file(out, &n);
+    assert_int_equal(n, env_len);
+    assert_memory_equal(b, env, env_len);
+    free(b);
+    unlink(out);
+
+    /* Rot one byte of block 1's page: it is damaged, not missing, and
+     * nothing is exported. */
+    int e = shard_with(shard, sizeof shard, st, hashes[1]);
+    assert_true(e >= 0);
+    flip_bits(shard, page_offset(shard, (size_t)e) + 5, 0x20);
+    r = CLI(NULL, "store", "get", st, "-o", out, "--format", "v1", h0, h1);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, h1));
+    assert_non_null(strstr(r.err, "damaged"));
+    assert_null(strstr(r.err, "not in the store"));
+    assert_non_null(strstr(r.err, "kvx store verify"));
+    assert_false(file_exists(out));
+    cli_run_free(&r);
+    /* v2 as well. */
+    r = CLI(NULL, "store", "get", st, "-o", out, "--format", "v2", h1);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, h1));
+    assert_false(file_exists(out));
+    cli_run_free(&r);
+    /* The good block is still served. */
+    r = CLI(NULL, "store", "get", st, "-o", out, "--format", "v1", h0);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    b = slurp_file(out, &n);
+    uint8_t *one;
+    size_t one_len = make_env(&one, &G, hashes, 1, 0);
+    assert_int_equal(n, one_len);
+    assert_memory_equal(b, one, one_len);
+    free(b);
+
+    /* prefix: 1 block served, the damage named, exit 0; -o holds exactly
+     * that block. */
+    char tk[NT][16];
+    const char *args[NT + 10] = {"store", "prefix", st, "-o", out, "--format", "v1"};
+    for (int i = 0; i < NT; i++) {
+        snprintf(tk[i], sizeof tk[i], "%u", toks[i]);
+        args[7 + i] = tk[i];
+    }
+    args[7 + NT] = NULL;
+    unlink(out);
+    r = cli_runv(NULL, args);
+    EXPECT_RC(r, 0);
+    assert_true(!strncmp(r.out, "1 of 3 ", 7));
+    assert_non_null(strstr(r.err, "damaged"));
+    assert_non_null(strstr(r.err, "kvx store verify"));
+    cli_run_free(&r);
+    b = slurp_file(out, &n);
+    assert_int_equal(n, one_len);
+    assert_memory_equal(b, one, one_len);
+    free(b);
+    free(one);
+
+    /* verify fails, and its hint does not promise that reindex mends a page. */
+    r = CLI(NULL, "store", "verify", st);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "cannot be mended"));
+    cli_run_free(&r);
+}
+
+static void test_get_unverified_missing_ambiguous(void **state)
+{
+    (void)state;
+    char st[320], out[320], h0[24], h2[24];
+    path_in(st, sizeof st, "unverified");
+    path_in(out, sizeof out, "unverified.env");
+    make_store(st, 0);
+    hexs(h0, sizeof h0, hashes[0]);
+    hexs(h2, sizeof h2, hashes[2]);
+    /* Put without tokens: held, but never served by hash alone. Each
+     * block not served is named with why; nothing written. */
+    cli_run r = CLI(NULL, "store", "get", st, "-o", out, "--format", "v1", h0, "0x1234");
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, h0));
+    assert_non_null(strstr(r.err, "unverified"));
+    assert_non_null(strstr(r.err, "0x0000000000001234 is not in the store"));
+    assert_false(file_exists(out));
+    cli_run_free(&r);
+    /* ... nor by prefix: 0 served, exit 0, and -o a valid empty envelope. */
+    char tk[NT][16];
+    const char *args[NT + 10] = {"store", "prefix", st, "-o", out, "--format", "v2"};
+    for (int i = 0; i < NT; i++) {
+        snprintf(tk[i], sizeof tk[i], "%u", toks[i]);
+        args[7 + i] = tk[i];
+    }
+    args[7 + NT] = NULL;
+    r = cli_runv(NULL, args);
+    EXPECT_RC(r, 0);
+    assert_true(!strncmp(r.out, "0 of 3 ", 7));
+    cli_run_free(&r);
+    size_t n;
+    uint8_t *b = slurp_file(out, &n);
+    kvx_envelope pe;
+    assert_int_equal(kvx_envelope_parse(&pe, b, n, NULL), 0);
+    assert_int_equal(pe.n_blocks, 0);
+    assert_int_equal(pe.version, 2);
+    free(b);
+    unlink(out);
+
+    /* A put with the tokens makes them served. */
+    r = CLI(NULL, "store", "put", st, envp, "--tokens", tokp);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "get", st, "-o", out, "--format", "v1", h0);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    /* --tokens: blocks picked from the prompt, in the order given. */
+    r = CLI(NULL, "store", "get", st, "-o", out, "--format", "v1", "--tokens", tokp, h2, h0);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    b = slurp_file(out, &n);
+    kvx_envelope_block blk;
+    assert_int_equal(kvx_envelope_parse(&pe, b, n, NULL), 0);
+    assert_int_equal(pe.n_blocks, 2);
+    assert_int_equal(kvx_envelope_block_at(&blk, &pe, 0), 0);
+    assert_true(blk.hash == hashes[2]);
+    kvx_envelope whole;
+    kvx_envelope_block wb;
+    assert_int_equal(kvx_envelope_parse(&whole, env, env_len, NULL), 0);
+    assert_int_equal(kvx_envelope_block_at(&wb, &whole, 2), 0);
+    assert_memory_equal(blk.payload, wb.payload, pe.payload_bytes);
+    free(b);
+    /* A hash that is not one of the prompt's blocks. */
+    unlink(out);
+    r = CLI(NULL, "store", "get", st, "-o", out, "--format", "v1", "--tokens", tokp, "0x1234");
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "0x0000000000001234"));
+    assert_false(file_exists(out));
+    cli_run_free(&r);
+
+    /* Two prompts whose FNV chains collide: both stored, a get by hash is
+     * ambiguous, --tokens gives each prompt its own bytes. */
+    const kvx_geometry g2 = {1, 1, 4, 2, KVX_QUANT_FP16, 0};
+    uint32_t ta[4] = {COLL_A[0], COLL_A[1], 7, 8}, tb[4] = {COLL_B[0], COLL_B[1], 7, 8};
+    uint64_t ha[2], hb[2];
+    kvx_block_hashes(ha, ta, 4, 2);
+    kvx_block_hashes(hb, tb, 4, 2);
+    assert_true(ha[0] == hb[0] && ha[1] == hb[1]);
+    char cs[320], ea[320], eb[320], ka[320], kb[320], hh[24];
+    path_in(cs, sizeof cs, "collide");
+    path_in(ea, sizeof ea, "a.env");
+    path_in(eb, sizeof eb, "b.env");
+    path_in(ka, sizeof ka, "a.tokens");
+    path_in(kb, sizeof kb, "b.tokens");
+    uint8_t *enva, *envb;
+    size_t la = make_env(&enva, &g2, ha, 2, 1), lb = make_env(&envb, &g2, hb, 2, 2);
+    assert_int_equal(la, lb);
+    assert_memory_not_equal(enva, envb, la);
+    write_bytes(ea, enva, la);
+    write_bytes(eb, envb, lb);
+    write_tokens(ka, ta, 4);
+    write_tokens(kb, tb, 4);
+    r = create_store_g(cs, &g2);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "put", cs, ea, "--tokens", ka);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "put", cs, eb, "--tokens", kb);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    hexs(hh, sizeof hh, ha[1]);
+    r = CLI(NULL, "store", "get", cs, "-o", out, "--format", "v1", hh);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, hh));
+    assert_non_null(strstr(r.err, "ambiguous"));
+    assert_non_null(strstr(r.err, "--tokens"));
+    assert_false(file_exists(out));
+    cli_run_free(&r);
+    char h0a[24];
+    hexs(h0a, sizeof h0a, ha[0]);
+    const char *const who[2] = {ka, kb};
+    const uint8_t *const want[2] = {enva, envb};
+    for (int k = 0; k < 2; k++) {
+        r = CLI(NULL, "store", "get", cs, "-o", out, "--format", "v1", "--tokens", who[k], h0a, hh);
+        EXPECT_RC(r, 0);
+        cli_run_free(&r);
+        b = slurp_file(out, &n);
+        assert_int_equal(n, la);
+        assert_memory_equal(b, want[k], la);
+        free(b);
+    }
+    free(enva);
+    free(envb);
+}
+
+/* ----------------------------------------------------- 2: prefix -o */
+
+static void test_prefix_output(void **state)
+{
+    (void)state;
+    char out[320];
+    path_in(out, sizeof out, "prefix.env");
+    char tk[NT][16];
+    const char *args[NT + 10] = {"store", "prefix", base, "-o", out, "--format", "v1"};
+    for (int i = 0; i < NT; i++) {
+        snprintf(tk[i], sizeof tk[i], "%u", toks[i]);
+        args[7 + i] = tk[i];
+    }
+    args[7 + NT] = NULL;
+    cli_run r = cli_runv(NULL, args);
+    EXPECT_RC(r, 0);
+    assert_true(!strncmp(r.out, "3 of 3 ", 7));
+    assert_string_equal(r.err, "");
+    cli_run_free(&r);
+    size_t n;
+    uint8_t *b = slurp_file(out, &n);
+    assert_int_equal(n, env_len);
+    assert_memory_equal(b, env, env_len);
+    free(b);
+
+    /* Nothing served (a different first token; fewer tokens than B). */
+    r = CLI(NULL, "store", "prefix", base, "-o", out, "--format", "v1", "7", "7", "7", "7");
+    EXPECT_RC(r, 0);
+    assert_true(!strncmp(r.out, "0 of 1 ", 7));
+    cli_run_free(&r);
+    b = slurp_file(out, &n);
+    kvx_envelope pe;
+    assert_int_equal(kvx_envelope_parse(&pe, b, n, NULL), 0);
+    assert_int_equal(pe.n_blocks, 0);
+    free(b);
+    r = CLI(NULL, "store", "prefix", base, "--format", "v2", "-o", out, "5");
+    EXPECT_RC(r, 0);
+    assert_true(!strncmp(r.out, "0 of 0 ", 7));
+    cli_run_free(&r);
+    b = slurp_file(out, &n);
+    assert_int_equal(kvx_envelope_parse(&pe, b, n, NULL), 0);
+    assert_int_equal(pe.n_blocks, 0);
+    assert_int_equal(pe.version, 2);
+    free(b);
+
+    /* Usage: -o without --format, --format without -o, a bad format. */
+    const char *const bad[][9] = {
+        {"store", "prefix", base, "-o", out, "1", NULL},
+        {"store", "prefix", base, "--format", "v1", "1", NULL},
+        {"store", "prefix", base, "-o", out, "--format", "v3", "1", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        r = cli_runv(NULL, bad[i]);
+        EXPECT_RC(r, 2);
+        cli_run_free(&r);
+    }
+}
+
+/* ------------------------------------------------------- 3: outputs */
+
+/* A child that reads the FIFO (opened here first, so a writer finds a
+ * reader) into the file dst until the writer is done. */
+static pid_t fifo_reader(const char *fifo, const char *dst)
+{
+    int rfd = open(fifo, O_RDONLY | O_NONBLOCK);
+    assert_true(rfd >= 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fl = fcntl(rfd, F_GETFL);
+        fcntl(rfd, F_SETFL, fl & ~O_NONBLOCK);
+        int out = open(dst, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        char buf[65536];
+        size_t total = 0;
+        for (int idle = 0; idle < 3000;) {
+            ssize_t r = read(rfd, buf, sizeof buf);
+            if (r > 0) {
+                if (write(out, buf, (size_t)r) != r) _exit(3);
+                total += (size_t)r;
+                continue;
+            }
+            if (r == 0 && total > 0) break; /* the writer closed it */
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL); /* no writer yet */
+            idle++;
+        }
+        close(out);
+        _exit(0);
+    }
+    close(rfd);
+    return pid;
+}
+
+static void test_outputs_never_replace_special_files(void **state)
+{
+    (void)state;
+    char fifo[320], got[320], link[320], target[320], dang[320], adir[320], out[320], dev[320],
+        h0[24], h1[24], h2[24], ref[320];
+    path_in(fifo, sizeof fifo, "out.fifo");
+    path_in(got, sizeof got, "fifo.got");
+    path_in(link, sizeof link, "out.link");
+    path_in(target, sizeof target, "link.target");
+    path_in(dang, sizeof dang, "dangling.link");
+    path_in(adir, sizeof adir, "a.dir");
+    path_in(out, sizeof out, "regular.env");
+    path_in(dev, sizeof dev, "null.dev");
+    path_in(ref, sizeof ref, "ref.kvx");
+    hexs(h0, sizeof h0, hashes[0]);
+    hexs(h1, sizeof h1, hashes[1]);
+    hexs(h2, sizeof h2, hashes[2]);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+
+    /* A FIFO nobody reads: refused at once, still a FIFO. */
+    cli_run r = RUN_T(-1, 20, "store", "get", base, "-o", fifo, "--format", "v1", h0, h1, h2);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "no process is reading"));
+    assert_true(is_type(fifo, S_IFIFO));
+    cli_run_free(&r);
+    r = RUN_T(-1, 20, "convert", envp, "-o", fifo);
+    EXPECT_RC(r, 1);
+    assert_true(is_type(fifo, S_IFIFO));
+    cli_run_free(&r);
+
+    /* A FIFO with a reader gets the bytes; it stays a FIFO. */
+    pid_t rd = fifo_reader(fifo, got);
+    r = RUN_T(-1, 20, "store", "get", base, "-o", fifo, "--format", "v1", h0, h1, h2);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    waitpid(rd, NULL, 0);
+    size_t n;
+    uint8_t *b = slurp_file(got, &n);
+    assert_int_equal(n, env_len);
+    assert_memory_equal(b, env, env_len);
+    free(b);
+    assert_true(is_type(fifo, S_IFIFO));
+    /* A shard into a FIFO: the same bytes as into a file. */
+    r = CLI(NULL, "convert", envp, "-o", ref);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    rd = fifo_reader(fifo, got);
+    r = RUN_T(-1, 20, "convert", envp, "-o", fifo);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    waitpid(rd, NULL, 0);
+    size_t rn;
+    uint8_t *rb = slurp_file(ref, &rn);
+    b = slurp_file(got, &n);
+    assert_int_equal(n, rn);
+    assert_memory_equal(b, rb, rn);
+    free(b);
+    free(rb);
+    assert_true(is_type(fifo, S_IFIFO));
+
+    /* A character device is written into and stays one: /dev/null itself,
+     * and one made here when this process may (root). */
+    const char *devs[2] = {"/dev/null", dev};
+    int ndev = mknod(dev, S_IFCHR | 0666, makedev(1, 3)) == 0 ? 2 : 1;
+    for (int i = 0; i < ndev; i++) {
+        struct stat before, after;
+        assert_int_equal(stat(devs[i], &before), 0);
+        r = RUN_T(-1, 20, "store", "get", base, "-o", devs[i], "--format", "v2", h0);
+        EXPECT_RC(r, 0);
+        cli_run_free(&r);
+        r = RUN_T(-1, 20, "convert", envp, "-o", devs[i]);
+        EXPECT_RC(r, 0);
+        cli_run_free(&r);
+        r = RUN_T(-1, 20, "convert", ref, "-o", devs[i], "--format", "v1");
+        EXPECT_RC(r, 0);
+        cli_run_free(&r);
+        assert_true(is_type(devs[i], S_IFCHR));
+        assert_int_equal(lstat(devs[i], &after), 0);
+        assert_true(after.st_rdev == before.st_rdev && after.st_ino == before.st_ino);
+    }
+
+    /* A symlink is neither followed nor replaced, a dangling one included. */
+    write_bytes(target, "keep", 4);
+    assert_int_equal(symlink(target, link), 0);
+    path_in(got, sizeof got, "never-created");
+    assert_int_equal(symlink(got, dang), 0);
+    const char *links[2] = {link, dang};
+    for (int i = 0; i < 2; i++) {
+        r = CLI(NULL, "store", "get", base, "-o", links[i], "--format", "v1", h0);
+        EXPECT_RC(r, 1);
+        assert_non_null(strstr(r.err, "symbolic link"));
+        cli_run_free(&r);
+        r = CLI(NULL, "convert", envp, "-o", links[i]);
+        EXPECT_RC(r, 1);
+        cli_run_free(&r);
+        r = CLI(NULL, "convert", ref, "-o", links[i], "--format", "v2");
+        EXPECT_RC(r, 1);
+        cli_run_free(&r);
+        assert_true(is_type(links[i], S_IFLNK));
+    }
+    b = slurp_file(target, &n);
+    assert_int_equal(n, 4);
+    assert_memory_equal(b, "keep", 4);
+    free(b);
+    assert_false(file_exists(got));
+    r = CLI(NULL, "store", "get", base, "-o", "/dev/stdout", "--format", "v1", h0);
+    EXPECT_RC(r, 1); /* a symlink too: '-o -' is the way */
+    assert_non_null(strstr(r.err, "-o -"));
+    cli_run_free(&r);
+
+    /* A directory is refused by name. */
+    assert_int_equal(mkdir(adir, 0700), 0);
+    r = CLI(NULL, "store", "get", base, "-o", adir, "--format", "v1", h0);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "a.dir"));
+    assert_non_null(strstr(r.err, "directory"));
+    cli_run_free(&r);
+    assert_true(is_type(adir, S_IFDIR));
+
+    /* A regular file is replaced, leaving no temporary file behind. */
+    write_bytes(out, "old", 3);
+    r = CLI(NULL, "store", "get", base, "-o", out, "--format", "v1", h0, h1, h2);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    b = slurp_file(out, &n);
+    assert_int_equal(n, env_len);
+    assert_memory_equal(b, env, env_len);
+    free(b);
+    assert_int_equal(names_with(tmpdir, "kvx-tmp"), 0);
+    assert_int_equal(names_with(tmpdir, ".tmp."), 0);
+
+    /* "-o -" is standard output. */
+    path_in(got, sizeof got, "stdout.env");
+    r = RUN_TO(got, "store", "get", base, "-o", "-", "--format", "v1", h0, h1, h2);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    b = slurp_file(got, &n);
+    assert_int_equal(n, env_len);
+    assert_memory_equal(b, env, env_len);
+    free(b);
+}
+
+/* A big envelope (96 MiB: 48 blocks of 2 MiB) for the kill -9 tests. */
+static const kvx_geometry GBIG = {32, 8, 128, 16, KVX_QUANT_FP16, 0};
+#define NBIG 48
+
+static void write_big_env(const char *path)
+{
+    uint64_t h[NBIG];
+    for (int i = 0; i < NBIG; i++) h[i] = 0x5000 + (uint64_t)i;
+    size_t P = kvx_envelope_payload_bytes(1, &GBIG);
+    uint8_t *pl = malloc(P);
+    for (size_t i = 0; i < P; i++) pl[i] = (uint8_t)(i % 61 < 60 ? i % 61 : 0); /* finite f16 */
+    kvx_envelope_block_in in[NBIG];
+    for (int i = 0; i < NBIG; i++) in[i] = (kvx_envelope_block_in){h[i], 16, pl, NULL};
+    size_t len;
+    assert_int_equal(kvx_envelope_size(&len, 1, &GBIG, NBIG), 0);
+    uint8_t *e = malloc(len);
+    assert_int_equal(kvx_envelope_export(e, len, 1, &GBIG, in, NBIG), 0);
+    write_bytes(path, e, len);
+    free(e);
+    free(pl);
+}
+
+static pid_t spawn(const char *const *args)
+{
+    const char *argv[32];
+    int n = 0;
+    argv[n++] = KVX_CLI;
+    for (; args[n - 1] && n < 31; n++) argv[n] = args[n - 1];
+    argv[n] = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int dn = open("/dev/null", O_RDWR);
+        dup2(dn, 0);
+        dup2(dn, 1);
+        dup2(dn, 2);
+        execv(KVX_CLI, (char *const *)argv);
+        _exit(127);
+    }
+    return pid;
+}
+
+/* 1 when pid has an open descriptor on an unnamed (O_TMPFILE) or named
+ * temporary file in dir. */
+static int writing_tmp(pid_t pid, const char *dir)
+{
+    char fdd[64];
+    snprintf(fdd, sizeof fdd, "/proc/%ld/fd", (long)pid);
+    DIR *d = opendir(fdd);
+    if (!d) return 0;
+    struct dirent *de;
+    int yes = 0;
+    while (!yes && (de = readdir(d))) {
+        char lp[384], tgt[1024];
+        snprintf(lp, sizeof lp, "%s/%s", fdd, de->d_name);
+        ssize_t k = readlink(lp, tgt, sizeof tgt - 1);
+        if (k <= 0) continue;
+        tgt[k] = '\0';
+        yes = !strncmp(tgt, dir, strlen(dir)) && (strstr(tgt, "(deleted)") || strstr(tgt, "kvx-tmp"));
+    }
+    closedir(d);
+    return yes;
+}
+
+static int run_and_kill(const char *const *args, const char *dir)
+{
+    pid_t pid = spawn(args);
+    int caught = 0;
+    struct timespec ts = {0, 200 * 1000};
+    for (int i = 0; i < 200000 && !caught; i++) {
+        if (writing_tmp(pid, dir) || names_with(dir, "kvx-tmp") > 0) {
+            kill(pid, SIGKILL);
+            caught = 1;
+            break;
+        }
+        if (waitpid(pid, NULL, WNOHANG) == pid) return 0;
+        nanosleep(&ts, NULL);
+    }
+    if (!caught) kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    return caught;
+}
+
+static void test_kill9_leaves_no_temporary(void **state)
+{
+    (void)state;
+    char kd[320], big[400], bigk[400], big2[400], small[400], stale[3][400];
+    path_in(kd, sizeof kd, "kill");
+    assert_int_equal(mkdir(kd, 0700), 0);
+    snprintf(big, sizeof big, "%s/big.env", tmpdir); /* outside kd */
+    snprintf(bigk, sizeof bigk, "%s/big.kvx", kd);
+    snprintf(big2, sizeof big2, "%s/big2.env", kd);
+    snprintf(small, sizeof small, "%s/small.kvx", kd);
+    write_big_env(big);
+
+    /* shard -> envelope: written into an O_TMPFILE, so a kill at any time
+     * leaves no file at all. */
+    cli_run r = CLI(NULL, "convert", big, "-o", bigk);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    int caught = 0;
+    for (int i = 0; i < 5; i++) {
+        caught += run_and_kill((const char *const[]){"convert", bigk, "-o", big2, "--format", "v1",
+                                                     NULL}, kd);
+        assert_int_equal(names_with(kd, "kvx-tmp"), 0);
+        assert_int_equal(names_with(kd, ".tmp."), 0);
+        assert_false(file_exists(big2));
+    }
+    if (!caught) fprintf(stderr, "note: no kill landed during the envelope write\n");
+
+    /* envelope -> shard: the shard writer's temporary file may survive the
+     * kill; the next command writing there removes it. */
+    unlink(bigk);
+    caught = run_and_kill((const char *const[]){"convert", big, "-o", bigk, NULL}, kd);
+    if (!caught) fprintf(stderr, "note: no kill landed during the shard write\n");
+    assert_false(file_exists(bigk));
+    /* Planted leftovers: two of a dead process, one of a live one. */
+    pid_t dead = dead_pid();
+    snprintf(stale[0], sizeof stale[0], "%s/.x.kvx.kvx-tmp.%ld", kd, (long)dead);
+    snprintf(stale[1], sizeof stale[1], "%s/..x.kvx.kvx-tmp.%ld.tmp.%ld.00000000deadbeef", kd,
+             (long)dead, (long)dead);
+    snprintf(stale[2], sizeof stale[2], "%s/.y.env.kvx-tmp.%ld", kd, (long)getpid());
+    for (int i = 0; i < 3; i++) write_bytes(stale[i], "x", 1);
+    r = CLI(NULL, "convert", envp, "-o", small);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    assert_false(file_exists(stale[0]));
+    assert_false(file_exists(stale[1]));
+    assert_true(file_exists(stale[2])); /* its process still runs */
+    unlink(stale[2]);
+    assert_int_equal(names_with(kd, "kvx-tmp"), 0);
+    assert_int_equal(names_with(kd, ".tmp."), 0);
+    unlink(big);
+}
+
+/* --------------------------------------------------------- 4: inputs */
+
+static void put_le32(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+/* A v1 header of G's geometry declaring n blocks. */
+static void header(uint8_t h[28], uint32_t n)
+{
+    memcpy(h, "TLKV", 4);
+    h[4] = 1, h[5] = 0, h[6] = 1, h[7] = 0;
+    put_le32(h + 8, n);
+    put_le32(h + 12, G.block_tokens);
+    put_le32(h + 16, G.num_layers);
+    put_le32(h + 20, G.kv_heads);
+    put_le32(h + 24, G.head_dim);
+}
+
+static void test_inputs_are_bounded(void **state)
+{
+    (void)state;
+    char out[320], fifo[320], sock[320];
+    path_in(out, sizeof out, "bounded.kvx");
+    path_in(fifo, sizeof fifo, "in.fifo");
+    path_in(sock, sizeof sock, "in.sock");
+
+    /* Endless devices and streams end promptly. */
+    cli_run r = RUN_T(-1, 20, "convert", "/dev/zero", "-o", out);
+    EXPECT_RC(r, 1);
+    cli_run_free(&r);
+    r = RUN_T(-1, 20, "convert", "/dev/urandom", "-o", out);
+    EXPECT_RC(r, 1);
+    cli_run_free(&r);
+    r = RUN_T(-1, 20, "store", "put", base, "/dev/zero");
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "/dev/zero"));
+    cli_run_free(&r);
+    r = RUN_FED(NULL, 0, NULL, "convert", "-", "-o", out); /* head -c 10G /dev/urandom | */
+    EXPECT_RC(r, 1);
+    cli_run_free(&r);
+    assert_false(file_exists(out));
+
+    /* A header declaring more than the cap (4 GiB), or than a lowered cap. */
+    uint8_t h[28];
+    header(h, 20u * 1000 * 1000); /* 20e6 * (12 + 256) + 32 bytes = 5.4 GB */
+    r = RUN_FED(h, sizeof h, NULL, "convert", "-", "-o", out);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "limit"));
+    cli_run_free(&r);
+    r = RUN_FED(h, sizeof h, NULL, "store", "put", base, "-");
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "limit"));
+    cli_run_free(&r);
+    setenv("KVX_CLI_ENVELOPE_CAP", "64KiB", 1);
+    header(h, 1000); /* 268 KB */
+    r = RUN_FED(h, sizeof h, "\1", "convert", "-", "-o", out);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "limit"));
+    cli_run_free(&r);
+    unsetenv("KVX_CLI_ENVELOPE_CAP");
+    /* The first bad field is named: a dtype that is not v1's. */
+    header(h, 1);
+    h[6] = 3;
+    r = RUN_FED(h, sizeof h, NULL, "convert", "-", "-o", out);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "dtype"));
+    cli_run_free(&r);
+    assert_false(file_exists(out));
+
+    /* A valid envelope followed by endless bytes: read to its declared end
+     * and no further. */
+    r = RUN_FED(env, env_len, NULL, "convert", "-", "-o", out);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    jval *v = inspect_json(out);
+    assert_int_equal(jget(v, "entries")->n, NB);
+    jfree(v);
+    r = RUN_FED(env, env_len, "garbage", "store", "put", base, "-", "--tokens", tokp);
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, "0 new block"));
+    cli_run_free(&r);
+
+    /* Token text: a device, an endless stream past a lowered cap. */
+    r = RUN_T(-1, 20, "store", "put", base, envp, "--tokens", "/dev/zero");
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "NUL"));
+    cli_run_free(&r);
+    r = RUN_T(-1, 20, "store", "put", base, envp, "--tokens", "/dev/urandom");
+    EXPECT_RC(r, 1);
+    cli_run_free(&r);
+    r = RUN_T(-1, 20, "store", "get", base, "-o", out, "--format", "v1", "--tokens", "/dev/zero", "1");
+    EXPECT_RC(r, 1);
+    cli_run_free(&r);
+    setenv("KVX_CLI_TEXT_CAP", "4KiB", 1);
+    r = RUN_FED(NULL, 0, "1 2 3 4 ", "hash", "-b", "2");
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "more than 4.00 KiB"));
+    cli_run_free(&r);
+    unsetenv("KVX_CLI_TEXT_CAP");
+    r = RUN_FED(NULL, 0, NULL, "hash", "-b", "2"); /* binary: stops at once, usage */
+    EXPECT_RC(r, 2);
+    cli_run_free(&r);
+
+    /* Where a shard belongs, anything but a regular file is refused by
+     * type, without blocking (this FIFO never gets a writer). */
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    int sfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    size_t sl = strlen(sock);
+    assert_true(sl < sizeof sa.sun_path);
+    memcpy(sa.sun_path, sock, sl + 1);
+    assert_int_equal(bind(sfd, (struct sockaddr *)&sa, sizeof sa), 0);
+    const struct {
+        const char *path, *type;
+    } odd[] = {{fifo, "FIFO"}, {"/dev/zero", "character device"}, {tmpdir, "directory"},
+               {sock, "socket"}};
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+        r = RUN_T(-1, 20, "inspect", odd[i].path);
+        EXPECT_RC(r, 1);
+        assert_non_null(strstr(r.err, odd[i].path));
+        assert_non_null(strstr(r.err, odd[i].type));
+        cli_run_free(&r);
+        r = RUN_T(-1, 20, "verify", odd[i].path);
+        EXPECT_RC(r, 1);
+        assert_non_null(strstr(r.out, odd[i].path));
+        assert_non_null(strstr(r.out, odd[i].type));
+        cli_run_free(&r);
+        if (strcmp(odd[i].type, "directory") != 0) { /* a directory is a store to warmup */
+            r = RUN_T(-1, 20, "warmup", "--sink", "discard", odd[i].path);
+            EXPECT_RC(r, 1);
+            assert_non_null(strstr(r.err, odd[i].path));
+            assert_non_null(strstr(r.err, odd[i].type));
+            cli_run_free(&r);
+        }
+        r = RUN_T(-1, 20, "convert", odd[i].path, "-o", out, "--format", "v1");
+        EXPECT_RC(r, 1);
+        assert_non_null(strstr(r.err, odd[i].path));
+        cli_run_free(&r);
+    }
+    close(sfd);
+}
+
+/* ------------------------------------------------- 5: --wait, --no-wait */
+
+static void test_writers_wait_or_not(void **state)
+{
+    (void)state;
+    char ws[320], prog[512];
+    path_in(ws, sizeof ws, "held");
+    make_store(ws, 0);
+    snprintf(prog, sizeof prog, "%s/prog_hold_writer", KVX_TEST_BINARY_DIR);
+    int to_child[2], from_child[2];
+    /* Close-on-exec: no other child may keep the holder's stdin open. */
+    assert_int_equal(pipe2(to_child, O_CLOEXEC), 0);
+    assert_int_equal(pipe2(from_child, O_CLOEXEC), 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t holder = fork();
+    if (holder == 0) {
+        dup2(to_child[0], 0);
+        dup2(from_child[1], 1);
+        close(to_child[1]);
+        close(from_child[0]);
+        execl(prog, prog, ws, (char *)NULL);
+        _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    char line[64] = {0};
+    ssize_t k = read(from_child[0], line, sizeof line - 1);
+    assert_true(k > 6 && !strncmp(line, "ready ", 6));
+    char want[48];
+    snprintf(want, sizeof want, "pid %ld", (long)holder);
+
+    /* --no-wait: at once, naming the holder. */
+    double t0 = now_s();
+    cli_run r = RUN_T(-1, 20, "store", "put", "--no-wait", ws, envp, "--tokens", tokp);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, want));
+    assert_true(now_s() - t0 < 5);
+    cli_run_free(&r);
+    r = RUN_T(-1, 20, "store", "reindex", ws, "--no-wait");
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, want));
+    cli_run_free(&r);
+    /* --wait N: gives up after N seconds. */
+    t0 = now_s();
+    r = RUN_T(-1, 20, "store", "gc", ws, "--wait", "0.6");
+    EXPECT_RC(r, 1);
+    double took = now_s() - t0;
+    assert_true(took >= 0.55 && took < 10);
+    assert_non_null(strstr(r.err, want));
+    assert_non_null(strstr(r.err, "gave up"));
+    cli_run_free(&r);
+
+    /* The default waits, saying once who holds the store, and goes on when
+     * the holder is done. */
+    char errp[320];
+    path_in(errp, sizeof errp, "wait.err");
+    fflush(stdout);
+    fflush(stderr);
+    pid_t put = fork();
+    if (put == 0) {
+        int fe = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int dn = open("/dev/null", O_RDWR);
+        dup2(dn, 0);
+        dup2(dn, 1);
+        dup2(fe, 2);
+        execl(KVX_CLI, KVX_CLI, "store", "put", ws, envp, "--tokens", tokp, (char *)NULL);
+        _exit(127);
+    }
+    struct timespec ts = {0, 800 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    assert_int_equal(waitpid(put, NULL, WNOHANG), 0); /* still waiting */
+    size_t n;
+    char *msg = (char *)read_bytes(errp, &n);
+    msg[n] = '\0';
+    assert_int_equal(count_substr(msg, "waiting for"), 1);
+    assert_non_null(strstr(msg, want));
+    free(msg);
+    close(to_child[1]); /* the holder closes the store and exits */
+    int st = 0;
+    assert_int_equal(waitpid(holder, &st, 0), holder);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    for (int i = 0; i < 2000 && waitpid(put, &st, WNOHANG) == 0; i++) {
+        struct timespec t = {0, 10 * 1000 * 1000};
+        nanosleep(&t, NULL);
+    }
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    msg = (char *)read_bytes(errp, &n);
+    msg[n] = '\0';
+    assert_int_equal(count_substr(msg, "waiting for"), 1);
+    free(msg);
+    close(from_child[0]);
+
+    /* Usage. */
+    const char *const bad[][7] = {
+        {"store", "put", ws, envp, "--wait", "soon", NULL},
+        {"store", "gc", ws, "--wait", "-1", NULL},
+        {"store", "reindex", ws, "--wait", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        r = cli_runv(NULL, bad[i]);
+        EXPECT_RC(r, 2);
+        cli_run_free(&r);
+    }
+}
+
+/* --------------------------------------------------------- 6: hints */
+
+static void test_hints_fit_the_problem(void **state)
+{
+    (void)state;
+    char lost[320], idx[400], empty[320], warm[320], e2[320], t2[320], shard[1024], sa[320],
+        sb[320];
+    path_in(lost, sizeof lost, "lost");
+    make_store(lost, 1);
+    /* A lost index is a reindex away, not a new store. */
+    snprintf(idx, sizeof idx, "%s/index", lost);
+    rm_rf(idx);
+    cli_run r = CLI(NULL, "store", "stat", lost);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "kvx store reindex"));
+    assert_null(strstr(r.err, "store create"));
+    cli_run_free(&r);
+    /* ... and the hint works. */
+    r = CLI(NULL, "store", "reindex", lost);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    char t0[16], t1[16], t2s[16], t3[16];
+    snprintf(t0, sizeof t0, "%u", toks[0]);
+    snprintf(t1, sizeof t1, "%u", toks[1]);
+    snprintf(t2s, sizeof t2s, "%u", toks[2]);
+    snprintf(t3, sizeof t3, "%u", toks[3]);
+    r = CLI(NULL, "store", "prefix", lost, t0, t1, t2s, t3);
+    EXPECT_RC(r, 0);
+    assert_true(!strncmp(r.out, "1 of 1 ", 7));
+    cli_run_free(&r);
+    /* Not a store at all: create is the hint. */
+    path_in(empty, sizeof empty, "empty.dir");
+    assert_int_equal(mkdir(empty, 0700), 0);
+    r = CLI(NULL, "store", "stat", empty);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "kvx store create"));
+    cli_run_free(&r);
+
+    /* Geometry or capacity no store can have: usage errors. */
+    const char *const bad[][16] = {
+        {"store", "create", "x", "-L", "1", "-H", "1", "-D", "1", "-B", "70000", "-q", "fp16", NULL},
+        {"store", "create", "x", "-L", "70000", "-H", "1", "-D", "1", "-B", "4", "-q", "fp16", NULL},
+        {"store", "create", "x", "-L", "65535", "-H", "65535", "-D", "65535", "-B", "65535", "-q",
+         "fp16", NULL},
+        {"store", "create", "x", "-L", "2", "-H", "1", "-D", "8", "-B", "4", "-q", "fp16",
+         "--capacity", "1", NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        r = cli_runv(NULL, bad[i]);
+        EXPECT_RC(r, 2);
+        cli_run_free(&r);
+        assert_false(file_exists("x"));
+    }
+
+    /* warmup names every shard it cannot open, warms up the rest, exit 1. */
+    path_in(warm, sizeof warm, "warm");
+    make_store(warm, 1);
+    uint32_t t[8];
+    uint64_t h[2];
+    for (int i = 0; i < 8; i++) t[i] = 5000 + (uint32_t)i;
+    kvx_block_hashes(h, t, 8, 4);
+    uint8_t *e;
+    size_t el = make_env(&e, &G, h, 2, 3);
+    path_in(e2, sizeof e2, "second.env");
+    path_in(t2, sizeof t2, "second.tokens");
+    write_bytes(e2, e, el);
+    free(e);
+    write_tokens(t2, t, 8);
+    r = CLI(NULL, "store", "put", warm, e2, "--tokens", t2);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    assert_int_equal(shard_files(warm), 2);
+    assert_true(shard_with(shard, sizeof shard, warm, h[0]) >= 0);
+    flip_bits(shard, 20, 0x01); /* a header field: the meta CRC fails */
+    const char *name = strrchr(shard, '/') + 1;
+    r = CLI(NULL, "warmup", "--sink", "discard", warm);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, name));
+    assert_non_null(strstr(r.out, "warmed up 3 page(s)"));
+    cli_run_free(&r);
+    /* Files: each bad one named. */
+    path_in(sa, sizeof sa, "not-a-shard.kvx");
+    path_in(sb, sizeof sb, "missing.kvx");
+    write_bytes(sa, "hello", 5);
+    char good[1024];
+    assert_true(shard_with(good, sizeof good, warm, hashes[0]) >= 0);
+    r = CLI(NULL, "warmup", "--json", "--sink", "discard", good, sa, sb, shard);
+    jval *v = run_json(&r, 1);
+    assert_non_null(strstr(r.err, "not-a-shard.kvx"));
+    assert_non_null(strstr(r.err, "missing.kvx"));
+    assert_non_null(strstr(r.err, name));
+    assert_int_equal(jget(v, "unopened")->n, 3);
+    assert_int_equal((int)jget(v, "pages")->num, 3);
+    jfree(v);
+    cli_run_free(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_get_checks_every_page),
+        cmocka_unit_test(test_get_unverified_missing_ambiguous),
+        cmocka_unit_test(test_prefix_output),
+        cmocka_unit_test(test_outputs_never_replace_special_files),
+        cmocka_unit_test(test_kill9_leaves_no_temporary),
+        cmocka_unit_test(test_inputs_are_bounded),
+        cmocka_unit_test(test_writers_wait_or_not),
+        cmocka_unit_test(test_hints_fit_the_problem),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
