@@ -356,11 +356,13 @@ static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
 
 int st_recover(kvx_store *s)
 {
-    int rc = st_each_file(s, s->stagingfd, st_rm_staging, NULL);
+    int rc = st_registry_load(s);
     if (rc) return rc;
-    if ((rc = st_registry_load(s))) return rc;
-    if (!s->index_live) return st_reindex_locked(s); /* index lost: rebuild it from the shards */
+    /* generations first: a staging/ name counts too, even though the file
+     * is about to go */
     if ((rc = st_gen_floor(s))) return rc;
+    if ((rc = st_each_file(s, s->stagingfd, st_rm_staging, NULL))) return rc;
+    if (!s->index_live) return st_reindex_locked(s); /* index lost: rebuild it from the shards */
     st_fix *f = calloc(1, sizeof *f);
     char(*why)[512] = calloc(ST_SLOTS, sizeof *why);
     if (!f || !why) {

@@ -1,0 +1,504 @@
+/*
+ * test_recovery.c - DESIGN.md trust rules 2 to 4 against the library:
+ * nothing acknowledged is deleted on the word of the index or of a check,
+ * readers never repair, the index is rebuildable. Each test is a finding
+ * of the issue "Trust II" that failed before recovery judged shards by
+ * themselves:
+ *  - test_size_differs_kept: a shard whose last 4 KiB were lost, or with
+ *    one byte appended, is kept byte for byte and served by every command;
+ *  - test_stale_index_adopts: an older data.mdb put back: shards it does
+ *    not name are adopted, not deleted; a shard restored from a backup is
+ *    indexed; a new shard never takes an existing file's name;
+ *  - test_reindex_quarantines: reindex moves a shard with damaged metadata
+ *    to quarantine/ (same bytes, a .why note, counted in stat), says so,
+ *    and deletes nothing;
+ *  - test_damaged_record_readonly: a corrupted shard record makes a reader
+ *    miss, never delete;
+ *  - test_index_lost: index/ deleted or replaced by garbage: a reader
+ *    names reindex, kvx_store_reindex_dir rebuilds it, every block served;
+ *  - test_directories_where_files_belong: a directory in staging/ or
+ *    shards/ blocks nothing and is left alone;
+ *  - test_generation_never_reused: the next shard's name exceeds every
+ *    name in shards/, staging/ and quarantine/;
+ *  - test_headless_chain_gc: gc drops blocks with no path to block 0;
+ *  - test_capacity_limits: a capacity below the shard size is refused.
+ */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "store_util.h"
+
+#include <lmdb.h>
+
+static char root[256];
+static int dir_counter;
+
+static kvx_store *make_store(char *dir, size_t cap, uint64_t shard_bytes)
+{
+    snprintf(dir, cap, "%s/s%d", root, dir_counter++);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = 16 << 20;
+    o.shard_bytes = shard_bytes;
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    return s;
+}
+
+/* Puts sequence seq (nb blocks) and flushes. */
+static void put_seq(kvx_store *s, uint64_t seq, size_t nb)
+{
+    uint32_t t[64 * SU_B];
+    uint64_t h[64];
+    su_tokens(t, seq, nb, 0);
+    uint8_t *p = su_pages(t, nb, h, 64);
+    assert_int_equal(kvx_store_put(s, t, nb * SU_B, p, nb, NULL, NULL), 0);
+    assert_int_equal(kvx_store_flush(s), 0);
+    free(p);
+}
+
+/* Names of the regular files in dir/sub, sorted, into out (n max). */
+static size_t list_files(const char *dir, const char *sub, char (*out)[64], size_t max)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, sub);
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < max)
+        if (e->d_name[0] != '.' || strstr(e->d_name, ".kvx")) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            snprintf(out[n++], 64, "%.63s", e->d_name);
+        }
+    closedir(d);
+    qsort(out, n, 64, (int (*)(const void *, const void *))strcmp);
+    return n;
+}
+
+/* A cheap fingerprint of every file in shards/ (names, sizes, bytes). */
+static uint64_t shards_fingerprint(const char *dir)
+{
+    char names[64][64];
+    size_t n = list_files(dir, "shards", names, 64);
+    uint64_t fp = n;
+    for (size_t i = 0; i < n; i++) {
+        char path[700];
+        snprintf(path, sizeof path, "%s/shards/%s", dir, names[i]);
+        fp = su_mix(fp ^ kvx_fnv1a64(names[i], strlen(names[i])));
+        FILE *f = fopen(path, "rb");
+        if (!f) continue;
+        uint8_t buf[4096];
+        size_t got;
+        while ((got = fread(buf, 1, sizeof buf, f)) > 0) fp = su_mix(fp ^ kvx_fnv1a64(buf, got));
+        fclose(f);
+    }
+    return fp;
+}
+
+static void shard_path(const char *dir, size_t k, char *out, size_t cap)
+{
+    char names[64][64];
+    size_t n = list_files(dir, "shards", names, 64);
+    assert_true(k < n);
+    snprintf(out, cap, "%s/shards/%s", dir, names[k]);
+}
+
+static void test_size_differs_kept(void **state)
+{
+    (void)state;
+    for (int mode = 0; mode < 2; mode++) {
+        char dir[300], shard[700];
+        kvx_store *s = make_store(dir, sizeof dir, 0);
+        put_seq(s, 1, 6);
+        kvx_store_close(s);
+        shard_path(dir, 0, shard, sizeof shard);
+        struct stat st;
+        assert_int_equal(stat(shard, &st), 0);
+        if (mode == 0) {
+            assert_int_equal(truncate(shard, st.st_size - 4096), 0); /* its last 4 KiB lost */
+        } else {
+            FILE *f = fopen(shard, "ab"); /* one byte appended */
+            assert_non_null(f);
+            fputc(0x55, f);
+            fclose(f);
+        }
+        uint64_t fp = shards_fingerprint(dir);
+        /* every reader: the file stays byte for byte, the good pages serve */
+        assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+        kvx_store_stats stt;
+        assert_int_equal(kvx_store_stat(&stt, s), 0);
+        assert_int_equal(stt.blocks, 6);
+        assert_int_equal(su_served_prefix(s, 1, 6), mode == 0 ? 5u : 6u);
+        uint64_t bad = 0;
+        int v = kvx_store_verify(s, &bad, NULL, NULL);
+        if (mode == 0) {
+            assert_int_equal(v, KVX_ECORRUPT); /* names the missing page, never "OK (0 blocks)" */
+            assert_true(bad >= 1);
+        }
+        kvx_store_close(s);
+        assert_true(shards_fingerprint(dir) == fp);
+        /* a writer corrects the record, keeps the file */
+        assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+        assert_int_equal(su_served_prefix(s, 1, 6), mode == 0 ? 5u : 6u);
+        assert_int_equal(kvx_store_stat(&stt, s), 0);
+        assert_int_equal(stt.dropped_shards, 0);
+        assert_int_equal(stt.quarantined, 0);
+        kvx_store_close(s);
+        assert_true(shards_fingerprint(dir) == fp);
+    }
+}
+
+static int cp(const char *from, const char *to)
+{
+    char cmd[2100];
+    snprintf(cmd, sizeof cmd, "cp -a '%.1000s' '%.1000s'", from, to);
+    return system(cmd);
+}
+
+static void test_stale_index_adopts(void **state)
+{
+    (void)state;
+    char dir[300], old_index[400], idx[400], backup[400];
+    kvx_store *s = make_store(dir, sizeof dir, 0);
+    put_seq(s, 1, 4);
+    kvx_store_close(s);
+    snprintf(idx, sizeof idx, "%s/index/data.mdb", dir);
+    snprintf(old_index, sizeof old_index, "%s/old.mdb", root);
+    assert_int_equal(cp(idx, old_index), 0);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    put_seq(s, 2, 4);
+    put_seq(s, 3, 4);
+    kvx_store_close(s);
+    char names[64][64];
+    size_t nshards = list_files(dir, "shards", names, 64);
+    assert_true(nshards >= 3);
+    /* a backup of the newest shard, then the old index put back */
+    char newest[700];
+    shard_path(dir, nshards - 1, newest, sizeof newest);
+    snprintf(backup, sizeof backup, "%s/backup.kvx", root);
+    assert_int_equal(cp(newest, backup), 0);
+    assert_int_equal(cp(old_index, idx), 0);
+    uint64_t fp = shards_fingerprint(dir);
+    /* a reader with the stale index: misses, deletes nothing */
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+    assert_int_equal(su_served_prefix(s, 1, 4), 4);
+    assert_int_equal(su_served_prefix(s, 2, 4), 0);
+    kvx_store_close(s);
+    assert_true(shards_fingerprint(dir) == fp);
+    /* a writer adopts the shards the index does not name */
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    for (uint64_t q = 1; q <= 3; q++) assert_int_equal(su_served_prefix(s, q, 4), 4);
+    /* a new shard never takes an existing name: every name still there */
+    put_seq(s, 4, 4);
+    kvx_store_close(s);
+    char after[64][64];
+    size_t nafter = list_files(dir, "shards", after, 64);
+    assert_int_equal(nafter, nshards + 1);
+    for (size_t i = 0; i < nshards; i++) assert_string_equal(after[i], names[i]);
+    /* the backup of a shard the store no longer has (evicted or lost) is
+     * put back: a writer indexes it */
+    assert_int_equal(unlink(newest), 0);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    assert_int_equal(su_served_prefix(s, 3, 4), 0);
+    kvx_store_close(s);
+    assert_int_equal(cp(backup, newest), 0);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    assert_int_equal(su_served_prefix(s, 3, 4), 4);
+    kvx_store_close(s);
+}
+
+static void test_reindex_quarantines(void **state)
+{
+    (void)state;
+    char dir[300], shard[700];
+    kvx_store *s = make_store(dir, sizeof dir, 0);
+    put_seq(s, 1, 4);
+    put_seq(s, 2, 4);
+    kvx_store_close(s);
+    shard_path(dir, 0, shard, sizeof shard);
+    /* damaged metadata: one flipped header byte (meta CRC fails) */
+    int fd = open(shard, O_RDWR);
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, 17), 1);
+    b ^= 1;
+    assert_int_equal(pwrite(fd, &b, 1, 17), 1);
+    close(fd);
+    struct stat st0;
+    assert_int_equal(stat(shard, &st0), 0);
+    assert_int_equal(kvx_store_reindex_dir(dir, 0), 0);
+    assert_non_null(strstr(kvx_last_error(), "quarantine"));
+    /* moved, not deleted: same name, same bytes, a note */
+    char q[800], why[1700];
+    snprintf(q, sizeof q, "%s/quarantine/%s", dir, strrchr(shard, '/') + 1);
+    struct stat st1;
+    assert_int_equal(stat(q, &st1), 0);
+    assert_int_equal(st1.st_size, st0.st_size);
+    snprintf(why, sizeof why, "%s.why", q);
+    FILE *f = fopen(why, "r");
+    assert_non_null(f);
+    char text[600] = "";
+    assert_non_null(fgets(text, sizeof text, f));
+    fclose(f);
+    assert_non_null(strstr(text, "cannot be validated"));
+    assert_int_equal(access(shard, F_OK), -1);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_int_equal(st.quarantined, 1);
+    size_t a = su_served_prefix(s, 1, 4), c = su_served_prefix(s, 2, 4);
+    assert_true((a == 4 && c == 0) || (a == 0 && c == 4)); /* the other shard is whole */
+    uint64_t bad = 9;
+    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
+    kvx_store_close(s);
+    /* a second clash keeps both: a numeric suffix */
+    assert_int_equal(cp(q, shard), 0);
+    assert_int_equal(kvx_store_reindex_dir(dir, 0), 0);
+    snprintf(q + strlen(q), sizeof q - strlen(q), ".1");
+    assert_int_equal(access(q, F_OK), 0);
+}
+
+/* The first shard record's file_bytes, changed through LMDB itself (tests
+ * may call LMDB directly): a damaged field that LMDB cannot notice. The
+ * record is {u64 gen, u64 file_bytes, ...}. */
+static void corrupt_shard_record(const char *dir)
+{
+    char idx[400];
+    snprintf(idx, sizeof idx, "%s/index", dir);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    MDB_cursor *cur;
+    MDB_val k, v;
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_maxdbs(env, 16), 0);
+    assert_int_equal(mdb_env_open(env, idx, 0, 0600), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, "shards", MDB_INTEGERKEY, &dbi), 0);
+    assert_int_equal(mdb_cursor_open(txn, dbi, &cur), 0);
+    assert_int_equal(mdb_cursor_get(cur, &k, &v, MDB_FIRST), 0);
+    uint8_t rec[256];
+    assert_true(v.mv_size >= 16 && v.mv_size <= sizeof rec);
+    memcpy(rec, v.mv_data, v.mv_size);
+    uint64_t size;
+    memcpy(&size, rec + 8, 8);
+    size += 12345;
+    memcpy(rec + 8, &size, 8);
+    MDB_val nv = {v.mv_size, rec};
+    assert_int_equal(mdb_cursor_put(cur, &k, &nv, MDB_CURRENT), 0);
+    mdb_cursor_close(cur);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
+static void test_damaged_record_readonly(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = make_store(dir, sizeof dir, 0);
+    put_seq(s, 1, 4);
+    kvx_store_close(s);
+    corrupt_shard_record(dir);
+    uint64_t fp = shards_fingerprint(dir);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+        kvx_store_stats st;
+        assert_int_equal(kvx_store_stat(&st, s), 0);
+        assert_int_equal(su_served_prefix(s, 1, 4), 4);
+        kvx_store_close(s);
+    }
+    assert_true(shards_fingerprint(dir) == fp);
+    /* a writer corrects the record from the file */
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    assert_int_equal(su_served_prefix(s, 1, 4), 4);
+    uint64_t bad = 9;
+    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
+    kvx_store_close(s);
+    assert_true(shards_fingerprint(dir) == fp);
+}
+
+static void test_index_lost(void **state)
+{
+    (void)state;
+    for (int mode = 0; mode < 3; mode++) {
+        char dir[300], cmd[700];
+        kvx_store *s = make_store(dir, sizeof dir, 0);
+        put_seq(s, 1, 4);
+        put_seq(s, 2, 3);
+        kvx_store_close(s);
+        uint64_t fp = shards_fingerprint(dir);
+        if (mode == 0) snprintf(cmd, sizeof cmd, "rm -rf %s/index", dir);
+        else if (mode == 1) snprintf(cmd, sizeof cmd, "rm -f %s/index/*.mdb", dir);
+        else snprintf(cmd, sizeof cmd, "head -c 65536 /dev/urandom > %s/index/data.mdb", dir);
+        assert_int_equal(system(cmd), 0);
+        if (mode != 2) {
+            /* a reader names reindex (never a signal, never "create") */
+            assert_int_not_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+            assert_non_null(strstr(kvx_last_error(), "reindex"));
+        }
+        assert_int_equal(kvx_store_reindex_dir(dir, 0), 0);
+        assert_true(shards_fingerprint(dir) == fp);
+        assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+        assert_int_equal(su_served_prefix(s, 1, 4), 4);
+        assert_int_equal(su_served_prefix(s, 2, 3), 3);
+        uint64_t bad = 9;
+        assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
+        kvx_store_close(s);
+        snprintf(cmd, sizeof cmd, "%s/index.old", dir);
+        assert_int_equal(access(cmd, F_OK), -1); /* removed on success */
+    }
+}
+
+static void test_directories_where_files_belong(void **state)
+{
+    (void)state;
+    char dir[300], p[500];
+    kvx_store *s = make_store(dir, sizeof dir, 0);
+    put_seq(s, 1, 4);
+    kvx_store_close(s);
+    snprintf(p, sizeof p, "%s/staging/adir", dir);
+    assert_int_equal(mkdir(p, 0700), 0);
+    snprintf(p, sizeof p, "%s/shards/00000000000000ff.kvx", dir);
+    assert_int_equal(mkdir(p, 0700), 0);
+    for (int writer = 0; writer < 2; writer++) {
+        assert_int_equal(kvx_store_open(&s, dir, NULL, writer ? 0 : KVX_STORE_READONLY), 0);
+        assert_int_equal(su_served_prefix(s, 1, 4), 4);
+        if (writer) {
+            put_seq(s, 2, 2);
+            assert_int_equal(kvx_store_gc(s), 0);
+            assert_int_equal(kvx_store_reindex(s), 0);
+        }
+        kvx_store_close(s);
+    }
+    struct stat st;
+    assert_int_equal(stat(p, &st), 0);
+    assert_true(S_ISDIR(st.st_mode)); /* left alone */
+    snprintf(p, sizeof p, "%s/staging/adir", dir);
+    assert_int_equal(stat(p, &st), 0);
+}
+
+static void test_generation_never_reused(void **state)
+{
+    (void)state;
+    char dir[300], p[600];
+    kvx_store *s = make_store(dir, sizeof dir, 0);
+    put_seq(s, 1, 2);
+    kvx_store_close(s);
+    /* a file in quarantine/ with a high generation, one in staging/ */
+    snprintf(p, sizeof p, "%s/quarantine", dir);
+    assert_int_equal(mkdir(p, 0700), 0);
+    snprintf(p, sizeof p, "%s/quarantine/0000000000000100.kvx", dir);
+    FILE *f = fopen(p, "w");
+    fclose(f);
+    snprintf(p, sizeof p, "%s/staging/.0000000000000200.kvx.tmp.1.2", dir);
+    f = fopen(p, "w");
+    fclose(f);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    put_seq(s, 2, 2);
+    kvx_store_close(s);
+    char names[64][64];
+    size_t n = list_files(dir, "shards", names, 64);
+    assert_true(n >= 2);
+    uint64_t newest = strtoull(names[n - 1], NULL, 16);
+    assert_true(newest > 0x200);
+}
+
+static void test_headless_chain_gc(void **state)
+{
+    (void)state;
+    char dir[300];
+    /* one sequence in its own shard per flush: block 0 alone, then the
+     * rest of the chain in another shard */
+    kvx_store *s = make_store(dir, sizeof dir, 0);
+    uint32_t t[8 * SU_B];
+    uint64_t h[8];
+    su_tokens(t, 5, 8, 0);
+    uint8_t *p = su_pages(t, 8, h, 64);
+    assert_int_equal(kvx_store_put(s, t, SU_B, p, 1, NULL, NULL), 0);
+    assert_int_equal(kvx_store_flush(s), 0);
+    assert_int_equal(kvx_store_put(s, t, 8 * SU_B, p, 8, NULL, NULL), 0);
+    assert_int_equal(kvx_store_flush(s), 0);
+    put_seq(s, 6, 3); /* an unrelated whole chain */
+    kvx_store_close(s);
+    /* the shard holding block 0 is lost (removed by hand): blocks 1..7 have
+     * no path to a block-0 ancestor */
+    kvx_shard *sh;
+    char names[64][64], path[800];
+    size_t n = list_files(dir, "shards", names, 64);
+    for (size_t i = 0; i < n; i++) {
+        snprintf(path, sizeof path, "%s/shards/%s", dir, names[i]);
+        assert_int_equal(kvx_shard_open(&sh, path, 0), 0);
+        kvx_entry e;
+        int holds_root = kvx_shard_get_info(sh)->num_blocks == 1 && kvx_shard_entry(&e, sh, 0) == 0 && e.hash == h[0];
+        kvx_shard_close(sh);
+        if (holds_root) assert_int_equal(unlink(path), 0);
+    }
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_int_equal(st.blocks, 10); /* 7 headless + 3 */
+    assert_int_equal(kvx_store_gc(s), 0);
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_int_equal(st.blocks, 3);
+    assert_int_equal(su_served_prefix(s, 6, 3), 3);
+    kvx_store_close(s);
+    free(p);
+}
+
+static void test_capacity_limits(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/cap", root);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = 100 << 10; /* below the default 512 KiB shard */
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), KVX_EINVALID);
+    assert_non_null(strstr(kvx_last_error(), "shard size"));
+    assert_int_equal(access(dir, F_OK), -1); /* nothing made */
+    o.shard_bytes = 32 << 10;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    kvx_store_close(s);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(root, sizeof root, "/tmp/kvx-test-recovery-XXXXXX");
+    return mkdtemp(root) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    su_rm_rf(root);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_size_differs_kept),
+        cmocka_unit_test(test_stale_index_adopts),
+        cmocka_unit_test(test_reindex_quarantines),
+        cmocka_unit_test(test_damaged_record_readonly),
+        cmocka_unit_test(test_index_lost),
+        cmocka_unit_test(test_directories_where_files_belong),
+        cmocka_unit_test(test_generation_never_reused),
+        cmocka_unit_test(test_headless_chain_gc),
+        cmocka_unit_test(test_capacity_limits),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
