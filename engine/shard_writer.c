@@ -47,6 +47,7 @@ struct kvx_shard_writer {
     uint64_t kv_end;        /* end of the last page, relative to kv_data_offset */
     uint8_t *seen;          /* bitmap of the 2^24 in-shard coordinates */
     int no_replace;         /* seal with RENAME_NOREPLACE (store writers) */
+    int unnamed;            /* fd is an O_TMPFILE: linked under a name at seal */
 };
 
 static void writer_free(kvx_shard_writer *w)
@@ -69,7 +70,7 @@ static void writer_discard(kvx_shard_writer *w)
 {
     if (!w) return;
     if (w->fd >= 0) kvx_os.close(w->fd);
-    if (w->tmp_path) kvx_os.unlink(w->tmp_path);
+    if (w->tmp_path && !w->unnamed) kvx_os.unlink(w->tmp_path);
     writer_free(w);
 }
 
@@ -121,6 +122,28 @@ static int open_temp(kvx_shard_writer *w, const char *staging_dir)
         if (dir_len == 0) return kvx_fail(KVX_EINVALID, "staging_dir is empty");
     }
     int sep = staging_dir && staging_dir[dir_len - 1] != '/';
+    if (!staging_dir) {
+        /* beside path, an unnamed file (O_TMPFILE): a process killed before
+         * the seal leaves nothing behind. A store's writers use staging/
+         * instead, which its recovery empties. */
+        char d[4096];
+        if (dir_len >= sizeof d) return kvx_fail(-ENAMETOOLONG, "%s: path too long", w->path);
+        if (dir_len) memcpy(d, w->path, dir_len);
+        else d[dir_len++] = '.';
+        d[dir_len] = 0;
+        w->fd = kvx_os.open(d, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+        if (w->fd >= 0) {
+            w->unnamed = 1;
+            w->tmp_path = strdup(w->path); /* for messages; nothing to unlink */
+            if (w->tmp_path) return 0;
+            kvx_os.close(w->fd);
+            w->fd = -1;
+            return kvx_fail(-ENOMEM, "out of memory");
+        }
+        if (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)
+            return kvx_fail(-errno, "%s: cannot create its temporary file: %s", w->path, strerror(errno));
+        if (!dir_len || (dir_len == 1 && d[0] == '.')) dir_len = 0; /* file systems without O_TMPFILE: a name */
+    }
     size_t cap = dir_len + strlen(base) + 64;
     w->tmp_path = malloc(cap);
     if (!w->tmp_path) return kvx_fail(-ENOMEM, "out of memory");
@@ -381,6 +404,33 @@ static int build_head(kvx_shard_writer *w, uint8_t **out, size_t *out_len)
     return 0;
 }
 
+/* Links the O_TMPFILE at ".<name>.tmp.<pid>.<random>" beside path. */
+static int link_unnamed(kvx_shard_writer *w)
+{
+    const char *slash = strrchr(w->path, '/');
+    size_t dir_len = slash ? (size_t)(slash - w->path) + 1 : 0;
+    size_t cap = strlen(w->path) + 64;
+    char *name = malloc(cap), proc[64];
+    if (!name) return -ENOMEM;
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", w->fd);
+    int rc = -EEXIST;
+    for (int attempt = 0; attempt < 16 && rc == -EEXIST; attempt++) {
+        uint64_t r;
+        if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) r = (uint64_t)attempt * 0x9E3779B97F4A7C15ull;
+        snprintf(name, cap, "%.*s.%s.tmp.%ld.%016llx", (int)dir_len, w->path, w->path + dir_len, (long)getpid(),
+                 (unsigned long long)r);
+        rc = linkat(AT_FDCWD, proc, AT_FDCWD, name, AT_SYMLINK_FOLLOW) == 0 ? 0 : -errno;
+    }
+    if (rc) {
+        free(name);
+        return rc;
+    }
+    free(w->tmp_path);
+    w->tmp_path = name;
+    w->unnamed = 0; /* from here on it has a name to remove on failure */
+    return 0;
+}
+
 int kvx_shard_writer_seal(kvx_shard_writer *w)
 {
     if (!w) return kvx_fail(KVX_EINVALID, "kvx_shard_writer_seal: NULL writer");
@@ -404,6 +454,12 @@ int kvx_shard_writer_seal(kvx_shard_writer *w)
     if (!rc) {
         step = "fsync of the file";
         rc = kvx_os.fsync(w->fd) ? -errno : 0;
+    }
+    if (!rc && w->unnamed) {
+        /* give the unnamed file a temporary name, then the rename below
+         * puts it in place as for a named one */
+        step = "naming the file";
+        rc = link_unnamed(w);
     }
     if (!rc) {
         step = "closing the file";

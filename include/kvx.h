@@ -405,7 +405,9 @@ typedef struct kvx_entry_in {
 } kvx_entry_in;
 
 /* Starts a shard that will appear at path only when sealed; until then it
- * lives in a temporary file beside path (or in opts->staging_dir). */
+ * lives in an unnamed temporary file (O_TMPFILE) in path's directory, so a
+ * killed process leaves nothing behind, or in a named temporary file in
+ * opts->staging_dir (the store's, emptied by its recovery). */
 KVX_API int kvx_shard_writer_create(kvx_shard_writer **out, const char *path,
                                     const kvx_shard_writer_options *opts);
 /* Copies the page into the file now (pwrite); nothing is kept in memory
@@ -588,7 +590,9 @@ KVX_API int kvx_store_reindex_dir(const char *dir, uint32_t flags);
 /* Evicts to capacity and compacts mostly-dead or small shards. */
 KVX_API int kvx_store_gc(kvx_store *s);
 /* A snapshot of the live shards, each with a reference the caller drops
- * (kvx_shard_close each, then kvx_free(array)). */
+ * (kvx_shard_close each, then kvx_free(array)). A registered shard that
+ * cannot be opened now is left out: compare *out_n with
+ * kvx_store_stats.shards (the CLI's warmup names each one). */
 KVX_API int kvx_store_shards(kvx_shard ***out_shards, size_t *out_n, kvx_store *s);
 
 /* ------------------------------------------------------------------------
