@@ -801,6 +801,8 @@ static int run_stat(const cli_cmd *self, int argc, char **argv)
         cli_json_u64(&j, st.evicted_blocks);
         cli_json_key(&j, "compactions");
         cli_json_u64(&j, st.compactions);
+        cli_json_key(&j, "quarantined");
+        cli_json_u64(&j, st.quarantined);
         cli_json_key(&j, "num_layers");
         cli_json_u64(&j, g.num_layers);
         cli_json_key(&j, "kv_heads");
@@ -834,19 +836,22 @@ static int run_stat(const cli_cmd *self, int argc, char **argv)
     printf("evictions    %" PRIu64 " shard(s), %" PRIu64 " block(s)\n", st.evictions,
            st.evicted_blocks);
     printf("compactions  %" PRIu64 "\n", st.compactions);
+    printf("quarantined  %" PRIu64 " file(s)%s\n", st.quarantined,
+           st.quarantined ? " in quarantine/ (kept byte for byte; each has a .why note)" : "");
     return CLI_OK;
 }
 
 static const cli_cmd cmd_stat = {
     "store stat",
-    "blocks, bytes, shards, capacity, hits, misses, evictions",
+    "blocks, bytes, shards, capacity, hits, misses, evictions, quarantined",
     "Usage: kvx store stat DIR [--json]\n"
     "\n"
     "Prints the store's geometry and counters.\n"
     "\n"
     "Options:\n"
     "  -j, --json  one JSON object: blocks, bytes, shards, capacity, hits,\n"
-    "              misses, evictions, evicted_blocks, compactions, num_layers,\n"
+    "              misses, evictions, evicted_blocks, compactions, quarantined,\n"
+    "              num_layers,\n"
     "              kv_heads, head_dim, block_tokens, quant_format,\n"
     "              model_signature\n"
     "  -h, --help  show this help\n"

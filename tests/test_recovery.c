@@ -257,6 +257,15 @@ static void test_reindex_quarantines(void **state)
     kvx_store_stats st;
     assert_int_equal(kvx_store_stat(&st, s), 0);
     assert_int_equal(st.quarantined, 1);
+    /* and `kvx store stat --json` says so */
+    char cmd[600], out[4096] = "";
+    snprintf(cmd, sizeof cmd, "%s store stat --json %s", KVX_CLI, dir);
+    FILE *pf = popen(cmd, "r");
+    assert_non_null(pf);
+    size_t got = fread(out, 1, sizeof out - 1, pf);
+    out[got] = 0;
+    assert_int_equal(pclose(pf), 0);
+    assert_non_null(strstr(out, "\"quarantined\":1"));
     size_t a = su_served_prefix(s, 1, 4), c = su_served_prefix(s, 2, 4);
     assert_true((a == 4 && c == 0) || (a == 0 && c == 4)); /* the other shard is whole */
     uint64_t bad = 9;
