@@ -1058,15 +1058,20 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, c
     }
     uint8_t digest[2][KVX_DIGEST_BYTES];
     uint64_t parent = 0, h = want ? kvx_block_hash(0, tokens, B) : 0;
+    if (want) kvx_digest_step(&dc, digest[0], NULL, tokens, B);
     size_t i = 0;
     st_hc hc = {NULL, 0, 0};
     for (; i < want; i++) {
         const uint32_t *t = tokens + i * B;
         uint8_t *d = digest[i & 1];
-        kvx_digest_step(&dc, d, i ? digest[(i - 1) & 1] : NULL, t, B);
-        /* the next block's hash first: its multiply chain (latency-bound)
-         * overlaps this block's index search (load-bound) out of order */
-        uint64_t next = i + 1 < want ? kvx_block_hash(h, t + B, B) : 0;
+        /* the next block's hash and digest first: their arithmetic
+         * (latency-bound chains) overlaps this block's index search
+         * (load-bound) out of order */
+        uint64_t next = 0;
+        if (i + 1 < want) {
+            next = kvx_block_hash(h, t + B, B);
+            kvx_digest_step(&dc, digest[(i + 1) & 1], d, t + B, B);
+        }
         st_query q = {h, parent, t, d};
         rc = st_lookup_hc(s, txn, &q, &out_views[i], &hc);
         if (rc) break;
