@@ -90,6 +90,9 @@ static void vfail_code(const cli_cmd *c, int code, const char *hint, const char 
     else
         fprintf(stderr, ": %s (%s)\n", kvx_strerror(code), kvx_err_name(code));
     if (!hint) hint = cli_hint(code);
+    /* capacity and shard ids are the store's: elsewhere the code means an
+     * input declares more than a buffer or a file holds */
+    if ((code == KVX_ECAPACITY || code == KVX_EFULL) && c && strncmp(c->name, "store", 5) != 0) hint = "";
     if (*hint) fprintf(stderr, "  hint: %s\n", hint);
 }
 

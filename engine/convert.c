@@ -305,6 +305,21 @@ int kvx_shard_to_envelope(void **out_buf, size_t *out_len, const kvx_shard *s, u
     int rc = kvx_envelope_size(&total, version, g, n);
     if (rc) return rc;
     size_t P = kvx_envelope_payload_bytes(version, g);
+    /* bounded by the input (DESIGN.md rule 5): an envelope pads each block
+     * to B tokens and widens FP8 to f16, so it may outgrow its shard, but
+     * not by more than that; a header declaring a huge B in a small file
+     * does not get gigabytes */
+    uint64_t page_sum = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        kvx_entry e;
+        kvx_shard_entry(&e, s, i);
+        page_sum += e.bytes;
+    }
+    uint64_t cap = 64 * (page_sum > info->file_size ? page_sum : info->file_size) + ((uint64_t)1 << 20);
+    if ((uint64_t)total > cap)
+        return kvx_fail(KVX_ECAPACITY,
+                        "shard to envelope: %s would make a %zu-byte envelope from %llu bytes of pages (block_tokens %u)",
+                        kvx_shard_path(s), total, (unsigned long long)page_sum, g->block_tokens);
     uint8_t *buf = malloc(total);
     if (!buf) return kvx_fail(-ENOMEM, "shard to envelope: out of memory for %zu bytes", total);
     memcpy(buf, "TLKV", 4);

@@ -21,7 +21,11 @@
  *  - test_generation_never_reused: the next shard's name exceeds every
  *    name in shards/, staging/ and quarantine/;
  *  - test_headless_chain_gc: gc drops blocks with no path to block 0;
- *  - test_capacity_limits: a capacity below the shard size is refused.
+ *  - test_capacity_limits: a capacity below the shard size is refused;
+ *  - test_truncate_extend_many_points: a shard cut or extended at many
+ *    points keeps its bytes and serves exactly its whole pages;
+ *  - test_sparse_giant_bounded: an 8 KiB file declaring a huge block_tokens
+ *    costs no more than the file.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -35,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "store_util.h"
@@ -482,6 +487,114 @@ static void test_capacity_limits(void **state)
     kvx_store_close(s);
 }
 
+/* A shard cut or extended at many points: every reader and writer command
+ * keeps the file byte for byte, serves only byte-exact blocks, never more
+ * than the pages that are whole, and nothing is quarantined while the
+ * header and tables are intact. */
+static void test_truncate_extend_many_points(void **state)
+{
+    (void)state;
+    char dir[300], shard[700], keep[400];
+    kvx_store *s = make_store(dir, sizeof dir, 0);
+    put_seq(s, 1, 6);
+    kvx_store_close(s);
+    shard_path(dir, 0, shard, sizeof shard);
+    snprintf(keep, sizeof keep, "%s/keep.kvx", root);
+    assert_int_equal(cp(shard, keep), 0);
+    struct stat st;
+    assert_int_equal(stat(shard, &st), 0);
+    kvx_shard *sh;
+    assert_int_equal(kvx_shard_open(&sh, shard, 0), 0);
+    uint64_t kvoff = kvx_shard_get_info(sh)->kv_data_offset;
+    kvx_shard_close(sh);
+    int points = 0;
+    for (off_t cut = (off_t)kvoff; cut <= st.st_size + 8192; cut += 1536, points++) {
+        assert_int_equal(cp(keep, shard), 0);
+        assert_int_equal(truncate(shard, cut), 0); /* shorter, or longer (a hole) */
+        uint64_t fp = shards_fingerprint(dir);
+        size_t whole = 0; /* pages entirely inside the cut file */
+        assert_int_equal(kvx_shard_open(&sh, shard, 0), 0);
+        for (uint32_t i = 0; i < 6; i++) {
+            kvx_entry e;
+            assert_int_equal(kvx_shard_entry(&e, sh, i), 0);
+            if (e.offset + e.bytes <= (uint64_t)cut && whole == i) whole++;
+        }
+        kvx_shard_close(sh);
+        for (int writer = 0; writer < 2; writer++) {
+            assert_int_equal(kvx_store_open(&s, dir, NULL, writer ? 0 : KVX_STORE_READONLY), 0);
+            size_t served = su_served_prefix(s, 1, 6);
+            assert_true(served != SIZE_MAX); /* never a wrong byte */
+            assert_int_equal(served, whole);
+            kvx_store_stats stt;
+            assert_int_equal(kvx_store_stat(&stt, s), 0);
+            assert_int_equal(stt.quarantined, 0);
+            kvx_store_close(s);
+            assert_true(shards_fingerprint(dir) == fp);
+        }
+    }
+    assert_true(points > 10);
+    /* cut inside the tables: the file cannot be validated; a reader leaves
+     * it, a writer moves it to quarantine/ (never deletes it) */
+    assert_int_equal(cp(keep, shard), 0);
+    assert_int_equal(truncate(shard, 100), 0);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+    assert_int_equal(su_served_prefix(s, 1, 6), 0);
+    kvx_store_close(s);
+    assert_int_equal(access(shard, F_OK), 0);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    kvx_store_stats stt;
+    assert_int_equal(kvx_store_stat(&stt, s), 0);
+    assert_int_equal(stt.quarantined, 1);
+    kvx_store_close(s);
+    char q[800];
+    snprintf(q, sizeof q, "%s/quarantine/%s", dir, strrchr(shard, '/') + 1);
+    assert_int_equal(stat(q, &st), 0);
+    assert_int_equal(st.st_size, 100);
+}
+
+/* An 8 KiB sparse shard whose header declares block_tokens near 2^32: every
+ * reader stays bounded by the file (DESIGN.md rule 5), no gigabytes. */
+static void test_sparse_giant_bounded(void **state)
+{
+    (void)state;
+    uint8_t b[8192];
+    memset(b, 0, sizeof b);
+    memcpy(b, "RADX-KVX", 8);
+    uint16_t v16[4] = {0x100, 1, 1, 4}; /* version, L, Hkv, D */
+    memcpy(b + 8, v16, sizeof v16);
+    uint32_t n = 1, B = 0xFFFFFFF0u, flags = KVX_FLAG_HASHES;
+    memcpy(b + 16, &n, 4);
+    memcpy(b + 20, &B, 4);
+    uint64_t kvoff = 4096;
+    memcpy(b + 48, &kvoff, 8);
+    memcpy(b + 56, &flags, 4);
+    /* entry 0: one token, page of 2*1*1*1*4*2 = 16 zero bytes at offset 0 */
+    uint32_t e[6] = {0, 1, 0, 0, 16, 0};
+    uint8_t zero[16] = {0};
+    e[5] = kvx_crc32(0, zero, 16);
+    memcpy(b + 64, e, 24);
+    char path[400];
+    snprintf(path, sizeof path, "%s/giant.kvx", root);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, sizeof b, f), sizeof b);
+    fclose(f);
+    kvx_shard *sh;
+    assert_int_equal(kvx_shard_open(&sh, path, KVX_OPEN_VERIFY_PAGES), 0);
+    void *env = NULL;
+    size_t len = 0;
+    assert_int_equal(kvx_shard_to_envelope(&env, &len, sh, KVX_ENVELOPE_V1), KVX_ECAPACITY);
+    assert_null(env);
+    assert_non_null(strstr(kvx_last_error(), "block_tokens 4294967280"));
+    kvx_shard_close(sh);
+    /* and the command: exit 1, promptly, no gigabytes */
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "ulimit -v 2000000; %s verify %s >/dev/null && %s convert %s -o %s/giant.env --format v1 2>/dev/null",
+             KVX_CLI, path, KVX_CLI, path, root);
+    int st = system(cmd);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -508,6 +621,8 @@ int main(void)
         cmocka_unit_test(test_generation_never_reused),
         cmocka_unit_test(test_headless_chain_gc),
         cmocka_unit_test(test_capacity_limits),
+        cmocka_unit_test(test_sparse_giant_bounded),
+        cmocka_unit_test(test_truncate_extend_many_points),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
