@@ -898,6 +898,10 @@ typedef struct verify_ctx {
 static void store_report(void *ctx, const char *what, int code)
 {
     verify_ctx *v = ctx;
+    if (code == 0) { /* a note, not a problem */
+        printf("%s: %s\n", v->dir, what);
+        return;
+    }
     printf("%s: BAD: %s (%s)\n", v->dir, what, kvx_err_name(code));
     if (code == KVX_EPAGECRC) v->pages++;
     else v->others++;

@@ -109,6 +109,11 @@ struct kvx_store {
     uint64_t dropped;
     uint32_t reserve_hint; /* entries the next writer reserves (the put's size) */
     uint64_t carried;      /* blocks this handle carried forward (benchmarks) */
+    /* shards holding blocks that puts since the last flush found already
+     * held: the flush acknowledges those blocks too, so until it returns
+     * no eviction, compaction or gc may drop them (writer, under wmu) */
+    uint8_t pinned[ST_SLOTS];
+    uint64_t pin_gen[ST_SLOTS];
     int index_live;        /* the index names next_gen (not lost or empty) */
     int index_missing;     /* index/ was not there at open */
     uint64_t quarantined;  /* files this handle moved to quarantine/ */

@@ -109,6 +109,8 @@ static int st_pending_add(kvx_store *s, const st_query *q, uint32_t coord, uint3
     return 0;
 }
 
+static void st_pins_clear(kvx_store *s) { memset(s->pinned, 0, sizeof s->pinned); }
+
 static void st_unlink_shard(kvx_store *s, uint64_t gen)
 {
     char name[32];
@@ -129,6 +131,7 @@ void st_discard_pending(kvx_store *s)
     s->npend = 0;
     s->nptok = 0;
     for (size_t i = 0; i < s->ptab_n; i++) s->ptab[i] = SIZE_MAX;
+    st_pins_clear(s);
 }
 
 /* ----------------------------------------------------- shard ids, writers */
@@ -318,14 +321,25 @@ static int st_put_one(kvx_store *s, int kind, const st_query *q, const void *pag
     return rc;
 }
 
+/* A shard holding a block a pending put relies on (see pinned). */
+static int st_is_pinned(const kvx_store *s, uint32_t b) { return s->pinned[b] && s->pin_gen[b] == s->reg[b].gen; }
+
 /* Is q's block already published, sound? 1 yes, 0 no, <0 error. A
- * damaged copy is not "held": the put stores the block again. */
+ * damaged copy is not "held": the put stores the block again. A held
+ * block's shard is pinned until the flush that acknowledges the put. */
 static int st_held(kvx_store *s, MDB_txn *txn, const st_query *q)
 {
     kvx_view v;
     memset(&v, 0, sizeof v);
     int rc = st_lookup(s, txn, q, &v);
     if (rc == 0) {
+        uint64_t gen;
+        const char *path = kvx_shard_path(v.shard), *slash = path ? strrchr(path, '/') : NULL;
+        uint32_t b = KVX_COORD_SHARD(v.coordinate);
+        if (slash && st_parse_name(slash + 1, &gen)) {
+            s->pinned[b] = 1;
+            s->pin_gen[b] = gen;
+        }
         /* putting a held block is a use of it: an exact LRU would move
          * it to the front too (it may sit behind a block that was gone) */
         st_note(s, &v, 1, 0, 0);
@@ -557,6 +571,7 @@ int st_flush_locked(kvx_store *s)
     s->npend = 0;
     s->nptok = 0;
     for (size_t i = 0; i < s->ptab_n; i++) s->ptab[i] = SIZE_MAX;
+    st_pins_clear(s);
     /* acknowledged from here on: what follows only tidies up */
     st_usage_persist(s);
     st_drop_bad_shards(s);
@@ -1103,6 +1118,7 @@ static int st_evict(kvx_store *s, uint64_t pending)
         uint64_t carry = carried ? 4096 + (uint64_t)carried * s->entry_bytes : 0;
         if (total - freed + carry <= goal) break;
         uint32_t b = order[i].b;
+        if (st_is_pinned(s, b)) continue; /* a pending put's held blocks: after its flush */
         victims[b] = 1;
         freed += s->reg[b].file_bytes;
         room = freed / 2 / s->entry_bytes;
@@ -1167,7 +1183,7 @@ int st_compact(kvx_store *s, int full)
         uint8_t victims[ST_SLOTS] = {0};
         int nvict = 0;
         for (uint32_t b = 0; b < ST_SLOTS; b++) {
-            if (!s->reg_live[b] || s->reg[b].flags != flags) continue;
+            if (!s->reg_live[b] || s->reg[b].flags != flags || st_is_pinned(s, b)) continue;
             if (s->reg[b].file_bytes < s->target / 2) {
                 victims[b] = 1;
                 nvict++;
@@ -1179,7 +1195,7 @@ int st_compact(kvx_store *s, int full)
             uint8_t none[ST_SLOTS] = {0};
             if (kvx_idx_read_begin(s->ix, &txn) == 0) {
                 for (uint32_t b = 0; b < ST_SLOTS; b++) {
-                    if (!s->reg_live[b] || s->reg[b].flags != flags || victims[b]) continue;
+                    if (!s->reg_live[b] || s->reg[b].flags != flags || victims[b] || st_is_pinned(s, b)) continue;
                     kvx_shard *sh = st_shard_get(s, b, s->reg[b].gen);
                     if (!sh) continue;
                     uint32_t cnt = kvx_shard_get_info(sh)->num_blocks, orphans = 0;
@@ -1546,7 +1562,10 @@ KVX_API int kvx_store_reindex(kvx_store *s)
     int rc = st_writer_check(s, "kvx_store_reindex");
     if (rc) return rc;
     pthread_mutex_lock(&s->wmu);
-    rc = st_reindex_locked(s);
+    /* puts not yet flushed are flushed first: a reindex must not drop what
+     * the next flush would acknowledge */
+    if (s->npend || s->nsealed || s->cur[0].w || s->cur[1].w) rc = st_flush_locked(s);
+    if (!rc) rc = st_reindex_locked(s);
     pthread_mutex_unlock(&s->wmu);
     return rc;
 }
@@ -1685,7 +1704,7 @@ static int st_drop_headless(kvx_store *s)
     free(all);
     for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(sh[b]);
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++)
-        if (headless[b]) rc = st_rewrite_shard(s, b, keep[b], 0);
+        if (headless[b] && !st_is_pinned(s, b)) rc = st_rewrite_shard(s, b, keep[b], 0);
     for (int b = 0; b < ST_SLOTS; b++) free(keep[b]);
     return rc;
 }

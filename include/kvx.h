@@ -572,7 +572,10 @@ KVX_API void kvx_views_release(kvx_view *views, size_t n);
 
 KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s);
 /* Checks every shard and page against the index; out_bad (nullable) gets
- * the number of problems found, each reported through report (nullable). */
+ * the number of problems found, each reported through report (nullable)
+ * with its code. Notes that are not problems (a valid shard file the index
+ * does not name yet: the next writer adopts it) come with code 0 and do
+ * not count. */
 KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad,
                              void (*report)(void *ctx, const char *what, int code), void *ctx);
 /* Rebuilds the index from the shards' own tables (a fresh index: nothing
