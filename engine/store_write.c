@@ -566,12 +566,17 @@ int st_flush_locked(kvx_store *s)
         st_discard_pending(s);
         return rc;
     }
-    for (size_t i = 0; i < s->nsealed; i++) st_mirror_add(s, &s->sealed[i]);
+    for (size_t i = 0; i < s->nsealed; i++) {
+        st_mirror_add(s, &s->sealed[i]);
+        /* the flush's own tidy-up below must not take what it just
+         * acknowledged either: the new shards stay pinned with the held */
+        s->pinned[s->sealed[i].byte] = 1;
+        s->pin_gen[s->sealed[i].byte] = s->sealed[i].gen;
+    }
     s->nsealed = 0;
     s->npend = 0;
     s->nptok = 0;
     for (size_t i = 0; i < s->ptab_n; i++) s->ptab[i] = SIZE_MAX;
-    st_pins_clear(s);
     /* acknowledged from here on: what follows only tidies up */
     st_usage_persist(s);
     st_drop_bad_shards(s);
@@ -588,6 +593,7 @@ int st_flush_locked(kvx_store *s)
     if (small_max < 4) small_max = 4;
     if (small_max > ST_COMPACT_SMALL) small_max = ST_COMPACT_SMALL;
     if (live > ST_COMPACT_AT || (uint64_t)small >= small_max) st_compact(s, 0);
+    st_pins_clear(s);
     kvx_clear_error();
     return 0;
 }
