@@ -697,14 +697,16 @@ static int st_sound(kvx_store *s, uint32_t b, uint64_t gen, char *why, size_t ca
  * dropped as damaged) moves to quarantine/ instead; one that cannot be
  * judged now stays in shards/, unregistered: the next writer's recovery
  * adopts or quarantines it. */
-static void st_after_drop(kvx_store *s, const uint8_t *victims, const st_sealed *added, size_t nadded, int damaged)
+static void st_after_drop(kvx_store *s, const uint8_t *victims, const st_sealed *added, size_t nadded,
+                          const char *damaged)
 {
     for (int b = 0; b < ST_SLOTS; b++) {
         if (!victims[b]) continue;
         uint64_t gen = s->reg[b].gen;
         s->reg_live[b] = 0;
         st_cache_drop(s, (uint32_t)b);
-        char name[32], why[600] = "damaged: found bad when it was first opened";
+        char name[32], why[600];
+        snprintf(why, sizeof why, "%s", damaged ? damaged : "");
         st_shard_name(name, gen);
         int sound = damaged ? 0 : st_sound(s, (uint32_t)b, gen, why, sizeof why);
         if (sound == 1) st_unlink_shard(s, gen); /* views keep their mapping alive */
@@ -732,7 +734,7 @@ int st_drop_bad_shards(kvx_store *s)
     int n = 0;
     for (int b = 0; b < ST_SLOTS; b++) n += victims[b];
     s->dropped += (uint64_t)n;
-    st_after_drop(s, victims, NULL, 0, 1);
+    st_after_drop(s, victims, NULL, 0, "could not be opened or validated when it was first used (see kvx store verify)");
     kvx_fail(KVX_ECORRUPT, "store %s: %d damaged shard(s) moved to quarantine/", s->dir, n);
     return 0;
 }
@@ -1152,7 +1154,7 @@ static int st_evict(kvx_store *s, uint64_t pending)
     if (rc) {
         st_unlink_sealed(s, added, nadded);
     } else {
-        st_after_drop(s, victims, added, nadded, 0);
+        st_after_drop(s, victims, added, nadded, NULL);
         st_rec_from_moves(s, mv, d.nmoves, added, nadded);
         for (size_t i = 0; i < d.nmoves; i++) s->carried += mv[i].new_gen != 0;
     }
@@ -1239,7 +1241,7 @@ int st_compact(kvx_store *s, int full)
             rc = kvx_idx_write(s->ix, st_drop_body, &d);
             if (rc) st_unlink_sealed(s, added, nadded);
             else {
-                st_after_drop(s, victims, added, nadded, 0);
+                st_after_drop(s, victims, added, nadded, NULL);
                 st_rec_from_moves(s, mv, nmv, added, nadded);
             }
         }
@@ -1524,7 +1526,7 @@ static int st_derive_digests(kvx_store *s)
             else {
                 kvx_shard_close(sh[b]);
                 sh[b] = NULL;
-                st_after_drop(s, victims, added, nadded, 0);
+                st_after_drop(s, victims, added, nadded, NULL);
             }
         }
         free(added);
@@ -1580,7 +1582,7 @@ KVX_API int kvx_store_reindex(kvx_store *s)
 
 /* Rewrites shard b keeping only the entries keep[] marks (NULL: all whose
  * page is sound), then drops it: deleted when sound, else quarantined. */
-static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, int damaged)
+static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, int damaged, const char *damaged_why)
 {
     st_move *mv = NULL;
     size_t nmv = 0, capmv = 0;
@@ -1604,7 +1606,7 @@ static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, int d
         st_drop d = {s, victims, added, nadded, mv, nmv, 0, 1, damaged};
         rc = kvx_idx_write(s->ix, st_drop_body, &d);
         if (rc) st_unlink_sealed(s, added, nadded);
-        else st_after_drop(s, victims, added, nadded, damaged);
+        else st_after_drop(s, victims, added, nadded, damaged ? damaged_why : NULL);
     }
     free(added);
     free(mv);
@@ -1624,7 +1626,11 @@ static int st_salvage_damaged(kvx_store *s)
         uint32_t bad = 0;
         int v = kvx_shard_verify(sh, &bad, NULL, NULL);
         kvx_shard_close(sh);
-        if (v && bad) rc = st_rewrite_shard(s, b, NULL, 1);
+        if (v && bad) {
+            char why[200];
+            snprintf(why, sizeof why, "%u damaged or missing page(s): gc copied its good blocks to a new shard", bad);
+            rc = st_rewrite_shard(s, b, NULL, 1, why);
+        }
         else kvx_clear_error();
     }
     return rc;
@@ -1710,7 +1716,7 @@ static int st_drop_headless(kvx_store *s)
     free(all);
     for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(sh[b]);
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++)
-        if (headless[b] && !st_is_pinned(s, b)) rc = st_rewrite_shard(s, b, keep[b], 0);
+        if (headless[b] && !st_is_pinned(s, b)) rc = st_rewrite_shard(s, b, keep[b], 0, NULL);
     for (int b = 0; b < ST_SLOTS; b++) free(keep[b]);
     return rc;
 }
