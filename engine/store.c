@@ -412,13 +412,14 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     }
     static const char *subs[] = {"index", "shards", "staging"};
     for (int i = 0; i < 3; i++) {
-        int fd = kvx_os.openat(s->dirfd, ".", O_RDONLY | O_DIRECTORY, 0); /* for mkdirat */
-        if (fd < 0 || mkdirat(s->dirfd, subs[i], 0700) != 0) {
-            rc = kvx_fail(-errno, "kvx_store_create: mkdir %s/%s: %s", dir, subs[i], strerror(errno));
-            if (fd >= 0) kvx_os.close(fd);
+        char *sub = st_join(dir, subs[i]); /* through the OS seam, so power-cut tests see it */
+        if (!sub || kvx_os.mkdir(sub, 0700) != 0) {
+            rc = kvx_fail(sub ? -errno : -ENOMEM, "kvx_store_create: mkdir %s/%s: %s", dir, subs[i],
+                          sub ? strerror(errno) : "out of memory");
+            free(sub);
             goto fail;
         }
-        kvx_os.close(fd);
+        free(sub);
     }
     uint8_t cfg[ST_CONFIG_BYTES];
     st_config_encode(cfg, &s->g, s->capacity, s->target);
