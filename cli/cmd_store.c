@@ -803,6 +803,8 @@ static int run_stat(const cli_cmd *self, int argc, char **argv)
         cli_json_u64(&j, st.compactions);
         cli_json_key(&j, "quarantined");
         cli_json_u64(&j, st.quarantined);
+        cli_json_key(&j, "unverified");
+        cli_json_u64(&j, st.unverified);
         cli_json_key(&j, "num_layers");
         cli_json_u64(&j, g.num_layers);
         cli_json_key(&j, "kv_heads");
@@ -836,6 +838,10 @@ static int run_stat(const cli_cmd *self, int argc, char **argv)
     printf("evictions    %" PRIu64 " shard(s), %" PRIu64 " block(s)\n", st.evictions,
            st.evicted_blocks);
     printf("compactions  %" PRIu64 "\n", st.compactions);
+    printf("unverified   %" PRIu64 " block(s)%s\n", st.unverified,
+           st.unverified ? " never served by prefix (stored without tokens, or before the digest: "
+                           "'kvx store reindex' derives digests for the latter)"
+                         : "");
     printf("quarantined  %" PRIu64 " file(s)%s\n", st.quarantined,
            st.quarantined ? " in quarantine/ (kept byte for byte; each has a .why note)" : "");
     return CLI_OK;
@@ -851,7 +857,7 @@ static const cli_cmd cmd_stat = {
     "Options:\n"
     "  -j, --json  one JSON object: blocks, bytes, shards, capacity, hits,\n"
     "              misses, evictions, evicted_blocks, compactions, quarantined,\n"
-    "              num_layers,\n"
+    "              unverified, num_layers,\n"
     "              kv_heads, head_dim, block_tokens, quant_format,\n"
     "              model_signature\n"
     "  -h, --help  show this help\n"

@@ -1204,14 +1204,22 @@ KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s)
         int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
         while (r == 0) {
             kvx_idx_shard rec;
+            if (v.mv_size != sizeof rec) {
+                rc = KVX_ECORRUPT;
+                break;
+            }
             memcpy(&rec, v.mv_data, sizeof rec);
             out->shards++;
             out->bytes += rec.file_bytes;
+            if (!(rec.flags & KVX_FLAG_DIGEST)) out->unverified += rec.n_entries;
             r = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
         }
         mdb_cursor_close(cur);
     }
     kvx_idx_read_end(s->ix, txn);
+    if (rc == KVX_ECORRUPT)
+        return kvx_fail(rc, "store %s: index: a shard record has the wrong size (run kvx store reindex %s)", s->dir,
+                        s->dir);
     if (rc) return kvx_idx_err(rc, "stat");
     out->blocks = ms.ms_entries;
     out->capacity_bytes = s->capacity;

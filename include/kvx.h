@@ -508,6 +508,9 @@ typedef struct kvx_store_stats {
     uint64_t dropped_shards; /* shards whose records recovery dropped (file gone or invalid) */
     uint64_t shard_bytes;    /* target shard size */
     uint64_t quarantined;    /* files in DIR/quarantine/ (kept, never deleted) */
+    uint64_t unverified;     /* blocks in shards without a digest table (put
+                                without tokens, or written before the digest:
+                                kvx_store_reindex derives theirs) */
 } kvx_store_stats;
 
 /* Creates a new store directory (0700) with fixed geometry and capacity. */

@@ -421,12 +421,15 @@ static void test_pre_digest_store(void **state)
     kvx_store_stats st;
     assert_int_equal(kvx_store_stat(&st, s), 0);
     assert_int_equal(st.blocks, NB);
+    assert_int_equal(st.unverified, NB);
     assert_int_equal(served_exact(s, t, NB, SU_B, pages), 0);
     kvx_view v;
     assert_int_equal(kvx_store_get_hash(&v, s, h[1]), KVX_EUNVERIFIED);
     /* reindex derives the digests by walking lineage from block 0 */
     assert_int_equal(kvx_store_reindex(s), 0);
     assert_int_equal(served_exact(s, t, NB, SU_B, pages), NB);
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_int_equal(st.unverified, 0);
     assert_int_equal(kvx_store_get_hash(&v, s, h[1]), 0);
     kvx_view_release(&v);
     uint64_t bad = 9;
