@@ -111,6 +111,12 @@ static int st_pending_add(kvx_store *s, const st_query *q, uint32_t coord, uint3
 
 static void st_pins_clear(kvx_store *s) { memset(s->pinned, 0, sizeof s->pinned); }
 
+static void st_pin(kvx_store *s, uint32_t b, uint64_t gen)
+{
+    s->pinned[b] = 1;
+    s->pin_gen[b] = gen;
+}
+
 static void st_unlink_shard(kvx_store *s, uint64_t gen)
 {
     char name[32];
@@ -1571,9 +1577,29 @@ KVX_API int kvx_store_reindex(kvx_store *s)
     if (rc) return rc;
     pthread_mutex_lock(&s->wmu);
     /* puts not yet flushed are flushed first: a reindex must not drop what
-     * the next flush would acknowledge */
+     * the next flush would acknowledge. That next kvx_store_flush, not this
+     * reindex, acknowledges them to the caller, so their pins (the shards of
+     * blocks they found held, and the shards this flush publishes) must last
+     * until it returns: the flush below and st_reindex_locked's discard both
+     * clear pins, and the reindex gives every shard a fresh creation time, so
+     * a block a put found held then looked the oldest in the store and the
+     * next flush's eviction took it (a put of only held blocks pends nothing,
+     * so it was not even flushed here). Found by test_powercut seed 651158135. */
+    for (size_t i = 0; i < s->nsealed; i++) st_pin(s, s->sealed[i].byte, s->sealed[i].gen);
+    for (int k = 0; k < 2; k++)
+        if (s->cur[k].w) st_pin(s, s->cur[k].byte, s->cur[k].gen);
+    uint8_t pinned[ST_SLOTS];
+    uint64_t pin_gen[ST_SLOTS];
+    memcpy(pinned, s->pinned, sizeof pinned);
+    memcpy(pin_gen, s->pin_gen, sizeof pin_gen);
     if (s->npend || s->nsealed || s->cur[0].w || s->cur[1].w) rc = st_flush_locked(s);
-    if (!rc) rc = st_reindex_locked(s);
+    if (!rc) {
+        rc = st_reindex_locked(s);
+        /* reindex keeps each kept shard's generation, so these pins still
+         * name the same files; a failed flush dropped the puts (no pins) */
+        memcpy(s->pinned, pinned, sizeof pinned);
+        memcpy(s->pin_gen, pin_gen, sizeof pin_gen);
+    }
     pthread_mutex_unlock(&s->wmu);
     return rc;
 }

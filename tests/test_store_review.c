@@ -368,6 +368,50 @@ static void test_capacity_during_put(void **state)
     kvx_store_close(s);
 }
 
+/* A put's blocks stay pinned through an in-handle kvx_store_reindex until
+ * the caller's next flush, which acknowledges them: a reindex cleared the
+ * pins and gave every shard a fresh creation time, so a re-put of held
+ * blocks (nothing pending, not even flushed by the reindex) looked the
+ * oldest in the store and that flush's eviction took it (test_powercut
+ * seed 651158135). */
+static void test_reindex_keeps_pins(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/s%d", root, dir_counter++);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = 300 << 10;
+    o.shard_bytes = 40 << 10;
+    o.flags = KVX_STORE_NOWAIT;
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    for (uint64_t q = 0; q < 12; q++) { /* the store at its capacity */
+        put_seq(s, q);
+        assert_int_equal(kvx_store_flush(s), 0);
+    }
+    assert_int_equal(prefix_of(s, 11), NB);
+    size_t added = 9;
+    uint32_t t[NB * SU_B];
+    uint64_t h[NB];
+    su_tokens(t, 11, NB, 0);
+    uint8_t *p = su_pages(t, NB, h, 64);
+    assert_int_equal(kvx_store_put(s, t, NB * SU_B, p, NB, NULL, &added), 0); /* all held */
+    free(p);
+    assert_int_equal(added, 0);
+    put_seq(s, 100); /* pending: the reindex flushes it */
+    assert_int_equal(kvx_store_reindex(s), 0);
+    for (uint64_t q = 101; q < 104; q++) put_seq(s, q);
+    assert_int_equal(kvx_store_flush(s), 0); /* evicts */
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_true(st.evictions > 0);
+    /* everything this flush acknowledged is served whole */
+    assert_int_equal(prefix_of(s, 11), NB);
+    for (uint64_t q = 100; q < 104; q++) assert_int_equal(prefix_of(s, q), NB);
+    kvx_store_close(s);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -392,6 +436,7 @@ int main(void)
         cmocka_unit_test(test_verify_symlinked_shard),
         cmocka_unit_test(test_shard_ids_exhausted),
         cmocka_unit_test(test_capacity_during_put),
+        cmocka_unit_test(test_reindex_keeps_pins),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
