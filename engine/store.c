@@ -306,9 +306,10 @@ int st_registry_load(kvx_store *s)
         int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
         while (r == 0) {
             uint32_t b;
-            memcpy(&b, k.mv_data, 4);
-            if (b < ST_SLOTS && v.mv_size == sizeof(kvx_idx_shard)) {
-                memcpy(&s->reg[b], v.mv_data, sizeof s->reg[b]);
+            kvx_idx_shard rec;
+            if ((r = kvx_idx_dec_shard(&k, &v, &b, &rec))) break; /* a damaged record: an error naming reindex */
+            if (b < ST_SLOTS) {
+                s->reg[b] = rec;
                 s->reg_live[b] = 1;
             }
             r = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
@@ -730,8 +731,10 @@ static int st_lookup_hc(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view 
     if (rc == MDB_NOTFOUND) return KVX_ENOTFOUND;
     if (rc) return kvx_idx_err(rc, "get hash");
     kvx_idx_loc loc;
-    if (v.mv_size != sizeof loc) return kvx_fail(KVX_ECORRUPT, "index: hash record has %zu bytes (run kvx store reindex)", v.mv_size);
-    memcpy(&loc, v.mv_data, sizeof loc);
+    uint64_t key;
+    if (kvx_idx_dec_loc(&k, &v, &key, &loc))
+        return kvx_fail(KVX_ECORRUPT, "store %s: index: the record of hash %016llx is damaged (run kvx store reindex %s)",
+                        s->dir, (unsigned long long)hash, s->dir);
     rc = st_try_loc(s, &loc, q, out, hc, NULL, 1);
     if (rc != KVX_ENOTFOUND && rc != KVX_EPAGECRC && rc != KVX_ETRUNC) return rc;
     int damage = rc == KVX_ENOTFOUND ? 0 : rc;
@@ -742,11 +745,11 @@ static int st_lookup_hc(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view 
     int res = KVX_ENOTFOUND;
     if (rc == 0) rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
     while (rc == 0) {
-        if (v.mv_size != sizeof loc) {
-            res = kvx_fail(KVX_ECORRUPT, "index: hash record has %zu bytes (run kvx store reindex)", v.mv_size);
+        if (kvx_idx_dec_loc(&k, &v, &key, &loc)) {
+            res = kvx_fail(KVX_ECORRUPT, "store %s: index: a record of hash %016llx is damaged (run kvx store reindex %s)",
+                           s->dir, (unsigned long long)hash, s->dir);
             break;
         }
-        memcpy(&loc, v.mv_data, sizeof loc);
         res = st_try_loc(s, &loc, q, out, hc, NULL, 1);
         if (res == KVX_EPAGECRC || res == KVX_ETRUNC) {
             damage = res;
@@ -788,11 +791,12 @@ static int st_get_by_hash(kvx_store *s, MDB_txn *txn, uint64_t hash, kvx_view *o
     rc = mdb_cursor_get(cur, &k, &v, MDB_SET);
     while (rc == 0) {
         kvx_idx_loc loc;
-        if (v.mv_size != sizeof loc) {
+        uint64_t key;
+        if (kvx_idx_dec_loc(&k, &v, &key, &loc)) {
             mdb_cursor_close(cur);
-            return kvx_fail(KVX_ECORRUPT, "index: hash record has %zu bytes (run kvx store reindex)", v.mv_size);
+            return kvx_fail(KVX_ECORRUPT, "store %s: index: a record of hash %016llx is damaged (run kvx store reindex %s)",
+                            s->dir, (unsigned long long)hash, s->dir);
         }
-        memcpy(&loc, v.mv_data, sizeof loc);
         if (st_try_loc(s, &loc, &q, NULL, NULL, d, 0) == 0) {
             int ver = !kvx_digest_is_zero(d);
             if (ver && verified == 0) {
@@ -897,34 +901,36 @@ static int st_usage_body(MDB_txn *txn, void *ctx)
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
         st_use *x = &u->use[b];
         if (!x->dirty) continue;
-        MDB_val k = {4, &b}, v;
-        rc = mdb_get(txn, ix->shards, &k, &v);
+        kvx_idx_shard rec;
+        rc = kvx_idx_get_shard(txn, ix, b, &rec);
         if (rc == MDB_NOTFOUND) continue;
         if (rc) return rc;
-        kvx_idx_shard rec;
-        memcpy(&rec, v.mv_data, sizeof rec);
         if (rec.gen != x->gen) continue; /* shard replaced since: drop */
-        size_t nbytes = (x->nbits + 7) / 8;
-        rc = mdb_get(txn, ix->usage, &k, &v);
+        size_t nbytes = (x->nbits + 7) / 8, oldlen = 0;
+        uint8_t *tmp = calloc(1, nbytes + 1), *oldbits = calloc(1, 65536 / 8 + 1);
+        if (!tmp || !oldbits) {
+            free(tmp);
+            free(oldbits);
+            return ENOMEM;
+        }
         kvx_idx_usage old = {0};
-        const uint8_t *oldbits = NULL;
-        if (rc == 0 && v.mv_size >= sizeof old) {
-            memcpy(&old, v.mv_data, sizeof old);
-            if (old.gen == x->gen && old.n_bits == x->nbits && v.mv_size == sizeof old + nbytes)
-                oldbits = (const uint8_t *)v.mv_data + sizeof old;
-        } else if (rc && rc != MDB_NOTFOUND) {
+        rc = kvx_idx_get_usage(txn, ix, b, &old, oldbits, 65536 / 8, &oldlen);
+        if (rc == MDB_CORRUPTED || rc == MDB_NOTFOUND) {
+            memset(&old, 0, sizeof old); /* usage is advisory: a damaged record starts over */
+            rc = 0;
+        }
+        if (rc) {
+            free(tmp);
+            free(oldbits);
             return rc;
         }
-        MDB_val nv = {sizeof old + nbytes, NULL};
-        uint8_t *tmp = malloc(nv.mv_size);
-        if (!tmp) return ENOMEM;
+        int same = old.gen == x->gen && old.n_bits == x->nbits && oldlen == nbytes;
         kvx_idx_usage nu = {x->gen, x->last_use > old.last_use_ns ? x->last_use : old.last_use_ns,
                             (old.gen == x->gen ? old.hits : 0) + x->hits, x->nbits, 0};
-        memcpy(tmp, &nu, sizeof nu);
-        for (size_t i = 0; i < nbytes; i++) tmp[sizeof nu + i] = x->bits[i] | (oldbits ? oldbits[i] : 0);
-        nv.mv_data = tmp;
-        rc = mdb_put(txn, ix->usage, &k, &nv, 0);
+        for (size_t i = 0; i < nbytes; i++) tmp[i] = x->bits[i] | (same ? oldbits[i] : 0);
+        rc = kvx_idx_put_usage(txn, ix, b, &nu, tmp, nbytes);
         free(tmp);
+        free(oldbits);
         if (rc) return rc;
     }
     return 0;
@@ -990,11 +996,12 @@ KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate)
     MDB_txn *txn;
     int rc = kvx_idx_read_begin(s->ix, &txn);
     if (rc) return rc;
-    MDB_val k = {4, &coordinate}, v;
-    rc = mdb_get(txn, s->ix->coord, &k, &v);
-    if (rc == 0 && v.mv_size == sizeof(kvx_idx_coord)) {
-        kvx_idx_coord cv;
-        memcpy(&cv, v.mv_data, sizeof cv);
+    kvx_idx_coord cv;
+    rc = kvx_idx_get_coord(txn, s->ix, coordinate, &cv);
+    if (rc == MDB_CORRUPTED) {
+        rc = kvx_fail(KVX_ECORRUPT, "store %s: index: the record of coordinate 0x%08x is damaged (run kvx store reindex %s)",
+                      s->dir, coordinate, s->dir);
+    } else if (rc == 0) {
         kvx_idx_loc loc = {coordinate, 0, cv.gen};
         st_query q = {cv.hash, 0, NULL, NULL};
         rc = st_try_loc(s, &loc, &q, out, NULL, NULL, 1);
@@ -1204,11 +1211,11 @@ KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s)
         int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
         while (r == 0) {
             kvx_idx_shard rec;
-            if (v.mv_size != sizeof rec) {
+            uint32_t b;
+            if (kvx_idx_dec_shard(&k, &v, &b, &rec)) {
                 rc = KVX_ECORRUPT;
                 break;
             }
-            memcpy(&rec, v.mv_data, sizeof rec);
             out->shards++;
             out->bytes += rec.file_bytes;
             if (!(rec.flags & KVX_FLAG_DIGEST)) out->unverified += rec.n_entries;
@@ -1218,8 +1225,7 @@ KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s)
     }
     kvx_idx_read_end(s->ix, txn);
     if (rc == KVX_ECORRUPT)
-        return kvx_fail(rc, "store %s: index: a shard record has the wrong size (run kvx store reindex %s)", s->dir,
-                        s->dir);
+        return kvx_fail(rc, "store %s: index: a shard record is damaged (run kvx store reindex %s)", s->dir, s->dir);
     if (rc) return kvx_idx_err(rc, "stat");
     out->blocks = ms.ms_entries;
     out->capacity_bytes = s->capacity;
@@ -1253,16 +1259,21 @@ static int st_list_registered(kvx_store *s, kvx_idx_shard *reg, uint8_t *live)
         int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
         while (r == 0) {
             uint32_t b;
-            memcpy(&b, k.mv_data, 4);
+            kvx_idx_shard rec;
+            if ((r = kvx_idx_dec_shard(&k, &v, &b, &rec))) break;
             if (b < ST_SLOTS) {
-                memcpy(&reg[b], v.mv_data, sizeof reg[b]);
+                reg[b] = rec;
                 live[b] = 1;
             }
             r = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
         }
         mdb_cursor_close(cur);
+        if (r != MDB_NOTFOUND) rc = r;
     }
     kvx_idx_read_end(s->ix, txn);
+    if (rc == MDB_CORRUPTED)
+        return kvx_fail(KVX_ECORRUPT, "store %s: index: a shard record is damaged (run kvx store reindex %s)", s->dir,
+                        s->dir);
     return rc ? kvx_idx_err(rc, "list shards") : 0;
 }
 
@@ -1383,22 +1394,17 @@ KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(voi
         for (uint32_t i = 0; i < in->num_blocks; i++) {
             kvx_entry e;
             if (kvx_shard_entry(&e, sh, i) || !e.hash) continue;
-            MDB_val k = {4, &e.coordinate}, val;
-            int g = mdb_get(txn, s->ix->coord, &k, &val);
             kvx_idx_coord cv;
-            if (g == 0) memcpy(&cv, val.mv_data, sizeof cv);
-            if (g != 0 || cv.gen != reg[b].gen || cv.hash != e.hash)
+            int g = kvx_idx_get_coord(txn, s->ix, e.coordinate, &cv);
+            if (g == MDB_CORRUPTED)
+                st_vreport(&v, KVX_ECORRUPT, "index: the record of coordinate 0x%08x is damaged (run kvx store reindex)",
+                           e.coordinate);
+            else if (g != 0 || cv.gen != reg[b].gen || cv.hash != e.hash)
                 st_vreport(&v, KVX_ENOTFOUND, "shards/%s: entry %u (hash %016llx) is not indexed", name, i,
                            (unsigned long long)e.hash);
-            kvx_idx_loc loc = {e.coordinate, 0, reg[b].gen};
-            MDB_val hk = {8, &e.hash}, hv = {sizeof loc, &loc};
-            MDB_cursor *cur;
-            if (mdb_cursor_open(txn, s->ix->hash, &cur) == 0) {
-                if (mdb_cursor_get(cur, &hk, &hv, MDB_GET_BOTH) != 0)
-                    st_vreport(&v, KVX_ENOTFOUND, "shards/%s: entry %u: hash %016llx has no index record", name, i,
-                               (unsigned long long)e.hash);
-                mdb_cursor_close(cur);
-            }
+            if (kvx_idx_has_loc(txn, s->ix, e.hash, e.coordinate, reg[b].gen) != 1)
+                st_vreport(&v, KVX_ENOTFOUND, "shards/%s: entry %u: hash %016llx has no index record", name, i,
+                           (unsigned long long)e.hash);
         }
         kvx_shard_close(sh);
     }
@@ -1414,8 +1420,11 @@ KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(voi
         while (r == 0) {
             uint32_t c;
             kvx_idx_coord cv;
-            memcpy(&c, k.mv_data, 4);
-            memcpy(&cv, val.mv_data, sizeof cv);
+            if (kvx_idx_dec_coord(&k, &val, &c, &cv)) {
+                st_vreport(&v, KVX_ECORRUPT, "index: a coordinate record is damaged (run kvx store reindex)");
+                r = mdb_cursor_get(cur, &k, &val, MDB_NEXT);
+                continue;
+            }
             uint32_t b = KVX_COORD_SHARD(c);
             if (!live[b] || reg[b].gen != cv.gen || KVX_COORD_BLOCK(c) >= reg[b].n_entries)
                 st_vreport(&v, KVX_ECORRUPT, "index: coordinate 0x%08x names no registered shard entry", c);

@@ -208,8 +208,7 @@ static int st_fix_body(MDB_txn *txn, void *ctx)
         if (f->resize[b]) {
             kvx_idx_shard rec = s->reg[b];
             rec.file_bytes = f->size[b];
-            MDB_val v = {sizeof rec, &rec};
-            if ((rc = mdb_put(txn, ix->shards, &k, &v, 0))) return rc;
+            if ((rc = kvx_idx_put_shard(txn, ix, b, &rec))) return rc;
         }
         if (f->adopt[b]) {
             if ((rc = st_register(txn, ix, &f->adopted[b]))) return rc;

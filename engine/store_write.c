@@ -524,18 +524,15 @@ typedef struct st_publish {
 int st_register(MDB_txn *txn, kvx_index *ix, const st_sealed *x)
 {
     uint32_t b = x->byte;
-    kvx_idx_shard rec = {x->gen, x->bytes, st_now_ns(), x->n, x->flags};
-    MDB_val k = {4, &b}, v = {sizeof rec, &rec};
-    int rc = mdb_put(txn, ix->shards, &k, &v, 0);
+    kvx_idx_shard rec = {x->gen, x->bytes, st_now_ns(), x->n, x->flags, 0, 0};
+    int rc = kvx_idx_put_shard(txn, ix, b, &rec);
     if (rc) return rc;
     size_t nbytes = (x->n + 7) / 8;
-    uint8_t *buf = calloc(1, sizeof(kvx_idx_usage) + nbytes);
-    if (!buf) return ENOMEM;
+    uint8_t *bits = calloc(1, nbytes + 1);
+    if (!bits) return ENOMEM;
     kvx_idx_usage u = {x->gen, x->last_use, 0, x->n, 0};
-    memcpy(buf, &u, sizeof u);
-    MDB_val uv = {sizeof u + nbytes, buf};
-    rc = mdb_put(txn, ix->usage, &k, &uv, 0);
-    free(buf);
+    rc = kvx_idx_put_usage(txn, ix, b, &u, bits, nbytes);
+    free(bits);
     return rc;
 }
 
@@ -553,7 +550,7 @@ static int st_publish_body(MDB_txn *txn, void *ctx)
 
 static void st_mirror_add(kvx_store *s, const st_sealed *x)
 {
-    kvx_idx_shard rec = {x->gen, x->bytes, st_now_ns(), x->n, x->flags};
+    kvx_idx_shard rec = {x->gen, x->bytes, st_now_ns(), x->n, x->flags, 0, 0};
     s->reg[x->byte] = rec;
     s->reg_live[x->byte] = 1;
 }
@@ -854,19 +851,21 @@ static int st_usage_read(kvx_store *s, st_usage_view *uv)
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
         if (!s->reg_live[b]) continue;
         uv[b].last_use = s->reg[b].created_ns;
-        MDB_val k = {4, &b}, v;
-        if (mdb_get(txn, s->ix->usage, &k, &v) != 0 || v.mv_size < sizeof(kvx_idx_usage)) continue;
+        /* usage is advisory: a missing or damaged record only loses recency */
         kvx_idx_usage u;
-        memcpy(&u, v.mv_data, sizeof u);
-        if (u.gen != s->reg[b].gen) continue;
+        size_t nb = 0;
+        uint8_t *bits = malloc(65536 / 8 + 1);
+        if (!bits) continue;
+        if (kvx_idx_get_usage(txn, s->ix, b, &u, bits, 65536 / 8, &nb) != 0 || u.gen != s->reg[b].gen) {
+            free(bits);
+            continue;
+        }
         if (u.last_use_ns > uv[b].last_use) uv[b].last_use = u.last_use_ns;
-        size_t nb = (u.n_bits + 7) / 8;
-        if (v.mv_size == sizeof u + nb && nb) {
-            uv[b].bits = malloc(nb);
-            if (uv[b].bits) {
-                memcpy(uv[b].bits, (const uint8_t *)v.mv_data + sizeof u, nb);
-                uv[b].nbits = u.n_bits;
-            }
+        if (nb) {
+            uv[b].bits = bits;
+            uv[b].nbits = u.n_bits;
+        } else {
+            free(bits);
         }
     }
     kvx_idx_read_end(s->ix, txn);
@@ -897,8 +896,8 @@ static int st_parent_kept(kvx_store *s, MDB_txn *txn, uint64_t parent, const uin
     int rc = mdb_cursor_get(cur, &k, &v, MDB_SET);
     while (rc == 0) {
         kvx_idx_loc loc;
-        memcpy(&loc, v.mv_data, sizeof loc);
-        if (!victims[KVX_COORD_SHARD(loc.coord)]) {
+        uint64_t key;
+        if (kvx_idx_dec_loc(&k, &v, &key, &loc) == 0 && !victims[KVX_COORD_SHARD(loc.coord)]) {
             kept = 1;
             break;
         }

@@ -100,15 +100,26 @@
 #include <pthread.h>
 #include <sys/types.h>
 
+/* Record checksums (DESIGN.md rule 4: catalog records carry their own
+ * CRC-32C, so a damaged record is a reported error, never a delete or a
+ * wrong answer). Each crc field is the CRC-32C of the record (its key
+ * included where the record alone does not name it) computed with the
+ * field as 0, a result of 0 stored as 1. A crc of 0 marks a record written
+ * before the checksums (legacy: accepted unchecked; reindex rewrites it).
+ * The encoders (kvx_idx_add_block, kvx_idx_put_shard, kvx_idx_put_usage,
+ * kvx_idx_put_stats, kvx_idx_put_u64) fill it; the decoders and getters
+ * check it and answer MDB_CORRUPTED on a mismatch. */
 typedef struct kvx_idx_loc {
     uint32_t coord;
-    uint32_t zero; /* always 0: dups compare as bytes */
+    uint32_t crc; /* of (hash key, coord, gen); dups compare as bytes */
     uint64_t gen;
 } kvx_idx_loc;
 
 typedef struct kvx_idx_coord {
     uint64_t hash;
     uint64_t gen;
+    uint32_t crc; /* of (coordinate key, hash, gen); legacy records are 16 bytes */
+    uint32_t zero;
 } kvx_idx_coord;
 
 typedef struct kvx_idx_shard {
@@ -117,6 +128,8 @@ typedef struct kvx_idx_shard {
     uint64_t created_ns; /* CLOCK_REALTIME at publication */
     uint32_t n_entries;
     uint32_t flags; /* the shard's KVX header flags */
+    uint32_t crc;   /* of (byte key, record); legacy records are 32 bytes */
+    uint32_t zero;
 } kvx_idx_shard;
 
 typedef struct kvx_idx_usage {
@@ -124,7 +137,7 @@ typedef struct kvx_idx_usage {
     uint64_t last_use_ns;
     uint64_t hits;
     uint32_t n_bits; /* bitmap bytes follow: (n_bits + 7) / 8 */
-    uint32_t zero;
+    uint32_t crc;    /* of (byte key, header, bitmap) */
 } kvx_idx_usage;
 
 typedef struct kvx_idx_stats {
@@ -221,6 +234,14 @@ int kvx_idx_del_shard_blocks(MDB_txn *txn, kvx_index *ix, uint32_t b, uint64_t *
  * MDB_CORRUPTED (a key or record of the wrong size). */
 /* shards: u32 shard byte -> kvx_idx_shard */
 int kvx_idx_get_shard(MDB_txn *txn, const kvx_index *ix, uint32_t byte, kvx_idx_shard *out);
+/* Writes shard record byte (its crc filled in). */
+int kvx_idx_put_shard(MDB_txn *txn, kvx_index *ix, uint32_t byte, const kvx_idx_shard *rec);
+/* Writes usage record byte: hdr (crc filled in) then nbytes of bitmap. */
+int kvx_idx_put_usage(MDB_txn *txn, kvx_index *ix, uint32_t byte, const kvx_idx_usage *hdr, const uint8_t *bits,
+                      size_t nbytes);
+/* 1 when the hash database holds (hash -> coord, gen), 0 when not, or an
+ * LMDB error. */
+int kvx_idx_has_loc(MDB_txn *txn, kvx_index *ix, uint64_t hash, uint32_t coord, uint64_t gen);
 /* coord: u32 coordinate -> kvx_idx_coord */
 int kvx_idx_get_coord(MDB_txn *txn, const kvx_index *ix, uint32_t coord, kvx_idx_coord *out);
 /* usage: u32 shard byte -> kvx_idx_usage + bitmap. The bitmap's bytes

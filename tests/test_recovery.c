@@ -12,8 +12,11 @@
  *  - test_reindex_quarantines: reindex moves a shard with damaged metadata
  *    to quarantine/ (same bytes, a .why note, counted in stat), says so,
  *    and deletes nothing;
- *  - test_damaged_record_readonly: a corrupted shard record makes a reader
- *    miss, never delete;
+ *  - test_damaged_record_readonly: a damaged index record (shard, hash,
+ *    coordinate) fails its own CRC-32C: a reported error naming reindex,
+ *    never a delete or a wrong answer;
+ *  - test_legacy_records_open: an index written before record checksums
+ *    opens, serves, takes puts and verifies clean;
  *  - test_index_lost: index/ deleted or replaced by garbage: a reader
  *    names reindex, kvx_store_reindex_dir rebuilds it, every block served;
  *  - test_directories_where_files_belong: a directory in staging/ or
@@ -283,10 +286,10 @@ static void test_reindex_quarantines(void **state)
     assert_int_equal(access(q, F_OK), 0);
 }
 
-/* The first shard record's file_bytes, changed through LMDB itself (tests
- * may call LMDB directly): a damaged field that LMDB cannot notice. The
- * record is {u64 gen, u64 file_bytes, ...}. */
-static void corrupt_shard_record(const char *dir)
+/* The first record of database dbname, one byte of its value flipped at
+ * offset off, through LMDB itself (tests may call LMDB directly): damage
+ * LMDB cannot notice, which the record's own CRC-32C catches. */
+static void corrupt_record(const char *dir, const char *dbname, unsigned flags, size_t off)
 {
     char idx[400];
     snprintf(idx, sizeof idx, "%s/index", dir);
@@ -299,47 +302,192 @@ static void corrupt_shard_record(const char *dir)
     assert_int_equal(mdb_env_set_maxdbs(env, 16), 0);
     assert_int_equal(mdb_env_open(env, idx, 0, 0600), 0);
     assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
-    assert_int_equal(mdb_dbi_open(txn, "shards", MDB_INTEGERKEY, &dbi), 0);
+    assert_int_equal(mdb_dbi_open(txn, dbname, flags, &dbi), 0);
     assert_int_equal(mdb_cursor_open(txn, dbi, &cur), 0);
     assert_int_equal(mdb_cursor_get(cur, &k, &v, MDB_FIRST), 0);
     uint8_t rec[256];
-    assert_true(v.mv_size >= 16 && v.mv_size <= sizeof rec);
+    assert_true(v.mv_size > off && v.mv_size <= sizeof rec);
     memcpy(rec, v.mv_data, v.mv_size);
-    uint64_t size;
-    memcpy(&size, rec + 8, 8);
-    size += 12345;
-    memcpy(rec + 8, &size, 8);
+    rec[off] ^= 0x10;
     MDB_val nv = {v.mv_size, rec};
-    assert_int_equal(mdb_cursor_put(cur, &k, &nv, MDB_CURRENT), 0);
+    if (flags & MDB_DUPSORT) {
+        /* a dup's bytes are its identity: replace it */
+        assert_int_equal(mdb_cursor_del(cur, 0), 0);
+        assert_int_equal(mdb_put(txn, dbi, &k, &nv, 0), 0);
+    } else {
+        assert_int_equal(mdb_cursor_put(cur, &k, &nv, MDB_CURRENT), 0);
+    }
     mdb_cursor_close(cur);
     assert_int_equal(mdb_txn_commit(txn), 0);
     mdb_env_close(env);
 }
 
+/* A damaged index record is a reported error naming reindex: never a
+ * delete, never a wrong answer (DESIGN.md rule 4). */
 static void test_damaged_record_readonly(void **state)
 {
     (void)state;
+    /* the shard record's file_bytes (offset 8): the store will not open */
     char dir[300];
     kvx_store *s = make_store(dir, sizeof dir, 0);
     put_seq(s, 1, 4);
     kvx_store_close(s);
-    corrupt_shard_record(dir);
+    corrupt_record(dir, "shards", MDB_INTEGERKEY, 8);
     uint64_t fp = shards_fingerprint(dir);
-    for (int i = 0; i < 3; i++) {
-        assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
-        kvx_store_stats st;
-        assert_int_equal(kvx_store_stat(&st, s), 0);
-        assert_int_equal(su_served_prefix(s, 1, 4), 4);
-        kvx_store_close(s);
+    for (int writer = 0; writer < 2; writer++) {
+        assert_int_equal(kvx_store_open(&s, dir, NULL, writer ? 0 : KVX_STORE_READONLY), KVX_ECORRUPT);
+        assert_non_null(strstr(kvx_last_error(), "reindex"));
+        assert_true(shards_fingerprint(dir) == fp);
     }
+    assert_int_equal(kvx_store_reindex_dir(dir, 0), 0);
     assert_true(shards_fingerprint(dir) == fp);
-    /* a writer corrects the record from the file */
-    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
     assert_int_equal(su_served_prefix(s, 1, 4), 4);
-    uint64_t bad = 9;
-    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
+    kvx_store_close(s);
+
+    /* a hash record's generation (offset 8 of {coord, crc, gen}): the
+     * lookup reports it, the other records still answer */
+    s = make_store(dir, sizeof dir, 0);
+    put_seq(s, 1, 4);
+    kvx_store_close(s);
+    corrupt_record(dir, "hash", MDB_INTEGERKEY | MDB_DUPSORT | MDB_DUPFIXED, 8);
+    fp = shards_fingerprint(dir);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+    uint32_t t[4 * SU_B];
+    uint64_t h[4];
+    su_tokens(t, 1, 4, 0);
+    kvx_block_hashes(h, t, 4 * SU_B, SU_B);
+    int damaged = 0;
+    for (int i = 0; i < 4; i++) {
+        kvx_view v;
+        int rc = kvx_store_get_hash(&v, s, h[i]);
+        if (rc == KVX_ECORRUPT) {
+            damaged++;
+            assert_non_null(strstr(kvx_last_error(), "reindex"));
+        } else {
+            assert_int_equal(rc, 0);
+            kvx_view_release(&v);
+        }
+    }
+    assert_int_equal(damaged, 1);
+    kvx_view pv[4];
+    size_t n = 9;
+    int prc = kvx_store_prefix(pv, &n, s, t, 4 * SU_B, 4);
+    assert_true(prc == KVX_ECORRUPT || (prc == 0 && n < 4));
+    if (prc == 0) kvx_views_release(pv, n);
+    uint64_t bad = 0;
+    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), KVX_ECORRUPT);
     kvx_store_close(s);
     assert_true(shards_fingerprint(dir) == fp);
+    assert_int_equal(kvx_store_reindex_dir(dir, 0), 0);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+    assert_int_equal(su_served_prefix(s, 1, 4), 4);
+    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
+    kvx_store_close(s);
+
+    /* a coordinate record (its hash, offset 0): get by coordinate reports it */
+    s = make_store(dir, sizeof dir, 0);
+    put_seq(s, 1, 4);
+    kvx_store_close(s);
+    corrupt_record(dir, "coord", MDB_INTEGERKEY, 0);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    kvx_shard **sh;
+    size_t nsh;
+    assert_int_equal(kvx_store_shards(&sh, &nsh, s), 0);
+    assert_true(nsh >= 1);
+    kvx_entry e;
+    assert_int_equal(kvx_shard_entry(&e, sh[0], 0), 0);
+    for (size_t i = 0; i < nsh; i++) kvx_shard_close(sh[i]);
+    kvx_free(sh);
+    kvx_view v;
+    assert_int_equal(kvx_store_get(&v, s, e.coordinate), KVX_ECORRUPT);
+    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), KVX_ECORRUPT);
+    kvx_store_close(s);
+}
+
+/* Every record of an index rewritten in the form of the release before
+ * record checksums (shard 32 bytes, coordinate 16, hash and usage crc 0,
+ * next_gen 8, stats 48): such a store still opens, serves, takes puts and
+ * verifies clean. */
+static void legacy_rewrite(MDB_txn *txn, const char *name, unsigned flags, size_t keep, size_t crc_off)
+{
+    MDB_dbi dbi;
+    MDB_cursor *cur;
+    MDB_val k, v;
+    assert_int_equal(mdb_dbi_open(txn, name, flags, &dbi), 0);
+    assert_int_equal(mdb_cursor_open(txn, dbi, &cur), 0);
+    uint8_t keys[64][8], vals[64][256];
+    size_t klen[64], vlen[64], n = 0;
+    int rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+    while (rc == 0 && n < 64) {
+        memcpy(keys[n], k.mv_data, k.mv_size);
+        klen[n] = k.mv_size;
+        memcpy(vals[n], v.mv_data, v.mv_size);
+        vlen[n] = v.mv_size;
+        n++;
+        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+    }
+    mdb_cursor_close(cur);
+    assert_int_equal(mdb_drop(txn, dbi, 0), 0);
+    for (size_t i = 0; i < n; i++) {
+        if (crc_off != SIZE_MAX) memset(vals[i] + crc_off, 0, 4);
+        MDB_val nk = {klen[i], keys[i]}, nv = {keep ? keep : vlen[i], vals[i]};
+        assert_int_equal(mdb_put(txn, dbi, &nk, &nv, 0), 0);
+    }
+}
+
+static void test_legacy_records_open(void **state)
+{
+    (void)state;
+    char dir[300], idx[400];
+    kvx_store *s = make_store(dir, sizeof dir, 0);
+    put_seq(s, 1, 4);
+    put_seq(s, 2, 3);
+    kvx_store_close(s);
+    snprintf(idx, sizeof idx, "%s/index", dir);
+    MDB_env *env;
+    MDB_txn *txn;
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_maxdbs(env, 16), 0);
+    assert_int_equal(mdb_env_open(env, idx, 0, 0600), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    legacy_rewrite(txn, "shards", MDB_INTEGERKEY, 32, SIZE_MAX);
+    legacy_rewrite(txn, "coord", MDB_INTEGERKEY, 16, SIZE_MAX);
+    legacy_rewrite(txn, "hash", MDB_INTEGERKEY | MDB_DUPSORT | MDB_DUPFIXED, 0, 4);
+    legacy_rewrite(txn, "usage", MDB_INTEGERKEY, 0, 28);
+    legacy_rewrite(txn, "meta", 0, 0, SIZE_MAX);
+    MDB_dbi meta;
+    assert_int_equal(mdb_dbi_open(txn, "meta", 0, &meta), 0);
+    MDB_val k = {8, "next_gen"}, v;
+    assert_int_equal(mdb_get(txn, meta, &k, &v), 0);
+    uint64_t ng;
+    memcpy(&ng, v.mv_data, 8);
+    MDB_val nv = {8, &ng};
+    assert_int_equal(mdb_put(txn, meta, &k, &nv, 0), 0);
+    MDB_val sk = {5, "stats"};
+    assert_int_equal(mdb_get(txn, meta, &sk, &v), 0);
+    uint8_t st48[48];
+    memcpy(st48, v.mv_data, 48);
+    MDB_val sv = {48, st48};
+    assert_int_equal(mdb_put(txn, meta, &sk, &sv, 0), 0);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    for (int writer = 0; writer < 2; writer++) {
+        assert_int_equal(kvx_store_open(&s, dir, NULL, writer ? 0 : KVX_STORE_READONLY), 0);
+        assert_int_equal(su_served_prefix(s, 1, 4), 4);
+        assert_int_equal(su_served_prefix(s, 2, 3), 3);
+        uint64_t bad = 9;
+        assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
+        if (writer) {
+            put_seq(s, 3, 2);
+            assert_int_equal(su_served_prefix(s, 3, 2), 2);
+            assert_int_equal(kvx_store_gc(s), 0);
+            assert_int_equal(su_served_prefix(s, 1, 4), 4);
+        }
+        kvx_store_close(s);
+    }
 }
 
 static void test_index_lost(void **state)
@@ -623,6 +771,7 @@ int main(void)
         cmocka_unit_test(test_stale_index_adopts),
         cmocka_unit_test(test_reindex_quarantines),
         cmocka_unit_test(test_damaged_record_readonly),
+        cmocka_unit_test(test_legacy_records_open),
         cmocka_unit_test(test_index_lost),
         cmocka_unit_test(test_directories_where_files_belong),
         cmocka_unit_test(test_generation_never_reused),
