@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +80,43 @@ static const char *open_hint(int rc, const char *dir, char *buf, size_t cap)
         return NULL;
     }
     return buf;
+}
+
+/* An output inside the store directory would replace a file the store
+ * owns (a shard, STORE, the index): refused, whatever its type. Walks up
+ * from the output's directory comparing (dev, inode) with DIR's. */
+static int out_inside_store(const cli_cmd *self, const char *out, const char *dir)
+{
+    if (!out || !strcmp(out, "-")) return 0;
+    struct stat ds;
+    if (stat(dir, &ds) != 0) return 0; /* opening the store will say why */
+    char *p = strdup(out);
+    if (!p) {
+        cli_fail(self, "out of memory");
+        return 1;
+    }
+    char *slash = strrchr(p, '/');
+    char parent[4096];
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else if (slash == p) snprintf(parent, sizeof parent, "/");
+    else {
+        *slash = 0;
+        snprintf(parent, sizeof parent, "%s", p);
+    }
+    free(p);
+    char real[PATH_MAX];
+    if (!realpath(parent, real)) return 0; /* the output's own checks report it */
+    for (;;) {
+        struct stat st;
+        if (stat(real, &st) == 0 && st.st_dev == ds.st_dev && st.st_ino == ds.st_ino) {
+            cli_fail(self, "'%s' lies inside the store '%s': an output never replaces the store's own files", out, dir);
+            return 1;
+        }
+        char *cut = strrchr(real, '/');
+        if (!cut || cut == real) break;
+        *cut = 0;
+    }
+    return 0;
 }
 
 static int open_store(const cli_cmd *self, kvx_store **out, const char *dir, uint32_t flags)
@@ -516,7 +554,7 @@ static int run_get(const cli_cmd *self, int argc, char **argv)
     }
     /* The output first: one that will be refused fails before any work. */
     cli_out o;
-    if (cli_out_open(self, &o, out, 0) != CLI_OK) {
+    if (out_inside_store(self, out, dir) || cli_out_open(self, &o, out, 0) != CLI_OK) {
         free(toks);
         free(hashes);
         return CLI_FAIL;
@@ -681,7 +719,7 @@ static int run_prefix(const cli_cmd *self, int argc, char **argv)
         toks[i] = (uint32_t)t;
     }
     cli_out o;
-    if (out && cli_out_open(self, &o, out, 0) != CLI_OK) {
+    if (out && (out_inside_store(self, out, dir) || cli_out_open(self, &o, out, 0) != CLI_OK)) {
         free(toks);
         return CLI_FAIL;
     }

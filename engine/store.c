@@ -785,9 +785,9 @@ static int st_get_by_hash(kvx_store *s, MDB_txn *txn, uint64_t hash, kvx_view *o
     if (rc) return kvx_idx_err(rc, "open hash cursor");
     /* copies of one block (a carried or adopted duplicate) share its
      * digest: only distinct digests are distinct blocks */
-    size_t verified = 0, unverified = 0;
+    size_t verified = 0, unverified = 0, npick = 0;
     uint8_t first[KVX_DIGEST_BYTES], d[KVX_DIGEST_BYTES];
-    kvx_idx_loc pick = {0, 0, 0};
+    kvx_idx_loc pick[8]; /* copies of the block, tried in order */
     rc = mdb_cursor_get(cur, &k, &v, MDB_SET);
     while (rc == 0) {
         kvx_idx_loc loc;
@@ -800,11 +800,13 @@ static int st_get_by_hash(kvx_store *s, MDB_txn *txn, uint64_t hash, kvx_view *o
         if (st_try_loc(s, &loc, &q, NULL, NULL, d, 0) == 0) {
             int ver = !kvx_digest_is_zero(d);
             if (ver && verified == 0) {
-                pick = loc;
+                pick[npick++] = loc;
                 memcpy(first, d, sizeof first);
                 verified = 1;
             } else if (ver && memcmp(first, d, sizeof d) != 0) {
                 verified++;
+            } else if (ver && npick < sizeof pick / sizeof pick[0]) {
+                pick[npick++] = loc; /* another copy of the same block */
             }
             unverified += !ver;
         }
@@ -819,7 +821,15 @@ static int st_get_by_hash(kvx_store *s, MDB_txn *txn, uint64_t hash, kvx_view *o
         return kvx_fail(KVX_EUNVERIFIED, "store: block %016llx is held only unverified (stored without its tokens)",
                         (unsigned long long)hash);
     if (verified == 0) return kvx_fail(KVX_ENOTFOUND, "store: no block with hash %016llx", (unsigned long long)hash);
-    return st_try_loc(s, &pick, &q, out, NULL, NULL, 1);
+    /* the first copy whose page passes its CRC; damage only if none does */
+    int rc2 = KVX_ENOTFOUND;
+    for (size_t i = 0; i < npick; i++) {
+        rc2 = st_try_loc(s, &pick[i], &q, out, NULL, NULL, 1);
+        if (rc2 != KVX_EPAGECRC && rc2 != KVX_ETRUNC && rc2 != KVX_ENOTFOUND) break;
+    }
+    return rc2 == KVX_ENOTFOUND
+               ? kvx_fail(KVX_ENOTFOUND, "store: no block with hash %016llx", (unsigned long long)hash)
+               : rc2;
 }
 
 /* Batched usage: referenced entries and last use per shard, hit/miss

@@ -332,12 +332,30 @@ static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
     }
     if (rc == 0) {
         uint32_t b = kvx_shard_get_info(sh)->shard_id;
-        if ((s->reg_live[b] && !f->drop[b]) || f->adopt[b]) {
-            uint64_t holder = f->adopt[b] ? f->adopted[b].gen : s->reg[b].gen;
-            snprintf(why, sizeof why, "valid, but shard byte %u is held by shards/%016" PRIx64 ".kvx", b, holder);
+        int held = (s->reg_live[b] && !f->drop[b]) || f->adopt[b];
+        uint64_t holder = f->adopt[b] ? f->adopted[b].gen : s->reg[b].gen;
+        if (held && holder > gen) {
+            /* two valid files claim one shard byte: the newer generation
+             * holds it (as reindex decides); the older goes aside */
+            snprintf(why, sizeof why, "valid, but shard byte %u is held by the newer shards/%016" PRIx64 ".kvx", b,
+                     holder);
             kvx_shard_close(sh);
             rc = 1;
         } else {
+            char older[32], owhy[512];
+            if (held) {
+                snprintf(owhy, sizeof owhy, "valid, but shard byte %u is claimed by the newer shards/%s", b, name);
+                if (f->adopt[b]) { /* an older unregistered claimant: aside now */
+                    st_shard_name(older, f->adopted[b].gen);
+                    kvx_shard_close(f->adopt_sh[b]);
+                    f->adopt_sh[b] = NULL;
+                    f->adopt[b] = 0;
+                    if (st_quarantine(s, older, owhy) != 0) c->err = 1;
+                } else { /* the registered holder: its records go, its file aside after the commit */
+                    f->drop[b] = 2;
+                    snprintf(c->why[b], sizeof c->why[b], "%s", owhy);
+                }
+            }
             const kvx_shard_info *in = kvx_shard_get_info(sh);
             st_sealed x = {(uint8_t)b, gen, in->flags, in->num_blocks, (uint64_t)st.st_size, st_now_ns()};
             f->adopt[b] = 1;

@@ -26,6 +26,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* A maintenance pass that could not see every shard and changed nothing. */
+#define ST_PASS_SKIPPED 1
+
 /* ------------------------------------------------------------ pending set */
 
 static size_t st_hslot(uint64_t h, size_t n) { return (size_t)((h * 0x9E3779B97F4A7C15ull) >> 20) & (n - 1); }
@@ -1455,7 +1458,13 @@ static int st_derive_digests(kvx_store *s)
     uint32_t B = s->g.block_tokens;
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
         if (!s->reg_live[b] || !(s->reg[b].flags & KVX_FLAG_LINEAGE)) continue;
-        if (!(sh[b] = st_shard_get(s, b, s->reg[b].gen))) continue;
+        if (!(sh[b] = st_shard_get(s, b, s->reg[b].gen))) {
+            /* a lineage shard that cannot be opened now may hold parents:
+             * judging reachability (or digests) without it would drop or
+             * leave unverified blocks that are fine. Try again later. */
+            rc = ST_PASS_SKIPPED;
+            break;
+        }
         uint32_t cnt = kvx_shard_get_info(sh[b])->num_blocks;
         for (uint32_t i = 0; i < cnt; i++) {
             kvx_entry e;
@@ -1502,6 +1511,12 @@ static int st_derive_digests(kvx_store *s)
                 changed = 1;
             }
         }
+    }
+    if (rc == ST_PASS_SKIPPED) {
+        for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(sh[b]);
+        free(all);
+        kvx_fail(KVX_ECORRUPT, "store %s: a shard could not be opened: digests not derived (run reindex again)", s->dir);
+        return 0;
     }
     /* rewrite each older, sound shard with the digests found */
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
@@ -1675,7 +1690,13 @@ static int st_drop_headless(kvx_store *s)
     uint32_t B = s->g.block_tokens;
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
         if (!s->reg_live[b] || !(s->reg[b].flags & KVX_FLAG_LINEAGE)) continue;
-        if (!(sh[b] = st_shard_get(s, b, s->reg[b].gen))) continue;
+        if (!(sh[b] = st_shard_get(s, b, s->reg[b].gen))) {
+            /* a lineage shard that cannot be opened now may hold parents:
+             * judging reachability (or digests) without it would drop or
+             * leave unverified blocks that are fine. Try again later. */
+            rc = ST_PASS_SKIPPED;
+            break;
+        }
         uint32_t cnt = kvx_shard_get_info(sh[b])->num_blocks;
         for (uint32_t i = 0; i < cnt && !rc; i++) {
             kvx_entry e;
@@ -1723,6 +1744,11 @@ static int st_drop_headless(kvx_store *s)
                 }
             }
         }
+    }
+    if (rc == ST_PASS_SKIPPED) {
+        for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(sh[b]);
+        free(all);
+        return 0; /* nothing dropped: the next gc tries again */
     }
     uint8_t *keep[ST_SLOTS] = {0};
     uint8_t headless[ST_SLOTS] = {0};

@@ -1,25 +1,25 @@
 /*
  * test_attack.c - a hostile review of DESIGN.md "Trust rules (binding)"
- * 1-5, each finding turned into a test. Tests named test_defect_* FAIL
- * on the code they were written against (each comment names the rule,
- * the code and the fix); the others pass and cover what no other test
- * does.
+ * 1-5, each finding turned into a test. Tests named test_regress_* failed
+ * on the code they were written against and pass since the fixes (each
+ * comment names the rule, the code and the fix); the others passed from
+ * the start and cover what no other test does.
  *
- * Defects (fail now):
- *  - test_defect_gc_headless_transient_parent (rule 2): gc drops, and
+ * Defects found (fixed):
+ *  - test_regress_gc_headless_transient_parent (rule 2): gc drops, and
  *    deletes for good, acknowledged blocks whose parent lives in a shard
  *    that could not be opened at that moment (EMFILE, EIO, ENOMEM...):
  *    st_drop_headless (engine/store_write.c) skips an unopenable shard and
  *    then calls its children "headless";
- *  - test_defect_stale_index_newer_claimant (rule 2): when a stale index
+ *  - test_regress_stale_index_newer_claimant (rule 2): when a stale index
  *    names an older file for a shard byte and a newer valid file claims
  *    the same byte, a writer's recovery (st_adopt_file,
  *    engine/store_recover.c) quarantines the NEWER file and keeps serving
  *    the stale one; the rule (and reindex) keep the newer;
- *  - test_defect_cli_output_inside_store (rules 2, 5): 'kvx store get -o'
+ *  - test_regress_cli_output_inside_store (rules 2, 5): 'kvx store get -o'
  *    and 'kvx store prefix -o' replace a file inside the store itself
  *    (a shard, STORE): one typo destroys acknowledged blocks or the store;
- *  - test_defect_get_hash_skips_good_copy (rule 1 availability): get by
+ *  - test_regress_get_hash_skips_good_copy (rule 1 availability): get by
  *    hash picks the first copy of a block and answers KVX_EPAGECRC when
  *    that copy is damaged although an identical good copy is held (the
  *    prefix lookup serves the good one).
@@ -184,7 +184,7 @@ static int open_emfile(const char *p, int fl, mode_t m)
  * skip the headless pass entirely (or count unknown parents as
  * reachable): only a shard judged bad may make a chain headless.
  */
-static void test_defect_gc_headless_transient_parent(void **state)
+static void test_regress_gc_headless_transient_parent(void **state)
 {
     (void)state;
     char dir[300];
@@ -250,7 +250,7 @@ static void test_defect_gc_headless_transient_parent(void **state)
  * does for reindex; better, carry the older file's blocks into a free
  * byte so both are served.
  */
-static void test_defect_stale_index_newer_claimant(void **state)
+static void test_regress_stale_index_newer_claimant(void **state)
 {
     (void)state;
     char p[300], q[300];
@@ -333,7 +333,7 @@ static int run_cli(const char *args)
  * lies under DIR (compare st_dev/st_ino up the parent chain against DIR's),
  * and refuse an output that is the same inode as any file of DIR.
  */
-static void test_defect_cli_output_inside_store(void **state)
+static void test_regress_cli_output_inside_store(void **state)
 {
     (void)state;
     char dir[300];
@@ -416,7 +416,7 @@ static int view_is(const kvx_view *v, uint64_t hash)
  * digest equals `first` in turn (as st_lookup_hc does) and return
  * KVX_EPAGECRC/KVX_ETRUNC only when none of them passes.
  */
-static void test_defect_get_hash_skips_good_copy(void **state)
+static void test_regress_get_hash_skips_good_copy(void **state)
 {
     (void)state;
     char dir[300];
@@ -902,10 +902,10 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defect_gc_headless_transient_parent),
-        cmocka_unit_test(test_defect_stale_index_newer_claimant),
-        cmocka_unit_test(test_defect_cli_output_inside_store),
-        cmocka_unit_test(test_defect_get_hash_skips_good_copy),
+        cmocka_unit_test(test_regress_gc_headless_transient_parent),
+        cmocka_unit_test(test_regress_stale_index_newer_claimant),
+        cmocka_unit_test(test_regress_cli_output_inside_store),
+        cmocka_unit_test(test_regress_get_hash_skips_good_copy),
         cmocka_unit_test(test_reader_changes_nothing),
         cmocka_unit_test(test_reindex_dir_busy_and_crash),
         cmocka_unit_test(test_odd_geometries_and_inputs),
