@@ -15,6 +15,8 @@
  *    exported; the prefix ends before it and names it;
  *  - test_missing_page: a shard whose last page was cut off opens, serves
  *    its other pages, and never the missing one;
+ *  - test_bad_scale_refused_by_every_store: a v2 envelope whose scale is
+ *    NaN, inf, 0 or negative is refused by fp16, e4m3 and e5m2 stores;
  *  - test_pre_digest_store: shards without a digest table (older stores)
  *    are unverified until reindex derives their digests by lineage; a
  *    block with two candidate parents stays unverified.
@@ -25,6 +27,7 @@
 #include <cmocka.h>
 
 #include <fcntl.h>
+#include <math.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -475,6 +478,55 @@ static void test_pre_digest_store(void **state)
     free(pages);
 }
 
+/* A v2 envelope with a scale that is not finite and > 0 is refused by every
+ * store, whatever its quant (it was stored by fp16 and e5m2 stores). */
+static void test_bad_scale_refused_by_every_store(void **state)
+{
+    (void)state;
+    static const uint32_t quants[3] = {KVX_QUANT_FP16, KVX_QUANT_E4M3, KVX_QUANT_E5M2};
+    const float bad[4] = {NAN, INFINITY, 0.0f, -1.0f};
+    for (int qi = 0; qi < 3; qi++) {
+        for (int bi = 0; bi < 4; bi++) {
+            char dir[300];
+            snprintf(dir, sizeof dir, "%s/scale%d%d", root, qi, bi);
+            kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+            o.geometry = su_geometry();
+            o.geometry.quant = quants[qi];
+            o.capacity_bytes = 16 << 20;
+            o.shard_bytes = 256 << 10;
+            kvx_store *s;
+            assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+            kvx_geometry g = su_geometry();
+            uint32_t t[SU_B];
+            su_tokens(t, 3, 1, 0);
+            uint64_t h = kvx_block_hash(0, t, SU_B);
+            uint8_t e4[2 * 1 * SU_B * 4];
+            memset(e4, 0x38, sizeof e4);
+            float sc[2] = {1.0f, 1.0f};
+            kvx_envelope_block_in in = {h, SU_B, e4, sc};
+            size_t len;
+            assert_int_equal(kvx_envelope_size(&len, 2, &g, 1), 0);
+            uint8_t *env = malloc(len);
+            assert_int_equal(kvx_envelope_export(env, len, 2, &g, &in, 1), 0);
+            /* the scale written in place and the CRC made valid again, as
+             * a careless or hostile writer would */
+            size_t P = kvx_envelope_payload_bytes(2, &g);
+            memcpy(env + 28 + 12 + P - 8, &bad[bi], 4);
+            uint32_t crc = kvx_crc32c(0, env, len - 4);
+            memcpy(env + len - 4, &crc, 4);
+            size_t added = 9;
+            assert_int_equal(kvx_store_put_envelope(s, env, len, t, SU_B, &added), KVX_EFORMAT);
+            assert_int_equal(added, 0);
+            assert_non_null(strstr(kvx_last_error(), "scale"));
+            kvx_store_stats st;
+            assert_int_equal(kvx_store_stat(&st, s), 0);
+            assert_int_equal(st.pending_blocks, 0);
+            free(env);
+            kvx_store_close(s);
+        }
+    }
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -497,6 +549,7 @@ int main(void)
         cmocka_unit_test(test_rotten_page),
         cmocka_unit_test(test_missing_page),
         cmocka_unit_test(test_pre_digest_store),
+        cmocka_unit_test(test_bad_scale_refused_by_every_store),
         cmocka_unit_test(test_collision_b2),
         cmocka_unit_test(test_collision_b16),
     };
