@@ -1166,6 +1166,9 @@ KVX_API int kvx_views_export(void **out_buf, size_t *out_len, kvx_store *s, cons
             vg->block_tokens != g->block_tokens || vg->quant != g->quant ||
             views[i].page_bytes != kvx_page_bytes(g, views[i].token_count))
             return kvx_fail(KVX_ESHAPE, "kvx_views_export: view %zu comes from a shard of another geometry", i);
+        if (vg->model_signature != g->model_signature)
+            return kvx_fail(KVX_EMODEL, "kvx_views_export: view %zu holds KV of model %016llx, this store's is %016llx", i,
+                            (unsigned long long)vg->model_signature, (unsigned long long)g->model_signature);
         if ((rc = kvx_shard_page(&page, views[i].shard, views[i].entry, 1)))
             return kvx_fail(rc, "export: block %016llx (coordinate 0x%08x): %s", (unsigned long long)views[i].hash,
                             views[i].coordinate, rc == KVX_EPAGECRC ? "page CRC mismatch" : kvx_strerror(rc));
@@ -1228,7 +1231,7 @@ KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s)
             }
             out->shards++;
             out->bytes += rec.file_bytes;
-            if (!(rec.flags & KVX_FLAG_DIGEST)) out->unverified += rec.n_entries;
+            out->unverified += (rec.flags & KVX_FLAG_DIGEST) ? rec.n_unverified : rec.n_entries;
             r = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
         }
         mdb_cursor_close(cur);

@@ -63,7 +63,8 @@ typedef struct st_open {
     uint8_t byte;
     uint64_t gen;
     uint32_t flags;
-    uint32_t cap; /* entries reserved in its tables */
+    uint32_t cap;  /* entries reserved in its tables */
+    uint32_t nunv; /* entries added without a digest (unverified) */
 } st_open;
 
 typedef struct st_sealed {
@@ -72,6 +73,7 @@ typedef struct st_sealed {
     uint32_t flags, n;
     uint64_t bytes;
     uint64_t last_use; /* for the usage record (compaction keeps the max) */
+    uint32_t nunv;     /* entries without a digest */
 } st_sealed;
 
 struct kvx_store {
@@ -184,6 +186,8 @@ int st_quarantine(kvx_store *s, const char *name, const char *why);
 int st_gen_floor(kvx_store *s);
 /* Files in quarantine/ (not counting .why notes). */
 uint64_t st_quarantine_count(kvx_store *s);
+/* Entries of sh with a hash but no prefix digest (unverified). */
+uint32_t st_count_unverified(const kvx_shard *sh);
 /* st_register: a shard record and its empty usage record (in txn). */
 int st_register(MDB_txn *txn, kvx_index *ix, const st_sealed *x);
 

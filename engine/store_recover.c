@@ -79,6 +79,14 @@ int st_quarantine(kvx_store *s, const char *name, const char *why)
             rc = -ENAMETOOLONG;
             break;
         }
+        /* a name whose note is taken too is taken: the first reason stays */
+        char wn[340];
+        struct stat wst;
+        snprintf(wn, sizeof wn, "%s.why", target);
+        if (fstatat(qfd, wn, &wst, AT_SYMLINK_NOFOLLOW) == 0) {
+            rc = -EEXIST;
+            continue;
+        }
         rc = kvx_os.rename_noreplace(from, to) == 0 ? 0 : -errno;
     }
     if (rc) {
@@ -88,7 +96,8 @@ int st_quarantine(kvx_store *s, const char *name, const char *why)
     /* the reason, beside it (advisory: the move itself is what matters) */
     char note[340];
     snprintf(note, sizeof note, "%s.why", target);
-    int fd = kvx_os.openat(qfd, note, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    /* never replacing or blocking on what is there (a FIFO, someone's file) */
+    int fd = kvx_os.openat(qfd, note, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
     if (fd >= 0) {
         char text[1200];
         int len = snprintf(text, sizeof text, "shards/%s: %s\n", name, why);
@@ -357,7 +366,8 @@ static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
                 }
             }
             const kvx_shard_info *in = kvx_shard_get_info(sh);
-            st_sealed x = {(uint8_t)b, gen, in->flags, in->num_blocks, (uint64_t)st.st_size, st_now_ns()};
+            st_sealed x = {(uint8_t)b, gen, in->flags, in->num_blocks, (uint64_t)st.st_size, st_now_ns(),
+                           st_count_unverified(sh)};
             f->adopt[b] = 1;
             f->adopted[b] = x;
             f->adopt_sh[b] = sh;

@@ -26,6 +26,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+uint32_t st_count_unverified(const kvx_shard *sh)
+{
+    uint32_t n = 0, cnt = kvx_shard_get_info(sh)->num_blocks;
+    for (uint32_t i = 0; i < cnt; i++) {
+        kvx_entry e;
+        if (kvx_shard_entry(&e, sh, i) == 0 && e.hash && !e.digest) n++;
+    }
+    return n;
+}
+
 /* A maintenance pass that could not see every shard and changed nothing. */
 #define ST_PASS_SKIPPED 1
 
@@ -205,6 +215,7 @@ static int st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, s
     o->gen = gen;
     o->flags = flags;
     o->cap = reserve;
+    o->nunv = 0;
     return 0;
 }
 
@@ -230,6 +241,7 @@ static int st_writer_seal(kvx_store *s, st_open *o, st_sealed *out)
     out->n = n;
     out->bytes = (uint64_t)st.st_size;
     out->last_use = st_now_ns();
+    out->nunv = o->nunv;
     return 0;
 }
 
@@ -319,6 +331,7 @@ static int st_put_one(kvx_store *s, int kind, const st_query *q, const void *pag
     e.digest = kind == ST_KIND_LINEAGE ? q->digest : NULL;
     e.scales = s->g.quant != KVX_QUANT_FP16 ? scales : NULL;
     if ((rc = kvx_shard_writer_add(o->w, &e))) return rc;
+    if (!e.digest) o->nunv++;
     st_query pq = *q;
     if (kind != ST_KIND_LINEAGE) pq.toks = NULL, pq.digest = NULL;
     if ((rc = st_pending_add(s, &pq, KVX_COORD(o->byte, idx, 0), kind, o->gen))) return rc;
@@ -527,7 +540,7 @@ typedef struct st_publish {
 int st_register(MDB_txn *txn, kvx_index *ix, const st_sealed *x)
 {
     uint32_t b = x->byte;
-    kvx_idx_shard rec = {x->gen, x->bytes, st_now_ns(), x->n, x->flags, 0, 0};
+    kvx_idx_shard rec = {x->gen, x->bytes, st_now_ns(), x->n, x->flags, 0, x->nunv};
     int rc = kvx_idx_put_shard(txn, ix, b, &rec);
     if (rc) return rc;
     size_t nbytes = (x->n + 7) / 8;
@@ -553,7 +566,7 @@ static int st_publish_body(MDB_txn *txn, void *ctx)
 
 static void st_mirror_add(kvx_store *s, const st_sealed *x)
 {
-    kvx_idx_shard rec = {x->gen, x->bytes, st_now_ns(), x->n, x->flags, 0, 0};
+    kvx_idx_shard rec = {x->gen, x->bytes, st_now_ns(), x->n, x->flags, 0, x->nunv};
     s->reg[x->byte] = rec;
     s->reg_live[x->byte] = 1;
 }
@@ -801,6 +814,7 @@ static int st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8
         rc = kvx_shard_writer_add(o.w, &in);
         kvx_shard_close(sh);
         if (rc) break;
+        if (!in.digest) o.nunv++;
         m->new_coord = KVX_COORD(o.byte, ni, 0);
         m->new_gen = o.gen;
         if (m->last_use > last_use) last_use = m->last_use;
@@ -1383,7 +1397,7 @@ static int st_reindex_body(MDB_txn *txn, void *ctx)
         st_found *f = &r->sc->f[b];
         if (!f->sh) continue;
         const kvx_shard_info *in = kvx_shard_get_info(f->sh);
-        st_sealed x = {(uint8_t)b, f->gen, in->flags, in->num_blocks, f->bytes, st_now_ns()};
+        st_sealed x = {(uint8_t)b, f->gen, in->flags, in->num_blocks, f->bytes, st_now_ns(), st_count_unverified(f->sh)};
         if ((rc = st_register(txn, ix, &x))) return rc;
         for (uint32_t i = 0; i < in->num_blocks; i++) {
             kvx_entry e;
@@ -1407,6 +1421,7 @@ typedef struct st_lin {
     const uint32_t *toks;
     uint8_t digest[KVX_DIGEST_BYTES];
     int state; /* 0 unknown, 1 known, 2 ambiguous (stays unverified) */
+    int stored; /* the shard holds the digest already */
 } st_lin;
 
 static int st_cmp_lin(const void *a, const void *b)
@@ -1447,9 +1462,13 @@ static int st_parent_digest(const st_lin *all, size_t n, uint64_t parent, const 
  * shard only: a damaged one stays as it is, unverified). */
 static int st_derive_digests(kvx_store *s)
 {
+    /* shards written before the digest, and digest shards holding blocks
+     * without one (a rewrite by gc or eviction carries a block's missing
+     * digest as it is) */
     int need = 0;
     for (int b = 0; b < ST_SLOTS; b++)
-        need |= s->reg_live[b] && (s->reg[b].flags & KVX_FLAG_LINEAGE) && !(s->reg[b].flags & KVX_FLAG_DIGEST);
+        need |= s->reg_live[b] && (s->reg[b].flags & KVX_FLAG_LINEAGE) &&
+                (!(s->reg[b].flags & KVX_FLAG_DIGEST) || s->reg[b].n_unverified);
     if (!need) return 0;
     kvx_shard *sh[ST_SLOTS] = {0};
     size_t n = 0, cap = 0;
@@ -1488,6 +1507,7 @@ static int st_derive_digests(kvx_store *s)
             if (e.digest) {
                 memcpy(l->digest, e.digest, KVX_DIGEST_BYTES);
                 l->state = 1;
+                l->stored = 1;
             } else if (e.parent == 0) {
                 kvx_prefix_digest_next(l->digest, NULL, e.tokens, B);
                 l->state = 1;
@@ -1518,9 +1538,11 @@ static int st_derive_digests(kvx_store *s)
         kvx_fail(KVX_ECORRUPT, "store %s: a shard could not be opened: digests not derived (run reindex again)", s->dir);
         return 0;
     }
-    /* rewrite each older, sound shard with the digests found */
+    /* rewrite each sound shard that gains a digest */
+    uint8_t gains[ST_SLOTS] = {0};
+    for (size_t i = 0; i < n; i++) gains[all[i].b] |= all[i].state == 1 && !all[i].stored;
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
-        if (!sh[b] || (s->reg[b].flags & KVX_FLAG_DIGEST)) continue;
+        if (!sh[b] || !gains[b]) continue;
         char why[600];
         if (st_sound(s, b, s->reg[b].gen, why, sizeof why) != 1) continue;
         st_move *mv = NULL;

@@ -90,7 +90,8 @@ KVX_API const char *kvx_version(void);
     XX(EPATH, -30029, "path escapes the store directory")                          \
     XX(ECANCELED, -30030, "operation canceled")                                    \
     XX(EAMBIGUOUS, -30031, "several verified blocks share the hash: give tokens to pick one") \
-    XX(EUNVERIFIED, -30032, "the block is held only unverified (stored without its tokens)")
+    XX(EUNVERIFIED, -30032, "the block is held only unverified (stored without its tokens)") \
+    XX(ESTALE, -30033, "the store's index was rebuilt since this handle opened it: open the store again")
 
 typedef enum kvx_error {
     KVX_OK = 0,

@@ -942,11 +942,17 @@ int kvx_idx_open(kvx_index **out, const char *path, int create, int nosync)
 {
     *out = NULL;
     pthread_once(&atfork_once, idx_atfork_setup);
-    struct stat st;
+    struct stat st, dbst;
     if (stat(path, &st) != 0) return kvx_fail(-errno, "index: stat %s: %s", path, strerror(errno));
+    char dbpath[4200];
+    snprintf(dbpath, sizeof dbpath, "%s/data.mdb", path);
+    int have_db = stat(dbpath, &dbst) == 0;
     pthread_mutex_lock(&registry_mu);
     for (kvx_index *p = registry; p; p = p->next) {
-        if (p->dev == st.st_dev && p->ino == st.st_ino) {
+        /* the same directory and the same data.mdb: a replaced index (or a
+         * directory inode reused after one was removed) gets its own env */
+        if (p->dev == st.st_dev && p->ino == st.st_ino && have_db && p->db_dev == dbst.st_dev &&
+            p->db_ino == dbst.st_ino) {
             p->refs++;
             pthread_mutex_unlock(&registry_mu);
             *out = p;
@@ -993,6 +999,12 @@ int kvx_idx_open(kvx_index **out, const char *path, int create, int nosync)
     if (!ix->nolock) {
         int dead = 0;
         mdb_reader_check(ix->env, &dead); /* clear slots of dead processes */
+    }
+    int envfd = -1;
+    struct stat est;
+    if (mdb_env_get_fd(ix->env, &envfd) == 0 && envfd >= 0 && fstat(envfd, &est) == 0) {
+        ix->db_dev = est.st_dev;
+        ix->db_ino = est.st_ino;
     }
     if ((rc = idx_check_tree(ix))) goto fail;
     if ((rc = idx_open_dbs(ix, create && !ix->rdonly_env))) goto fail;
@@ -1050,10 +1062,32 @@ static int idx_poisoned(kvx_index *ix)
                                "truncated); this process no longer trusts it");
 }
 
+/* Has index/data.mdb been replaced (kvx_store_reindex_dir) since this
+ * environment opened it? Checked at most every 100 ms (one stat). */
+static int idx_stale(kvx_index *ix)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    int64_t now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    if (now < ix->next_check_ns || !ix->db_ino) return 0;
+    ix->next_check_ns = now + 100000000;
+    char dbpath[4200];
+    struct stat st;
+    snprintf(dbpath, sizeof dbpath, "%s/data.mdb", ix->path);
+    if (stat(dbpath, &st) != 0 || st.st_dev != ix->db_dev || st.st_ino != ix->db_ino) {
+        ix->next_check_ns = 0; /* stays stale: every later call says so */
+        return kvx_fail(KVX_ESTALE, "store %s: the index was rebuilt (kvx store reindex) since this handle opened it: "
+                                    "close the store and open it again",
+                        ix->store);
+    }
+    return 0;
+}
+
 int kvx_idx_read_begin(kvx_index *ix, MDB_txn **out)
 {
     int rc = idx_poisoned(ix);
     if (rc) return rc;
+    if ((rc = idx_stale(ix))) return rc;
     for (int attempt = 0; attempt < 4; attempt++) {
         pthread_rwlock_rdlock(&ix->resize);
         MDB_txn *txn = NULL;
@@ -1421,7 +1455,6 @@ int kvx_idx_put_shard(MDB_txn *txn, kvx_index *ix, uint32_t byte, const kvx_idx_
 {
     kvx_idx_shard r = *rec;
     r.crc = 0;
-    r.zero = 0;
     r.crc = idx_crc(&byte, 4, &r, sizeof r);
     MDB_val k = {4, &byte}, v = {sizeof r, &r};
     return mdb_put(txn, ix->shards, &k, &v, 0);

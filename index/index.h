@@ -129,7 +129,8 @@ typedef struct kvx_idx_shard {
     uint32_t n_entries;
     uint32_t flags; /* the shard's KVX header flags */
     uint32_t crc;   /* of (byte key, record); legacy records are 32 bytes */
-    uint32_t zero;
+    uint32_t n_unverified; /* entries without a prefix digest (with flags
+                              lacking KVX_FLAG_DIGEST: every entry) */
 } kvx_idx_shard;
 
 typedef struct kvx_idx_usage {
@@ -158,6 +159,12 @@ typedef struct kvx_index {
     pthread_mutex_t pool_mu;
     MDB_txn *pool[64]; /* reset read transactions, renewed on demand */
     int npool;
+    /* the data.mdb this environment reads: a reindex_dir replaces it, and
+     * a handle opened before keeps reading the old file; read
+     * transactions notice (within 100 ms) and answer KVX_ESTALE */
+    dev_t db_dev;
+    ino_t db_ino;
+    int64_t next_check_ns; /* CLOCK_MONOTONIC_COARSE; racy reads are fine */
     /* process-wide registry */
     dev_t dev;
     ino_t ino;

@@ -1,26 +1,32 @@
 /*
  * test_attack2.c - a second hostile review of DESIGN.md "Trust rules
  * (binding)" 1-5 and docs/STORE.md, after tests/test_attack.c. Tests named
- * test_defect_* fail on the code they were written against (each comment
- * gives the reproducer, the code believed wrong and a suggested fix); the
- * others passed from the start and cover what no other test does.
+ * test_regress_* failed on the code they were written against and pass
+ * since the fixes (each comment gives the reproducer and the code that was
+ * wrong); the others passed from the start and cover what no other test
+ * does. Fixes: digests derived for every lineage entry without one, and
+ * stat counts unverified entries per shard record; a reader whose
+ * data.mdb was replaced answers KVX_ESTALE (within 100 ms) instead of
+ * reading the old file for good; quarantine notes are created O_EXCL |
+ * O_NONBLOCK and a name whose note exists is taken; views_export checks
+ * the model.
  *
- * Defects found (failing tests, most serious first):
- *  - test_defect_predigest_rewrite_never_verified (rule 4): gc's salvage
+ * Defects found (most serious first):
+ *  - test_regress_predigest_rewrite_never_verified (rule 4): gc's salvage
  *    or headless pass rewrites a pre-digest shard into a digest shard with
  *    all-zero digests (st_rewrite_shard, engine/store_write.c); reindex
  *    (st_derive_digests) only derives shards WITHOUT the digest flag, so
  *    those sound blocks are never verified again, and stat reports 0
  *    unverified;
- *  - test_defect_reader_stale_after_reindex_dir (Concurrency, rule 4): a
+ *  - test_regress_reader_stale_after_reindex_dir (Concurrency, rule 4): a
  *    reader handle open across another process's kvx_store_reindex_dir
  *    keeps the old, deleted LMDB environment and never sees a block
  *    published afterwards (index/index.c kvx_idx_open: one environment
  *    per index/ inode, never re-checked);
- *  - test_defect_quarantine_note_clash (rules 2, 5): st_quarantine
+ *  - test_regress_quarantine_note_clash (rules 2, 5): st_quarantine
  *    (engine/store_recover.c) opens "<name>.why" with O_TRUNC: a note
  *    already there is replaced, and a FIFO there hangs a writer's open;
- *  - test_defect_export_views_of_another_model (rule 1, low):
+ *  - test_regress_export_views_of_another_model (rule 1, low):
  *    kvx_views_export checks a view's geometry but not its model
  *    signature.
  *
@@ -35,7 +41,7 @@
  *  - test_reader_during_writer: a reader process's prefix lookups while a
  *    writer process puts, flushes, gc's, evicts and reindexes: no error,
  *    no wrong byte.
- *  (test_defect_export_views_of_another_model also checks views of a
+ *  (test_regress_export_views_of_another_model also checks views of a
  *  second store of the same model export, views released twice, and
  *  max_views above the prompt.)
  */
@@ -320,7 +326,7 @@ static void predigest_case(int headless, size_t *served_after, uint64_t *stat_un
  * that has one); and make stat count unverified entries, not shards
  * without the flag.
  */
-static void test_defect_predigest_rewrite_never_verified(void **state)
+static void test_regress_predigest_rewrite_never_verified(void **state)
 {
     (void)state;
     size_t served[2];
@@ -391,7 +397,7 @@ static void reindex_dir_elsewhere(const char *dir)
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
-static void test_defect_reader_stale_after_reindex_dir(void **state)
+static void test_regress_reader_stale_after_reindex_dir(void **state)
 {
     (void)state;
     char dir[300], args[1000];
@@ -415,6 +421,20 @@ static void test_defect_reader_stale_after_reindex_dir(void **state)
     put_prompt(w, 2, 3);
     assert_int_equal(su_served_prefix(w, 2, 3), 3);
     kvx_store_close(w);
+    /* the reader opened before sees the index was replaced (within 100 ms)
+     * and says so, KVX_ESTALE naming what to do, instead of serving an old
+     * snapshot for good; opened again, it serves the new blocks */
+    usleep(200000);
+    kvx_view sv[3];
+    size_t sn = 9;
+    uint32_t st2[3 * SU_B];
+    su_tokens(st2, 2, 3, 0);
+    int src = kvx_store_prefix(sv, &sn, r, st2, 3 * SU_B, 3);
+    if (src == 0) kvx_views_release(sv, sn);
+    assert_int_equal(src, KVX_ESTALE);
+    assert_non_null(strstr(kvx_last_error(), "open it again"));
+    kvx_store_close(r);
+    assert_int_equal(kvx_store_open(&r, dir, NULL, KVX_STORE_READONLY), 0);
     size_t old_seen = su_served_prefix(r, 1, 3), new_seen = su_served_prefix(r, 2, 3);
     kvx_store *r2;
     assert_int_equal(kvx_store_open(&r2, dir, NULL, KVX_STORE_READONLY), 0);
@@ -668,7 +688,7 @@ static void test_unverified_beside_verified_rewrites(void **state)
  * (KVX_EMODEL, naming both signatures). Views of a second store of the
  * same model stay exportable (also covered here, passing).
  */
-static void test_defect_export_views_of_another_model(void **state)
+static void test_regress_export_views_of_another_model(void **state)
 {
     (void)state;
     char d1[300], d2[300], d3[300];
@@ -792,7 +812,7 @@ static void test_quarantine_clash_chain(void **state)
  * "<target>" nor "<target>.why" exists), never truncating or opening an
  * existing entry.
  */
-static void test_defect_quarantine_note_clash(void **state)
+static void test_regress_quarantine_note_clash(void **state)
 {
     (void)state;
     char dir[300], p[700], note[700];
@@ -944,13 +964,13 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defect_predigest_rewrite_never_verified),
-        cmocka_unit_test(test_defect_reader_stale_after_reindex_dir),
+        cmocka_unit_test(test_regress_predigest_rewrite_never_verified),
+        cmocka_unit_test(test_regress_reader_stale_after_reindex_dir),
         cmocka_unit_test(test_collisions_survive_rewrites),
         cmocka_unit_test(test_unverified_beside_verified_rewrites),
-        cmocka_unit_test(test_defect_export_views_of_another_model),
+        cmocka_unit_test(test_regress_export_views_of_another_model),
         cmocka_unit_test(test_quarantine_clash_chain),
-        cmocka_unit_test(test_defect_quarantine_note_clash),
+        cmocka_unit_test(test_regress_quarantine_note_clash),
         cmocka_unit_test(test_reader_during_writer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
