@@ -59,6 +59,7 @@ const (
 	CodeCanceled   = int(C.KVX_ECANCELED)
 	CodeAmbiguous  = int(C.KVX_EAMBIGUOUS)
 	CodeUnverified = int(C.KVX_EUNVERIFIED)
+	CodeStale      = int(C.KVX_ESTALE)
 )
 
 // Error is a kvx failure.
@@ -140,6 +141,10 @@ var (
 	// without their token ids), which a get by hash never serves. Also
 	// ErrNotFound: no block is served.
 	ErrUnverified = sentinel(CodeUnverified)
+	// ErrStale: the store's index was rebuilt (kvx store reindex from a
+	// damaged or lost index) since this Store was opened: Close it and
+	// Open it again.
+	ErrStale = sentinel(CodeStale)
 )
 
 // Class sentinels: a family of codes each.
