@@ -279,9 +279,8 @@ int st_each_file(kvx_store *s, int fd, st_dir_fn fn, void *ctx)
     return rc;
 }
 
-int st_parse_name(const char *name, uint64_t *gen)
+int st_name_prefix_gen(const char *name, uint64_t *gen)
 {
-    if (strlen(name) != 20 || strcmp(name + 16, ".kvx") != 0) return 0;
     uint64_t v = 0;
     for (int i = 0; i < 16; i++) {
         char c = name[i];
@@ -289,8 +288,14 @@ int st_parse_name(const char *name, uint64_t *gen)
         if (d < 0) return 0;
         v = v << 4 | (uint64_t)d;
     }
+    if (strncmp(name + 16, ".kvx", 4) != 0) return 0;
     *gen = v;
     return 1;
+}
+
+int st_parse_name(const char *name, uint64_t *gen)
+{
+    return strlen(name) == 20 && st_name_prefix_gen(name, gen);
 }
 
 int st_registry_load(kvx_store *s)

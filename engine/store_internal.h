@@ -126,6 +126,8 @@ void st_shard_name(char *buf, uint64_t gen);
 uint64_t st_now_ns(void);
 /* 1 and the generation when name is a shard file name. */
 int st_parse_name(const char *name, uint64_t *gen);
+/* 1 and the generation when name starts "<16 hex>.kvx" (anything may follow). */
+int st_name_prefix_gen(const char *name, uint64_t *gen);
 /* Calls fn for every entry of directory fd but . and .. */
 typedef int (*st_dir_fn)(kvx_store *s, int dirfd, const char *name, void *ctx);
 int st_each_file(kvx_store *s, int fd, st_dir_fn fn, void *ctx);

@@ -138,17 +138,7 @@ uint64_t st_quarantine_count(kvx_store *s)
  * quarantine/, ".<16 hex>.kvx.tmp...." in staging/. */
 static int st_name_gen(const char *name, uint64_t *gen)
 {
-    if (name[0] == '.') name++;
-    uint64_t v = 0;
-    for (int i = 0; i < 16; i++) {
-        char c = name[i];
-        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-        if (d < 0) return 0;
-        v = v << 4 | (uint64_t)d;
-    }
-    if (strncmp(name + 16, ".kvx", 4) != 0) return 0;
-    *gen = v;
-    return 1;
+    return st_name_prefix_gen(name[0] == '.' ? name + 1 : name, gen);
 }
 
 static int st_gen_max(kvx_store *s, int fd, const char *name, void *ctx)

@@ -1430,6 +1430,53 @@ static int st_cmp_lin(const void *a, const void *b)
     return x->hash < y->hash ? -1 : x->hash > y->hash;
 }
 
+/* Every lineage entry of every live shard (which it opens into sh[]), with
+ * its stored digest when it has one; state is left 0 for the caller. 0,
+ * ST_PASS_SKIPPED when a lineage shard cannot be opened now (it may hold
+ * parents: judging reachability or digests without it would drop or leave
+ * unverified blocks that are fine), or an error. */
+static int st_lin_gather(kvx_store *s, kvx_shard **sh, st_lin **out, size_t *out_n)
+{
+    size_t n = 0, cap = 0;
+    st_lin *all = NULL;
+    int rc = 0;
+    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
+        if (!s->reg_live[b] || !(s->reg[b].flags & KVX_FLAG_LINEAGE)) continue;
+        if (!(sh[b] = st_shard_get(s, b, s->reg[b].gen))) {
+            rc = ST_PASS_SKIPPED;
+            break;
+        }
+        uint32_t cnt = kvx_shard_get_info(sh[b])->num_blocks;
+        for (uint32_t i = 0; i < cnt && !rc; i++) {
+            kvx_entry e;
+            if (kvx_shard_entry(&e, sh[b], i) || !e.hash || !e.tokens) continue;
+            if (n == cap) {
+                cap = cap ? cap * 2 : 1024;
+                st_lin *p = realloc(all, cap * sizeof *p);
+                if (!p) {
+                    rc = kvx_fail(-ENOMEM, "store: out of memory");
+                    break;
+                }
+                all = p;
+            }
+            st_lin *l = &all[n++];
+            memset(l, 0, sizeof *l);
+            l->hash = e.hash;
+            l->parent = e.parent;
+            l->b = b;
+            l->idx = i;
+            l->toks = e.tokens;
+            if (e.digest) {
+                memcpy(l->digest, e.digest, KVX_DIGEST_BYTES);
+                l->stored = 1;
+            }
+        }
+    }
+    *out = all;
+    *out_n = n;
+    return rc;
+}
+
 /* The parent of e: 1 and its digest when every entry with hash ==
  * e->parent that has a digest agrees (one candidate block), 0 when none is
  * known yet, -1 when candidates disagree or some are undecidable. */
@@ -1471,47 +1518,15 @@ static int st_derive_digests(kvx_store *s)
                 (!(s->reg[b].flags & KVX_FLAG_DIGEST) || s->reg[b].n_unverified);
     if (!need) return 0;
     kvx_shard *sh[ST_SLOTS] = {0};
-    size_t n = 0, cap = 0;
+    size_t n = 0;
     st_lin *all = NULL;
-    int rc = 0;
     uint32_t B = s->g.block_tokens;
-    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
-        if (!s->reg_live[b] || !(s->reg[b].flags & KVX_FLAG_LINEAGE)) continue;
-        if (!(sh[b] = st_shard_get(s, b, s->reg[b].gen))) {
-            /* a lineage shard that cannot be opened now may hold parents:
-             * judging reachability (or digests) without it would drop or
-             * leave unverified blocks that are fine. Try again later. */
-            rc = ST_PASS_SKIPPED;
-            break;
-        }
-        uint32_t cnt = kvx_shard_get_info(sh[b])->num_blocks;
-        for (uint32_t i = 0; i < cnt; i++) {
-            kvx_entry e;
-            if (kvx_shard_entry(&e, sh[b], i) || !e.hash || !e.tokens) continue;
-            if (n == cap) {
-                cap = cap ? cap * 2 : 1024;
-                st_lin *p = realloc(all, cap * sizeof *p);
-                if (!p) {
-                    rc = kvx_fail(-ENOMEM, "store: out of memory");
-                    break;
-                }
-                all = p;
-            }
-            st_lin *l = &all[n++];
-            memset(l, 0, sizeof *l);
-            l->hash = e.hash;
-            l->parent = e.parent;
-            l->b = b;
-            l->idx = i;
-            l->toks = e.tokens;
-            if (e.digest) {
-                memcpy(l->digest, e.digest, KVX_DIGEST_BYTES);
-                l->state = 1;
-                l->stored = 1;
-            } else if (e.parent == 0) {
-                kvx_prefix_digest_next(l->digest, NULL, e.tokens, B);
-                l->state = 1;
-            }
+    int rc = st_lin_gather(s, sh, &all, &n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (all[i].stored) all[i].state = 1;
+        else if (all[i].parent == 0) {
+            kvx_prefix_digest_next(all[i].digest, NULL, all[i].toks, B);
+            all[i].state = 1;
         }
     }
     if (!rc && n) {
@@ -1706,43 +1721,11 @@ static int st_salvage_damaged(kvx_store *s)
 static int st_drop_headless(kvx_store *s)
 {
     kvx_shard *sh[ST_SLOTS] = {0};
-    size_t n = 0, cap = 0;
+    size_t n = 0;
     st_lin *all = NULL;
-    int rc = 0;
     uint32_t B = s->g.block_tokens;
-    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
-        if (!s->reg_live[b] || !(s->reg[b].flags & KVX_FLAG_LINEAGE)) continue;
-        if (!(sh[b] = st_shard_get(s, b, s->reg[b].gen))) {
-            /* a lineage shard that cannot be opened now may hold parents:
-             * judging reachability (or digests) without it would drop or
-             * leave unverified blocks that are fine. Try again later. */
-            rc = ST_PASS_SKIPPED;
-            break;
-        }
-        uint32_t cnt = kvx_shard_get_info(sh[b])->num_blocks;
-        for (uint32_t i = 0; i < cnt && !rc; i++) {
-            kvx_entry e;
-            if (kvx_shard_entry(&e, sh[b], i) || !e.hash || !e.tokens) continue;
-            if (n == cap) {
-                cap = cap ? cap * 2 : 1024;
-                st_lin *p = realloc(all, cap * sizeof *p);
-                if (!p) {
-                    rc = kvx_fail(-ENOMEM, "store: out of memory");
-                    break;
-                }
-                all = p;
-            }
-            st_lin *l = &all[n++];
-            memset(l, 0, sizeof *l);
-            l->hash = e.hash;
-            l->parent = e.parent;
-            l->b = b;
-            l->idx = i;
-            l->toks = e.tokens;
-            if (e.digest) memcpy(l->digest, e.digest, KVX_DIGEST_BYTES);
-            l->state = e.parent == 0; /* 1: reachable */
-        }
-    }
+    int rc = st_lin_gather(s, sh, &all, &n);
+    for (size_t i = 0; !rc && i < n; i++) all[i].state = all[i].parent == 0; /* 1: reachable */
     if (!rc && n) {
         qsort(all, n, sizeof *all, st_cmp_lin);
         for (int changed = 1; changed;) {
