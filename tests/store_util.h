@@ -95,6 +95,39 @@ static inline size_t su_served_prefix(kvx_store *s, uint64_t seq, size_t nb)
     return good;
 }
 
+/* Puts the first nb blocks of sequence seq (no shared prefix, pages from
+ * su_pages) and flushes: 0, or the code of the call that failed. */
+static inline int su_put_seq(kvx_store *s, uint64_t seq, size_t nb)
+{
+    uint32_t t[64 * SU_B];
+    uint64_t h[64];
+    if (nb > 64) return KVX_EINVALID;
+    su_tokens(t, seq, nb, 0);
+    uint8_t *p = su_pages(t, nb, h, 64);
+    int rc = p ? kvx_store_put(s, t, nb * SU_B, p, nb, NULL, NULL) : -12;
+    if (rc == 0) rc = kvx_store_flush(s);
+    free(p);
+    return rc;
+}
+
+/* Flips one bit of the page of entry `entry` of the shard file at path
+ * (byte 5 of the page): a page that fails its CRC-32. 0 or -1. */
+static inline int su_flip_page_byte(const char *path, uint32_t entry)
+{
+    kvx_shard *sh;
+    if (kvx_shard_open(&sh, path, 0) != 0) return -1;
+    kvx_entry e;
+    int rc = kvx_shard_entry(&e, sh, entry);
+    kvx_shard_close(sh);
+    if (rc) return -1;
+    uint64_t off = e.offset + 5;
+    FILE *f = fopen(path, "r+b");
+    if (!f) return -1;
+    int c = fseek(f, (long)off, SEEK_SET) == 0 ? fgetc(f) : EOF;
+    rc = c == EOF || fseek(f, (long)off, SEEK_SET) != 0 || fputc(c ^ 0x40, f) == EOF ? -1 : 0;
+    return fclose(f) == 0 ? rc : -1;
+}
+
 /* The test's scratch directory: made by su_setup (cmocka group setup) and
  * removed with everything in it by su_teardown. */
 static char su_root[256] __attribute__((unused));

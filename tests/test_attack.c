@@ -61,12 +61,11 @@
 #include "os.h"
 #include "store_util.h"
 
-static char root[256];
 static int dir_counter;
 
 static kvx_store *make_store_g(char *dir, size_t cap, kvx_geometry g)
 {
-    snprintf(dir, cap, "%s/s%d", root, dir_counter++);
+    snprintf(dir, cap, "%s/s%d", su_root, dir_counter++);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = g;
     o.capacity_bytes = 16 << 20;
@@ -78,16 +77,7 @@ static kvx_store *make_store_g(char *dir, size_t cap, kvx_geometry g)
 static kvx_store *make_store(char *dir, size_t cap) { return make_store_g(dir, cap, su_geometry()); }
 
 /* Puts the first nb blocks of sequence seq (no shared prefix), flushes. */
-static void put_seq(kvx_store *s, uint64_t seq, size_t nb)
-{
-    uint32_t t[64 * SU_B];
-    uint64_t h[64];
-    su_tokens(t, seq, nb, 0);
-    uint8_t *p = su_pages(t, nb, h, 64);
-    assert_int_equal(kvx_store_put(s, t, nb * SU_B, p, nb, NULL, NULL), 0);
-    assert_int_equal(kvx_store_flush(s), 0);
-    free(p);
-}
+static void put_seq(kvx_store *s, uint64_t seq, size_t nb) { assert_int_equal(su_put_seq(s, seq, nb), 0); }
 
 /* Sorted names of the entries of dir/sub ("." and ".." left out). */
 static size_t list_names(const char *dir, const char *sub, char (*out)[64], size_t max)
@@ -126,22 +116,7 @@ static uint64_t file_fp(const char *path)
     return fp;
 }
 
-static void flip_page_byte(const char *path, uint32_t entry)
-{
-    kvx_shard *sh;
-    assert_int_equal(kvx_shard_open(&sh, path, 0), 0);
-    kvx_entry e;
-    assert_int_equal(kvx_shard_entry(&e, sh, entry), 0);
-    uint64_t off = e.offset + 5;
-    kvx_shard_close(sh);
-    int fd = open(path, O_RDWR);
-    assert_true(fd >= 0);
-    uint8_t b;
-    assert_int_equal(pread(fd, &b, 1, (off_t)off), 1);
-    b ^= 0x40;
-    assert_int_equal(pwrite(fd, &b, 1, (off_t)off), 1);
-    close(fd);
-}
+static void flip_page_byte(const char *path, uint32_t entry) { assert_int_equal(su_flip_page_byte(path, entry), 0); }
 
 /* ------------------------------------------------------------------------
  * Rule 2: gc and a shard that cannot be opened right now
@@ -300,7 +275,7 @@ static void test_regress_stale_index_newer_claimant(void **state)
 static int run_cli(const char *args)
 {
     char cmd[4000], err[400];
-    snprintf(err, sizeof err, "%s/cli.err", root);
+    snprintf(err, sizeof err, "%s/cli.err", su_root);
     snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>'%s'", KVX_CLI, args, err);
     int st = system(cmd);
     int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
@@ -617,7 +592,7 @@ static void test_reader_changes_nothing(void **state)
 
     /* the CLI's read commands */
     char args[3000], out[600];
-    snprintf(out, sizeof out, "%s/out-%d.env", root, dir_counter++);
+    snprintf(out, sizeof out, "%s/out-%d.env", su_root, dir_counter++);
     snprintf(args, sizeof args, "store stat '%s'", dir);
     run_cli(args);
     snprintf(args, sizeof args, "store stat '%s' --json", dir);
@@ -852,7 +827,7 @@ static void test_quarantine_not_a_directory(void **state)
         put_seq(s, 5, 3);
         kvx_store_close(s);
         snprintf(q, sizeof q, "%s/quarantine", dir);
-        snprintf(outside, sizeof outside, "%s/outside-%d", root, dir_counter++);
+        snprintf(outside, sizeof outside, "%s/outside-%d", su_root, dir_counter++);
         assert_int_equal(mkdir(outside, 0700), 0);
         if (mode == 0) {
             FILE *f = fopen(q, "wb");
@@ -885,20 +860,6 @@ static void test_quarantine_not_a_directory(void **state)
     }
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(root, sizeof root, "/tmp/kvx-test-attack-XXXXXX");
-    return mkdtemp(root) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    su_rm_rf(root);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -911,5 +872,5 @@ int main(void)
         cmocka_unit_test(test_odd_geometries_and_inputs),
         cmocka_unit_test(test_quarantine_not_a_directory),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }

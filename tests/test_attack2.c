@@ -65,7 +65,6 @@
 
 #include "store_util.h"
 
-static char root[256];
 static int dir_counter;
 
 /* A chained FNV collision at block 0 for B = 4 (found once with
@@ -77,7 +76,7 @@ static const uint32_t COLL_B[4] = {2849051040u, 4145281261u, 3465670547u, 102620
 
 static kvx_store *make_store_cap(char *dir, size_t cap, uint64_t capacity, uint64_t shard_bytes)
 {
-    snprintf(dir, cap, "%s/s%d", root, dir_counter++);
+    snprintf(dir, cap, "%s/s%d", su_root, dir_counter++);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.capacity_bytes = capacity;
@@ -142,22 +141,7 @@ static size_t list_names(const char *dir, const char *sub, char (*out)[64], size
     return n;
 }
 
-static void flip_page_byte(const char *path, uint32_t entry)
-{
-    kvx_shard *sh;
-    assert_int_equal(kvx_shard_open(&sh, path, 0), 0);
-    kvx_entry e;
-    assert_int_equal(kvx_shard_entry(&e, sh, entry), 0);
-    uint64_t off = e.offset + 5;
-    kvx_shard_close(sh);
-    int fd = open(path, O_RDWR);
-    assert_true(fd >= 0);
-    uint8_t b;
-    assert_int_equal(pread(fd, &b, 1, (off_t)off), 1);
-    b ^= 0x40;
-    assert_int_equal(pwrite(fd, &b, 1, (off_t)off), 1);
-    close(fd);
-}
+static void flip_page_byte(const char *path, uint32_t entry) { assert_int_equal(su_flip_page_byte(path, entry), 0); }
 
 /* The index of the entry with hash h whose page equals page, in shard
  * path, or UINT32_MAX. */
@@ -180,7 +164,7 @@ static uint32_t find_entry(const char *path, uint64_t h, const uint8_t *page)
 static int run_cli(const char *args)
 {
     char cmd[4000], err[400];
-    snprintf(err, sizeof err, "%s/cli.err", root);
+    snprintf(err, sizeof err, "%s/cli.err", su_root);
     snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>'%s'", KVX_CLI, args, err);
     int st = system(cmd);
     int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
@@ -694,7 +678,7 @@ static void test_regress_export_views_of_another_model(void **state)
     char d1[300], d2[300], d3[300];
     kvx_store *m1 = make_store(d1, sizeof d1);
     kvx_store *same = make_store(d3, sizeof d3);
-    snprintf(d2, sizeof d2, "%s/s%d", root, dir_counter++);
+    snprintf(d2, sizeof d2, "%s/s%d", su_root, dir_counter++);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.geometry.model_signature ^= 0xFFFF;
@@ -947,20 +931,6 @@ static void test_reader_during_writer(void **state)
     assert_true(served > 0);
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(root, sizeof root, "/tmp/kvx-test-attack2-XXXXXX");
-    return mkdtemp(root) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    su_rm_rf(root);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -973,5 +943,5 @@ int main(void)
         cmocka_unit_test(test_regress_quarantine_note_clash),
         cmocka_unit_test(test_reader_during_writer),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }

@@ -49,12 +49,11 @@
 
 #include <lmdb.h>
 
-static char root[256];
 static int dir_counter;
 
 static kvx_store *make_store(char *dir, size_t cap, uint64_t shard_bytes)
 {
-    snprintf(dir, cap, "%s/s%d", root, dir_counter++);
+    snprintf(dir, cap, "%s/s%d", su_root, dir_counter++);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.capacity_bytes = 16 << 20;
@@ -65,16 +64,7 @@ static kvx_store *make_store(char *dir, size_t cap, uint64_t shard_bytes)
 }
 
 /* Puts sequence seq (nb blocks) and flushes. */
-static void put_seq(kvx_store *s, uint64_t seq, size_t nb)
-{
-    uint32_t t[64 * SU_B];
-    uint64_t h[64];
-    su_tokens(t, seq, nb, 0);
-    uint8_t *p = su_pages(t, nb, h, 64);
-    assert_int_equal(kvx_store_put(s, t, nb * SU_B, p, nb, NULL, NULL), 0);
-    assert_int_equal(kvx_store_flush(s), 0);
-    free(p);
-}
+static void put_seq(kvx_store *s, uint64_t seq, size_t nb) { assert_int_equal(su_put_seq(s, seq, nb), 0); }
 
 /* Names of the regular files in dir/sub, sorted, into out (n max). */
 static size_t list_files(const char *dir, const char *sub, char (*out)[64], size_t max)
@@ -183,7 +173,7 @@ static void test_stale_index_adopts(void **state)
     put_seq(s, 1, 4);
     kvx_store_close(s);
     snprintf(idx, sizeof idx, "%s/index/data.mdb", dir);
-    snprintf(old_index, sizeof old_index, "%s/old.mdb", root);
+    snprintf(old_index, sizeof old_index, "%s/old.mdb", su_root);
     assert_int_equal(cp(idx, old_index), 0);
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
     put_seq(s, 2, 4);
@@ -195,7 +185,7 @@ static void test_stale_index_adopts(void **state)
     /* a backup of the newest shard, then the old index put back */
     char newest[700];
     shard_path(dir, nshards - 1, newest, sizeof newest);
-    snprintf(backup, sizeof backup, "%s/backup.kvx", root);
+    snprintf(backup, sizeof backup, "%s/backup.kvx", su_root);
     assert_int_equal(cp(newest, backup), 0);
     assert_int_equal(cp(old_index, idx), 0);
     uint64_t fp = shards_fingerprint(dir);
@@ -622,7 +612,7 @@ static void test_capacity_limits(void **state)
 {
     (void)state;
     char dir[300];
-    snprintf(dir, sizeof dir, "%s/cap", root);
+    snprintf(dir, sizeof dir, "%s/cap", su_root);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.capacity_bytes = 100 << 10; /* below the default 512 KiB shard */
@@ -647,7 +637,7 @@ static void test_truncate_extend_many_points(void **state)
     put_seq(s, 1, 6);
     kvx_store_close(s);
     shard_path(dir, 0, shard, sizeof shard);
-    snprintf(keep, sizeof keep, "%s/keep.kvx", root);
+    snprintf(keep, sizeof keep, "%s/keep.kvx", su_root);
     assert_int_equal(cp(shard, keep), 0);
     struct stat st;
     assert_int_equal(stat(shard, &st), 0);
@@ -722,7 +712,7 @@ static void test_sparse_giant_bounded(void **state)
     e[5] = kvx_crc32(0, zero, 16);
     memcpy(b + 64, e, 24);
     char path[400];
-    snprintf(path, sizeof path, "%s/giant.kvx", root);
+    snprintf(path, sizeof path, "%s/giant.kvx", su_root);
     FILE *f = fopen(path, "wb");
     assert_non_null(f);
     assert_int_equal(fwrite(b, 1, sizeof b, f), sizeof b);
@@ -745,23 +735,9 @@ static void test_sparse_giant_bounded(void **state)
     const char *limit = "ulimit -v 2000000; ";
 #endif
     snprintf(cmd, sizeof cmd, "%s%s verify %s >/dev/null && %s convert %s -o %s/giant.env --format v1 2>/dev/null",
-             limit, KVX_CLI, path, KVX_CLI, path, root);
+             limit, KVX_CLI, path, KVX_CLI, path, su_root);
     int st = system(cmd);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 1);
-}
-
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(root, sizeof root, "/tmp/kvx-test-recovery-XXXXXX");
-    return mkdtemp(root) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    su_rm_rf(root);
-    return 0;
 }
 
 int main(void)
@@ -780,5 +756,5 @@ int main(void)
         cmocka_unit_test(test_sparse_giant_bounded),
         cmocka_unit_test(test_truncate_extend_many_points),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }

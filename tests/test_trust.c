@@ -38,12 +38,11 @@
 #include "collide.h"
 #include "store_util.h"
 
-static char root[256];
 static int dir_counter;
 
 static void new_dir(char *dir, size_t cap)
 {
-    snprintf(dir, cap, "%s/s%d", root, dir_counter++);
+    snprintf(dir, cap, "%s/s%d", su_root, dir_counter++);
 }
 
 /* A store of L=1 Hkv=1 D=4 fp16 with block_tokens B: pages of 16*B bytes. */
@@ -257,22 +256,7 @@ static void only_shard(const char *dir, char *out, size_t cap)
     out[strcspn(out, "\n")] = 0;
 }
 
-static void flip_page_byte(const char *path, uint32_t entry)
-{
-    kvx_shard *sh;
-    assert_int_equal(kvx_shard_open(&sh, path, 0), 0);
-    kvx_entry e;
-    assert_int_equal(kvx_shard_entry(&e, sh, entry), 0);
-    uint64_t off = e.offset + 5;
-    kvx_shard_close(sh);
-    int fd = open(path, O_RDWR);
-    assert_true(fd >= 0);
-    uint8_t b;
-    assert_int_equal(pread(fd, &b, 1, (off_t)off), 1);
-    b ^= 0x40;
-    assert_int_equal(pwrite(fd, &b, 1, (off_t)off), 1);
-    close(fd);
-}
+static void flip_page_byte(const char *path, uint32_t entry) { assert_int_equal(su_flip_page_byte(path, entry), 0); }
 
 static void test_rotten_page(void **state)
 {
@@ -488,7 +472,7 @@ static void test_bad_scale_refused_by_every_store(void **state)
     for (int qi = 0; qi < 3; qi++) {
         for (int bi = 0; bi < 4; bi++) {
             char dir[300];
-            snprintf(dir, sizeof dir, "%s/scale%d%d", root, qi, bi);
+            snprintf(dir, sizeof dir, "%s/scale%d%d", su_root, qi, bi);
             kvx_store_options o = KVX_STORE_OPTIONS_INIT;
             o.geometry = su_geometry();
             o.geometry.quant = quants[qi];
@@ -527,20 +511,6 @@ static void test_bad_scale_refused_by_every_store(void **state)
     }
 }
 
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(root, sizeof root, "/tmp/kvx-test-trust-XXXXXX");
-    return mkdtemp(root) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    su_rm_rf(root);
-    return 0;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -553,5 +523,5 @@ int main(void)
         cmocka_unit_test(test_collision_b2),
         cmocka_unit_test(test_collision_b16),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }
