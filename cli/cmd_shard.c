@@ -23,9 +23,9 @@ static const char *quant_str(uint32_t q)
 
 static void flags_str(char *buf, size_t cap, uint32_t f)
 {
-    snprintf(buf, cap, "0x%x%s%s%s%s%s", f, f ? " (" : "", (f & KVX_FLAG_HASHES) ? "hashes " : "",
-             (f & KVX_FLAG_LINEAGE) ? "lineage " : "", (f & KVX_FLAG_SCALES) ? "scales " : "",
-             (f & KVX_FLAG_META_CRC) ? "meta-crc " : "");
+    snprintf(buf, cap, "0x%x%s%s%s%s%s%s", f, f ? " (" : "", (f & KVX_FLAG_HASHES) ? "hashes " : "",
+             (f & KVX_FLAG_LINEAGE) ? "lineage " : "", (f & KVX_FLAG_DIGEST) ? "digests " : "",
+             (f & KVX_FLAG_SCALES) ? "scales " : "", (f & KVX_FLAG_META_CRC) ? "meta-crc " : "");
     size_t n = strlen(buf);
     if (f && n > 0 && buf[n - 1] == ' ') {
         buf[n - 1] = ')';
@@ -134,6 +134,17 @@ static int run_inspect(const cli_cmd *self, int argc, char **argv)
                 cli_json_key(&j, "parent");
                 cli_json_hex(&j, e.parent, 16);
             }
+            if (in->flags & KVX_FLAG_DIGEST) {
+                /* the prefix digest as 64 hex digits; null: unverified */
+                cli_json_key(&j, "digest");
+                if (e.digest) {
+                    char hex[2 * KVX_DIGEST_BYTES + 1];
+                    for (int k = 0; k < KVX_DIGEST_BYTES; k++) snprintf(hex + 2 * k, 3, "%02x", e.digest[k]);
+                    cli_json_str(&j, hex);
+                } else {
+                    cli_json_null(&j);
+                }
+            }
             cli_json_obj_end(&j);
         }
         cli_json_arr_end(&j);
@@ -163,6 +174,10 @@ static int run_inspect(const cli_cmd *self, int argc, char **argv)
         if (in->flags & KVX_FLAG_LINEAGE) {
             print_section("lineage table", off, n * (8 + 4ull * g->block_tokens));
             off += n * (8 + 4ull * g->block_tokens);
+        }
+        if (in->flags & KVX_FLAG_DIGEST) {
+            print_section("digest table", off, n * (uint64_t)KVX_DIGEST_BYTES);
+            off += n * (uint64_t)KVX_DIGEST_BYTES;
         }
         if (in->flags & KVX_FLAG_SCALES) print_section("scale table", off, n * kvx_scale_count(g) * 4);
         if (in->spectral_offset) {

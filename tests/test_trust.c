@@ -464,6 +464,39 @@ static void test_pre_digest_store(void **state)
 
 /* A v2 envelope with a scale that is not finite and > 0 is refused by every
  * store, whatever its quant (it was stored by fp16 and e5m2 stores). */
+/* `kvx inspect` names the digest table, lays the scale table after it, and
+ * --json gives each entry's digest: the spec's example block [1, 2] has
+ * the hashlib digest of test_digest_golden. */
+static void test_inspect_shows_digests(void **state)
+{
+    (void)state;
+    char dir[300], shard[600], cmd[1400], out[8192];
+    kvx_store *s = make_store(dir, sizeof dir, 2, 16 << 20);
+    uint32_t t[5] = {1, 2, 3, 4, 5};
+    uint8_t *pages = prompt_pages(9, 2, 2);
+    assert_int_equal(kvx_store_put(s, t, 5, pages, 2, NULL, NULL), 0);
+    assert_int_equal(kvx_store_flush(s), 0);
+    kvx_store_close(s);
+    free(pages);
+    only_shard(dir, shard, sizeof shard);
+    snprintf(cmd, sizeof cmd, "%s inspect --json %s", KVX_CLI, shard);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t got = fread(out, 1, sizeof out - 1, f);
+    out[got] = 0;
+    assert_int_equal(pclose(f), 0);
+    assert_non_null(strstr(out, "\"hash\":\"0xa91ab0c1027b9366\""));
+    assert_non_null(strstr(out, "\"digest\":\"34fb5c825de7ca4aea6e712f19d439c1da0c92c37b423936c5f618545ca4fa1f\""));
+    snprintf(cmd, sizeof cmd, "%s inspect %s", KVX_CLI, shard);
+    f = popen(cmd, "r");
+    assert_non_null(f);
+    got = fread(out, 1, sizeof out - 1, f);
+    out[got] = 0;
+    assert_int_equal(pclose(f), 0);
+    assert_non_null(strstr(out, "digests"));
+    assert_non_null(strstr(out, "digest table"));
+}
+
 static void test_bad_scale_refused_by_every_store(void **state)
 {
     (void)state;
@@ -520,6 +553,7 @@ int main(void)
         cmocka_unit_test(test_missing_page),
         cmocka_unit_test(test_pre_digest_store),
         cmocka_unit_test(test_bad_scale_refused_by_every_store),
+        cmocka_unit_test(test_inspect_shows_digests),
         cmocka_unit_test(test_collision_b2),
         cmocka_unit_test(test_collision_b16),
     };
