@@ -19,6 +19,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -244,8 +245,17 @@ static int load_entries(kvx_shard *s, const kvx_shard_header *h, const kvx_shard
             }
         }
     }
-    if (scales)
+    if (scales) {
         memcpy(s->scales, tables + (lay->scale_off - KVX_HEADER_BYTES), (size_t)lay->scale_bytes);
+        /* the writer's rule, on every path (DESIGN.md: v2 scales finite and
+         * > 0): a file carrying another would export an envelope every
+         * reader refuses, or decode to NaN */
+        for (uint64_t k = 0; k < (uint64_t)n * s->scale_count; k++)
+            if (!isfinite(s->scales[k]) || !(s->scales[k] > 0.0f))
+                return kvx_fail(KVX_EFORMAT, "entry %llu: scale %llu is %g (must be finite and > 0)",
+                                (unsigned long long)(k / s->scale_count), (unsigned long long)(k % s->scale_count),
+                                (double)s->scales[k]);
+    }
 
     qsort(s->by_coord, n, sizeof(uint64_t), cmp_u64);
     for (uint32_t i = 1; i < n; i++)

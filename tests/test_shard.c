@@ -572,6 +572,22 @@ static void m_page_size(uint8_t *b, size_t *len) { uint8_t *e = entry_at(b, 2); 
 static void m_page_outside(uint8_t *b, size_t *len) { uint8_t *e = entry_at(b, 2); kvx_store64(e + 8, 1u << 30); fix_meta_crc(b, *len); }
 static void m_tokens_zero(uint8_t *b, size_t *len) { kvx_store32(entry_at(b, 3) + 4, 0); fix_meta_crc(b, *len); }
 static void m_tokens_over_b(uint8_t *b, size_t *len) { kvx_store32(entry_at(b, 3) + 4, BT + 1); fix_meta_crc(b, *len); }
+/* A scale that is not finite and > 0 in the scale table (meta CRC valid):
+ * found by the shard fuzzer (an FP8 shard with a NaN scale exported a v2
+ * envelope every reader refuses). */
+static void m_scale_nan(uint8_t *b, size_t *len)
+{
+    layout_info li = layout_of(b);
+    uint32_t nan_bits = 0xFFC00000u;
+    kvx_store32(b + li.lay.scale_off + 4 * 3, nan_bits);
+    fix_meta_crc(b, *len);
+}
+static void m_scale_zero(uint8_t *b, size_t *len)
+{
+    layout_info li = layout_of(b);
+    kvx_store32(b + li.lay.scale_off, 0);
+    fix_meta_crc(b, *len);
+}
 static void m_hash_partial(uint8_t *b, size_t *len)
 {
     layout_info li = layout_of(b);
@@ -708,6 +724,8 @@ static void test_validation_rules(void **state)
         {"token_count 0", 1, m_tokens_zero, KVX_ETOKENS},
         {"token_count > B", 1, m_tokens_over_b, KVX_ETOKENS},
         {"hash on a partial block", 1, m_hash_partial, KVX_EHASH},
+        {"scale NaN", 1, m_scale_nan, KVX_EFORMAT},
+        {"scale 0", 1, m_scale_zero, KVX_EFORMAT},
         {"lineage token", 1, m_lineage_token, KVX_ELINEAGE},
         {"lineage parent", 1, m_lineage_parent, KVX_ELINEAGE},
         {"lineage token past count", 1, m_lineage_tail, KVX_ELINEAGE},
