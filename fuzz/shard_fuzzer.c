@@ -171,6 +171,7 @@ static int repair(uint8_t *b, size_t size)
     unsigned __int128 end = 64 + (unsigned __int128)n * 24;
     if (flags & KVX_FLAG_HASHES) end += (unsigned __int128)n * 8;
     if (flags & KVX_FLAG_LINEAGE) end += (unsigned __int128)n * (8 + 4 * (uint64_t)B);
+    if (flags & KVX_FLAG_DIGEST) end += (unsigned __int128)n * KVX_DIGEST_BYTES;
     if (flags & KVX_FLAG_SCALES) end += (unsigned __int128)n * L * 2 * H * 4;
     if (end <= size) {
         uint32_t crc = kvx_crc32c(kvx_crc32c(0, b, 60), b + 64, (size_t)end - 64);
