@@ -116,6 +116,9 @@ struct kvx_store {
      * no eviction, compaction or gc may drop them (writer, under wmu) */
     uint8_t pinned[ST_SLOTS];
     uint64_t pin_gen[ST_SLOTS];
+    size_t batch_blocks;   /* blocks put since the last kvx_store_flush (the
+                              unit a flush acknowledges), internal flushes
+                              included */
     int index_live;        /* the index names next_gen (not lost or empty) */
     int index_missing;     /* index/ was not there at open */
     uint64_t quarantined;  /* files this handle moved to quarantine/ */

@@ -151,6 +151,7 @@ void st_discard_pending(kvx_store *s)
     s->nptok = 0;
     for (size_t i = 0; i < s->ptab_n; i++) s->ptab[i] = SIZE_MAX;
     st_pins_clear(s);
+    s->batch_blocks = 0;
 }
 
 /* ----------------------------------------------------- shard ids, writers */
@@ -371,15 +372,26 @@ static int st_held(kvx_store *s, MDB_txn *txn, const st_query *q)
     return rc == KVX_ENOTFOUND || rc == KVX_EPAGECRC || rc == KVX_ETRUNC ? 0 : rc;
 }
 
-/* A put bigger than the whole store would keep only its tail, which no
- * prefix reaches: refused before anything is written. */
+/* A flush acknowledges every block put since the previous one, so what a
+ * flush would acknowledge must fit the store at once: a put that takes the
+ * unflushed batch over the capacity would keep only its tail (which no
+ * prefix reaches) and the flush would acknowledge blocks already evicted.
+ * Refused before anything is written. Call under wmu. */
 static int st_fits(kvx_store *s, size_t n_blocks, const char *fn)
 {
     uint64_t need;
-    if (!kvx_mul64(&need, n_blocks, s->entry_bytes) || need > s->capacity)
+    size_t total = n_blocks + s->batch_blocks;
+    if (total < n_blocks || !kvx_mul64(&need, total, s->entry_bytes) || need > s->capacity) {
+        if (s->batch_blocks)
+            return kvx_fail(KVX_ECAPACITY,
+                            "%s: %zu blocks, with the %zu put since the last flush, need %llu bytes, more than the "
+                            "store's capacity of %llu bytes: flush first",
+                            fn, n_blocks, s->batch_blocks, (unsigned long long)(total * s->entry_bytes),
+                            (unsigned long long)s->capacity);
         return kvx_fail(KVX_ECAPACITY, "%s: %zu blocks need %llu bytes, more than the store's capacity of %llu bytes",
                         fn, n_blocks, (unsigned long long)(n_blocks * s->entry_bytes),
                         (unsigned long long)s->capacity);
+    }
     return 0;
 }
 
@@ -402,7 +414,10 @@ KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens,
                         n_tokens / B, n_tokens);
     if (n_pages && (!tokens || !pages)) return kvx_fail(KVX_EINVALID, "kvx_store_put: tokens or pages is NULL");
     if (n_pages == 0) return 0;
-    if ((rc = st_fits(s, n_pages, "kvx_store_put"))) return rc;
+    pthread_mutex_lock(&s->wmu);
+    rc = st_fits(s, n_pages, "kvx_store_put");
+    pthread_mutex_unlock(&s->wmu);
+    if (rc) return rc;
     uint64_t *h = malloc(n_pages * sizeof *h);
     uint8_t *held = calloc(n_pages, 1);
     uint8_t(*d)[KVX_DIGEST_BYTES] = malloc(n_pages * KVX_DIGEST_BYTES);
@@ -437,6 +452,7 @@ KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens,
         if (rc) st_discard_pending(s); /* a failed put drops the whole unflushed batch */
         else added++;
     }
+    s->batch_blocks = rc ? 0 : s->batch_blocks + added; /* a failed put dropped the batch */
     pthread_mutex_unlock(&s->wmu);
     free(h);
     free(held);
@@ -494,7 +510,11 @@ KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, co
         kvx_envelope_block blk;
         if (kvx_envelope_block_at(&blk, &e, i) == 0 && blk.n_tokens == B && blk.hash) nput++;
     }
-    if (!rc) rc = st_fits(s, nput, "kvx_store_put_envelope");
+    if (!rc) {
+        pthread_mutex_lock(&s->wmu);
+        rc = st_fits(s, nput, "kvx_store_put_envelope");
+        pthread_mutex_unlock(&s->wmu);
+    }
     size_t added = 0;
     pthread_mutex_lock(&s->wmu);
     s->reserve_hint = e.n_blocks;
@@ -518,6 +538,7 @@ KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, co
         if (rc) st_discard_pending(s);
         else added++;
     }
+    s->batch_blocks = rc ? 0 : s->batch_blocks + added; /* a failed put dropped the batch */
     pthread_mutex_unlock(&s->wmu);
     free(h);
     free(d);
@@ -612,7 +633,9 @@ int st_flush_locked(kvx_store *s)
     if (small_max < 4) small_max = 4;
     if (small_max > ST_COMPACT_SMALL) small_max = ST_COMPACT_SMALL;
     if (live > ST_COMPACT_AT || (uint64_t)small >= small_max) st_compact(s, 0);
-    st_pins_clear(s);
+    /* pins stay until kvx_store_flush returns: a flush made inside a put
+     * (shard ids running out, a batch near the capacity) publishes blocks
+     * that only the caller's flush acknowledges */
     kvx_clear_error();
     return 0;
 }
@@ -623,6 +646,10 @@ KVX_API int kvx_store_flush(kvx_store *s)
     if (rc) return rc;
     pthread_mutex_lock(&s->wmu);
     rc = st_flush_locked(s);
+    if (!rc) {
+        s->batch_blocks = 0; /* acknowledged */
+        st_pins_clear(s);
+    }
     pthread_mutex_unlock(&s->wmu);
     return rc;
 }

@@ -536,7 +536,9 @@ KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens,
 KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len,
                                    const uint32_t *tokens, size_t n_tokens, size_t *out_new);
 /* Makes every block put so far durable and visible. 0 is the
- * acknowledgement. */
+ * acknowledgement. The blocks put since the previous flush must fit the
+ * store's capacity together: a put that would take them over answers
+ * KVX_ECAPACITY ("flush first") and writes nothing. */
 KVX_API int kvx_store_flush(kvx_store *s);
 
 /* Lookups fill views the caller releases with kvx_view_release(s).
