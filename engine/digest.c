@@ -31,6 +31,7 @@
 #endif
 #include <openssl/evp.h>
 
+#ifndef KVX_DIGEST_LOWLEVEL
 static EVP_MD *sha256_md;
 static pthread_once_t sha256_once = PTHREAD_ONCE_INIT;
 
@@ -41,11 +42,17 @@ static const EVP_MD *sha256(void)
     pthread_once(&sha256_once, sha256_fetch);
     return sha256_md ? sha256_md : EVP_sha256();
 }
+#endif
 
 int kvx_digest_ctx_init(kvx_digest_ctx *c)
 {
+#ifdef KVX_DIGEST_LOWLEVEL
+    c->md = NULL; /* the one-shot calls keep their state on the stack */
+    return 0;
+#else
     c->md = EVP_MD_CTX_new();
     return c->md ? 0 : kvx_fail(-ENOMEM, "digest: out of memory (EVP_MD_CTX_new)");
+#endif
 }
 
 void kvx_digest_ctx_free(kvx_digest_ctx *c)
@@ -67,14 +74,14 @@ void kvx_digest_step(kvx_digest_ctx *c, uint8_t out[KVX_DIGEST_BYTES], const uin
     if (SHA256_Init(&sc) != 1 || (prev && SHA256_Update(&sc, prev, KVX_DIGEST_BYTES) != 1) ||
         SHA256_Update(&sc, tokens, (size_t)B * 4u) != 1 || SHA256_Final(out, &sc) != 1)
         memset(out, 0xFF, KVX_DIGEST_BYTES);
-    return;
-#endif
+#else
     unsigned int len = 0;
     EVP_MD_CTX *m = c->md;
     if (EVP_DigestInit_ex2(m, sha256(), NULL) != 1 || (prev && EVP_DigestUpdate(m, prev, KVX_DIGEST_BYTES) != 1) ||
         EVP_DigestUpdate(m, tokens, (size_t)B * 4u) != 1 || EVP_DigestFinal_ex(m, out, &len) != 1 ||
         len != KVX_DIGEST_BYTES)
         memset(out, 0xFF, KVX_DIGEST_BYTES);
+#endif
 }
 
 int kvx_digest_is_zero(const uint8_t *d)

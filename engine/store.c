@@ -596,7 +596,8 @@ kvx_shard *st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
     kvx_shard *sh = NULL;
     struct stat st;
     int bad = 1, transient = 0;
-    if (fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) {
+    int sr = fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW);
+    if (sr == 0 && S_ISREG(st.st_mode)) {
         char *path = st_join(s->shards_path, name);
         int rc = path ? kvx_shard_open(&sh, path, 0) : -ENOMEM;
         free(path);
@@ -612,8 +613,9 @@ kvx_shard *st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
              * not a verdict on the file */
             transient = 1;
         }
-    } else if (errno != ENOENT) {
-        transient = 1;
+    } else if (sr != 0 && errno != ENOENT) {
+        transient = 1; /* EACCES, EIO...: not a verdict; something not a
+                          regular file where the shard belongs is one */
     }
     if (transient) return NULL;
     pthread_rwlock_wrlock(&s->cache_lock);

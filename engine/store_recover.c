@@ -299,10 +299,12 @@ static int st_check_registered(kvx_store *s, st_fix *f, char (*why)[512])
 
 /* ------------------------------------------------------------- adoption */
 
+/* A move to quarantine/ that fails (quarantine/ unusable, EIO) leaves the
+ * file where it is, unregistered: nothing is lost, and the next writer's
+ * recovery judges it again. */
 typedef struct st_adopt_ctx {
     st_fix *f;
     char (*why)[512];
-    int err;
 } st_adopt_ctx;
 
 static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
@@ -349,7 +351,7 @@ static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
                     kvx_shard_close(f->adopt_sh[b]);
                     f->adopt_sh[b] = NULL;
                     f->adopt[b] = 0;
-                    if (st_quarantine(s, older, owhy) != 0) c->err = 1;
+                    if (st_quarantine(s, older, owhy) != 0) kvx_clear_error();
                 } else { /* the registered holder: its records go, its file aside after the commit */
                     f->drop[b] = 2;
                     snprintf(c->why[b], sizeof c->why[b], "%s", owhy);
@@ -365,7 +367,7 @@ static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
         }
     }
     /* a verdict: the file goes to quarantine/, never unlinked */
-    if (st_quarantine(s, name, why) != 0) c->err = 1;
+    if (st_quarantine(s, name, why) != 0) kvx_clear_error();
     return 0;
 }
 
@@ -388,7 +390,7 @@ int st_recover(kvx_store *s)
         return kvx_fail(-ENOMEM, "store: out of memory");
     }
     st_check_registered(s, f, why);
-    st_adopt_ctx ac = {f, why, 0};
+    st_adopt_ctx ac = {f, why};
     rc = st_each_file(s, s->shardsfd, st_adopt_file, &ac);
     int any = 0;
     for (int b = 0; b < ST_SLOTS; b++) {

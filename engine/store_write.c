@@ -1333,7 +1333,8 @@ typedef struct st_scan {
     st_found f[ST_SLOTS];
     uint64_t max_gen;
     uint64_t quarantined, skipped;
-    int err;
+    int err;           /* the first failed move to quarantine/ */
+    char errmsg[512];  /* ... and what it said */
 } st_scan;
 
 /* One file of shards/: kept (newest valid file per shard byte), or moved
@@ -1391,7 +1392,10 @@ static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
                 kvx_shard_close(old.sh);
                 snprintf(why, sizeof why, "reindex: shard byte %u is also claimed by the newer shards/%s",
                          in->shard_id, f->name);
-                if (st_quarantine(s, old.name, why)) sc->err = 1;
+                if ((rc = st_quarantine(s, old.name, why)) && !sc->err) {
+                    sc->err = rc;
+                    snprintf(sc->errmsg, sizeof sc->errmsg, "%s", kvx_last_error());
+                }
                 else sc->quarantined++;
                 return 0;
             }
@@ -1401,7 +1405,10 @@ static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
             sh = NULL;
         }
     }
-    if (st_quarantine(s, name, why)) sc->err = 1;
+    if ((rc = st_quarantine(s, name, why)) && !sc->err) {
+        sc->err = rc;
+        snprintf(sc->errmsg, sizeof sc->errmsg, "%s", kvx_last_error());
+    }
     else sc->quarantined++;
     return 0;
 }
@@ -1636,11 +1643,16 @@ int st_reindex_locked(kvx_store *s)
     for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(sc->f[b].sh);
     uint64_t quarantined = sc->quarantined, skipped = sc->skipped;
     int qerr = sc->err;
+    char qmsg[512];
+    snprintf(qmsg, sizeof qmsg, "%s", sc->errmsg);
     free(sc);
     for (uint32_t b = 0; b < ST_SLOTS; b++) st_cache_drop(s, b);
     if (!rc) rc = st_registry_load(s);
     if (!rc) rc = st_derive_digests(s);
-    if (!rc && qerr) rc = kvx_fail(-EIO, "store %s: reindex could not move every invalid file to quarantine/", s->dir);
+    if (!rc && qerr)
+        rc = kvx_fail(qerr, "store %s: the index is rebuilt, but a file reindex could not use stays in shards/ (not "
+                            "indexed, nothing lost): %s",
+                      s->dir, qmsg);
     if (!rc && (quarantined || skipped))
         kvx_fail(KVX_ECORRUPT,
                  "store %s: reindex moved %llu invalid or duplicate file(s) to quarantine/ and left %llu entr%s of "

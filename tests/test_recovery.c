@@ -27,6 +27,8 @@
  *  - test_capacity_limits: a capacity below the shard size is refused;
  *  - test_truncate_extend_many_points: a shard cut or extended at many
  *    points keeps its bytes and serves exactly its whole pages;
+ *  - test_shard_replaced_by_fifo: a FIFO where a registered shard was
+ *    blocks nothing and is left alone;
  *  - test_sparse_giant_bounded: an 8 KiB file declaring a huge block_tokens
  *    costs no more than the file.
  */
@@ -690,6 +692,35 @@ static void test_truncate_extend_many_points(void **state)
     assert_int_equal(st.st_size, 100);
 }
 
+/* A registered shard replaced by a FIFO (or another non-regular file): a
+ * reader misses without blocking on it, a writer drops its records and
+ * leaves the FIFO alone, and the other shard keeps serving. */
+static void test_shard_replaced_by_fifo(void **state)
+{
+    (void)state;
+    char dir[300], shard[700];
+    kvx_store *s = make_store(dir, sizeof dir, 0);
+    put_seq(s, 1, 3);
+    put_seq(s, 2, 3);
+    kvx_store_close(s);
+    shard_path(dir, 0, shard, sizeof shard);
+    assert_int_equal(unlink(shard), 0);
+    assert_int_equal(mkfifo(shard, 0600), 0);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+    size_t a = su_served_prefix(s, 1, 3), b = su_served_prefix(s, 2, 3);
+    assert_true((a == 0 && b == 3) || (a == 3 && b == 0));
+    kvx_store_close(s);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    assert_int_equal(su_served_prefix(s, 1, 3) + su_served_prefix(s, 2, 3), 3);
+    assert_int_equal(kvx_store_gc(s), 0);
+    uint64_t bad = 9;
+    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), KVX_ECORRUPT); /* the FIFO where a shard belongs */
+    kvx_store_close(s);
+    struct stat st;
+    assert_int_equal(lstat(shard, &st), 0);
+    assert_true(S_ISFIFO(st.st_mode)); /* left alone */
+}
+
 /* An 8 KiB sparse shard whose header declares block_tokens near 2^32: every
  * reader stays bounded by the file (DESIGN.md rule 5), no gigabytes. */
 static void test_sparse_giant_bounded(void **state)
@@ -754,6 +785,7 @@ int main(void)
         cmocka_unit_test(test_headless_chain_gc),
         cmocka_unit_test(test_capacity_limits),
         cmocka_unit_test(test_sparse_giant_bounded),
+        cmocka_unit_test(test_shard_replaced_by_fifo),
         cmocka_unit_test(test_truncate_extend_many_points),
     };
     return cmocka_run_group_tests(tests, su_setup, su_teardown);
