@@ -7,6 +7,7 @@
 #ifndef KVX_TEST_STORE_UTIL_H
 #define KVX_TEST_STORE_UTIL_H
 
+#include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,6 +127,27 @@ static inline int su_flip_page_byte(const char *path, uint32_t entry)
     int c = fseek(f, (long)off, SEEK_SET) == 0 ? fgetc(f) : EOF;
     rc = c == EOF || fseek(f, (long)off, SEEK_SET) != 0 || fputc(c ^ 0x40, f) == EOF ? -1 : 0;
     return fclose(f) == 0 ? rc : -1;
+}
+
+static inline int su_cmp_name(const void *a, const void *b) { return strcmp((const char *)a, (const char *)b); }
+
+/* Sorted names of the entries of dir/sub ("." and ".." left out), at most
+ * max of them, each cut to 63 bytes. */
+static inline size_t su_list_names(const char *dir, const char *sub, char (*out)[64], size_t max)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%.3000s/%.1000s", dir, sub);
+    DIR *d = opendir(path);
+    if (!d) return 0;
+    size_t n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < max) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        snprintf(out[n++], 64, "%.63s", e->d_name);
+    }
+    closedir(d);
+    qsort(out, n, 64, su_cmp_name);
+    return n;
 }
 
 /* The test's scratch directory: made by su_setup (cmocka group setup) and

@@ -79,23 +79,6 @@ static kvx_store *make_store(char *dir, size_t cap) { return make_store_g(dir, c
 /* Puts the first nb blocks of sequence seq (no shared prefix), flushes. */
 static void put_seq(kvx_store *s, uint64_t seq, size_t nb) { assert_int_equal(su_put_seq(s, seq, nb), 0); }
 
-/* Sorted names of the entries of dir/sub ("." and ".." left out). */
-static size_t list_names(const char *dir, const char *sub, char (*out)[64], size_t max)
-{
-    char path[700];
-    snprintf(path, sizeof path, "%s/%s", dir, sub);
-    DIR *d = opendir(path);
-    if (!d) return 0;
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < max) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(out[n++], 64, "%.63s", e->d_name);
-    }
-    closedir(d);
-    qsort(out, n, 64, (int (*)(const void *, const void *))strcmp);
-    return n;
-}
 
 static int copy_file(const char *from, const char *to)
 {
@@ -166,10 +149,10 @@ static void test_regress_gc_headless_transient_parent(void **state)
     kvx_store *s = make_store(dir, sizeof dir);
     put_seq(s, 77, 1); /* shard A: block 0 */
     char names[8][64];
-    assert_int_equal(list_names(dir, "shards", names, 8), 1);
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
     snprintf(fail_suffix, sizeof fail_suffix, "/%s", names[0]);
     put_seq(s, 77, 2); /* shard B: block 1 (block 0 held in A) */
-    assert_int_equal(list_names(dir, "shards", names, 8), 2);
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 2);
     assert_int_equal(su_served_prefix(s, 77, 2), 2);
     kvx_store_close(s);
 
@@ -190,9 +173,9 @@ static void test_regress_gc_headless_transient_parent(void **state)
     size_t served_reopen = su_served_prefix(s, 77, 2);
     kvx_store_close(s);
     char q[8][64];
-    size_t nq = list_names(dir, "quarantine", q, 8);
+    size_t nq = su_list_names(dir, "quarantine", q, 8);
     print_message("after gc: %zu block(s) served, %zu after reopen, %zu file(s) in shards/, %zu in quarantine/\n",
-                  served, served_reopen, list_names(dir, "shards", names, 8), nq);
+                  served, served_reopen, su_list_names(dir, "shards", names, 8), nq);
     if (served_reopen != 2)
         fail_msg("DEFECT rule 2: gc deleted an acknowledged, reachable block because its parent's shard "
                  "could not be opened at that moment (EMFILE): %zu of 2 blocks served after gc",
@@ -236,8 +219,8 @@ static void test_regress_stale_index_newer_claimant(void **state)
     put_seq(sq, 2, 3);
     kvx_store_close(sq);
     char pn[8][64], qn[8][64];
-    assert_int_equal(list_names(p, "shards", pn, 8), 1);
-    assert_int_equal(list_names(q, "shards", qn, 8), 1);
+    assert_int_equal(su_list_names(p, "shards", pn, 8), 1);
+    assert_int_equal(su_list_names(q, "shards", qn, 8), 1);
     /* Q's shard claims the same byte (both are their store's first) */
     kvx_shard *a, *c;
     char pa[800], pc[800], newer[800];
@@ -329,7 +312,7 @@ static void test_regress_cli_output_inside_store(void **state)
     kvx_store_close(s);
     free(pages);
     char names[8][64];
-    assert_int_equal(list_names(dir, "shards", names, 8), 1);
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
     char shard[800], cfg[800], args[3000];
     snprintf(shard, sizeof shard, "%s/shards/%s", dir, names[0]);
     snprintf(cfg, sizeof cfg, "%s/STORE", dir);
@@ -405,7 +388,7 @@ static void test_regress_get_hash_skips_good_copy(void **state)
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_store_close(s);
     char names[8][64], oldp[800], newp[800];
-    assert_int_equal(list_names(dir, "shards", names, 8), 1);
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
     snprintf(oldp, sizeof oldp, "%s/shards/%s", dir, names[0]);
     flip_page_byte(oldp, 2);
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
@@ -414,7 +397,7 @@ static void test_regress_get_hash_skips_good_copy(void **state)
     assert_int_equal(added, 1); /* block 2 again */
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_store_close(s);
-    assert_int_equal(list_names(dir, "shards", names, 8), 2);
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 2);
     snprintf(newp, sizeof newp, "%s/shards/%s", dir, names[0]);
     if (!strcmp(newp, oldp)) snprintf(newp, sizeof newp, "%s/shards/%s", dir, names[1]);
 
@@ -477,7 +460,7 @@ static void take_snap(const char *dir, snap *sn)
 {
     memset(sn, 0, sizeof *sn);
     char top[64][64];
-    size_t nt = list_names(dir, ".", top, 64);
+    size_t nt = su_list_names(dir, ".", top, 64);
     for (size_t i = 0; i < nt; i++) {
         char p[800];
         snprintf(p, sizeof p, "%s/%s", dir, top[i]);
@@ -486,7 +469,7 @@ static void take_snap(const char *dir, snap *sn)
         if (S_ISDIR(st.st_mode)) {
             snprintf(sn->name[sn->n++], 128, "%s/", top[i]);
             char sub[64][64];
-            size_t ns = list_names(dir, top[i], sub, 64);
+            size_t ns = su_list_names(dir, top[i], sub, 64);
             for (size_t j = 0; j < ns && sn->n < 64; j++) {
                 char pp[900];
                 snprintf(pp, sizeof pp, "%s/%s", p, sub[j]);
@@ -529,7 +512,7 @@ static void test_reader_changes_nothing(void **state)
     put_seq(o, 53, 2);
     kvx_store_close(o);
     char names[8][64], p[900], q[900];
-    assert_int_equal(list_names(dir, "shards", names, 8), 3);
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 3);
     snprintf(p, sizeof p, "%s/shards/%s", dir, names[0]);
     flip_page_byte(p, 1); /* a damaged page */
     snprintf(p, sizeof p, "%s/shards/%s", dir, names[1]);
@@ -538,7 +521,7 @@ static void test_reader_changes_nothing(void **state)
     fputc(0x5a, f);
     fclose(f);
     char on[8][64];
-    assert_int_equal(list_names(other, "shards", on, 8), 4);
+    assert_int_equal(su_list_names(other, "shards", on, 8), 4);
     snprintf(p, sizeof p, "%s/shards/%s", other, on[3]);
     snprintf(q, sizeof q, "%s/shards/00000000000000e0.kvx", dir);
     assert_int_equal(copy_file(p, q), 0); /* byte 3: free in dir */
@@ -851,7 +834,7 @@ static void test_quarantine_not_a_directory(void **state)
         struct stat st;
         assert_int_equal(lstat(g, &st), 0); /* never deleted */
         char names[8][64];
-        assert_int_equal(list_names(outside, ".", names, 8), 0); /* nothing written through the link */
+        assert_int_equal(su_list_names(outside, ".", names, 8), 0); /* nothing written through the link */
         assert_int_equal(lstat(q, &st), 0);
         assert_true(mode == 0 ? S_ISREG(st.st_mode) : S_ISLNK(st.st_mode));
         assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);

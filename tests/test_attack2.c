@@ -124,22 +124,6 @@ static void coll_prompts(uint32_t *ta, uint32_t *tb, size_t nb)
     for (size_t i = 0; i < nb; i++) assert_true(ha[i] == hb[i]);
 }
 
-static size_t list_names(const char *dir, const char *sub, char (*out)[64], size_t max)
-{
-    char path[700];
-    snprintf(path, sizeof path, "%s/%s", dir, sub);
-    DIR *d = opendir(path);
-    if (!d) return 0;
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < max) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(out[n++], 64, "%.63s", e->d_name);
-    }
-    closedir(d);
-    qsort(out, n, 64, (int (*)(const void *, const void *))strcmp);
-    return n;
-}
 
 static void flip_page_byte(const char *path, uint32_t entry) { assert_int_equal(su_flip_page_byte(path, entry), 0); }
 
@@ -507,11 +491,11 @@ static void test_collisions_survive_rewrites(void **state)
     assert_int_equal(kvx_store_flush(s), 0);
     const char *m;
     char names[16][64];
-    assert_int_equal(list_names(dir, "shards", names, 16), 3);
+    assert_int_equal(su_list_names(dir, "shards", names, 16), 3);
     if ((m = coll_check(s, ta, tb, pa, pb, NB))) fail_msg("before any rewrite: %s", m);
     /* gc: the three small shards are merged into one */
     assert_int_equal(kvx_store_gc(s), 0);
-    size_t ns = list_names(dir, "shards", names, 16);
+    size_t ns = su_list_names(dir, "shards", names, 16);
     print_message("after gc's compaction: %zu shard(s)\n", ns);
     assert_int_equal(ns, 1);
     if ((m = coll_check(s, ta, tb, pa, pb, NB))) fail_msg("after compaction: %s", m);
@@ -619,7 +603,7 @@ static void test_unverified_beside_verified_rewrites(void **state)
         assert_int_equal(kvx_store_flush(s), 0);
     }
     char names[16][64];
-    assert_int_equal(list_names(dir, "shards", names, 16), 4);
+    assert_int_equal(su_list_names(dir, "shards", names, 16), 4);
     for (int step = 0; step < 4; step++) {
         if (step == 1) assert_int_equal(kvx_store_gc(s), 0);
         if (step == 2) assert_int_equal(kvx_store_reindex(s), 0);

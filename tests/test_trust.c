@@ -258,20 +258,30 @@ static void only_shard(const char *dir, char *out, size_t cap)
 
 static void flip_page_byte(const char *path, uint32_t entry) { assert_int_equal(su_flip_page_byte(path, entry), 0); }
 
-static void test_rotten_page(void **state)
+/* A store holding one prompt of NB blocks (sequence seq), flushed and
+ * closed, and the path of its only shard; returns the prompt's pages. */
+enum { NB = 4 };
+static uint8_t *one_prompt_store(char *dir, size_t dcap, char *shard, size_t scap, uint64_t seq, uint32_t *t,
+                                 uint64_t *h)
 {
-    (void)state;
-    char dir[300], shard[600];
-    kvx_store *s = make_store(dir, sizeof dir, SU_B, 16 << 20);
-    enum { NB = 4 };
-    uint32_t t[NB * SU_B];
-    uint64_t h[NB];
-    su_tokens(t, 5, NB, 0);
+    kvx_store *s = make_store(dir, dcap, SU_B, 16 << 20);
+    su_tokens(t, seq, NB, 0);
     uint8_t *pages = su_pages(t, NB, h, 64);
     assert_int_equal(kvx_store_put(s, t, NB * SU_B, pages, NB, NULL, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_store_close(s);
-    only_shard(dir, shard, sizeof shard);
+    only_shard(dir, shard, scap);
+    return pages;
+}
+
+static void test_rotten_page(void **state)
+{
+    (void)state;
+    char dir[300], shard[600];
+    kvx_store *s;
+    uint32_t t[NB * SU_B];
+    uint64_t h[NB];
+    uint8_t *pages = one_prompt_store(dir, sizeof dir, shard, sizeof shard, 5, t, h);
     flip_page_byte(shard, 2);
     assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
     /* the prefix ends before the rotten block and names it; exit code 0 */
@@ -332,16 +342,10 @@ static void test_missing_page(void **state)
 {
     (void)state;
     char dir[300], shard[600];
-    kvx_store *s = make_store(dir, sizeof dir, SU_B, 16 << 20);
-    enum { NB = 4 };
+    kvx_store *s;
     uint32_t t[NB * SU_B];
     uint64_t h[NB];
-    su_tokens(t, 6, NB, 0);
-    uint8_t *pages = su_pages(t, NB, h, 64);
-    assert_int_equal(kvx_store_put(s, t, NB * SU_B, pages, NB, NULL, NULL), 0);
-    assert_int_equal(kvx_store_flush(s), 0);
-    kvx_store_close(s);
-    only_shard(dir, shard, sizeof shard);
+    uint8_t *pages = one_prompt_store(dir, sizeof dir, shard, sizeof shard, 6, t, h);
     struct stat stt;
     assert_int_equal(stat(shard, &stt), 0);
     assert_int_equal(truncate(shard, stt.st_size - 4096), 0); /* the last page */
@@ -397,7 +401,6 @@ static void test_pre_digest_store(void **state)
     char dir[300];
     kvx_store *s = make_store(dir, sizeof dir, SU_B, 16 << 20);
     kvx_store_close(s);
-    enum { NB = 4 };
     uint32_t t[NB * SU_B];
     uint64_t h[NB];
     su_tokens(t, 9, NB, 0);
