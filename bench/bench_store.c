@@ -27,8 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "os.h"
-#include "store_internal.h"
+#include "common/os.h"
+#include "engine/store_internal.h"
 
 static double now_s(void)
 {

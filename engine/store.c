@@ -11,9 +11,9 @@
  * the query before a view is handed out, so the index only has to be a
  * hint: a stale or colliding index record can never serve wrong bytes.
  */
-#include "os.h"
+#include "common/os.h"
 #include "store_internal.h"
-#include "digest.h"
+#include "common/digest.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -30,9 +30,9 @@
 
 #define USE_PERSIST_CALLS 65536u /* a reader writes usage every this many calls */
 
-void st_shard_name(char *buf, uint64_t gen) { snprintf(buf, 32, "%016" PRIx64 ".kvx", gen); }
+void kvx_st_shard_name(char *buf, uint64_t gen) { snprintf(buf, 32, "%016" PRIx64 ".kvx", gen); }
 
-uint64_t st_now_ns(void)
+uint64_t kvx_st_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -259,7 +259,7 @@ static int st_read_config(kvx_store *s)
 
 /* --------------------------------------------------------------- recovery */
 
-int st_each_file(kvx_store *s, int fd, st_dir_fn fn, void *ctx)
+int kvx_st_each_file(kvx_store *s, int fd, st_dir_fn fn, void *ctx)
 {
     int dfd = dup(fd);
     if (dfd < 0) return kvx_fail(-errno, "store: dup: %s", strerror(errno));
@@ -279,7 +279,7 @@ int st_each_file(kvx_store *s, int fd, st_dir_fn fn, void *ctx)
     return rc;
 }
 
-int st_name_prefix_gen(const char *name, uint64_t *gen)
+int kvx_st_name_prefix_gen(const char *name, uint64_t *gen)
 {
     uint64_t v = 0;
     for (int i = 0; i < 16; i++) {
@@ -293,12 +293,12 @@ int st_name_prefix_gen(const char *name, uint64_t *gen)
     return 1;
 }
 
-int st_parse_name(const char *name, uint64_t *gen)
+int kvx_st_parse_name(const char *name, uint64_t *gen)
 {
-    return strlen(name) == 20 && st_name_prefix_gen(name, gen);
+    return strlen(name) == 20 && kvx_st_name_prefix_gen(name, gen);
 }
 
-int st_registry_load(kvx_store *s)
+int kvx_st_registry_load(kvx_store *s)
 {
     MDB_txn *txn;
     int rc = kvx_idx_read_begin(s->ix, &txn);
@@ -349,10 +349,10 @@ static int st_finish_open(kvx_store *s, int create)
      * databases and recovery rebuilds them from the shards */
     int rc = kvx_idx_open(&s->ix, s->index_path, create || s->writer, (s->flags & KVX_STORE_NOSYNC) != 0);
     if (rc) return rc;
-    if (s->writer) return st_recover(s);
+    if (s->writer) return kvx_st_recover(s);
     /* readers never repair (DESIGN.md rule 3): a stale or damaged record
      * only makes a miss; recovery is a writer's job */
-    if ((rc = st_registry_load(s))) return rc;
+    if ((rc = kvx_st_registry_load(s))) return rc;
     if (!s->index_live)
         return kvx_fail(KVX_ECORRUPT, "store %s: the index is empty or lost: run 'kvx store reindex %s'", s->dir,
                         s->dir);
@@ -450,7 +450,7 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     s->writer = 1;
     if ((rc = kvx_idx_open(&s->ix, s->index_path, 1, (s->flags & KVX_STORE_NOSYNC) != 0))) goto fail;
     if ((rc = kvx_idx_write(s->ix, st_create_body, s))) goto fail;
-    if ((rc = st_registry_load(s))) goto fail;
+    if ((rc = kvx_st_registry_load(s))) goto fail;
     *out = s;
     kvx_clear_error();
     return 0;
@@ -564,10 +564,10 @@ KVX_API void kvx_store_close(kvx_store *s)
     if (!s) return;
     if (s->writer) {
         pthread_mutex_lock(&s->wmu);
-        st_discard_pending(s);
+        kvx_st_discard_pending(s);
         pthread_mutex_unlock(&s->wmu);
     }
-    st_usage_persist(s);
+    kvx_st_usage_persist(s);
     st_free(s);
 }
 
@@ -580,7 +580,7 @@ KVX_API int kvx_store_get_geometry(kvx_geometry *out, const kvx_store *s)
 
 /* ---------------------------------------------------------------- shards */
 
-kvx_shard *st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
+kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
 {
     pthread_rwlock_rdlock(&s->cache_lock);
     st_cache *c = &s->cache[byte];
@@ -592,7 +592,7 @@ kvx_shard *st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
     pthread_rwlock_unlock(&s->cache_lock);
 
     char name[32];
-    st_shard_name(name, gen);
+    kvx_st_shard_name(name, gen);
     kvx_shard *sh = NULL;
     struct stat st;
     int bad = 1, transient = 0;
@@ -635,7 +635,7 @@ kvx_shard *st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
     return r;
 }
 
-void st_cache_drop(kvx_store *s, uint32_t byte)
+void kvx_st_cache_drop(kvx_store *s, uint32_t byte)
 {
     pthread_rwlock_wrlock(&s->cache_lock);
     kvx_shard *old = s->cache[byte].sh;
@@ -659,9 +659,9 @@ typedef struct st_hc {
 
 static kvx_shard *st_hc_get(kvx_store *s, st_hc *hc, uint32_t byte, uint64_t gen)
 {
-    if (!hc) return st_shard_get(s, byte, gen);
+    if (!hc) return kvx_st_shard_get(s, byte, gen);
     if (hc->sh && hc->byte == byte && hc->gen == gen) return kvx_shard_ref(hc->sh);
-    kvx_shard *sh = st_shard_get(s, byte, gen);
+    kvx_shard *sh = kvx_st_shard_get(s, byte, gen);
     if (sh) {
         kvx_shard_close(hc->sh);
         hc->sh = kvx_shard_ref(sh);
@@ -775,7 +775,7 @@ static int st_lookup_hc(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view 
     return res;
 }
 
-int st_lookup(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view *out)
+int kvx_st_lookup(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view *out)
 {
     return st_lookup_hc(s, txn, q, out, NULL);
 }
@@ -842,7 +842,7 @@ static int st_get_by_hash(kvx_store *s, MDB_txn *txn, uint64_t hash, kvx_view *o
 /* Batched usage: referenced entries and last use per shard, hit/miss
  * counters; written to LMDB by the writer at flush/gc/close and by readers
  * every USE_PERSIST_CALLS calls and at close. */
-uint64_t *st_rec_get(kvx_store *s, uint32_t byte, uint64_t gen, uint32_t n)
+uint64_t *kvx_st_rec_get(kvx_store *s, uint32_t byte, uint64_t gen, uint32_t n)
 {
     st_rec *r = &s->rec[byte];
     if (r->gen == gen && r->last && r->n == n) return r->last;
@@ -855,9 +855,9 @@ uint64_t *st_rec_get(kvx_store *s, uint32_t byte, uint64_t gen, uint32_t n)
     return a;
 }
 
-void st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses, int count)
+void kvx_st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses, int count)
 {
-    uint64_t now = n ? st_now_ns() : 0;
+    uint64_t now = n ? kvx_st_now_ns() : 0;
     int persist = 0;
     pthread_mutex_lock(&s->use_mu);
     uint64_t hits = 0;
@@ -885,7 +885,7 @@ void st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses, int cou
         u->hits++;
         u->dirty = 1;
         if (s->writer) {
-            uint64_t *last = st_rec_get(s, b, gen, u->nbits);
+            uint64_t *last = kvx_st_rec_get(s, b, gen, u->nbits);
             if (last && v[i].entry < u->nbits) last[v[i].entry] = now;
         }
     }
@@ -896,7 +896,7 @@ void st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses, int cou
         if (++s->calls % USE_PERSIST_CALLS == 0 && !s->writer) persist = 1;
     }
     pthread_mutex_unlock(&s->use_mu);
-    if (persist) st_usage_persist(s);
+    if (persist) kvx_st_usage_persist(s);
 }
 
 typedef struct st_usage_snap {
@@ -953,7 +953,7 @@ static int st_usage_body(MDB_txn *txn, void *ctx)
     return 0;
 }
 
-int st_usage_persist(kvx_store *s)
+int kvx_st_usage_persist(kvx_store *s)
 {
     if (!s->ix || s->ix->rdonly_env) return 0;
     st_usage_snap *u = calloc(1, sizeof *u);
@@ -1029,7 +1029,7 @@ KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate)
     }
     kvx_idx_read_end(s->ix, txn);
     if (rc == KVX_ENOTFOUND) rc = kvx_fail(KVX_ENOTFOUND, "store: no block at coordinate 0x%08x", coordinate);
-    if (rc == 0 || rc == KVX_ENOTFOUND) st_note(s, out, rc == 0, rc != 0, 1);
+    if (rc == 0 || rc == KVX_ENOTFOUND) kvx_st_note(s, out, rc == 0, rc != 0, 1);
     return rc;
 }
 
@@ -1042,7 +1042,7 @@ KVX_API int kvx_store_get_hash(kvx_view *out, kvx_store *s, uint64_t hash)
     if (rc) return rc;
     rc = st_get_by_hash(s, txn, hash, out);
     kvx_idx_read_end(s->ix, txn);
-    if (rc == 0 || rc == KVX_ENOTFOUND) st_note(s, out, rc == 0, rc != 0, 1);
+    if (rc == 0 || rc == KVX_ENOTFOUND) kvx_st_note(s, out, rc == 0, rc != 0, 1);
     return rc;
 }
 
@@ -1060,7 +1060,7 @@ KVX_API int kvx_store_get_hashes(kvx_view *out_views, int *out_status, kvx_store
         if (out_status[i]) misses++;
     }
     kvx_idx_read_end(s->ix, txn);
-    st_note(s, out_views, n, misses, 1); /* views of misses are zeroed (shard NULL) */
+    kvx_st_note(s, out_views, n, misses, 1); /* views of misses are zeroed (shard NULL) */
     return 0;
 }
 
@@ -1111,7 +1111,7 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, c
         return rc;
     }
     *out_n = i;
-    st_note(s, out_views, i, nblocks - i, 1);
+    kvx_st_note(s, out_views, i, nblocks - i, 1);
     /* a plain miss leaves no message; damage keeps the block's (the
      * served prefix is still good: only the damaged block and what follows
      * are withheld) */
@@ -1139,12 +1139,12 @@ KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tok
     int rc = kvx_idx_read_begin(s->ix, &txn);
     if (!rc) {
         st_query q = {h[n - 1], n > 1 ? h[n - 2] : 0, tokens + (n - 1) * B, d[n - 1]};
-        rc = st_lookup(s, txn, &q, out);
+        rc = kvx_st_lookup(s, txn, &q, out);
         kvx_idx_read_end(s->ix, txn);
         if (rc == KVX_ENOTFOUND)
             rc = kvx_fail(KVX_ENOTFOUND, "store: no verified block %016llx for these tokens (block %zu)",
                           (unsigned long long)h[n - 1], n - 1);
-        if (rc == 0 || rc == KVX_ENOTFOUND) st_note(s, out, rc == 0, rc != 0, 1);
+        if (rc == 0 || rc == KVX_ENOTFOUND) kvx_st_note(s, out, rc == 0, rc != 0, 1);
     }
     free(h);
     free(d);
@@ -1258,7 +1258,7 @@ KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s)
     out->compactions = st.compactions;
     out->dropped_shards = st.dropped_shards;
     out->shard_bytes = s->target;
-    out->quarantined = st_quarantine_count(s);
+    out->quarantined = kvx_st_quarantine_count(s);
     pthread_mutex_lock(&s->wmu);
     out->pending_blocks = s->npend;
     pthread_mutex_unlock(&s->wmu);
@@ -1311,7 +1311,7 @@ KVX_API int kvx_store_shards(kvx_shard ***out_shards, size_t *out_n, kvx_store *
     size_t n = 0;
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
         if (!live[b]) continue;
-        kvx_shard *sh = st_shard_get(s, b, reg[b].gen);
+        kvx_shard *sh = kvx_st_shard_get(s, b, reg[b].gen);
         if (sh) arr[n++] = sh;
     }
     *out_shards = arr;
@@ -1356,7 +1356,7 @@ static int st_verify_unregistered(kvx_store *s, int fd, const char *name, void *
     (void)s;
     st_unreg_ctx *c = ctx;
     uint64_t gen;
-    if (!st_parse_name(name, &gen)) return 0;
+    if (!kvx_st_parse_name(name, &gen)) return 0;
     for (int b = 0; b < ST_SLOTS; b++)
         if (c->live[b] && c->reg[b].gen == gen) return 0;
     struct stat st;
@@ -1390,7 +1390,7 @@ KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(voi
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
         if (!live[b]) continue;
         char name[32];
-        st_shard_name(name, reg[b].gen);
+        kvx_st_shard_name(name, reg[b].gen);
         v.shard = name;
         /* never through a symlink (lookups refuse one too) */
         struct stat fst;
@@ -1431,7 +1431,7 @@ KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(voi
     /* every shard file is registered: one the index does not name is not
      * served until a writer adopts it (or reindex) */
     st_unreg_ctx uc = {&v, reg, live};
-    if (st_each_file(s, s->shardsfd, st_verify_unregistered, &uc)) kvx_clear_error();
+    if (kvx_st_each_file(s, s->shardsfd, st_verify_unregistered, &uc)) kvx_clear_error();
     /* every index record names a registered shard */
     MDB_cursor *cur;
     if (mdb_cursor_open(txn, s->ix->coord, &cur) == 0) {

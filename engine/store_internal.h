@@ -7,8 +7,9 @@
 #ifndef KVX_STORE_INTERNAL_H
 #define KVX_STORE_INTERNAL_H
 
-#include "index.h"
-#include "internal.h"
+#include "index/index.h"
+#include "common/internal.h"
+#include "format/format.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -125,15 +126,15 @@ struct kvx_store {
 };
 
 /* "%016llx.kvx" of gen into buf (32 bytes). */
-void st_shard_name(char *buf, uint64_t gen);
-uint64_t st_now_ns(void);
+void kvx_st_shard_name(char *buf, uint64_t gen);
+uint64_t kvx_st_now_ns(void);
 /* 1 and the generation when name is a shard file name. */
-int st_parse_name(const char *name, uint64_t *gen);
+int kvx_st_parse_name(const char *name, uint64_t *gen);
 /* 1 and the generation when name starts "<16 hex>.kvx" (anything may follow). */
-int st_name_prefix_gen(const char *name, uint64_t *gen);
+int kvx_st_name_prefix_gen(const char *name, uint64_t *gen);
 /* Calls fn for every entry of directory fd but . and .. */
 typedef int (*st_dir_fn)(kvx_store *s, int dirfd, const char *name, void *ctx);
-int st_each_file(kvx_store *s, int fd, st_dir_fn fn, void *ctx);
+int kvx_st_each_file(kvx_store *s, int fd, st_dir_fn fn, void *ctx);
 
 /* Is rc, from opening a shard file, a passing failure of this process
  * (EMFILE, EIO, ENOMEM, no free mapping-guard slot, ...) rather than a
@@ -148,9 +149,9 @@ static inline int st_open_transient(int rc)
 
 /* A new reference on the shard (byte, gen), opened lazily; NULL when it
  * cannot be opened (then marked bad, unless the failure was transient). */
-kvx_shard *st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen);
+kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen);
 /* Forgets the cached handle of byte (drops the cache's reference). */
-void st_cache_drop(kvx_store *s, uint32_t byte);
+void kvx_st_cache_drop(kvx_store *s, uint32_t byte);
 
 /* What a lookup asks for. With toks (and digest), only a verified block
  * whose hash, parent, B token ids and prefix digest all equal the query's
@@ -164,44 +165,44 @@ typedef struct st_query {
 /* Looks a block up in txn: 0 and a view (its page CRC-checked), or
  * KVX_ENOTFOUND, KVX_EPAGECRC / KVX_ETRUNC (only damaged copies), or an
  * error. Every block holding the hash is tried. */
-int st_lookup(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view *out);
+int kvx_st_lookup(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view *out);
 
 /* Writer: the per-entry last-use array of shard (byte, gen) with n
  * entries, created (zeroed) or reset when gen changed; NULL on ENOMEM.
  * Call under use_mu. */
-uint64_t *st_rec_get(kvx_store *s, uint32_t byte, uint64_t gen, uint32_t n);
+uint64_t *kvx_st_rec_get(kvx_store *s, uint32_t byte, uint64_t gen, uint32_t n);
 
 /* Notes the n views' blocks as used now (referenced bit, last use); count:
  * also add them to the hit/miss counters (lookups; a put that finds its
  * block held only refreshes it). */
-void st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses, int count);
+void kvx_st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses, int count);
 
 /* Usage: writes this handle's batched counters and referenced bits. */
-int st_usage_persist(kvx_store *s);
+int kvx_st_usage_persist(kvx_store *s);
 /* Reloads the registry mirror (writer). */
-int st_registry_load(kvx_store *s);
+int kvx_st_registry_load(kvx_store *s);
 
 /* store_recover.c: recovery (writer only), quarantine, adoption */
-int st_recover(kvx_store *s);
+int kvx_st_recover(kvx_store *s);
 /* Moves shards/<name> to quarantine/<name> (a numeric suffix on a clash,
  * never replacing a file) with the reason in <name>.why. Writer only. */
-int st_quarantine(kvx_store *s, const char *name, const char *why);
+int kvx_st_quarantine(kvx_store *s, const char *name, const char *why);
 /* Raises next_gen above every generation named in shards/, staging/ and
  * quarantine/ (a new shard never takes an existing file's name). */
-int st_gen_floor(kvx_store *s);
+int kvx_st_gen_floor(kvx_store *s);
 /* Files in quarantine/ (not counting .why notes). */
-uint64_t st_quarantine_count(kvx_store *s);
+uint64_t kvx_st_quarantine_count(kvx_store *s);
 /* Entries of sh with a hash but no prefix digest (unverified). */
-uint32_t st_count_unverified(const kvx_shard *sh);
-/* st_register: a shard record and its empty usage record (in txn). */
-int st_register(MDB_txn *txn, kvx_index *ix, const st_sealed *x);
+uint32_t kvx_st_count_unverified(const kvx_shard *sh);
+/* kvx_st_register: a shard record and its empty usage record (in txn). */
+int kvx_st_register(MDB_txn *txn, kvx_index *ix, const st_sealed *x);
 
 /* store_write.c */
-void st_discard_pending(kvx_store *s);
-int st_flush_locked(kvx_store *s);
-int st_enforce_capacity(kvx_store *s);
-int st_compact(kvx_store *s, int full);
-int st_reindex_locked(kvx_store *s);
-int st_drop_bad_shards(kvx_store *s);
+void kvx_st_discard_pending(kvx_store *s);
+int kvx_st_flush_locked(kvx_store *s);
+int kvx_st_enforce_capacity(kvx_store *s);
+int kvx_st_compact(kvx_store *s, int full);
+int kvx_st_reindex_locked(kvx_store *s);
+int kvx_st_drop_bad_shards(kvx_store *s);
 
 #endif

@@ -18,7 +18,7 @@
  *    staging/ and quarantine/, so a new shard never takes a file's name.
  * Readers run none of this (rule 3): a reader with a stale index misses.
  */
-#include "os.h"
+#include "common/os.h"
 #include "store_internal.h"
 
 #include <errno.h>
@@ -60,7 +60,7 @@ static int st_open_qdir(kvx_store *s, int *out)
     return 0;
 }
 
-int st_quarantine(kvx_store *s, const char *name, const char *why)
+int kvx_st_quarantine(kvx_store *s, const char *name, const char *why)
 {
     int qfd = -1, rc = st_open_qdir(s, &qfd);
     if (rc) return rc;
@@ -122,12 +122,12 @@ static int st_count_q(kvx_store *s, int fd, const char *name, void *ctx)
     return 0;
 }
 
-uint64_t st_quarantine_count(kvx_store *s)
+uint64_t kvx_st_quarantine_count(kvx_store *s)
 {
     int qfd = kvx_os.openat(s->dirfd, ST_QUARANTINE, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
     if (qfd < 0) return 0;
     uint64_t n = 0;
-    if (st_each_file(s, qfd, st_count_q, &n) != 0) kvx_clear_error();
+    if (kvx_st_each_file(s, qfd, st_count_q, &n) != 0) kvx_clear_error();
     kvx_os.close(qfd);
     return n;
 }
@@ -138,7 +138,7 @@ uint64_t st_quarantine_count(kvx_store *s)
  * quarantine/, ".<16 hex>.kvx.tmp...." in staging/. */
 static int st_name_gen(const char *name, uint64_t *gen)
 {
-    return st_name_prefix_gen(name[0] == '.' ? name + 1 : name, gen);
+    return kvx_st_name_prefix_gen(name[0] == '.' ? name + 1 : name, gen);
 }
 
 static int st_gen_max(kvx_store *s, int fd, const char *name, void *ctx)
@@ -150,13 +150,13 @@ static int st_gen_max(kvx_store *s, int fd, const char *name, void *ctx)
     return 0;
 }
 
-int st_gen_floor(kvx_store *s)
+int kvx_st_gen_floor(kvx_store *s)
 {
     uint64_t max = 0;
-    int rc = st_each_file(s, s->shardsfd, st_gen_max, &max);
-    if (!rc) rc = st_each_file(s, s->stagingfd, st_gen_max, &max);
+    int rc = kvx_st_each_file(s, s->shardsfd, st_gen_max, &max);
+    if (!rc) rc = kvx_st_each_file(s, s->stagingfd, st_gen_max, &max);
     int qfd = kvx_os.openat(s->dirfd, ST_QUARANTINE, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (!rc && qfd >= 0) rc = st_each_file(s, qfd, st_gen_max, &max);
+    if (!rc && qfd >= 0) rc = kvx_st_each_file(s, qfd, st_gen_max, &max);
     if (qfd >= 0) kvx_os.close(qfd);
     if (rc) return rc;
     if (max == UINT64_MAX) return kvx_fail(KVX_EFULL, "store %s: shard generations are exhausted", s->dir);
@@ -210,7 +210,7 @@ static int st_fix_body(MDB_txn *txn, void *ctx)
             if ((rc = kvx_idx_put_shard(txn, ix, b, &rec))) return rc;
         }
         if (f->adopt[b]) {
-            if ((rc = st_register(txn, ix, &f->adopted[b]))) return rc;
+            if ((rc = kvx_st_register(txn, ix, &f->adopted[b]))) return rc;
             const kvx_shard_info *in = kvx_shard_get_info(f->adopt_sh[b]);
             for (uint32_t i = 0; i < in->num_blocks; i++) {
                 kvx_entry e;
@@ -261,7 +261,7 @@ static int st_check_registered(kvx_store *s, st_fix *f, char (*why)[512])
     for (int b = 0; b < ST_SLOTS; b++) {
         if (!s->reg_live[b]) continue;
         char name[32];
-        st_shard_name(name, s->reg[b].gen);
+        kvx_st_shard_name(name, s->reg[b].gen);
         struct stat st;
         if (fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
             if (errno != ENOENT) continue; /* EACCES, EIO...: not a verdict */
@@ -319,7 +319,7 @@ static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
         if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) kvx_os.unlinkat(fd, name, 0);
         return 0;
     }
-    if (!st_parse_name(name, &gen)) return 0; /* not ours: left alone */
+    if (!kvx_st_parse_name(name, &gen)) return 0; /* not ours: left alone */
     for (int b = 0; b < ST_SLOTS; b++)
         if (s->reg_live[b] && s->reg[b].gen == gen) return 0;
     struct stat st;
@@ -347,19 +347,19 @@ static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
             if (held) {
                 snprintf(owhy, sizeof owhy, "valid, but shard byte %u is claimed by the newer shards/%s", b, name);
                 if (f->adopt[b]) { /* an older unregistered claimant: aside now */
-                    st_shard_name(older, f->adopted[b].gen);
+                    kvx_st_shard_name(older, f->adopted[b].gen);
                     kvx_shard_close(f->adopt_sh[b]);
                     f->adopt_sh[b] = NULL;
                     f->adopt[b] = 0;
-                    if (st_quarantine(s, older, owhy) != 0) kvx_clear_error();
+                    if (kvx_st_quarantine(s, older, owhy) != 0) kvx_clear_error();
                 } else { /* the registered holder: its records go, its file aside after the commit */
                     f->drop[b] = 2;
                     snprintf(c->why[b], sizeof c->why[b], "%s", owhy);
                 }
             }
             const kvx_shard_info *in = kvx_shard_get_info(sh);
-            st_sealed x = {(uint8_t)b, gen, in->flags, in->num_blocks, (uint64_t)st.st_size, st_now_ns(),
-                           st_count_unverified(sh)};
+            st_sealed x = {(uint8_t)b, gen, in->flags, in->num_blocks, (uint64_t)st.st_size, kvx_st_now_ns(),
+                           kvx_st_count_unverified(sh)};
             f->adopt[b] = 1;
             f->adopted[b] = x;
             f->adopt_sh[b] = sh;
@@ -367,21 +367,21 @@ static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
         }
     }
     /* a verdict: the file goes to quarantine/, never unlinked */
-    if (st_quarantine(s, name, why) != 0) kvx_clear_error();
+    if (kvx_st_quarantine(s, name, why) != 0) kvx_clear_error();
     return 0;
 }
 
 /* ------------------------------------------------------------- recovery */
 
-int st_recover(kvx_store *s)
+int kvx_st_recover(kvx_store *s)
 {
-    int rc = st_registry_load(s);
+    int rc = kvx_st_registry_load(s);
     if (rc) return rc;
     /* generations first: a staging/ name counts too, even though the file
      * is about to go */
-    if ((rc = st_gen_floor(s))) return rc;
-    if ((rc = st_each_file(s, s->stagingfd, st_rm_staging, NULL))) return rc;
-    if (!s->index_live) return st_reindex_locked(s); /* index lost: rebuild it from the shards */
+    if ((rc = kvx_st_gen_floor(s))) return rc;
+    if ((rc = kvx_st_each_file(s, s->stagingfd, st_rm_staging, NULL))) return rc;
+    if (!s->index_live) return kvx_st_reindex_locked(s); /* index lost: rebuild it from the shards */
     st_fix *f = calloc(1, sizeof *f);
     char(*why)[512] = calloc(ST_SLOTS, sizeof *why);
     if (!f || !why) {
@@ -391,7 +391,7 @@ int st_recover(kvx_store *s)
     }
     st_check_registered(s, f, why);
     st_adopt_ctx ac = {f, why};
-    rc = st_each_file(s, s->shardsfd, st_adopt_file, &ac);
+    rc = kvx_st_each_file(s, s->shardsfd, st_adopt_file, &ac);
     int any = 0;
     for (int b = 0; b < ST_SLOTS; b++) {
         any |= f->drop[b] | f->resize[b] | f->adopt[b];
@@ -406,22 +406,22 @@ int st_recover(kvx_store *s)
         for (int b = 0; b < ST_SLOTS && !rc; b++) {
             if (f->drop[b] != 2) continue;
             char name[32];
-            st_shard_name(name, s->reg[b].gen);
-            st_cache_drop(s, (uint32_t)b);
-            rc = st_quarantine(s, name, why[b]);
+            kvx_st_shard_name(name, s->reg[b].gen);
+            kvx_st_cache_drop(s, (uint32_t)b);
+            rc = kvx_st_quarantine(s, name, why[b]);
         }
         s->dropped += f->ndrop;
     }
     for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(f->adopt_sh[b]);
     free(f);
     free(why);
-    if (!rc && any) rc = st_registry_load(s);
+    if (!rc && any) rc = kvx_st_registry_load(s);
     if (rc) return rc;
     /* shards found bad at first use are quarantined at the next flush or
-     * gc (st_drop_bad_shards); a crash between a flush's publication and
+     * gc (kvx_st_drop_bad_shards); a crash between a flush's publication and
      * its eviction leaves the store one shard over: evict now, so repeated
      * crashes cannot add up */
-    if (st_enforce_capacity(s) != 0) kvx_clear_error();
+    if (kvx_st_enforce_capacity(s) != 0) kvx_clear_error();
     kvx_clear_error();
     return 0;
 }

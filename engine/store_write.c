@@ -14,9 +14,9 @@
  * names. All of this runs under the handle's writer mutex, in the one
  * process that holds the store's flock.
  */
-#include "os.h"
+#include "common/os.h"
 #include "store_internal.h"
-#include "digest.h"
+#include "common/digest.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -26,7 +26,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-uint32_t st_count_unverified(const kvx_shard *sh)
+uint32_t kvx_st_count_unverified(const kvx_shard *sh)
 {
     uint32_t n = 0, cnt = kvx_shard_get_info(sh)->num_blocks;
     for (uint32_t i = 0; i < cnt; i++) {
@@ -133,13 +133,13 @@ static void st_pin(kvx_store *s, uint32_t b, uint64_t gen)
 static void st_unlink_shard(kvx_store *s, uint64_t gen)
 {
     char name[32];
-    st_shard_name(name, gen);
+    kvx_st_shard_name(name, gen);
     kvx_os.unlinkat(s->shardsfd, name, 0);
 }
 
 /* Drops every unflushed block: open writers are aborted, sealed but
  * unpublished files deleted. They were never acknowledged. */
-void st_discard_pending(kvx_store *s)
+void kvx_st_discard_pending(kvx_store *s)
 {
     for (int k = 0; k < 2; k++) {
         if (s->cur[k].w) kvx_shard_writer_abort(s->cur[k].w);
@@ -192,7 +192,7 @@ static int st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, s
     if (rc) return rc;
     uint64_t gen = s->next_gen++;
     char name[32];
-    st_shard_name(name, gen);
+    kvx_st_shard_name(name, gen);
     /* the writer's temporary file lives in staging/ (emptied by recovery)
      * and the seal renames it into shards/: one rename and one fsync of
      * shards/ per shard (the staging/ side needs none: a leftover name
@@ -228,7 +228,7 @@ static int st_writer_seal(kvx_store *s, st_open *o, st_sealed *out)
     int rc = kvx_shard_writer_seal(o->w);
     o->w = NULL;
     char name[32];
-    st_shard_name(name, o->gen);
+    kvx_st_shard_name(name, o->gen);
     if (rc) return rc; /* the writer left nothing behind */
     struct stat st;
     if (fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
@@ -241,7 +241,7 @@ static int st_writer_seal(kvx_store *s, st_open *o, st_sealed *out)
     out->flags = o->flags;
     out->n = n;
     out->bytes = (uint64_t)st.st_size;
-    out->last_use = st_now_ns();
+    out->last_use = kvx_st_now_ns();
     out->nunv = o->nunv;
     return 0;
 }
@@ -299,7 +299,7 @@ static int st_room_for_pending(kvx_store *s)
         if (s->reg_live[b]) live += s->reg[b].file_bytes;
     for (size_t i = 0; i < s->nsealed; i++) pend += s->sealed[i].bytes;
     if (live + pend <= s->capacity) return 0;
-    if (pend > s->capacity - s->capacity / 64) return st_flush_locked(s);
+    if (pend > s->capacity - s->capacity / 64) return kvx_st_flush_locked(s);
     if (st_evict(s, pend) != 0) kvx_clear_error(); /* tidy-up, as after a flush */
     return 0;
 }
@@ -314,8 +314,8 @@ static int st_put_one(kvx_store *s, int kind, const st_query *q, const void *pag
         rc = st_writer_begin(s, st_kind_flags(s, kind), NULL, o, hint);
         if (rc == KVX_EFULL) {
             /* out of shard ids: publish what is pending and merge small shards */
-            if ((rc = st_flush_locked(s))) return rc;
-            st_compact(s, 1);
+            if ((rc = kvx_st_flush_locked(s))) return rc;
+            kvx_st_compact(s, 1);
             rc = st_writer_begin(s, st_kind_flags(s, kind), NULL, o, hint);
         }
         if (rc) return rc;
@@ -354,18 +354,18 @@ static int st_held(kvx_store *s, MDB_txn *txn, const st_query *q)
 {
     kvx_view v;
     memset(&v, 0, sizeof v);
-    int rc = st_lookup(s, txn, q, &v);
+    int rc = kvx_st_lookup(s, txn, q, &v);
     if (rc == 0) {
         uint64_t gen;
         const char *path = kvx_shard_path(v.shard), *slash = path ? strrchr(path, '/') : NULL;
         uint32_t b = KVX_COORD_SHARD(v.coordinate);
-        if (slash && st_parse_name(slash + 1, &gen)) {
+        if (slash && kvx_st_parse_name(slash + 1, &gen)) {
             s->pinned[b] = 1;
             s->pin_gen[b] = gen;
         }
         /* putting a held block is a use of it: an exact LRU would move
          * it to the front too (it may sit behind a block that was gone) */
-        st_note(s, &v, 1, 0, 0);
+        kvx_st_note(s, &v, 1, 0, 0);
         kvx_view_release(&v);
         return 1;
     }
@@ -449,7 +449,7 @@ KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens,
         if (held[i] || st_pending_find(s, &q)) continue;
         rc = st_put_one(s, ST_KIND_LINEAGE, &q, (const uint8_t *)pages + i * s->page_bytes,
                         scales ? scales + i * s->nscales : NULL);
-        if (rc) st_discard_pending(s); /* a failed put drops the whole unflushed batch */
+        if (rc) kvx_st_discard_pending(s); /* a failed put drops the whole unflushed batch */
         else added++;
     }
     s->batch_blocks = rc ? 0 : s->batch_blocks + added; /* a failed put dropped the batch */
@@ -535,7 +535,7 @@ KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, co
         if (held || st_pending_find(s, &q)) continue;
         if ((rc = kvx_envelope_payload_to_page(page, sc, &s->g, &e, &blk))) break;
         rc = st_put_one(s, tokens ? ST_KIND_LINEAGE : ST_KIND_PLAIN, &q, page, s->g.quant != KVX_QUANT_FP16 ? sc : NULL);
-        if (rc) st_discard_pending(s);
+        if (rc) kvx_st_discard_pending(s);
         else added++;
     }
     s->batch_blocks = rc ? 0 : s->batch_blocks + added; /* a failed put dropped the batch */
@@ -558,10 +558,10 @@ typedef struct st_publish {
     size_t npend;
 } st_publish;
 
-int st_register(MDB_txn *txn, kvx_index *ix, const st_sealed *x)
+int kvx_st_register(MDB_txn *txn, kvx_index *ix, const st_sealed *x)
 {
     uint32_t b = x->byte;
-    kvx_idx_shard rec = {x->gen, x->bytes, st_now_ns(), x->n, x->flags, 0, x->nunv};
+    kvx_idx_shard rec = {x->gen, x->bytes, kvx_st_now_ns(), x->n, x->flags, 0, x->nunv};
     int rc = kvx_idx_put_shard(txn, ix, b, &rec);
     if (rc) return rc;
     size_t nbytes = (x->n + 7) / 8;
@@ -579,7 +579,7 @@ static int st_publish_body(MDB_txn *txn, void *ctx)
     kvx_index *ix = p->s->ix;
     int rc;
     for (size_t i = 0; i < p->nsealed; i++)
-        if ((rc = st_register(txn, ix, &p->sealed[i]))) return rc;
+        if ((rc = kvx_st_register(txn, ix, &p->sealed[i]))) return rc;
     for (size_t i = 0; i < p->npend; i++)
         if ((rc = kvx_idx_add_block(txn, ix, p->pend[i].coord, p->pend[i].hash, p->pend[i].gen))) return rc;
     return kvx_idx_put_u64(txn, ix->meta, "next_gen", p->s->next_gen);
@@ -587,12 +587,12 @@ static int st_publish_body(MDB_txn *txn, void *ctx)
 
 static void st_mirror_add(kvx_store *s, const st_sealed *x)
 {
-    kvx_idx_shard rec = {x->gen, x->bytes, st_now_ns(), x->n, x->flags, 0, x->nunv};
+    kvx_idx_shard rec = {x->gen, x->bytes, kvx_st_now_ns(), x->n, x->flags, 0, x->nunv};
     s->reg[x->byte] = rec;
     s->reg_live[x->byte] = 1;
 }
 
-int st_flush_locked(kvx_store *s)
+int kvx_st_flush_locked(kvx_store *s)
 {
     int rc = 0;
     /* each seal fsyncs its file, renames it and fsyncs shards/ (inside
@@ -603,7 +603,7 @@ int st_flush_locked(kvx_store *s)
         rc = kvx_idx_write(s->ix, st_publish_body, &p);
     }
     if (rc) {
-        st_discard_pending(s);
+        kvx_st_discard_pending(s);
         return rc;
     }
     for (size_t i = 0; i < s->nsealed; i++) {
@@ -618,9 +618,9 @@ int st_flush_locked(kvx_store *s)
     s->nptok = 0;
     for (size_t i = 0; i < s->ptab_n; i++) s->ptab[i] = SIZE_MAX;
     /* acknowledged from here on: what follows only tidies up */
-    st_usage_persist(s);
-    st_drop_bad_shards(s);
-    st_enforce_capacity(s);
+    kvx_st_usage_persist(s);
+    kvx_st_drop_bad_shards(s);
+    kvx_st_enforce_capacity(s);
     /* merge small shards when ids run low, or when their headers and
      * padding (about ST_SHARD_OVERHEAD each) would cost over 1 % of the
      * capacity (at least 4, at most ST_COMPACT_SMALL of them) */
@@ -632,7 +632,7 @@ int st_flush_locked(kvx_store *s)
     uint64_t small_max = s->capacity / 100 / ST_SHARD_OVERHEAD;
     if (small_max < 4) small_max = 4;
     if (small_max > ST_COMPACT_SMALL) small_max = ST_COMPACT_SMALL;
-    if (live > ST_COMPACT_AT || (uint64_t)small >= small_max) st_compact(s, 0);
+    if (live > ST_COMPACT_AT || (uint64_t)small >= small_max) kvx_st_compact(s, 0);
     /* pins stay until kvx_store_flush returns: a flush made inside a put
      * (shard ids running out, a batch near the capacity) publishes blocks
      * that only the caller's flush acknowledges */
@@ -645,7 +645,7 @@ KVX_API int kvx_store_flush(kvx_store *s)
     int rc = st_writer_check(s, "kvx_store_flush");
     if (rc) return rc;
     pthread_mutex_lock(&s->wmu);
-    rc = st_flush_locked(s);
+    rc = kvx_st_flush_locked(s);
     if (!rc) {
         s->batch_blocks = 0; /* acknowledged */
         st_pins_clear(s);
@@ -683,7 +683,7 @@ static int st_drop_body(MDB_txn *txn, void *ctx)
     int rc = kvx_idx_get_stats(txn, ix, &st);
     if (rc) return rc;
     for (size_t i = 0; i < d->nadded; i++)
-        if ((rc = st_register(txn, ix, &d->added[i]))) return rc;
+        if ((rc = kvx_st_register(txn, ix, &d->added[i]))) return rc;
     for (size_t i = 0; i < d->nmoves; i++) {
         const st_move *m = &d->moves[i];
         if (!m->new_gen) continue;
@@ -717,7 +717,7 @@ static int st_drop_body(MDB_txn *txn, void *ctx)
 static int st_sound(kvx_store *s, uint32_t b, uint64_t gen, char *why, size_t cap)
 {
     char name[32], path[4096];
-    st_shard_name(name, gen);
+    kvx_st_shard_name(name, gen);
     snprintf(path, sizeof path, "%s/%s", s->shards_path, name);
     kvx_shard *sh = NULL;
     int rc = kvx_shard_open(&sh, path, 0);
@@ -750,18 +750,18 @@ static void st_after_drop(kvx_store *s, const uint8_t *victims, const st_sealed 
         if (!victims[b]) continue;
         uint64_t gen = s->reg[b].gen;
         s->reg_live[b] = 0;
-        st_cache_drop(s, (uint32_t)b);
+        kvx_st_cache_drop(s, (uint32_t)b);
         char name[32], why[600];
         snprintf(why, sizeof why, "%s", damaged ? damaged : "");
-        st_shard_name(name, gen);
+        kvx_st_shard_name(name, gen);
         int sound = damaged ? 0 : st_sound(s, (uint32_t)b, gen, why, sizeof why);
         if (sound == 1) st_unlink_shard(s, gen); /* views keep their mapping alive */
-        else if (sound == 0 && st_quarantine(s, name, why) != 0) kvx_clear_error();
+        else if (sound == 0 && kvx_st_quarantine(s, name, why) != 0) kvx_clear_error();
     }
     for (size_t i = 0; i < nadded; i++) st_mirror_add(s, &added[i]);
 }
 
-int st_drop_bad_shards(kvx_store *s)
+int kvx_st_drop_bad_shards(kvx_store *s)
 {
     uint8_t victims[ST_SLOTS] = {0};
     int any = 0;
@@ -806,7 +806,7 @@ static int st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8
     for (size_t i = 0; i < n && !rc; i++) {
         st_move *m = &mv[i];
         m->new_gen = 0;
-        kvx_shard *sh = st_shard_get(s, KVX_COORD_SHARD(m->src_coord), m->src_gen);
+        kvx_shard *sh = kvx_st_shard_get(s, KVX_COORD_SHARD(m->src_coord), m->src_gen);
         if (!sh) {
             rc = kvx_fail(-EIO, "store: shard %u cannot be opened to copy its blocks", KVX_COORD_SHARD(m->src_coord));
             break;
@@ -979,7 +979,7 @@ static size_t st_filter_orphans(kvx_store *s, st_move *mv, size_t n, const uint8
 static int st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, uint64_t hot_after, st_move **mv,
                       size_t *n, size_t *cap, size_t limit)
 {
-    kvx_shard *sh = st_shard_get(s, b, s->reg[b].gen);
+    kvx_shard *sh = kvx_st_shard_get(s, b, s->reg[b].gen);
     if (!sh) return kvx_fail(-EIO, "store: shard %u cannot be opened to copy its blocks", b);
     uint32_t cnt = kvx_shard_get_info(sh)->num_blocks;
     for (uint32_t i = 0; i < cnt && *n < limit; i++) {
@@ -1052,7 +1052,7 @@ static void st_rec_from_moves(kvx_store *s, const st_move *mv, size_t n, const s
 {
     pthread_mutex_lock(&s->use_mu);
     for (size_t j = 0; j < nadded; j++) {
-        uint64_t *last = st_rec_get(s, added[j].byte, added[j].gen, added[j].n);
+        uint64_t *last = kvx_st_rec_get(s, added[j].byte, added[j].gen, added[j].n);
         if (!last) continue;
         for (size_t i = 0; i < n; i++)
             if (mv[i].new_gen == added[j].gen && KVX_COORD_BLOCK(mv[i].new_coord) < added[j].n)
@@ -1105,7 +1105,7 @@ static int st_cmp_move_hot(const void *a, const void *b)
  * unless their parent is gone. */
 static int st_evict(kvx_store *s, uint64_t pending);
 
-int st_enforce_capacity(kvx_store *s) { return st_evict(s, 0); }
+int kvx_st_enforce_capacity(kvx_store *s) { return st_evict(s, 0); }
 
 /* pending: bytes of sealed files not yet published (a put in progress):
  * they count against the capacity and are all kept (the newest blocks). */
@@ -1118,7 +1118,7 @@ static int st_evict(kvx_store *s, uint64_t pending)
             nblocks += s->reg[b].n_entries;
         }
     if (total <= s->capacity || nblocks == 0) return 0;
-    st_usage_persist(s);
+    kvx_st_usage_persist(s);
     st_usage_view *uv = calloc(ST_SLOTS, sizeof *uv);
     uint64_t **r = calloc(ST_SLOTS, sizeof *r);
     uint64_t *all = malloc((nblocks + 1) * sizeof *all);
@@ -1218,7 +1218,7 @@ static int st_evict(kvx_store *s, uint64_t pending)
  * target-sized ones; with full, also shards whose blocks are mostly
  * orphans (their parent is gone, so no prefix lookup reaches them).
  * Orphans are not copied. */
-int st_compact(kvx_store *s, int full)
+int kvx_st_compact(kvx_store *s, int full)
 {
     st_usage_view *uv = calloc(ST_SLOTS, sizeof *uv);
     if (!uv) return kvx_fail(-ENOMEM, "store: out of memory");
@@ -1253,7 +1253,7 @@ int st_compact(kvx_store *s, int full)
             if (kvx_idx_read_begin(s->ix, &txn) == 0) {
                 for (uint32_t b = 0; b < ST_SLOTS; b++) {
                     if (!s->reg_live[b] || s->reg[b].flags != flags || victims[b] || st_is_pinned(s, b)) continue;
-                    kvx_shard *sh = st_shard_get(s, b, s->reg[b].gen);
+                    kvx_shard *sh = kvx_st_shard_get(s, b, s->reg[b].gen);
                     if (!sh) continue;
                     uint32_t cnt = kvx_shard_get_info(sh)->num_blocks, orphans = 0;
                     for (uint32_t i = 0; i < cnt; i++) {
@@ -1309,12 +1309,12 @@ KVX_API int kvx_store_gc(kvx_store *s)
     int rc = st_writer_check(s, "kvx_store_gc");
     if (rc) return rc;
     pthread_mutex_lock(&s->wmu);
-    st_usage_persist(s);
-    rc = st_drop_bad_shards(s);
+    kvx_st_usage_persist(s);
+    rc = kvx_st_drop_bad_shards(s);
     if (!rc) rc = st_salvage_damaged(s);
-    if (!rc) rc = st_enforce_capacity(s);
+    if (!rc) rc = kvx_st_enforce_capacity(s);
     if (!rc) rc = st_drop_headless(s);
-    if (!rc) rc = st_compact(s, 1);
+    if (!rc) rc = kvx_st_compact(s, 1);
     pthread_mutex_unlock(&s->wmu);
     if (!rc) kvx_clear_error();
     return rc;
@@ -1344,7 +1344,7 @@ static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
 {
     st_scan *sc = ctx;
     uint64_t gen;
-    if (!st_parse_name(name, &gen)) return 0;
+    if (!kvx_st_parse_name(name, &gen)) return 0;
     if (gen > sc->max_gen) sc->max_gen = gen;
     struct stat st;
     if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
@@ -1392,7 +1392,7 @@ static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
                 kvx_shard_close(old.sh);
                 snprintf(why, sizeof why, "reindex: shard byte %u is also claimed by the newer shards/%s",
                          in->shard_id, f->name);
-                if ((rc = st_quarantine(s, old.name, why)) && !sc->err) {
+                if ((rc = kvx_st_quarantine(s, old.name, why)) && !sc->err) {
                     sc->err = rc;
                     snprintf(sc->errmsg, sizeof sc->errmsg, "%s", kvx_last_error());
                 }
@@ -1405,7 +1405,7 @@ static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
             sh = NULL;
         }
     }
-    if ((rc = st_quarantine(s, name, why)) && !sc->err) {
+    if ((rc = kvx_st_quarantine(s, name, why)) && !sc->err) {
         sc->err = rc;
         snprintf(sc->errmsg, sizeof sc->errmsg, "%s", kvx_last_error());
     }
@@ -1431,8 +1431,8 @@ static int st_reindex_body(MDB_txn *txn, void *ctx)
         st_found *f = &r->sc->f[b];
         if (!f->sh) continue;
         const kvx_shard_info *in = kvx_shard_get_info(f->sh);
-        st_sealed x = {(uint8_t)b, f->gen, in->flags, in->num_blocks, f->bytes, st_now_ns(), st_count_unverified(f->sh)};
-        if ((rc = st_register(txn, ix, &x))) return rc;
+        st_sealed x = {(uint8_t)b, f->gen, in->flags, in->num_blocks, f->bytes, kvx_st_now_ns(), kvx_st_count_unverified(f->sh)};
+        if ((rc = kvx_st_register(txn, ix, &x))) return rc;
         for (uint32_t i = 0; i < in->num_blocks; i++) {
             kvx_entry e;
             if (kvx_shard_entry(&e, f->sh, i) || !e.hash) continue;
@@ -1476,7 +1476,7 @@ static int st_lin_gather(kvx_store *s, kvx_shard **sh, st_lin **out, size_t *out
     int rc = 0;
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
         if (!s->reg_live[b] || !(s->reg[b].flags & KVX_FLAG_LINEAGE)) continue;
-        if (!(sh[b] = st_shard_get(s, b, s->reg[b].gen))) {
+        if (!(sh[b] = kvx_st_shard_get(s, b, s->reg[b].gen))) {
             rc = ST_PASS_SKIPPED;
             break;
         }
@@ -1628,14 +1628,14 @@ static int st_derive_digests(kvx_store *s)
     return rc;
 }
 
-int st_reindex_locked(kvx_store *s)
+int kvx_st_reindex_locked(kvx_store *s)
 {
-    st_discard_pending(s);
-    int rc = st_gen_floor(s);
+    kvx_st_discard_pending(s);
+    int rc = kvx_st_gen_floor(s);
     if (rc) return rc;
     st_scan *sc = calloc(1, sizeof *sc);
     if (!sc) return kvx_fail(-ENOMEM, "store: out of memory");
-    rc = st_each_file(s, s->shardsfd, st_scan_file, sc);
+    rc = kvx_st_each_file(s, s->shardsfd, st_scan_file, sc);
     if (!rc) {
         st_reindex r = {s, sc};
         rc = kvx_idx_write(s->ix, st_reindex_body, &r);
@@ -1646,8 +1646,8 @@ int st_reindex_locked(kvx_store *s)
     char qmsg[512];
     snprintf(qmsg, sizeof qmsg, "%s", sc->errmsg);
     free(sc);
-    for (uint32_t b = 0; b < ST_SLOTS; b++) st_cache_drop(s, b);
-    if (!rc) rc = st_registry_load(s);
+    for (uint32_t b = 0; b < ST_SLOTS; b++) kvx_st_cache_drop(s, b);
+    if (!rc) rc = kvx_st_registry_load(s);
     if (!rc) rc = st_derive_digests(s);
     if (!rc && qerr)
         rc = kvx_fail(qerr, "store %s: the index is rebuilt, but a file reindex could not use stays in shards/ (not "
@@ -1670,7 +1670,7 @@ KVX_API int kvx_store_reindex(kvx_store *s)
      * the next flush would acknowledge. That next kvx_store_flush, not this
      * reindex, acknowledges them to the caller, so their pins (the shards of
      * blocks they found held, and the shards this flush publishes) must last
-     * until it returns: the flush below and st_reindex_locked's discard both
+     * until it returns: the flush below and kvx_st_reindex_locked's discard both
      * clear pins, and the reindex gives every shard a fresh creation time, so
      * a block a put found held then looked the oldest in the store and the
      * next flush's eviction took it (a put of only held blocks pends nothing,
@@ -1682,9 +1682,9 @@ KVX_API int kvx_store_reindex(kvx_store *s)
     uint64_t pin_gen[ST_SLOTS];
     memcpy(pinned, s->pinned, sizeof pinned);
     memcpy(pin_gen, s->pin_gen, sizeof pin_gen);
-    if (s->npend || s->nsealed || s->cur[0].w || s->cur[1].w) rc = st_flush_locked(s);
+    if (s->npend || s->nsealed || s->cur[0].w || s->cur[1].w) rc = kvx_st_flush_locked(s);
     if (!rc) {
-        rc = st_reindex_locked(s);
+        rc = kvx_st_reindex_locked(s);
         /* reindex keeps each kept shard's generation, so these pins still
          * name the same files; a failed flush dropped the puts (no pins) */
         memcpy(s->pinned, pinned, sizeof pinned);
@@ -1737,7 +1737,7 @@ static int st_salvage_damaged(kvx_store *s)
     int rc = 0;
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
         if (!s->reg_live[b]) continue;
-        kvx_shard *sh = st_shard_get(s, b, s->reg[b].gen);
+        kvx_shard *sh = kvx_st_shard_get(s, b, s->reg[b].gen);
         if (!sh) continue;
         uint32_t bad = 0;
         int v = kvx_shard_verify(sh, &bad, NULL, NULL);

@@ -10,7 +10,7 @@
  */
 #include "index.h"
 
-#include "sigbus.h"
+#include "common/sigbus.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -94,7 +94,7 @@
 #ifndef KVX_INDEX_H
 #define KVX_INDEX_H
 
-#include "internal.h"
+#include "common/internal.h"
 
 #include <lmdb.h>
 #include <pthread.h>

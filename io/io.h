@@ -12,14 +12,14 @@
  *    parallel there);
  *  - fetch.c (random pages, poll/wait) and warmup.c (whole shards in
  *    sequential runs, double-buffered into a sink) plan runs and consume
- *    them. gpu.c is the CUDA side.
+ *    them. gpu_cuda.c is the CUDA side (gpu_nocuda.c when built without).
  * Keeping one executor means both public paths share every fault-handling
  * rule and every test of it.
  */
 #ifndef KVX_IO_H
 #define KVX_IO_H
 
-#include "internal.h"
+#include "common/internal.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -135,6 +135,17 @@ void kvx_io_run_finish(kvx_io_run *r);
 int kvx_io_memlock_error(const char *what, int err, uint64_t bytes);
 /* Starts queued runs up to the queue depth (io_uring); no-op for pread. */
 void kvx_ioq_kick(kvx_ioq *q);
+
+/* --- gpu_cuda.c / gpu_nocuda.c (CMake builds one) --- */
+/* Pins pool memory for the device (cudaHostRegister); KVX_ENOCUDA without. */
+int kvx_gpu_host_register(void *p, uint64_t bytes, int device);
+void kvx_gpu_host_unregister(void *p);
+/* Queues a host-to-device copy on lane's stream; record/wait fence it. */
+int kvx_gpu_copy_lane(kvx_gpu *g, unsigned lane, uint64_t dev, const void *src, uint64_t bytes);
+int kvx_gpu_lane_record(kvx_gpu *g, unsigned lane);
+int kvx_gpu_lane_wait(kvx_gpu *g, unsigned lane);
+/* The CUDA device of g (-1 without CUDA). */
+int kvx_gpu_device(const kvx_gpu *g);
 
 /* Monotonic seconds. */
 double kvx_io_now(void);

@@ -27,7 +27,7 @@
  */
 #include "io.h"
 
-#include "os.h"
+#include "common/os.h"
 
 #include <errno.h>
 #include <fcntl.h>

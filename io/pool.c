@@ -23,10 +23,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* Provided by gpu.c (stubs without CUDA). */
-int kvx_gpu_host_register(void *p, uint64_t bytes, int device);
-void kvx_gpu_host_unregister(void *p);
-
 const char *kvx_io_mode_name(int mode)
 {
     switch (mode) {

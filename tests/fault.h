@@ -15,7 +15,7 @@
 #include <errno.h>
 #include <string.h>
 
-#include "os.h"
+#include "common/os.h"
 
 enum fault_mode { FAULT_ERRNO = 0, FAULT_SHORT = 1 };
 

@@ -72,7 +72,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include "os.h"
+#include "common/os.h"
 
 #define PC_SECTOR 512u
 #define PC_MAXFD 4096

@@ -58,7 +58,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "os.h"
+#include "common/os.h"
 #include "store_util.h"
 
 static int dir_counter;

@@ -25,7 +25,7 @@
 
 #include "io_fixture.h"
 #include "kvx.h"
-#include "os.h"
+#include "common/os.h"
 
 #define N1 40
 #define N2 23

@@ -55,8 +55,8 @@
 #include <cmocka.h>
 #include <lmdb.h>
 
-#include "index.h"
-#include "sigbus.h"
+#include "index/index.h"
+#include "common/sigbus.h"
 #include "store_util.h"
 
 #define NSEQ 24 /* sequences put, NB blocks each */

@@ -32,10 +32,10 @@
 #include <unistd.h>
 
 #include "kvx.h"
-#include "os.h"
-#include "shard_format.h"
+#include "common/os.h"
+#include "format/shard_format.h"
 #include "shard_fixture.h"
-#include "sigbus.h"
+#include "common/sigbus.h"
 
 static int setup(void **state)
 {

@@ -23,8 +23,8 @@
 
 #include <cmocka.h>
 
-#include "os.h"
-#include "store_internal.h"
+#include "common/os.h"
+#include "engine/store_internal.h"
 #include "store_util.h"
 
 static int dir_counter;
@@ -375,10 +375,10 @@ static void test_lineage_collision(void **state)
     st_query q_par = {ha[1], 777, ta + SU_B, da[1]};
     st_query q_dig = {ha[1], ha[0], ta + SU_B, dx[1]};
     st_query q_ok = {ha[1], ha[0], ta + SU_B, da[1]};
-    assert_int_equal(st_lookup(s, txn, &q_tok, &one), KVX_ENOTFOUND);
-    assert_int_equal(st_lookup(s, txn, &q_par, &one), KVX_ENOTFOUND); /* wrong parent */
-    assert_int_equal(st_lookup(s, txn, &q_dig, &one), KVX_ENOTFOUND); /* wrong digest */
-    assert_int_equal(st_lookup(s, txn, &q_ok, &one), 0);
+    assert_int_equal(kvx_st_lookup(s, txn, &q_tok, &one), KVX_ENOTFOUND);
+    assert_int_equal(kvx_st_lookup(s, txn, &q_par, &one), KVX_ENOTFOUND); /* wrong parent */
+    assert_int_equal(kvx_st_lookup(s, txn, &q_dig, &one), KVX_ENOTFOUND); /* wrong digest */
+    assert_int_equal(kvx_st_lookup(s, txn, &q_ok, &one), 0);
     kvx_idx_read_end(s->ix, txn);
     check_view(&one, ha[1]);
     kvx_view_release(&one);

@@ -25,8 +25,8 @@
 
 #include <cmocka.h>
 
-#include "os.h"
-#include "sigbus.h"
+#include "common/os.h"
+#include "common/sigbus.h"
 #include "store_util.h"
 
 #define NB 6    /* blocks per sequence */

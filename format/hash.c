@@ -6,7 +6,7 @@
  * The bytes are fed straight into the FNV loop rather than staged in a
  * buffer, so hashing a 16-token block touches no memory but the tokens.
  */
-#include "internal.h"
+#include "common/internal.h"
 
 #define FNV_OFFSET 0xCBF29CE484222325ULL
 #define FNV_PRIME 0x100000001B3ULL

@@ -13,7 +13,7 @@
 #ifndef KVX_SHARD_FORMAT_H
 #define KVX_SHARD_FORMAT_H
 
-#include "internal.h"
+#include "common/internal.h"
 
 #include <stdint.h>
 

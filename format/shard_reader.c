@@ -13,9 +13,10 @@
  * number of threads may read through it.
  */
 #include "shard_format.h"
-#include "os.h"
-#include "sigbus.h"
-#include "digest.h"
+#include "format.h"
+#include "common/os.h"
+#include "common/sigbus.h"
+#include "common/digest.h"
 
 #include <errno.h>
 #include <fcntl.h>

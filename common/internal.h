@@ -1,5 +1,5 @@
 /*
- * internal.h - helpers shared by every module of the library, not API.
+ * common/internal.h - helpers shared by every module of the library, not API.
  *
  * Error reporting: a failing function calls kvx_fail(code, fmt, ...), which
  * records a thread-local message naming the field and the problem and
@@ -40,12 +40,5 @@ static inline uint64_t kvx_align_up(uint64_t v, uint64_t a) { return (v + a - 1)
 
 /* "FIFO", "character device", "directory", ... for a stat st_mode (os.c). */
 const char *kvx_file_type_name(unsigned int mode);
-
-/* The page of entry index, CRC-checked unless this handle already checked
- * it (a per-page bit, set on the first pass): what every view of the store
- * goes through. KVX_EPAGECRC, or KVX_ETRUNC for a missing page. */
-int kvx_shard_page_checked(const void **out_page, const kvx_shard *s, uint32_t index);
-/* Entries whose page lies (partly) past the end of the file. */
-uint32_t kvx_shard_missing(const kvx_shard *s);
 
 #endif

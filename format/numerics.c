@@ -19,7 +19,7 @@
  * the scalar code as the portable fallback. The tests hold every bulk path
  * equal to the scalar one bit for bit.
  */
-#include "internal.h"
+#include "common/internal.h"
 
 #include <pthread.h>
 #include <stdlib.h>

@@ -14,8 +14,8 @@
  * Every OS call goes through kvx_os so tests can make each one fail.
  */
 #include "shard_format.h"
-#include "os.h"
-#include "digest.h"
+#include "common/os.h"
+#include "common/digest.h"
 
 #include <errno.h>
 #include <fcntl.h>

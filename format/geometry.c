@@ -5,7 +5,7 @@
  * returns 0 when it does not fit, so callers can treat 0 as "refuse": no
  * valid geometry has a zero-byte page or zero scales.
  */
-#include "internal.h"
+#include "common/internal.h"
 
 size_t kvx_quant_elem_size(uint32_t quant)
 {

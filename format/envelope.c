@@ -31,7 +31,7 @@
  * store of any quant, conversion, a transfer), so every path is closed
  * here.
  */
-#include "internal.h"
+#include "common/internal.h"
 
 #include <math.h>
 
