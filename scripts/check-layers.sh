@@ -72,7 +72,7 @@ if [ -n "$build" ]; then
     [ -f "${rel%.o}" ] || continue # left over from a file since moved
     folder=${rel%%/*}
     file=${rel%.o}
-    nm -g --defined-only "$o" | awk -v f="$folder" -v s="$file" '$2 ~ /^[TDBRCV]$/ {print $3, f, s}' >>"$defs"
+    nm -g --defined-only "$o" | awk -v f="$folder" -v s="$file" '$2 ~ /^[TDBRCVWiu]$/ {print $3, f, s}' >>"$defs"
     nm -u "$o" | awk -v f="$folder" -v s="$file" '{print $2, f, s}' >>"$uses"
   done
   while read -r sym folder file; do
