@@ -9,15 +9,50 @@
  *    with errno. kvx_strerror() and kvx_err_name() cover both.
  *  - After a failure, kvx_last_error() returns a thread-local message that
  *    names the field and the problem. It is never NULL.
- *  - Output parameters come first and are named out*. What a
- *    pointer-to-pointer returns is owned by the caller and released with the
- *    matching *_close / *_destroy / *_release function; those accept NULL.
+ *  - Output parameters come first and are named out*. The handle a call
+ *    works on comes right after them, then the inputs. Exceptions, kept as
+ *    they are because reordering would break callers (source and ABI):
+ *      kvx_shard_verify(s, out_bad, report, ctx)     handle before out_bad
+ *      kvx_store_verify(s, out_bad, report, ctx)     handle before out_bad
+ *      kvx_store_put(s, ..., out_new)                nullable count last
+ *      kvx_store_put_envelope(s, ..., out_new)       nullable count last
+ *      kvx_fetch_poll(f, out_done)                   handle before out_done
+ *      kvx_fetch_wait(f, out, n, timeout_ms)         handle before out
+ *    and outputs that come first but are not named out*:
+ *      kvx_envelope_export(buf, cap, ...)            the caller's buffer
+ *      kvx_gpu_copy_back(dst, g, dev, bytes)         the host destination
+ *      kvx_spectral_apply(h, ...)                    h is updated in place
+ *    New functions follow the rule without exception.
+ *  - Ownership and lifetime of what a call returns (each function's comment
+ *    says which case it is):
+ *      . a pointer-to-pointer output (kvx_shard **, void **out_buf, ...) is
+ *        the caller's, released with the matching *_close / *_destroy /
+ *        *_release / kvx_free; those accept NULL. Not the caller's:
+ *        kvx_shard_page (the shard's mapping) and kvx_warmup_device_pages
+ *        (the warmup's array);
+ *      . a getter's pointer (kvx_shard_get_info, kvx_shard_path, the
+ *        pointers inside kvx_entry and kvx_spectral) is owned by the handle
+ *        and valid while the caller holds a reference to it;
+ *      . a view's pointers (kvx_view, kvx_envelope) are valid while what
+ *        they view is: the view's own shard reference, the caller's buffer;
+ *      . strings from kvx_version, kvx_strerror, kvx_err_name,
+ *        kvx_quant_name and kvx_io_mode_name are static; kvx_last_error is
+ *        this thread's and valid until its next kvx call;
+ *      . a string or pointer handed to a callback is valid during that
+ *        call only.
  *  - Option structs carry a version field; initialise them with the
- *    matching *_INIT macro so fields can be added later.
+ *    matching *_INIT macro or *_options_init() function (the same values:
+ *    the version, and 0 in every field whose default the create function
+ *    picks, as documented at the field) so fields can be added later.
  *  - No call on a hot path needs a callback: results are returned in flat
  *    arrays and asynchronous work is polled. Every call is safe from cgo.
  *  - C never keeps a pointer it was given beyond the call, unless the
- *    function says so.
+ *    function says so. Those that do: kvx_warmup_start (opts->host_buf and
+ *    opts->gpu, until kvx_warmup_destroy), kvx_gpu_upload (src, until
+ *    kvx_gpu_sync), kvx_fetch_create (pool, until kvx_fetch_destroy).
+ *    Handles given to a call that keeps them (shards to kvx_fetch_submit
+ *    and kvx_warmup_start) are held by a reference of their own. Strings
+ *    and arrays (paths, dir, opts, reqs, spectral) are copied.
  *
  * Caveats:
  *  - Threads: kvx_shard and kvx_store handles are safe to share between
@@ -50,6 +85,7 @@ extern "C" {
 #define KVX_VERSION_PATCH 0
 #define KVX_VERSION_STRING "0.1.0"
 
+/* "0.1.0": a static string. */
 KVX_API const char *kvx_version(void);
 
 /* ------------------------------------------------------------------------
@@ -100,9 +136,10 @@ typedef enum kvx_error {
 #undef KVX_ERROR_ENUM_
 } kvx_error;
 
-/* Message for a kvx code or a negative errno; never NULL. */
+/* Message for a kvx code or a negative errno; never NULL. Static text; an
+ * errno's is the C library's strerror() string. */
 KVX_API const char *kvx_strerror(int code);
-/* "KVX_EFORMAT", "ENOSPC", ...; never NULL. */
+/* "KVX_EFORMAT", "ENOSPC", ...; never NULL, static. */
 KVX_API const char *kvx_err_name(int code);
 /* This thread's message about its last failure; "" when none. Never NULL.
  * Valid until the next kvx call on this thread. */
@@ -129,7 +166,7 @@ typedef struct kvx_geometry {
 
 /* Bytes of one element of quant (2 or 1); 0 for an unknown quant. */
 KVX_API size_t kvx_quant_elem_size(uint32_t quant);
-/* "fp16", "e4m3", "e5m2"; NULL for an unknown quant. */
+/* "fp16", "e4m3", "e5m2" (static); NULL for an unknown quant. */
 KVX_API const char *kvx_quant_name(uint32_t quant);
 /* KVX page bytes for n tokens: 2*L*Hkv*n*D*elem. 0 on overflow or bad quant. */
 KVX_API uint64_t kvx_page_bytes(const kvx_geometry *g, uint32_t n_tokens);
@@ -223,6 +260,8 @@ typedef struct kvx_envelope {
     size_t payload_bytes; /* P */
 } kvx_envelope;
 
+/* One block of a parsed envelope (kvx_envelope_block_at): payload and
+ * scales point into the envelope's buffer, valid while that buffer is. */
 typedef struct kvx_envelope_block {
     uint64_t hash;
     uint32_t n_tokens;
@@ -327,7 +366,8 @@ typedef struct kvx_entry {
 } kvx_entry;
 
 /* A spectral bundle as stored. psi of cartridge k is
- * psi + k * n_layers * dim * rank floats, laid out [layer][dim][rank]. */
+ * psi + k * n_layers * dim * rank floats, laid out [layer][dim][rank].
+ * ids and psi are owned by the shard: valid while it is held. */
 typedef struct kvx_spectral {
     uint32_t n_cartridges; /* 1..32 */
     uint32_t first_layer;
@@ -343,13 +383,18 @@ typedef struct kvx_spectral {
 /* Opens and validates a sealed shard (every DESIGN rule; distinct codes).
  * The returned handle holds one reference. */
 KVX_API int kvx_shard_open(kvx_shard **out, const char *path, unsigned flags);
-/* Adds a reference; returns s. */
+/* Adds a reference; returns s (the same handle). */
 KVX_API kvx_shard *kvx_shard_ref(kvx_shard *s);
 /* Drops one reference; the last one unmaps and closes. NULL is fine. */
 KVX_API void kvx_shard_close(kvx_shard *s);
+/* The shard's header facts. Owned by the shard: valid while the caller
+ * holds a reference to s (until its kvx_shard_close). NULL for NULL. */
 KVX_API const kvx_shard_info *kvx_shard_get_info(const kvx_shard *s);
+/* The path s was opened with. Owned by the shard: valid while the caller
+ * holds a reference to s. NULL for NULL. */
 KVX_API const char *kvx_shard_path(const kvx_shard *s);
-/* The open file descriptor (read-only; owned by the shard). */
+/* The open file descriptor (read-only; owned by the shard: valid while s is
+ * held, never to be closed by the caller). */
 KVX_API int kvx_shard_fd(const kvx_shard *s);
 /* O(1). An index >= num_blocks is KVX_EINVALID. */
 KVX_API int kvx_shard_entry(kvx_entry *out, const kvx_shard *s, uint32_t index);
@@ -364,7 +409,9 @@ KVX_API int kvx_shard_page(const void **out_page, const kvx_shard *s, uint32_t i
  * inside report, kvx_last_error() describes that page. */
 KVX_API int kvx_shard_verify(const kvx_shard *s, uint32_t *out_bad,
                              void (*report)(void *ctx, uint32_t index, int code), void *ctx);
-/* KVX_ENOTFOUND when the shard has no bundle. */
+/* The shard's spectral bundle into *out; its ids and psi are owned by the
+ * shard, valid while the caller holds a reference to s. KVX_ENOTFOUND
+ * when the shard has no bundle. */
 KVX_API int kvx_shard_spectral(kvx_spectral *out, const kvx_shard *s);
 /* h' = h + gamma * psi_l (psi_l^T h) for one layer's psi ([dim][rank]). */
 KVX_API void kvx_spectral_apply(float *h, const float *psi_layer, uint32_t dim, uint32_t rank,
@@ -391,6 +438,10 @@ typedef struct kvx_shard_writer_options {
 } kvx_shard_writer_options;
 #define KVX_SHARD_WRITER_OPTIONS_VERSION 1
 #define KVX_SHARD_WRITER_OPTIONS_INIT {KVX_SHARD_WRITER_OPTIONS_VERSION, {0, 0, 0, 0, 0, 0}, 0, 0, 0, NULL, NULL}
+/* Fills *opts as KVX_SHARD_WRITER_OPTIONS_INIT does: the version, every
+ * other field 0 or NULL (no geometry, no tables, no spectral bundle, the
+ * temporary file beside path). Set geometry and max_entries before use. */
+KVX_API void kvx_shard_writer_options_init(kvx_shard_writer_options *opts);
 
 typedef struct kvx_entry_in {
     uint16_t radix_block;
@@ -473,13 +524,18 @@ typedef struct kvx_store kvx_store;
 typedef struct kvx_store_options {
     uint32_t version; /* KVX_STORE_OPTIONS_VERSION */
     kvx_geometry geometry;
-    uint64_t capacity_bytes; /* 0 = default (see README) */
+    uint64_t capacity_bytes; /* 0 = 64 GiB */
     uint32_t flags;          /* KVX_STORE_* */
     uint64_t shard_bytes;    /* target size of a sealed shard; 0 = capacity/64
                                 clamped to [512 KiB, 1 GiB] (docs/STORE.md) */
 } kvx_store_options;
 #define KVX_STORE_OPTIONS_VERSION 1
 #define KVX_STORE_OPTIONS_INIT {KVX_STORE_OPTIONS_VERSION, {0, 0, 0, 0, 0, 0}, 0, 0, 0}
+/* Fills *opts as KVX_STORE_OPTIONS_INIT does: the version, no geometry,
+ * capacity_bytes 0 (64 GiB), no flags, shard_bytes 0 (capacity/64 clamped
+ * to [512 KiB, 1 GiB], computed from the capacity set later). Set geometry
+ * before kvx_store_create. */
+KVX_API void kvx_store_options_init(kvx_store_options *opts);
 
 /* A block served from the store: a zero-copy view of its mapped page. It
  * holds a reference on its shard, so it stays valid until
@@ -579,9 +635,9 @@ KVX_API void kvx_views_release(kvx_view *views, size_t n);
 KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s);
 /* Checks every shard and page against the index; out_bad (nullable) gets
  * the number of problems found, each reported through report (nullable)
- * with its code. Notes that are not problems (a valid shard file the index
- * does not name yet: the next writer adopts it) come with code 0 and do
- * not count. */
+ * with its code (what is valid during that report call only). Notes that
+ * are not problems (a valid shard file the index does not name yet: the
+ * next writer adopts it) come with code 0 and do not count. */
 KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad,
                              void (*report)(void *ctx, const char *what, int code), void *ctx);
 /* Rebuilds the index from the shards' own tables (a fresh index: nothing
@@ -615,6 +671,7 @@ typedef enum kvx_io_mode {
     KVX_IO_PREAD = 2  /* buffered pread from a small thread pool */
 } kvx_io_mode;
 
+/* "auto", "uring", "pread"; "unknown" for any other value. Static. */
 KVX_API const char *kvx_io_mode_name(int mode);
 
 /* --- Pinned buffer pool ----------------------------------------------------
@@ -646,6 +703,9 @@ typedef struct kvx_pool_options {
 } kvx_pool_options;
 #define KVX_POOL_OPTIONS_VERSION 1
 #define KVX_POOL_OPTIONS_INIT {KVX_POOL_OPTIONS_VERSION, 0, KVX_POOL_NODE_AUTO, 0, 0}
+/* Fills *opts as KVX_POOL_OPTIONS_INIT does: the version, bytes 0 (64 MiB),
+ * numa_node KVX_POOL_NODE_AUTO, gpu 0, no flags (locked, registered). */
+KVX_API void kvx_pool_options_init(kvx_pool_options *opts);
 
 typedef struct kvx_pool_info {
     void *base;          /* valid until kvx_pool_destroy */
@@ -701,6 +761,10 @@ typedef struct kvx_fetch_options {
 } kvx_fetch_options;
 #define KVX_FETCH_OPTIONS_VERSION 1
 #define KVX_FETCH_OPTIONS_INIT {KVX_FETCH_OPTIONS_VERSION, KVX_IO_AUTO, 0, 0, 0, 0}
+/* Fills *opts as KVX_FETCH_OPTIONS_INIT does: the version, KVX_IO_AUTO,
+ * queue_depth 0 (64), threads 0 (4), max_read_bytes 0 (4 MiB), no flags
+ * (verified, O_DIRECT where the file system allows). */
+KVX_API void kvx_fetch_options_init(kvx_fetch_options *opts);
 
 typedef struct kvx_fetch_req {
     kvx_shard *shard; /* referenced by the batch until kvx_fetch_release */
@@ -767,6 +831,9 @@ typedef struct kvx_gpu_options {
 } kvx_gpu_options;
 #define KVX_GPU_OPTIONS_VERSION 1
 #define KVX_GPU_OPTIONS_INIT {KVX_GPU_OPTIONS_VERSION, 0, 0, 0}
+/* Fills *opts as KVX_GPU_OPTIONS_INIT does: the version, device 0,
+ * arena_bytes 0 (256 MiB), streams 0 (4). */
+KVX_API void kvx_gpu_options_init(kvx_gpu_options *opts);
 
 /* Number of usable GPUs (0 with none); KVX_ENOCUDA without CUDA. */
 KVX_API int kvx_gpu_count(int *out);
@@ -775,7 +842,8 @@ KVX_API int kvx_gpu_numa_node(int *out_node, int device);
 KVX_API int kvx_gpu_create(kvx_gpu **out, const kvx_gpu_options *opts);
 /* Waits for copies in flight and frees the arena. NULL is fine. */
 KVX_API void kvx_gpu_destroy(kvx_gpu *g);
-/* Reserves bytes (256-aligned) of the arena; KVX_ECAPACITY when full. */
+/* Reserves bytes (256-aligned) of the arena; KVX_ECAPACITY when full.
+ * *out_dev is valid until kvx_gpu_reset or kvx_gpu_destroy. */
 KVX_API int kvx_gpu_reserve(uint64_t *out_dev, kvx_gpu *g, uint64_t bytes);
 /* Frees every reservation (after kvx_gpu_sync). */
 KVX_API void kvx_gpu_reset(kvx_gpu *g);
@@ -786,7 +854,8 @@ KVX_API int kvx_gpu_upload(kvx_gpu *g, const uint64_t *dev, const void *const *s
 /* Waits for every queued copy. */
 KVX_API int kvx_gpu_sync(kvx_gpu *g);
 /* Uploads n device pointers as a uint64_t array in the arena: the device
- * page table. *out_table is its device address. */
+ * page table. *out_table is its device address, valid until kvx_gpu_reset
+ * or kvx_gpu_destroy. */
 KVX_API int kvx_gpu_page_table(uint64_t *out_table, kvx_gpu *g, const uint64_t *dev_ptrs,
                                size_t n);
 /* Synchronous device->host copy, for verification. */
@@ -835,9 +904,11 @@ typedef struct kvx_warmup_options {
     uint32_t chunk_bytes;  /* bytes per read; 0 = 4 MiB (grown to fit the largest page) */
     int numa_node;         /* staging node; KVX_POOL_NODE_AUTO */
     int sink;              /* kvx_sink_kind */
-    void *host_buf;        /* KVX_SINK_HOST: kvx_warmup_sink_bytes bytes */
+    void *host_buf;        /* KVX_SINK_HOST: kvx_warmup_sink_bytes bytes
+                              (kept by kvx_warmup_start: see there) */
     uint64_t host_buf_bytes;
-    kvx_gpu *gpu;          /* KVX_SINK_GPU: arena of kvx_warmup_sink_bytes + 8 per page */
+    kvx_gpu *gpu;          /* KVX_SINK_GPU: arena of kvx_warmup_sink_bytes + 8 per page
+                              (kept by kvx_warmup_start: see there) */
     /* kvx_warmup_run only: called on the calling thread about every
      * 100 ms and once at the end. Nullable. */
     void (*progress)(void *ctx, const kvx_warmup_progress *p);
@@ -847,9 +918,15 @@ typedef struct kvx_warmup_options {
 #define KVX_WARMUP_OPTIONS_INIT                                                            \
     {KVX_WARMUP_OPTIONS_VERSION, KVX_IO_AUTO, 0, 0, 0, KVX_POOL_NODE_AUTO, KVX_SINK_DISCARD, \
      NULL, 0, NULL, NULL, NULL}
+/* Fills *opts as KVX_WARMUP_OPTIONS_INIT does: the version, KVX_IO_AUTO,
+ * no flags, queue_depth 0 (8), chunk_bytes 0 (4 MiB; 1 MiB for data in the
+ * page cache), numa_node KVX_POOL_NODE_AUTO, KVX_SINK_DISCARD, no host
+ * buffer, no GPU, no progress callback. */
+KVX_API void kvx_warmup_options_init(kvx_warmup_options *opts);
 
 typedef struct kvx_warmup_failure {
-    const char *path; /* the shard's path; lives with the report */
+    const char *path; /* the shard's path; owned by the report: valid
+                         until kvx_warmup_report_free */
     uint32_t shard;   /* index into the inputs */
     uint32_t entry;   /* entry index within the shard */
     int code;         /* KVX_EPAGECRC, KVX_ETRUNC, -EIO, ... */
@@ -867,8 +944,11 @@ typedef struct kvx_warmup_report {
     int direct;            /* 1 when O_DIRECT was used */
     int canceled;
     uint64_t checksum;     /* KVX_SINK_DISCARD: sum of the pages' CRC-32s */
-    uint64_t gpu_page_table; /* KVX_SINK_GPU: device address of the table */
-    kvx_warmup_failure *failures; /* n_failures, owned: kvx_warmup_report_free */
+    uint64_t gpu_page_table; /* KVX_SINK_GPU: device address of the table in
+                                opts->gpu's arena (until kvx_gpu_reset /
+                                kvx_gpu_destroy) */
+    kvx_warmup_failure *failures; /* n_failures; the report owns them: valid
+                                     until kvx_warmup_report_free */
     size_t n_failures;
 } kvx_warmup_report;
 
@@ -882,7 +962,11 @@ KVX_API int kvx_warmup_run(kvx_warmup_report *out, kvx_shard *const *shards, siz
                            const kvx_warmup_options *opts);
 /* The same on a background thread (opts->progress is ignored): poll
  * kvx_warmup_get_progress, kvx_warmup_cancel, and kvx_warmup_wait. The
- * warmup holds references on the shards and copies opts. */
+ * warmup holds references on the shards and copies opts and the shards
+ * array, but keeps opts->host_buf and opts->gpu: its thread writes into
+ * host_buf and uploads through gpu, so both must stay valid (the buffer
+ * allocated, the kvx_gpu not destroyed or reset) until kvx_warmup_destroy
+ * returns. */
 KVX_API int kvx_warmup_start(kvx_warmup **out, kvx_shard *const *shards, size_t n,
                              const kvx_warmup_options *opts);
 KVX_API int kvx_warmup_get_progress(kvx_warmup_progress *out, kvx_warmup *w);
@@ -893,7 +977,8 @@ KVX_API int kvx_warmup_wait(kvx_warmup_report *out, kvx_warmup *w, int timeout_m
 /* Cancels if running, waits, frees. NULL is fine. */
 KVX_API void kvx_warmup_destroy(kvx_warmup *w);
 /* Per-entry device pointers after a GPU warmup (input order; 0 for a failed
- * page); valid until kvx_warmup_destroy. */
+ * page). The array is the warmup's (not to be freed): valid until
+ * kvx_warmup_destroy; the addresses lie in opts->gpu's arena. */
 KVX_API int kvx_warmup_device_pages(const uint64_t **out, size_t *out_n, kvx_warmup *w);
 KVX_API void kvx_warmup_report_free(kvx_warmup_report *r);
 /* Opens what `kvx warmup DIR|FILE.kvx...` names: a directory is a store

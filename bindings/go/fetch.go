@@ -35,8 +35,15 @@ type PoolOptions struct {
 	NoRegister bool   // fetches use plain reads, not io_uring fixed buffers
 }
 
-// DefaultPoolOptions: 64 MiB, NodeAuto, GPU 0, locked.
-func DefaultPoolOptions() PoolOptions { return PoolOptions{NUMANode: NodeAuto} }
+// DefaultPoolOptions are the library's (kvx_pool_options_init): 64 MiB
+// (Bytes 0), NodeAuto, GPU 0, locked.
+func DefaultPoolOptions() PoolOptions {
+	var c C.kvx_pool_options
+	C.kvx_pool_options_init(&c)
+	return PoolOptions{Bytes: uint64(c.bytes), NUMANode: int(c.numa_node), GPU: int(c.gpu),
+		NoMlock: c.flags&C.KVX_POOL_NO_MLOCK != 0, NoCUDA: c.flags&C.KVX_POOL_NO_CUDA != 0,
+		NoRegister: c.flags&C.KVX_POOL_NO_REGISTER != 0}
+}
 
 // PoolInfo describes a pool.
 type PoolInfo struct {
@@ -61,8 +68,12 @@ func NewPool(opts *PoolOptions) (*Pool, error) {
 	if opts != nil {
 		o = *opts
 	}
-	co := C.kvx_pool_options{version: C.KVX_POOL_OPTIONS_VERSION, bytes: C.uint64_t(o.Bytes),
-		numa_node: C.int(o.NUMANode), gpu: C.int(o.GPU)}
+	var co C.kvx_pool_options
+	C.kvx_pool_options_init(&co) // the version, and fields this package does not set
+	co.bytes = C.uint64_t(o.Bytes)
+	co.numa_node = C.int(o.NUMANode)
+	co.gpu = C.int(o.GPU)
+	co.flags = 0 // the options' bools below decide every flag
 	if o.NoMlock {
 		co.flags |= C.KVX_POOL_NO_MLOCK
 	}
@@ -148,18 +159,21 @@ type Fetcher struct {
 
 // NewFetcher creates a fetcher on the pool.
 func (p *Pool) NewFetcher(opts *FetchOptions) (*Fetcher, error) {
-	var o FetchOptions
+	var co C.kvx_fetch_options
+	C.kvx_fetch_options_init(&co) // nil opts: the library's defaults as they are
 	if opts != nil {
-		o = *opts
-	}
-	co := C.kvx_fetch_options{version: C.KVX_FETCH_OPTIONS_VERSION, io_mode: C.int(o.IOMode),
-		queue_depth: C.uint32_t(o.QueueDepth), threads: C.uint32_t(o.Threads),
-		max_read_bytes: C.uint32_t(o.MaxReadBytes)}
-	if o.NoVerify {
-		co.flags |= C.KVX_FETCH_NO_VERIFY
-	}
-	if o.Buffered {
-		co.flags |= C.KVX_FETCH_BUFFERED
+		o := *opts
+		co.io_mode = C.int(o.IOMode)
+		co.queue_depth = C.uint32_t(o.QueueDepth)
+		co.threads = C.uint32_t(o.Threads)
+		co.max_read_bytes = C.uint32_t(o.MaxReadBytes)
+		co.flags = 0 // the options' bools below decide every flag
+		if o.NoVerify {
+			co.flags |= C.KVX_FETCH_NO_VERIFY
+		}
+		if o.Buffered {
+			co.flags |= C.KVX_FETCH_BUFFERED
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -363,8 +377,10 @@ type GPU struct {
 // NewGPU creates an arena of arenaBytes (0 = 256 MiB) on device.
 // ErrNoCUDA / ErrNoGPU where there is none.
 func NewGPU(device int, arenaBytes uint64) (*GPU, error) {
-	co := C.kvx_gpu_options{version: C.KVX_GPU_OPTIONS_VERSION, device: C.int(device),
-		arena_bytes: C.uint64_t(arenaBytes)}
+	var co C.kvx_gpu_options
+	C.kvx_gpu_options_init(&co) // the version; streams 0 = the library's default
+	co.device = C.int(device)
+	co.arena_bytes = C.uint64_t(arenaBytes)
 	var cg *C.kvx_gpu
 	if err := check(C.gokvx_gpu_create(&cg, &co)); err != nil {
 		return nil, err

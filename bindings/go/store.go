@@ -80,13 +80,12 @@ func storeFlags(noWait, verify, noSync, readOnly bool) C.uint32_t {
 
 // Create makes a new store directory (0700) with a fixed geometry.
 func Create(dir string, opts StoreOptions) (*Store, error) {
-	co := C.kvx_store_options{
-		version:        C.KVX_STORE_OPTIONS_VERSION,
-		geometry:       opts.Geometry.c(),
-		capacity_bytes: C.uint64_t(opts.CapacityBytes),
-		flags:          storeFlags(opts.NoWait, opts.Verify, opts.NoSync, false),
-		shard_bytes:    C.uint64_t(opts.ShardBytes),
-	}
+	var co C.kvx_store_options
+	C.kvx_store_options_init(&co) // the version; 0 sizes = the library's defaults
+	co.geometry = opts.Geometry.c()
+	co.capacity_bytes = C.uint64_t(opts.CapacityBytes)
+	co.flags = storeFlags(opts.NoWait, opts.Verify, opts.NoSync, false)
+	co.shard_bytes = C.uint64_t(opts.ShardBytes)
 	cdir := C.CString(dir)
 	defer C.free(unsafe.Pointer(cdir))
 	var cs *C.kvx_store

@@ -45,8 +45,15 @@ type WarmupOptions struct {
 	ProgressInterval time.Duration // how often progress is called; 0 = 100 ms
 }
 
-// DefaultWarmupOptions: io_uring when allowed, verified, discard sink.
-func DefaultWarmupOptions() WarmupOptions { return WarmupOptions{NUMANode: NodeAuto} }
+// DefaultWarmupOptions are the library's (kvx_warmup_options_init):
+// io_uring when allowed, verified, NodeAuto, discard sink.
+func DefaultWarmupOptions() WarmupOptions {
+	var c C.kvx_warmup_options
+	C.kvx_warmup_options_init(&c)
+	return WarmupOptions{IOMode: IOMode(c.io_mode), NoVerify: c.flags&C.KVX_WARMUP_NO_VERIFY != 0,
+		Buffered: c.flags&C.KVX_WARMUP_BUFFERED != 0, QueueDepth: uint32(c.queue_depth),
+		ChunkBytes: uint32(c.chunk_bytes), NUMANode: int(c.numa_node), Sink: Sink(c.sink)}
+}
 
 // WarmupProgress is a snapshot of a running warmup.
 type WarmupProgress struct {
@@ -183,9 +190,14 @@ func WarmupShards(ctx context.Context, shards []*Shard, opts *WarmupOptions, pro
 		}
 	}
 	res := &WarmupResult{}
-	co := C.kvx_warmup_options{version: C.KVX_WARMUP_OPTIONS_VERSION, io_mode: C.int(o.IOMode),
-		queue_depth: C.uint32_t(o.QueueDepth), chunk_bytes: C.uint32_t(o.ChunkBytes),
-		numa_node: C.int(o.NUMANode), sink: C.int(o.Sink)}
+	var co C.kvx_warmup_options
+	C.kvx_warmup_options_init(&co) // the version, and fields this package does not set
+	co.io_mode = C.int(o.IOMode)
+	co.queue_depth = C.uint32_t(o.QueueDepth)
+	co.chunk_bytes = C.uint32_t(o.ChunkBytes)
+	co.numa_node = C.int(o.NUMANode)
+	co.sink = C.int(o.Sink)
+	co.flags = 0 // the options' bools below decide every flag
 	if o.NoVerify {
 		co.flags |= C.KVX_WARMUP_NO_VERIFY
 	}
