@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #include "common/os.h"
-#include "engine/store_internal.h"
+#include "engine/store.h"
 
 static double now_s(void)
 {

@@ -1,25 +1,24 @@
 /*
- * store_recover.c - what a writer does when it opens a store, and the
- * quarantine (DESIGN.md "Trust rules" 2 to 4).
+ * store_recover.c - what a writer does when it opens a store (recovery) and
+ * reindex (DESIGN.md "Trust rules" 2 to 4).
  *
- * The index only names where bytes live; the shards are the truth. So
- * recovery judges a shard by its own structure and meta CRC, never by the
- * index's record of it, and deletes nothing on the word of a check:
+ * Rule: the shards are the truth and the catalog only names where bytes
+ * live. Recovery judges a shard by its own structure and meta CRC, never by
+ * the catalog's record of it, and deletes nothing on the word of a check:
  *  - staging/ holds shard writers' temporary files, never acknowledged:
  *    removed (anything else there is left alone);
  *  - a registered shard that is gone loses its records; one whose size
  *    differs from its record is opened: valid, its record is corrected and
  *    it is served; invalid, it moves to quarantine/;
- *  - a valid shard in shards/ that the index does not name (a crash before
- *    its publication, a backup put back, a stale index) is adopted; one
- *    whose shard byte another shard holds, or that is invalid or foreign,
- *    moves to quarantine/;
- *  - the next generation exceeds every generation named in shards/,
- *    staging/ and quarantine/, so a new shard never takes a file's name.
+ *  - a valid shard in shards/ that the catalog does not name (a crash
+ *    before its publication, a backup put back, a stale index) is adopted;
+ *    one whose shard byte another shard holds, or that is invalid or
+ *    foreign, moves to quarantine/;
+ *  - reindex builds a fresh catalog from the shards alone.
  * Readers run none of this (rule 3): a reader with a stale index misses.
  */
+#include "store.h"
 #include "common/os.h"
-#include "store_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,142 +28,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#define ST_QUARANTINE "quarantine"
-
-/* ------------------------------------------------------------ quarantine */
-
-static int st_qdir_path(kvx_store *s, char *buf, size_t cap)
-{
-    return snprintf(buf, cap, "%s/" ST_QUARANTINE, s->dir) < (int)cap ? 0 : -ENAMETOOLONG;
-}
-
-static int st_open_qdir(kvx_store *s, int *out)
-{
-    char qdir[4096];
-    if (st_qdir_path(s, qdir, sizeof qdir)) return kvx_fail(-ENAMETOOLONG, "store %s: path too long", s->dir);
-    if (kvx_os.mkdir(qdir, 0700) == 0) {
-        int rc = kvx_os_fsync_dir(s->dir); /* the new directory's entry */
-        if (rc) return kvx_fail(rc, "store %s: fsync after mkdir quarantine/: %s", s->dir, strerror(-rc));
-    } else if (errno != EEXIST) {
-        return kvx_fail(-errno, "store %s: mkdir quarantine/: %s", s->dir, strerror(errno));
-    }
-    int fd = kvx_os.openat(s->dirfd, ST_QUARANTINE, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (fd < 0) {
-        int e = errno;
-        if (e == ELOOP || e == ENOTDIR)
-            return kvx_fail(KVX_EPATH, "store %s: quarantine/ is a symlink or not a directory", s->dir);
-        return kvx_fail(-e, "store %s: open quarantine/: %s", s->dir, strerror(e));
-    }
-    *out = fd;
-    return 0;
-}
-
-int kvx_st_quarantine(kvx_store *s, const char *name, const char *why)
-{
-    int qfd = -1, rc = st_open_qdir(s, &qfd);
-    if (rc) return rc;
-    char qdir[4096], from[4096], to[4096], target[300];
-    if ((rc = st_qdir_path(s, qdir, sizeof qdir)) ||
-        snprintf(from, sizeof from, "%s/%s", s->shards_path, name) >= (int)sizeof from) {
-        kvx_os.close(qfd);
-        return kvx_fail(-ENAMETOOLONG, "store %s: path too long", s->dir);
-    }
-    /* same name, never replacing a file already there: a numeric suffix */
-    rc = -EEXIST;
-    for (int k = 0; k < 10000 && rc == -EEXIST; k++) {
-        if (k) snprintf(target, sizeof target, "%s.%d", name, k);
-        else snprintf(target, sizeof target, "%s", name);
-        if (snprintf(to, sizeof to, "%s/%s", qdir, target) >= (int)sizeof to) {
-            rc = -ENAMETOOLONG;
-            break;
-        }
-        /* a name whose note is taken too is taken: the first reason stays */
-        char wn[340];
-        struct stat wst;
-        snprintf(wn, sizeof wn, "%s.why", target);
-        if (fstatat(qfd, wn, &wst, AT_SYMLINK_NOFOLLOW) == 0) {
-            rc = -EEXIST;
-            continue;
-        }
-        rc = kvx_os.rename_noreplace(from, to) == 0 ? 0 : -errno;
-    }
-    if (rc) {
-        kvx_os.close(qfd);
-        return kvx_fail(rc, "store %s: cannot move shards/%s to quarantine/: %s", s->dir, name, strerror(-rc));
-    }
-    /* the reason, beside it (advisory: the move itself is what matters) */
-    char note[340];
-    snprintf(note, sizeof note, "%s.why", target);
-    /* never replacing or blocking on what is there (a FIFO, someone's file) */
-    int fd = kvx_os.openat(qfd, note, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
-    if (fd >= 0) {
-        char text[1200];
-        int len = snprintf(text, sizeof text, "shards/%s: %s\n", name, why);
-        if (len > (int)sizeof text - 1) len = (int)sizeof text - 1;
-        if (kvx_os_pwrite_all(fd, text, (size_t)len, 0) == 0) kvx_os.fsync(fd);
-        kvx_os.close(fd);
-    }
-    kvx_os.close(qfd);
-    /* both directory entries durable: the file is in exactly one place */
-    rc = kvx_os_fsync_dir(qdir);
-    if (!rc) rc = kvx_os_fsync_dir(s->shards_path);
-    s->quarantined++;
-    return rc ? kvx_fail(rc, "store %s: fsync after quarantining %s: %s", s->dir, name, strerror(-rc)) : 0;
-}
-
-static int st_count_q(kvx_store *s, int fd, const char *name, void *ctx)
-{
-    (void)s;
-    (void)fd;
-    size_t len = strlen(name);
-    if (len < 4 || strcmp(name + len - 4, ".why") != 0) ++*(uint64_t *)ctx;
-    return 0;
-}
-
-uint64_t kvx_st_quarantine_count(kvx_store *s)
-{
-    int qfd = kvx_os.openat(s->dirfd, ST_QUARANTINE, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (qfd < 0) return 0;
-    uint64_t n = 0;
-    if (kvx_st_each_file(s, qfd, st_count_q, &n) != 0) kvx_clear_error();
-    kvx_os.close(qfd);
-    return n;
-}
-
-/* ------------------------------------------------------------ generations */
-
-/* The generation a name carries: "<16 hex>.kvx..." in shards/ and
- * quarantine/, ".<16 hex>.kvx.tmp...." in staging/. */
-static int st_name_gen(const char *name, uint64_t *gen)
-{
-    return kvx_st_name_prefix_gen(name[0] == '.' ? name + 1 : name, gen);
-}
-
-static int st_gen_max(kvx_store *s, int fd, const char *name, void *ctx)
-{
-    (void)s;
-    (void)fd;
-    uint64_t g, *max = ctx;
-    if (st_name_gen(name, &g) && g > *max) *max = g;
-    return 0;
-}
-
-int kvx_st_gen_floor(kvx_store *s)
-{
-    uint64_t max = 0;
-    int rc = kvx_st_each_file(s, s->shardsfd, st_gen_max, &max);
-    if (!rc) rc = kvx_st_each_file(s, s->stagingfd, st_gen_max, &max);
-    int qfd = kvx_os.openat(s->dirfd, ST_QUARANTINE, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (!rc && qfd >= 0) rc = kvx_st_each_file(s, qfd, st_gen_max, &max);
-    if (qfd >= 0) kvx_os.close(qfd);
-    if (rc) return rc;
-    if (max == UINT64_MAX) return kvx_fail(KVX_EFULL, "store %s: shard generations are exhausted", s->dir);
-    if (max + 1 > s->next_gen) s->next_gen = max + 1;
-    return 0;
-}
-
-/* --------------------------------------------------------------- staging */
 
 static int st_rm_staging(kvx_store *s, int fd, const char *name, void *ctx)
 {
@@ -178,8 +41,6 @@ static int st_rm_staging(kvx_store *s, int fd, const char *name, void *ctx)
         return kvx_fail(-errno, "store %s: recovery: unlink staging/%s: %s", s->dir, name, strerror(errno));
     return 0;
 }
-
-/* ------------------------------------------------------ registered shards */
 
 typedef struct st_fix {
     uint8_t drop[ST_SLOTS];   /* records to remove (file gone or invalid) */
@@ -297,8 +158,6 @@ static int st_check_registered(kvx_store *s, st_fix *f, char (*why)[512])
     return 0;
 }
 
-/* ------------------------------------------------------------- adoption */
-
 /* A move to quarantine/ that fails (quarantine/ unusable, EIO) leaves the
  * file where it is, unregistered: nothing is lost, and the next writer's
  * recovery judges it again. */
@@ -371,7 +230,195 @@ static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
     return 0;
 }
 
-/* ------------------------------------------------------------- recovery */
+typedef struct st_found {
+    uint64_t gen;
+    kvx_shard *sh;
+    uint64_t bytes;
+    char name[32];
+} st_found;
+
+typedef struct st_scan {
+    st_found f[ST_SLOTS];
+    uint64_t max_gen;
+    uint64_t quarantined, skipped;
+    int err;           /* the first failed move to quarantine/ */
+    char errmsg[512];  /* ... and what it said */
+} st_scan;
+
+/* One file of shards/: kept (newest valid file per shard byte), or moved
+ * to quarantine/ with the reason (invalid, foreign, or an older file
+ * claiming a shard byte a newer one holds). Never deleted. */
+static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
+{
+    st_scan *sc = ctx;
+    uint64_t gen;
+    if (!kvx_st_parse_name(name, &gen)) return 0;
+    if (gen > sc->max_gen) sc->max_gen = gen;
+    struct stat st;
+    if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        int e = errno;
+        if (e == ENOENT) return 0; /* gone meanwhile */
+        return kvx_fail(-e, "store %s: reindex: stat shards/%s: %s", s->dir, name, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) { /* a directory or link where a shard belongs: never followed */
+        sc->skipped++;
+        return 0;
+    }
+    size_t len = strlen(s->shards_path) + 1 + strlen(name) + 1;
+    char *path = malloc(len);
+    if (!path) return kvx_fail(-ENOMEM, "store: out of memory");
+    snprintf(path, len, "%s/%s", s->shards_path, name);
+    kvx_shard *sh = NULL;
+    int rc = kvx_shard_open(&sh, path, 0);
+    free(path);
+    if (rc && st_open_transient(rc)) {
+        /* not a verdict on the file: stop, leave the index as it was */
+        return kvx_fail(rc, "store %s: reindex: cannot open shards/%s: %s", s->dir, name, kvx_strerror(rc));
+    }
+    char why[600];
+    if (rc) {
+        snprintf(why, sizeof why, "reindex: cannot be validated: %s (%s)", kvx_last_error(), kvx_err_name(rc));
+    } else {
+        const kvx_shard_info *in = kvx_shard_get_info(sh);
+        const kvx_geometry *g = &in->geometry;
+        if (g->num_layers != s->g.num_layers || g->kv_heads != s->g.kv_heads || g->head_dim != s->g.head_dim ||
+            g->block_tokens != s->g.block_tokens || g->quant != s->g.quant ||
+            g->model_signature != s->g.model_signature || !(in->flags & KVX_FLAG_HASHES)) {
+            snprintf(why, sizeof why, "reindex: geometry, model or tables differ from this store's");
+            kvx_shard_close(sh);
+            sh = NULL;
+        } else {
+            st_found *f = &sc->f[in->shard_id];
+            if (!f->sh || f->gen < gen) {
+                /* the newest file holds the byte; an older one goes aside */
+                st_found old = *f;
+                f->gen = gen;
+                f->sh = sh;
+                f->bytes = (uint64_t)st.st_size;
+                snprintf(f->name, sizeof f->name, "%s", name);
+                if (!old.sh) return 0;
+                kvx_shard_close(old.sh);
+                snprintf(why, sizeof why, "reindex: shard byte %u is also claimed by the newer shards/%s",
+                         in->shard_id, f->name);
+                if ((rc = kvx_st_quarantine(s, old.name, why)) && !sc->err) {
+                    sc->err = rc;
+                    snprintf(sc->errmsg, sizeof sc->errmsg, "%s", kvx_last_error());
+                }
+                else sc->quarantined++;
+                return 0;
+            }
+            snprintf(why, sizeof why, "reindex: shard byte %u is also claimed by the newer shards/%s", in->shard_id,
+                     f->name);
+            kvx_shard_close(sh);
+            sh = NULL;
+        }
+    }
+    if ((rc = kvx_st_quarantine(s, name, why)) && !sc->err) {
+        sc->err = rc;
+        snprintf(sc->errmsg, sizeof sc->errmsg, "%s", kvx_last_error());
+    }
+    else sc->quarantined++;
+    return 0;
+}
+
+typedef struct st_reindex {
+    kvx_store *s;
+    st_scan *sc;
+} st_reindex;
+
+static int st_reindex_body(MDB_txn *txn, void *ctx)
+{
+    st_reindex *r = ctx;
+    kvx_index *ix = r->s->ix;
+    int rc;
+    /* a fresh index: nothing of the old one is read */
+    if ((rc = mdb_drop(txn, ix->coord, 0)) || (rc = mdb_drop(txn, ix->hash, 0)) || (rc = mdb_drop(txn, ix->shards, 0)) ||
+        (rc = mdb_drop(txn, ix->usage, 0)) || (rc = mdb_drop(txn, ix->meta, 0)))
+        return rc;
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        st_found *f = &r->sc->f[b];
+        if (!f->sh) continue;
+        const kvx_shard_info *in = kvx_shard_get_info(f->sh);
+        st_sealed x = {(uint8_t)b, f->gen, in->flags, in->num_blocks, f->bytes, kvx_st_now_ns(), kvx_st_count_unverified(f->sh)};
+        if ((rc = kvx_st_register(txn, ix, &x))) return rc;
+        for (uint32_t i = 0; i < in->num_blocks; i++) {
+            kvx_entry e;
+            if (kvx_shard_entry(&e, f->sh, i) || !e.hash) continue;
+            if ((rc = kvx_idx_add_block(txn, ix, e.coordinate, e.hash, f->gen))) return rc;
+        }
+    }
+    kvx_idx_stats st = {0};
+    if ((rc = kvx_idx_put_stats(txn, ix, &st))) return rc;
+    uint64_t ng = r->s->next_gen > r->sc->max_gen + 1 ? r->s->next_gen : r->sc->max_gen + 1;
+    r->s->next_gen = ng;
+    return kvx_idx_put_u64(txn, ix->meta, "next_gen", ng);
+}
+
+int kvx_st_reindex_locked(kvx_store *s)
+{
+    kvx_st_discard_pending(s);
+    int rc = kvx_st_gen_floor(s);
+    if (rc) return rc;
+    st_scan *sc = calloc(1, sizeof *sc);
+    if (!sc) return kvx_fail(-ENOMEM, "store: out of memory");
+    rc = kvx_st_each_file(s, s->shardsfd, st_scan_file, sc);
+    if (!rc) {
+        st_reindex r = {s, sc};
+        rc = kvx_idx_write(s->ix, st_reindex_body, &r);
+    }
+    for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(sc->f[b].sh);
+    uint64_t quarantined = sc->quarantined, skipped = sc->skipped;
+    int qerr = sc->err;
+    char qmsg[512];
+    snprintf(qmsg, sizeof qmsg, "%s", sc->errmsg);
+    free(sc);
+    for (uint32_t b = 0; b < ST_SLOTS; b++) kvx_st_cache_drop(s, b);
+    if (!rc) rc = kvx_st_registry_load(s);
+    if (!rc) rc = kvx_st_derive_digests(s);
+    if (!rc && qerr)
+        rc = kvx_fail(qerr, "store %s: the index is rebuilt, but a file reindex could not use stays in shards/ (not "
+                            "indexed, nothing lost): %s",
+                      s->dir, qmsg);
+    if (!rc && (quarantined || skipped))
+        kvx_fail(KVX_ECORRUPT,
+                 "store %s: reindex moved %llu invalid or duplicate file(s) to quarantine/ and left %llu entr%s of "
+                 "shards/ that are not regular files alone",
+                 s->dir, (unsigned long long)quarantined, (unsigned long long)skipped, skipped == 1 ? "y" : "ies");
+    return rc;
+}
+
+KVX_API int kvx_store_reindex(kvx_store *s)
+{
+    int rc = kvx_st_writer_check(s, "kvx_store_reindex");
+    if (rc) return rc;
+    pthread_mutex_lock(&s->wmu);
+    /* puts not yet flushed are flushed first: a reindex must not drop what
+     * the next flush would acknowledge. That next kvx_store_flush, not this
+     * reindex, acknowledges them to the caller, so their pins (the shards of
+     * blocks they found held, and the shards this flush publishes) must last
+     * until it returns: the flush below and kvx_st_reindex_locked's discard both
+     * clear pins, and the reindex gives every shard a fresh creation time, so
+     * a block a put found held then looked the oldest in the store and the
+     * next flush's eviction took it (a put of only held blocks pends nothing,
+     * so it was not even flushed here). Found by test_powercut seed 651158135. */
+    for (size_t i = 0; i < s->nsealed; i++) kvx_st_pin(s, s->sealed[i].byte, s->sealed[i].gen);
+    for (int k = 0; k < 2; k++)
+        if (s->cur[k].w) kvx_st_pin(s, s->cur[k].byte, s->cur[k].gen);
+    uint8_t pinned[ST_SLOTS];
+    uint64_t pin_gen[ST_SLOTS];
+    memcpy(pinned, s->pinned, sizeof pinned);
+    memcpy(pin_gen, s->pin_gen, sizeof pin_gen);
+    if (s->npend || s->nsealed || s->cur[0].w || s->cur[1].w) rc = kvx_st_flush_locked(s);
+    if (!rc) {
+        rc = kvx_st_reindex_locked(s);
+        /* reindex keeps each kept shard's generation, so these pins still
+         * name the same files; a failed flush dropped the puts (no pins) */
+        memcpy(s->pinned, pinned, sizeof pinned);
+        memcpy(s->pin_gen, pin_gen, sizeof pin_gen);
+    }
+    pthread_mutex_unlock(&s->wmu);
+    return rc;
+}
 
 int kvx_st_recover(kvx_store *s)
 {

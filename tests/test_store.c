@@ -24,7 +24,7 @@
 #include <cmocka.h>
 
 #include "common/os.h"
-#include "engine/store_internal.h"
+#include "engine/store.h"
 #include "store_util.h"
 
 static int dir_counter;

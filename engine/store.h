@@ -1,0 +1,374 @@
+/*
+ * engine/store.h - the kvx_store handle and the store's private interface,
+ * not API. docs/STORE.md describes the design.
+ *
+ * The store is cut by job, one file each, and a file calls only the files
+ * listed before it here (scripts/check-layers.sh checks that the calls
+ * between them have no cycle):
+ *   store_config.c   STORE file, geometry, derived sizes, writer check
+ *   store_names.c    file names, directory walks, generations, quarantine
+ *   store_cache.c    shard cache, registry mirror
+ *   store_usage.c    usage batching and persistence, recency
+ *   store_lookup.c   lookups and views (kvx_store_get*, prefix)
+ *   store_export.c   kvx_views_export
+ *   store_inspect.c  stat, shards, verify
+ *   store_writers.c  shard writers and seals
+ *   store_rewrite.c  copying blocks into new shards
+ *   store_policy.c   eviction and compaction decisions (pure functions)
+ *   store_maint.c    eviction, compaction, dropping shards
+ *   store_gc.c       gc: salvage, headless chains, digest derivation
+ *   store_batch.c    put and flush
+ *   store_recover.c  recovery and reindex
+ *   store_open.c     create, open, close, reindex_dir
+ *   store_collect.c  kvx_warmup_collect (public API only)
+ * Each file opens with the rule it keeps.
+ */
+#ifndef KVX_ENGINE_STORE_H
+#define KVX_ENGINE_STORE_H
+
+#include "common/internal.h"
+#include "format/format.h"
+#include "index/index.h"
+
+#include <errno.h>
+#include <pthread.h>
+
+#define ST_SLOTS 256
+#define ST_KIND_LINEAGE 0 /* blocks put with their tokens */
+#define ST_KIND_PLAIN 1   /* blocks put by hash only (envelope without tokens) */
+#define ST_DEFAULT_CAPACITY ((uint64_t)64 << 30)
+#define ST_CONFIG_BYTES 64
+#define ST_COMPACT_AT 192 /* live shards before a flush merges small ones */
+#define ST_COMPACT_SMALL 64 /* at most this many small shards (< target/2) before a flush merges them */
+#define ST_SHARD_OVERHEAD (8u << 10) /* about a shard's header and padding */
+#define ST_TARGET_DIV 64 /* default shard size: capacity / this (at least 512 KiB) */
+
+typedef struct st_cache {
+    uint64_t gen;
+    kvx_shard *sh; /* one reference, owned by the cache */
+    int bad;       /* the file is missing or failed validation */
+} st_cache;
+
+typedef struct st_use {
+    uint64_t gen;
+    uint64_t last_use;
+    uint64_t hits;
+    uint8_t *bits; /* referenced entries since the last persist */
+    uint32_t nbits;
+    int dirty;
+} st_use;
+
+/* Writer: per-entry last use (ns) of a shard's blocks: the writer's own
+ * lookups, and the recency that carried or merged blocks bring along. The
+ * persisted usage record only has a per-shard referenced bitmap and last
+ * use; eviction prefers this finer view where it exists. */
+typedef struct st_rec {
+    uint64_t gen;
+    uint64_t *last; /* 0: not known here */
+    uint32_t n;
+} st_rec;
+
+typedef struct st_pblock {
+    uint8_t digest[KVX_DIGEST_BYTES]; /* lineage blocks; zero for plain */
+    uint64_t hash, parent;
+    uint32_t coord;
+    uint32_t kind;
+    uint64_t gen;
+    size_t tok; /* offset into ptok (B ids), SIZE_MAX when none */
+    size_t next; /* chain in the pending hash table, SIZE_MAX ends */
+} st_pblock;
+
+typedef struct st_open {
+    kvx_shard_writer *w;
+    uint8_t byte;
+    uint64_t gen;
+    uint32_t flags;
+    uint32_t cap;  /* entries reserved in its tables */
+    uint32_t nunv; /* entries added without a digest (unverified) */
+} st_open;
+
+typedef struct st_sealed {
+    uint8_t byte;
+    uint64_t gen;
+    uint32_t flags, n;
+    uint64_t bytes;
+    uint64_t last_use; /* for the usage record (compaction keeps the max) */
+    uint32_t nunv;     /* entries without a digest */
+} st_sealed;
+
+struct kvx_store {
+    char *dir, *shards_path, *staging_path, *index_path;
+    int dirfd, shardsfd, stagingfd, lockfd;
+    uint32_t flags;
+    int writer;
+    kvx_geometry g;
+    uint64_t capacity, target, page_bytes, entry_bytes;
+    uint32_t nscales, max_entries;
+    kvx_index *ix;
+
+    pthread_rwlock_t cache_lock;
+    st_cache cache[ST_SLOTS];
+
+    pthread_mutex_t use_mu;
+    st_use use[ST_SLOTS];
+    st_rec rec[ST_SLOTS]; /* writer only; under use_mu */
+    uint64_t hits, misses, calls;
+
+    /* writer state, under wmu */
+    pthread_mutex_t wmu;
+    kvx_idx_shard reg[ST_SLOTS];
+    uint8_t reg_live[ST_SLOTS];
+    st_open cur[2];
+    st_sealed *sealed;
+    size_t nsealed, capsealed;
+    st_pblock *pend;
+    size_t npend, cappend;
+    uint32_t *ptok;
+    size_t nptok, capptok;
+    size_t *ptab; /* open hashing by hash: head index or SIZE_MAX */
+    size_t ptab_n;
+    uint64_t next_gen;
+    uint64_t dropped;
+    uint32_t reserve_hint; /* entries the next writer reserves (the put's size) */
+    uint64_t carried;      /* blocks this handle carried forward (benchmarks) */
+    /* shards holding blocks that puts since the last flush found already
+     * held: the flush acknowledges those blocks too, so until it returns
+     * no eviction, compaction or gc may drop them (writer, under wmu) */
+    uint8_t pinned[ST_SLOTS];
+    uint64_t pin_gen[ST_SLOTS];
+    size_t batch_blocks;   /* blocks put since the last kvx_store_flush (the
+                              unit a flush acknowledges), internal flushes
+                              included */
+    int index_live;        /* the index names next_gen (not lost or empty) */
+    int index_missing;     /* index/ was not there at open */
+    uint64_t quarantined;  /* files this handle moved to quarantine/ */
+};
+
+/* Is rc, from opening a shard file, a passing failure of this process
+ * (EMFILE, EIO, ENOMEM, no free mapping-guard slot, ...) rather than a
+ * verdict on the file (missing, malformed, wrong checksum)? A passing
+ * failure must never get a shard dropped or deleted. */
+static inline int st_open_transient(int rc)
+{
+    if (rc == 0 || rc == -ENOENT) return 0;
+    if (rc > -30000) return 1; /* -errno */
+    return rc == KVX_ECAPACITY || rc == KVX_EBUSY || rc == KVX_EMEMLOCK || rc == KVX_ECANCELED;
+}
+
+/* What a lookup asks for. With toks (and digest), only a verified block
+ * whose hash, parent, B token ids and prefix digest all equal the query's
+ * (DESIGN.md rule 1); without, any block holding the hash. */
+typedef struct st_query {
+    uint64_t hash, parent;
+    const uint32_t *toks;
+    const uint8_t *digest;
+} st_query;
+
+/* ------------------------------------------------------------------ */
+
+/* store_config.c */
+uint64_t kvx_st_now_ns(void);
+void kvx_st_config_encode(uint8_t *b, const kvx_geometry *g, uint64_t cap, uint64_t target);
+int kvx_st_config_decode(const uint8_t *b, kvx_geometry *g, uint64_t *cap, uint64_t *target);
+/* KVX_EINVALID / KVX_EQUANT / KVX_EOVERFLOW naming the field. */
+int kvx_st_check_geometry(const kvx_geometry *g);
+/* Page, entry and per-shard sizes from s->g and s->target. */
+void kvx_st_sizes(kvx_store *s);
+/* KVX_EINVALID unless s is a writer handle (fn names the caller). */
+int kvx_st_writer_check(kvx_store *s, const char *fn);
+
+/* store_names.c */
+/* "%016llx.kvx" of gen into buf (32 bytes). */
+void kvx_st_shard_name(char *buf, uint64_t gen);
+/* "a/b" in a new malloc'd string, NULL on ENOMEM. */
+char *kvx_st_join(const char *a, const char *b);
+/* 1 and the generation when name is a shard file name. */
+int kvx_st_parse_name(const char *name, uint64_t *gen);
+/* 1 and the generation when name starts "<16 hex>.kvx" (anything may follow). */
+int kvx_st_name_prefix_gen(const char *name, uint64_t *gen);
+/* Calls fn for every entry of directory fd but . and .. */
+typedef int (*st_dir_fn)(kvx_store *s, int dirfd, const char *name, void *ctx);
+int kvx_st_each_file(kvx_store *s, int fd, st_dir_fn fn, void *ctx);
+/* Unlinks shards/<gen>.kvx (a file the catalog does not name). */
+void kvx_st_unlink_shard(kvx_store *s, uint64_t gen);
+/* Moves shards/<name> to quarantine/<name> (a numeric suffix on a clash,
+ * never replacing a file) with the reason in <name>.why. Writer only. */
+int kvx_st_quarantine(kvx_store *s, const char *name, const char *why);
+/* Files in quarantine/ (not counting .why notes). */
+uint64_t kvx_st_quarantine_count(kvx_store *s);
+/* Raises next_gen above every generation named in shards/, staging/ and
+ * quarantine/ (a new shard never takes an existing file's name). */
+int kvx_st_gen_floor(kvx_store *s);
+
+/* store_cache.c */
+/* A new reference on the shard (byte, gen), opened lazily; NULL when it
+ * cannot be opened (then marked bad, unless the failure was transient). */
+kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen);
+/* Forgets the cached handle of byte (drops the cache's reference). */
+void kvx_st_cache_drop(kvx_store *s, uint32_t byte);
+/* Entries of sh with a hash but no prefix digest (unverified). */
+uint32_t kvx_st_count_unverified(const kvx_shard *sh);
+/* Is shard (b, gen) sound: it opens and every page passes its CRC? Only
+ * sound blocks are ever deleted (DESIGN.md rule 2). 1 sound, 0 damaged
+ * (why filled), -1 cannot tell now (a passing failure). */
+int kvx_st_shard_sound(kvx_store *s, uint32_t b, uint64_t gen, char *why, size_t cap);
+/* Reloads the registry mirror (writer) and next_gen from the catalog. */
+int kvx_st_registry_load(kvx_store *s);
+/* The mirror gains a shard the catalog now names (after the commit). */
+void kvx_st_registry_add(kvx_store *s, const st_sealed *x);
+/* A shard record and its empty usage record (in txn). */
+int kvx_st_register(MDB_txn *txn, kvx_index *ix, const st_sealed *x);
+
+/* store_usage.c */
+/* Writer: the per-entry last-use array of shard (byte, gen) with n
+ * entries, created (zeroed) or reset when gen changed; NULL on ENOMEM.
+ * Call under use_mu. */
+uint64_t *kvx_st_rec_get(kvx_store *s, uint32_t byte, uint64_t gen, uint32_t n);
+/* Notes the n views' blocks as used now (referenced bit, last use); count:
+ * also add them to the hit/miss counters (lookups; a put that finds its
+ * block held only refreshes it). */
+void kvx_st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses, int count);
+/* Writes this handle's batched counters and referenced bits. */
+int kvx_st_usage_persist(kvx_store *s);
+/* Per-shard last use and referenced bits, as persisted. */
+typedef struct st_usage_view {
+    uint64_t last_use;
+    uint8_t *bits;
+    uint32_t nbits;
+} st_usage_view;
+/* uv[ST_SLOTS] of every live shard; free with kvx_st_usage_free. */
+int kvx_st_usage_read(kvx_store *s, st_usage_view *uv);
+void kvx_st_usage_free(st_usage_view *uv);
+/* r[ST_SLOTS]: per-entry recency of every live shard (ns); free with
+ * kvx_st_recency_free. */
+int kvx_st_recency_build(kvx_store *s, const st_usage_view *uv, uint64_t **r);
+void kvx_st_recency_free(uint64_t **r);
+
+/* store_lookup.c */
+/* Looks a block up in txn: 0 and a view (its page CRC-checked), or
+ * KVX_ENOTFOUND, KVX_EPAGECRC / KVX_ETRUNC (only damaged copies), or an
+ * error. Every block holding the hash is tried. */
+int kvx_st_lookup(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view *out);
+
+/* store_writers.c */
+/* The header flags of a shard of kind (ST_KIND_*). */
+uint32_t kvx_st_kind_flags(const kvx_store *s, int kind);
+/* A writer in staging/ for a new generation on a free shard byte (extra:
+ * bytes also taken), reserving `reserve` entries. */
+int kvx_st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_open *o, uint32_t reserve);
+/* Seals o's shard (kvx_shard_writer_seal: fsync, rename into shards/,
+ * fsync of shards/), so it is durable before any transaction names it. */
+int kvx_st_writer_seal(kvx_store *s, st_open *o, st_sealed *out);
+void kvx_st_unlink_sealed(kvx_store *s, st_sealed *v, size_t n);
+
+/* store_rewrite.c */
+/* A block to copy (eviction's carry, compaction, salvage). */
+typedef struct st_move {
+    uint8_t digest[KVX_DIGEST_BYTES]; /* all zero: unverified */
+    uint32_t src_coord;
+    uint64_t src_gen, hash, parent;
+    uint64_t last_use;
+    uint32_t new_coord; /* 0 with new_gen 0: dropped (bad page) */
+    uint64_t new_gen;
+} st_move;
+/* Copies the moves' blocks into new sealed shards (in shards/, not yet
+ * published) of the given flags; a bad page is not copied (new_gen 0). */
+int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t *busy, st_sealed **io_out,
+                   size_t *io_n);
+/* Appends the entries of shard b as moves, each with its recency r[i];
+ * with hot_only, only entries used after hot_after. */
+int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, uint64_t hot_after, st_move **mv,
+                   size_t *n, size_t *cap, size_t limit);
+/* After a committed rewrite: the new shards' entries keep the recency
+ * their blocks had. */
+void kvx_st_rec_from_moves(kvx_store *s, const st_move *mv, size_t n, const st_sealed *added, size_t nadded);
+
+/* store_policy.c: pure functions (no files, no catalog, no locks) */
+/* A shard as eviction and compaction see it. */
+typedef struct st_pshard {
+    int live, pinned;
+    uint32_t flags, n;        /* header flags, entries */
+    uint64_t file_bytes;
+    const uint64_t *recency;  /* n per-entry last uses (ns); eviction only */
+} st_pshard;
+/* Eviction stops 1/64 below the capacity (a default-sized shard): with only
+ * a flush's worth of blocks below the cut, every victim would be mostly hot
+ * blocks to copy. */
+uint64_t kvx_st_evict_goal(uint64_t capacity);
+/* Blocks of the store's mean size the goal holds besides `pending` bytes. */
+uint64_t kvx_st_evict_keep(uint64_t goal, uint64_t pending, uint64_t live_bytes, uint64_t nblocks);
+/* The recency an exact LRU keeping `keep` of the n recencies in all would
+ * cut at (entries above it stay): 0 when all are kept. Sorts all. */
+uint64_t kvx_st_evict_cut(uint64_t *all, size_t n, uint64_t keep);
+/* Live shards in eviction order: the largest share of entries at or below
+ * cut first, then the oldest mean recency, then the shard byte. Returns
+ * their number. */
+int kvx_st_evict_order(uint32_t *order, const st_pshard *sh, uint64_t cut);
+/* Blocks eviction may carry: half of the bytes it freed, so it always
+ * frees room and copies at most as much as it frees. */
+uint64_t kvx_st_carry_room(uint64_t freed, uint64_t entry_bytes);
+/* Has eviction freed enough: total - freed, plus a shard of the carried
+ * blocks (min(collected, room)), within the goal? */
+int kvx_st_evict_enough(uint64_t total, uint64_t freed, size_t collected, uint64_t room, uint64_t entry_bytes,
+                        uint64_t goal);
+/* Compaction's merge group: unpinned live shards of exactly `flags` smaller
+ * than target/2 (victims[] set). Returns their number. */
+int kvx_st_compact_small(uint8_t *victims, const st_pshard *sh, uint32_t flags, uint64_t target);
+/* Does a flush merge small shards now: when ids run low (over
+ * ST_COMPACT_AT live), or when small shards' headers and padding (about
+ * ST_SHARD_OVERHEAD each) would cost over 1 % of the capacity (at least 4,
+ * at most ST_COMPACT_SMALL of them)? */
+int kvx_st_compact_due(const st_pshard *sh, uint64_t capacity, uint64_t target);
+int kvx_st_cmp_u64(const void *a, const void *b);
+/* Moves oldest first (coordinate order on ties). */
+int kvx_st_cmp_move_age(const void *a, const void *b);
+/* Moves newest first; equal recency in coordinate order (a parent before
+ * its child), so truncating keeps whole prefixes. */
+int kvx_st_cmp_move_hot(const void *a, const void *b);
+
+/* store_maint.c */
+/* A maintenance pass that could not see every shard and changed nothing. */
+#define ST_PASS_SKIPPED 1
+/* One drop: shards unregistered, shards added, blocks moved, counters. */
+typedef struct st_drop {
+    kvx_store *s;
+    const uint8_t *victims; /* shard bytes to unregister */
+    const st_sealed *added;
+    size_t nadded;
+    const struct st_move *moves;
+    size_t nmoves;
+    int evict, compact, damaged;
+} st_drop;
+/* Commits d in one catalog transaction. */
+int kvx_st_drop_write(kvx_store *s, st_drop *d);
+/* The shards of s as policy sees them (recency from r, nullable). */
+void kvx_st_pshards(st_pshard *out, const kvx_store *s, uint64_t *const *r);
+/* After a committed drop: mirror, caches, files (deleted when sound, else
+ * quarantined with `damaged` or the verdict as the reason). */
+void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const st_sealed *added, size_t nadded,
+                       const char *damaged);
+int kvx_st_drop_bad_shards(kvx_store *s);
+/* pending: bytes of sealed, unpublished files (a put in progress). */
+int kvx_st_evict(kvx_store *s, uint64_t pending);
+int kvx_st_enforce_capacity(kvx_store *s);
+int kvx_st_compact(kvx_store *s, int full);
+
+/* store_gc.c */
+int kvx_st_derive_digests(kvx_store *s);
+
+/* store_batch.c */
+/* A shard holding a block a pending put relies on (see pinned). */
+static inline int st_is_pinned(const kvx_store *s, uint32_t b)
+{
+    return s->pinned[b] && s->pin_gen[b] == s->reg[b].gen;
+}
+void kvx_st_pin(kvx_store *s, uint32_t b, uint64_t gen);
+void kvx_st_discard_pending(kvx_store *s);
+int kvx_st_flush_locked(kvx_store *s);
+
+/* store_recover.c */
+int kvx_st_reindex_locked(kvx_store *s);
+/* Recovery (writer only): see store_recover.c. */
+int kvx_st_recover(kvx_store *s);
+
+#endif

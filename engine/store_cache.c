@@ -1,0 +1,177 @@
+/*
+ * store_cache.c - the shard cache (one mapped handle per shard byte,
+ * opened lazily) and the writer's registry mirror of the catalog.
+ *
+ * Rule: a passing failure (EMFILE, EIO, no mapping-guard slot...) is never
+ * a verdict on a file: only a file that is there and fails validation is
+ * marked bad, and only a sound shard may ever be deleted.
+ */
+#include "store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
+{
+    pthread_rwlock_rdlock(&s->cache_lock);
+    st_cache *c = &s->cache[byte];
+    if (c->gen == gen && (c->sh || c->bad)) {
+        kvx_shard *r = c->bad ? NULL : kvx_shard_ref(c->sh);
+        pthread_rwlock_unlock(&s->cache_lock);
+        return r;
+    }
+    pthread_rwlock_unlock(&s->cache_lock);
+
+    char name[32];
+    kvx_st_shard_name(name, gen);
+    kvx_shard *sh = NULL;
+    struct stat st;
+    int bad = 1, transient = 0;
+    int sr = fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW);
+    if (sr == 0 && S_ISREG(st.st_mode)) {
+        char *path = kvx_st_join(s->shards_path, name);
+        int rc = path ? kvx_shard_open(&sh, path, 0) : -ENOMEM;
+        free(path);
+        if (rc == 0) {
+            const kvx_shard_info *in = kvx_shard_get_info(sh);
+            const kvx_geometry *g = &in->geometry;
+            if (in->shard_id == byte && g->num_layers == s->g.num_layers && g->kv_heads == s->g.kv_heads &&
+                g->head_dim == s->g.head_dim && g->block_tokens == s->g.block_tokens && g->quant == s->g.quant &&
+                g->model_signature == s->g.model_signature && (in->flags & KVX_FLAG_HASHES))
+                bad = 0;
+        } else if (st_open_transient(rc)) {
+            /* EIO, EMFILE, ENOMEM, no mapping-guard slot...: a miss now,
+             * not a verdict on the file */
+            transient = 1;
+        }
+    } else if (sr != 0 && errno != ENOENT) {
+        transient = 1; /* EACCES, EIO...: not a verdict; something not a
+                          regular file where the shard belongs is one */
+    }
+    if (transient) return NULL;
+    pthread_rwlock_wrlock(&s->cache_lock);
+    c = &s->cache[byte];
+    kvx_shard *old = NULL;
+    if (c->gen != gen || (!c->sh && !c->bad)) {
+        old = c->sh;
+        c->gen = gen;
+        c->sh = bad ? NULL : sh;
+        c->bad = bad;
+        sh = bad ? sh : NULL;
+    }
+    kvx_shard *r = c->bad || c->gen != gen ? NULL : kvx_shard_ref(c->sh);
+    pthread_rwlock_unlock(&s->cache_lock);
+    kvx_shard_close(old);
+    kvx_shard_close(sh);
+    return r;
+}
+
+void kvx_st_cache_drop(kvx_store *s, uint32_t byte)
+{
+    pthread_rwlock_wrlock(&s->cache_lock);
+    kvx_shard *old = s->cache[byte].sh;
+    s->cache[byte].sh = NULL;
+    s->cache[byte].gen = 0;
+    s->cache[byte].bad = 0;
+    pthread_rwlock_unlock(&s->cache_lock);
+    kvx_shard_close(old);
+}
+
+uint32_t kvx_st_count_unverified(const kvx_shard *sh)
+{
+    uint32_t n = 0, cnt = kvx_shard_get_info(sh)->num_blocks;
+    for (uint32_t i = 0; i < cnt; i++) {
+        kvx_entry e;
+        if (kvx_shard_entry(&e, sh, i) == 0 && e.hash && !e.digest) n++;
+    }
+    return n;
+}
+
+/* Is shard (b, gen) sound: it opens and every page passes its CRC? Only
+ * sound blocks are ever deleted (DESIGN.md rule 2). 1 sound, 0 damaged
+ * (why filled), -1 cannot tell now (a passing failure). */
+int kvx_st_shard_sound(kvx_store *s, uint32_t b, uint64_t gen, char *why, size_t cap)
+{
+    char name[32], path[4096];
+    kvx_st_shard_name(name, gen);
+    snprintf(path, sizeof path, "%s/%s", s->shards_path, name);
+    kvx_shard *sh = NULL;
+    int rc = kvx_shard_open(&sh, path, 0);
+    if (rc == -ENOENT) return 1; /* nothing left to delete */
+    if (rc && st_open_transient(rc)) return -1;
+    if (rc) {
+        snprintf(why, cap, "cannot be validated: %s (%s)", kvx_last_error(), kvx_err_name(rc));
+        return 0;
+    }
+    uint32_t bad = 0;
+    rc = kvx_shard_verify(sh, &bad, NULL, NULL);
+    kvx_shard_close(sh);
+    if (rc && bad) {
+        snprintf(why, cap, "%u damaged or missing page(s) (shard %u); its good blocks were %s", bad, b,
+                 "copied or evicted");
+        return 0;
+    }
+    return rc && st_open_transient(rc) ? -1 : 1;
+}
+
+int kvx_st_registry_load(kvx_store *s)
+{
+    MDB_txn *txn;
+    int rc = kvx_idx_read_begin(s->ix, &txn);
+    if (rc) return rc;
+    memset(s->reg_live, 0, sizeof s->reg_live);
+    MDB_cursor *cur;
+    rc = mdb_cursor_open(txn, s->ix->shards, &cur);
+    if (rc == 0) {
+        MDB_val k, v;
+        int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
+        while (r == 0) {
+            uint32_t b;
+            kvx_idx_shard rec;
+            if ((r = kvx_idx_dec_shard(&k, &v, &b, &rec))) break; /* a damaged record: an error naming reindex */
+            if (b < ST_SLOTS) {
+                s->reg[b] = rec;
+                s->reg_live[b] = 1;
+            }
+            r = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
+        }
+        mdb_cursor_close(cur);
+        rc = r == MDB_NOTFOUND ? 0 : r;
+    }
+    uint64_t ng = 0;
+    if (!rc) rc = kvx_idx_get_u64(txn, s->ix->meta, "next_gen", &ng);
+    kvx_idx_read_end(s->ix, txn);
+    if (rc) return kvx_idx_err(rc, "read registry");
+    s->next_gen = ng;
+    s->index_live = ng != 0; /* every index a store made names next_gen */
+    for (int b = 0; b < ST_SLOTS; b++)
+        if (s->reg_live[b] && s->reg[b].gen >= s->next_gen) s->next_gen = s->reg[b].gen + 1;
+    if (s->next_gen == 0) s->next_gen = 1;
+    return 0;
+}
+
+void kvx_st_registry_add(kvx_store *s, const st_sealed *x)
+{
+    kvx_idx_shard rec = {x->gen, x->bytes, kvx_st_now_ns(), x->n, x->flags, 0, x->nunv};
+    s->reg[x->byte] = rec;
+    s->reg_live[x->byte] = 1;
+}
+
+int kvx_st_register(MDB_txn *txn, kvx_index *ix, const st_sealed *x)
+{
+    uint32_t b = x->byte;
+    kvx_idx_shard rec = {x->gen, x->bytes, kvx_st_now_ns(), x->n, x->flags, 0, x->nunv};
+    int rc = kvx_idx_put_shard(txn, ix, b, &rec);
+    if (rc) return rc;
+    size_t nbytes = (x->n + 7) / 8;
+    uint8_t *bits = calloc(1, nbytes + 1);
+    if (!bits) return ENOMEM;
+    kvx_idx_usage u = {x->gen, x->last_use, 0, x->n, 0};
+    rc = kvx_idx_put_usage(txn, ix, b, &u, bits, nbytes);
+    free(bits);
+    return rc;
+}

@@ -1,0 +1,95 @@
+/*
+ * store_config.c - the handle's fixed facts: the STORE file (geometry,
+ * capacity, shard size; 64 bytes with a CRC-32C), the geometry rules, the
+ * sizes derived from them, and the writer check every mutating call makes.
+ *
+ * Rule: a store's geometry and capacity never change after create; every
+ * size the store computes derives from the STORE file alone.
+ */
+#include "store.h"
+
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+uint64_t kvx_st_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void kvx_st_config_encode(uint8_t *b, const kvx_geometry *g, uint64_t cap, uint64_t target)
+{
+    memset(b, 0, ST_CONFIG_BYTES);
+    memcpy(b, "KVXSTORE", 8);
+    kvx_store32(b + 8, 1);
+    kvx_store32(b + 12, g->quant);
+    kvx_store32(b + 16, g->num_layers);
+    kvx_store32(b + 20, g->kv_heads);
+    kvx_store32(b + 24, g->head_dim);
+    kvx_store32(b + 28, g->block_tokens);
+    kvx_store64(b + 32, g->model_signature);
+    kvx_store64(b + 40, cap);
+    kvx_store64(b + 48, target);
+    kvx_store32(b + 60, kvx_crc32c(0, b, 60));
+}
+
+int kvx_st_config_decode(const uint8_t *b, kvx_geometry *g, uint64_t *cap, uint64_t *target)
+{
+    if (memcmp(b, "KVXSTORE", 8) != 0) return kvx_fail(KVX_EMAGIC, "store: STORE file: bad magic");
+    if (kvx_load32(b + 60) != kvx_crc32c(0, b, 60))
+        return kvx_fail(KVX_ECORRUPT, "store: STORE file: checksum mismatch");
+    if (kvx_load32(b + 8) != 1)
+        return kvx_fail(KVX_EVERSION, "store: STORE file: version %u unknown", kvx_load32(b + 8));
+    g->quant = kvx_load32(b + 12);
+    g->num_layers = kvx_load32(b + 16);
+    g->kv_heads = kvx_load32(b + 20);
+    g->head_dim = kvx_load32(b + 24);
+    g->block_tokens = kvx_load32(b + 28);
+    g->model_signature = kvx_load64(b + 32);
+    *cap = kvx_load64(b + 40);
+    *target = kvx_load64(b + 48);
+    return 0;
+}
+
+int kvx_st_check_geometry(const kvx_geometry *g)
+{
+    if (g->num_layers == 0 || g->num_layers > 65535)
+        return kvx_fail(KVX_EINVALID, "store: geometry.num_layers %u not in 1..65535", g->num_layers);
+    if (g->kv_heads == 0 || g->kv_heads > 65535)
+        return kvx_fail(KVX_EINVALID, "store: geometry.kv_heads %u not in 1..65535", g->kv_heads);
+    if (g->head_dim == 0 || g->head_dim > 65535)
+        return kvx_fail(KVX_EINVALID, "store: geometry.head_dim %u not in 1..65535", g->head_dim);
+    if (g->block_tokens == 0 || g->block_tokens > 65535)
+        return kvx_fail(KVX_EINVALID, "store: geometry.block_tokens %u not in 1..65535 (a store names blocks by chained hash)",
+                        g->block_tokens);
+    if (kvx_quant_elem_size(g->quant) == 0)
+        return kvx_fail(KVX_EQUANT, "store: geometry.quant %u unknown", g->quant);
+    uint64_t pb = kvx_page_bytes(g, g->block_tokens);
+    if (pb == 0 || pb > UINT32_MAX)
+        return kvx_fail(KVX_EOVERFLOW, "store: a block's page (2*L*Hkv*B*D*elem) exceeds 4 GiB");
+    return 0;
+}
+
+/* Derived sizes: page, bytes one entry occupies in a shard, entries per shard. */
+void kvx_st_sizes(kvx_store *s)
+{
+    const kvx_geometry *g = &s->g;
+    s->page_bytes = kvx_page_bytes(g, g->block_tokens);
+    s->nscales = (uint32_t)kvx_scale_count(g);
+    uint64_t tables = 24 + 8 + 8 + 4ull * g->block_tokens;
+    if (g->quant != KVX_QUANT_FP16) tables += 4ull * s->nscales;
+    s->entry_bytes = kvx_align_up(s->page_bytes, 4096) + tables;
+    uint64_t n = s->target / s->entry_bytes;
+    if (n < 1) n = 1;
+    if (n > KVX_MAX_ENTRIES) n = KVX_MAX_ENTRIES;
+    s->max_entries = (uint32_t)n;
+}
+
+int kvx_st_writer_check(kvx_store *s, const char *fn)
+{
+    if (!s) return kvx_fail(KVX_EINVALID, "%s: store is NULL", fn);
+    if (!s->writer) return kvx_fail(KVX_EINVALID, "%s: store was opened KVX_STORE_READONLY", fn);
+    return 0;
+}

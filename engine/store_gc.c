@@ -1,0 +1,331 @@
+/*
+ * store_gc.c - gc, the maintenance pass: damaged shards salvaged, lineage
+ * without a head dropped, digests derived for blocks written before them.
+ *
+ * Rule: a pass that cannot see every shard changes nothing
+ * (ST_PASS_SKIPPED); a damaged shard's good blocks are copied before the
+ * file goes to quarantine/.
+ */
+#include "store.h"
+#include "common/digest.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A lineage entry of the store, for deriving digests (DESIGN.md rule 4). */
+typedef struct st_lin {
+    uint64_t hash, parent;
+    uint32_t b, idx;
+    const uint32_t *toks;
+    uint8_t digest[KVX_DIGEST_BYTES];
+    int state; /* 0 unknown, 1 known, 2 ambiguous (stays unverified) */
+    int stored; /* the shard holds the digest already */
+} st_lin;
+
+static int st_cmp_lin(const void *a, const void *b)
+{
+    const st_lin *x = a, *y = b;
+    return x->hash < y->hash ? -1 : x->hash > y->hash;
+}
+
+/* Every lineage entry of every live shard (which it opens into sh[]), with
+ * its stored digest when it has one; state is left 0 for the caller. 0,
+ * ST_PASS_SKIPPED when a lineage shard cannot be opened now (it may hold
+ * parents: judging reachability or digests without it would drop or leave
+ * unverified blocks that are fine), or an error. */
+static int st_lin_gather(kvx_store *s, kvx_shard **sh, st_lin **out, size_t *out_n)
+{
+    size_t n = 0, cap = 0;
+    st_lin *all = NULL;
+    int rc = 0;
+    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
+        if (!s->reg_live[b] || !(s->reg[b].flags & KVX_FLAG_LINEAGE)) continue;
+        if (!(sh[b] = kvx_st_shard_get(s, b, s->reg[b].gen))) {
+            rc = ST_PASS_SKIPPED;
+            break;
+        }
+        uint32_t cnt = kvx_shard_get_info(sh[b])->num_blocks;
+        for (uint32_t i = 0; i < cnt && !rc; i++) {
+            kvx_entry e;
+            if (kvx_shard_entry(&e, sh[b], i) || !e.hash || !e.tokens) continue;
+            if (n == cap) {
+                cap = cap ? cap * 2 : 1024;
+                st_lin *p = realloc(all, cap * sizeof *p);
+                if (!p) {
+                    rc = kvx_fail(-ENOMEM, "store: out of memory");
+                    break;
+                }
+                all = p;
+            }
+            st_lin *l = &all[n++];
+            memset(l, 0, sizeof *l);
+            l->hash = e.hash;
+            l->parent = e.parent;
+            l->b = b;
+            l->idx = i;
+            l->toks = e.tokens;
+            if (e.digest) {
+                memcpy(l->digest, e.digest, KVX_DIGEST_BYTES);
+                l->stored = 1;
+            }
+        }
+    }
+    *out = all;
+    *out_n = n;
+    return rc;
+}
+
+/* The parent of e: 1 and its digest when every entry with hash ==
+ * e->parent that has a digest agrees (one candidate block), 0 when none is
+ * known yet, -1 when candidates disagree or some are undecidable. */
+static int st_parent_digest(const st_lin *all, size_t n, uint64_t parent, const uint8_t **out)
+{
+    st_lin key = {.hash = parent};
+    const st_lin *p = bsearch(&key, all, n, sizeof *all, st_cmp_lin);
+    if (!p) return -1; /* no parent held: the chain has no block-0 root here */
+    while (p > all && p[-1].hash == parent) p--;
+    const uint8_t *d = NULL;
+    int unknown = 0;
+    for (; p < all + n && p->hash == parent; p++) {
+        if (p->state == 2) return -1;
+        if (p->state == 0) {
+            unknown = 1;
+            continue;
+        }
+        if (d && memcmp(d, p->digest, KVX_DIGEST_BYTES) != 0) return -1; /* two candidate parents */
+        d = p->digest;
+    }
+    if (unknown) return 0;
+    *out = d;
+    return d ? 1 : -1;
+}
+
+/* Shards written before the digest existed have lineage but no digest
+ * table: their blocks are unverified. Walk lineage from blocks whose
+ * parent is 0, derive each block's digest where it has exactly one
+ * candidate parent, and rewrite those shards into digest shards (a sound
+ * shard only: a damaged one stays as it is, unverified). */
+int kvx_st_derive_digests(kvx_store *s)
+{
+    /* shards written before the digest, and digest shards holding blocks
+     * without one (a rewrite by gc or eviction carries a block's missing
+     * digest as it is) */
+    int need = 0;
+    for (int b = 0; b < ST_SLOTS; b++)
+        need |= s->reg_live[b] && (s->reg[b].flags & KVX_FLAG_LINEAGE) &&
+                (!(s->reg[b].flags & KVX_FLAG_DIGEST) || s->reg[b].n_unverified);
+    if (!need) return 0;
+    kvx_shard *sh[ST_SLOTS] = {0};
+    size_t n = 0;
+    st_lin *all = NULL;
+    uint32_t B = s->g.block_tokens;
+    int rc = st_lin_gather(s, sh, &all, &n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (all[i].stored) all[i].state = 1;
+        else if (all[i].parent == 0) {
+            kvx_prefix_digest_next(all[i].digest, NULL, all[i].toks, B);
+            all[i].state = 1;
+        }
+    }
+    if (!rc && n) {
+        qsort(all, n, sizeof *all, st_cmp_lin);
+        for (int changed = 1; changed;) {
+            changed = 0;
+            for (size_t i = 0; i < n; i++) {
+                if (all[i].state) continue;
+                const uint8_t *pd = NULL;
+                int r = st_parent_digest(all, n, all[i].parent, &pd);
+                if (r == 0) continue;
+                if (r < 0) all[i].state = 2;
+                else {
+                    kvx_prefix_digest_next(all[i].digest, pd, all[i].toks, B);
+                    all[i].state = 1;
+                }
+                changed = 1;
+            }
+        }
+    }
+    if (rc == ST_PASS_SKIPPED) {
+        for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(sh[b]);
+        free(all);
+        kvx_fail(KVX_ECORRUPT, "store %s: a shard could not be opened: digests not derived (run reindex again)", s->dir);
+        return 0;
+    }
+    /* rewrite each sound shard that gains a digest */
+    uint8_t gains[ST_SLOTS] = {0};
+    for (size_t i = 0; i < n; i++) gains[all[i].b] |= all[i].state == 1 && !all[i].stored;
+    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
+        if (!sh[b] || !gains[b]) continue;
+        char why[600];
+        if (kvx_st_shard_sound(s, b, s->reg[b].gen, why, sizeof why) != 1) continue;
+        st_move *mv = NULL;
+        size_t nmv = 0, capmv = 0;
+        rc = kvx_st_collect(s, b, NULL, 0, 0, &mv, &nmv, &capmv, SIZE_MAX);
+        for (size_t i = 0; !rc && i < nmv; i++) {
+            st_lin key = {.hash = mv[i].hash};
+            st_lin *p = bsearch(&key, all, n, sizeof *all, st_cmp_lin);
+            while (p && p > all && p[-1].hash == mv[i].hash) p--;
+            for (; p && p < all + n && p->hash == mv[i].hash; p++)
+                if (p->b == b && p->idx == KVX_COORD_BLOCK(mv[i].src_coord) && p->state == 1)
+                    memcpy(mv[i].digest, p->digest, KVX_DIGEST_BYTES);
+        }
+        st_sealed *added = NULL;
+        size_t nadded = 0;
+        uint8_t busy[ST_SLOTS] = {0}, victims[ST_SLOTS] = {0};
+        victims[b] = 1;
+        if (!rc && nmv) rc = kvx_st_rewrite(s, mv, nmv, kvx_st_kind_flags(s, ST_KIND_LINEAGE), busy, &added, &nadded);
+        if (!rc) {
+            st_drop d = {s, victims, added, nadded, mv, nmv, 0, 0, 0};
+            rc = kvx_st_drop_write(s, &d);
+            if (rc) kvx_st_unlink_sealed(s, added, nadded);
+            else {
+                kvx_shard_close(sh[b]);
+                sh[b] = NULL;
+                kvx_st_after_drop(s, victims, added, nadded, NULL);
+            }
+        }
+        free(added);
+        free(mv);
+    }
+    for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(sh[b]);
+    free(all);
+    return rc;
+}
+
+/* Rewrites shard b keeping only the entries keep[] marks (NULL: all whose
+ * page is sound), then drops it: deleted when sound, else quarantined. */
+static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, int damaged, const char *damaged_why)
+{
+    st_move *mv = NULL;
+    size_t nmv = 0, capmv = 0;
+    int rc = kvx_st_collect(s, b, NULL, 0, 0, &mv, &nmv, &capmv, SIZE_MAX);
+    if (rc) {
+        free(mv);
+        return rc;
+    }
+    size_t w = 0;
+    for (size_t i = 0; i < nmv; i++)
+        if (!keep || keep[KVX_COORD_BLOCK(mv[i].src_coord)]) mv[w++] = mv[i];
+    nmv = w;
+    st_sealed *added = NULL;
+    size_t nadded = 0;
+    uint8_t busy[ST_SLOTS] = {0}, victims[ST_SLOTS] = {0};
+    victims[b] = 1;
+    uint32_t flags = s->reg[b].flags & (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES);
+    if (flags & KVX_FLAG_LINEAGE) flags |= KVX_FLAG_DIGEST;
+    if (nmv) rc = kvx_st_rewrite(s, mv, nmv, flags, busy, &added, &nadded); /* bad pages are not copied */
+    if (!rc) {
+        st_drop d = {s, victims, added, nadded, mv, nmv, 0, 1, damaged};
+        rc = kvx_st_drop_write(s, &d);
+        if (rc) kvx_st_unlink_sealed(s, added, nadded);
+        else kvx_st_after_drop(s, victims, added, nadded, damaged ? damaged_why : NULL);
+    }
+    free(added);
+    free(mv);
+    return rc;
+}
+
+/* gc copies the good blocks of a shard with damaged or missing pages into
+ * a new shard and moves the damaged file to quarantine/ (DESIGN.md rule
+ * 2). Every page of every shard is read: gc is the maintenance pass. */
+static int st_salvage_damaged(kvx_store *s)
+{
+    int rc = 0;
+    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
+        if (!s->reg_live[b]) continue;
+        kvx_shard *sh = kvx_st_shard_get(s, b, s->reg[b].gen);
+        if (!sh) continue;
+        uint32_t bad = 0;
+        int v = kvx_shard_verify(sh, &bad, NULL, NULL);
+        kvx_shard_close(sh);
+        if (v && bad) {
+            char why[200];
+            snprintf(why, sizeof why, "%u damaged or missing page(s): gc copied its good blocks to a new shard", bad);
+            rc = st_rewrite_shard(s, b, NULL, 1, why);
+        }
+        else kvx_clear_error();
+    }
+    return rc;
+}
+
+/* Lineage blocks with no path to a block-0 ancestor (their chain's head was
+ * evicted or never stored) can never be served by a prefix: gc drops them.
+ * A block is reachable when its parent is 0, or when a reachable block
+ * holds its parent hash (and, both being verified, the parent's digest
+ * chains to its own). */
+static int st_drop_headless(kvx_store *s)
+{
+    kvx_shard *sh[ST_SLOTS] = {0};
+    size_t n = 0;
+    st_lin *all = NULL;
+    uint32_t B = s->g.block_tokens;
+    int rc = st_lin_gather(s, sh, &all, &n);
+    for (size_t i = 0; !rc && i < n; i++) all[i].state = all[i].parent == 0; /* 1: reachable */
+    if (!rc && n) {
+        qsort(all, n, sizeof *all, st_cmp_lin);
+        for (int changed = 1; changed;) {
+            changed = 0;
+            for (size_t i = 0; i < n; i++) {
+                if (all[i].state) continue;
+                st_lin key = {.hash = all[i].parent};
+                st_lin *p = bsearch(&key, all, n, sizeof *all, st_cmp_lin);
+                while (p && p > all && p[-1].hash == key.hash) p--;
+                for (; p && p < all + n && p->hash == key.hash; p++) {
+                    if (p->state != 1) continue;
+                    int dz = kvx_digest_is_zero(all[i].digest), pz = kvx_digest_is_zero(p->digest);
+                    if (!dz && !pz) {
+                        uint8_t d[KVX_DIGEST_BYTES];
+                        kvx_prefix_digest_next(d, p->digest, all[i].toks, B);
+                        if (memcmp(d, all[i].digest, KVX_DIGEST_BYTES) != 0) continue;
+                    }
+                    all[i].state = 1;
+                    changed = 1;
+                    break;
+                }
+            }
+        }
+    }
+    if (rc == ST_PASS_SKIPPED) {
+        for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(sh[b]);
+        free(all);
+        return 0; /* nothing dropped: the next gc tries again */
+    }
+    uint8_t *keep[ST_SLOTS] = {0};
+    uint8_t headless[ST_SLOTS] = {0};
+    for (size_t i = 0; !rc && i < n; i++) {
+        uint32_t b = all[i].b;
+        if (!keep[b]) {
+            keep[b] = calloc(kvx_shard_get_info(sh[b])->num_blocks + 1u, 1);
+            if (!keep[b]) {
+                rc = kvx_fail(-ENOMEM, "store: out of memory");
+                break;
+            }
+        }
+        keep[b][all[i].idx] = all[i].state == 1;
+        headless[b] |= all[i].state != 1;
+    }
+    free(all);
+    for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(sh[b]);
+    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++)
+        if (headless[b] && !st_is_pinned(s, b)) rc = st_rewrite_shard(s, b, keep[b], 0, NULL);
+    for (int b = 0; b < ST_SLOTS; b++) free(keep[b]);
+    return rc;
+}
+
+KVX_API int kvx_store_gc(kvx_store *s)
+{
+    int rc = kvx_st_writer_check(s, "kvx_store_gc");
+    if (rc) return rc;
+    pthread_mutex_lock(&s->wmu);
+    kvx_st_usage_persist(s);
+    rc = kvx_st_drop_bad_shards(s);
+    if (!rc) rc = st_salvage_damaged(s);
+    if (!rc) rc = kvx_st_enforce_capacity(s);
+    if (!rc) rc = st_drop_headless(s);
+    if (!rc) rc = kvx_st_compact(s, 1);
+    pthread_mutex_unlock(&s->wmu);
+    if (!rc) kvx_clear_error();
+    return rc;
+}

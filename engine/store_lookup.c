@@ -1,0 +1,370 @@
+/*
+ * store_lookup.c - lookups by coordinate, hash, tokens and prefix, and the
+ * views they hand out.
+ *
+ * Rule (DESIGN.md rule 1): a block is served for a prompt only when its own
+ * entry's hash, parent, tokens and prefix digest equal the prompt's and its
+ * page passed its CRC; by hash alone only when exactly one verified block
+ * holds the hash. The index is a hint: a stale or colliding record can
+ * never serve wrong bytes.
+ *
+ * Cost: one catalog read transaction per call (renewed from a pool), one
+ * get per block, a cached shard handle per shard byte.
+ */
+#include "store.h"
+#include "common/digest.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The last shard a prompt's lookup used, with its own reference: the next
+ * block of a prompt usually lives in the same shard, and (byte, gen) names
+ * one file for good, so a held handle skips the cache lock. */
+typedef struct st_hc {
+    kvx_shard *sh;
+    uint32_t byte;
+    uint64_t gen;
+} st_hc;
+
+static kvx_shard *st_hc_get(kvx_store *s, st_hc *hc, uint32_t byte, uint64_t gen)
+{
+    if (!hc) return kvx_st_shard_get(s, byte, gen);
+    if (hc->sh && hc->byte == byte && hc->gen == gen) return kvx_shard_ref(hc->sh);
+    kvx_shard *sh = kvx_st_shard_get(s, byte, gen);
+    if (sh) {
+        kvx_shard_close(hc->sh);
+        hc->sh = kvx_shard_ref(sh);
+        hc->byte = byte;
+        hc->gen = gen;
+    }
+    return sh;
+}
+
+/* Is entry e a verified block (stored with its tokens and digest)? */
+static int st_verified(const kvx_entry *e) { return e->tokens && e->digest; }
+
+/* Does the block at loc answer q? 0 and a view; KVX_ENOTFOUND when it is
+ * another block (or no longer there); KVX_EPAGECRC / KVX_ETRUNC when it is
+ * the block but its page is damaged or missing. check_page 0: the entry
+ * alone is matched and no view is made (counting). */
+static int st_try_loc(kvx_store *s, const kvx_idx_loc *loc, const st_query *q, kvx_view *out, st_hc *hc,
+                      uint8_t *out_digest, int check_page)
+{
+    uint32_t byte = KVX_COORD_SHARD(loc->coord);
+    kvx_shard *sh = st_hc_get(s, hc, byte, loc->gen);
+    if (!sh) return KVX_ENOTFOUND;
+    uint32_t idx = KVX_COORD_BLOCK(loc->coord);
+    kvx_entry e;
+    int rc = kvx_shard_entry(&e, sh, idx);
+    if (rc || e.coordinate != loc->coord || e.hash != q->hash || e.token_count != s->g.block_tokens) goto miss;
+    if (q->toks) {
+        /* rule 1: hash, parent, tokens and the prefix digest, all four */
+        if (!st_verified(&e) || e.parent != q->parent || memcmp(e.tokens, q->toks, 4u * s->g.block_tokens) != 0 ||
+            memcmp(e.digest, q->digest, KVX_DIGEST_BYTES) != 0)
+            goto miss;
+    }
+    if (out_digest) { /* the block's digest; all zero when unverified */
+        if (st_verified(&e)) memcpy(out_digest, e.digest, KVX_DIGEST_BYTES);
+        else memset(out_digest, 0, KVX_DIGEST_BYTES);
+    }
+    if (!check_page) {
+        kvx_shard_close(sh);
+        return 0;
+    }
+    const void *page;
+    rc = kvx_shard_page_checked(&page, sh, idx);
+    if (rc) {
+        kvx_shard_close(sh);
+        if (rc == KVX_EPAGECRC || rc == KVX_ETRUNC)
+            return kvx_fail(rc, "store: block %016llx (coordinate 0x%08x, shards/%016llx.kvx): %s",
+                            (unsigned long long)q->hash, loc->coord, (unsigned long long)loc->gen,
+                            rc == KVX_EPAGECRC ? "page CRC mismatch" : "page missing (file truncated)");
+        return rc;
+    }
+    out->coordinate = e.coordinate;
+    out->token_count = e.token_count;
+    out->hash = e.hash;
+    out->page = page;
+    out->page_bytes = e.bytes;
+    out->scales = e.scales;
+    out->shard = sh;
+    out->entry = idx;
+    return 0;
+miss:
+    kvx_shard_close(sh);
+    return KVX_ENOTFOUND;
+}
+
+/* Every index record under q->hash, in order, until one answers. A damaged
+ * copy does not end the search (a good copy may follow: a put stores the
+ * block again when its only copy is damaged); when none answers, the
+ * damage is reported rather than "not found". */
+static int st_lookup_hc(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view *out, st_hc *hc)
+{
+    uint64_t hash = q->hash;
+    MDB_val k = {8, &hash}, v;
+    int rc = mdb_get(txn, s->ix->hash, &k, &v);
+    if (rc == MDB_NOTFOUND) return KVX_ENOTFOUND;
+    if (rc) return kvx_idx_err(rc, "get hash");
+    kvx_idx_loc loc;
+    uint64_t key;
+    if (kvx_idx_dec_loc(&k, &v, &key, &loc))
+        return kvx_fail(KVX_ECORRUPT, "store %s: index: the record of hash %016llx is damaged (run kvx store reindex %s)",
+                        s->dir, (unsigned long long)hash, s->dir);
+    rc = st_try_loc(s, &loc, q, out, hc, NULL, 1);
+    if (rc != KVX_ENOTFOUND && rc != KVX_EPAGECRC && rc != KVX_ETRUNC) return rc;
+    int damage = rc == KVX_ENOTFOUND ? 0 : rc;
+    /* other blocks under the same hash (collisions, unverified copies) */
+    MDB_cursor *cur;
+    if ((rc = mdb_cursor_open(txn, s->ix->hash, &cur)) != 0) return kvx_idx_err(rc, "open hash cursor");
+    rc = mdb_cursor_get(cur, &k, &v, MDB_SET);
+    int res = KVX_ENOTFOUND;
+    if (rc == 0) rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
+    while (rc == 0) {
+        if (kvx_idx_dec_loc(&k, &v, &key, &loc)) {
+            res = kvx_fail(KVX_ECORRUPT, "store %s: index: a record of hash %016llx is damaged (run kvx store reindex %s)",
+                           s->dir, (unsigned long long)hash, s->dir);
+            break;
+        }
+        res = st_try_loc(s, &loc, q, out, hc, NULL, 1);
+        if (res == KVX_EPAGECRC || res == KVX_ETRUNC) {
+            damage = res;
+            res = KVX_ENOTFOUND;
+        } else if (res != KVX_ENOTFOUND) {
+            break;
+        }
+        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
+    }
+    mdb_cursor_close(cur);
+    if (res == KVX_ENOTFOUND && rc != MDB_NOTFOUND && rc != 0) res = kvx_idx_err(rc, "walk hash records");
+    if (res == KVX_ENOTFOUND && damage) {
+        /* the message of the damaged copy is the one left behind */
+        return damage;
+    }
+    return res;
+}
+
+int kvx_st_lookup(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view *out)
+{
+    return st_lookup_hc(s, txn, q, out, NULL);
+}
+
+/* A get by hash alone (DESIGN.md rule 1): the one verified block holding
+ * hash, KVX_EAMBIGUOUS when several do, KVX_EUNVERIFIED when only
+ * unverified ones do. */
+static int st_get_by_hash(kvx_store *s, MDB_txn *txn, uint64_t hash, kvx_view *out)
+{
+    st_query q = {hash, 0, NULL, NULL};
+    MDB_val k = {8, &hash}, v;
+    MDB_cursor *cur;
+    int rc = mdb_cursor_open(txn, s->ix->hash, &cur);
+    if (rc) return kvx_idx_err(rc, "open hash cursor");
+    /* copies of one block (a carried or adopted duplicate) share its
+     * digest: only distinct digests are distinct blocks */
+    size_t verified = 0, unverified = 0, npick = 0;
+    uint8_t first[KVX_DIGEST_BYTES], d[KVX_DIGEST_BYTES];
+    kvx_idx_loc pick[8]; /* copies of the block, tried in order */
+    rc = mdb_cursor_get(cur, &k, &v, MDB_SET);
+    while (rc == 0) {
+        kvx_idx_loc loc;
+        uint64_t key;
+        if (kvx_idx_dec_loc(&k, &v, &key, &loc)) {
+            mdb_cursor_close(cur);
+            return kvx_fail(KVX_ECORRUPT, "store %s: index: a record of hash %016llx is damaged (run kvx store reindex %s)",
+                            s->dir, (unsigned long long)hash, s->dir);
+        }
+        if (st_try_loc(s, &loc, &q, NULL, NULL, d, 0) == 0) {
+            int ver = !kvx_digest_is_zero(d);
+            if (ver && verified == 0) {
+                pick[npick++] = loc;
+                memcpy(first, d, sizeof first);
+                verified = 1;
+            } else if (ver && memcmp(first, d, sizeof d) != 0) {
+                verified++;
+            } else if (ver && npick < sizeof pick / sizeof pick[0]) {
+                pick[npick++] = loc; /* another copy of the same block */
+            }
+            unverified += !ver;
+        }
+        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
+    }
+    mdb_cursor_close(cur);
+    if (rc != MDB_NOTFOUND) return kvx_idx_err(rc, "walk hash records");
+    if (verified > 1)
+        return kvx_fail(KVX_EAMBIGUOUS, "store: %zu different verified blocks share hash %016llx (an FNV collision): give the tokens to pick one",
+                        verified, (unsigned long long)hash);
+    if (verified == 0 && unverified)
+        return kvx_fail(KVX_EUNVERIFIED, "store: block %016llx is held only unverified (stored without its tokens)",
+                        (unsigned long long)hash);
+    if (verified == 0) return kvx_fail(KVX_ENOTFOUND, "store: no block with hash %016llx", (unsigned long long)hash);
+    /* the first copy whose page passes its CRC; damage only if none does */
+    int rc2 = KVX_ENOTFOUND;
+    for (size_t i = 0; i < npick; i++) {
+        rc2 = st_try_loc(s, &pick[i], &q, out, NULL, NULL, 1);
+        if (rc2 != KVX_EPAGECRC && rc2 != KVX_ETRUNC && rc2 != KVX_ENOTFOUND) break;
+    }
+    return rc2 == KVX_ENOTFOUND
+               ? kvx_fail(KVX_ENOTFOUND, "store: no block with hash %016llx", (unsigned long long)hash)
+               : rc2;
+}
+
+static void st_view_clear(kvx_view *v) { memset(v, 0, sizeof *v); }
+
+KVX_API void kvx_view_release(kvx_view *v)
+{
+    if (!v) return;
+    kvx_shard_close(v->shard);
+    st_view_clear(v);
+}
+
+KVX_API void kvx_views_release(kvx_view *views, size_t n)
+{
+    if (!views) return;
+    for (size_t i = 0; i < n; i++) kvx_view_release(&views[i]);
+}
+
+KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate)
+{
+    if (!out || !s) return kvx_fail(KVX_EINVALID, "kvx_store_get: NULL argument");
+    st_view_clear(out);
+    MDB_txn *txn;
+    int rc = kvx_idx_read_begin(s->ix, &txn);
+    if (rc) return rc;
+    kvx_idx_coord cv;
+    rc = kvx_idx_get_coord(txn, s->ix, coordinate, &cv);
+    if (rc == MDB_CORRUPTED) {
+        rc = kvx_fail(KVX_ECORRUPT, "store %s: index: the record of coordinate 0x%08x is damaged (run kvx store reindex %s)",
+                      s->dir, coordinate, s->dir);
+    } else if (rc == 0) {
+        kvx_idx_loc loc = {coordinate, 0, cv.gen};
+        st_query q = {cv.hash, 0, NULL, NULL};
+        rc = st_try_loc(s, &loc, &q, out, NULL, NULL, 1);
+    } else if (rc == MDB_NOTFOUND || rc == 0) {
+        rc = KVX_ENOTFOUND;
+    } else {
+        rc = kvx_idx_err(rc, "get coordinate");
+    }
+    kvx_idx_read_end(s->ix, txn);
+    if (rc == KVX_ENOTFOUND) rc = kvx_fail(KVX_ENOTFOUND, "store: no block at coordinate 0x%08x", coordinate);
+    if (rc == 0 || rc == KVX_ENOTFOUND) kvx_st_note(s, out, rc == 0, rc != 0, 1);
+    return rc;
+}
+
+KVX_API int kvx_store_get_hash(kvx_view *out, kvx_store *s, uint64_t hash)
+{
+    if (!out || !s) return kvx_fail(KVX_EINVALID, "kvx_store_get_hash: NULL argument");
+    st_view_clear(out);
+    MDB_txn *txn;
+    int rc = kvx_idx_read_begin(s->ix, &txn);
+    if (rc) return rc;
+    rc = st_get_by_hash(s, txn, hash, out);
+    kvx_idx_read_end(s->ix, txn);
+    if (rc == 0 || rc == KVX_ENOTFOUND) kvx_st_note(s, out, rc == 0, rc != 0, 1);
+    return rc;
+}
+
+KVX_API int kvx_store_get_hashes(kvx_view *out_views, int *out_status, kvx_store *s, const uint64_t *hashes, size_t n)
+{
+    if (!s || (n && (!out_views || !out_status || !hashes)))
+        return kvx_fail(KVX_EINVALID, "kvx_store_get_hashes: NULL argument");
+    for (size_t i = 0; i < n; i++) st_view_clear(&out_views[i]);
+    MDB_txn *txn;
+    int rc = kvx_idx_read_begin(s->ix, &txn);
+    if (rc) return rc;
+    uint64_t misses = 0;
+    for (size_t i = 0; i < n; i++) {
+        out_status[i] = st_get_by_hash(s, txn, hashes[i], &out_views[i]);
+        if (out_status[i]) misses++;
+    }
+    kvx_idx_read_end(s->ix, txn);
+    kvx_st_note(s, out_views, n, misses, 1); /* views of misses are zeroed (shard NULL) */
+    return 0;
+}
+
+KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
+                             size_t max_views)
+{
+    if (!out_n || !s || (n_tokens && !tokens) || (max_views && !out_views))
+        return kvx_fail(KVX_EINVALID, "kvx_store_prefix: NULL argument");
+    *out_n = 0;
+    uint32_t B = s->g.block_tokens;
+    size_t nblocks = n_tokens / B;
+    size_t want = nblocks < max_views ? nblocks : max_views;
+    kvx_digest_ctx dc;
+    int rc = want ? kvx_digest_ctx_init(&dc) : 0;
+    if (rc) return rc;
+    MDB_txn *txn;
+    if ((rc = kvx_idx_read_begin(s->ix, &txn))) {
+        if (want) kvx_digest_ctx_free(&dc);
+        return rc;
+    }
+    uint8_t digest[2][KVX_DIGEST_BYTES];
+    uint64_t parent = 0, h = want ? kvx_block_hash(0, tokens, B) : 0;
+    if (want) kvx_digest_step(&dc, digest[0], NULL, tokens, B);
+    size_t i = 0;
+    st_hc hc = {NULL, 0, 0};
+    for (; i < want; i++) {
+        const uint32_t *t = tokens + i * B;
+        uint8_t *d = digest[i & 1];
+        /* the next block's hash and digest first: their arithmetic
+         * (latency-bound chains) overlaps this block's index search
+         * (load-bound) out of order */
+        uint64_t next = 0;
+        if (i + 1 < want) {
+            next = kvx_block_hash(h, t + B, B);
+            kvx_digest_step(&dc, digest[(i + 1) & 1], d, t + B, B);
+        }
+        st_query q = {h, parent, t, d};
+        rc = st_lookup_hc(s, txn, &q, &out_views[i], &hc);
+        if (rc) break;
+        parent = h;
+        h = next;
+    }
+    kvx_idx_read_end(s->ix, txn);
+    kvx_shard_close(hc.sh);
+    if (want) kvx_digest_ctx_free(&dc);
+    if (rc && rc != KVX_ENOTFOUND && rc != KVX_EPAGECRC && rc != KVX_ETRUNC) {
+        kvx_views_release(out_views, i);
+        return rc;
+    }
+    *out_n = i;
+    kvx_st_note(s, out_views, i, nblocks - i, 1);
+    /* a plain miss leaves no message; damage keeps the block's (the
+     * served prefix is still good: only the damaged block and what follows
+     * are withheld) */
+    if (rc != KVX_EPAGECRC && rc != KVX_ETRUNC) kvx_clear_error();
+    return 0;
+}
+
+KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tokens, size_t n_tokens)
+{
+    if (!out || !s || !tokens) return kvx_fail(KVX_EINVALID, "kvx_store_get_block: NULL argument");
+    st_view_clear(out);
+    uint32_t B = s->g.block_tokens;
+    size_t n = n_tokens / B;
+    if (n == 0) return kvx_fail(KVX_ETOKENS, "kvx_store_get_block: %zu tokens hold no full block of %u", n_tokens, B);
+    uint64_t *h = malloc(n * sizeof *h);
+    uint8_t(*d)[KVX_DIGEST_BYTES] = malloc(n * KVX_DIGEST_BYTES);
+    if (!h || !d) {
+        free(h);
+        free(d);
+        return kvx_fail(-ENOMEM, "store: out of memory");
+    }
+    kvx_block_hashes(h, tokens, n * B, B);
+    kvx_prefix_digests(d, tokens, n * B, B);
+    MDB_txn *txn;
+    int rc = kvx_idx_read_begin(s->ix, &txn);
+    if (!rc) {
+        st_query q = {h[n - 1], n > 1 ? h[n - 2] : 0, tokens + (n - 1) * B, d[n - 1]};
+        rc = kvx_st_lookup(s, txn, &q, out);
+        kvx_idx_read_end(s->ix, txn);
+        if (rc == KVX_ENOTFOUND)
+            rc = kvx_fail(KVX_ENOTFOUND, "store: no verified block %016llx for these tokens (block %zu)",
+                          (unsigned long long)h[n - 1], n - 1);
+        if (rc == 0 || rc == KVX_ENOTFOUND) kvx_st_note(s, out, rc == 0, rc != 0, 1);
+    }
+    free(h);
+    free(d);
+    return rc;
+}

@@ -1,0 +1,335 @@
+/*
+ * store_maint.c - eviction, compaction and dropping shards: policy picks,
+ * rewrite copies, then ONE catalog transaction drops and adds.
+ *
+ * Rule (DESIGN.md rule 2): files the catalog stops naming are unlinked only
+ * after its commit, and only when sound; a damaged one moves to
+ * quarantine/. Shards pinned by an unflushed put are never taken.
+ */
+#include "store.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int st_drop_body(MDB_txn *txn, void *ctx)
+{
+    st_drop *d = ctx;
+    kvx_index *ix = d->s->ix;
+    kvx_idx_stats st;
+    int rc = kvx_idx_get_stats(txn, ix, &st);
+    if (rc) return rc;
+    for (size_t i = 0; i < d->nadded; i++)
+        if ((rc = kvx_st_register(txn, ix, &d->added[i]))) return rc;
+    for (size_t i = 0; i < d->nmoves; i++) {
+        const st_move *m = &d->moves[i];
+        if (!m->new_gen) continue;
+        if ((rc = kvx_idx_del_block(txn, ix, m->src_coord, m->hash, m->src_gen))) return rc;
+        if ((rc = kvx_idx_add_block(txn, ix, m->new_coord, m->hash, m->new_gen))) return rc;
+    }
+    uint64_t removed = 0, nv = 0;
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        if (!d->victims[b]) continue;
+        uint64_t r = 0;
+        if ((rc = kvx_idx_del_shard_blocks(txn, ix, b, &r))) return rc;
+        removed += r;
+        nv++;
+        MDB_val k = {4, &b};
+        rc = mdb_del(txn, ix->shards, &k, NULL);
+        if (rc && rc != MDB_NOTFOUND) return rc;
+        rc = mdb_del(txn, ix->usage, &k, NULL);
+        if (rc && rc != MDB_NOTFOUND) return rc;
+    }
+    if (d->evict) st.evictions += nv;
+    if (d->damaged) st.dropped_shards += nv;
+    if (d->compact) st.compactions++;
+    st.evicted_blocks += removed;
+    if ((rc = kvx_idx_put_stats(txn, ix, &st))) return rc;
+    return kvx_idx_put_u64(txn, ix->meta, "next_gen", d->s->next_gen);
+}
+
+void kvx_st_pshards(st_pshard *out, const kvx_store *s, uint64_t *const *r)
+{
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        st_pshard *p = &out[b];
+        p->live = s->reg_live[b];
+        p->pinned = p->live && st_is_pinned(s, b);
+        p->flags = s->reg[b].flags;
+        p->n = s->reg[b].n_entries;
+        p->file_bytes = s->reg[b].file_bytes;
+        p->recency = r && p->live ? r[b] : NULL;
+    }
+}
+
+int kvx_st_drop_write(kvx_store *s, st_drop *d) { return kvx_idx_write(s->ix, st_drop_body, d); }
+
+/* After a committed drop: mirror, caches, files. Evicted and compacted
+ * shards are deleted only when sound; a damaged one (and every shard
+ * dropped as damaged) moves to quarantine/ instead; one that cannot be
+ * judged now stays in shards/, unregistered: the next writer's recovery
+ * adopts or quarantines it. */
+void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const st_sealed *added, size_t nadded,
+                          const char *damaged)
+{
+    for (int b = 0; b < ST_SLOTS; b++) {
+        if (!victims[b]) continue;
+        uint64_t gen = s->reg[b].gen;
+        s->reg_live[b] = 0;
+        kvx_st_cache_drop(s, (uint32_t)b);
+        char name[32], why[600];
+        snprintf(why, sizeof why, "%s", damaged ? damaged : "");
+        kvx_st_shard_name(name, gen);
+        int sound = damaged ? 0 : kvx_st_shard_sound(s, (uint32_t)b, gen, why, sizeof why);
+        if (sound == 1) kvx_st_unlink_shard(s, gen); /* views keep their mapping alive */
+        else if (sound == 0 && kvx_st_quarantine(s, name, why) != 0) kvx_clear_error();
+    }
+    for (size_t i = 0; i < nadded; i++) kvx_st_registry_add(s, &added[i]);
+}
+
+int kvx_st_drop_bad_shards(kvx_store *s)
+{
+    uint8_t victims[ST_SLOTS] = {0};
+    int any = 0;
+    pthread_rwlock_rdlock(&s->cache_lock);
+    for (int b = 0; b < ST_SLOTS; b++) {
+        if (s->reg_live[b] && s->cache[b].bad && s->cache[b].gen == s->reg[b].gen) {
+            victims[b] = 1;
+            any = 1;
+        }
+    }
+    pthread_rwlock_unlock(&s->cache_lock);
+    if (!any) return 0;
+    st_drop d = {s, victims, NULL, 0, NULL, 0, 0, 0, 1};
+    int rc = kvx_st_drop_write(s, &d);
+    if (rc) return rc;
+    int n = 0;
+    for (int b = 0; b < ST_SLOTS; b++) n += victims[b];
+    s->dropped += (uint64_t)n;
+    kvx_st_after_drop(s, victims, NULL, 0, "could not be opened or validated when it was first used (see kvx store verify)");
+    kvx_fail(KVX_ECORRUPT, "store %s: %d damaged shard(s) moved to quarantine/", s->dir, n);
+    return 0;
+}
+
+/* Is parent present after the operation? In a kept shard, or moved. */
+static int st_parent_kept(kvx_store *s, MDB_txn *txn, uint64_t parent, const uint8_t *victims, const uint64_t *moved,
+                          size_t nmoved)
+{
+    if (parent == 0) return 1;
+    if (moved && bsearch(&parent, moved, nmoved, sizeof *moved, kvx_st_cmp_u64)) return 1;
+    MDB_val k = {8, &parent}, v;
+    MDB_cursor *cur;
+    if (mdb_cursor_open(txn, s->ix->hash, &cur) != 0) return 0;
+    int kept = 0;
+    int rc = mdb_cursor_get(cur, &k, &v, MDB_SET);
+    while (rc == 0) {
+        kvx_idx_loc loc;
+        uint64_t key;
+        if (kvx_idx_dec_loc(&k, &v, &key, &loc) == 0 && !victims[KVX_COORD_SHARD(loc.coord)]) {
+            kept = 1;
+            break;
+        }
+        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
+    }
+    mdb_cursor_close(cur);
+    return kept;
+}
+
+/* Drops moves whose parent will be gone (they would be orphans), until
+ * nothing changes. */
+static size_t st_filter_orphans(kvx_store *s, st_move *mv, size_t n, const uint8_t *victims)
+{
+    MDB_txn *txn;
+    if (kvx_idx_read_begin(s->ix, &txn)) return 0;
+    uint64_t *moved = malloc((n + 1) * sizeof *moved);
+    for (int pass = 0; pass < 8 && moved; pass++) {
+        for (size_t i = 0; i < n; i++) moved[i] = mv[i].hash;
+        qsort(moved, n, sizeof *moved, kvx_st_cmp_u64);
+        size_t w = 0;
+        for (size_t i = 0; i < n; i++)
+            if (st_parent_kept(s, txn, mv[i].parent, victims, moved, n)) mv[w++] = mv[i];
+        int changed = w != n;
+        n = w;
+        if (!changed) break;
+    }
+    if (!moved) n = 0;
+    free(moved);
+    kvx_idx_read_end(s->ix, txn);
+    return n;
+}
+
+/* When the live shard bytes exceed the capacity, evicts whole shards down
+ * to 1/64 below it (the goal).
+ *
+ * An exact LRU holding the goal's worth of blocks would keep those used
+ * most recently: their recency is above a cut. Victims are the shards with
+ * the largest share of blocks below the cut (then the oldest mean
+ * recency); their blocks above the cut are carried into new shards with
+ * their recency (newest first, at most half of the bytes freed, so
+ * eviction always frees room and copies at most as much as it frees),
+ * unless their parent is gone. */
+/* pending: bytes of sealed files not yet published (a put in progress):
+ * they count against the capacity and are all kept (the newest blocks). */
+int kvx_st_evict(kvx_store *s, uint64_t pending)
+{
+    uint64_t total = pending, nblocks = 0;
+    for (int b = 0; b < ST_SLOTS; b++)
+        if (s->reg_live[b]) {
+            total += s->reg[b].file_bytes;
+            nblocks += s->reg[b].n_entries;
+        }
+    if (total <= s->capacity || nblocks == 0) return 0;
+    kvx_st_usage_persist(s);
+    st_usage_view *uv = calloc(ST_SLOTS, sizeof *uv);
+    uint64_t **r = calloc(ST_SLOTS, sizeof *r);
+    uint64_t *all = malloc((nblocks + 1) * sizeof *all);
+    int rc = uv && r && all ? 0 : kvx_fail(-ENOMEM, "store: out of memory");
+    if (!rc) rc = kvx_st_usage_read(s, uv);
+    if (!rc) rc = kvx_st_recency_build(s, uv, r);
+    if (rc) {
+        if (uv) kvx_st_usage_free(uv);
+        if (r) kvx_st_recency_free(r);
+        free(uv);
+        free(r);
+        free(all);
+        return rc;
+    }
+    /* the cut: an exact LRU holding the goal's worth of blocks */
+    uint64_t goal = kvx_st_evict_goal(s->capacity);
+    size_t na = 0;
+    for (uint32_t b = 0; b < ST_SLOTS; b++)
+        if (s->reg_live[b])
+            for (uint32_t i = 0; i < s->reg[b].n_entries; i++) all[na++] = r[b][i];
+    uint64_t cut = kvx_st_evict_cut(all, na, kvx_st_evict_keep(goal, pending, total - pending, nblocks));
+    free(all);
+    st_pshard sh[ST_SLOTS];
+    kvx_st_pshards(sh, s, r);
+    uint32_t order[ST_SLOTS];
+    int no = kvx_st_evict_order(order, sh, cut);
+    uint8_t victims[ST_SLOTS] = {0};
+    st_move *mv = NULL;
+    size_t nmv = 0, capmv = 0;
+    uint64_t freed = 0, room = 0;
+    for (int i = 0; i < no && !rc; i++) {
+        if (kvx_st_evict_enough(total, freed, nmv, room, s->entry_bytes, goal)) break;
+        uint32_t b = order[i];
+        if (sh[b].pinned) continue; /* a pending put's held blocks: after its flush */
+        victims[b] = 1;
+        freed += s->reg[b].file_bytes;
+        room = kvx_st_carry_room(freed, s->entry_bytes);
+        if ((s->reg[b].flags & KVX_FLAG_LINEAGE) && kvx_st_collect(s, b, r[b], 1, cut, &mv, &nmv, &capmv, SIZE_MAX) != 0)
+            kvx_clear_error(); /* carrying is optional: the shard is evicted anyway */
+    }
+    kvx_st_usage_free(uv);
+    free(uv);
+    kvx_st_recency_free(r);
+    free(r);
+    if (nmv) qsort(mv, nmv, sizeof *mv, kvx_st_cmp_move_hot);
+    if (nmv > room) nmv = (size_t)room;
+    nmv = st_filter_orphans(s, mv, nmv, victims);
+    if (nmv) qsort(mv, nmv, sizeof *mv, kvx_st_cmp_move_age);
+    st_sealed *added = NULL;
+    size_t nadded = 0;
+    uint8_t busy[ST_SLOTS] = {0};
+    if (nmv && kvx_st_rewrite(s, mv, nmv, kvx_st_kind_flags(s, ST_KIND_LINEAGE), busy, &added, &nadded) != 0) {
+        nmv = 0; /* carrying is an optimisation: evict without it */
+        nadded = 0;
+    }
+    /* the new shards' renames are durable (the seal fsyncs shards/) */
+    st_drop d = {s, victims, added, nadded, mv, nmv, 1, 0, 0};
+    rc = kvx_st_drop_write(s, &d);
+    if (rc) {
+        kvx_st_unlink_sealed(s, added, nadded);
+    } else {
+        kvx_st_after_drop(s, victims, added, nadded, NULL);
+        kvx_st_rec_from_moves(s, mv, d.nmoves, added, nadded);
+        for (size_t i = 0; i < d.nmoves; i++) s->carried += mv[i].new_gen != 0;
+    }
+    free(added);
+    free(mv);
+    return rc;
+}
+
+int kvx_st_enforce_capacity(kvx_store *s) { return kvx_st_evict(s, 0); }
+
+/* Merges small shards (< target/2) of one kind, by block recency, into
+ * target-sized ones; with full, also shards whose blocks are mostly
+ * orphans (their parent is gone, so no prefix lookup reaches them).
+ * Orphans are not copied. */
+int kvx_st_compact(kvx_store *s, int full)
+{
+    st_usage_view *uv = calloc(ST_SLOTS, sizeof *uv);
+    if (!uv) return kvx_fail(-ENOMEM, "store: out of memory");
+    uint64_t *r[ST_SLOTS];
+    int rc = kvx_st_usage_read(s, uv);
+    if (rc) {
+        free(uv);
+        return rc;
+    }
+    rc = kvx_st_recency_build(s, uv, r);
+    kvx_st_usage_free(uv);
+    free(uv);
+    if (rc) {
+        kvx_st_recency_free(r);
+        return rc;
+    }
+    for (int kind = 0; kind < 2 && !rc; kind++) {
+        uint32_t flags = kvx_st_kind_flags(s, kind);
+        uint8_t victims[ST_SLOTS] = {0};
+        st_pshard sh[ST_SLOTS];
+        kvx_st_pshards(sh, s, NULL);
+        int nvict = kvx_st_compact_small(victims, sh, flags, s->target);
+        if (full && kind == ST_KIND_LINEAGE) {
+            /* mostly-orphaned shards */
+            MDB_txn *txn;
+            uint8_t none[ST_SLOTS] = {0};
+            if (kvx_idx_read_begin(s->ix, &txn) == 0) {
+                for (uint32_t b = 0; b < ST_SLOTS; b++) {
+                    if (!s->reg_live[b] || s->reg[b].flags != flags || victims[b] || st_is_pinned(s, b)) continue;
+                    kvx_shard *sh = kvx_st_shard_get(s, b, s->reg[b].gen);
+                    if (!sh) continue;
+                    uint32_t cnt = kvx_shard_get_info(sh)->num_blocks, orphans = 0;
+                    for (uint32_t i = 0; i < cnt; i++) {
+                        kvx_entry e;
+                        if (kvx_shard_entry(&e, sh, i) == 0 && !st_parent_kept(s, txn, e.parent, none, NULL, 0))
+                            orphans++;
+                    }
+                    kvx_shard_close(sh);
+                    if (orphans * 2 > cnt) {
+                        victims[b] = 1;
+                        nvict += 2; /* rewrite even alone */
+                    }
+                }
+                kvx_idx_read_end(s->ix, txn);
+            }
+        }
+        if (nvict < 2) continue;
+        st_move *mv = NULL;
+        size_t nmv = 0, capmv = 0;
+        for (uint32_t b = 0; b < ST_SLOTS && !rc; b++)
+            if (victims[b]) rc = kvx_st_collect(s, b, r[b], 0, 0, &mv, &nmv, &capmv, SIZE_MAX);
+        if (rc) {
+            free(mv);
+            break;
+        }
+        if (full && kind == ST_KIND_LINEAGE) nmv = st_filter_orphans(s, mv, nmv, victims);
+        if (nmv) qsort(mv, nmv, sizeof *mv, kvx_st_cmp_move_age);
+        st_sealed *added = NULL;
+        size_t nadded = 0;
+        uint8_t busy[ST_SLOTS] = {0};
+        if (nmv) rc = kvx_st_rewrite(s, mv, nmv, flags, busy, &added, &nadded); /* sealed: durable */
+        if (!rc) {
+            st_drop d = {s, victims, added, nadded, mv, nmv, 0, 1, 0};
+            rc = kvx_st_drop_write(s, &d);
+            if (rc) kvx_st_unlink_sealed(s, added, nadded);
+            else {
+                kvx_st_after_drop(s, victims, added, nadded, NULL);
+                kvx_st_rec_from_moves(s, mv, nmv, added, nadded);
+            }
+        }
+        free(added);
+        free(mv);
+    }
+    kvx_st_recency_free(r);
+    return rc;
+}

@@ -1,0 +1,211 @@
+/*
+ * store_names.c - names in the store directory: shard file names
+ * (<16 hex generation>.kvx), directory walks, the next generation, and the
+ * quarantine (DESIGN.md "Trust rules" 2).
+ *
+ * Rule: a generation names one file for good (the next generation exceeds
+ * every name in shards/, staging/ and quarantine/), and nothing the store
+ * judged is ever deleted on that judgement: it moves to quarantine/, with
+ * the reason beside it, never replacing a file there.
+ */
+#include "store.h"
+#include "common/os.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define ST_QUARANTINE "quarantine"
+
+void kvx_st_shard_name(char *buf, uint64_t gen) { snprintf(buf, 32, "%016" PRIx64 ".kvx", gen); }
+
+char *kvx_st_join(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    char *p = malloc(la + lb + 2);
+    if (!p) return NULL;
+    memcpy(p, a, la);
+    p[la] = '/';
+    memcpy(p + la + 1, b, lb + 1);
+    return p;
+}
+
+int kvx_st_name_prefix_gen(const char *name, uint64_t *gen)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 16; i++) {
+        char c = name[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        v = v << 4 | (uint64_t)d;
+    }
+    if (strncmp(name + 16, ".kvx", 4) != 0) return 0;
+    *gen = v;
+    return 1;
+}
+
+int kvx_st_parse_name(const char *name, uint64_t *gen)
+{
+    return strlen(name) == 20 && kvx_st_name_prefix_gen(name, gen);
+}
+
+int kvx_st_each_file(kvx_store *s, int fd, st_dir_fn fn, void *ctx)
+{
+    int dfd = dup(fd);
+    if (dfd < 0) return kvx_fail(-errno, "store: dup: %s", strerror(errno));
+    DIR *d = fdopendir(dfd);
+    if (!d) {
+        close(dfd);
+        return kvx_fail(-errno, "store: fdopendir: %s", strerror(errno));
+    }
+    rewinddir(d);
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if ((rc = fn(s, fd, e->d_name, ctx))) break;
+    }
+    closedir(d);
+    return rc;
+}
+
+void kvx_st_unlink_shard(kvx_store *s, uint64_t gen)
+{
+    char name[32];
+    kvx_st_shard_name(name, gen);
+    kvx_os.unlinkat(s->shardsfd, name, 0);
+}
+
+static int st_qdir_path(kvx_store *s, char *buf, size_t cap)
+{
+    return snprintf(buf, cap, "%s/" ST_QUARANTINE, s->dir) < (int)cap ? 0 : -ENAMETOOLONG;
+}
+
+static int st_open_qdir(kvx_store *s, int *out)
+{
+    char qdir[4096];
+    if (st_qdir_path(s, qdir, sizeof qdir)) return kvx_fail(-ENAMETOOLONG, "store %s: path too long", s->dir);
+    if (kvx_os.mkdir(qdir, 0700) == 0) {
+        int rc = kvx_os_fsync_dir(s->dir); /* the new directory's entry */
+        if (rc) return kvx_fail(rc, "store %s: fsync after mkdir quarantine/: %s", s->dir, strerror(-rc));
+    } else if (errno != EEXIST) {
+        return kvx_fail(-errno, "store %s: mkdir quarantine/: %s", s->dir, strerror(errno));
+    }
+    int fd = kvx_os.openat(s->dirfd, ST_QUARANTINE, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ELOOP || e == ENOTDIR)
+            return kvx_fail(KVX_EPATH, "store %s: quarantine/ is a symlink or not a directory", s->dir);
+        return kvx_fail(-e, "store %s: open quarantine/: %s", s->dir, strerror(e));
+    }
+    *out = fd;
+    return 0;
+}
+
+int kvx_st_quarantine(kvx_store *s, const char *name, const char *why)
+{
+    int qfd = -1, rc = st_open_qdir(s, &qfd);
+    if (rc) return rc;
+    char qdir[4096], from[4096], to[4096], target[300];
+    if ((rc = st_qdir_path(s, qdir, sizeof qdir)) ||
+        snprintf(from, sizeof from, "%s/%s", s->shards_path, name) >= (int)sizeof from) {
+        kvx_os.close(qfd);
+        return kvx_fail(-ENAMETOOLONG, "store %s: path too long", s->dir);
+    }
+    /* same name, never replacing a file already there: a numeric suffix */
+    rc = -EEXIST;
+    for (int k = 0; k < 10000 && rc == -EEXIST; k++) {
+        if (k) snprintf(target, sizeof target, "%s.%d", name, k);
+        else snprintf(target, sizeof target, "%s", name);
+        if (snprintf(to, sizeof to, "%s/%s", qdir, target) >= (int)sizeof to) {
+            rc = -ENAMETOOLONG;
+            break;
+        }
+        /* a name whose note is taken too is taken: the first reason stays */
+        char wn[340];
+        struct stat wst;
+        snprintf(wn, sizeof wn, "%s.why", target);
+        if (fstatat(qfd, wn, &wst, AT_SYMLINK_NOFOLLOW) == 0) {
+            rc = -EEXIST;
+            continue;
+        }
+        rc = kvx_os.rename_noreplace(from, to) == 0 ? 0 : -errno;
+    }
+    if (rc) {
+        kvx_os.close(qfd);
+        return kvx_fail(rc, "store %s: cannot move shards/%s to quarantine/: %s", s->dir, name, strerror(-rc));
+    }
+    /* the reason, beside it (advisory: the move itself is what matters) */
+    char note[340];
+    snprintf(note, sizeof note, "%s.why", target);
+    /* never replacing or blocking on what is there (a FIFO, someone's file) */
+    int fd = kvx_os.openat(qfd, note, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        char text[1200];
+        int len = snprintf(text, sizeof text, "shards/%s: %s\n", name, why);
+        if (len > (int)sizeof text - 1) len = (int)sizeof text - 1;
+        if (kvx_os_pwrite_all(fd, text, (size_t)len, 0) == 0) kvx_os.fsync(fd);
+        kvx_os.close(fd);
+    }
+    kvx_os.close(qfd);
+    /* both directory entries durable: the file is in exactly one place */
+    rc = kvx_os_fsync_dir(qdir);
+    if (!rc) rc = kvx_os_fsync_dir(s->shards_path);
+    s->quarantined++;
+    return rc ? kvx_fail(rc, "store %s: fsync after quarantining %s: %s", s->dir, name, strerror(-rc)) : 0;
+}
+
+static int st_count_q(kvx_store *s, int fd, const char *name, void *ctx)
+{
+    (void)s;
+    (void)fd;
+    size_t len = strlen(name);
+    if (len < 4 || strcmp(name + len - 4, ".why") != 0) ++*(uint64_t *)ctx;
+    return 0;
+}
+
+uint64_t kvx_st_quarantine_count(kvx_store *s)
+{
+    int qfd = kvx_os.openat(s->dirfd, ST_QUARANTINE, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (qfd < 0) return 0;
+    uint64_t n = 0;
+    if (kvx_st_each_file(s, qfd, st_count_q, &n) != 0) kvx_clear_error();
+    kvx_os.close(qfd);
+    return n;
+}
+
+/* The generation a name carries: "<16 hex>.kvx..." in shards/ and
+ * quarantine/, ".<16 hex>.kvx.tmp...." in staging/. */
+static int st_name_gen(const char *name, uint64_t *gen)
+{
+    return kvx_st_name_prefix_gen(name[0] == '.' ? name + 1 : name, gen);
+}
+
+static int st_gen_max(kvx_store *s, int fd, const char *name, void *ctx)
+{
+    (void)s;
+    (void)fd;
+    uint64_t g, *max = ctx;
+    if (st_name_gen(name, &g) && g > *max) *max = g;
+    return 0;
+}
+
+int kvx_st_gen_floor(kvx_store *s)
+{
+    uint64_t max = 0;
+    int rc = kvx_st_each_file(s, s->shardsfd, st_gen_max, &max);
+    if (!rc) rc = kvx_st_each_file(s, s->stagingfd, st_gen_max, &max);
+    int qfd = kvx_os.openat(s->dirfd, ST_QUARANTINE, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (!rc && qfd >= 0) rc = kvx_st_each_file(s, qfd, st_gen_max, &max);
+    if (qfd >= 0) kvx_os.close(qfd);
+    if (rc) return rc;
+    if (max == UINT64_MAX) return kvx_fail(KVX_EFULL, "store %s: shard generations are exhausted", s->dir);
+    if (max + 1 > s->next_gen) s->next_gen = max + 1;
+    return 0;
+}

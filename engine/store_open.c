@@ -1,0 +1,395 @@
+/*
+ * store_open.c - create, open and close a store directory, and
+ * reindex_dir: layout and permissions, name checks (never through a
+ * symlink), the writer lock, then recovery.
+ *
+ * Rule: one writer per store (a flock on LOCK); readers never repair
+ * (DESIGN.md rule 3). Open comes last in the store's files because it runs
+ * recovery, which uses everything before it.
+ */
+#include "store.h"
+#include "common/os.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static kvx_store *st_alloc(void)
+{
+    kvx_store *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->dirfd = s->shardsfd = s->stagingfd = s->lockfd = -1;
+    pthread_rwlock_init(&s->cache_lock, NULL);
+    pthread_mutex_init(&s->use_mu, NULL);
+    pthread_mutex_init(&s->wmu, NULL);
+    return s;
+}
+
+static void st_free(kvx_store *s)
+{
+    for (int i = 0; i < ST_SLOTS; i++) {
+        kvx_shard_close(s->cache[i].sh);
+        free(s->use[i].bits);
+        free(s->rec[i].last);
+    }
+    if (s->ix) kvx_idx_close(s->ix);
+    if (s->lockfd >= 0) kvx_os.close(s->lockfd); /* releases the flock */
+    if (s->stagingfd >= 0) kvx_os.close(s->stagingfd);
+    if (s->shardsfd >= 0) kvx_os.close(s->shardsfd);
+    if (s->dirfd >= 0) kvx_os.close(s->dirfd);
+    free(s->dir);
+    free(s->shards_path);
+    free(s->staging_path);
+    free(s->index_path);
+    free(s->sealed);
+    free(s->pend);
+    free(s->ptok);
+    free(s->ptab);
+    pthread_rwlock_destroy(&s->cache_lock);
+    pthread_mutex_destroy(&s->use_mu);
+    pthread_mutex_destroy(&s->wmu);
+    free(s);
+}
+
+/* Opens a subdirectory of the store without following a symlink. */
+static int st_open_subdir(kvx_store *s, const char *name, int *out)
+{
+    int fd = kvx_os.openat(s->dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ELOOP || e == ENOTDIR)
+            return kvx_fail(KVX_EPATH, "store: %s/%s is a symlink or not a directory", s->dir, name);
+        return kvx_fail(-e, "store: open %s/%s: %s", s->dir, name, strerror(e));
+    }
+    *out = fd;
+    return 0;
+}
+
+static int st_check_not_link(int dirfd, const char *dir, const char *name)
+{
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT ? 0 : -errno;
+    if (!S_ISREG(st.st_mode))
+        return kvx_fail(KVX_EPATH, "store: %s/%s is a symlink or not a regular file", dir, name);
+    return 0;
+}
+
+static int st_lock(kvx_store *s, uint32_t flags, int try_only)
+{
+    int fd = kvx_os.openat(s->dirfd, "LOCK", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ELOOP) return kvx_fail(KVX_EPATH, "store: %s/LOCK is a symlink", s->dir);
+        return kvx_fail(-e, "store: open %s/LOCK: %s", s->dir, strerror(e));
+    }
+    int op = LOCK_EX | ((flags & KVX_STORE_NOWAIT) || try_only ? LOCK_NB : 0);
+    while (flock(fd, op) != 0) {
+        if (errno == EINTR) continue;
+        int e = errno;
+        kvx_os.close(fd);
+        if (e == EWOULDBLOCK)
+            return kvx_fail(KVX_EBUSY, "store: %s: another writer holds the store", s->dir);
+        return kvx_fail(-e, "store: flock %s/LOCK: %s", s->dir, strerror(e));
+    }
+    /* the holder's pid, for a waiting writer to name (advisory text) */
+    char pid[24];
+    int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) == 0 && pwrite(fd, pid, (size_t)len, 0) != len) { /* best effort */ }
+    s->lockfd = fd;
+    return 0;
+}
+
+static int st_read_config(kvx_store *s)
+{
+    int fd = kvx_os.openat(s->dirfd, "STORE", O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ELOOP) return kvx_fail(KVX_EPATH, "store: %s/STORE is a symlink", s->dir);
+        return kvx_fail(e == ENOENT ? KVX_ENOTFOUND : -e, "store: %s is not a kvx store (STORE: %s)", s->dir,
+                        strerror(e));
+    }
+    uint8_t b[ST_CONFIG_BYTES];
+    int rc = kvx_os_pread_all(fd, b, sizeof b, 0, NULL);
+    kvx_os.close(fd);
+    if (rc) return kvx_fail(rc == -EIO ? KVX_ETRUNC : rc, "store: %s/STORE: cannot read 64 bytes", s->dir);
+    if ((rc = kvx_st_config_decode(b, &s->g, &s->capacity, &s->target))) return rc;
+    if ((rc = kvx_st_check_geometry(&s->g))) return rc;
+    if (s->capacity == 0 || s->target == 0) return kvx_fail(KVX_ECORRUPT, "store: STORE: zero capacity");
+    kvx_st_sizes(s);
+    return 0;
+}
+
+static int st_open_dirs(kvx_store *s, const char *dir)
+{
+    if (!(s->dir = strdup(dir)) || !(s->shards_path = kvx_st_join(dir, "shards")) ||
+        !(s->staging_path = kvx_st_join(dir, "staging")) || !(s->index_path = kvx_st_join(dir, "index")))
+        return kvx_fail(-ENOMEM, "store: out of memory");
+    s->dirfd = kvx_os.open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (s->dirfd < 0) {
+        int e = errno;
+        return kvx_fail(e == ENOENT ? KVX_ENOTFOUND : -e, "store: open %s: %s", dir, strerror(e));
+    }
+    int rc, ifd = -1;
+    if ((rc = st_read_config(s))) return rc; /* "not a store" before anything else */
+    if ((rc = st_open_subdir(s, "shards", &s->shardsfd)) || (rc = st_open_subdir(s, "staging", &s->stagingfd)))
+        return rc;
+    /* a lost index/ is a reindex away (DESIGN.md rule 4): a writer makes
+     * it again, a reader says so */
+    struct stat ist;
+    if (fstatat(s->dirfd, "index", &ist, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT) {
+        s->index_missing = 1;
+        return 0;
+    }
+    if ((rc = st_open_subdir(s, "index", &ifd))) return rc;
+    rc = st_check_not_link(ifd, s->index_path, "data.mdb");
+    if (!rc) rc = st_check_not_link(ifd, s->index_path, "lock.mdb");
+    kvx_os.close(ifd);
+    return rc;
+}
+
+static int st_finish_open(kvx_store *s, int create)
+{
+    if (s->index_missing) {
+        if (!s->writer)
+            return kvx_fail(KVX_ECORRUPT, "store %s: index/ is missing: run 'kvx store reindex %s'", s->dir, s->dir);
+        if (kvx_os.mkdir(s->index_path, 0700) != 0 && errno != EEXIST)
+            return kvx_fail(-errno, "store %s: mkdir index/: %s", s->dir, strerror(errno));
+        s->index_missing = 0;
+    }
+    /* a writer may meet an empty index/ (lost index): it creates the
+     * databases and recovery rebuilds them from the shards */
+    int rc = kvx_idx_open(&s->ix, s->index_path, create || s->writer, (s->flags & KVX_STORE_NOSYNC) != 0);
+    if (rc) return rc;
+    if (s->writer) return kvx_st_recover(s);
+    /* readers never repair (DESIGN.md rule 3): a stale or damaged record
+     * only makes a miss; recovery is a writer's job */
+    if ((rc = kvx_st_registry_load(s))) return rc;
+    if (!s->index_live)
+        return kvx_fail(KVX_ECORRUPT, "store %s: the index is empty or lost: run 'kvx store reindex %s'", s->dir,
+                        s->dir);
+    kvx_clear_error();
+    return 0;
+}
+
+static int st_create_body(MDB_txn *txn, void *ctx)
+{
+    kvx_store *s = ctx;
+    kvx_idx_stats st = {0};
+    int rc = kvx_idx_put_u64(txn, s->ix->meta, "next_gen", 1);
+    if (!rc) rc = kvx_idx_put_stats(txn, s->ix, &st);
+    return rc;
+}
+
+KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_options *opts)
+{
+    if (!out) return kvx_fail(KVX_EINVALID, "kvx_store_create: out is NULL");
+    *out = NULL;
+    if (!dir || !*dir) return kvx_fail(KVX_EINVALID, "kvx_store_create: dir is empty");
+    if (!opts || opts->version != KVX_STORE_OPTIONS_VERSION)
+        return kvx_fail(KVX_EVERSION, "kvx_store_create: options.version must be KVX_STORE_OPTIONS_VERSION");
+    int rc = kvx_st_check_geometry(&opts->geometry);
+    if (rc) return rc;
+    if (opts->flags & ~(KVX_STORE_NOWAIT | KVX_STORE_VERIFY | KVX_STORE_NOSYNC))
+        return kvx_fail(KVX_EINVALID, "kvx_store_create: flags 0x%x unknown or READONLY", opts->flags);
+    kvx_store *s = st_alloc();
+    if (!s) return kvx_fail(-ENOMEM, "store: out of memory");
+    s->g = opts->geometry;
+    s->flags = opts->flags;
+    s->capacity = opts->capacity_bytes ? opts->capacity_bytes : ST_DEFAULT_CAPACITY;
+    s->target = opts->shard_bytes;
+    if (!s->target) {
+        s->target = s->capacity / ST_TARGET_DIV;
+        if (s->target < ((uint64_t)512 << 10)) s->target = (uint64_t)512 << 10;
+        if (s->target > ((uint64_t)1 << 30)) s->target = (uint64_t)1 << 30;
+    }
+    kvx_st_sizes(s);
+    if (s->capacity < s->target) {
+        uint64_t t = s->target;
+        st_free(s);
+        return kvx_fail(KVX_EINVALID,
+                        "kvx_store_create: capacity_bytes %llu is below the shard size %llu (the smallest a store can "
+                        "hold: give a larger capacity, or a smaller shard_bytes)",
+                        (unsigned long long)opts->capacity_bytes, (unsigned long long)t);
+    }
+    if (s->capacity < s->entry_bytes + 4096) {
+        uint64_t eb = s->entry_bytes;
+        st_free(s);
+        return kvx_fail(KVX_EINVALID, "kvx_store_create: capacity_bytes %llu holds not even one block (%llu bytes)",
+                        (unsigned long long)opts->capacity_bytes, (unsigned long long)eb);
+    }
+    if (kvx_os.mkdir(dir, 0700) != 0) {
+        int e = errno;
+        st_free(s);
+        return kvx_fail(-e, "kvx_store_create: mkdir %s: %s", dir, strerror(e));
+    }
+    s->dirfd = kvx_os.open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (s->dirfd < 0) {
+        rc = kvx_fail(-errno, "kvx_store_create: open %s: %s", dir, strerror(errno));
+        goto fail;
+    }
+    static const char *subs[] = {"index", "shards", "staging"};
+    for (int i = 0; i < 3; i++) {
+        char *sub = kvx_st_join(dir, subs[i]); /* through the OS seam, so power-cut tests see it */
+        if (!sub || kvx_os.mkdir(sub, 0700) != 0) {
+            rc = kvx_fail(sub ? -errno : -ENOMEM, "kvx_store_create: mkdir %s/%s: %s", dir, subs[i],
+                          sub ? strerror(errno) : "out of memory");
+            free(sub);
+            goto fail;
+        }
+        free(sub);
+    }
+    uint8_t cfg[ST_CONFIG_BYTES];
+    kvx_st_config_encode(cfg, &s->g, s->capacity, s->target);
+    int fd = kvx_os.openat(s->dirfd, "STORE.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        rc = kvx_fail(-errno, "kvx_store_create: create STORE: %s", strerror(errno));
+        goto fail;
+    }
+    rc = kvx_os_pwrite_all(fd, cfg, sizeof cfg, 0);
+    if (!rc && kvx_os.fsync(fd) != 0) rc = -errno;
+    kvx_os.close(fd);
+    if (!rc && kvx_os.renameat(s->dirfd, "STORE.tmp", s->dirfd, "STORE") != 0) rc = -errno;
+    if (!rc && kvx_os.fsync(s->dirfd) != 0) rc = -errno;
+    if (rc) {
+        kvx_fail(rc, "kvx_store_create: write %s/STORE: %s", dir, strerror(-rc));
+        goto fail;
+    }
+    kvx_os.close(s->dirfd);
+    s->dirfd = -1;
+    if ((rc = st_open_dirs(s, dir))) goto fail;
+    if ((rc = st_lock(s, s->flags, 0))) goto fail;
+    s->writer = 1;
+    if ((rc = kvx_idx_open(&s->ix, s->index_path, 1, (s->flags & KVX_STORE_NOSYNC) != 0))) goto fail;
+    if ((rc = kvx_idx_write(s->ix, st_create_body, s))) goto fail;
+    if ((rc = kvx_st_registry_load(s))) goto fail;
+    *out = s;
+    kvx_clear_error();
+    return 0;
+fail:
+    st_free(s);
+    return rc;
+}
+
+KVX_API int kvx_store_open(kvx_store **out, const char *dir, const kvx_geometry *expect, uint32_t flags)
+{
+    if (!out) return kvx_fail(KVX_EINVALID, "kvx_store_open: out is NULL");
+    *out = NULL;
+    if (!dir || !*dir) return kvx_fail(KVX_EINVALID, "kvx_store_open: dir is empty");
+    if (flags & ~(KVX_STORE_READONLY | KVX_STORE_NOWAIT | KVX_STORE_VERIFY | KVX_STORE_NOSYNC))
+        return kvx_fail(KVX_EINVALID, "kvx_store_open: flags 0x%x has unknown bits", flags);
+    kvx_store *s = st_alloc();
+    if (!s) return kvx_fail(-ENOMEM, "store: out of memory");
+    s->flags = flags;
+    int rc = st_open_dirs(s, dir);
+    if (!rc && expect) {
+        const kvx_geometry *g = &s->g;
+#define ST_EXPECT(field)                                                                                  \
+    if (expect->field && expect->field != g->field) {                                                     \
+        rc = kvx_fail(KVX_ESHAPE, "store %s: " #field " is %u, expected %u", dir, (unsigned)g->field,      \
+                      (unsigned)expect->field);                                                            \
+    }
+        ST_EXPECT(num_layers)
+        else ST_EXPECT(kv_heads) else ST_EXPECT(head_dim) else ST_EXPECT(block_tokens);
+#undef ST_EXPECT
+        if (!rc && expect->num_layers && expect->quant != g->quant)
+            rc = kvx_fail(KVX_ESHAPE, "store %s: quant is %s, expected %s", dir, kvx_quant_name(g->quant),
+                          kvx_quant_name(expect->quant) ? kvx_quant_name(expect->quant) : "unknown");
+        if (!rc && expect->model_signature && expect->model_signature != g->model_signature)
+            rc = kvx_fail(KVX_EMODEL, "store %s: model_signature is %016llx, expected %016llx", dir,
+                          (unsigned long long)g->model_signature, (unsigned long long)expect->model_signature);
+    }
+    if (!rc && !(flags & KVX_STORE_READONLY)) {
+        rc = st_lock(s, flags, 0);
+        s->writer = rc == 0;
+    }
+    if (!rc) rc = st_finish_open(s, 0);
+    if (rc) {
+        st_free(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+/* Removes a moved-aside index directory (its two LMDB files). */
+static void st_rm_index_dir(int dirfd, const char *name)
+{
+    int fd = kvx_os.openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0) return;
+    kvx_os.unlinkat(fd, "data.mdb", 0);
+    kvx_os.unlinkat(fd, "lock.mdb", 0);
+    kvx_os.close(fd);
+    kvx_os.unlinkat(dirfd, name, AT_REMOVEDIR);
+}
+
+KVX_API int kvx_store_reindex_dir(const char *dir, uint32_t flags)
+{
+    if (!dir || !*dir) return kvx_fail(KVX_EINVALID, "kvx_store_reindex_dir: dir is empty");
+    if (flags & ~(KVX_STORE_NOWAIT | KVX_STORE_NOSYNC))
+        return kvx_fail(KVX_EINVALID, "kvx_store_reindex_dir: flags 0x%x has unknown bits", flags);
+    kvx_store *s = st_alloc();
+    if (!s) return kvx_fail(-ENOMEM, "store: out of memory");
+    s->flags = flags;
+    int rc = st_open_dirs(s, dir);
+    if (!rc) rc = st_lock(s, flags, 0);
+    /* the old index is never read: moved aside, removed on success */
+    int aside = 0;
+    if (!rc && !s->index_missing) {
+        st_rm_index_dir(s->dirfd, "index.old"); /* a previous attempt's */
+        if (kvx_os.renameat(s->dirfd, "index", s->dirfd, "index.old") != 0)
+            rc = kvx_fail(-errno, "store %s: move index/ aside: %s", dir, strerror(errno));
+        else
+            aside = 1;
+        s->index_missing = 1;
+    }
+    if (!rc) {
+        s->writer = 1;
+        rc = st_finish_open(s, 1); /* an empty index: recovery rebuilds it from the shards */
+    }
+    int note = rc == 0 && kvx_last_error()[0];
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", kvx_last_error());
+    if (s->ix) {
+        kvx_idx_close(s->ix);
+        s->ix = NULL;
+    }
+    if (aside) {
+        if (rc == 0) {
+            st_rm_index_dir(s->dirfd, "index.old");
+        } else {
+            /* put the old one back as it was */
+            st_rm_index_dir(s->dirfd, "index");
+            kvx_os.renameat(s->dirfd, "index.old", s->dirfd, "index");
+        }
+        kvx_os.fsync(s->dirfd);
+    }
+    st_free(s);
+    if (rc) return kvx_fail(rc, "%s", msg);
+    if (note) kvx_fail(KVX_ECORRUPT, "%s", msg); /* what reindex set aside, for the caller to show */
+    else kvx_clear_error();
+    return 0;
+}
+
+KVX_API void kvx_store_close(kvx_store *s)
+{
+    if (!s) return;
+    if (s->writer) {
+        pthread_mutex_lock(&s->wmu);
+        kvx_st_discard_pending(s);
+        pthread_mutex_unlock(&s->wmu);
+    }
+    kvx_st_usage_persist(s);
+    st_free(s);
+}
+
+KVX_API int kvx_store_get_geometry(kvx_geometry *out, const kvx_store *s)
+{
+    if (!out || !s) return kvx_fail(KVX_EINVALID, "kvx_store_get_geometry: NULL argument");
+    *out = s->g;
+    return 0;
+}

@@ -1,0 +1,151 @@
+/*
+ * store_rewrite.c - copying blocks into new shards (eviction's carries,
+ * compaction, gc's salvage, digest derivation).
+ *
+ * Rule: only blocks whose page passes its CRC are copied; the new shards
+ * are sealed (durable) but unpublished, and a failed rewrite unlinks them.
+ */
+#include "store.h"
+#include "common/digest.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Copies the moves' blocks into new sealed shards (in shards/, not yet
+ * published) of the given flags. Pages are CRC-checked on the way: a bad
+ * page is not carried (its move gets new_gen 0 and it leaves the index
+ * with its shard). */
+int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t *busy, st_sealed **io_out,
+                      size_t *io_n)
+{
+    st_open o = {0};
+    int rc = 0;
+    uint64_t last_use = 0;
+    size_t first_out = *io_n;
+    for (size_t i = 0; i < n && !rc; i++) {
+        st_move *m = &mv[i];
+        m->new_gen = 0;
+        kvx_shard *sh = kvx_st_shard_get(s, KVX_COORD_SHARD(m->src_coord), m->src_gen);
+        if (!sh) {
+            rc = kvx_fail(-EIO, "store: shard %u cannot be opened to copy its blocks", KVX_COORD_SHARD(m->src_coord));
+            break;
+        }
+        uint32_t idx = KVX_COORD_BLOCK(m->src_coord);
+        kvx_entry e;
+        const void *page;
+        if ((rc = kvx_shard_entry(&e, sh, idx))) {
+            kvx_shard_close(sh);
+            break;
+        }
+        if (kvx_shard_page(&page, sh, idx, 1)) { /* a damaged page is not copied */
+            kvx_shard_close(sh);
+            continue;
+        }
+        if (!o.w && (rc = kvx_st_writer_begin(s, flags, busy, &o, n - i > UINT32_MAX ? UINT32_MAX : (uint32_t)(n - i)))) {
+            kvx_shard_close(sh);
+            break;
+        }
+        busy[o.byte] = 1;
+        uint32_t ni = kvx_shard_writer_count(o.w);
+        kvx_entry_in in;
+        memset(&in, 0, sizeof in);
+        in.radix_block = (uint16_t)ni;
+        in.token_count = e.token_count;
+        in.page = page;
+        in.hash = e.hash;
+        in.parent = e.parent;
+        in.tokens = (flags & KVX_FLAG_LINEAGE) ? e.tokens : NULL;
+        in.digest = (flags & KVX_FLAG_DIGEST) && !kvx_digest_is_zero(m->digest) ? m->digest : NULL;
+        in.scales = (flags & KVX_FLAG_SCALES) ? e.scales : NULL;
+        rc = kvx_shard_writer_add(o.w, &in);
+        kvx_shard_close(sh);
+        if (rc) break;
+        if (!in.digest) o.nunv++;
+        m->new_coord = KVX_COORD(o.byte, ni, 0);
+        m->new_gen = o.gen;
+        if (m->last_use > last_use) last_use = m->last_use;
+        if (ni + 1 >= o.cap || kvx_shard_writer_bytes(o.w) >= s->target || i + 1 == n) {
+            st_sealed x;
+            st_sealed *arr = realloc(*io_out, (*io_n + 1) * sizeof *arr);
+            if (!arr) {
+                rc = kvx_fail(-ENOMEM, "store: out of memory");
+                break;
+            }
+            *io_out = arr;
+            if ((rc = kvx_st_writer_seal(s, &o, &x))) break;
+            x.last_use = last_use ? last_use : x.last_use;
+            arr[(*io_n)++] = x;
+            last_use = 0;
+        }
+    }
+    if (!rc && o.w) {
+        st_sealed x;
+        st_sealed *arr = realloc(*io_out, (*io_n + 1) * sizeof *arr);
+        if (!arr) rc = kvx_fail(-ENOMEM, "store: out of memory");
+        else {
+            *io_out = arr;
+            if (!(rc = kvx_st_writer_seal(s, &o, &x))) {
+                x.last_use = last_use ? last_use : x.last_use;
+                arr[(*io_n)++] = x;
+            }
+        }
+    }
+    if (rc) {
+        if (o.w) kvx_shard_writer_abort(o.w);
+        kvx_st_unlink_sealed(s, *io_out + first_out, *io_n - first_out);
+        *io_n = first_out;
+    }
+    return rc;
+}
+
+/* Appends the entries of shard b as moves, each with its recency r[i];
+ * with hot_after, only entries used after it (r[i] > hot_after). */
+int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, uint64_t hot_after, st_move **mv,
+                      size_t *n, size_t *cap, size_t limit)
+{
+    kvx_shard *sh = kvx_st_shard_get(s, b, s->reg[b].gen);
+    if (!sh) return kvx_fail(-EIO, "store: shard %u cannot be opened to copy its blocks", b);
+    uint32_t cnt = kvx_shard_get_info(sh)->num_blocks;
+    for (uint32_t i = 0; i < cnt && *n < limit; i++) {
+        uint64_t ri = r && i < s->reg[b].n_entries ? r[i] : s->reg[b].created_ns;
+        if (hot_only && ri <= hot_after) continue;
+        kvx_entry e;
+        if (kvx_shard_entry(&e, sh, i) || !e.hash) continue;
+        if (*n == *cap) {
+            size_t nc = *cap ? *cap * 2 : 256;
+            st_move *p = realloc(*mv, nc * sizeof *p);
+            if (!p) {
+                kvx_shard_close(sh);
+                return kvx_fail(-ENOMEM, "store: out of memory");
+            }
+            *mv = p;
+            *cap = nc;
+        }
+        st_move *m = &(*mv)[(*n)++];
+        memset(m, 0, sizeof *m);
+        m->src_coord = e.coordinate;
+        m->src_gen = s->reg[b].gen;
+        m->hash = e.hash;
+        m->parent = e.parent;
+        if (e.digest) memcpy(m->digest, e.digest, KVX_DIGEST_BYTES);
+        m->last_use = ri;
+    }
+    kvx_shard_close(sh);
+    return 0;
+}
+
+/* After a committed rewrite: the new shards' entries keep the recency
+ * their blocks had. */
+void kvx_st_rec_from_moves(kvx_store *s, const st_move *mv, size_t n, const st_sealed *added, size_t nadded)
+{
+    pthread_mutex_lock(&s->use_mu);
+    for (size_t j = 0; j < nadded; j++) {
+        uint64_t *last = kvx_st_rec_get(s, added[j].byte, added[j].gen, added[j].n);
+        if (!last) continue;
+        for (size_t i = 0; i < n; i++)
+            if (mv[i].new_gen == added[j].gen && KVX_COORD_BLOCK(mv[i].new_coord) < added[j].n)
+                last[KVX_COORD_BLOCK(mv[i].new_coord)] = mv[i].last_use;
+    }
+    pthread_mutex_unlock(&s->use_mu);
+}
