@@ -1,8 +1,10 @@
 /*
- * index.h - the store's LMDB index (private to the store, not API).
+ * index.h - the LMDB layer under the catalog: private to index/ (and to
+ * white-box tests and benches, which may reach LMDB itself). The rest of
+ * the library speaks to the catalog through index/catalog.h only.
  *
  * One LMDB environment per store directory (index/), opened once per
- * process and shared by every kvx_store handle of that directory: LMDB
+ * process and shared by every catalog handle of that directory: LMDB
  * forbids opening the same environment twice in one process (closing the
  * second one would drop the first one's locks). The environment is opened
  * with MDB_NOTLS so read transactions are not tied to OS threads (cgo).
@@ -17,6 +19,18 @@
  *          only on a hash collision with a different lineage)
  *   usage  u32 shard byte -> kvx_idx_usage + a bitmap of referenced entries
  *
+ * The files of index/, each opening with the rule it keeps, in the order
+ * they call each other (a file calls only files above it):
+ *   errors.c       MDB codes stop here: every one becomes a kvx code
+ *   records.c      record bytes: sizes, CRC-32C, encoders and decoders
+ *   check.c        the damage checks before LMDB trusts data.mdb: meta
+ *                  pages, the tree walk (LMDB's file layout lives here)
+ *   env.c          the environment: registry, open/close, read pools and
+ *                  snapshots, write transactions that grow the map, the
+ *                  guard, the stale check
+ *   catalog.c      the catalog handle, its registry, snapshot reads
+ *   catalog_edit.c edits and their one write transaction
+ *
  * Writers are serialized by LMDB's write lock (and, above it, by the
  * store's flock). MDB_MAP_FULL grows the map (doubling) and re-runs the
  * transaction body; MDB_MAP_RESIZED (another process grew it) adopts the
@@ -27,69 +41,39 @@
  * permission, or on a read-only mount, works): a reader (create 0) whose
  * open fails with EACCES/EROFS gets a fresh environment opened MDB_RDONLY
  * (LMDB forbids a second mdb_env_open on an environment whose open
- * failed: the old code's crash); when even that fails because lock.mdb
- * cannot be opened or created, a third one opened MDB_RDONLY | MDB_NOLOCK.
- * (On a read-only mount LMDB itself runs an MDB_RDONLY environment without
- * a lock table.) Such a reader takes no reader slot, so a writer running at
- * the same time (possible only where someone else may write the
- * directory) may recycle pages it is reading: it can see a damaged tree,
- * which the guards below turn into errors, or stale records. Readers that
- * can open lock.mdb always use it.
+ * failed); when even that fails because lock.mdb cannot be opened or
+ * created, a third one opened MDB_RDONLY | MDB_NOLOCK. Such a reader takes
+ * no reader slot, so a writer running at the same time (possible only
+ * where someone else may write the directory) may recycle pages it is
+ * reading: it can see a damaged tree, which the guards turn into errors,
+ * or stale records. Readers that can open lock.mdb always use it.
  *
  * A damaged index (DESIGN.md rule 4). LMDB trusts its file: no page
  * checksums, page numbers, flags, node offsets and sizes used as found.
  * So, for every environment a process opens (kvx_idx_open):
- *   1. before mdb_env_open, both meta pages of data.mdb are read with
- *      pread and checked against the file: magic, version, P_META, page
- *      size (a power of two, 512..32768, the same in both), page number,
- *      txnid parity (transaction N writes meta N % 2), mm_last_pg, map
- *      size, free/main roots within 2..mm_last_pg and within the file. The
- *      meta LMDB will use (the larger txnid) must pass; the other at least
- *      LMDB's own checks (LMDB 0.9.24 has no MDB_PREVSNAPSHOT, so it cannot
- *      be made to use the older meta: a damaged newer meta is refused even
- *      when the older one is sound). mm_last_pg may lie past the end of
- *      the file only as far as a free list could name the missing pages:
- *      LMDB never writes a page allocated and freed in one transaction, so
- *      a healthy file can end before it (mdb.c says so; test
- *      test_short_file_free_tail_opens); 3. checks those pages are free;
+ *   1. before mdb_env_open, both meta pages of data.mdb are checked
+ *      against the file (check.c, "meta pages");
  *   2. missing or empty data.mdb: only a writer (create) may start a new
  *      one; a reader gets KVX_ECORRUPT (and creates nothing);
- *   3. after mdb_env_open, inside a read transaction (its snapshot cannot
- *      be recycled meanwhile), the whole tree is walked once through a
- *      private mapping of the file under the guard (index.c, "tree walk"):
- *      every page reachable from the free and main trees, the named
- *      databases, their duplicate sub-pages and sub-trees and overflow
- *      pages is a page of the right type inside the file, reached once,
- *      with header bounds, nodes, keys, data and sub-pages inside it; the
- *      named databases have kvx's flags; free-list records are whole page
- *      lists within 2..mm_last_pg and name every page between the end of
- *      the file and mm_last_pg. Cost: one pass over data.mdb at open (about
- *      0.15 s for a 160 MB index of 2 million blocks);
- *   4. the typed getters and decoders below check every record's (and
- *      key's) size before reading it;
+ *   3. after mdb_env_open, inside a read transaction, the whole tree is
+ *      walked once (check.c, "tree walk"): about 0.15 s for a 160 MB index
+ *      of 2 million blocks;
+ *   4. every record's (and key's) size and CRC-32C is checked before it is
+ *      used (records.c);
  *   5. the LMDB map is registered with the mapping guard (sigbus.h) as a
  *      catalog range, and LMDB's assertion callback abandons a guarded
- *      body: reads run through kvx_idx_read / kvx_idx_guard (and every
- *      kvx_idx_write body and commit) that fault in the map (a page past
- *      the end of a file truncated after open, a node offset past the map)
- *      or trip an LMDB assertion return KVX_ECORRUPT naming reindex instead
- *      of killing the process. A read that does not run under the guard
- *      falls back to a zero page and poisons the map: every later
- *      transaction of that environment is refused (KVX_ECORRUPT) until it
- *      is closed.
- * A failure is KVX_ECORRUPT naming index/data.mdb, the field or page, and
- * `kvx store reindex DIR` (kvx_store_reindex_dir never reads the old
- * index).
- * What stays outside: content. LMDB trusts its B-tree pages; the walk
- * checks their structure, not their keys' order or their records' bytes.
- * A damaged page that stays well-formed (a flipped byte in a key or a
- * record, a branch key out of order) is read as found: a lookup can miss,
- * walk a wrong subtree, or return wrong record bytes of the right size
- * without any fault. That is why records get their own CRC-32C (a later
- * step). Damage made after open (the file truncated or rewritten under a
- * running process) meets only the guard, and a write transaction on a
- * damaged but well-formed tree may propagate the damage (LMDB rewrites the
- * pages it touches); reindex is the cure.
+ *      body: every write transaction (body and commit) and kvx_idx_read /
+ *      kvx_idx_guard bodies run under it, so a fault in the map or an LMDB
+ *      assertion is KVX_ECORRUPT naming reindex instead of a dead process.
+ *      Snapshot reads (catalog.c) run unguarded, as lookups always did: a
+ *      fault there falls back to a zero page and poisons the map, and
+ *      every later transaction of that environment is refused
+ *      (KVX_ECORRUPT) until it is closed.
+ * What stays outside: content the CRCs do not cover (a branch key out of
+ * order makes a lookup miss), and damage made after open (the file
+ * truncated or rewritten under a running process) meets only the guard;
+ * a write transaction on a damaged but well-formed tree may propagate the
+ * damage. Reindex is the cure.
  */
 #ifndef KVX_INDEX_H
 #define KVX_INDEX_H
@@ -159,6 +143,8 @@ typedef struct kvx_index {
     pthread_mutex_t pool_mu;
     MDB_txn *pool[64]; /* reset read transactions, renewed on demand */
     int npool;
+    struct kvx_cat_snap *snaps[64]; /* idle snapshots, under pool_mu */
+    int nsnaps;
     /* the data.mdb this environment reads: a reindex_dir replaces it, and
      * a handle opened before keeps reading the old file; read
      * transactions notice (within 100 ms) and answer KVX_ESTALE */
@@ -175,7 +161,7 @@ typedef struct kvx_index {
 /* LMDB result -> kvx result (0, -errno or KVX_E*), with a message. A
  * damage code (MDB_CORRUPTED, MDB_PAGE_NOTFOUND, ...) becomes KVX_ECORRUPT
  * whose message says to run `kvx store reindex`. kvx_idx_errp names the
- * index file and the store directory too. */
+ * index file and the store directory too. A kvx code passes through. */
 int kvx_idx_err(int rc, const char *what);
 int kvx_idx_errp(const kvx_index *ix, int rc, const char *what);
 /* KVX_ECORRUPT: "index DIR/index/data.mdb: <what>: run 'kvx store
@@ -196,9 +182,10 @@ int kvx_idx_check_file(const char *path, const char *store_dir, int create);
 int kvx_idx_open(kvx_index **out, const char *path, int create, int nosync);
 void kvx_idx_close(kvx_index *ix);
 
-/* A read transaction (from the pool); end it with kvx_idx_read_end.
- * Refused (KVX_ECORRUPT) once the map is poisoned (see 5. above). Reads
- * inside it are not guarded unless run through kvx_idx_guard. */
+/* A read transaction (from the pool); end it with kvx_idx_read_end, in the
+ * same thread. Refused (KVX_ECORRUPT) once the map is poisoned (see 5.
+ * above), KVX_ESTALE once data.mdb was replaced. Reads inside it are not
+ * guarded unless run through kvx_idx_guard. */
 int kvx_idx_read_begin(kvx_index *ix, MDB_txn **out);
 void kvx_idx_read_end(kvx_index *ix, MDB_txn *txn);
 
@@ -220,10 +207,10 @@ int kvx_idx_guard(kvx_index *ix, MDB_txn *txn, kvx_idx_body body, void *ctx);
  * transaction and returns KVX_ECORRUPT naming reindex. */
 int kvx_idx_write(kvx_index *ix, kvx_idx_body body, void *ctx);
 
-/* Small typed helpers used inside transactions. The getters return 0, an
- * LMDB code (MDB_CORRUPTED for a record of the wrong size: kvx_idx_err
- * makes it KVX_ECORRUPT naming reindex) or, for the ones that say so, a
- * kvx code with its message. */
+/* Small typed helpers used inside transactions (records.c). The getters
+ * return 0, an LMDB code (MDB_CORRUPTED for a record of the wrong size or
+ * CRC: kvx_idx_err makes it KVX_ECORRUPT naming reindex) or, for the ones
+ * that say so, a kvx code with its message. */
 int kvx_idx_get_u64(MDB_txn *txn, MDB_dbi dbi, const char *key, uint64_t *out); /* ENOTFOUND -> 0 value, rc 0 */
 int kvx_idx_put_u64(MDB_txn *txn, MDB_dbi dbi, const char *key, uint64_t v);
 int kvx_idx_get_stats(MDB_txn *txn, kvx_index *ix, kvx_idx_stats *out);
@@ -238,17 +225,19 @@ int kvx_idx_del_shard_blocks(MDB_txn *txn, kvx_index *ix, uint32_t b, uint64_t *
 /* Typed record access: each checks the key's and the record's size before
  * reading a byte of it, and copies the record out (never hands out a
  * pointer into the map). Returns 0, MDB_NOTFOUND (absent), or
- * MDB_CORRUPTED (a key or record of the wrong size). */
+ * MDB_CORRUPTED (a key or record of the wrong size, or a CRC mismatch). */
 /* shards: u32 shard byte -> kvx_idx_shard */
 int kvx_idx_get_shard(MDB_txn *txn, const kvx_index *ix, uint32_t byte, kvx_idx_shard *out);
 /* Writes shard record byte (its crc filled in). */
 int kvx_idx_put_shard(MDB_txn *txn, kvx_index *ix, uint32_t byte, const kvx_idx_shard *rec);
-/* Writes usage record byte: hdr (crc filled in) then nbytes of bitmap. */
+/* Writes usage record byte: hdr (crc filled in) then nbytes of bitmap
+ * (bits NULL: nbytes zero bytes). */
 int kvx_idx_put_usage(MDB_txn *txn, kvx_index *ix, uint32_t byte, const kvx_idx_usage *hdr, const uint8_t *bits,
                       size_t nbytes);
 /* 1 when the hash database holds (hash -> coord, gen), 0 when not, or an
- * LMDB error. */
+ * LMDB error. cur (nullable): a cursor on the hash database to use. */
 int kvx_idx_has_loc(MDB_txn *txn, kvx_index *ix, uint64_t hash, uint32_t coord, uint64_t gen);
+int kvx_idx_has_loc_cur(MDB_cursor *cur, uint64_t hash, uint32_t coord, uint64_t gen);
 /* coord: u32 coordinate -> kvx_idx_coord */
 int kvx_idx_get_coord(MDB_txn *txn, const kvx_index *ix, uint32_t coord, kvx_idx_coord *out);
 /* usage: u32 shard byte -> kvx_idx_usage + bitmap. The bitmap's bytes
@@ -263,5 +252,38 @@ int kvx_idx_dec_shard(const MDB_val *k, const MDB_val *v, uint32_t *out_byte, kv
 int kvx_idx_dec_coord(const MDB_val *k, const MDB_val *v, uint32_t *out_coord, kvx_idx_coord *out);
 int kvx_idx_dec_loc(const MDB_val *k, const MDB_val *v, uint64_t *out_hash, kvx_idx_loc *out);
 int kvx_idx_dec_usage(const MDB_val *k, const MDB_val *v, uint32_t *out_byte, kvx_idx_usage *out);
+
+/* ------------------------------------------- between the files of index/ */
+
+/* A read snapshot (catalog.h): a read transaction and a cursor on the hash
+ * database, kept (reset) in the environment's pool between uses. */
+struct kvx_cat_snap {
+    kvx_index *ix;
+    MDB_txn *txn;     /* live while in use; reset while idle; NULL after a pool flush */
+    MDB_cursor *hcur; /* on the hash database, renewed per use */
+    int hcur_ready;   /* bound to txn */
+    int pos_ok;       /* hcur rests on location pos_i of pos_hash */
+    uint64_t pos_hash;
+    size_t pos_i;
+};
+typedef struct kvx_cat_snap kvx_cat_snap;
+
+/* check.c: walks the tree of the snapshot txn reads (3. above): 0,
+ * KVX_ECORRUPT naming the page, another error; *again set (and 0) when
+ * commits rewrote the snapshot's meta page meanwhile (walk a newer one). */
+int kvx_idx_walk(kvx_index *ix, MDB_txn *txn, int *again);
+/* check.c: where LMDB mapped data.mdb (found from a key the main tree
+ * hands out): 0, or -1 when it cannot be told (the map stays unguarded). */
+int kvx_idx_map_base(kvx_index *ix, const uint8_t **out);
+/* env.c: a snapshot from the pool (its transaction renewed), refused like
+ * kvx_idx_read_begin; kvx_idx_snap_end in the same thread. */
+int kvx_idx_snap_begin(kvx_index *ix, kvx_cat_snap **out);
+void kvx_idx_snap_end(kvx_cat_snap *snap);
+/* catalog.c: the environment under a catalog handle (white-box tests and
+ * benches reach LMDB through it), and its registry for catalog_edit.c. */
+struct kvx_catalog;
+struct kvx_cat_registry;
+kvx_index *kvx_cat_index(const struct kvx_catalog *cat);
+struct kvx_cat_registry *kvx_cat_registry_mut(struct kvx_catalog *cat);
 
 #endif

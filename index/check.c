@@ -1,15 +1,15 @@
 /*
- * index.c - the store's LMDB layer: one shared environment per directory
- * and process, a pool of renewable read transactions (cheap lookups without
- * thread-local storage), write transactions that survive MDB_MAP_FULL by
- * growing the map, the checks that keep a damaged data.mdb from crashing
- * the process (meta pages before open, record sizes, guarded reads), and
- * the few record helpers the store needs.
- * See index.h for the databases and their records, and for what the
- * damage checks leave outside.
+ * check.c - the damage checks that run before LMDB trusts data.mdb
+ * (DESIGN.md rule 4). The rule it keeps: LMDB reads nothing kvx has not
+ * checked first. Both meta pages are read with pread and checked against
+ * the file before mdb_env_open; after it, the whole tree is walked once
+ * through a private mapping under the guard. This is the one file that
+ * knows LMDB's on-disk layout (LMDB 0.9, liblmdb/mdb.c); its file reads go
+ * through the OS seam (common/os.h) where the seam has the call.
  */
 #include "index.h"
 
+#include "common/os.h"
 #include "common/sigbus.h"
 
 #include <errno.h>
@@ -22,62 +22,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-#define IDX_INITIAL_MAP ((size_t)64 << 20)
-#define IDX_MAX_DBS 8
-#define IDX_MAX_READERS 510
-
-static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
-static kvx_index *registry;
-static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
-
-/* A forked child must not reuse its parent's environments (LMDB forbids
- * it): forget them there (they leak in the child, by design). */
-static void idx_atfork_child(void) { registry = NULL; pthread_mutex_init(&registry_mu, NULL); }
-static void idx_atfork_setup(void) { pthread_atfork(NULL, NULL, idx_atfork_child); }
-
-static int idx_err(const kvx_index *ix, int rc, const char *what)
-{
-    if (rc == 0) return 0;
-    if (rc < 0 && (rc < MDB_KEYEXIST || rc > MDB_LAST_ERRCODE)) return rc; /* a kvx code, with its message */
-    if (rc > 0) return kvx_fail(-rc, "index: %s: %s", what, mdb_strerror(rc));
-    const char *store = ix && ix->store ? ix->store : "DIR";
-    const char *dir = ix && ix->path ? ix->path : "DIR/index";
-    switch (rc) {
-    case MDB_NOTFOUND: return kvx_fail(KVX_ENOTFOUND, "index: %s: not found", what);
-    case MDB_VERSION_MISMATCH: return kvx_fail(KVX_EVERSION, "index: %s: %s", what, mdb_strerror(rc));
-    case MDB_MAP_FULL: return kvx_fail(KVX_ECAPACITY, "index: %s: %s", what, mdb_strerror(rc));
-    case MDB_READERS_FULL: return kvx_fail(KVX_EBUSY, "index: %s: %s", what, mdb_strerror(rc));
-    case MDB_KEYEXIST:
-    case MDB_MAP_RESIZED:
-    case MDB_TLS_FULL:
-    case MDB_TXN_FULL:
-    case MDB_DBS_FULL:
-    case MDB_BAD_RSLOT:
-    case MDB_BAD_VALSIZE:
-    case MDB_BAD_DBI: return kvx_fail(KVX_ECORRUPT, "index: %s: %s", what, mdb_strerror(rc));
-    default: /* MDB_CORRUPTED, MDB_PAGE_NOTFOUND, MDB_INVALID, MDB_INCOMPATIBLE,
-                MDB_CURSOR_FULL, MDB_PAGE_FULL, MDB_BAD_TXN, ...: a damaged file */
-        return kvx_fail(KVX_ECORRUPT, "index %s/data.mdb: %s: %s (the index is damaged): run 'kvx store reindex %s'",
-                        dir, what, mdb_strerror(rc), store);
-    }
-}
-
-int kvx_idx_err(int rc, const char *what) { return idx_err(NULL, rc, what); }
-
-int kvx_idx_errp(const kvx_index *ix, int rc, const char *what) { return idx_err(ix, rc, what); }
-
-int kvx_idx_damaged(const kvx_index *ix, const char *fmt, ...)
-{
-    char what[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof what, fmt, ap);
-    va_end(ap);
-    const char *store = ix && ix->store ? ix->store : "DIR";
-    const char *dir = ix && ix->path ? ix->path : "DIR/index";
-    return kvx_fail(KVX_ECORRUPT, "index %s/data.mdb: %s: run 'kvx store reindex %s'", dir, what, store);
-}
 
 /* ------------------------------------------------------------ meta pages */
 
@@ -568,13 +512,9 @@ static int lw_body(void *p)
     return 0;
 }
 
-/* The walk of the snapshot txn reads (see above). */
-static int idx_check_tree_once(kvx_index *ix, int *again)
+int kvx_idx_walk(kvx_index *ix, MDB_txn *txn, int *again)
 {
-    MDB_txn *txn;
-    int rc = kvx_idx_read_begin(ix, &txn);
-    if (rc) return rc;
-    int fd = -1;
+    int rc = 0, fd = -1;
     MDB_stat ms;
     uint8_t b[LM_META_END];
     lm_meta m;
@@ -588,7 +528,7 @@ static int idx_check_tree_once(kvx_index *ix, int *again)
         rc = kvx_idx_errp(ix, rc, "check the tree");
         goto out;
     }
-    if (pread(fd, b, sizeof b, (off_t)((id & 1) * ms.ms_psize)) != (ssize_t)sizeof b || fstat(fd, &st) != 0) {
+    if (kvx_os.pread(fd, b, sizeof b, (off_t)((id & 1) * ms.ms_psize)) != (ssize_t)sizeof b || fstat(fd, &st) != 0) {
         rc = kvx_idx_damaged(ix, "cannot read the meta page of transaction %llu", (unsigned long long)id);
         goto out;
     }
@@ -632,18 +572,7 @@ out:
     if (map != MAP_FAILED) munmap(map, (size_t)w.len);
     free(w.seen);
     free(w.tail);
-    kvx_idx_read_end(ix, txn);
     return rc;
-}
-
-static int idx_check_tree(kvx_index *ix)
-{
-    for (int attempt = 0; attempt < 5; attempt++) {
-        int again = 0;
-        int rc = idx_check_tree_once(ix, &again);
-        if (!again) return rc;
-    }
-    return kvx_fail(KVX_EBUSY, "index %s/data.mdb: a writer kept committing while it was checked", ix->path);
 }
 
 static int idx_file_fail(const char *file, const char *store, const char *what)
@@ -669,7 +598,7 @@ static int idx_check_once(int fd, const char *file, const char *store, int creat
         idx_file_fail(file, store, "the file is empty");
         return 1;
     }
-    ssize_t r = pread(fd, b[0], sizeof b[0], 0);
+    ssize_t r = kvx_os.pread(fd, b[0], sizeof b[0], 0);
     if (r < 0) return -errno;
     if ((size_t)r < sizeof b[0]) {
         snprintf(why, sizeof why, "meta page 0: the file ends at %lld bytes, inside it", (long long)r);
@@ -689,7 +618,7 @@ static int idx_check_once(int fd, const char *file, const char *store, int creat
         idx_file_fail(file, store, msg);
         return 1;
     }
-    r = pread(fd, b[1], sizeof b[1], (off_t)m[0].psize);
+    r = kvx_os.pread(fd, b[1], sizeof b[1], (off_t)m[0].psize);
     if (r < 0) return -errno;
     if ((size_t)r < sizeof b[1]) {
         snprintf(why, sizeof why, "meta page 1: the file ends at %llu bytes, inside it",
@@ -730,7 +659,7 @@ int kvx_idx_check_file(const char *path, const char *store_dir, int create)
     memcpy(file, path, n);
     memcpy(file + n, "/data.mdb", sizeof "/data.mdb");
     const char *store = store_dir ? store_dir : "DIR";
-    int fd = open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    int fd = kvx_os.open(file, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
     int rc = 0;
     if (fd < 0) {
         int e = errno;
@@ -751,12 +680,12 @@ int kvx_idx_check_file(const char *path, const char *store_dir, int create)
         if (attempt < 2) nanosleep(&ts, NULL);
     }
     if (rc < 0 && rc != KVX_ECORRUPT) rc = kvx_fail(rc, "index %s: read: %s", file, strerror(-rc));
-    close(fd);
+    kvx_os.close(fd);
     free(file);
     return rc;
 }
 
-/* ----------------------------------------------------------- environment */
+/* ------------------------------------------------------------- map base */
 
 /* Where LMDB mapped data.mdb: mdb_env_info's me_mapaddr is only the
  * FIXEDMAP address of the meta (NULL here), so it is found from a key the
@@ -765,7 +694,7 @@ int kvx_idx_check_file(const char *path, const char *store_dir, int create)
  * and LMDB pages are at most one OS page here), the page's header names
  * its number, and the map starts that many pages before; both meta pages
  * must then be where that says. 0 or -1 (not found: unguarded). */
-static int idx_map_base(kvx_index *ix, const uint8_t **out)
+int kvx_idx_map_base(kvx_index *ix, const uint8_t **out)
 {
     MDB_stat ms;
     long os = sysconf(_SC_PAGESIZE);
@@ -794,749 +723,4 @@ static int idx_map_base(kvx_index *ix, const uint8_t **out)
     }
     mdb_txn_abort(txn);
     return rc;
-}
-
-/* Registers the LMDB map with the mapping guard, or follows it to where
- * mdb_env_set_mapsize moved it. Best effort: without a slot (all taken)
- * or a base, the index works unguarded. */
-static void idx_guard_map(kvx_index *ix)
-{
-    MDB_envinfo info;
-    const uint8_t *base = NULL;
-    if (mdb_env_info(ix->env, &info) != 0 || idx_map_base(ix, &base) != 0) {
-        kvx_sigbus_unregister(ix->guard_slot);
-        ix->guard_slot = -1;
-        return;
-    }
-    if (ix->guard_slot >= 0) {
-        kvx_sigbus_move(ix->guard_slot, base, info.me_mapsize);
-        return;
-    }
-    if (kvx_sigbus_register_catalog(&ix->guard_slot, base, info.me_mapsize) != 0) {
-        ix->guard_slot = -1;
-        kvx_clear_error();
-    }
-}
-
-/* LMDB's assertion callback: it aborts after it returns, so a guarded
- * body that meets one (a damaged page) is abandoned instead. */
-static void idx_assert(MDB_env *env, const char *msg)
-{
-    (void)env;
-    (void)msg;
-    kvx_sigbus_bail();
-}
-
-typedef struct idx_guarded {
-    MDB_txn *txn;
-    kvx_idx_body body;
-    void *ctx;
-} idx_guarded;
-
-static int idx_guarded_run(void *p)
-{
-    idx_guarded *g = p;
-    return g->body(g->txn, g->ctx);
-}
-
-int kvx_idx_guard(kvx_index *ix, MDB_txn *txn, kvx_idx_body body, void *ctx)
-{
-    idx_guarded g = {txn, body, ctx};
-    int faulted = 0;
-    int rc = kvx_sigbus_run(idx_guarded_run, &g, &faulted);
-    if (faulted)
-        return kvx_idx_damaged(ix, "a read faulted inside the LMDB map (the file is damaged or was truncated)");
-    return rc;
-}
-
-typedef struct idx_dbs_ctx {
-    kvx_index *ix;
-    unsigned create;
-} idx_dbs_ctx;
-
-static int idx_open_dbs_body(MDB_txn *txn, void *p)
-{
-    idx_dbs_ctx *c = p;
-    kvx_index *ix = c->ix;
-    int rc;
-    if ((rc = mdb_dbi_open(txn, "meta", c->create, &ix->meta)) ||
-        (rc = mdb_dbi_open(txn, "shards", c->create | MDB_INTEGERKEY, &ix->shards)) ||
-        (rc = mdb_dbi_open(txn, "coord", c->create | MDB_INTEGERKEY, &ix->coord)) ||
-        (rc = mdb_dbi_open(txn, "hash", c->create | MDB_INTEGERKEY | MDB_DUPSORT | MDB_DUPFIXED, &ix->hash)) ||
-        (rc = mdb_dbi_open(txn, "usage", c->create | MDB_INTEGERKEY, &ix->usage)))
-        return rc;
-    return 0;
-}
-
-static int idx_open_dbs(kvx_index *ix, int create)
-{
-    MDB_txn *txn;
-    int rc = mdb_txn_begin(ix->env, NULL, create ? 0 : MDB_RDONLY, &txn);
-    if (rc) return kvx_idx_errp(ix, rc, "begin (open databases)");
-    idx_dbs_ctx c = {ix, create ? MDB_CREATE : 0};
-    rc = kvx_idx_guard(ix, txn, idx_open_dbs_body, &c);
-    if (rc) {
-        mdb_txn_abort(txn);
-        if (rc == MDB_NOTFOUND)
-            return kvx_idx_damaged(ix, "the kvx databases are missing");
-        return kvx_idx_errp(ix, rc, create ? "create databases" : "open databases");
-    }
-    rc = mdb_txn_commit(txn);
-    return rc ? kvx_idx_errp(ix, rc, "commit (open databases)") : 0;
-}
-
-/* The store directory named in messages: path's parent. */
-static char *idx_parent(const char *path)
-{
-    size_t n = strlen(path);
-    while (n > 1 && path[n - 1] == '/') n--;
-    size_t cut = n;
-    while (cut > 0 && path[cut - 1] != '/') cut--;
-    if (cut == 0) return strdup(".");
-    while (cut > 1 && path[cut - 1] == '/') cut--;
-    char *d = malloc(cut + 1);
-    if (!d) return NULL;
-    memcpy(d, path, cut);
-    d[cut] = '\0';
-    return d;
-}
-
-/* One environment opened with flags: 0 or an LMDB code / errno (the
- * environment is closed again on failure, as LMDB requires: a failed
- * mdb_env_open leaves it unusable for another open). */
-static int idx_env_open(kvx_index *ix, const char *path, unsigned flags)
-{
-    int rc = mdb_env_create(&ix->env);
-    if (rc) {
-        ix->env = NULL;
-        return rc;
-    }
-    mdb_env_set_assert(ix->env, idx_assert);
-    mdb_env_set_maxdbs(ix->env, IDX_MAX_DBS);
-    mdb_env_set_maxreaders(ix->env, IDX_MAX_READERS);
-    size_t map = IDX_INITIAL_MAP;
-    const char *env_map = getenv("KVX_INDEX_MAP_BYTES"); /* tests: start small to exercise growth */
-    if (env_map && strtoull(env_map, NULL, 10) >= 65536) map = (size_t)strtoull(env_map, NULL, 10);
-    mdb_env_set_mapsize(ix->env, map);
-    rc = mdb_env_open(ix->env, path, flags, 0600);
-    if (rc) {
-        mdb_env_close(ix->env);
-        ix->env = NULL;
-    }
-    return rc;
-}
-
-static void idx_free(kvx_index *ix)
-{
-    if (!ix) return;
-    kvx_sigbus_unregister(ix->guard_slot);
-    if (ix->env) mdb_env_close(ix->env);
-    pthread_rwlock_destroy(&ix->resize);
-    pthread_mutex_destroy(&ix->pool_mu);
-    free(ix->path);
-    free(ix->store);
-    free(ix);
-}
-
-int kvx_idx_open(kvx_index **out, const char *path, int create, int nosync)
-{
-    *out = NULL;
-    pthread_once(&atfork_once, idx_atfork_setup);
-    struct stat st, dbst;
-    if (stat(path, &st) != 0) return kvx_fail(-errno, "index: stat %s: %s", path, strerror(errno));
-    char dbpath[4200];
-    snprintf(dbpath, sizeof dbpath, "%s/data.mdb", path);
-    int have_db = stat(dbpath, &dbst) == 0;
-    pthread_mutex_lock(&registry_mu);
-    for (kvx_index *p = registry; p; p = p->next) {
-        /* the same directory and the same data.mdb: a replaced index (or a
-         * directory inode reused after one was removed) gets its own env */
-        if (p->dev == st.st_dev && p->ino == st.st_ino && have_db && p->db_dev == dbst.st_dev &&
-            p->db_ino == dbst.st_ino) {
-            p->refs++;
-            pthread_mutex_unlock(&registry_mu);
-            *out = p;
-            return 0;
-        }
-    }
-    kvx_index *ix = calloc(1, sizeof *ix);
-    if (!ix) {
-        pthread_mutex_unlock(&registry_mu);
-        return kvx_fail(-ENOMEM, "index: out of memory");
-    }
-    pthread_rwlock_init(&ix->resize, NULL);
-    pthread_mutex_init(&ix->pool_mu, NULL);
-    ix->dev = st.st_dev;
-    ix->ino = st.st_ino;
-    ix->refs = 1;
-    ix->guard_slot = -1;
-    ix->path = strdup(path);
-    ix->store = idx_parent(path);
-    int rc;
-    if (!ix->path || !ix->store) {
-        rc = kvx_fail(-ENOMEM, "index: out of memory");
-        goto fail;
-    }
-    /* DESIGN.md rule 4: the meta pages are checked before LMDB trusts them */
-    if ((rc = kvx_idx_check_file(path, ix->store, create))) goto fail;
-    unsigned flags = MDB_NOTLS | (nosync ? MDB_NOSYNC : 0);
-    rc = idx_env_open(ix, path, flags);
-    if ((rc == EACCES || rc == EROFS || rc == EPERM) && !create) {
-        /* a reader without write permission (or on a read-only mount):
-         * no usage records, still reads (rule 3). A fresh environment,
-         * first with the lock file (still writable?), then without. */
-        ix->rdonly_env = 1;
-        rc = idx_env_open(ix, path, flags | MDB_RDONLY);
-        if (rc == EACCES || rc == EROFS || rc == EPERM) {
-            ix->nolock = 1;
-            rc = idx_env_open(ix, path, flags | MDB_RDONLY | MDB_NOLOCK);
-        }
-    }
-    if (rc) {
-        rc = kvx_idx_errp(ix, rc, "open environment");
-        goto fail;
-    }
-    if (!ix->nolock) {
-        int dead = 0;
-        mdb_reader_check(ix->env, &dead); /* clear slots of dead processes */
-    }
-    int envfd = -1;
-    struct stat est;
-    if (mdb_env_get_fd(ix->env, &envfd) == 0 && envfd >= 0 && fstat(envfd, &est) == 0) {
-        ix->db_dev = est.st_dev;
-        ix->db_ino = est.st_ino;
-    }
-    if ((rc = idx_check_tree(ix))) goto fail;
-    if ((rc = idx_open_dbs(ix, create && !ix->rdonly_env))) goto fail;
-    idx_guard_map(ix);
-    ix->next = registry;
-    registry = ix;
-    pthread_mutex_unlock(&registry_mu);
-    *out = ix;
-    return 0;
-fail:
-    for (int i = 0; i < ix->npool; i++) mdb_txn_abort(ix->pool[i]);
-    ix->npool = 0;
-    idx_free(ix);
-    pthread_mutex_unlock(&registry_mu);
-    return rc;
-}
-
-void kvx_idx_close(kvx_index *ix)
-{
-    if (!ix) return;
-    pthread_mutex_lock(&registry_mu);
-    if (--ix->refs > 0) {
-        pthread_mutex_unlock(&registry_mu);
-        return;
-    }
-    for (kvx_index **pp = &registry; *pp; pp = &(*pp)->next) {
-        if (*pp == ix) {
-            *pp = ix->next;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&registry_mu);
-    for (int i = 0; i < ix->npool; i++) mdb_txn_abort(ix->pool[i]);
-    ix->npool = 0;
-    idx_free(ix);
-}
-
-/* Adopts a map grown by another process. Called without the read side. */
-static void idx_adopt_size(kvx_index *ix)
-{
-    pthread_rwlock_wrlock(&ix->resize);
-    pthread_mutex_lock(&ix->pool_mu);
-    for (int i = 0; i < ix->npool; i++) mdb_txn_abort(ix->pool[i]);
-    ix->npool = 0;
-    pthread_mutex_unlock(&ix->pool_mu);
-    mdb_env_set_mapsize(ix->env, 0);
-    idx_guard_map(ix);
-    pthread_rwlock_unlock(&ix->resize);
-}
-
-static int idx_poisoned(kvx_index *ix)
-{
-    if (!kvx_sigbus_poisoned(ix->guard_slot)) return 0;
-    return kvx_idx_damaged(ix, "an unguarded read faulted inside the LMDB map earlier (the file is damaged or was "
-                               "truncated); this process no longer trusts it");
-}
-
-/* Has index/data.mdb been replaced (kvx_store_reindex_dir) since this
- * environment opened it? Checked at most every 100 ms (one stat). */
-static int idx_stale(kvx_index *ix)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    int64_t now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-    if (now < ix->next_check_ns || !ix->db_ino) return 0;
-    ix->next_check_ns = now + 100000000;
-    char dbpath[4200];
-    struct stat st;
-    snprintf(dbpath, sizeof dbpath, "%s/data.mdb", ix->path);
-    if (stat(dbpath, &st) != 0 || st.st_dev != ix->db_dev || st.st_ino != ix->db_ino) {
-        ix->next_check_ns = 0; /* stays stale: every later call says so */
-        return kvx_fail(KVX_ESTALE, "store %s: the index was rebuilt (kvx store reindex) since this handle opened it: "
-                                    "close the store and open it again",
-                        ix->store);
-    }
-    return 0;
-}
-
-int kvx_idx_read_begin(kvx_index *ix, MDB_txn **out)
-{
-    int rc = idx_poisoned(ix);
-    if (rc) return rc;
-    if ((rc = idx_stale(ix))) return rc;
-    for (int attempt = 0; attempt < 4; attempt++) {
-        pthread_rwlock_rdlock(&ix->resize);
-        MDB_txn *txn = NULL;
-        pthread_mutex_lock(&ix->pool_mu);
-        if (ix->npool > 0) txn = ix->pool[--ix->npool];
-        pthread_mutex_unlock(&ix->pool_mu);
-        if (txn) {
-            rc = mdb_txn_renew(txn);
-            if (rc) {
-                mdb_txn_abort(txn);
-                txn = NULL;
-            }
-        } else {
-            rc = mdb_txn_begin(ix->env, NULL, MDB_RDONLY, &txn);
-        }
-        if (rc == 0) {
-            *out = txn;
-            return 0;
-        }
-        pthread_rwlock_unlock(&ix->resize);
-        if (rc == MDB_MAP_RESIZED) {
-            idx_adopt_size(ix);
-            continue;
-        }
-        if (rc == MDB_READERS_FULL) {
-            int dead = 0;
-            mdb_reader_check(ix->env, &dead);
-            if (dead > 0) continue;
-        }
-        return kvx_idx_errp(ix, rc, "begin read transaction");
-    }
-    return kvx_fail(KVX_EBUSY, "index: begin read transaction: map keeps being resized");
-}
-
-void kvx_idx_read_end(kvx_index *ix, MDB_txn *txn)
-{
-    mdb_txn_reset(txn);
-    pthread_mutex_lock(&ix->pool_mu);
-    if (ix->npool < (int)(sizeof ix->pool / sizeof ix->pool[0])) {
-        ix->pool[ix->npool++] = txn;
-        txn = NULL;
-    }
-    pthread_mutex_unlock(&ix->pool_mu);
-    if (txn) mdb_txn_abort(txn);
-    pthread_rwlock_unlock(&ix->resize);
-}
-
-int kvx_idx_read(kvx_index *ix, kvx_idx_body body, void *ctx)
-{
-    MDB_txn *txn;
-    int rc = kvx_idx_read_begin(ix, &txn);
-    if (rc) return rc;
-    rc = kvx_idx_guard(ix, txn, body, ctx);
-    kvx_idx_read_end(ix, txn);
-    return rc ? kvx_idx_errp(ix, rc, "read") : 0;
-}
-
-/* Doubles the map; needs no transaction of this process to be live, hence
- * the write side of the resize lock. */
-static int idx_grow(kvx_index *ix)
-{
-    pthread_rwlock_wrlock(&ix->resize);
-    pthread_mutex_lock(&ix->pool_mu);
-    for (int i = 0; i < ix->npool; i++) mdb_txn_abort(ix->pool[i]);
-    ix->npool = 0;
-    pthread_mutex_unlock(&ix->pool_mu);
-    MDB_envinfo info;
-    mdb_env_info(ix->env, &info);
-    size_t next = info.me_mapsize * 2;
-    int rc = mdb_env_set_mapsize(ix->env, next);
-    idx_guard_map(ix);
-    pthread_rwlock_unlock(&ix->resize);
-    return rc ? kvx_idx_errp(ix, rc, "grow map") : 0;
-}
-
-typedef struct idx_wctx {
-    MDB_txn *txn;
-    kvx_idx_body body;
-    void *ctx;
-    int commit_rc;
-} idx_wctx;
-
-static int idx_write_run(MDB_txn *txn, void *p)
-{
-    idx_wctx *w = p;
-    int rc = w->body(txn, w->ctx);
-    if (rc) return rc;
-    w->commit_rc = mdb_txn_commit(txn);
-    return 0;
-}
-
-int kvx_idx_write(kvx_index *ix, kvx_idx_body body, void *ctx)
-{
-    if (ix->rdonly_env) return kvx_fail(-EROFS, "index: opened read-only (no write permission)");
-    int rc = idx_poisoned(ix);
-    if (rc) return rc;
-    for (int attempt = 0; attempt < 40; attempt++) {
-        pthread_rwlock_rdlock(&ix->resize);
-        MDB_txn *txn;
-        rc = mdb_txn_begin(ix->env, NULL, 0, &txn);
-        if (rc == 0) {
-            idx_wctx w = {txn, body, ctx, 0};
-            idx_guarded g = {txn, idx_write_run, &w};
-            int faulted = 0;
-            rc = kvx_sigbus_run(idx_guarded_run, &g, &faulted);
-            if (faulted) {
-                /* abandoned inside LMDB (body or commit): the txn is still
-                 * whole (a fault comes from reading the map, before commit
-                 * frees anything), so abort releases it and the writer lock */
-                mdb_txn_abort(txn);
-                pthread_rwlock_unlock(&ix->resize);
-                return kvx_idx_damaged(ix, "a write transaction faulted inside the LMDB map (the file is damaged or "
-                                           "was truncated)");
-            }
-            if (rc == 0) {
-                int c = w.commit_rc;
-                pthread_rwlock_unlock(&ix->resize);
-                if (c == 0) return 0;
-                if (c == MDB_MAP_FULL) {
-                    if ((rc = idx_grow(ix))) return rc;
-                    continue;
-                }
-                return kvx_idx_errp(ix, c, "commit");
-            }
-            mdb_txn_abort(txn);
-        }
-        pthread_rwlock_unlock(&ix->resize);
-        if (rc == MDB_MAP_FULL || rc == KVX_ECAPACITY) {
-            int g = idx_grow(ix);
-            if (g) return g;
-            continue;
-        }
-        if (rc == MDB_MAP_RESIZED) {
-            idx_adopt_size(ix);
-            continue;
-        }
-        return rc > 0 || (rc >= MDB_KEYEXIST && rc <= MDB_LAST_ERRCODE) ? kvx_idx_errp(ix, rc, "write transaction")
-                                                                        : rc;
-    }
-    return kvx_fail(KVX_ECAPACITY, "index: map could not be grown enough");
-}
-
-/* ------------------------------------------------------ record checksums */
-
-/* CRC-32C of key then record (the record's crc field already 0); 0 -> 1,
- * since 0 marks a legacy record. */
-static uint32_t idx_crc(const void *key, size_t klen, const void *rec, size_t rlen)
-{
-    uint32_t c = kvx_crc32c(kvx_crc32c(0, key, klen), rec, rlen);
-    return c ? c : 1;
-}
-
-static uint32_t idx_loc_crc(uint64_t hash, uint32_t coord, uint64_t gen)
-{
-    kvx_idx_loc l = {coord, 0, gen};
-    return idx_crc(&hash, 8, &l, sizeof l);
-}
-
-static kvx_idx_loc idx_loc(uint64_t hash, uint32_t coord, uint64_t gen)
-{
-    kvx_idx_loc l = {coord, idx_loc_crc(hash, coord, gen), gen};
-    return l;
-}
-
-/* meta u64 values: 16 bytes {value, crc, 0}; legacy 8 bytes. */
-int kvx_idx_get_u64(MDB_txn *txn, MDB_dbi dbi, const char *key, uint64_t *out)
-{
-    MDB_val k = {strlen(key), (void *)key}, v;
-    int rc = mdb_get(txn, dbi, &k, &v);
-    *out = 0;
-    if (rc == MDB_NOTFOUND) return 0;
-    if (rc) return rc;
-    if (v.mv_size != 8 && v.mv_size != 16) return MDB_CORRUPTED;
-    uint8_t rec[16] = {0};
-    memcpy(rec, v.mv_data, v.mv_size);
-    if (v.mv_size == 16) {
-        uint32_t crc = kvx_load32(rec + 8);
-        memset(rec + 8, 0, 4);
-        if (crc != idx_crc(key, k.mv_size, rec, 16)) return MDB_CORRUPTED;
-    }
-    memcpy(out, rec, 8);
-    return 0;
-}
-
-int kvx_idx_put_u64(MDB_txn *txn, MDB_dbi dbi, const char *key, uint64_t v)
-{
-    uint8_t rec[16] = {0};
-    memcpy(rec, &v, 8);
-    kvx_store32(rec + 8, idx_crc(key, strlen(key), rec, 16));
-    MDB_val k = {strlen(key), (void *)key}, d = {16, rec};
-    return mdb_put(txn, dbi, &k, &d, 0);
-}
-
-int kvx_idx_get_stats(MDB_txn *txn, kvx_index *ix, kvx_idx_stats *out)
-{
-    MDB_val k = {5, "stats"}, v;
-    memset(out, 0, sizeof *out);
-    int rc = mdb_get(txn, ix->meta, &k, &v);
-    if (rc == MDB_NOTFOUND) return 0;
-    if (rc) return rc;
-    /* u64 counters; an older or newer kvx may have written fewer or more.
-     * This one writes the counters then a u64 whose low half is the CRC of
-     * what precedes it: a record of exactly that size is checked */
-    if (v.mv_size == 0 || v.mv_size % 8 || v.mv_size > 4096) return MDB_CORRUPTED;
-    if (v.mv_size == sizeof *out + 8) {
-        uint64_t tail;
-        memcpy(&tail, (const uint8_t *)v.mv_data + sizeof *out, 8);
-        if ((uint32_t)tail != idx_crc("stats", 5, v.mv_data, sizeof *out)) return MDB_CORRUPTED;
-    }
-    memcpy(out, v.mv_data, v.mv_size < sizeof *out ? v.mv_size : sizeof *out);
-    return 0;
-}
-
-int kvx_idx_put_stats(MDB_txn *txn, kvx_index *ix, const kvx_idx_stats *st)
-{
-    uint8_t rec[sizeof *st + 8];
-    memcpy(rec, st, sizeof *st);
-    uint64_t tail = idx_crc("stats", 5, st, sizeof *st);
-    memcpy(rec + sizeof *st, &tail, 8);
-    MDB_val k = {5, "stats"}, v = {sizeof rec, rec};
-    return mdb_put(txn, ix->meta, &k, &v, 0);
-}
-
-int kvx_idx_add_block(MDB_txn *txn, kvx_index *ix, uint32_t coord, uint64_t hash, uint64_t gen)
-{
-    kvx_idx_coord cv = {hash, gen, 0, 0};
-    cv.crc = idx_crc(&coord, 4, &cv, sizeof cv);
-    MDB_val k = {4, &coord}, v = {sizeof cv, &cv};
-    int rc = mdb_put(txn, ix->coord, &k, &v, 0);
-    if (rc) return rc;
-    kvx_idx_loc loc = idx_loc(hash, coord, gen);
-    MDB_val hk = {8, &hash}, hv = {sizeof loc, &loc};
-    rc = mdb_put(txn, ix->hash, &hk, &hv, MDB_NODUPDATA);
-    return rc == MDB_KEYEXIST ? 0 : rc;
-}
-
-/* Deletes (hash -> coord, gen), written with its crc or as a legacy record. */
-static int idx_del_loc(MDB_txn *txn, kvx_index *ix, uint64_t hash, uint32_t coord, uint64_t gen)
-{
-    kvx_idx_loc loc = idx_loc(hash, coord, gen);
-    MDB_val hk = {8, &hash}, hv = {sizeof loc, &loc};
-    int rc = mdb_del(txn, ix->hash, &hk, &hv);
-    if (rc == MDB_NOTFOUND) {
-        kvx_idx_loc legacy = {coord, 0, gen};
-        MDB_val lv = {sizeof legacy, &legacy};
-        rc = mdb_del(txn, ix->hash, &hk, &lv);
-    }
-    return rc == MDB_NOTFOUND ? 0 : rc;
-}
-
-int kvx_idx_has_loc(MDB_txn *txn, kvx_index *ix, uint64_t hash, uint32_t coord, uint64_t gen)
-{
-    MDB_cursor *cur;
-    int rc = mdb_cursor_open(txn, ix->hash, &cur);
-    if (rc) return rc;
-    kvx_idx_loc loc = idx_loc(hash, coord, gen), legacy = {coord, 0, gen};
-    MDB_val hk = {8, &hash}, hv = {sizeof loc, &loc};
-    rc = mdb_cursor_get(cur, &hk, &hv, MDB_GET_BOTH);
-    if (rc == MDB_NOTFOUND) {
-        hk.mv_size = 8;
-        hk.mv_data = &hash;
-        hv.mv_size = sizeof legacy;
-        hv.mv_data = &legacy;
-        rc = mdb_cursor_get(cur, &hk, &hv, MDB_GET_BOTH);
-    }
-    mdb_cursor_close(cur);
-    return rc == 0 ? 1 : rc == MDB_NOTFOUND ? 0 : rc;
-}
-
-int kvx_idx_del_block(MDB_txn *txn, kvx_index *ix, uint32_t coord, uint64_t hash, uint64_t gen)
-{
-    MDB_val k = {4, &coord}, v;
-    int rc = mdb_get(txn, ix->coord, &k, &v);
-    if (rc == 0) {
-        uint32_t c;
-        kvx_idx_coord cv;
-        if ((rc = kvx_idx_dec_coord(&k, &v, &c, &cv))) return rc;
-        if (cv.gen == gen) {
-            rc = mdb_del(txn, ix->coord, &k, NULL);
-            if (rc) return rc;
-        }
-    } else if (rc != MDB_NOTFOUND) {
-        return rc;
-    }
-    return idx_del_loc(txn, ix, hash, coord, gen);
-}
-
-int kvx_idx_del_shard_blocks(MDB_txn *txn, kvx_index *ix, uint32_t b, uint64_t *out_removed)
-{
-    MDB_cursor *cur;
-    uint64_t n = 0;
-    int rc = mdb_cursor_open(txn, ix->coord, &cur);
-    if (rc) return rc;
-    uint32_t first = b << 24;
-    MDB_val k = {4, &first}, v;
-    rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
-    while (rc == 0) {
-        uint32_t c;
-        kvx_idx_coord cv;
-        if ((rc = kvx_idx_dec_coord(&k, &v, &c, &cv))) break;
-        if ((c >> 24) != b) break;
-        int r = idx_del_loc(txn, ix, cv.hash, c, cv.gen);
-        if (r) {
-            rc = r;
-            break;
-        }
-        if ((r = mdb_cursor_del(cur, 0))) {
-            rc = r;
-            break;
-        }
-        n++;
-        k.mv_size = 4; /* re-seek: simplest correct walk over a shrinking range */
-        k.mv_data = &first;
-        rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE);
-    }
-    mdb_cursor_close(cur);
-    if (out_removed) *out_removed = n;
-    return rc == MDB_NOTFOUND ? 0 : rc;
-}
-
-/* ------------------------------------------------------- typed records */
-
-/* Decoders accept the record of this release (crc checked) and the legacy
- * one (shorter, or crc 0), which reindex rewrites. */
-int kvx_idx_dec_shard(const MDB_val *k, const MDB_val *v, uint32_t *out_byte, kvx_idx_shard *out)
-{
-    const size_t legacy = offsetof(kvx_idx_shard, crc);
-    if (k->mv_size != 4 || (v->mv_size != sizeof *out && v->mv_size != legacy)) return MDB_CORRUPTED;
-    memcpy(out_byte, k->mv_data, 4);
-    memset(out, 0, sizeof *out);
-    memcpy(out, v->mv_data, v->mv_size);
-    if (out->crc) {
-        kvx_idx_shard r = *out;
-        r.crc = 0;
-        if (out->crc != idx_crc(k->mv_data, 4, &r, sizeof r)) return MDB_CORRUPTED;
-    }
-    return 0;
-}
-
-int kvx_idx_dec_coord(const MDB_val *k, const MDB_val *v, uint32_t *out_coord, kvx_idx_coord *out)
-{
-    const size_t legacy = offsetof(kvx_idx_coord, crc);
-    if (k->mv_size != 4 || (v->mv_size != sizeof *out && v->mv_size != legacy)) return MDB_CORRUPTED;
-    memcpy(out_coord, k->mv_data, 4);
-    memset(out, 0, sizeof *out);
-    memcpy(out, v->mv_data, v->mv_size);
-    if (out->crc) {
-        kvx_idx_coord r = *out;
-        r.crc = 0;
-        if (out->crc != idx_crc(k->mv_data, 4, &r, sizeof r)) return MDB_CORRUPTED;
-    }
-    return 0;
-}
-
-int kvx_idx_dec_loc(const MDB_val *k, const MDB_val *v, uint64_t *out_hash, kvx_idx_loc *out)
-{
-    if (k->mv_size != 8 || v->mv_size != sizeof *out) return MDB_CORRUPTED;
-    memcpy(out_hash, k->mv_data, 8);
-    memcpy(out, v->mv_data, sizeof *out);
-    if (out->crc && out->crc != idx_loc_crc(*out_hash, out->coord, out->gen)) return MDB_CORRUPTED;
-    return 0;
-}
-
-int kvx_idx_put_shard(MDB_txn *txn, kvx_index *ix, uint32_t byte, const kvx_idx_shard *rec)
-{
-    kvx_idx_shard r = *rec;
-    r.crc = 0;
-    r.crc = idx_crc(&byte, 4, &r, sizeof r);
-    MDB_val k = {4, &byte}, v = {sizeof r, &r};
-    return mdb_put(txn, ix->shards, &k, &v, 0);
-}
-
-static uint32_t idx_usage_crc(uint32_t byte, const kvx_idx_usage *hdr, const uint8_t *bits, size_t nbytes)
-{
-    kvx_idx_usage h = *hdr;
-    h.crc = 0;
-    uint32_t c = kvx_crc32c(kvx_crc32c(kvx_crc32c(0, &byte, 4), &h, sizeof h), bits, nbytes);
-    return c ? c : 1;
-}
-
-int kvx_idx_put_usage(MDB_txn *txn, kvx_index *ix, uint32_t byte, const kvx_idx_usage *hdr, const uint8_t *bits,
-                      size_t nbytes)
-{
-    uint8_t *buf = malloc(sizeof *hdr + nbytes + 1);
-    if (!buf) return ENOMEM;
-    kvx_idx_usage h = *hdr;
-    h.crc = idx_usage_crc(byte, hdr, bits, nbytes);
-    memcpy(buf, &h, sizeof h);
-    if (nbytes) memcpy(buf + sizeof h, bits, nbytes);
-    MDB_val k = {4, &byte}, v = {sizeof h + nbytes, buf};
-    int rc = mdb_put(txn, ix->usage, &k, &v, 0);
-    free(buf);
-    return rc;
-}
-
-/* A usage record: the header, then exactly (n_bits + 7) / 8 bitmap bytes;
- * a shard has at most 65536 entries. */
-static int idx_usage_size_ok(const MDB_val *v, kvx_idx_usage *hdr)
-{
-    if (v->mv_size < sizeof *hdr || v->mv_size > sizeof *hdr + 65536 / 8) return 0;
-    memcpy(hdr, v->mv_data, sizeof *hdr);
-    return hdr->n_bits <= 65536 && v->mv_size == sizeof *hdr + ((size_t)hdr->n_bits + 7) / 8;
-}
-
-int kvx_idx_dec_usage(const MDB_val *k, const MDB_val *v, uint32_t *out_byte, kvx_idx_usage *out)
-{
-    kvx_idx_usage hdr;
-    if (k->mv_size != 4 || !idx_usage_size_ok(v, &hdr)) return MDB_CORRUPTED;
-    uint32_t byte;
-    memcpy(&byte, k->mv_data, 4);
-    if (hdr.crc && hdr.crc != idx_usage_crc(byte, &hdr, (const uint8_t *)v->mv_data + sizeof hdr,
-                                            v->mv_size - sizeof hdr))
-        return MDB_CORRUPTED;
-    memcpy(out_byte, k->mv_data, 4);
-    *out = hdr;
-    return 0;
-}
-
-int kvx_idx_get_shard(MDB_txn *txn, const kvx_index *ix, uint32_t byte, kvx_idx_shard *out)
-{
-    MDB_val k = {4, &byte}, v;
-    int rc = mdb_get(txn, ix->shards, &k, &v);
-    if (rc) return rc;
-    uint32_t b;
-    return kvx_idx_dec_shard(&k, &v, &b, out);
-}
-
-int kvx_idx_get_coord(MDB_txn *txn, const kvx_index *ix, uint32_t coord, kvx_idx_coord *out)
-{
-    MDB_val k = {4, &coord}, v;
-    int rc = mdb_get(txn, ix->coord, &k, &v);
-    if (rc) return rc;
-    uint32_t c;
-    return kvx_idx_dec_coord(&k, &v, &c, out);
-}
-
-int kvx_idx_get_usage(MDB_txn *txn, const kvx_index *ix, uint32_t byte, kvx_idx_usage *out, uint8_t *bits,
-                      size_t bits_cap, size_t *out_bits_len)
-{
-    MDB_val k = {4, &byte}, v;
-    int rc = mdb_get(txn, ix->usage, &k, &v);
-    if (rc) return rc;
-    kvx_idx_usage hdr;
-    if (!idx_usage_size_ok(&v, &hdr)) return MDB_CORRUPTED;
-    size_t n = v.mv_size - sizeof hdr;
-    if (hdr.crc && hdr.crc != idx_usage_crc(byte, &hdr, (const uint8_t *)v.mv_data + sizeof hdr, n))
-        return MDB_CORRUPTED;
-    *out = hdr;
-    if (out_bits_len) *out_bits_len = n;
-    if (bits && n <= bits_cap) memcpy(bits, (const uint8_t *)v.mv_data + sizeof hdr, n);
-    return 0;
 }
