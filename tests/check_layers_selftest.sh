@@ -109,6 +109,18 @@ make_tree
 echo '#include "format.h"' >>engine/engine.c # format/format.h, written without format/
 expect_fail "another folder's header without its folder" engine/engine.c '"format.h": no such project file'
 
+make_tree
+echo '#include <engine/engine.h>' >>io/io.c # a project header through <...>
+expect_fail "io/ reaches an engine header with <engine/x.h>" io/io.c 'io -> engine is not an allowed edge'
+
+make_tree
+mkdir -p bindings/go
+printf '#include "kvx.h"\n#include "shim.h"\n' >bindings/go/shim.c
+printf 'int shim(void);\n' >bindings/go/shim.h
+expect_ok "bindings/ with kvx.h and its own header passes"
+echo '#include "engine/engine.h"' >>bindings/go/shim.c
+expect_fail "bindings/ includes an engine header" bindings/go/shim.c 'bindings/ uses include/kvx.h only'
+
 # Call edges and symbols, from objects compiled like the build's.
 if command -v cc >/dev/null && command -v nm >/dev/null; then
   build_objects() { # build_objects FILE...: BUILD_DIR at $tree/b
@@ -149,6 +161,12 @@ if command -v cc >/dev/null && command -v nm >/dev/null; then
   printf '__attribute__((weak)) int weak_helper(void) { return 2; }\n' >>engine/engine.c # nm type W
   build_objects "${objs[@]}" && expect_fail "objects: a weak global symbol without kvx_" engine/engine.c.o \
     'defines global symbol weak_helper without the kvx_ prefix' b
+
+  make_tree
+  # an LMDB call the source grep cannot see: the name is pasted by a macro
+  printf '#define LMDB(f) mdb_##f\nextern int LMDB(get)(void *, void *, void *, void *);\nint kvx_engine_hidden(void) { return LMDB(get)(0, 0, 0, 0); }\n' >>engine/engine.c
+  build_objects "${objs[@]}" && expect_fail "objects: an LMDB call hidden behind a macro" engine/engine.c.o \
+    'LMDB outside index/: engine/engine.c.o calls mdb_get' b
 
   make_tree
   printf 'int helper(void) { return 2; }\n' >engine/gone.c
