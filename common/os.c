@@ -1,21 +1,65 @@
 /*
- * os.c - the OS seam (see os.h): the default table and the loops that turn
- * short transfers and EINTR into whole-buffer calls.
+ * os.c - the OS seam (see os.h): the default table (libc, plus the few
+ * calls that need a shim: a no-replace rename, a close-on-exec dup, the
+ * directory walk) and the helpers that turn short transfers and EINTR
+ * into whole-buffer calls.
  */
 #include "os.h"
 #include "internal.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 static int os_open(const char *path, int flags, mode_t mode) { return open(path, flags, mode); }
 static int os_openat(int dirfd, const char *path, int flags, mode_t mode) { return openat(dirfd, path, flags, mode); }
+static int os_dup(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, 0); }
+static int os_fstat(int fd, struct stat *st) { return fstat(fd, st); }
+static int os_fstatat(int dirfd, const char *path, struct stat *st, int flags)
+{
+    return fstatat(dirfd, path, st, flags);
+}
 static int os_uring_result(int res, size_t requested) { (void)requested; return res; }
+
+/* The directory walk: a kvx_os_dir is the DIR itself. Opening by name
+ * (not by fdopendir on the caller's descriptor) gives the walk its own
+ * open file, so its offset starts at the first entry and is nobody
+ * else's. */
+static kvx_os_dir *os_dir_open(int dirfd, const char *path, int flags)
+{
+    int fd = openat(dirfd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC | flags);
+    if (fd < 0) return NULL;
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return NULL;
+    }
+    return (kvx_os_dir *)d;
+}
+
+static int os_dir_next(kvx_os_dir *dir, const char **out_name)
+{
+    for (;;) {
+        errno = 0;
+        struct dirent *e = readdir((DIR *)dir);
+        if (!e) return errno ? -1 : 0;
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+            *out_name = e->d_name;
+            return 1;
+        }
+    }
+}
+
+static int os_dir_close(kvx_os_dir *dir) { return dir ? closedir((DIR *)dir) : 0; }
 
 /* A rename that never replaces a file (DESIGN.md rule 2: a seal never takes
  * an existing file's name): renameat2(RENAME_NOREPLACE), or, on a file
@@ -34,18 +78,30 @@ static int os_rename_noreplace(const char *from, const char *to)
 #define KVX_OS_DEFAULTS { \
     .open = os_open, \
     .openat = os_openat, \
+    .dup = os_dup, \
     .close = close, \
     .pread = pread, \
     .pwrite = pwrite, \
     .fsync = fsync, \
     .fdatasync = fdatasync, \
     .ftruncate = ftruncate, \
+    .fstat = os_fstat, \
+    .fstatat = os_fstatat, \
+    .statx = statx, \
+    .flock = flock, \
+    .mmap = mmap, \
+    .munmap = munmap, \
     .rename = rename, \
     .rename_noreplace = os_rename_noreplace, \
     .renameat = renameat, \
+    .linkat = linkat, \
     .unlink = unlink, \
     .unlinkat = unlinkat, \
     .mkdir = mkdir, \
+    .mkdirat = mkdirat, \
+    .dir_open = os_dir_open, \
+    .dir_next = os_dir_next, \
+    .dir_close = os_dir_close, \
     .uring_result = os_uring_result \
 }
 
@@ -128,4 +184,32 @@ int kvx_os_fsync_parent(const char *path)
     memcpy(dir, path, n);
     dir[n] = '\0';
     return kvx_os_fsync_dir(dir);
+}
+
+int kvx_os_read_text(const char *path, char *buf, size_t cap)
+{
+    if (cap == 0) return -EINVAL;
+    int fd = kvx_os.open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY, 0);
+    if (fd < 0) return -errno;
+    size_t got = 0;
+    int rc = kvx_os_pread_all(fd, buf, cap - 1, 0, &got);
+    kvx_os.close(fd);
+    buf[rc ? 0 : got] = '\0';
+    return rc;
+}
+
+int kvx_os_each_name(int dirfd, const char *path, int flags, int (*fn)(void *ctx, const char *name), void *ctx,
+                     int *out_walk_failed)
+{
+    if (out_walk_failed) *out_walk_failed = 1;
+    kvx_os_dir *d = kvx_os.dir_open(dirfd, path, flags);
+    if (!d) return -errno;
+    const char *name;
+    int r, rc = 0;
+    while ((r = kvx_os.dir_next(d, &name)) > 0)
+        if ((rc = fn(ctx, name))) break;
+    if (r < 0) rc = errno ? -errno : -EIO;
+    kvx_os.dir_close(d);
+    if (out_walk_failed) *out_walk_failed = r < 0;
+    return rc;
 }

@@ -113,6 +113,7 @@ static void on_sigbus(int sig, siginfo_t *si, void *uctx)
             int catalog = atomic_load_explicit(&slot_kind[i], memory_order_relaxed) == SLOT_CATALOG;
             if (catalog) catalog_escape(); /* returns only outside a guarded body */
             void *page = (void *)(addr & page_mask);
+            /* libc, not kvx_os: a signal handler, and no file (os.h) */
             void *r = mmap(page, ~page_mask + 1, PROT_READ, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS,
                            -1, 0);
             if (r != MAP_FAILED) {

@@ -4,8 +4,10 @@
  * directory is opened as a store (read-only); io/ never reaches the store.
  */
 #include "common/internal.h"
+#include "common/os.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -21,8 +23,9 @@ int kvx_warmup_collect(kvx_shard ***out_shards, size_t *out_n, const char *const
     int rc = 0;
     for (size_t i = 0; i < n_paths; i++) {
         struct stat st;
-        if (stat(paths[i], &st) != 0) {
-            rc = kvx_fail(-errno, "%s: %s", paths[i], strerror(errno));
+        if (kvx_os.fstatat(AT_FDCWD, paths[i], &st, 0) != 0) {
+            int e = errno;
+            rc = kvx_fail(-e, "%s: stat: %s", paths[i], strerror(e));
             goto fail;
         }
         kvx_shard **got = NULL;

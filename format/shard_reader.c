@@ -4,8 +4,9 @@
  * coordinate and zero-copy pages.
  *
  * Shape: the header, every table and the spectral bundle are read with
- * pread (through the kvx_os seam, so tests can inject faults) and copied to
- * the heap at open, so after open only page reads touch the mapping. The
+ * pread (through the kvx_os seam, as are the open, the fstat and the
+ * mapping, so tests can fail each of them) and copied to the heap at
+ * open, so after open only page reads touch the mapping. The
  * file is mapped read-only and MAP_SHARED; the mapping is registered with
  * the SIGBUS guard (sigbus.c), so a file truncated after open reads as zero
  * pages that fail their CRC instead of killing the process. The handle is
@@ -67,7 +68,7 @@ static void shard_free(kvx_shard *s)
     if (!s) return;
     if (s->map) {
         kvx_sigbus_unregister(s->guard_slot);
-        munmap((void *)s->map, s->map_len);
+        kvx_os.munmap((void *)s->map, s->map_len);
     }
     if (s->fd >= 0) kvx_os.close(s->fd);
     free(s->path);
@@ -406,15 +407,20 @@ int kvx_shard_open(kvx_shard **out, const char *path, unsigned flags)
     }
     struct stat st;
     int rc = 0;
-    if (fstat(s->fd, &st) != 0) rc = kvx_fail(-errno, "%s: fstat failed", path);
-    else if (!S_ISREG(st.st_mode))
+    if (kvx_os.fstat(s->fd, &st) != 0) {
+        int e = errno;
+        rc = kvx_fail(-e, "%s: fstat: %s", path, strerror(e));
+    } else if (!S_ISREG(st.st_mode)) {
         rc = kvx_fail(KVX_EINVALID, "%s: not a regular file but a %s", path, kvx_file_type_name(st.st_mode));
+    }
     if (!rc) rc = open_validated(s, (uint64_t)st.st_size);
     if (!rc) {
         s->map_len = (size_t)st.st_size;
-        void *m = mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, s->fd, 0);
-        if (m == MAP_FAILED) rc = kvx_fail(-errno, "%s: mmap failed", path);
-        else {
+        void *m = kvx_os.mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, s->fd, 0);
+        if (m == MAP_FAILED) {
+            int e = errno;
+            rc = kvx_fail(-e, "%s: mmap of %zu bytes: %s", path, s->map_len, strerror(e));
+        } else {
             s->map = m;
             rc = kvx_sigbus_register(&s->guard_slot, m, s->map_len);
         }
@@ -533,7 +539,7 @@ int kvx_shard_verify(const kvx_shard *s, uint32_t *out_bad,
      * as truncated without touching them. */
     struct stat st;
     uint64_t size = s->info.file_size;
-    if (fstat(s->fd, &st) == 0 && (uint64_t)st.st_size < size) size = (uint64_t)st.st_size;
+    if (kvx_os.fstat(s->fd, &st) == 0 && (uint64_t)st.st_size < size) size = (uint64_t)st.st_size;
     uint32_t bad = 0;
     int first = 0;
     for (uint32_t i = 0; i < s->n; i++) {

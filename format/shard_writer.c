@@ -419,7 +419,7 @@ static int link_unnamed(kvx_shard_writer *w)
         if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) r = (uint64_t)attempt * 0x9E3779B97F4A7C15ull;
         snprintf(name, cap, "%.*s.%s.tmp.%ld.%016llx", (int)dir_len, w->path, w->path + dir_len, (long)getpid(),
                  (unsigned long long)r);
-        rc = linkat(AT_FDCWD, proc, AT_FDCWD, name, AT_SYMLINK_FOLLOW) == 0 ? 0 : -errno;
+        rc = kvx_os.linkat(AT_FDCWD, proc, AT_FDCWD, name, AT_SYMLINK_FOLLOW) == 0 ? 0 : -errno;
     }
     if (rc) {
         free(name);

@@ -10,6 +10,8 @@
  */
 #include "io.h"
 
+#include "common/os.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -79,11 +81,11 @@ int kvx_gpu_numa_node(int *out_node, int device)
         return kvx_fail(KVX_ENOTFOUND, "GPU %d: cannot parse PCI bus id '%s'", device, bus);
     char path[128];
     snprintf(path, sizeof path, "/sys/bus/pci/devices/%04x:%02x:%02x.%x/numa_node", dom, b, d, f);
-    FILE *fp = fopen(path, "r");
-    if (!fp) return kvx_fail(KVX_ENOTFOUND, "GPU %d: %s: %s", device, path, strerror(errno));
+    char text[32];
+    if ((rc = kvx_os_read_text(path, text, sizeof text)))
+        return kvx_fail(KVX_ENOTFOUND, "GPU %d: %s: %s", device, path, strerror(-rc));
     int node = -1;
-    if (fscanf(fp, "%d", &node) != 1) node = -1;
-    fclose(fp);
+    if (sscanf(text, "%d", &node) != 1) node = -1;
     *out_node = node; /* -1: the platform does not say */
     return 0;
 }

@@ -348,7 +348,9 @@ void kvx_ioq_destroy(kvx_ioq *q)
     for (size_t i = 0; i < q->n_files; i++) file_close(q, q->files[i]);
     free(q->files);
     if (q->ring_ok) io_uring_queue_exit(&q->ring);
-    if (q->efd >= 0) close(q->efd); /* after the ring: its read of the eventfd is gone */
+    /* after the ring: its read of the eventfd is gone. The eventfd is a
+     * wakeup, not a file: outside the seam, like the ring (os.h). */
+    if (q->efd >= 0) close(q->efd);
     pthread_mutex_destroy(&q->mu);
     pthread_cond_destroy(&q->work_cv);
     pthread_cond_destroy(&q->done_cv);
@@ -361,7 +363,10 @@ int kvx_ioq_used_direct(const kvx_ioq *q) { return q->used_direct; }
 int kvx_ioq_file(kvx_io_file **out, kvx_ioq *q, int fd)
 {
     struct stat st;
-    if (fstat(fd, &st) != 0) return kvx_fail(-errno, "fstat of shard descriptor %d: %s", fd, strerror(errno));
+    if (kvx_os.fstat(fd, &st) != 0) {
+        int e = errno;
+        return kvx_fail(-e, "fstat of shard descriptor %d: %s", fd, strerror(e));
+    }
     q->clock++;
     for (size_t i = 0; i < q->n_files; i++) {
         kvx_io_file *f = q->files[i];
@@ -385,7 +390,7 @@ int kvx_ioq_file(kvx_io_file **out, kvx_ioq *q, int fd)
     f->ino = st.st_ino;
     f->reg = -1;
     f->align = 1;
-    f->bfd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    f->bfd = kvx_os.dup(fd);
     if (f->bfd < 0) {
         int e = errno;
         free(f);
@@ -401,7 +406,7 @@ int kvx_ioq_file(kvx_io_file **out, kvx_ioq *q, int fd)
             struct statx sx;
             uint32_t align = 4096; /* page offsets are 4096-aligned: safe when statx is silent */
             int ok = 1;
-            if (statx(dfd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN)) {
+            if (kvx_os.statx(dfd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN)) {
                 if (sx.stx_dio_offset_align == 0) ok = 0; /* no direct I/O on this file */
                 align = sx.stx_dio_offset_align > sx.stx_dio_mem_align ? sx.stx_dio_offset_align
                                                                          : sx.stx_dio_mem_align;

@@ -11,6 +11,8 @@
  */
 #include "io.h"
 
+#include "common/os.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <numa.h>
@@ -18,6 +20,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -35,13 +38,11 @@ const char *kvx_io_mode_name(int mode)
 
 static uint64_t locked_now(void)
 {
-    FILE *f = fopen("/proc/self/status", "r");
-    if (!f) return 0;
-    char line[256];
+    char text[8192];
+    if (kvx_os_read_text("/proc/self/status", text, sizeof text)) return 0;
+    const char *line = strstr(text, "\nVmLck:");
     unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "VmLck: %llu kB", &kb) == 1) break;
-    fclose(f);
+    if (!line || sscanf(line + 1, "VmLck: %llu kB", &kb) != 1) return 0;
     return (uint64_t)kb * 1024;
 }
 
@@ -102,6 +103,7 @@ int kvx_pool_create(kvx_pool **out, const kvx_pool_options *opts)
         if (!have_numa) node = -1;
     }
 
+    /* anonymous memory, not a file: libc, not kvx_os (os.h) */
     void *base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED)
         return kvx_fail(-errno, "pinned pool: mmap of %" PRIu64 " bytes: %s", bytes, strerror(errno));

@@ -27,12 +27,13 @@
  */
 #include "io.h"
 
+#include "common/os.h"
+
 #include <errno.h>
 #include <inttypes.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #if defined(__x86_64__) && defined(__SSE2__)
@@ -150,20 +151,20 @@ static double resident_fraction(kvx_shard *const *shards, size_t n)
         const kvx_shard_info *info = kvx_shard_get_info(shards[s]);
         uint64_t lo = info->kv_data_offset & ~(uint64_t)4095, hi = info->file_size;
         if (hi <= lo) continue;
-        void *m = mmap(NULL, hi, PROT_READ, MAP_SHARED, kvx_shard_fd(shards[s]), 0);
+        void *m = kvx_os.mmap(NULL, hi, PROT_READ, MAP_SHARED, kvx_shard_fd(shards[s]), 0);
         if (m == MAP_FAILED) return -1;
         uint64_t span = hi - lo, step = span / per > win ? span / per & ~(uint64_t)4095 : win;
         for (uint64_t off = lo; off < hi; off += step) {
             uint64_t len = hi - off < win ? hi - off : win;
             if (mincore((uint8_t *)m + off, len, vec) != 0) {
-                munmap(m, hi);
+                kvx_os.munmap(m, hi);
                 return -1;
             }
             uint64_t np = (len + 4095) / 4096;
             for (uint64_t k = 0; k < np; k++) in += vec[k] & 1;
             seen += np;
         }
-        munmap(m, hi);
+        kvx_os.munmap(m, hi);
     }
     return seen ? (double)in / (double)seen : -1;
 }

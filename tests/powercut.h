@@ -1,5 +1,5 @@
 /*
- * powercut.h - simulated power loss over the OS seam (engine/os.h), for
+ * powercut.h - simulated power loss over the OS seam (common/os.h), for
  * tests. kill -9 keeps the page cache, so it never tests fsync ordering;
  * this does, the way SQLite's crash tests and ALICE do: it records every
  * write, fsync and directory change the store makes through kvx_os and, at
@@ -9,19 +9,21 @@
  * ---------
  * - Scope: one store directory ("the root"), snapshotted by pc_begin (every
  *   file and entry in it is durable then). Its subdirectories are tracked
- *   (shards/, staging/, quarantine/, any made later through kvx_os.mkdir),
- *   except those named as "copied" (index/: LMDB's files are outside the
- *   seam; see below), which are copied as they are at the crash point.
+ *   (shards/, staging/, quarantine/, any made later through kvx_os.mkdir
+ *   or mkdirat), except those named as "copied" (index/: LMDB's files are
+ *   outside the seam; see below), which are copied as they are at the
+ *   crash point.
  * - Files are tracked by inode (fstat after each open; a file created by an
  *   open with O_CREAT is a new file even when its inode number is reused).
  *   A file has its content as of its last fsync/fdatasync (read from the
  *   real file at that moment) and the list of pwrite/ftruncate calls since.
  * - Directories are tracked by path: the entry set as of the last fsync of
  *   the directory and the list of entry changes since: a create (an open
- *   with O_CREAT that made the file), unlink/unlinkat, mkdir, rename,
- *   rename_noreplace and renameat. A change is durable once its directory
- *   is fsynced (an fsync/fdatasync of a descriptor opened on it: this is
- *   how kvx_os_fsync_dir and kvx_os_fsync_parent work). A rename across two
+ *   with O_CREAT that made the file, or a linkat), unlink/unlinkat,
+ *   mkdir/mkdirat, rename, rename_noreplace and renameat. A change is
+ *   durable once its directory is fsynced (an fsync/fdatasync of a
+ *   descriptor opened on it, or dup'd from one: this is how
+ *   kvx_os_fsync_dir and kvx_os_fsync_parent work). A rename across two
  *   directories is two changes, the new name in the destination and the
  *   removal in the source, each durable with its own directory's fsync;
  *   while both are pending it happens whole or not at all (a journaled
@@ -29,7 +31,7 @@
  *   a shard fsynced into shards/ may also still be in staging/).
  * - Crash points are the calls that change or sync something: pwrite,
  *   ftruncate, fsync, fdatasync, an open with O_CREAT or O_TRUNC, the
- *   renames, unlinks and mkdir. Crash point k is the instant just before
+ *   renames, unlinks, linkat, mkdir and mkdirat. Crash point k is the instant just before
  *   the k-th such call (numbered from 1 after pc_begin): the call and all
  *   later ones never happen. The hook given to pc_begin runs there.
  * - The post-crash image (pc_image): for every tracked directory, its
@@ -748,12 +750,12 @@ static int pc_w_unlinkat(int d, const char *p, int fl)
     return r;
 }
 
-static int pc_w_mkdir(const char *p, mode_t m)
+static int pc_mkdir_common(int dirfd, const char *p, mode_t m, int at)
 {
     char full[PATH_MAX], dir[PATH_MAX];
-    int known = pc_resolve(AT_FDCWD, p, full, sizeof full) == 0;
+    int known = pc_resolve(at ? dirfd : AT_FDCWD, p, full, sizeof full) == 0;
     pc_tick();
-    int r = pc_real.mkdir(p, m);
+    int r = at ? pc_real.mkdirat(dirfd, p, m) : pc_real.mkdir(p, m);
     if (r == 0) {
         int e = errno;
         const char *base = known ? pc_split(full, dir, sizeof dir) : p;
@@ -766,6 +768,39 @@ static int pc_w_mkdir(const char *p, mode_t m)
         }
         errno = e;
     }
+    return r;
+}
+
+static int pc_w_mkdir(const char *p, mode_t m) { return pc_mkdir_common(AT_FDCWD, p, m, 0); }
+static int pc_w_mkdirat(int d, const char *p, mode_t m) { return pc_mkdir_common(d, p, m, 1); }
+
+/* A new name for a file the model knows (by inode): a create in the new
+ * name's directory, durable with that directory's fsync. */
+static int pc_w_linkat(int da, const char *a, int db, const char *b, int fl)
+{
+    char full[PATH_MAX], dir[PATH_MAX];
+    int known = pc_resolve(db, b, full, sizeof full) == 0;
+    pc_tick();
+    int r = pc_real.linkat(da, a, db, b, fl);
+    if (r == 0) {
+        int e = errno;
+        struct stat st;
+        int file = fstatat(db, b, &st, AT_SYMLINK_NOFOLLOW) == 0 ? pc_file_by_ino(&st) : -1;
+        const char *base = known ? pc_split(full, dir, sizeof dir) : NULL;
+        int pd = known ? pc_dir_find(dir) : -1;
+        if (pd >= 0 && file >= 0) pc_change_add(pd, PC_C_ADD, base, NULL, PC_T_FILE, file, -1);
+        else if (!known || !pc_in_copy(full))
+            pc_note_outside("linkat to %s: a file or directory the model does not know", known ? full : b);
+        errno = e;
+    }
+    return r;
+}
+
+/* The second descriptor writes and syncs the same file as the first. */
+static int pc_w_dup(int fd)
+{
+    int r = pc_real.dup(fd);
+    if (r >= 0 && fd >= 0 && fd < PC_MAXFD) pc_fd_set(r, pc_fd[fd].path, pc_fd[fd].file, pc_fd[fd].dir);
     return r;
 }
 
@@ -1010,6 +1045,9 @@ static inline void pc_begin(const char *root, const char **copy, pc_hook_fn hook
     kvx_os.unlink = pc_w_unlink;
     kvx_os.unlinkat = pc_w_unlinkat;
     kvx_os.mkdir = pc_w_mkdir;
+    kvx_os.mkdirat = pc_w_mkdirat;
+    kvx_os.linkat = pc_w_linkat;
+    kvx_os.dup = pc_w_dup;
 }
 
 /* Stops recording and frees the model. */

@@ -1160,12 +1160,75 @@ static void test_model_rename(void **state)
     m_end();
 }
 
+/* The calls by directory descriptor: mkdirat and linkat are entry changes
+ * of their directory, durable with its fsync, made here through a dup of
+ * the descriptor; a linked name has the file's bytes. */
+static void test_model_at_calls(void **state)
+{
+    (void)state;
+    m_begin();
+    char a[PATH_MAX], f[PATH_MAX], img[PATH_MAX];
+    PATHF(a, "%s/a", m_root);
+    PATHF(f, "%s/a/f", m_root);
+    int dfd = kvx_os.open(a, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    assert_true(dfd >= 0);
+    assert_int_equal(m_write(f, 'F', 700, 0), 0);
+    assert_int_equal(m_fsync_file(f), 0);
+    assert_int_equal(kvx_os.fsync(dfd), 0);
+    assert_int_equal(kvx_os.mkdirat(dfd, "d", 0700), 0);
+    assert_int_equal(kvx_os.linkat(dfd, "f", dfd, "g", 0), 0);
+    int with = 0, without = 0, dir_with = 0, dir_without = 0;
+    for (int i = 0; i < 64; i++) {
+        PATHF(img, "%s/img%d", m_root, i);
+        assert_int_equal(pc_image(img, (uint64_t)i, 0), 0);
+        uint8_t *b = NULL;
+        size_t n = 0;
+        if (m_read(img, "a/g", &b, &n)) {
+            with = 1;
+            assert_int_equal(n, 700);
+            assert_int_equal(b[699], 'F');
+        } else {
+            without = 1;
+        }
+        free(b);
+        char d[PATH_MAX];
+        struct stat st;
+        PATHF(d, "%s/a/d", img);
+        if (stat(d, &st) == 0 && S_ISDIR(st.st_mode)) dir_with = 1;
+        else dir_without = 1;
+        rm_rf(img);
+    }
+    assert_true(with && without && dir_with && dir_without);
+    int dup = kvx_os.dup(dfd);
+    assert_true(dup >= 0);
+    assert_int_equal(kvx_os.fsync(dup), 0); /* the directory, through the dup */
+    for (int i = 0; i < 16; i++) {
+        PATHF(img, "%s/img%d", m_root, i);
+        assert_int_equal(pc_image(img, (uint64_t)i, 0), 0);
+        uint8_t *b = NULL;
+        size_t n = 0;
+        assert_true(m_read(img, "a/g", &b, &n));
+        assert_int_equal(n, 700);
+        free(b);
+        char d[PATH_MAX];
+        struct stat st;
+        PATHF(d, "%s/a/d", img);
+        assert_int_equal(stat(d, &st), 0);
+        rm_rf(img);
+    }
+    kvx_os.close(dup);
+    kvx_os.close(dfd);
+    assert_int_equal(pc_outside, 0);
+    m_end();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_model_writes),
         cmocka_unit_test(test_model_entries),
         cmocka_unit_test(test_model_rename),
+        cmocka_unit_test(test_model_at_calls),
         cmocka_unit_test(test_powercut_catches_missing_fsyncs),
         cmocka_unit_test(test_powercut_store),
     };
