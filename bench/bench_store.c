@@ -29,6 +29,7 @@
 
 #include "common/os.h"
 #include "engine/store.h"
+#include "index/index.h"
 
 static double now_s(void)
 {
@@ -101,8 +102,9 @@ static int bench_lookup(const char *base)
      * (the chained hashes, precomputed), the same number of gets, one read
      * transaction per prompt renewed from a reset one (as the store's own
      * pool does; mdb_txn_begin per prompt would inflate the reference). */
+    kvx_index *ix = kvx_cat_index(s->cat);
     MDB_txn *rt;
-    if (mdb_txn_begin(s->ix->env, NULL, MDB_RDONLY, &rt)) return 1;
+    if (mdb_txn_begin(ix->env, NULL, MDB_RDONLY, &rt)) return 1;
     mdb_txn_reset(rt);
     uint64_t sink = 0;
     double best_store = 1e9, best_bare = 1e9, best_hash = 1e9;
@@ -125,7 +127,7 @@ static int bench_lookup(const char *base)
             if (mdb_txn_renew(rt)) return 1;
             for (size_t i = 0; i < NB; i++) {
                 MDB_val k = {8, &hashes[q * NB + i]}, d;
-                if (mdb_get(rt, s->ix->hash, &k, &d) == 0) {
+                if (mdb_get(rt, ix->hash, &k, &d) == 0) {
                     found++;
                     sink += *(const uint8_t *)d.mv_data;
                 }

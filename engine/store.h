@@ -7,7 +7,7 @@
  * between them have no cycle):
  *   store_config.c   STORE file, geometry, derived sizes, writer check
  *   store_names.c    file names, directory walks, generations, quarantine
- *   store_cache.c    shard cache, registry mirror
+ *   store_cache.c    shard cache, the catalog's registry
  *   store_usage.c    usage batching and persistence, recency
  *   store_lookup.c   lookups and views (kvx_store_get*, prefix)
  *   store_export.c   kvx_views_export
@@ -28,7 +28,7 @@
 
 #include "common/internal.h"
 #include "format/format.h"
-#include "index/index.h"
+#include "index/catalog.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -104,7 +104,11 @@ struct kvx_store {
     kvx_geometry g;
     uint64_t capacity, target, page_bytes, entry_bytes;
     uint32_t nscales, max_entries;
-    kvx_index *ix;
+    kvx_catalog *cat;
+    /* what the catalog names (the catalog's registry: it follows every
+     * edit this handle applies; reloaded by kvx_st_registry_load). Read by
+     * the writer, under wmu. */
+    const kvx_cat_registry *reg;
 
     pthread_rwlock_t cache_lock;
     st_cache cache[ST_SLOTS];
@@ -116,8 +120,6 @@ struct kvx_store {
 
     /* writer state, under wmu */
     pthread_mutex_t wmu;
-    kvx_idx_shard reg[ST_SLOTS];
-    uint8_t reg_live[ST_SLOTS];
     st_open cur[2];
     st_sealed *sealed;
     size_t nsealed, capsealed;
@@ -212,12 +214,11 @@ uint32_t kvx_st_count_unverified(const kvx_shard *sh);
  * sound blocks are ever deleted (DESIGN.md rule 2). 1 sound, 0 damaged
  * (why filled), -1 cannot tell now (a passing failure). */
 int kvx_st_shard_sound(kvx_store *s, uint32_t b, uint64_t gen, char *why, size_t cap);
-/* Reloads the registry mirror (writer) and next_gen from the catalog. */
+/* Reloads the catalog's registry, then next_gen (above every generation
+ * the catalog names) and index_live. */
 int kvx_st_registry_load(kvx_store *s);
-/* The mirror gains a shard the catalog now names (after the commit). */
-void kvx_st_registry_add(kvx_store *s, const st_sealed *x);
-/* A shard record and its empty usage record (in txn). */
-int kvx_st_register(MDB_txn *txn, kvx_index *ix, const st_sealed *x);
+/* Adds sealed shard x to edit e: its record and an empty usage record. */
+int kvx_st_register(kvx_cat_edit *e, const st_sealed *x);
 
 /* store_usage.c */
 /* Writer: the per-entry last-use array of shard (byte, gen) with n
@@ -245,10 +246,11 @@ int kvx_st_recency_build(kvx_store *s, const st_usage_view *uv, uint64_t **r);
 void kvx_st_recency_free(uint64_t **r);
 
 /* store_lookup.c */
-/* Looks a block up in txn: 0 and a view (its page CRC-checked), or
+/* Looks a block up in snap: 0 and a view (its page CRC-checked), or
  * KVX_ENOTFOUND, KVX_EPAGECRC / KVX_ETRUNC (only damaged copies), or an
- * error. Every block holding the hash is tried. */
-int kvx_st_lookup(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view *out);
+ * error (a damaged catalog record, an LMDB failure). Every block holding
+ * the hash is tried. */
+int kvx_st_lookup(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx_view *out);
 
 /* store_writers.c */
 /* The header flags of a shard of kind (ST_KIND_*). */
@@ -339,14 +341,13 @@ typedef struct st_drop {
     size_t nmoves;
     int evict, compact, damaged;
 } st_drop;
-/* Commits d in one catalog transaction. */
+/* Commits d as one catalog edit (the registry follows). */
 int kvx_st_drop_write(kvx_store *s, st_drop *d);
 /* The shards of s as policy sees them (recency from r, nullable). */
 void kvx_st_pshards(st_pshard *out, const kvx_store *s, uint64_t *const *r);
-/* After a committed drop: mirror, caches, files (deleted when sound, else
+/* After a committed drop: caches, files (deleted when sound, else
  * quarantined with `damaged` or the verdict as the reason). */
-void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const st_sealed *added, size_t nadded,
-                       const char *damaged);
+void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const char *damaged);
 int kvx_st_drop_bad_shards(kvx_store *s);
 /* pending: bytes of sealed, unpublished files (a put in progress). */
 int kvx_st_evict(kvx_store *s, uint64_t pending);
@@ -360,7 +361,7 @@ int kvx_st_derive_digests(kvx_store *s);
 /* A shard holding a block a pending put relies on (see pinned). */
 static inline int st_is_pinned(const kvx_store *s, uint32_t b)
 {
-    return s->pinned[b] && s->pin_gen[b] == s->reg[b].gen;
+    return s->pinned[b] && s->pin_gen[b] == s->reg->rec[b].gen;
 }
 void kvx_st_pin(kvx_store *s, uint32_t b, uint64_t gen);
 void kvx_st_discard_pending(kvx_store *s);

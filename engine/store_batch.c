@@ -169,7 +169,7 @@ static int st_room_for_pending(kvx_store *s)
 {
     uint64_t live = 0, pend = 0;
     for (int b = 0; b < ST_SLOTS; b++)
-        if (s->reg_live[b]) live += s->reg[b].file_bytes;
+        if (s->reg->live[b]) live += s->reg->rec[b].file_bytes;
     for (size_t i = 0; i < s->nsealed; i++) pend += s->sealed[i].bytes;
     if (live + pend <= s->capacity) return 0;
     if (pend > s->capacity - s->capacity / 64) return kvx_st_flush_locked(s);
@@ -220,11 +220,11 @@ static int st_put_one(kvx_store *s, int kind, const st_query *q, const void *pag
 /* Is q's block already published, sound? 1 yes, 0 no, <0 error. A
  * damaged copy is not "held": the put stores the block again. A held
  * block's shard is pinned until the flush that acknowledges the put. */
-static int st_held(kvx_store *s, MDB_txn *txn, const st_query *q)
+static int st_held(kvx_store *s, kvx_cat_snap *snap, const st_query *q)
 {
     kvx_view v;
     memset(&v, 0, sizeof v);
-    int rc = kvx_st_lookup(s, txn, q, &v);
+    int rc = kvx_st_lookup(s, snap, q, &v);
     if (rc == 0) {
         uint64_t gen;
         const char *path = kvx_shard_path(v.shard), *slash = path ? strrchr(path, '/') : NULL;
@@ -293,16 +293,16 @@ KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens,
     kvx_block_hashes(h, tokens, n_pages * B, B);
     kvx_prefix_digests(d, tokens, n_pages * B, B);
     pthread_mutex_lock(&s->wmu);
-    MDB_txn *txn;
-    rc = kvx_idx_read_begin(s->ix, &txn);
+    kvx_cat_snap *snap;
+    rc = kvx_cat_snap_begin(s->cat, &snap);
     if (!rc) {
         for (size_t i = 0; !rc && i < n_pages; i++) {
             st_query q = {h[i], i ? h[i - 1] : 0, tokens + i * B, d[i]};
-            int r = st_held(s, txn, &q);
+            int r = st_held(s, snap, &q);
             if (r < 0) rc = r;
             else held[i] = (uint8_t)r;
         }
-        kvx_idx_read_end(s->ix, txn);
+        kvx_cat_snap_end(snap);
     }
     size_t added = 0, todo = 0;
     for (size_t i = 0; i < n_pages; i++) todo += !held[i];
@@ -387,10 +387,10 @@ KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, co
         if (blk.n_tokens != B || blk.hash == 0) continue;
         st_query q = {blk.hash, tokens && i ? h[i - 1] : 0, tokens ? tokens + (size_t)i * B : NULL,
                       tokens ? d[i] : NULL};
-        MDB_txn *txn;
-        if ((rc = kvx_idx_read_begin(s->ix, &txn))) break;
-        int held = st_held(s, txn, &q);
-        kvx_idx_read_end(s->ix, txn);
+        kvx_cat_snap *snap;
+        if ((rc = kvx_cat_snap_begin(s->cat, &snap))) break;
+        int held = st_held(s, snap, &q);
+        kvx_cat_snap_end(snap);
         if (held < 0) {
             rc = held;
             break;
@@ -411,24 +411,18 @@ KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, co
     return rc;
 }
 
-typedef struct st_publish {
-    kvx_store *s;
-    const st_sealed *sealed;
-    size_t nsealed;
-    const st_pblock *pend;
-    size_t npend;
-} st_publish;
-
-static int st_publish_body(MDB_txn *txn, void *ctx)
+/* The flush's one edit: every sealed shard registered, every pending
+ * block added, next_gen. Its commit is the acknowledgement. */
+static int st_publish(kvx_store *s)
 {
-    st_publish *p = ctx;
-    kvx_index *ix = p->s->ix;
-    int rc;
-    for (size_t i = 0; i < p->nsealed; i++)
-        if ((rc = kvx_st_register(txn, ix, &p->sealed[i]))) return rc;
-    for (size_t i = 0; i < p->npend; i++)
-        if ((rc = kvx_idx_add_block(txn, ix, p->pend[i].coord, p->pend[i].hash, p->pend[i].gen))) return rc;
-    return kvx_idx_put_u64(txn, ix->meta, "next_gen", p->s->next_gen);
+    kvx_cat_edit e;
+    kvx_cat_edit_init(&e);
+    for (size_t i = 0; i < s->nsealed; i++) kvx_st_register(&e, &s->sealed[i]);
+    for (size_t i = 0; i < s->npend; i++) kvx_cat_edit_add_block(&e, s->pend[i].coord, s->pend[i].hash, s->pend[i].gen);
+    kvx_cat_edit_next_gen(&e, s->next_gen);
+    int rc = kvx_cat_apply(s->cat, &e); /* builder failures come back here */
+    kvx_cat_edit_free(&e);
+    return rc;
 }
 
 int kvx_st_flush_locked(kvx_store *s)
@@ -437,18 +431,15 @@ int kvx_st_flush_locked(kvx_store *s)
     /* each seal fsyncs its file, renames it and fsyncs shards/ (inside
      * kvx_shard_writer_seal), so every sealed file is durable here */
     for (int k = 0; k < 2 && !rc; k++) rc = st_seal_cur(s, k);
-    if (!rc && s->nsealed) {
-        st_publish p = {s, s->sealed, s->nsealed, s->pend, s->npend};
-        rc = kvx_idx_write(s->ix, st_publish_body, &p);
-    }
+    if (!rc && s->nsealed) rc = st_publish(s);
     if (rc) {
         kvx_st_discard_pending(s);
         return rc;
     }
     for (size_t i = 0; i < s->nsealed; i++) {
-        kvx_st_registry_add(s, &s->sealed[i]);
-        /* the flush's own tidy-up below must not take what it just
-         * acknowledged either: the new shards stay pinned with the held */
+        /* (the registry names them now) the flush's own tidy-up below must
+         * not take what it just acknowledged either: the new shards stay
+         * pinned with the held */
         s->pinned[s->sealed[i].byte] = 1;
         s->pin_gen[s->sealed[i].byte] = s->sealed[i].gen;
     }

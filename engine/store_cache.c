@@ -1,6 +1,6 @@
 /*
  * store_cache.c - the shard cache (one mapped handle per shard byte,
- * opened lazily) and the writer's registry mirror of the catalog.
+ * opened lazily) and the store's view of the catalog's registry.
  *
  * Rule: a passing failure (EMFILE, EIO, no mapping-guard slot...) is never
  * a verdict on a file: only a file that is there and fails validation is
@@ -120,58 +120,18 @@ int kvx_st_shard_sound(kvx_store *s, uint32_t b, uint64_t gen, char *why, size_t
 
 int kvx_st_registry_load(kvx_store *s)
 {
-    MDB_txn *txn;
-    int rc = kvx_idx_read_begin(s->ix, &txn);
+    int rc = kvx_cat_registry_load(s->cat);
     if (rc) return rc;
-    memset(s->reg_live, 0, sizeof s->reg_live);
-    MDB_cursor *cur;
-    rc = mdb_cursor_open(txn, s->ix->shards, &cur);
-    if (rc == 0) {
-        MDB_val k, v;
-        int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
-        while (r == 0) {
-            uint32_t b;
-            kvx_idx_shard rec;
-            if ((r = kvx_idx_dec_shard(&k, &v, &b, &rec))) break; /* a damaged record: an error naming reindex */
-            if (b < ST_SLOTS) {
-                s->reg[b] = rec;
-                s->reg_live[b] = 1;
-            }
-            r = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
-        }
-        mdb_cursor_close(cur);
-        rc = r == MDB_NOTFOUND ? 0 : r;
-    }
-    uint64_t ng = 0;
-    if (!rc) rc = kvx_idx_get_u64(txn, s->ix->meta, "next_gen", &ng);
-    kvx_idx_read_end(s->ix, txn);
-    if (rc) return kvx_idx_err(rc, "read registry");
-    s->next_gen = ng;
-    s->index_live = ng != 0; /* every index a store made names next_gen */
+    s->next_gen = s->reg->next_gen;
+    s->index_live = s->next_gen != 0; /* every index a store made names next_gen */
     for (int b = 0; b < ST_SLOTS; b++)
-        if (s->reg_live[b] && s->reg[b].gen >= s->next_gen) s->next_gen = s->reg[b].gen + 1;
+        if (s->reg->live[b] && s->reg->rec[b].gen >= s->next_gen) s->next_gen = s->reg->rec[b].gen + 1;
     if (s->next_gen == 0) s->next_gen = 1;
     return 0;
 }
 
-void kvx_st_registry_add(kvx_store *s, const st_sealed *x)
+int kvx_st_register(kvx_cat_edit *e, const st_sealed *x)
 {
-    kvx_idx_shard rec = {x->gen, x->bytes, kvx_st_now_ns(), x->n, x->flags, 0, x->nunv};
-    s->reg[x->byte] = rec;
-    s->reg_live[x->byte] = 1;
-}
-
-int kvx_st_register(MDB_txn *txn, kvx_index *ix, const st_sealed *x)
-{
-    uint32_t b = x->byte;
-    kvx_idx_shard rec = {x->gen, x->bytes, kvx_st_now_ns(), x->n, x->flags, 0, x->nunv};
-    int rc = kvx_idx_put_shard(txn, ix, b, &rec);
-    if (rc) return rc;
-    size_t nbytes = (x->n + 7) / 8;
-    uint8_t *bits = calloc(1, nbytes + 1);
-    if (!bits) return ENOMEM;
-    kvx_idx_usage u = {x->gen, x->last_use, 0, x->n, 0};
-    rc = kvx_idx_put_usage(txn, ix, b, &u, bits, nbytes);
-    free(bits);
-    return rc;
+    kvx_cat_shard rec = {x->gen, x->bytes, kvx_st_now_ns(), x->n, x->flags, x->nunv};
+    return kvx_cat_edit_add_shard(e, x->byte, &rec, x->last_use);
 }

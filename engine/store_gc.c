@@ -41,8 +41,8 @@ static int st_lin_gather(kvx_store *s, kvx_shard **sh, st_lin **out, size_t *out
     st_lin *all = NULL;
     int rc = 0;
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
-        if (!s->reg_live[b] || !(s->reg[b].flags & KVX_FLAG_LINEAGE)) continue;
-        if (!(sh[b] = kvx_st_shard_get(s, b, s->reg[b].gen))) {
+        if (!s->reg->live[b] || !(s->reg->rec[b].flags & KVX_FLAG_LINEAGE)) continue;
+        if (!(sh[b] = kvx_st_shard_get(s, b, s->reg->rec[b].gen))) {
             rc = ST_PASS_SKIPPED;
             break;
         }
@@ -114,8 +114,8 @@ int kvx_st_derive_digests(kvx_store *s)
      * digest as it is) */
     int need = 0;
     for (int b = 0; b < ST_SLOTS; b++)
-        need |= s->reg_live[b] && (s->reg[b].flags & KVX_FLAG_LINEAGE) &&
-                (!(s->reg[b].flags & KVX_FLAG_DIGEST) || s->reg[b].n_unverified);
+        need |= s->reg->live[b] && (s->reg->rec[b].flags & KVX_FLAG_LINEAGE) &&
+                (!(s->reg->rec[b].flags & KVX_FLAG_DIGEST) || s->reg->rec[b].n_unverified);
     if (!need) return 0;
     kvx_shard *sh[ST_SLOTS] = {0};
     size_t n = 0;
@@ -159,7 +159,7 @@ int kvx_st_derive_digests(kvx_store *s)
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
         if (!sh[b] || !gains[b]) continue;
         char why[600];
-        if (kvx_st_shard_sound(s, b, s->reg[b].gen, why, sizeof why) != 1) continue;
+        if (kvx_st_shard_sound(s, b, s->reg->rec[b].gen, why, sizeof why) != 1) continue;
         st_move *mv = NULL;
         size_t nmv = 0, capmv = 0;
         rc = kvx_st_collect(s, b, NULL, 0, 0, &mv, &nmv, &capmv, SIZE_MAX);
@@ -183,7 +183,7 @@ int kvx_st_derive_digests(kvx_store *s)
             else {
                 kvx_shard_close(sh[b]);
                 sh[b] = NULL;
-                kvx_st_after_drop(s, victims, added, nadded, NULL);
+                kvx_st_after_drop(s, victims, NULL);
             }
         }
         free(added);
@@ -213,14 +213,14 @@ static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, int d
     size_t nadded = 0;
     uint8_t busy[ST_SLOTS] = {0}, victims[ST_SLOTS] = {0};
     victims[b] = 1;
-    uint32_t flags = s->reg[b].flags & (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES);
+    uint32_t flags = s->reg->rec[b].flags & (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES);
     if (flags & KVX_FLAG_LINEAGE) flags |= KVX_FLAG_DIGEST;
     if (nmv) rc = kvx_st_rewrite(s, mv, nmv, flags, busy, &added, &nadded); /* bad pages are not copied */
     if (!rc) {
         st_drop d = {s, victims, added, nadded, mv, nmv, 0, 1, damaged};
         rc = kvx_st_drop_write(s, &d);
         if (rc) kvx_st_unlink_sealed(s, added, nadded);
-        else kvx_st_after_drop(s, victims, added, nadded, damaged ? damaged_why : NULL);
+        else kvx_st_after_drop(s, victims, damaged ? damaged_why : NULL);
     }
     free(added);
     free(mv);
@@ -234,8 +234,8 @@ static int st_salvage_damaged(kvx_store *s)
 {
     int rc = 0;
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
-        if (!s->reg_live[b]) continue;
-        kvx_shard *sh = kvx_st_shard_get(s, b, s->reg[b].gen);
+        if (!s->reg->live[b]) continue;
+        kvx_shard *sh = kvx_st_shard_get(s, b, s->reg->rec[b].gen);
         if (!sh) continue;
         uint32_t bad = 0;
         int v = kvx_shard_verify(sh, &bad, NULL, NULL);

@@ -15,41 +15,42 @@
 #include <sys/stat.h>
 #include <fcntl.h>
 
+/* The registry as the catalog holds it now (not this handle's view: a
+ * reader has none, and a writer's is the same), in one snapshot. */
+static int st_registry_now(kvx_store *s, kvx_cat_registry *out)
+{
+    kvx_cat_snap *snap;
+    int rc = kvx_cat_snap_begin(s->cat, &snap);
+    if (rc) return rc;
+    rc = kvx_cat_registry_read(snap, out);
+    kvx_cat_snap_end(snap);
+    return rc;
+}
+
 KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s)
 {
     if (!out || !s) return kvx_fail(KVX_EINVALID, "kvx_store_stat: NULL argument");
     memset(out, 0, sizeof *out);
-    MDB_txn *txn;
-    int rc = kvx_idx_read_begin(s->ix, &txn);
+    kvx_cat_snap *snap;
+    int rc = kvx_cat_snap_begin(s->cat, &snap);
     if (rc) return rc;
-    MDB_stat ms;
-    kvx_idx_stats st;
-    rc = mdb_stat(txn, s->ix->coord, &ms);
-    if (!rc) rc = kvx_idx_get_stats(txn, s->ix, &st);
-    MDB_cursor *cur = NULL;
-    if (!rc) rc = mdb_cursor_open(txn, s->ix->shards, &cur);
-    if (!rc) {
-        MDB_val k, v;
-        int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
-        while (r == 0) {
-            kvx_idx_shard rec;
-            uint32_t b;
-            if (kvx_idx_dec_shard(&k, &v, &b, &rec)) {
-                rc = KVX_ECORRUPT;
-                break;
-            }
-            out->shards++;
-            out->bytes += rec.file_bytes;
-            out->unverified += (rec.flags & KVX_FLAG_DIGEST) ? rec.n_unverified : rec.n_entries;
-            r = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
-        }
-        mdb_cursor_close(cur);
+    kvx_cat_counts cn;
+    kvx_cat_stats st;
+    kvx_cat_registry *reg = malloc(sizeof *reg);
+    rc = reg ? kvx_cat_counts_get(snap, &cn) : kvx_fail(-ENOMEM, "store: out of memory");
+    if (!rc) rc = kvx_cat_stats_get(snap, &st);
+    if (!rc) rc = kvx_cat_registry_read(snap, reg); /* a damaged shard record: KVX_ECORRUPT naming reindex */
+    kvx_cat_snap_end(snap);
+    for (uint32_t b = 0; !rc && b < ST_SLOTS; b++) {
+        if (!reg->live[b]) continue;
+        const kvx_cat_shard *r = &reg->rec[b];
+        out->shards++;
+        out->bytes += r->file_bytes;
+        out->unverified += (r->flags & KVX_FLAG_DIGEST) ? r->n_unverified : r->n_entries;
     }
-    kvx_idx_read_end(s->ix, txn);
-    if (rc == KVX_ECORRUPT)
-        return kvx_fail(rc, "store %s: index: a shard record is damaged (run kvx store reindex %s)", s->dir, s->dir);
-    if (rc) return kvx_idx_err(rc, "stat");
-    out->blocks = ms.ms_entries;
+    free(reg);
+    if (rc) return rc;
+    out->blocks = cn.blocks;
     out->capacity_bytes = s->capacity;
     pthread_mutex_lock(&s->use_mu);
     out->hits = st.hits + s->hits;
@@ -67,55 +68,24 @@ KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s)
     return 0;
 }
 
-/* Registered shards, read in one transaction. */
-static int st_list_registered(kvx_store *s, kvx_idx_shard *reg, uint8_t *live)
-{
-    memset(live, 0, ST_SLOTS);
-    MDB_txn *txn;
-    int rc = kvx_idx_read_begin(s->ix, &txn);
-    if (rc) return rc;
-    MDB_cursor *cur;
-    rc = mdb_cursor_open(txn, s->ix->shards, &cur);
-    if (!rc) {
-        MDB_val k, v;
-        int r = mdb_cursor_get(cur, &k, &v, MDB_FIRST);
-        while (r == 0) {
-            uint32_t b;
-            kvx_idx_shard rec;
-            if ((r = kvx_idx_dec_shard(&k, &v, &b, &rec))) break;
-            if (b < ST_SLOTS) {
-                reg[b] = rec;
-                live[b] = 1;
-            }
-            r = mdb_cursor_get(cur, &k, &v, MDB_NEXT);
-        }
-        mdb_cursor_close(cur);
-        if (r != MDB_NOTFOUND) rc = r;
-    }
-    kvx_idx_read_end(s->ix, txn);
-    if (rc == MDB_CORRUPTED)
-        return kvx_fail(KVX_ECORRUPT, "store %s: index: a shard record is damaged (run kvx store reindex %s)", s->dir,
-                        s->dir);
-    return rc ? kvx_idx_err(rc, "list shards") : 0;
-}
-
 KVX_API int kvx_store_shards(kvx_shard ***out_shards, size_t *out_n, kvx_store *s)
 {
     if (!out_shards || !out_n || !s) return kvx_fail(KVX_EINVALID, "kvx_store_shards: NULL argument");
     *out_shards = NULL;
     *out_n = 0;
-    kvx_idx_shard reg[ST_SLOTS];
-    uint8_t live[ST_SLOTS];
-    int rc = st_list_registered(s, reg, live);
-    if (rc) return rc;
-    kvx_shard **arr = calloc(ST_SLOTS, sizeof *arr);
-    if (!arr) return kvx_fail(-ENOMEM, "store: out of memory");
+    kvx_cat_registry *reg = malloc(sizeof *reg);
+    if (!reg) return kvx_fail(-ENOMEM, "store: out of memory");
+    int rc = st_registry_now(s, reg);
+    kvx_shard **arr = rc ? NULL : calloc(ST_SLOTS, sizeof *arr);
+    if (!rc && !arr) rc = kvx_fail(-ENOMEM, "store: out of memory");
     size_t n = 0;
-    for (uint32_t b = 0; b < ST_SLOTS; b++) {
-        if (!live[b]) continue;
-        kvx_shard *sh = kvx_st_shard_get(s, b, reg[b].gen);
+    for (uint32_t b = 0; !rc && b < ST_SLOTS; b++) {
+        if (!reg->live[b]) continue;
+        kvx_shard *sh = kvx_st_shard_get(s, b, reg->rec[b].gen);
         if (sh) arr[n++] = sh;
     }
+    free(reg);
+    if (rc) return rc;
     *out_shards = arr;
     *out_n = n;
     return 0;
@@ -150,8 +120,7 @@ static void st_page_report(void *ctx, uint32_t index, int code)
 
 typedef struct st_unreg_ctx {
     st_verify_ctx *v;
-    const kvx_idx_shard *reg;
-    const uint8_t *live;
+    const kvx_cat_registry *reg;
 } st_unreg_ctx;
 
 static int st_verify_unregistered(kvx_store *s, int fd, const char *name, void *ctx)
@@ -161,7 +130,7 @@ static int st_verify_unregistered(kvx_store *s, int fd, const char *name, void *
     uint64_t gen;
     if (!kvx_st_parse_name(name, &gen)) return 0;
     for (int b = 0; b < ST_SLOTS; b++)
-        if (c->live[b] && c->reg[b].gen == gen) return 0;
+        if (c->reg->live[b] && c->reg->rec[b].gen == gen) return 0;
     struct stat st;
     if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return 0;
     if (!S_ISREG(st.st_mode))
@@ -179,21 +148,70 @@ static int st_verify_unregistered(kvx_store *s, int fd, const char *name, void *
     return 0;
 }
 
+/* Every coordinate record names an entry of a registered shard. */
+typedef struct st_coord_ctx {
+    st_verify_ctx *v;
+    const kvx_cat_registry *reg;
+} st_coord_ctx;
+
+static int st_verify_coord(void *ctx, uint32_t c, const kvx_cat_coord *rec, int damaged)
+{
+    st_coord_ctx *x = ctx;
+    if (damaged) {
+        st_vreport(x->v, damaged, "%s", kvx_last_error());
+        return 0;
+    }
+    uint32_t b = KVX_COORD_SHARD(c);
+    if (!x->reg->live[b] || x->reg->rec[b].gen != rec->gen || KVX_COORD_BLOCK(c) >= x->reg->rec[b].n_entries)
+        st_vreport(x->v, KVX_ECORRUPT, "index: coordinate 0x%08x names no registered shard entry", c);
+    return 0;
+}
+
+/* Entry i of shard file `name` (shard b) against the catalog: its
+ * coordinate record and its hash location. A record that cannot be read is
+ * reported with the catalog's error, never counted as fine. */
+static void st_verify_entry(st_verify_ctx *v, kvx_cat_snap *snap, const kvx_cat_shard *r, const char *name,
+                            uint32_t i, const kvx_entry *e)
+{
+    kvx_cat_coord cv;
+    int g = kvx_cat_coord_get(snap, e->coordinate, &cv);
+    if (g && g != KVX_ENOTFOUND)
+        st_vreport(v, g, "shards/%s: entry %u: %s", name, i, kvx_last_error());
+    else if (g || cv.gen != r->gen || cv.hash != e->hash)
+        st_vreport(v, KVX_ENOTFOUND, "shards/%s: entry %u (hash %016llx) is not indexed", name, i,
+                   (unsigned long long)e->hash);
+    int h = kvx_cat_has_loc(snap, e->hash, e->coordinate, r->gen);
+    if (h < 0)
+        st_vreport(v, h, "shards/%s: entry %u: %s", name, i, kvx_last_error());
+    else if (h == 0)
+        st_vreport(v, KVX_ENOTFOUND, "shards/%s: entry %u: hash %016llx has no index record", name, i,
+                   (unsigned long long)e->hash);
+}
+
 KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(void *ctx, const char *what, int code),
                              void *ctx)
 {
     if (!s) return kvx_fail(KVX_EINVALID, "kvx_store_verify: NULL argument");
     st_verify_ctx v = {report, ctx, 0, NULL};
-    kvx_idx_shard reg[ST_SLOTS];
-    uint8_t live[ST_SLOTS];
-    int rc = st_list_registered(s, reg, live);
-    if (rc) return rc;
-    MDB_txn *txn;
-    if ((rc = kvx_idx_read_begin(s->ix, &txn))) return rc;
+    kvx_cat_registry *reg = malloc(sizeof *reg);
+    if (!reg) return kvx_fail(-ENOMEM, "store: out of memory");
+    kvx_cat_snap *snap;
+    int rc = kvx_cat_snap_begin(s->cat, &snap);
+    if (rc) {
+        free(reg);
+        return rc;
+    }
+    /* the shard list and every record checked below: one snapshot */
+    if ((rc = kvx_cat_registry_read(snap, reg))) {
+        kvx_cat_snap_end(snap);
+        free(reg);
+        return rc;
+    }
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
-        if (!live[b]) continue;
+        if (!reg->live[b]) continue;
+        const kvx_cat_shard *r = &reg->rec[b];
         char name[32];
-        kvx_st_shard_name(name, reg[b].gen);
+        kvx_st_shard_name(name, r->gen);
         v.shard = name;
         /* never through a symlink (lookups refuse one too) */
         struct stat fst;
@@ -203,59 +221,35 @@ KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(voi
         }
         char *path = kvx_st_join(s->shards_path, name);
         kvx_shard *sh = NULL;
-        int r = path ? kvx_shard_open(&sh, path, 0) : -ENOMEM;
+        int e = path ? kvx_shard_open(&sh, path, 0) : -ENOMEM;
         free(path);
-        if (r) {
-            st_vreport(&v, r, "shards/%s (shard %u): %s", name, b, kvx_last_error());
+        if (e) {
+            st_vreport(&v, e, "shards/%s (shard %u): %s", name, b, kvx_last_error());
             continue;
         }
         uint32_t nbad = 0;
         kvx_shard_verify(sh, &nbad, st_page_report, &v);
         const kvx_shard_info *in = kvx_shard_get_info(sh);
-        if (in->num_blocks != reg[b].n_entries)
-            st_vreport(&v, KVX_ECORRUPT, "shards/%s: %u entries, registry says %u", name, in->num_blocks, reg[b].n_entries);
+        if (in->num_blocks != r->n_entries)
+            st_vreport(&v, KVX_ECORRUPT, "shards/%s: %u entries, registry says %u", name, in->num_blocks, r->n_entries);
         for (uint32_t i = 0; i < in->num_blocks; i++) {
-            kvx_entry e;
-            if (kvx_shard_entry(&e, sh, i) || !e.hash) continue;
-            kvx_idx_coord cv;
-            int g = kvx_idx_get_coord(txn, s->ix, e.coordinate, &cv);
-            if (g == MDB_CORRUPTED)
-                st_vreport(&v, KVX_ECORRUPT, "index: the record of coordinate 0x%08x is damaged (run kvx store reindex)",
-                           e.coordinate);
-            else if (g != 0 || cv.gen != reg[b].gen || cv.hash != e.hash)
-                st_vreport(&v, KVX_ENOTFOUND, "shards/%s: entry %u (hash %016llx) is not indexed", name, i,
-                           (unsigned long long)e.hash);
-            if (kvx_idx_has_loc(txn, s->ix, e.hash, e.coordinate, reg[b].gen) != 1)
-                st_vreport(&v, KVX_ENOTFOUND, "shards/%s: entry %u: hash %016llx has no index record", name, i,
-                           (unsigned long long)e.hash);
+            kvx_entry en;
+            if (kvx_shard_entry(&en, sh, i) || !en.hash) continue;
+            st_verify_entry(&v, snap, r, name, i, &en);
         }
         kvx_shard_close(sh);
     }
     /* every shard file is registered: one the index does not name is not
      * served until a writer adopts it (or reindex) */
-    st_unreg_ctx uc = {&v, reg, live};
-    if (kvx_st_each_file(s, s->shardsfd, st_verify_unregistered, &uc)) kvx_clear_error();
+    st_unreg_ctx uc = {&v, reg};
+    if ((rc = kvx_st_each_file(s, s->shardsfd, st_verify_unregistered, &uc)))
+        st_vreport(&v, rc, "shards/: cannot list it: %s", kvx_last_error());
     /* every index record names a registered shard */
-    MDB_cursor *cur;
-    if (mdb_cursor_open(txn, s->ix->coord, &cur) == 0) {
-        MDB_val k, val;
-        int r = mdb_cursor_get(cur, &k, &val, MDB_FIRST);
-        while (r == 0) {
-            uint32_t c;
-            kvx_idx_coord cv;
-            if (kvx_idx_dec_coord(&k, &val, &c, &cv)) {
-                st_vreport(&v, KVX_ECORRUPT, "index: a coordinate record is damaged (run kvx store reindex)");
-                r = mdb_cursor_get(cur, &k, &val, MDB_NEXT);
-                continue;
-            }
-            uint32_t b = KVX_COORD_SHARD(c);
-            if (!live[b] || reg[b].gen != cv.gen || KVX_COORD_BLOCK(c) >= reg[b].n_entries)
-                st_vreport(&v, KVX_ECORRUPT, "index: coordinate 0x%08x names no registered shard entry", c);
-            r = mdb_cursor_get(cur, &k, &val, MDB_NEXT);
-        }
-        mdb_cursor_close(cur);
-    }
-    kvx_idx_read_end(s->ix, txn);
+    st_coord_ctx cc = {&v, reg};
+    if ((rc = kvx_cat_blocks_each(snap, KVX_CAT_ALL, st_verify_coord, &cc)))
+        st_vreport(&v, rc, "index: the coordinate records cannot be walked: %s", kvx_last_error());
+    kvx_cat_snap_end(snap);
+    free(reg);
     if (out_bad) *out_bad = v.bad;
     return v.bad ? kvx_fail(KVX_ECORRUPT, "store %s: verify found %llu problem(s)", s->dir, (unsigned long long)v.bad)
                  : 0;

@@ -8,8 +8,10 @@
  * holds the hash. The index is a hint: a stale or colliding record can
  * never serve wrong bytes.
  *
- * Cost: one catalog read transaction per call (renewed from a pool), one
- * get per block, a cached shard handle per shard byte.
+ * Cost: one catalog snapshot per call (from a pool), one get per block
+ * (kvx_cat_loc_at, location 0), a cached shard handle per shard byte. A
+ * damaged catalog record or a failed catalog read is an error, never a
+ * miss.
  */
 #include "store.h"
 #include "common/digest.h"
@@ -48,7 +50,7 @@ static int st_verified(const kvx_entry *e) { return e->tokens && e->digest; }
  * another block (or no longer there); KVX_EPAGECRC / KVX_ETRUNC when it is
  * the block but its page is damaged or missing. check_page 0: the entry
  * alone is matched and no view is made (counting). */
-static int st_try_loc(kvx_store *s, const kvx_idx_loc *loc, const st_query *q, kvx_view *out, st_hc *hc,
+static int st_try_loc(kvx_store *s, const kvx_cat_loc *loc, const st_query *q, kvx_view *out, st_hc *hc,
                       uint8_t *out_digest, int check_page)
 {
     uint32_t byte = KVX_COORD_SHARD(loc->coord);
@@ -96,35 +98,24 @@ miss:
     return KVX_ENOTFOUND;
 }
 
-/* Every index record under q->hash, in order, until one answers. A damaged
+/* Every location of q->hash, in order, until one answers. A damaged
  * copy does not end the search (a good copy may follow: a put stores the
  * block again when its only copy is damaged); when none answers, the
- * damage is reported rather than "not found". */
-static int st_lookup_hc(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view *out, st_hc *hc)
+ * damage is reported rather than "not found". A damaged catalog record or
+ * a failed read ends it with that error. */
+static int st_lookup_hc(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx_view *out, st_hc *hc)
 {
-    uint64_t hash = q->hash;
-    MDB_val k = {8, &hash}, v;
-    int rc = mdb_get(txn, s->ix->hash, &k, &v);
-    if (rc == MDB_NOTFOUND) return KVX_ENOTFOUND;
-    if (rc) return kvx_idx_err(rc, "get hash");
-    kvx_idx_loc loc;
-    uint64_t key;
-    if (kvx_idx_dec_loc(&k, &v, &key, &loc))
-        return kvx_fail(KVX_ECORRUPT, "store %s: index: the record of hash %016llx is damaged (run kvx store reindex %s)",
-                        s->dir, (unsigned long long)hash, s->dir);
+    kvx_cat_loc loc;
+    int rc = kvx_cat_loc_at(snap, q->hash, 0, &loc);
+    if (rc) return rc; /* KVX_ENOTFOUND (no message) or the catalog's error */
     rc = st_try_loc(s, &loc, q, out, hc, NULL, 1);
     if (rc != KVX_ENOTFOUND && rc != KVX_EPAGECRC && rc != KVX_ETRUNC) return rc;
     int damage = rc == KVX_ENOTFOUND ? 0 : rc;
     /* other blocks under the same hash (collisions, unverified copies) */
-    MDB_cursor *cur;
-    if ((rc = mdb_cursor_open(txn, s->ix->hash, &cur)) != 0) return kvx_idx_err(rc, "open hash cursor");
-    rc = mdb_cursor_get(cur, &k, &v, MDB_SET);
     int res = KVX_ENOTFOUND;
-    if (rc == 0) rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
-    while (rc == 0) {
-        if (kvx_idx_dec_loc(&k, &v, &key, &loc)) {
-            res = kvx_fail(KVX_ECORRUPT, "store %s: index: a record of hash %016llx is damaged (run kvx store reindex %s)",
-                           s->dir, (unsigned long long)hash, s->dir);
+    for (size_t i = 1;; i++) {
+        if ((rc = kvx_cat_loc_at(snap, q->hash, i, &loc))) {
+            if (rc != KVX_ENOTFOUND) res = rc;
             break;
         }
         res = st_try_loc(s, &loc, q, out, hc, NULL, 1);
@@ -134,10 +125,7 @@ static int st_lookup_hc(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view 
         } else if (res != KVX_ENOTFOUND) {
             break;
         }
-        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
     }
-    mdb_cursor_close(cur);
-    if (res == KVX_ENOTFOUND && rc != MDB_NOTFOUND && rc != 0) res = kvx_idx_err(rc, "walk hash records");
     if (res == KVX_ENOTFOUND && damage) {
         /* the message of the damaged copy is the one left behind */
         return damage;
@@ -145,35 +133,25 @@ static int st_lookup_hc(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view 
     return res;
 }
 
-int kvx_st_lookup(kvx_store *s, MDB_txn *txn, const st_query *q, kvx_view *out)
+int kvx_st_lookup(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx_view *out)
 {
-    return st_lookup_hc(s, txn, q, out, NULL);
+    return st_lookup_hc(s, snap, q, out, NULL);
 }
 
 /* A get by hash alone (DESIGN.md rule 1): the one verified block holding
  * hash, KVX_EAMBIGUOUS when several do, KVX_EUNVERIFIED when only
  * unverified ones do. */
-static int st_get_by_hash(kvx_store *s, MDB_txn *txn, uint64_t hash, kvx_view *out)
+static int st_get_by_hash(kvx_store *s, kvx_cat_snap *snap, uint64_t hash, kvx_view *out)
 {
     st_query q = {hash, 0, NULL, NULL};
-    MDB_val k = {8, &hash}, v;
-    MDB_cursor *cur;
-    int rc = mdb_cursor_open(txn, s->ix->hash, &cur);
-    if (rc) return kvx_idx_err(rc, "open hash cursor");
     /* copies of one block (a carried or adopted duplicate) share its
      * digest: only distinct digests are distinct blocks */
     size_t verified = 0, unverified = 0, npick = 0;
     uint8_t first[KVX_DIGEST_BYTES], d[KVX_DIGEST_BYTES];
-    kvx_idx_loc pick[8]; /* copies of the block, tried in order */
-    rc = mdb_cursor_get(cur, &k, &v, MDB_SET);
-    while (rc == 0) {
-        kvx_idx_loc loc;
-        uint64_t key;
-        if (kvx_idx_dec_loc(&k, &v, &key, &loc)) {
-            mdb_cursor_close(cur);
-            return kvx_fail(KVX_ECORRUPT, "store %s: index: a record of hash %016llx is damaged (run kvx store reindex %s)",
-                            s->dir, (unsigned long long)hash, s->dir);
-        }
+    kvx_cat_loc pick[8]; /* copies of the block, tried in order */
+    int rc;
+    kvx_cat_loc loc;
+    for (size_t i = 0; (rc = kvx_cat_loc_at(snap, hash, i, &loc)) == 0; i++) {
         if (st_try_loc(s, &loc, &q, NULL, NULL, d, 0) == 0) {
             int ver = !kvx_digest_is_zero(d);
             if (ver && verified == 0) {
@@ -187,10 +165,8 @@ static int st_get_by_hash(kvx_store *s, MDB_txn *txn, uint64_t hash, kvx_view *o
             }
             unverified += !ver;
         }
-        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
     }
-    mdb_cursor_close(cur);
-    if (rc != MDB_NOTFOUND) return kvx_idx_err(rc, "walk hash records");
+    if (rc != KVX_ENOTFOUND) return rc; /* a damaged record or a failed read */
     if (verified > 1)
         return kvx_fail(KVX_EAMBIGUOUS, "store: %zu different verified blocks share hash %016llx (an FNV collision): give the tokens to pick one",
                         verified, (unsigned long long)hash);
@@ -228,24 +204,17 @@ KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate)
 {
     if (!out || !s) return kvx_fail(KVX_EINVALID, "kvx_store_get: NULL argument");
     st_view_clear(out);
-    MDB_txn *txn;
-    int rc = kvx_idx_read_begin(s->ix, &txn);
+    kvx_cat_snap *snap;
+    int rc = kvx_cat_snap_begin(s->cat, &snap);
     if (rc) return rc;
-    kvx_idx_coord cv;
-    rc = kvx_idx_get_coord(txn, s->ix, coordinate, &cv);
-    if (rc == MDB_CORRUPTED) {
-        rc = kvx_fail(KVX_ECORRUPT, "store %s: index: the record of coordinate 0x%08x is damaged (run kvx store reindex %s)",
-                      s->dir, coordinate, s->dir);
-    } else if (rc == 0) {
-        kvx_idx_loc loc = {coordinate, 0, cv.gen};
+    kvx_cat_coord cv;
+    rc = kvx_cat_coord_get(snap, coordinate, &cv); /* a damaged record: KVX_ECORRUPT naming reindex */
+    if (rc == 0) {
+        kvx_cat_loc loc = {coordinate, cv.gen};
         st_query q = {cv.hash, 0, NULL, NULL};
         rc = st_try_loc(s, &loc, &q, out, NULL, NULL, 1);
-    } else if (rc == MDB_NOTFOUND || rc == 0) {
-        rc = KVX_ENOTFOUND;
-    } else {
-        rc = kvx_idx_err(rc, "get coordinate");
     }
-    kvx_idx_read_end(s->ix, txn);
+    kvx_cat_snap_end(snap);
     if (rc == KVX_ENOTFOUND) rc = kvx_fail(KVX_ENOTFOUND, "store: no block at coordinate 0x%08x", coordinate);
     if (rc == 0 || rc == KVX_ENOTFOUND) kvx_st_note(s, out, rc == 0, rc != 0, 1);
     return rc;
@@ -255,11 +224,11 @@ KVX_API int kvx_store_get_hash(kvx_view *out, kvx_store *s, uint64_t hash)
 {
     if (!out || !s) return kvx_fail(KVX_EINVALID, "kvx_store_get_hash: NULL argument");
     st_view_clear(out);
-    MDB_txn *txn;
-    int rc = kvx_idx_read_begin(s->ix, &txn);
+    kvx_cat_snap *snap;
+    int rc = kvx_cat_snap_begin(s->cat, &snap);
     if (rc) return rc;
-    rc = st_get_by_hash(s, txn, hash, out);
-    kvx_idx_read_end(s->ix, txn);
+    rc = st_get_by_hash(s, snap, hash, out);
+    kvx_cat_snap_end(snap);
     if (rc == 0 || rc == KVX_ENOTFOUND) kvx_st_note(s, out, rc == 0, rc != 0, 1);
     return rc;
 }
@@ -269,15 +238,15 @@ KVX_API int kvx_store_get_hashes(kvx_view *out_views, int *out_status, kvx_store
     if (!s || (n && (!out_views || !out_status || !hashes)))
         return kvx_fail(KVX_EINVALID, "kvx_store_get_hashes: NULL argument");
     for (size_t i = 0; i < n; i++) st_view_clear(&out_views[i]);
-    MDB_txn *txn;
-    int rc = kvx_idx_read_begin(s->ix, &txn);
+    kvx_cat_snap *snap;
+    int rc = kvx_cat_snap_begin(s->cat, &snap);
     if (rc) return rc;
     uint64_t misses = 0;
     for (size_t i = 0; i < n; i++) {
-        out_status[i] = st_get_by_hash(s, txn, hashes[i], &out_views[i]);
+        out_status[i] = st_get_by_hash(s, snap, hashes[i], &out_views[i]);
         if (out_status[i]) misses++;
     }
-    kvx_idx_read_end(s->ix, txn);
+    kvx_cat_snap_end(snap);
     kvx_st_note(s, out_views, n, misses, 1); /* views of misses are zeroed (shard NULL) */
     return 0;
 }
@@ -294,8 +263,8 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, c
     kvx_digest_ctx dc;
     int rc = want ? kvx_digest_ctx_init(&dc) : 0;
     if (rc) return rc;
-    MDB_txn *txn;
-    if ((rc = kvx_idx_read_begin(s->ix, &txn))) {
+    kvx_cat_snap *snap;
+    if ((rc = kvx_cat_snap_begin(s->cat, &snap))) {
         if (want) kvx_digest_ctx_free(&dc);
         return rc;
     }
@@ -316,12 +285,12 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, c
             kvx_digest_step(&dc, digest[(i + 1) & 1], d, t + B, B);
         }
         st_query q = {h, parent, t, d};
-        rc = st_lookup_hc(s, txn, &q, &out_views[i], &hc);
+        rc = st_lookup_hc(s, snap, &q, &out_views[i], &hc);
         if (rc) break;
         parent = h;
         h = next;
     }
-    kvx_idx_read_end(s->ix, txn);
+    kvx_cat_snap_end(snap);
     kvx_shard_close(hc.sh);
     if (want) kvx_digest_ctx_free(&dc);
     if (rc && rc != KVX_ENOTFOUND && rc != KVX_EPAGECRC && rc != KVX_ETRUNC) {
@@ -353,12 +322,12 @@ KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tok
     }
     kvx_block_hashes(h, tokens, n * B, B);
     kvx_prefix_digests(d, tokens, n * B, B);
-    MDB_txn *txn;
-    int rc = kvx_idx_read_begin(s->ix, &txn);
+    kvx_cat_snap *snap;
+    int rc = kvx_cat_snap_begin(s->cat, &snap);
     if (!rc) {
         st_query q = {h[n - 1], n > 1 ? h[n - 2] : 0, tokens + (n - 1) * B, d[n - 1]};
-        rc = kvx_st_lookup(s, txn, &q, out);
-        kvx_idx_read_end(s->ix, txn);
+        rc = kvx_st_lookup(s, snap, &q, out);
+        kvx_cat_snap_end(snap);
         if (rc == KVX_ENOTFOUND)
             rc = kvx_fail(KVX_ENOTFOUND, "store: no verified block %016llx for these tokens (block %zu)",
                           (unsigned long long)h[n - 1], n - 1);

@@ -13,69 +13,60 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int st_drop_body(MDB_txn *txn, void *ctx)
-{
-    st_drop *d = ctx;
-    kvx_index *ix = d->s->ix;
-    kvx_idx_stats st;
-    int rc = kvx_idx_get_stats(txn, ix, &st);
-    if (rc) return rc;
-    for (size_t i = 0; i < d->nadded; i++)
-        if ((rc = kvx_st_register(txn, ix, &d->added[i]))) return rc;
-    for (size_t i = 0; i < d->nmoves; i++) {
-        const st_move *m = &d->moves[i];
-        if (!m->new_gen) continue;
-        if ((rc = kvx_idx_del_block(txn, ix, m->src_coord, m->hash, m->src_gen))) return rc;
-        if ((rc = kvx_idx_add_block(txn, ix, m->new_coord, m->hash, m->new_gen))) return rc;
-    }
-    uint64_t removed = 0, nv = 0;
-    for (uint32_t b = 0; b < ST_SLOTS; b++) {
-        if (!d->victims[b]) continue;
-        uint64_t r = 0;
-        if ((rc = kvx_idx_del_shard_blocks(txn, ix, b, &r))) return rc;
-        removed += r;
-        nv++;
-        MDB_val k = {4, &b};
-        rc = mdb_del(txn, ix->shards, &k, NULL);
-        if (rc && rc != MDB_NOTFOUND) return rc;
-        rc = mdb_del(txn, ix->usage, &k, NULL);
-        if (rc && rc != MDB_NOTFOUND) return rc;
-    }
-    if (d->evict) st.evictions += nv;
-    if (d->damaged) st.dropped_shards += nv;
-    if (d->compact) st.compactions++;
-    st.evicted_blocks += removed;
-    if ((rc = kvx_idx_put_stats(txn, ix, &st))) return rc;
-    return kvx_idx_put_u64(txn, ix->meta, "next_gen", d->s->next_gen);
-}
-
 void kvx_st_pshards(st_pshard *out, const kvx_store *s, uint64_t *const *r)
 {
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
         st_pshard *p = &out[b];
-        p->live = s->reg_live[b];
+        p->live = s->reg->live[b];
         p->pinned = p->live && st_is_pinned(s, b);
-        p->flags = s->reg[b].flags;
-        p->n = s->reg[b].n_entries;
-        p->file_bytes = s->reg[b].file_bytes;
+        p->flags = s->reg->rec[b].flags;
+        p->n = s->reg->rec[b].n_entries;
+        p->file_bytes = s->reg->rec[b].file_bytes;
         p->recency = r && p->live ? r[b] : NULL;
     }
 }
 
-int kvx_st_drop_write(kvx_store *s, st_drop *d) { return kvx_idx_write(s->ix, st_drop_body, d); }
+/* One edit: the added shards registered, each carried block moved (a
+ * block whose page was bad, new_gen 0, is not), the victims dropped with
+ * every record of their byte (the blocks not carried count as evicted),
+ * the counters, next_gen. */
+int kvx_st_drop_write(kvx_store *s, st_drop *d)
+{
+    kvx_cat_edit e;
+    kvx_cat_edit_init(&e);
+    for (size_t i = 0; i < d->nadded; i++) kvx_st_register(&e, &d->added[i]);
+    for (size_t i = 0; i < d->nmoves; i++) {
+        const st_move *m = &d->moves[i];
+        if (m->new_gen) kvx_cat_edit_move_block(&e, m->hash, m->src_coord, m->src_gen, m->new_coord, m->new_gen);
+    }
+    uint64_t nv = 0;
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        if (!d->victims[b]) continue;
+        kvx_cat_edit_drop_shard(&e, b);
+        nv++;
+    }
+    kvx_cat_stats delta = {0};
+    if (d->evict) delta.evictions = nv;
+    if (d->damaged) delta.dropped_shards = nv;
+    if (d->compact) delta.compactions = 1;
+    kvx_cat_edit_stats(&e, &delta, 1);
+    kvx_cat_edit_next_gen(&e, s->next_gen);
+    int rc = kvx_cat_apply(s->cat, &e); /* builder failures come back here */
+    kvx_cat_edit_free(&e);
+    return rc;
+}
 
-/* After a committed drop: mirror, caches, files. Evicted and compacted
+/* After a committed drop (the registry already follows it; a dropped
+ * slot keeps its last record): caches, files. Evicted and compacted
  * shards are deleted only when sound; a damaged one (and every shard
  * dropped as damaged) moves to quarantine/ instead; one that cannot be
  * judged now stays in shards/, unregistered: the next writer's recovery
  * adopts or quarantines it. */
-void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const st_sealed *added, size_t nadded,
-                          const char *damaged)
+void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const char *damaged)
 {
     for (int b = 0; b < ST_SLOTS; b++) {
         if (!victims[b]) continue;
-        uint64_t gen = s->reg[b].gen;
-        s->reg_live[b] = 0;
+        uint64_t gen = s->reg->rec[b].gen;
         kvx_st_cache_drop(s, (uint32_t)b);
         char name[32], why[600];
         snprintf(why, sizeof why, "%s", damaged ? damaged : "");
@@ -84,7 +75,6 @@ void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const st_sealed *ad
         if (sound == 1) kvx_st_unlink_shard(s, gen); /* views keep their mapping alive */
         else if (sound == 0 && kvx_st_quarantine(s, name, why) != 0) kvx_clear_error();
     }
-    for (size_t i = 0; i < nadded; i++) kvx_st_registry_add(s, &added[i]);
 }
 
 int kvx_st_drop_bad_shards(kvx_store *s)
@@ -93,7 +83,7 @@ int kvx_st_drop_bad_shards(kvx_store *s)
     int any = 0;
     pthread_rwlock_rdlock(&s->cache_lock);
     for (int b = 0; b < ST_SLOTS; b++) {
-        if (s->reg_live[b] && s->cache[b].bad && s->cache[b].gen == s->reg[b].gen) {
+        if (s->reg->live[b] && s->cache[b].bad && s->cache[b].gen == s->reg->rec[b].gen) {
             victims[b] = 1;
             any = 1;
         }
@@ -106,56 +96,55 @@ int kvx_st_drop_bad_shards(kvx_store *s)
     int n = 0;
     for (int b = 0; b < ST_SLOTS; b++) n += victims[b];
     s->dropped += (uint64_t)n;
-    kvx_st_after_drop(s, victims, NULL, 0, "could not be opened or validated when it was first used (see kvx store verify)");
+    kvx_st_after_drop(s, victims, "could not be opened or validated when it was first used (see kvx store verify)");
     kvx_fail(KVX_ECORRUPT, "store %s: %d damaged shard(s) moved to quarantine/", s->dir, n);
     return 0;
 }
 
-/* Is parent present after the operation? In a kept shard, or moved. */
-static int st_parent_kept(kvx_store *s, MDB_txn *txn, uint64_t parent, const uint8_t *victims, const uint64_t *moved,
+/* Is parent present after the operation? In a kept shard, or moved. 1
+ * yes, 0 no, or the catalog's error (a damaged location, a failed read:
+ * never taken for "gone", which would drop its children). */
+static int st_parent_kept(kvx_cat_snap *snap, uint64_t parent, const uint8_t *victims, const uint64_t *moved,
                           size_t nmoved)
 {
     if (parent == 0) return 1;
     if (moved && bsearch(&parent, moved, nmoved, sizeof *moved, kvx_st_cmp_u64)) return 1;
-    MDB_val k = {8, &parent}, v;
-    MDB_cursor *cur;
-    if (mdb_cursor_open(txn, s->ix->hash, &cur) != 0) return 0;
-    int kept = 0;
-    int rc = mdb_cursor_get(cur, &k, &v, MDB_SET);
-    while (rc == 0) {
-        kvx_idx_loc loc;
-        uint64_t key;
-        if (kvx_idx_dec_loc(&k, &v, &key, &loc) == 0 && !victims[KVX_COORD_SHARD(loc.coord)]) {
-            kept = 1;
-            break;
-        }
-        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT_DUP);
-    }
-    mdb_cursor_close(cur);
-    return kept;
+    kvx_cat_loc loc;
+    int rc;
+    for (size_t i = 0; (rc = kvx_cat_loc_at(snap, parent, i, &loc)) == 0; i++)
+        if (!victims[KVX_COORD_SHARD(loc.coord)]) return 1;
+    return rc == KVX_ENOTFOUND ? 0 : rc;
 }
 
 /* Drops moves whose parent will be gone (they would be orphans), until
- * nothing changes. */
-static size_t st_filter_orphans(kvx_store *s, st_move *mv, size_t n, const uint8_t *victims)
+ * nothing changes: 0 and *io_n the moves kept, or an error (then nothing
+ * is known: the caller keeps every block). */
+static int st_filter_orphans(kvx_store *s, st_move *mv, size_t *io_n, const uint8_t *victims)
 {
-    MDB_txn *txn;
-    if (kvx_idx_read_begin(s->ix, &txn)) return 0;
+    size_t n = *io_n;
+    if (!n) return 0;
     uint64_t *moved = malloc((n + 1) * sizeof *moved);
-    for (int pass = 0; pass < 8 && moved; pass++) {
+    if (!moved) return kvx_fail(-ENOMEM, "store: out of memory");
+    kvx_cat_snap *snap = NULL;
+    int rc = kvx_cat_snap_begin(s->cat, &snap);
+    for (int pass = 0; pass < 8 && !rc; pass++) {
         for (size_t i = 0; i < n; i++) moved[i] = mv[i].hash;
         qsort(moved, n, sizeof *moved, kvx_st_cmp_u64);
         size_t w = 0;
-        for (size_t i = 0; i < n; i++)
-            if (st_parent_kept(s, txn, mv[i].parent, victims, moved, n)) mv[w++] = mv[i];
+        for (size_t i = 0; i < n && !rc; i++) {
+            int k = st_parent_kept(snap, mv[i].parent, victims, moved, n);
+            if (k < 0) rc = k;
+            else if (k) mv[w++] = mv[i];
+        }
+        if (rc) break;
         int changed = w != n;
         n = w;
         if (!changed) break;
     }
-    if (!moved) n = 0;
+    if (snap) kvx_cat_snap_end(snap);
     free(moved);
-    kvx_idx_read_end(s->ix, txn);
-    return n;
+    if (!rc) *io_n = n;
+    return rc;
 }
 
 /* When the live shard bytes exceed the capacity, evicts whole shards down
@@ -174,9 +163,9 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
 {
     uint64_t total = pending, nblocks = 0;
     for (int b = 0; b < ST_SLOTS; b++)
-        if (s->reg_live[b]) {
-            total += s->reg[b].file_bytes;
-            nblocks += s->reg[b].n_entries;
+        if (s->reg->live[b]) {
+            total += s->reg->rec[b].file_bytes;
+            nblocks += s->reg->rec[b].n_entries;
         }
     if (total <= s->capacity || nblocks == 0) return 0;
     kvx_st_usage_persist(s);
@@ -198,8 +187,8 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
     uint64_t goal = kvx_st_evict_goal(s->capacity);
     size_t na = 0;
     for (uint32_t b = 0; b < ST_SLOTS; b++)
-        if (s->reg_live[b])
-            for (uint32_t i = 0; i < s->reg[b].n_entries; i++) all[na++] = r[b][i];
+        if (s->reg->live[b])
+            for (uint32_t i = 0; i < s->reg->rec[b].n_entries; i++) all[na++] = r[b][i];
     uint64_t cut = kvx_st_evict_cut(all, na, kvx_st_evict_keep(goal, pending, total - pending, nblocks));
     free(all);
     st_pshard sh[ST_SLOTS];
@@ -215,9 +204,9 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
         uint32_t b = order[i];
         if (sh[b].pinned) continue; /* a pending put's held blocks: after its flush */
         victims[b] = 1;
-        freed += s->reg[b].file_bytes;
+        freed += s->reg->rec[b].file_bytes;
         room = kvx_st_carry_room(freed, s->entry_bytes);
-        if ((s->reg[b].flags & KVX_FLAG_LINEAGE) && kvx_st_collect(s, b, r[b], 1, cut, &mv, &nmv, &capmv, SIZE_MAX) != 0)
+        if ((s->reg->rec[b].flags & KVX_FLAG_LINEAGE) && kvx_st_collect(s, b, r[b], 1, cut, &mv, &nmv, &capmv, SIZE_MAX) != 0)
             kvx_clear_error(); /* carrying is optional: the shard is evicted anyway */
     }
     kvx_st_usage_free(uv);
@@ -226,7 +215,12 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
     free(r);
     if (nmv) qsort(mv, nmv, sizeof *mv, kvx_st_cmp_move_hot);
     if (nmv > room) nmv = (size_t)room;
-    nmv = st_filter_orphans(s, mv, nmv, victims);
+    if (st_filter_orphans(s, mv, &nmv, victims) != 0) {
+        /* the catalog cannot say which parents stay: evict (the policy's
+         * choice) without carrying, rather than carry orphans */
+        kvx_clear_error();
+        nmv = 0;
+    }
     if (nmv) qsort(mv, nmv, sizeof *mv, kvx_st_cmp_move_age);
     st_sealed *added = NULL;
     size_t nadded = 0;
@@ -241,7 +235,7 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
     if (rc) {
         kvx_st_unlink_sealed(s, added, nadded);
     } else {
-        kvx_st_after_drop(s, victims, added, nadded, NULL);
+        kvx_st_after_drop(s, victims, NULL);
         kvx_st_rec_from_moves(s, mv, d.nmoves, added, nadded);
         for (size_t i = 0; i < d.nmoves; i++) s->carried += mv[i].new_gen != 0;
     }
@@ -251,6 +245,36 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
 }
 
 int kvx_st_enforce_capacity(kvx_store *s) { return kvx_st_evict(s, 0); }
+
+/* Marks (victims, *nvict + 2 each) unpinned live shards of `flags` whose
+ * blocks are mostly orphans: their parent is held nowhere, so no prefix
+ * lookup reaches them. 0 or the catalog's error. */
+static int st_orphaned_shards(kvx_store *s, uint32_t flags, uint8_t *victims, int *nvict)
+{
+    kvx_cat_snap *snap = NULL;
+    uint8_t none[ST_SLOTS] = {0};
+    int rc = kvx_cat_snap_begin(s->cat, &snap);
+    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
+        if (!s->reg->live[b] || s->reg->rec[b].flags != flags || victims[b] || st_is_pinned(s, b)) continue;
+        kvx_shard *sh = kvx_st_shard_get(s, b, s->reg->rec[b].gen);
+        if (!sh) continue;
+        uint32_t cnt = kvx_shard_get_info(sh)->num_blocks, orphans = 0;
+        for (uint32_t i = 0; i < cnt && !rc; i++) {
+            kvx_entry e;
+            if (kvx_shard_entry(&e, sh, i)) continue;
+            int k = st_parent_kept(snap, e.parent, none, NULL, 0);
+            if (k < 0) rc = k;
+            else orphans += !k;
+        }
+        kvx_shard_close(sh);
+        if (!rc && orphans * 2 > cnt) {
+            victims[b] = 1;
+            *nvict += 2; /* rewrite even alone */
+        }
+    }
+    if (snap) kvx_cat_snap_end(snap);
+    return rc;
+}
 
 /* Merges small shards (< target/2) of one kind, by block recency, into
  * target-sized ones; with full, also shards whose blocks are mostly
@@ -279,30 +303,7 @@ int kvx_st_compact(kvx_store *s, int full)
         st_pshard sh[ST_SLOTS];
         kvx_st_pshards(sh, s, NULL);
         int nvict = kvx_st_compact_small(victims, sh, flags, s->target);
-        if (full && kind == ST_KIND_LINEAGE) {
-            /* mostly-orphaned shards */
-            MDB_txn *txn;
-            uint8_t none[ST_SLOTS] = {0};
-            if (kvx_idx_read_begin(s->ix, &txn) == 0) {
-                for (uint32_t b = 0; b < ST_SLOTS; b++) {
-                    if (!s->reg_live[b] || s->reg[b].flags != flags || victims[b] || st_is_pinned(s, b)) continue;
-                    kvx_shard *sh = kvx_st_shard_get(s, b, s->reg[b].gen);
-                    if (!sh) continue;
-                    uint32_t cnt = kvx_shard_get_info(sh)->num_blocks, orphans = 0;
-                    for (uint32_t i = 0; i < cnt; i++) {
-                        kvx_entry e;
-                        if (kvx_shard_entry(&e, sh, i) == 0 && !st_parent_kept(s, txn, e.parent, none, NULL, 0))
-                            orphans++;
-                    }
-                    kvx_shard_close(sh);
-                    if (orphans * 2 > cnt) {
-                        victims[b] = 1;
-                        nvict += 2; /* rewrite even alone */
-                    }
-                }
-                kvx_idx_read_end(s->ix, txn);
-            }
-        }
+        if (full && kind == ST_KIND_LINEAGE && (rc = st_orphaned_shards(s, flags, victims, &nvict))) break;
         if (nvict < 2) continue;
         st_move *mv = NULL;
         size_t nmv = 0, capmv = 0;
@@ -312,7 +313,10 @@ int kvx_st_compact(kvx_store *s, int full)
             free(mv);
             break;
         }
-        if (full && kind == ST_KIND_LINEAGE) nmv = st_filter_orphans(s, mv, nmv, victims);
+        if (full && kind == ST_KIND_LINEAGE && (rc = st_filter_orphans(s, mv, &nmv, victims))) {
+            free(mv); /* which blocks are orphans is not known: nothing is dropped */
+            break;
+        }
         if (nmv) qsort(mv, nmv, sizeof *mv, kvx_st_cmp_move_age);
         st_sealed *added = NULL;
         size_t nadded = 0;
@@ -323,7 +327,7 @@ int kvx_st_compact(kvx_store *s, int full)
             rc = kvx_st_drop_write(s, &d);
             if (rc) kvx_st_unlink_sealed(s, added, nadded);
             else {
-                kvx_st_after_drop(s, victims, added, nadded, NULL);
+                kvx_st_after_drop(s, victims, NULL);
                 kvx_st_rec_from_moves(s, mv, nmv, added, nadded);
             }
         }

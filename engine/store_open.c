@@ -19,11 +19,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* What a handle names before its catalog is open: nothing. */
+static const kvx_cat_registry st_no_registry;
+
 static kvx_store *st_alloc(void)
 {
     kvx_store *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->dirfd = s->shardsfd = s->stagingfd = s->lockfd = -1;
+    s->reg = &st_no_registry;
     pthread_rwlock_init(&s->cache_lock, NULL);
     pthread_mutex_init(&s->use_mu, NULL);
     pthread_mutex_init(&s->wmu, NULL);
@@ -37,7 +41,7 @@ static void st_free(kvx_store *s)
         free(s->use[i].bits);
         free(s->rec[i].last);
     }
-    if (s->ix) kvx_idx_close(s->ix);
+    kvx_cat_close(s->cat);
     if (s->lockfd >= 0) kvx_os.close(s->lockfd); /* releases the flock */
     if (s->stagingfd >= 0) kvx_os.close(s->stagingfd);
     if (s->shardsfd >= 0) kvx_os.close(s->shardsfd);
@@ -152,6 +156,23 @@ static int st_open_dirs(kvx_store *s, const char *dir)
     return rc;
 }
 
+/* Opens the catalog of index/ (create: a writer may start an empty one);
+ * the handle's registry is then the catalog's. */
+static int st_cat_open(kvx_store *s, int create)
+{
+    int rc = kvx_cat_open(&s->cat, s->index_path, create, (s->flags & KVX_STORE_NOSYNC) != 0);
+    if (rc) return rc;
+    s->reg = kvx_cat_registry_get(s->cat);
+    return 0;
+}
+
+static void st_cat_close(kvx_store *s)
+{
+    kvx_cat_close(s->cat);
+    s->cat = NULL;
+    s->reg = &st_no_registry;
+}
+
 static int st_finish_open(kvx_store *s, int create)
 {
     if (s->index_missing) {
@@ -163,7 +184,7 @@ static int st_finish_open(kvx_store *s, int create)
     }
     /* a writer may meet an empty index/ (lost index): it creates the
      * databases and recovery rebuilds them from the shards */
-    int rc = kvx_idx_open(&s->ix, s->index_path, create || s->writer, (s->flags & KVX_STORE_NOSYNC) != 0);
+    int rc = st_cat_open(s, create || s->writer);
     if (rc) return rc;
     if (s->writer) return kvx_st_recover(s);
     /* readers never repair (DESIGN.md rule 3): a stale or damaged record
@@ -176,12 +197,16 @@ static int st_finish_open(kvx_store *s, int create)
     return 0;
 }
 
-static int st_create_body(MDB_txn *txn, void *ctx)
+/* A new store's catalog: zero counters and next_gen 1 (every catalog a
+ * store made names next_gen: one without it is empty or lost). */
+static int st_create_catalog(kvx_store *s)
 {
-    kvx_store *s = ctx;
-    kvx_idx_stats st = {0};
-    int rc = kvx_idx_put_u64(txn, s->ix->meta, "next_gen", 1);
-    if (!rc) rc = kvx_idx_put_stats(txn, s->ix, &st);
+    kvx_cat_edit e;
+    kvx_cat_edit_init(&e);
+    kvx_cat_edit_stats(&e, NULL, 0);
+    kvx_cat_edit_next_gen(&e, 1);
+    int rc = kvx_cat_apply(s->cat, &e);
+    kvx_cat_edit_free(&e);
     return rc;
 }
 
@@ -264,8 +289,8 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     if ((rc = st_open_dirs(s, dir))) goto fail;
     if ((rc = st_lock(s, s->flags, 0))) goto fail;
     s->writer = 1;
-    if ((rc = kvx_idx_open(&s->ix, s->index_path, 1, (s->flags & KVX_STORE_NOSYNC) != 0))) goto fail;
-    if ((rc = kvx_idx_write(s->ix, st_create_body, s))) goto fail;
+    if ((rc = st_cat_open(s, 1))) goto fail;
+    if ((rc = st_create_catalog(s))) goto fail;
     if ((rc = kvx_st_registry_load(s))) goto fail;
     *out = s;
     kvx_clear_error();
@@ -354,10 +379,7 @@ KVX_API int kvx_store_reindex_dir(const char *dir, uint32_t flags)
     int note = rc == 0 && kvx_last_error()[0];
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", kvx_last_error());
-    if (s->ix) {
-        kvx_idx_close(s->ix);
-        s->ix = NULL;
-    }
+    st_cat_close(s);
     if (aside) {
         if (rc == 0) {
             st_rm_index_dir(s->dirfd, "index.old");

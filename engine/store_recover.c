@@ -52,41 +52,44 @@ typedef struct st_fix {
     uint64_t ndrop;
 } st_fix;
 
-static int st_fix_body(MDB_txn *txn, void *ctx)
+/* Adds shard sh (its record x and every entry with a hash) to e. */
+static int st_edit_add_file(kvx_cat_edit *e, const st_sealed *x, const kvx_shard *sh)
 {
-    kvx_store *s = ((void **)ctx)[0];
-    st_fix *f = ((void **)ctx)[1];
-    kvx_index *ix = s->ix;
-    int rc;
+    int rc = kvx_st_register(e, x);
+    const kvx_shard_info *in = kvx_shard_get_info(sh);
+    for (uint32_t i = 0; !rc && i < in->num_blocks; i++) {
+        kvx_entry en;
+        if (kvx_shard_entry(&en, sh, i) || !en.hash) continue;
+        rc = kvx_cat_edit_add_block(e, en.coordinate, en.hash, x->gen);
+    }
+    return rc;
+}
+
+/* Recovery's one edit: records of gone or invalid shards dropped, wrong
+ * sizes corrected, unregistered valid files adopted (for one byte in that
+ * order: a drop, then the adoptee's record wins), the drops counted. */
+static int st_fix_write(kvx_store *s, const st_fix *f)
+{
+    kvx_cat_edit e;
+    kvx_cat_edit_init(&e);
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
-        MDB_val k = {4, &b};
-        if (f->drop[b]) {
-            if ((rc = kvx_idx_del_shard_blocks(txn, ix, b, NULL))) return rc;
-            if ((rc = mdb_del(txn, ix->shards, &k, NULL)) && rc != MDB_NOTFOUND) return rc;
-            if ((rc = mdb_del(txn, ix->usage, &k, NULL)) && rc != MDB_NOTFOUND) return rc;
-        }
+        if (f->drop[b]) kvx_cat_edit_drop_shard(&e, b);
         if (f->resize[b]) {
-            kvx_idx_shard rec = s->reg[b];
+            kvx_cat_shard rec = s->reg->rec[b];
             rec.file_bytes = f->size[b];
-            if ((rc = kvx_idx_put_shard(txn, ix, b, &rec))) return rc;
+            kvx_cat_edit_put_shard(&e, b, &rec);
         }
-        if (f->adopt[b]) {
-            if ((rc = kvx_st_register(txn, ix, &f->adopted[b]))) return rc;
-            const kvx_shard_info *in = kvx_shard_get_info(f->adopt_sh[b]);
-            for (uint32_t i = 0; i < in->num_blocks; i++) {
-                kvx_entry e;
-                if (kvx_shard_entry(&e, f->adopt_sh[b], i) || !e.hash) continue;
-                if ((rc = kvx_idx_add_block(txn, ix, e.coordinate, e.hash, f->adopted[b].gen))) return rc;
-            }
-        }
+        if (f->adopt[b]) st_edit_add_file(&e, &f->adopted[b], f->adopt_sh[b]);
     }
     if (f->ndrop) {
-        kvx_idx_stats st;
-        if ((rc = kvx_idx_get_stats(txn, ix, &st))) return rc;
-        st.dropped_shards += f->ndrop;
-        if ((rc = kvx_idx_put_stats(txn, ix, &st))) return rc;
+        kvx_cat_stats d = {0};
+        d.dropped_shards = f->ndrop;
+        kvx_cat_edit_stats(&e, &d, 0);
     }
-    return kvx_idx_put_u64(txn, ix->meta, "next_gen", s->next_gen);
+    kvx_cat_edit_next_gen(&e, s->next_gen);
+    int rc = kvx_cat_apply(s->cat, &e); /* builder failures come back here */
+    kvx_cat_edit_free(&e);
+    return rc;
 }
 
 /* Opens shards/<name> and checks it belongs to this store. 0 and the
@@ -120,9 +123,9 @@ static int st_judge(kvx_store *s, const char *name, kvx_shard **out, char *why, 
 static int st_check_registered(kvx_store *s, st_fix *f, char (*why)[512])
 {
     for (int b = 0; b < ST_SLOTS; b++) {
-        if (!s->reg_live[b]) continue;
+        if (!s->reg->live[b]) continue;
         char name[32];
-        kvx_st_shard_name(name, s->reg[b].gen);
+        kvx_st_shard_name(name, s->reg->rec[b].gen);
         struct stat st;
         if (fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
             if (errno != ENOENT) continue; /* EACCES, EIO...: not a verdict */
@@ -134,7 +137,7 @@ static int st_check_registered(kvx_store *s, st_fix *f, char (*why)[512])
             continue;
         }
         int verify = (s->flags & KVX_STORE_VERIFY) != 0;
-        if ((uint64_t)st.st_size == s->reg[b].file_bytes && !verify) continue; /* opened at first use */
+        if ((uint64_t)st.st_size == s->reg->rec[b].file_bytes && !verify) continue; /* opened at first use */
         kvx_shard *sh = NULL;
         int rc = st_judge(s, name, &sh, why[b], sizeof why[b]);
         if (rc < 0) {
@@ -149,7 +152,7 @@ static int st_check_registered(kvx_store *s, st_fix *f, char (*why)[512])
         kvx_shard_close(sh);
         if (rc == 1) {
             f->drop[b] = 2; /* then quarantined */
-        } else if ((uint64_t)st.st_size != s->reg[b].file_bytes) {
+        } else if ((uint64_t)st.st_size != s->reg->rec[b].file_bytes) {
             /* valid: the record was wrong, the file is kept and served */
             f->resize[b] = 1;
             f->size[b] = (uint64_t)st.st_size;
@@ -180,7 +183,7 @@ static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
     }
     if (!kvx_st_parse_name(name, &gen)) return 0; /* not ours: left alone */
     for (int b = 0; b < ST_SLOTS; b++)
-        if (s->reg_live[b] && s->reg[b].gen == gen) return 0;
+        if (s->reg->live[b] && s->reg->rec[b].gen == gen) return 0;
     struct stat st;
     if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) return 0;
     kvx_shard *sh = NULL;
@@ -192,8 +195,8 @@ static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
     }
     if (rc == 0) {
         uint32_t b = kvx_shard_get_info(sh)->shard_id;
-        int held = (s->reg_live[b] && !f->drop[b]) || f->adopt[b];
-        uint64_t holder = f->adopt[b] ? f->adopted[b].gen : s->reg[b].gen;
+        int held = (s->reg->live[b] && !f->drop[b]) || f->adopt[b];
+        uint64_t holder = f->adopt[b] ? f->adopted[b].gen : s->reg->rec[b].gen;
         if (held && holder > gen) {
             /* two valid files claim one shard byte: the newer generation
              * holds it (as reindex decides); the older goes aside */
@@ -321,37 +324,25 @@ static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
     return 0;
 }
 
-typedef struct st_reindex {
-    kvx_store *s;
-    st_scan *sc;
-} st_reindex;
-
-static int st_reindex_body(MDB_txn *txn, void *ctx)
+/* Reindex's one edit: the catalog emptied (nothing of it is read), then
+ * every kept file registered with its blocks, zero counters, next_gen. */
+static int st_reindex_write(kvx_store *s, const st_scan *sc, uint64_t next_gen)
 {
-    st_reindex *r = ctx;
-    kvx_index *ix = r->s->ix;
-    int rc;
-    /* a fresh index: nothing of the old one is read */
-    if ((rc = mdb_drop(txn, ix->coord, 0)) || (rc = mdb_drop(txn, ix->hash, 0)) || (rc = mdb_drop(txn, ix->shards, 0)) ||
-        (rc = mdb_drop(txn, ix->usage, 0)) || (rc = mdb_drop(txn, ix->meta, 0)))
-        return rc;
+    kvx_cat_edit e;
+    kvx_cat_edit_init(&e);
+    kvx_cat_edit_reset(&e);
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
-        st_found *f = &r->sc->f[b];
+        const st_found *f = &sc->f[b];
         if (!f->sh) continue;
         const kvx_shard_info *in = kvx_shard_get_info(f->sh);
         st_sealed x = {(uint8_t)b, f->gen, in->flags, in->num_blocks, f->bytes, kvx_st_now_ns(), kvx_st_count_unverified(f->sh)};
-        if ((rc = kvx_st_register(txn, ix, &x))) return rc;
-        for (uint32_t i = 0; i < in->num_blocks; i++) {
-            kvx_entry e;
-            if (kvx_shard_entry(&e, f->sh, i) || !e.hash) continue;
-            if ((rc = kvx_idx_add_block(txn, ix, e.coordinate, e.hash, f->gen))) return rc;
-        }
+        st_edit_add_file(&e, &x, f->sh);
     }
-    kvx_idx_stats st = {0};
-    if ((rc = kvx_idx_put_stats(txn, ix, &st))) return rc;
-    uint64_t ng = r->s->next_gen > r->sc->max_gen + 1 ? r->s->next_gen : r->sc->max_gen + 1;
-    r->s->next_gen = ng;
-    return kvx_idx_put_u64(txn, ix->meta, "next_gen", ng);
+    kvx_cat_edit_stats(&e, NULL, 0);
+    kvx_cat_edit_next_gen(&e, next_gen);
+    int rc = kvx_cat_apply(s->cat, &e); /* builder failures come back here */
+    kvx_cat_edit_free(&e);
+    return rc;
 }
 
 int kvx_st_reindex_locked(kvx_store *s)
@@ -363,8 +354,8 @@ int kvx_st_reindex_locked(kvx_store *s)
     if (!sc) return kvx_fail(-ENOMEM, "store: out of memory");
     rc = kvx_st_each_file(s, s->shardsfd, st_scan_file, sc);
     if (!rc) {
-        st_reindex r = {s, sc};
-        rc = kvx_idx_write(s->ix, st_reindex_body, &r);
+        uint64_t ng = s->next_gen > sc->max_gen + 1 ? s->next_gen : sc->max_gen + 1;
+        if ((rc = st_reindex_write(s, sc, ng)) == 0) s->next_gen = ng;
     }
     for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(sc->f[b].sh);
     uint64_t quarantined = sc->quarantined, skipped = sc->skipped;
@@ -444,16 +435,17 @@ int kvx_st_recover(kvx_store *s)
         any |= f->drop[b] | f->resize[b] | f->adopt[b];
         f->ndrop += f->drop[b] != 0;
     }
-    if (!rc && any) {
-        void *ctx[2] = {s, f};
-        rc = kvx_idx_write(s->ix, st_fix_body, ctx);
-    }
+    /* the generations dropped (the registry names an adoptee after the
+     * commit where one takes the byte) */
+    uint64_t dropped_gen[ST_SLOTS];
+    for (int b = 0; b < ST_SLOTS; b++) dropped_gen[b] = s->reg->rec[b].gen;
+    if (!rc && any) rc = st_fix_write(s, f);
     if (!rc) {
         /* after the commit: invalid registered files to quarantine/ */
         for (int b = 0; b < ST_SLOTS && !rc; b++) {
             if (f->drop[b] != 2) continue;
             char name[32];
-            kvx_st_shard_name(name, s->reg[b].gen);
+            kvx_st_shard_name(name, dropped_gen[b]);
             kvx_st_cache_drop(s, (uint32_t)b);
             rc = kvx_st_quarantine(s, name, why[b]);
         }

@@ -104,11 +104,11 @@ int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t 
 int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, uint64_t hot_after, st_move **mv,
                       size_t *n, size_t *cap, size_t limit)
 {
-    kvx_shard *sh = kvx_st_shard_get(s, b, s->reg[b].gen);
+    kvx_shard *sh = kvx_st_shard_get(s, b, s->reg->rec[b].gen);
     if (!sh) return kvx_fail(-EIO, "store: shard %u cannot be opened to copy its blocks", b);
     uint32_t cnt = kvx_shard_get_info(sh)->num_blocks;
     for (uint32_t i = 0; i < cnt && *n < limit; i++) {
-        uint64_t ri = r && i < s->reg[b].n_entries ? r[i] : s->reg[b].created_ns;
+        uint64_t ri = r && i < s->reg->rec[b].n_entries ? r[i] : s->reg->rec[b].created_ns;
         if (hot_only && ri <= hot_after) continue;
         kvx_entry e;
         if (kvx_shard_entry(&e, sh, i) || !e.hash) continue;
@@ -125,7 +125,7 @@ int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, ui
         st_move *m = &(*mv)[(*n)++];
         memset(m, 0, sizeof *m);
         m->src_coord = e.coordinate;
-        m->src_gen = s->reg[b].gen;
+        m->src_gen = s->reg->rec[b].gen;
         m->hash = e.hash;
         m->parent = e.parent;
         if (e.digest) memcpy(m->digest, e.digest, KVX_DIGEST_BYTES);

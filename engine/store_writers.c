@@ -18,7 +18,7 @@
 static int st_alloc_byte(kvx_store *s, const uint8_t *extra, uint8_t *out)
 {
     uint8_t used[ST_SLOTS];
-    memcpy(used, s->reg_live, sizeof used);
+    memcpy(used, s->reg->live, sizeof used);
     for (int k = 0; k < 2; k++)
         if (s->cur[k].w) used[s->cur[k].byte] = 1;
     for (size_t i = 0; i < s->nsealed; i++) used[s->sealed[i].byte] = 1;

@@ -33,8 +33,11 @@
  * several catalog handles of one directory in one process share one LMDB
  * environment (LMDB allows one per process). A snapshot is begun and ended
  * in one thread (it holds a lock of the environment); records are copied
- * out, so nothing a read returns points into the map. Apply edits from
- * one thread at a time per catalog (the store's writer mutex).
+ * out, so nothing a read returns points into the map. Edits that put or
+ * drop shard records, reset or set the next generation update the
+ * handle's registry: apply those from one thread at a time (the store's
+ * writer mutex); usage and stats edits may come from any thread (LMDB
+ * serializes the transactions).
  */
 #ifndef KVX_CATALOG_H
 #define KVX_CATALOG_H

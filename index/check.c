@@ -4,8 +4,8 @@
  * checked first. Both meta pages are read with pread and checked against
  * the file before mdb_env_open; after it, the whole tree is walked once
  * through a private mapping under the guard. This is the one file that
- * knows LMDB's on-disk layout (LMDB 0.9, liblmdb/mdb.c); its file reads go
- * through the OS seam (common/os.h) where the seam has the call.
+ * knows LMDB's on-disk layout (LMDB 0.9, liblmdb/mdb.c); its own file
+ * calls (open, pread, fstat, mmap) go through the OS seam (common/os.h).
  */
 #include "index.h"
 
@@ -528,7 +528,7 @@ int kvx_idx_walk(kvx_index *ix, MDB_txn *txn, int *again)
         rc = kvx_idx_errp(ix, rc, "check the tree");
         goto out;
     }
-    if (kvx_os.pread(fd, b, sizeof b, (off_t)((id & 1) * ms.ms_psize)) != (ssize_t)sizeof b || fstat(fd, &st) != 0) {
+    if (kvx_os.pread(fd, b, sizeof b, (off_t)((id & 1) * ms.ms_psize)) != (ssize_t)sizeof b || kvx_os.fstat(fd, &st) != 0) {
         rc = kvx_idx_damaged(ix, "cannot read the meta page of transaction %llu", (unsigned long long)id);
         goto out;
     }
@@ -549,9 +549,14 @@ int kvx_idx_walk(kvx_index *ix, MDB_txn *txn, int *again)
     w.pages = w.len / w.ps;
     w.seen = calloc(1, (size_t)(w.last / 8 + 1));
     w.tail = calloc(1, (size_t)(w.last >= w.pages ? (w.last - w.pages) / 8 + 1 : 1));
-    map = mmap(NULL, (size_t)w.len, PROT_READ, MAP_SHARED, fd, 0);
-    if (!w.seen || !w.tail || map == MAP_FAILED) {
-        rc = kvx_fail(-ENOMEM, "index %s/data.mdb: cannot map it to check it", ix->path);
+    if (!w.seen || !w.tail) {
+        rc = kvx_fail(-ENOMEM, "index %s/data.mdb: out of memory to check it", ix->path);
+        goto out;
+    }
+    map = kvx_os.mmap(NULL, (size_t)w.len, PROT_READ, MAP_SHARED, fd, 0);
+    if (map == MAP_FAILED) {
+        int e = errno;
+        rc = kvx_fail(-e, "index %s/data.mdb: mmap (to check it): %s", ix->path, strerror(e));
         goto out;
     }
     w.map = map;
@@ -569,7 +574,7 @@ int kvx_idx_walk(kvx_index *ix, MDB_txn *txn, int *again)
         rc = kvx_idx_damaged(ix, "%s", w.why);
 out:
     kvx_sigbus_unregister(slot);
-    if (map != MAP_FAILED) munmap(map, (size_t)w.len);
+    if (map != MAP_FAILED) kvx_os.munmap(map, (size_t)w.len);
     free(w.seen);
     free(w.tail);
     return rc;
@@ -587,7 +592,7 @@ static int idx_check_once(int fd, const char *file, const char *store, int creat
     lm_meta m[2];
     char why[256];
     struct stat st;
-    if (fstat(fd, &st) != 0) return -errno;
+    if (kvx_os.fstat(fd, &st) != 0) return -errno;
     if (!S_ISREG(st.st_mode)) {
         idx_file_fail(file, store, "not a regular file");
         return 1;
@@ -628,7 +633,7 @@ static int idx_check_once(int fd, const char *file, const char *store, int creat
     }
     lm_decode(&m[1], b[1]);
     /* the size after the reads: a concurrent writer only grows the file */
-    if (fstat(fd, &st) != 0) return -errno;
+    if (kvx_os.fstat(fd, &st) != 0) return -errno;
     *out_size = (uint64_t)st.st_size;
     int use = m[0].txnid < m[1].txnid; /* what LMDB will pick */
     char msg[400];

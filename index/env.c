@@ -10,7 +10,8 @@
  * snapshots (a reset transaction and a cursor each) make reads cheap
  * without thread-local storage; write transactions survive MDB_MAP_FULL
  * by growing the map; the stale check tells a handle its data.mdb was
- * replaced by reindex. See index.h.
+ * replaced by reindex. Its own file calls (stat, fstat) go through the OS
+ * seam; LMDB's I/O does not (common/os.h says why). See index.h.
  */
 #include "index.h"
 
@@ -261,7 +262,7 @@ static int idx_open_new(kvx_index *ix, const char *path, int create, int nosync)
     }
     int envfd = -1;
     struct stat est;
-    if (mdb_env_get_fd(ix->env, &envfd) == 0 && envfd >= 0 && fstat(envfd, &est) == 0) {
+    if (mdb_env_get_fd(ix->env, &envfd) == 0 && envfd >= 0 && kvx_os.fstat(envfd, &est) == 0) {
         ix->db_dev = est.st_dev;
         ix->db_ino = est.st_ino;
     }
@@ -275,12 +276,12 @@ int kvx_idx_open(kvx_index **out, const char *path, int create, int nosync)
 {
     *out = NULL;
     pthread_once(&atfork_once, idx_atfork_setup);
-    /* (stat goes through libc until the OS seam has one) */
     struct stat st, dbst;
-    if (stat(path, &st) != 0) return kvx_fail(-errno, "index: stat %s: %s", path, strerror(errno));
+    if (kvx_os.fstatat(AT_FDCWD, path, &st, 0) != 0)
+        return kvx_fail(-errno, "index: stat %s: %s", path, strerror(errno));
     char dbpath[4200];
     snprintf(dbpath, sizeof dbpath, "%s/data.mdb", path);
-    int have_db = stat(dbpath, &dbst) == 0;
+    int have_db = kvx_os.fstatat(AT_FDCWD, dbpath, &dbst, 0) == 0;
     pthread_mutex_lock(&registry_mu);
     kvx_index *ix = idx_registered(&st, have_db ? &dbst : NULL);
     if (ix) {
@@ -353,8 +354,9 @@ static int idx_poisoned(kvx_index *ix)
 }
 
 /* Has index/data.mdb been replaced (kvx_store_reindex_dir) since this
- * environment opened it? Checked at most every 100 ms (one stat, through
- * libc until the OS seam has one). */
+ * environment opened it? Checked at most every 100 ms (one stat). A stat
+ * that fails for another reason than a missing file is that error, and
+ * the next call checks again. */
 static int idx_stale(kvx_index *ix)
 {
     struct timespec ts;
@@ -365,7 +367,13 @@ static int idx_stale(kvx_index *ix)
     char dbpath[4200];
     struct stat st;
     snprintf(dbpath, sizeof dbpath, "%s/data.mdb", ix->path);
-    if (stat(dbpath, &st) != 0 || st.st_dev != ix->db_dev || st.st_ino != ix->db_ino) {
+    int gone = kvx_os.fstatat(AT_FDCWD, dbpath, &st, 0) != 0;
+    if (gone && errno != ENOENT) {
+        int e = errno;
+        ix->next_check_ns = 0;
+        return kvx_fail(-e, "index %s: stat: %s", dbpath, strerror(e));
+    }
+    if (gone || st.st_dev != ix->db_dev || st.st_ino != ix->db_ino) {
         ix->next_check_ns = 0; /* stays stale: every later call says so */
         return kvx_fail(KVX_ESTALE, "store %s: the index was rebuilt (kvx store reindex) since this handle opened it: "
                                     "close the store and open it again",

@@ -25,6 +25,7 @@
 
 #include "common/os.h"
 #include "engine/store.h"
+#include "index/index.h"
 #include "store_util.h"
 
 static int dir_counter;
@@ -328,10 +329,14 @@ static void test_bad_arguments(void **state)
 
 /* An index record that names a block under a hash its lineage does not
  * produce (a crafted collision) is never served by prefix. */
-static int craft_body(MDB_txn *txn, void *ctx)
+static int craft_record(kvx_store *s, uint64_t hash, uint32_t coord, uint64_t gen)
 {
-    uint64_t *a = ctx; /* {fake hash, coord, gen} */
-    return kvx_idx_add_block(txn, ((kvx_store *)(uintptr_t)a[3])->ix, (uint32_t)a[1], a[0], a[2]) == 0 ? 0 : -1;
+    kvx_cat_edit e;
+    kvx_cat_edit_init(&e);
+    kvx_cat_edit_add_block(&e, coord, hash, gen);
+    int rc = kvx_cat_apply(s->cat, &e);
+    kvx_cat_edit_free(&e);
+    return rc;
 }
 
 static void test_lineage_collision(void **state)
@@ -350,10 +355,10 @@ static void test_lineage_collision(void **state)
     su_tokens(tq, 2, 2, 0);
     kvx_block_hashes(hq, tq, 2 * SU_B, SU_B);
     uint64_t gen = s->cache[KVX_COORD_SHARD(v.coordinate)].gen;
-    uint64_t args[4] = {hq[0], v.coordinate, gen, (uintptr_t)s};
+    uint32_t coord = v.coordinate;
     kvx_view_release(&v);
     /* the entry itself records hash ha[0] != hq[0]: refused by the hash check */
-    assert_int_equal(kvx_idx_write(s->ix, craft_body, args), 0);
+    assert_int_equal(craft_record(s, hq[0], coord, gen), 0);
     kvx_view pv[2];
     size_t n;
     assert_int_equal(kvx_store_prefix(pv, &n, s, tq, 2 * SU_B, 2), 0);
@@ -365,8 +370,8 @@ static void test_lineage_collision(void **state)
     uint32_t tx[2 * SU_B];
     memcpy(tx, ta, sizeof tx);
     kvx_view one;
-    MDB_txn *txn;
-    assert_int_equal(kvx_idx_read_begin(s->ix, &txn), 0);
+    kvx_cat_snap *snap;
+    assert_int_equal(kvx_cat_snap_begin(s->cat, &snap), 0);
     tx[SU_B] ^= 0x55; /* block 1 tokens differ, hash claimed equal */
     uint8_t da[2][KVX_DIGEST_BYTES], dx[2][KVX_DIGEST_BYTES];
     kvx_prefix_digests(da, ta, 2 * SU_B, SU_B);
@@ -375,11 +380,11 @@ static void test_lineage_collision(void **state)
     st_query q_par = {ha[1], 777, ta + SU_B, da[1]};
     st_query q_dig = {ha[1], ha[0], ta + SU_B, dx[1]};
     st_query q_ok = {ha[1], ha[0], ta + SU_B, da[1]};
-    assert_int_equal(kvx_st_lookup(s, txn, &q_tok, &one), KVX_ENOTFOUND);
-    assert_int_equal(kvx_st_lookup(s, txn, &q_par, &one), KVX_ENOTFOUND); /* wrong parent */
-    assert_int_equal(kvx_st_lookup(s, txn, &q_dig, &one), KVX_ENOTFOUND); /* wrong digest */
-    assert_int_equal(kvx_st_lookup(s, txn, &q_ok, &one), 0);
-    kvx_idx_read_end(s->ix, txn);
+    assert_int_equal(kvx_st_lookup(s, snap, &q_tok, &one), KVX_ENOTFOUND);
+    assert_int_equal(kvx_st_lookup(s, snap, &q_par, &one), KVX_ENOTFOUND); /* wrong parent */
+    assert_int_equal(kvx_st_lookup(s, snap, &q_dig, &one), KVX_ENOTFOUND); /* wrong digest */
+    assert_int_equal(kvx_st_lookup(s, snap, &q_ok, &one), 0);
+    kvx_cat_snap_end(snap);
     check_view(&one, ha[1]);
     kvx_view_release(&one);
     kvx_store_close(s);
@@ -504,9 +509,11 @@ static char *index_keys(kvx_store *s)
 {
     size_t cap = 1 << 20, len = 0;
     char *out = malloc(cap);
+    /* the records themselves, through LMDB (tests may) */
+    kvx_index *ix = kvx_cat_index(s->cat);
     MDB_txn *txn;
-    assert_int_equal(kvx_idx_read_begin(s->ix, &txn), 0);
-    MDB_dbi dbs[2] = {s->ix->coord, s->ix->hash};
+    assert_int_equal(kvx_idx_read_begin(ix, &txn), 0);
+    MDB_dbi dbs[2] = {ix->coord, ix->hash};
     for (int d = 0; d < 2; d++) {
         MDB_cursor *c;
         assert_int_equal(mdb_cursor_open(txn, dbs[d], &c), 0);
@@ -524,7 +531,7 @@ static char *index_keys(kvx_store *s)
         }
         mdb_cursor_close(c);
     }
-    kvx_idx_read_end(s->ix, txn);
+    kvx_idx_read_end(ix, txn);
     return out;
 }
 
@@ -710,7 +717,7 @@ static void test_map_growth(void **state)
     if (rc) fprintf(stderr, "%s\n", kvx_last_error());
     assert_int_equal(rc, 0);
     MDB_envinfo info;
-    mdb_env_info(s->ix->env, &info);
+    mdb_env_info(kvx_cat_index(s->cat)->env, &info);
     assert_true(info.me_mapsize > 131072);
     kvx_store_stats st;
     assert_int_equal(kvx_store_stat(&st, s), 0);
