@@ -23,9 +23,10 @@
  * into kvx's "0 or -errno" and loop over short transfers and EINTR.
  *
  * This is the only place in the library that calls libc file I/O: common/,
- * format/, io/ and engine/store_collect.c go through it; the store
- * (engine/store*.c) and the catalog (index/) are converted next, with the
- * ops below. What does not go through it, on purpose: LMDB's own I/O
+ * format/, index/, engine/ and io/ all go through it (the fault suite,
+ * tests/test_store_fault.c, fails if the store's seal stat, lock or
+ * directory walks stop reaching it). What does not go through it, on
+ * purpose: LMDB's own I/O
  * inside index/ (its commit is atomic; tests/powercut.h copies index/ as it
  * is), the io_uring ring itself (set up, submitted and waited on in io/;
  * its results pass through uring_result), the eventfd that wakes ring

@@ -7,6 +7,7 @@
  * marked bad, and only a sound shard may ever be deleted.
  */
 #include "store.h"
+#include "common/os.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -31,7 +32,7 @@ kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
     kvx_shard *sh = NULL;
     struct stat st;
     int bad = 1, transient = 0;
-    int sr = fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW);
+    int sr = kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW);
     if (sr == 0 && S_ISREG(st.st_mode)) {
         char *path = kvx_st_join(s->shards_path, name);
         int rc = path ? kvx_shard_open(&sh, path, 0) : -ENOMEM;

@@ -6,6 +6,7 @@
  * index does not name yet) comes with code 0.
  */
 #include "store.h"
+#include "common/os.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -132,7 +133,7 @@ static int st_verify_unregistered(kvx_store *s, int fd, const char *name, void *
     for (int b = 0; b < ST_SLOTS; b++)
         if (c->reg->live[b] && c->reg->rec[b].gen == gen) return 0;
     struct stat st;
-    if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return 0;
+    if (kvx_os.fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return 0;
     if (!S_ISREG(st.st_mode))
         st_vreport(c->v, KVX_EPATH, "shards/%s: a %s where a shard belongs (left alone)", name,
                    kvx_file_type_name(st.st_mode));
@@ -215,7 +216,7 @@ KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(voi
         v.shard = name;
         /* never through a symlink (lookups refuse one too) */
         struct stat fst;
-        if (fstatat(s->shardsfd, name, &fst, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(fst.st_mode)) {
+        if (kvx_os.fstatat(s->shardsfd, name, &fst, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(fst.st_mode)) {
             st_vreport(&v, KVX_EPATH, "shards/%s (shard %u): a symlink or not a regular file", name, b);
             continue;
         }

@@ -11,7 +11,6 @@
 #include "store.h"
 #include "common/os.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -57,21 +56,21 @@ int kvx_st_parse_name(const char *name, uint64_t *gen)
 
 int kvx_st_each_file(kvx_store *s, int fd, st_dir_fn fn, void *ctx)
 {
-    int dfd = dup(fd);
-    if (dfd < 0) return kvx_fail(-errno, "store: dup: %s", strerror(errno));
-    DIR *d = fdopendir(dfd);
+    /* a fresh open of the directory: fd's own offset is never touched */
+    kvx_os_dir *d = kvx_os.dir_open(fd, ".", O_NOFOLLOW);
     if (!d) {
-        close(dfd);
-        return kvx_fail(-errno, "store: fdopendir: %s", strerror(errno));
+        int e = errno;
+        return kvx_fail(-e, "store %s: open a directory to list it: %s", s->dir, strerror(e));
     }
-    rewinddir(d);
-    int rc = 0;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        if ((rc = fn(s, fd, e->d_name, ctx))) break;
+    const char *name;
+    int r, rc = 0;
+    while ((r = kvx_os.dir_next(d, &name)) > 0)
+        if ((rc = fn(s, fd, name, ctx))) break;
+    if (r < 0 && !rc) { /* a walk that stopped early never passes for a complete one */
+        int e = errno;
+        rc = kvx_fail(-e, "store %s: list a directory: %s", s->dir, strerror(e));
     }
-    closedir(d);
+    kvx_os.dir_close(d);
     return rc;
 }
 
@@ -131,7 +130,7 @@ int kvx_st_quarantine(kvx_store *s, const char *name, const char *why)
         char wn[340];
         struct stat wst;
         snprintf(wn, sizeof wn, "%s.why", target);
-        if (fstatat(qfd, wn, &wst, AT_SYMLINK_NOFOLLOW) == 0) {
+        if (kvx_os.fstatat(qfd, wn, &wst, AT_SYMLINK_NOFOLLOW) == 0) {
             rc = -EEXIST;
             continue;
         }

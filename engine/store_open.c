@@ -77,7 +77,7 @@ static int st_open_subdir(kvx_store *s, const char *name, int *out)
 static int st_check_not_link(int dirfd, const char *dir, const char *name)
 {
     struct stat st;
-    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT ? 0 : -errno;
+    if (kvx_os.fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT ? 0 : -errno;
     if (!S_ISREG(st.st_mode))
         return kvx_fail(KVX_EPATH, "store: %s/%s is a symlink or not a regular file", dir, name);
     return 0;
@@ -92,7 +92,7 @@ static int st_lock(kvx_store *s, uint32_t flags, int try_only)
         return kvx_fail(-e, "store: open %s/LOCK: %s", s->dir, strerror(e));
     }
     int op = LOCK_EX | ((flags & KVX_STORE_NOWAIT) || try_only ? LOCK_NB : 0);
-    while (flock(fd, op) != 0) {
+    while (kvx_os.flock(fd, op) != 0) {
         if (errno == EINTR) continue;
         int e = errno;
         kvx_os.close(fd);
@@ -103,7 +103,7 @@ static int st_lock(kvx_store *s, uint32_t flags, int try_only)
     /* the holder's pid, for a waiting writer to name (advisory text) */
     char pid[24];
     int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-    if (ftruncate(fd, 0) == 0 && pwrite(fd, pid, (size_t)len, 0) != len) { /* best effort */ }
+    if (kvx_os.ftruncate(fd, 0) == 0 && kvx_os.pwrite(fd, pid, (size_t)len, 0) != len) { /* best effort */ }
     s->lockfd = fd;
     return 0;
 }
@@ -145,7 +145,7 @@ static int st_open_dirs(kvx_store *s, const char *dir)
     /* a lost index/ is a reindex away (DESIGN.md rule 4): a writer makes
      * it again, a reader says so */
     struct stat ist;
-    if (fstatat(s->dirfd, "index", &ist, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT) {
+    if (kvx_os.fstatat(s->dirfd, "index", &ist, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT) {
         s->index_missing = 1;
         return 0;
     }

@@ -33,7 +33,7 @@ static int st_rm_staging(kvx_store *s, int fd, const char *name, void *ctx)
 {
     (void)ctx;
     struct stat st;
-    if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return 0;
+    if (kvx_os.fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return 0;
     /* a writer's temporary file was never acknowledged; a directory or
      * anything else someone put here is left alone */
     if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) return 0;
@@ -127,7 +127,7 @@ static int st_check_registered(kvx_store *s, st_fix *f, char (*why)[512])
         char name[32];
         kvx_st_shard_name(name, s->reg->rec[b].gen);
         struct stat st;
-        if (fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
             if (errno != ENOENT) continue; /* EACCES, EIO...: not a verdict */
             f->drop[b] = 1; /* gone: only its records go */
             continue;
@@ -178,14 +178,14 @@ static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
         /* a temporary file of a shard writer of an older release (they now
          * live in staging/): never acknowledged */
         struct stat st;
-        if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) kvx_os.unlinkat(fd, name, 0);
+        if (kvx_os.fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) kvx_os.unlinkat(fd, name, 0);
         return 0;
     }
     if (!kvx_st_parse_name(name, &gen)) return 0; /* not ours: left alone */
     for (int b = 0; b < ST_SLOTS; b++)
         if (s->reg->live[b] && s->reg->rec[b].gen == gen) return 0;
     struct stat st;
-    if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) return 0;
+    if (kvx_os.fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) return 0;
     kvx_shard *sh = NULL;
     char why[512];
     int rc = st_judge(s, name, &sh, why, sizeof why);
@@ -258,7 +258,7 @@ static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
     if (!kvx_st_parse_name(name, &gen)) return 0;
     if (gen > sc->max_gen) sc->max_gen = gen;
     struct stat st;
-    if (fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (kvx_os.fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
         int e = errno;
         if (e == ENOENT) return 0; /* gone meanwhile */
         return kvx_fail(-e, "store %s: reindex: stat shards/%s: %s", s->dir, name, strerror(e));

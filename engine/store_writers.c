@@ -90,7 +90,7 @@ int kvx_st_writer_seal(kvx_store *s, st_open *o, st_sealed *out)
     kvx_st_shard_name(name, o->gen);
     if (rc) return rc; /* the writer left nothing behind */
     struct stat st;
-    if (fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
         rc = -errno;
         kvx_os.unlinkat(s->shardsfd, name, 0);
         return kvx_fail(rc, "store: stat shards/%s: %s", name, strerror(-rc));

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Second command of the README: the whole test suite, as CI runs it.
 #  1. plain build (with the CUDA path compiled and linked when nvcc is
-#     there) and every ctest test: unit, crash, fault, two-process, CLI,
+#     there), the layering check (scripts/check-layers.sh: DESIGN.md's
+#     allowed edges, no cycles, LMDB only in index/, files <= 900 lines),
+#     and every ctest test: unit, crash, fault, two-process, CLI,
 #     fuzz-corpus replay; make install into a scratch prefix + pkg-config;
 #  2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer;
 #  3. a short libFuzzer smoke run of each harness (clang);
@@ -15,6 +17,8 @@ step() { printf '\n==> %s\n' "$*"; }
 step "plain build and tests"
 cmake -S . -B build -DKVX_BUILD_TESTS=ON >/dev/null
 cmake --build build -j"$jobs"
+step "layers"
+bash scripts/check-layers.sh build
 ctest --test-dir build --output-on-failure -j"$jobs"
 
 step "install into a scratch prefix"
