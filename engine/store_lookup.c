@@ -151,8 +151,19 @@ static int st_get_by_hash(kvx_store *s, kvx_cat_snap *snap, uint64_t hash, kvx_v
     kvx_cat_loc pick[8]; /* copies of the block, tried in order */
     int rc;
     kvx_cat_loc loc;
+    size_t unknown = 0; /* locations in a shard that cannot be opened now */
     for (size_t i = 0; (rc = kvx_cat_loc_at(snap, hash, i, &loc)) == 0; i++) {
-        if (st_try_loc(s, &loc, &q, NULL, NULL, d, 0) == 0) {
+        int r = st_try_loc(s, &loc, &q, NULL, NULL, d, 0);
+        if (r == KVX_ENOTFOUND) {
+            /* a miss, or a passing failure to open the shard (the cache then
+             * holds no verdict on that generation): another block may hold
+             * the hash there, so the hash cannot be called unique */
+            pthread_rwlock_rdlock(&s->cache_lock);
+            const st_cache *c = &s->cache[KVX_COORD_SHARD(loc.coord)];
+            unknown += !(c->gen == loc.gen && (c->sh || c->bad));
+            pthread_rwlock_unlock(&s->cache_lock);
+        }
+        if (r == 0) {
             int ver = !kvx_digest_is_zero(d);
             if (ver && verified == 0) {
                 pick[npick++] = loc;
@@ -170,6 +181,10 @@ static int st_get_by_hash(kvx_store *s, kvx_cat_snap *snap, uint64_t hash, kvx_v
     if (verified > 1)
         return kvx_fail(KVX_EAMBIGUOUS, "store: %zu different verified blocks share hash %016llx (an FNV collision): give the tokens to pick one",
                         verified, (unsigned long long)hash);
+    if (verified == 1 && unknown)
+        return kvx_fail(-EAGAIN, "store: hash %016llx: %zu of its locations sit in a shard that cannot be opened "
+                                 "now, so it cannot be called unique: try again, or give the tokens",
+                        (unsigned long long)hash, unknown);
     if (verified == 0 && unverified)
         return kvx_fail(KVX_EUNVERIFIED, "store: block %016llx is held only unverified (stored without its tokens)",
                         (unsigned long long)hash);
