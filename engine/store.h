@@ -17,7 +17,7 @@
  *   store_policy.c   eviction and compaction decisions (pure functions)
  *   store_maint.c    eviction, compaction, dropping shards
  *   store_gc.c       gc: salvage, headless chains, digest derivation
- *   store_batch.c    put and flush
+ *   store_batch.c    write batches: put and flush
  *   store_recover.c  recovery and reindex
  *   store_open.c     create, open, close, reindex_dir
  *   store_collect.c  kvx_warmup_collect (public API only)
@@ -96,6 +96,41 @@ typedef struct st_sealed {
     uint32_t nunv;     /* entries without a digest */
 } st_sealed;
 
+/* A write batch: the blocks put since its last flush, which that flush
+ * acknowledges, and nothing else (kvx_store_batch in kvx.h). A writer
+ * handle has a built-in one (kvx_store_put / kvx_store_flush) and any
+ * number the callers made; all live ones are on the store's list, and
+ * every rule about unflushed blocks (shard bytes taken, pins, capacity
+ * while a put runs, reindex) looks at all of them. Under the store's wmu. */
+struct kvx_store_batch {
+    kvx_store *s; /* NULL once kvx_store_close detached it */
+    kvx_store_batch *prev, *next;
+    st_open cur[2]; /* open writers, by kind (ST_KIND_*) */
+    st_sealed *sealed; /* sealed (durable, in shards/) but unpublished */
+    size_t nsealed, capsealed;
+    st_pblock *pend;
+    size_t npend, cappend;
+    uint32_t *ptok;
+    size_t nptok, capptok;
+    size_t *ptab; /* open hashing by hash: head index or SIZE_MAX */
+    size_t ptab_n;
+    uint32_t reserve_hint; /* entries the next writer reserves (the put's size) */
+    /* shards holding blocks that puts since the last flush found already
+     * held, and shards a flush inside a put published: the caller's flush
+     * acknowledges those blocks too, so until it returns no eviction,
+     * compaction or gc may drop them */
+    uint8_t pinned[ST_SLOTS];
+    uint64_t pin_gen[ST_SLOTS];
+    size_t batch_blocks; /* blocks put since the last caller's flush (the
+                            unit a flush acknowledges), internal flushes
+                            included */
+    size_t ok_pend;      /* of pend, the blocks earlier successful puts
+                            added (a failure that drops them must say so) */
+    uint64_t lost;       /* blocks of successful puts dropped since the last
+                            caller's flush, which then answers KVX_EDROPPED */
+    char lost_why[256];  /* the failure that dropped the first of them */
+};
+
 struct kvx_store {
     char *dir, *shards_path, *staging_path, *index_path;
     int dirfd, shardsfd, stagingfd, lockfd;
@@ -120,27 +155,11 @@ struct kvx_store {
 
     /* writer state, under wmu */
     pthread_mutex_t wmu;
-    st_open cur[2];
-    st_sealed *sealed;
-    size_t nsealed, capsealed;
-    st_pblock *pend;
-    size_t npend, cappend;
-    uint32_t *ptok;
-    size_t nptok, capptok;
-    size_t *ptab; /* open hashing by hash: head index or SIZE_MAX */
-    size_t ptab_n;
+    kvx_store_batch own;      /* the built-in batch of kvx_store_put/flush */
+    kvx_store_batch *batches; /* every live batch, own first */
     uint64_t next_gen;
     uint64_t dropped;
-    uint32_t reserve_hint; /* entries the next writer reserves (the put's size) */
     uint64_t carried;      /* blocks this handle carried forward (benchmarks) */
-    /* shards holding blocks that puts since the last flush found already
-     * held: the flush acknowledges those blocks too, so until it returns
-     * no eviction, compaction or gc may drop them (writer, under wmu) */
-    uint8_t pinned[ST_SLOTS];
-    uint64_t pin_gen[ST_SLOTS];
-    size_t batch_blocks;   /* blocks put since the last kvx_store_flush (the
-                              unit a flush acknowledges), internal flushes
-                              included */
     int index_live;        /* the index names next_gen (not lost or empty) */
     int index_missing;     /* index/ was not there at open */
     uint64_t quarantined;  /* files this handle moved to quarantine/ */
@@ -358,14 +377,41 @@ int kvx_st_compact(kvx_store *s, int full);
 int kvx_st_derive_digests(kvx_store *s);
 
 /* store_batch.c */
-/* A shard holding a block a pending put relies on (see pinned). */
+/* A shard holding a block a pending put of any batch relies on (see
+ * pinned). Under wmu. */
 static inline int st_is_pinned(const kvx_store *s, uint32_t b)
 {
-    return s->pinned[b] && s->pin_gen[b] == s->reg->rec[b].gen;
+    for (const kvx_store_batch *x = s->batches; x; x = x->next)
+        if (x->pinned[b] && x->pin_gen[b] == s->reg->rec[b].gen) return 1;
+    return 0;
 }
-void kvx_st_pin(kvx_store *s, uint32_t b, uint64_t gen);
-void kvx_st_discard_pending(kvx_store *s);
-int kvx_st_flush_locked(kvx_store *s);
+/* Does batch x hold unflushed blocks (open writers, sealed files, or
+ * pending entries)? */
+static inline int st_batch_busy(const kvx_store_batch *x)
+{
+    return x->npend || x->nsealed || x->cur[0].w || x->cur[1].w;
+}
+/* Bytes of the sealed but unpublished files of every batch (they count
+ * against the capacity while puts run). Under wmu. */
+static inline uint64_t st_unpublished_bytes(const kvx_store *s)
+{
+    uint64_t n = 0;
+    for (const kvx_store_batch *x = s->batches; x; x = x->next)
+        for (size_t i = 0; i < x->nsealed; i++) n += x->sealed[i].bytes;
+    return n;
+}
+void kvx_st_pin(kvx_store_batch *x, uint32_t b, uint64_t gen);
+/* Drops every unflushed block of x (never acknowledged); blocks earlier
+ * successful puts added are counted in x->lost, for its next flush. */
+void kvx_st_discard_pending(kvx_store_batch *x);
+int kvx_st_flush_locked(kvx_store *s, kvx_store_batch *x);
+/* Puts x (zeroed) on s's list of live batches. */
+void kvx_st_batch_link(kvx_store *s, kvx_store_batch *x);
+/* Frees x's buffers (not x). */
+void kvx_st_batch_free_bufs(kvx_store_batch *x);
+/* kvx_store_close: every batch's unflushed blocks dropped, the callers'
+ * batches detached (they take only kvx_store_batch_destroy). Under wmu. */
+void kvx_st_batches_close(kvx_store *s);
 
 /* store_recover.c */
 int kvx_st_reindex_locked(kvx_store *s);

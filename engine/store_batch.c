@@ -1,144 +1,166 @@
 /*
- * store_batch.c - the write batch: put (dedupe against the catalog and the
- * pending set, pages into open shard writers in staging/) and flush (seal,
- * then ONE catalog transaction publishes every pending block: the commit is
- * the acknowledgement).
+ * store_batch.c - write batches: put (dedupe against the catalog and the
+ * batch's pending set, pages into the batch's open shard writers in
+ * staging/) and flush (seal, then ONE catalog transaction publishes every
+ * pending block of the batch: the commit is the acknowledgement). A writer
+ * handle has a built-in batch (kvx_store_put / kvx_store_flush) and any
+ * number of caller batches (kvx_store_batch_*), all on the store's list.
  *
- * Rule: nothing is visible or durable before the flush returns 0; what a
- * flush acknowledges must fit the store at once, and the shards holding
- * blocks the batch relies on stay pinned until the caller's flush returns.
- * A failed put or flush drops the whole unflushed batch: it was never
- * acknowledged.
+ * Rule: nothing is visible or durable before the batch's flush returns 0,
+ * and that flush acknowledges exactly the blocks put into the batch since
+ * its last flush; what it acknowledges must fit the store at once, and the
+ * shards holding blocks the batch relies on stay pinned until the caller's
+ * flush returns. A failed put or flush drops that batch's unflushed blocks
+ * (never another batch's); when blocks of earlier successful puts were
+ * among them, the batch's next flush says so (KVX_EDROPPED), never 0.
  */
 #include "store.h"
 #include "common/digest.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static size_t st_hslot(uint64_t h, size_t n) { return (size_t)((h * 0x9E3779B97F4A7C15ull) >> 20) & (n - 1); }
 
-static int st_ptab_grow(kvx_store *s)
+static int st_ptab_grow(kvx_store_batch *x)
 {
-    size_t n = s->ptab_n ? s->ptab_n * 2 : 1024;
+    size_t n = x->ptab_n ? x->ptab_n * 2 : 1024;
     size_t *t = malloc(n * sizeof *t);
     if (!t) return kvx_fail(-ENOMEM, "store: out of memory");
     for (size_t i = 0; i < n; i++) t[i] = SIZE_MAX;
-    for (size_t i = 0; i < s->npend; i++) {
-        size_t h = st_hslot(s->pend[i].hash, n);
-        s->pend[i].next = t[h];
+    for (size_t i = 0; i < x->npend; i++) {
+        size_t h = st_hslot(x->pend[i].hash, n);
+        x->pend[i].next = t[h];
         t[h] = i;
     }
-    free(s->ptab);
-    s->ptab = t;
-    s->ptab_n = n;
+    free(x->ptab);
+    x->ptab = t;
+    x->ptab_n = n;
     return 0;
 }
 
-/* A pending block that makes q's put redundant: for a verified put, the
- * same hash, parent, tokens and digest (an unverified block never counts
- * as held for it); for a put without tokens, any block with the hash. */
-static const st_pblock *st_pending_find(kvx_store *s, const st_query *q)
+/* A pending block of batch x that makes q's put redundant: for a verified
+ * put, the same hash, parent, tokens and digest (an unverified block never
+ * counts as held for it); for a put without tokens, any block with the
+ * hash. Another batch's pending blocks never count: its flush may fail. */
+static const st_pblock *st_pending_find(const kvx_store *s, const kvx_store_batch *x, const st_query *q)
 {
-    if (!s->ptab_n) return NULL;
-    for (size_t i = s->ptab[st_hslot(q->hash, s->ptab_n)]; i != SIZE_MAX; i = s->pend[i].next) {
-        const st_pblock *p = &s->pend[i];
+    if (!x->ptab_n) return NULL;
+    for (size_t i = x->ptab[st_hslot(q->hash, x->ptab_n)]; i != SIZE_MAX; i = x->pend[i].next) {
+        const st_pblock *p = &x->pend[i];
         if (p->hash != q->hash) continue;
         if (!q->toks) return p;
-        if (p->tok != SIZE_MAX && p->parent == q->parent && !memcmp(s->ptok + p->tok, q->toks, 4u * s->g.block_tokens) &&
+        if (p->tok != SIZE_MAX && p->parent == q->parent && !memcmp(x->ptok + p->tok, q->toks, 4u * s->g.block_tokens) &&
             !memcmp(p->digest, q->digest, KVX_DIGEST_BYTES))
             return p;
     }
     return NULL;
 }
 
-static int st_pending_add(kvx_store *s, const st_query *q, uint32_t coord, uint32_t kind, uint64_t gen)
+static int st_pending_add(const kvx_store *s, kvx_store_batch *x, const st_query *q, uint32_t coord, uint32_t kind,
+                          uint64_t gen)
 {
-    uint64_t hash = q->hash, parent = q->parent;
-    const uint32_t *toks = q->toks;
-    if (s->npend == s->cappend) {
-        size_t n = s->cappend ? s->cappend * 2 : 256;
-        st_pblock *p = realloc(s->pend, n * sizeof *p);
+    if (x->npend == x->cappend) {
+        size_t n = x->cappend ? x->cappend * 2 : 256;
+        st_pblock *p = realloc(x->pend, n * sizeof *p);
         if (!p) return kvx_fail(-ENOMEM, "store: out of memory");
-        s->pend = p;
-        s->cappend = n;
+        x->pend = p;
+        x->cappend = n;
     }
-    if ((s->npend + 1) * 2 > s->ptab_n) {
-        int rc = st_ptab_grow(s);
+    if ((x->npend + 1) * 2 > x->ptab_n) {
+        int rc = st_ptab_grow(x);
         if (rc) return rc;
     }
     size_t tok = SIZE_MAX;
-    if (toks) {
+    if (q->toks) {
         uint32_t B = s->g.block_tokens;
-        if (s->nptok + B > s->capptok) {
-            size_t n = s->capptok ? s->capptok * 2 : 4096;
-            while (n < s->nptok + B) n *= 2;
-            uint32_t *t = realloc(s->ptok, n * sizeof *t);
+        if (x->nptok + B > x->capptok) {
+            size_t n = x->capptok ? x->capptok * 2 : 4096;
+            while (n < x->nptok + B) n *= 2;
+            uint32_t *t = realloc(x->ptok, n * sizeof *t);
             if (!t) return kvx_fail(-ENOMEM, "store: out of memory");
-            s->ptok = t;
-            s->capptok = n;
+            x->ptok = t;
+            x->capptok = n;
         }
-        memcpy(s->ptok + s->nptok, toks, 4u * B);
-        tok = s->nptok;
-        s->nptok += B;
+        memcpy(x->ptok + x->nptok, q->toks, 4u * B);
+        tok = x->nptok;
+        x->nptok += B;
     }
-    st_pblock *p = &s->pend[s->npend];
+    st_pblock *p = &x->pend[x->npend];
     if (q->digest) memcpy(p->digest, q->digest, KVX_DIGEST_BYTES);
     else memset(p->digest, 0, KVX_DIGEST_BYTES);
-    p->hash = hash;
-    p->parent = parent;
+    p->hash = q->hash;
+    p->parent = q->parent;
     p->coord = coord;
     p->kind = kind;
     p->gen = gen;
     p->tok = tok;
-    size_t h = st_hslot(hash, s->ptab_n);
-    p->next = s->ptab[h];
-    s->ptab[h] = s->npend++;
+    size_t h = st_hslot(q->hash, x->ptab_n);
+    p->next = x->ptab[h];
+    x->ptab[h] = x->npend++;
     return 0;
 }
 
-static void st_pins_clear(kvx_store *s) { memset(s->pinned, 0, sizeof s->pinned); }
+static void st_pins_clear(kvx_store_batch *x) { memset(x->pinned, 0, sizeof x->pinned); }
 
-void kvx_st_pin(kvx_store *s, uint32_t b, uint64_t gen)
+void kvx_st_pin(kvx_store_batch *x, uint32_t b, uint64_t gen)
 {
-    s->pinned[b] = 1;
-    s->pin_gen[b] = gen;
+    x->pinned[b] = 1;
+    x->pin_gen[b] = gen;
 }
 
-/* Drops every unflushed block: open writers are aborted, sealed but
- * unpublished files deleted. They were never acknowledged. */
-void kvx_st_discard_pending(kvx_store *s)
+/* The pending set emptied (its blocks were published or dropped). */
+static void st_pending_reset(kvx_store_batch *x)
 {
+    x->nsealed = 0;
+    x->npend = 0;
+    x->nptok = 0;
+    x->ok_pend = 0;
+    for (size_t i = 0; i < x->ptab_n; i++) x->ptab[i] = SIZE_MAX;
+}
+
+/* Drops every unflushed block of x: open writers are aborted, sealed but
+ * unpublished files deleted. They were never acknowledged; those earlier
+ * successful puts added are counted in lost, so the batch's next flush
+ * does not answer 0 as if they were stored. Pins stay until that flush:
+ * blocks a put found held, or a flush inside a put published, are still
+ * what it acknowledges. */
+void kvx_st_discard_pending(kvx_store_batch *x)
+{
+    if (x->ok_pend) {
+        if (!x->lost) {
+            const char *why = kvx_last_error();
+            snprintf(x->lost_why, sizeof x->lost_why, "%s", why[0] ? why : "a failed put or flush");
+        }
+        x->lost += x->ok_pend;
+        x->batch_blocks -= x->ok_pend < x->batch_blocks ? x->ok_pend : x->batch_blocks;
+    }
     for (int k = 0; k < 2; k++) {
-        if (s->cur[k].w) kvx_shard_writer_abort(s->cur[k].w);
-        memset(&s->cur[k], 0, sizeof s->cur[k]);
+        if (x->cur[k].w) kvx_shard_writer_abort(x->cur[k].w);
+        memset(&x->cur[k], 0, sizeof x->cur[k]);
     }
-    for (size_t i = 0; i < s->nsealed; i++) kvx_st_unlink_shard(s, s->sealed[i].gen);
-    s->nsealed = 0;
-    s->npend = 0;
-    s->nptok = 0;
-    for (size_t i = 0; i < s->ptab_n; i++) s->ptab[i] = SIZE_MAX;
-    st_pins_clear(s);
-    s->batch_blocks = 0;
+    for (size_t i = 0; x->s && i < x->nsealed; i++) kvx_st_unlink_shard(x->s, x->sealed[i].gen);
+    st_pending_reset(x);
 }
 
-static int st_sealed_push(kvx_store *s, const st_sealed *x)
+static int st_sealed_push(kvx_store_batch *x, const st_sealed *v)
 {
-    if (s->nsealed == s->capsealed) {
-        size_t n = s->capsealed ? s->capsealed * 2 : 8;
-        st_sealed *p = realloc(s->sealed, n * sizeof *p);
+    if (x->nsealed == x->capsealed) {
+        size_t n = x->capsealed ? x->capsealed * 2 : 8;
+        st_sealed *p = realloc(x->sealed, n * sizeof *p);
         if (!p) return kvx_fail(-ENOMEM, "store: out of memory");
-        s->sealed = p;
-        s->capsealed = n;
+        x->sealed = p;
+        x->capsealed = n;
     }
-    s->sealed[s->nsealed++] = *x;
+    x->sealed[x->nsealed++] = *v;
     return 0;
 }
 
-static int st_seal_cur(kvx_store *s, int kind)
+static int st_seal_cur(kvx_store *s, kvx_store_batch *x, int kind)
 {
-    st_open *o = &s->cur[kind];
+    st_open *o = &x->cur[kind];
     if (!o->w) return 0;
     if (kvx_shard_writer_count(o->w) == 0) {
         kvx_shard_writer_abort(o->w);
@@ -146,48 +168,50 @@ static int st_seal_cur(kvx_store *s, int kind)
         return 0;
     }
     /* reserve the slot first so a failure cannot lose track of the file */
-    if (s->nsealed == s->capsealed) {
+    if (x->nsealed == x->capsealed) {
         st_sealed dummy = {0};
-        int rc = st_sealed_push(s, &dummy);
+        int rc = st_sealed_push(x, &dummy);
         if (rc) return rc;
-        s->nsealed--;
+        x->nsealed--;
     }
-    st_sealed x;
-    int rc = kvx_st_writer_seal(s, o, &x);
+    st_sealed v;
+    int rc = kvx_st_writer_seal(s, o, &v);
     if (rc) return rc;
-    return st_sealed_push(s, &x);
+    return st_sealed_push(x, &v);
 }
 
 /* The capacity holds while a put runs, not only after its flush: once the
- * sealed but unpublished files would take the shard bytes over the
- * capacity, published shards are evicted to make room (the pending blocks
- * are the newest, an LRU keeps them). A batch larger than the store itself
- * cannot wait for its flush: it is published as it goes (its files are
- * sealed and durable, like the flush a put makes when shard ids run out)
- * and the flush's eviction trims it. */
-static int st_room_for_pending(kvx_store *s)
+ * sealed but unpublished files (of every batch) would take the shard bytes
+ * over the capacity, published shards are evicted to make room (the
+ * pending blocks are the newest, an LRU keeps them). A batch larger than
+ * the store itself cannot wait for its flush: it is published as it goes
+ * (its files are sealed and durable, like the flush a put makes when shard
+ * ids run out) and the flush's eviction trims it. */
+static int st_room_for_pending(kvx_store *s, kvx_store_batch *x)
 {
-    uint64_t live = 0, pend = 0;
+    uint64_t live = 0, own = 0;
     for (int b = 0; b < ST_SLOTS; b++)
         if (s->reg->live[b]) live += s->reg->rec[b].file_bytes;
-    for (size_t i = 0; i < s->nsealed; i++) pend += s->sealed[i].bytes;
+    for (size_t i = 0; i < x->nsealed; i++) own += x->sealed[i].bytes;
+    uint64_t pend = st_unpublished_bytes(s);
     if (live + pend <= s->capacity) return 0;
-    if (pend > s->capacity - s->capacity / 64) return kvx_st_flush_locked(s);
+    if (own > s->capacity - s->capacity / 64) return kvx_st_flush_locked(s, x);
     if (kvx_st_evict(s, pend) != 0) kvx_clear_error(); /* tidy-up, as after a flush */
     return 0;
 }
 
-static int st_put_one(kvx_store *s, int kind, const st_query *q, const void *page, const float *scales)
+static int st_put_one(kvx_store *s, kvx_store_batch *x, int kind, const st_query *q, const void *page,
+                      const float *scales)
 {
-    st_open *o = &s->cur[kind];
+    st_open *o = &x->cur[kind];
     int rc;
     if (!o->w) {
-        uint32_t hint = s->reserve_hint;
-        if (s->npend > hint) hint = s->npend > UINT32_MAX / 2 ? UINT32_MAX : (uint32_t)s->npend;
+        uint32_t hint = x->reserve_hint;
+        if (x->npend > hint) hint = x->npend > UINT32_MAX / 2 ? UINT32_MAX : (uint32_t)x->npend;
         rc = kvx_st_writer_begin(s, kvx_st_kind_flags(s, kind), NULL, o, hint);
         if (rc == KVX_EFULL) {
             /* out of shard ids: publish what is pending and merge small shards */
-            if ((rc = kvx_st_flush_locked(s))) return rc;
+            if ((rc = kvx_st_flush_locked(s, x))) return rc;
             kvx_st_compact(s, 1);
             rc = kvx_st_writer_begin(s, kvx_st_kind_flags(s, kind), NULL, o, hint);
         }
@@ -208,19 +232,20 @@ static int st_put_one(kvx_store *s, int kind, const st_query *q, const void *pag
     if (!e.digest) o->nunv++;
     st_query pq = *q;
     if (kind != ST_KIND_LINEAGE) pq.toks = NULL, pq.digest = NULL;
-    if ((rc = st_pending_add(s, &pq, KVX_COORD(o->byte, idx, 0), kind, o->gen))) return rc;
-    if (s->reserve_hint > 0) s->reserve_hint--;
+    if ((rc = st_pending_add(s, x, &pq, KVX_COORD(o->byte, idx, 0), kind, o->gen))) return rc;
+    if (x->reserve_hint > 0) x->reserve_hint--;
     if (idx + 1 >= o->cap || kvx_shard_writer_bytes(o->w) >= s->target) {
-        rc = st_seal_cur(s, kind);
-        if (!rc) rc = st_room_for_pending(s);
+        rc = st_seal_cur(s, x, kind);
+        if (!rc) rc = st_room_for_pending(s, x);
     }
     return rc;
 }
 
 /* Is q's block already published, sound? 1 yes, 0 no, <0 error. A
  * damaged copy is not "held": the put stores the block again. A held
- * block's shard is pinned until the flush that acknowledges the put. */
-static int st_held(kvx_store *s, kvx_cat_snap *snap, const st_query *q)
+ * block's shard is pinned (in x) until the flush that acknowledges the
+ * put. */
+static int st_held(kvx_store *s, kvx_store_batch *x, kvx_cat_snap *snap, const st_query *q)
 {
     kvx_view v;
     memset(&v, 0, sizeof v);
@@ -229,10 +254,7 @@ static int st_held(kvx_store *s, kvx_cat_snap *snap, const st_query *q)
         uint64_t gen;
         const char *path = kvx_shard_path(v.shard), *slash = path ? strrchr(path, '/') : NULL;
         uint32_t b = KVX_COORD_SHARD(v.coordinate);
-        if (slash && kvx_st_parse_name(slash + 1, &gen)) {
-            s->pinned[b] = 1;
-            s->pin_gen[b] = gen;
-        }
+        if (slash && kvx_st_parse_name(slash + 1, &gen)) kvx_st_pin(x, b, gen);
         /* putting a held block is a use of it: an exact LRU would move
          * it to the front too (it may sit behind a block that was gone) */
         kvx_st_note(s, &v, 1, 0, 0);
@@ -242,21 +264,21 @@ static int st_held(kvx_store *s, kvx_cat_snap *snap, const st_query *q)
     return rc == KVX_ENOTFOUND || rc == KVX_EPAGECRC || rc == KVX_ETRUNC ? 0 : rc;
 }
 
-/* A flush acknowledges every block put since the previous one, so what a
- * flush would acknowledge must fit the store at once: a put that takes the
- * unflushed batch over the capacity would keep only its tail (which no
- * prefix reaches) and the flush would acknowledge blocks already evicted.
- * Refused before anything is written. Call under wmu. */
-static int st_fits(kvx_store *s, size_t n_blocks, const char *fn)
+/* A flush acknowledges every block put into its batch since the previous
+ * one, so what a flush would acknowledge must fit the store at once: a put
+ * that takes the batch over the capacity would keep only its tail (which
+ * no prefix reaches) and the flush would acknowledge blocks already
+ * evicted. Refused before anything is written. Call under wmu. */
+static int st_fits(kvx_store *s, const kvx_store_batch *x, size_t n_blocks, const char *fn)
 {
     uint64_t need;
-    size_t total = n_blocks + s->batch_blocks;
+    size_t total = n_blocks + x->batch_blocks;
     if (total < n_blocks || !kvx_mul64(&need, total, s->entry_bytes) || need > s->capacity) {
-        if (s->batch_blocks)
+        if (x->batch_blocks)
             return kvx_fail(KVX_ECAPACITY,
                             "%s: %zu blocks, with the %zu put since the last flush, need %llu bytes, more than the "
                             "store's capacity of %llu bytes: flush first",
-                            fn, n_blocks, s->batch_blocks, (unsigned long long)(total * s->entry_bytes),
+                            fn, n_blocks, x->batch_blocks, (unsigned long long)(total * s->entry_bytes),
                             (unsigned long long)s->capacity);
         return kvx_fail(KVX_ECAPACITY, "%s: %zu blocks need %llu bytes, more than the store's capacity of %llu bytes",
                         fn, n_blocks, (unsigned long long)(n_blocks * s->entry_bytes),
@@ -265,20 +287,29 @@ static int st_fits(kvx_store *s, size_t n_blocks, const char *fn)
     return 0;
 }
 
-KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens, const void *pages, size_t n_pages,
-                          const float *scales, size_t *out_new)
+/* After a put into x: a failure in writing (dropped) discarded the batch's
+ * unflushed blocks (kvx_st_discard_pending counted them); otherwise what
+ * it added joins the batch, and every pending block is now one a
+ * successful put added (a put that failed before writing added none). */
+static void st_put_done(kvx_store_batch *x, size_t added, int dropped)
+{
+    if (dropped) return;
+    x->batch_blocks += added;
+    x->ok_pend = x->npend;
+}
+
+static int st_put(kvx_store *s, kvx_store_batch *x, const char *fn, const uint32_t *tokens, size_t n_tokens,
+                  const void *pages, size_t n_pages, const float *scales, size_t *out_new)
 {
     if (out_new) *out_new = 0;
-    int rc = kvx_st_writer_check(s, "kvx_store_put");
-    if (rc) return rc;
     uint32_t B = s->g.block_tokens;
     if (n_pages > n_tokens / B)
-        return kvx_fail(KVX_ETOKENS, "kvx_store_put: n_pages %zu exceeds the %zu full blocks of n_tokens %zu", n_pages,
+        return kvx_fail(KVX_ETOKENS, "%s: n_pages %zu exceeds the %zu full blocks of n_tokens %zu", fn, n_pages,
                         n_tokens / B, n_tokens);
-    if (n_pages && (!tokens || !pages)) return kvx_fail(KVX_EINVALID, "kvx_store_put: tokens or pages is NULL");
+    if (n_pages && (!tokens || !pages)) return kvx_fail(KVX_EINVALID, "%s: tokens or pages is NULL", fn);
     if (n_pages == 0) return 0;
     pthread_mutex_lock(&s->wmu);
-    rc = st_fits(s, n_pages, "kvx_store_put");
+    int rc = st_fits(s, x, n_pages, fn);
     pthread_mutex_unlock(&s->wmu);
     if (rc) return rc;
     uint64_t *h = malloc(n_pages * sizeof *h);
@@ -298,24 +329,29 @@ KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens,
     if (!rc) {
         for (size_t i = 0; !rc && i < n_pages; i++) {
             st_query q = {h[i], i ? h[i - 1] : 0, tokens + i * B, d[i]};
-            int r = st_held(s, snap, &q);
+            int r = st_held(s, x, snap, &q);
             if (r < 0) rc = r;
             else held[i] = (uint8_t)r;
         }
         kvx_cat_snap_end(snap);
     }
     size_t added = 0, todo = 0;
+    int dropped = 0;
     for (size_t i = 0; i < n_pages; i++) todo += !held[i];
-    s->reserve_hint = todo > UINT32_MAX ? UINT32_MAX : (uint32_t)todo;
+    x->reserve_hint = todo > UINT32_MAX ? UINT32_MAX : (uint32_t)todo;
     for (size_t i = 0; !rc && i < n_pages; i++) {
         st_query q = {h[i], i ? h[i - 1] : 0, tokens + i * B, d[i]};
-        if (held[i] || st_pending_find(s, &q)) continue;
-        rc = st_put_one(s, ST_KIND_LINEAGE, &q, (const uint8_t *)pages + i * s->page_bytes,
+        if (held[i] || st_pending_find(s, x, &q)) continue;
+        rc = st_put_one(s, x, ST_KIND_LINEAGE, &q, (const uint8_t *)pages + i * s->page_bytes,
                         scales ? scales + i * s->nscales : NULL);
-        if (rc) kvx_st_discard_pending(s); /* a failed put drops the whole unflushed batch */
-        else added++;
+        if (rc) {
+            kvx_st_discard_pending(x); /* a failed put drops its batch's unflushed blocks */
+            dropped = 1;
+        } else {
+            added++;
+        }
     }
-    s->batch_blocks = rc ? 0 : s->batch_blocks + added; /* a failed put dropped the batch */
+    st_put_done(x, added, dropped);
     pthread_mutex_unlock(&s->wmu);
     free(h);
     free(held);
@@ -324,16 +360,15 @@ KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens,
     return rc;
 }
 
-KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, const uint32_t *tokens, size_t n_tokens,
-                                   size_t *out_new)
+static int st_put_env(kvx_store *s, kvx_store_batch *x, const char *fn, const void *env, size_t len,
+                      const uint32_t *tokens, size_t n_tokens, size_t *out_new)
 {
     if (out_new) *out_new = 0;
-    int rc = kvx_st_writer_check(s, "kvx_store_put_envelope");
-    if (rc) return rc;
-    if (!env) return kvx_fail(KVX_EINVALID, "kvx_store_put_envelope: env is NULL");
-    if (n_tokens && !tokens) return kvx_fail(KVX_EINVALID, "kvx_store_put_envelope: tokens is NULL");
+    if (!env) return kvx_fail(KVX_EINVALID, "%s: env is NULL", fn);
+    if (n_tokens && !tokens) return kvx_fail(KVX_EINVALID, "%s: tokens is NULL", fn);
     kvx_geometry expect = s->g;
     kvx_envelope e;
+    int rc;
     if ((rc = kvx_envelope_parse(&e, env, len, &expect))) return rc;
     uint32_t B = s->g.block_tokens;
     size_t nfull = tokens ? n_tokens / B : 0;
@@ -365,8 +400,8 @@ KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, co
         if ((rc = kvx_envelope_block_at(&blk, &e, i))) break;
         if (blk.n_tokens != B || blk.hash == 0) continue;
         if (tokens && (i >= nfull || h[i] != blk.hash))
-            rc = kvx_fail(KVX_EHASH, "kvx_store_put_envelope: block %u hash %016llx is not the hash of the tokens' block %u",
-                          i, (unsigned long long)blk.hash, i);
+            rc = kvx_fail(KVX_EHASH, "%s: block %u hash %016llx is not the hash of the tokens' block %u", fn, i,
+                          (unsigned long long)blk.hash, i);
     }
     size_t nput = 0;
     for (uint32_t i = 0; !rc && i < e.n_blocks; i++) {
@@ -375,12 +410,13 @@ KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, co
     }
     if (!rc) {
         pthread_mutex_lock(&s->wmu);
-        rc = st_fits(s, nput, "kvx_store_put_envelope");
+        rc = st_fits(s, x, nput, fn);
         pthread_mutex_unlock(&s->wmu);
     }
     size_t added = 0;
+    int dropped = 0;
     pthread_mutex_lock(&s->wmu);
-    s->reserve_hint = e.n_blocks;
+    x->reserve_hint = e.n_blocks;
     for (uint32_t i = 0; !rc && i < e.n_blocks; i++) {
         kvx_envelope_block blk;
         if ((rc = kvx_envelope_block_at(&blk, &e, i))) break;
@@ -389,19 +425,24 @@ KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, co
                       tokens ? d[i] : NULL};
         kvx_cat_snap *snap;
         if ((rc = kvx_cat_snap_begin(s->cat, &snap))) break;
-        int held = st_held(s, snap, &q);
+        int held = st_held(s, x, snap, &q);
         kvx_cat_snap_end(snap);
         if (held < 0) {
             rc = held;
             break;
         }
-        if (held || st_pending_find(s, &q)) continue;
+        if (held || st_pending_find(s, x, &q)) continue;
         if ((rc = kvx_envelope_payload_to_page(page, sc, &s->g, &e, &blk))) break;
-        rc = st_put_one(s, tokens ? ST_KIND_LINEAGE : ST_KIND_PLAIN, &q, page, s->g.quant != KVX_QUANT_FP16 ? sc : NULL);
-        if (rc) kvx_st_discard_pending(s);
-        else added++;
+        rc = st_put_one(s, x, tokens ? ST_KIND_LINEAGE : ST_KIND_PLAIN, &q, page,
+                        s->g.quant != KVX_QUANT_FP16 ? sc : NULL);
+        if (rc) {
+            kvx_st_discard_pending(x);
+            dropped = 1;
+        } else {
+            added++;
+        }
     }
-    s->batch_blocks = rc ? 0 : s->batch_blocks + added; /* a failed put dropped the batch */
+    st_put_done(x, added, dropped);
     pthread_mutex_unlock(&s->wmu);
     free(h);
     free(d);
@@ -411,42 +452,38 @@ KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, co
     return rc;
 }
 
-/* The flush's one edit: every sealed shard registered, every pending
- * block added, next_gen. Its commit is the acknowledgement. */
-static int st_publish(kvx_store *s)
+/* The flush's one edit: every sealed shard of x registered, every pending
+ * block of x added, next_gen. Its commit is the acknowledgement. */
+static int st_publish(kvx_store *s, const kvx_store_batch *x)
 {
     kvx_cat_edit e;
     kvx_cat_edit_init(&e);
-    for (size_t i = 0; i < s->nsealed; i++) kvx_st_register(&e, &s->sealed[i]);
-    for (size_t i = 0; i < s->npend; i++) kvx_cat_edit_add_block(&e, s->pend[i].coord, s->pend[i].hash, s->pend[i].gen);
+    for (size_t i = 0; i < x->nsealed; i++) kvx_st_register(&e, &x->sealed[i]);
+    for (size_t i = 0; i < x->npend; i++) kvx_cat_edit_add_block(&e, x->pend[i].coord, x->pend[i].hash, x->pend[i].gen);
     kvx_cat_edit_next_gen(&e, s->next_gen);
     int rc = kvx_cat_apply(s->cat, &e); /* builder failures come back here */
     kvx_cat_edit_free(&e);
     return rc;
 }
 
-int kvx_st_flush_locked(kvx_store *s)
+int kvx_st_flush_locked(kvx_store *s, kvx_store_batch *x)
 {
     int rc = 0;
     /* each seal fsyncs its file, renames it and fsyncs shards/ (inside
      * kvx_shard_writer_seal), so every sealed file is durable here */
-    for (int k = 0; k < 2 && !rc; k++) rc = st_seal_cur(s, k);
-    if (!rc && s->nsealed) rc = st_publish(s);
+    for (int k = 0; k < 2 && !rc; k++) rc = st_seal_cur(s, x, k);
+    if (!rc && x->nsealed) rc = st_publish(s, x);
     if (rc) {
-        kvx_st_discard_pending(s);
+        kvx_st_discard_pending(x);
         return rc;
     }
-    for (size_t i = 0; i < s->nsealed; i++) {
+    for (size_t i = 0; i < x->nsealed; i++) {
         /* (the registry names them now) the flush's own tidy-up below must
          * not take what it just acknowledged either: the new shards stay
          * pinned with the held */
-        s->pinned[s->sealed[i].byte] = 1;
-        s->pin_gen[s->sealed[i].byte] = s->sealed[i].gen;
+        kvx_st_pin(x, x->sealed[i].byte, x->sealed[i].gen);
     }
-    s->nsealed = 0;
-    s->npend = 0;
-    s->nptok = 0;
-    for (size_t i = 0; i < s->ptab_n; i++) s->ptab[i] = SIZE_MAX;
+    st_pending_reset(x);
     /* acknowledged from here on: what follows only tidies up */
     kvx_st_usage_persist(s);
     kvx_st_drop_bad_shards(s);
@@ -457,23 +494,160 @@ int kvx_st_flush_locked(kvx_store *s)
     st_pshard sh[ST_SLOTS];
     kvx_st_pshards(sh, s, NULL);
     if (kvx_st_compact_due(sh, s->capacity, s->target)) kvx_st_compact(s, 0);
-    /* pins stay until kvx_store_flush returns: a flush made inside a put
-     * (shard ids running out, a batch near the capacity) publishes blocks
-     * that only the caller's flush acknowledges */
+    /* pins stay until the caller's flush returns: a flush made inside a
+     * put (shard ids running out, a batch near the capacity) publishes
+     * blocks that only the caller's flush acknowledges */
     kvx_clear_error();
     return 0;
+}
+
+/* The caller's flush of x: 0 acknowledges every block put into x since
+ * its last one. A failure since then that dropped blocks of successful
+ * puts makes it KVX_EDROPPED (what was put after it is published all the
+ * same); either way the batch starts afresh. */
+static int st_flush(kvx_store *s, kvx_store_batch *x, const char *fn)
+{
+    pthread_mutex_lock(&s->wmu);
+    int rc = kvx_st_flush_locked(s, x);
+    if (!rc && x->lost)
+        rc = kvx_fail(KVX_EDROPPED,
+                      "%s: %llu block(s) put since the last flush were dropped, never stored, when a later call "
+                      "on this batch failed (%s): put them again",
+                      fn, (unsigned long long)x->lost, x->lost_why);
+    x->lost = 0;
+    x->lost_why[0] = '\0';
+    x->batch_blocks = 0; /* acknowledged, or reported lost */
+    st_pins_clear(x);
+    pthread_mutex_unlock(&s->wmu);
+    return rc;
+}
+
+KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens, const void *pages, size_t n_pages,
+                          const float *scales, size_t *out_new)
+{
+    if (out_new) *out_new = 0;
+    int rc = kvx_st_writer_check(s, "kvx_store_put");
+    if (rc) return rc;
+    return st_put(s, &s->own, "kvx_store_put", tokens, n_tokens, pages, n_pages, scales, out_new);
+}
+
+KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, const uint32_t *tokens, size_t n_tokens,
+                                   size_t *out_new)
+{
+    if (out_new) *out_new = 0;
+    int rc = kvx_st_writer_check(s, "kvx_store_put_envelope");
+    if (rc) return rc;
+    return st_put_env(s, &s->own, "kvx_store_put_envelope", env, len, tokens, n_tokens, out_new);
 }
 
 KVX_API int kvx_store_flush(kvx_store *s)
 {
     int rc = kvx_st_writer_check(s, "kvx_store_flush");
     if (rc) return rc;
-    pthread_mutex_lock(&s->wmu);
-    rc = kvx_st_flush_locked(s);
-    if (!rc) {
-        s->batch_blocks = 0; /* acknowledged */
-        st_pins_clear(s);
+    return st_flush(s, &s->own, "kvx_store_flush");
+}
+
+/* ------------------------------------------------------------------ */
+/* Caller batches */
+
+static int st_batch_check(const kvx_store_batch *x, const char *fn)
+{
+    if (!x) return kvx_fail(KVX_EINVALID, "%s: batch is NULL", fn);
+    if (!x->s)
+        return kvx_fail(KVX_EINVALID, "%s: the batch's store was closed (only kvx_store_batch_destroy is allowed)",
+                        fn);
+    return 0;
+}
+
+void kvx_st_batch_link(kvx_store *s, kvx_store_batch *x)
+{
+    x->s = s;
+    x->prev = NULL;
+    x->next = s->batches;
+    if (s->batches) s->batches->prev = x;
+    s->batches = x;
+}
+
+static void st_batch_unlink(kvx_store *s, kvx_store_batch *x)
+{
+    if (x->prev) x->prev->next = x->next;
+    else s->batches = x->next;
+    if (x->next) x->next->prev = x->prev;
+    x->prev = x->next = NULL;
+}
+
+void kvx_st_batch_free_bufs(kvx_store_batch *x)
+{
+    for (int k = 0; k < 2; k++)
+        if (x->cur[k].w) kvx_shard_writer_abort(x->cur[k].w);
+    free(x->sealed);
+    free(x->pend);
+    free(x->ptok);
+    free(x->ptab);
+}
+
+/* Close: every batch's unflushed blocks dropped (never acknowledged), the
+ * caller's batches detached (they then take only destroy). Under wmu. */
+void kvx_st_batches_close(kvx_store *s)
+{
+    while (s->batches) {
+        kvx_store_batch *x = s->batches;
+        kvx_st_discard_pending(x);
+        st_batch_unlink(s, x);
+        if (x != &s->own) x->s = NULL;
     }
+}
+
+KVX_API int kvx_store_batch_create(kvx_store_batch **out, kvx_store *s)
+{
+    if (!out) return kvx_fail(KVX_EINVALID, "kvx_store_batch_create: out is NULL");
+    *out = NULL;
+    int rc = kvx_st_writer_check(s, "kvx_store_batch_create");
+    if (rc) return rc;
+    kvx_store_batch *x = calloc(1, sizeof *x);
+    if (!x) return kvx_fail(-ENOMEM, "store: out of memory");
+    pthread_mutex_lock(&s->wmu);
+    kvx_st_batch_link(s, x);
     pthread_mutex_unlock(&s->wmu);
-    return rc;
+    *out = x;
+    return 0;
+}
+
+KVX_API int kvx_store_batch_put(kvx_store_batch *b, const uint32_t *tokens, size_t n_tokens, const void *pages,
+                                size_t n_pages, const float *scales, size_t *out_new)
+{
+    if (out_new) *out_new = 0;
+    int rc = st_batch_check(b, "kvx_store_batch_put");
+    if (rc) return rc;
+    return st_put(b->s, b, "kvx_store_batch_put", tokens, n_tokens, pages, n_pages, scales, out_new);
+}
+
+KVX_API int kvx_store_batch_put_envelope(kvx_store_batch *b, const void *env, size_t len, const uint32_t *tokens,
+                                         size_t n_tokens, size_t *out_new)
+{
+    if (out_new) *out_new = 0;
+    int rc = st_batch_check(b, "kvx_store_batch_put_envelope");
+    if (rc) return rc;
+    return st_put_env(b->s, b, "kvx_store_batch_put_envelope", env, len, tokens, n_tokens, out_new);
+}
+
+KVX_API int kvx_store_batch_flush(kvx_store_batch *b)
+{
+    int rc = st_batch_check(b, "kvx_store_batch_flush");
+    if (rc) return rc;
+    return st_flush(b->s, b, "kvx_store_batch_flush");
+}
+
+KVX_API void kvx_store_batch_destroy(kvx_store_batch *b)
+{
+    if (!b) return;
+    kvx_store *s = b->s;
+    if (s) {
+        pthread_mutex_lock(&s->wmu);
+        kvx_st_discard_pending(b); /* never acknowledged: the files go */
+        st_batch_unlink(s, b);
+        pthread_mutex_unlock(&s->wmu);
+    }
+    kvx_st_batch_free_bufs(b);
+    free(b);
 }

@@ -64,7 +64,8 @@ KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s)
     out->shard_bytes = s->target;
     out->quarantined = kvx_st_quarantine_count(s);
     pthread_mutex_lock(&s->wmu);
-    out->pending_blocks = s->npend;
+    out->pending_blocks = 0;
+    for (const kvx_store_batch *x = s->batches; x; x = x->next) out->pending_blocks += x->npend;
     pthread_mutex_unlock(&s->wmu);
     return 0;
 }

@@ -4,7 +4,8 @@
  *
  * Rule (DESIGN.md rule 2): files the catalog stops naming are unlinked only
  * after its commit, and only when sound; a damaged one moves to
- * quarantine/. Shards pinned by an unflushed put are never taken.
+ * quarantine/. Shards pinned by an unflushed put of any batch are never
+ * taken.
  */
 #include "store.h"
 
@@ -244,7 +245,8 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
     return rc;
 }
 
-int kvx_st_enforce_capacity(kvx_store *s) { return kvx_st_evict(s, 0); }
+/* Every batch's sealed but unpublished files count, and are kept. */
+int kvx_st_enforce_capacity(kvx_store *s) { return kvx_st_evict(s, st_unpublished_bytes(s)); }
 
 /* Marks (victims, *nvict + 2 each) unpinned live shards of `flags` whose
  * blocks are mostly orphans: their parent is held nowhere, so no prefix

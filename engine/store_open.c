@@ -31,6 +31,7 @@ static kvx_store *st_alloc(void)
     pthread_rwlock_init(&s->cache_lock, NULL);
     pthread_mutex_init(&s->use_mu, NULL);
     pthread_mutex_init(&s->wmu, NULL);
+    kvx_st_batch_link(s, &s->own);
     return s;
 }
 
@@ -50,10 +51,7 @@ static void st_free(kvx_store *s)
     free(s->shards_path);
     free(s->staging_path);
     free(s->index_path);
-    free(s->sealed);
-    free(s->pend);
-    free(s->ptok);
-    free(s->ptab);
+    kvx_st_batch_free_bufs(&s->own);
     pthread_rwlock_destroy(&s->cache_lock);
     pthread_mutex_destroy(&s->use_mu);
     pthread_mutex_destroy(&s->wmu);
@@ -400,11 +398,11 @@ KVX_API int kvx_store_reindex_dir(const char *dir, uint32_t flags)
 KVX_API void kvx_store_close(kvx_store *s)
 {
     if (!s) return;
-    if (s->writer) {
-        pthread_mutex_lock(&s->wmu);
-        kvx_st_discard_pending(s);
-        pthread_mutex_unlock(&s->wmu);
-    }
+    /* unflushed blocks of every batch are dropped (never acknowledged);
+     * batches the caller did not destroy are detached, not freed */
+    pthread_mutex_lock(&s->wmu);
+    kvx_st_batches_close(s);
+    pthread_mutex_unlock(&s->wmu);
     kvx_st_usage_persist(s);
     st_free(s);
 }

@@ -347,7 +347,7 @@ static int st_reindex_write(kvx_store *s, const st_scan *sc, uint64_t next_gen)
 
 int kvx_st_reindex_locked(kvx_store *s)
 {
-    kvx_st_discard_pending(s);
+    kvx_st_discard_pending(&s->own);
     int rc = kvx_st_gen_floor(s);
     if (rc) return rc;
     st_scan *sc = calloc(1, sizeof *sc);
@@ -378,34 +378,64 @@ int kvx_st_reindex_locked(kvx_store *s)
     return rc;
 }
 
+/* How many batches besides the built-in one hold unflushed blocks, and
+ * how many blocks. Under wmu. */
+static size_t st_other_busy(kvx_store *s, size_t *blocks)
+{
+    size_t n = 0;
+    *blocks = 0;
+    for (const kvx_store_batch *x = s->batches; x; x = x->next)
+        if (x != &s->own && st_batch_busy(x)) {
+            n++;
+            *blocks += x->npend;
+        }
+    return n;
+}
+
 KVX_API int kvx_store_reindex(kvx_store *s)
 {
     int rc = kvx_st_writer_check(s, "kvx_store_reindex");
     if (rc) return rc;
     pthread_mutex_lock(&s->wmu);
+    /* another batch's sealed files already sit in shards/, unpublished: a
+     * reindex would index them (visible before that batch's flush, and
+     * published twice by it) or, dropping them, lose what it will
+     * acknowledge. Neither: refused until that batch flushes or is
+     * destroyed. (Batches holding only pins are fine: reindex keeps every
+     * kept shard's generation, so their pins still name the same files.) */
+    size_t nblocks, nbusy = st_other_busy(s, &nblocks);
+    if (nbusy) {
+        pthread_mutex_unlock(&s->wmu);
+        return kvx_fail(KVX_EBUSY,
+                        "kvx_store_reindex: %zu other batch(es) hold %zu unflushed block(s) in unpublished shard "
+                        "files: flush or destroy them (kvx_store_batch_flush / kvx_store_batch_destroy) first",
+                        nbusy, nblocks);
+    }
     /* puts not yet flushed are flushed first: a reindex must not drop what
      * the next flush would acknowledge. That next kvx_store_flush, not this
      * reindex, acknowledges them to the caller, so their pins (the shards of
      * blocks they found held, and the shards this flush publishes) must last
-     * until it returns: the flush below and kvx_st_reindex_locked's discard both
-     * clear pins, and the reindex gives every shard a fresh creation time, so
-     * a block a put found held then looked the oldest in the store and the
-     * next flush's eviction took it (a put of only held blocks pends nothing,
-     * so it was not even flushed here). Found by test_powercut seed 651158135. */
-    for (size_t i = 0; i < s->nsealed; i++) kvx_st_pin(s, s->sealed[i].byte, s->sealed[i].gen);
+     * until it returns (saved here and put back after the reindex): the
+     * reindex gives every shard a fresh creation time, so a block a put
+     * found held then looked the oldest in the store and the next flush's
+     * eviction took it (a put of only held blocks pends nothing, so it was
+     * not even flushed here). Found by test_powercut seed 651158135. */
+    kvx_store_batch *x = &s->own;
+    for (size_t i = 0; i < x->nsealed; i++) kvx_st_pin(x, x->sealed[i].byte, x->sealed[i].gen);
     for (int k = 0; k < 2; k++)
-        if (s->cur[k].w) kvx_st_pin(s, s->cur[k].byte, s->cur[k].gen);
+        if (x->cur[k].w) kvx_st_pin(x, x->cur[k].byte, x->cur[k].gen);
     uint8_t pinned[ST_SLOTS];
     uint64_t pin_gen[ST_SLOTS];
-    memcpy(pinned, s->pinned, sizeof pinned);
-    memcpy(pin_gen, s->pin_gen, sizeof pin_gen);
-    if (s->npend || s->nsealed || s->cur[0].w || s->cur[1].w) rc = kvx_st_flush_locked(s);
+    memcpy(pinned, x->pinned, sizeof pinned);
+    memcpy(pin_gen, x->pin_gen, sizeof pin_gen);
+    if (st_batch_busy(x)) rc = kvx_st_flush_locked(s, x);
     if (!rc) {
         rc = kvx_st_reindex_locked(s);
         /* reindex keeps each kept shard's generation, so these pins still
-         * name the same files; a failed flush dropped the puts (no pins) */
-        memcpy(s->pinned, pinned, sizeof pinned);
-        memcpy(s->pin_gen, pin_gen, sizeof pin_gen);
+         * name the same files; a failed flush dropped the puts (its blocks
+         * of successful puts are counted for the next kvx_store_flush) */
+        memcpy(x->pinned, pinned, sizeof pinned);
+        memcpy(x->pin_gen, pin_gen, sizeof pin_gen);
     }
     pthread_mutex_unlock(&s->wmu);
     return rc;

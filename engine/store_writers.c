@@ -19,9 +19,12 @@ static int st_alloc_byte(kvx_store *s, const uint8_t *extra, uint8_t *out)
 {
     uint8_t used[ST_SLOTS];
     memcpy(used, s->reg->live, sizeof used);
-    for (int k = 0; k < 2; k++)
-        if (s->cur[k].w) used[s->cur[k].byte] = 1;
-    for (size_t i = 0; i < s->nsealed; i++) used[s->sealed[i].byte] = 1;
+    /* every batch's open writers and sealed, unpublished files */
+    for (const kvx_store_batch *x = s->batches; x; x = x->next) {
+        for (int k = 0; k < 2; k++)
+            if (x->cur[k].w) used[x->cur[k].byte] = 1;
+        for (size_t i = 0; i < x->nsealed; i++) used[x->sealed[i].byte] = 1;
+    }
     for (int b = 0; b < ST_SLOTS; b++) {
         if (!used[b] && !(extra && extra[b])) {
             *out = (uint8_t)b;

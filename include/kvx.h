@@ -16,13 +16,17 @@
  *      kvx_store_verify(s, out_bad, report, ctx)     handle before out_bad
  *      kvx_store_put(s, ..., out_new)                nullable count last
  *      kvx_store_put_envelope(s, ..., out_new)       nullable count last
+ *      kvx_store_batch_put(b, ..., out_new)          as kvx_store_put
+ *      kvx_store_batch_put_envelope(b, ..., out_new) as kvx_store_put_envelope
  *      kvx_fetch_poll(f, out_done)                   handle before out_done
  *      kvx_fetch_wait(f, out, n, timeout_ms)         handle before out
  *    and outputs that come first but are not named out*:
  *      kvx_envelope_export(buf, cap, ...)            the caller's buffer
  *      kvx_gpu_copy_back(dst, g, dev, bytes)         the host destination
  *      kvx_spectral_apply(h, ...)                    h is updated in place
- *    New functions follow the rule without exception.
+ *    The two batch puts mirror the calls they stand for, so a caller moves
+ *    to a batch by changing the handle only. Other new functions follow
+ *    the rule without exception.
  *  - Ownership and lifetime of what a call returns (each function's comment
  *    says which case it is):
  *      . a pointer-to-pointer output (kvx_shard **, void **out_buf, ...) is
@@ -56,9 +60,9 @@
  *
  * Caveats:
  *  - Threads: kvx_shard and kvx_store handles are safe to share between
- *    threads. A kvx_shard_writer, kvx_fetch or kvx_pool belongs to one
- *    thread at a time. The index is opened with MDB_NOTLS, so runtimes
- *    that move user threads between OS threads (Go) are fine.
+ *    threads. A kvx_shard_writer, kvx_fetch, kvx_pool or kvx_store_batch
+ *    belongs to one thread at a time. The index is opened with MDB_NOTLS,
+ *    so runtimes that move user threads between OS threads (Go) are fine.
  *  - fork: do not use a handle in a child process; open it again.
  *  - Memory-mapped views: kvx installs a SIGBUS guard for its own shard
  *    mappings, so a shard file truncated by someone else after it was opened
@@ -127,7 +131,8 @@ KVX_API const char *kvx_version(void);
     XX(ECANCELED, -30030, "operation canceled")                                    \
     XX(EAMBIGUOUS, -30031, "several verified blocks share the hash: give tokens to pick one") \
     XX(EUNVERIFIED, -30032, "the block is held only unverified (stored without its tokens)") \
-    XX(ESTALE, -30033, "the store's index was rebuilt since this handle opened it: open the store again")
+    XX(ESTALE, -30033, "the store's index was rebuilt since this handle opened it: open the store again") \
+    XX(EDROPPED, -30034, "blocks put since the last flush were dropped by a failed call: they are not stored")
 
 typedef enum kvx_error {
     KVX_OK = 0,
@@ -561,7 +566,7 @@ typedef struct kvx_store_stats {
     uint64_t evictions; /* shards evicted */
     uint64_t evicted_blocks;
     uint64_t compactions;
-    uint64_t pending_blocks; /* put but not yet flushed (this handle) */
+    uint64_t pending_blocks; /* put but not yet flushed (this handle, every batch) */
     uint64_t dropped_shards; /* shards whose records recovery dropped (file gone or invalid) */
     uint64_t shard_bytes;    /* target shard size */
     uint64_t quarantined;    /* files in DIR/quarantine/ (kept, never deleted) */
@@ -576,7 +581,11 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
  * that must match (KVX_ESHAPE / KVX_EMODEL otherwise). */
 KVX_API int kvx_store_open(kvx_store **out, const char *dir, const kvx_geometry *expect,
                            uint32_t flags);
-/* Unflushed puts are dropped (never acknowledged). NULL is fine. */
+/* Unflushed puts are dropped (never acknowledged). NULL is fine. Destroy
+ * the store's batches (kvx_store_batch_destroy) first; a batch still alive
+ * loses its unflushed blocks here and is detached: it then takes only
+ * kvx_store_batch_destroy (which frees it), every other call on it is
+ * KVX_EINVALID. No call on the store or its batches may run during close. */
 KVX_API void kvx_store_close(kvx_store *s);
 KVX_API int kvx_store_get_geometry(kvx_geometry *out, const kvx_store *s);
 
@@ -594,8 +603,46 @@ KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len,
 /* Makes every block put so far durable and visible. 0 is the
  * acknowledgement. The blocks put since the previous flush must fit the
  * store's capacity together: a put that would take them over answers
- * KVX_ECAPACITY ("flush first") and writes nothing. */
+ * KVX_ECAPACITY ("flush first") and writes nothing.
+ * kvx_store_put, kvx_store_put_envelope and kvx_store_flush work on the
+ * handle's built-in batch, shared by every thread that calls them: a
+ * failed put or flush drops every unflushed block in it, other threads'
+ * too. When blocks that earlier successful puts added were dropped, the
+ * next kvx_store_flush answers KVX_EDROPPED (once, naming how many and
+ * why; it still publishes what was put after the failure), never 0. With
+ * several writing threads, give each its own kvx_store_batch. */
 KVX_API int kvx_store_flush(kvx_store *s);
+
+/* A write batch: one caller's unflushed blocks. Its flush acknowledges
+ * exactly the blocks put into it since its last flush; a failed put or
+ * flush drops only its own unflushed blocks, never another batch's (nor
+ * the built-in one's). The semantics are kvx_store_put's and
+ * kvx_store_flush's, per batch: blocks published or pending in the same
+ * batch are skipped, what one flush acknowledges must fit the capacity
+ * (KVX_ECAPACITY, "flush first"), and a flush answers KVX_EDROPPED when a
+ * failure dropped blocks of earlier successful puts. A block pending in
+ * another batch is not "held": each batch writes its own copy (a flush
+ * never depends on another batch's). A batch belongs to one thread at a
+ * time; batches of one store may be used from many threads at once (their
+ * puts and flushes take the store's writer lock in turn). */
+typedef struct kvx_store_batch kvx_store_batch;
+/* A new, empty batch of writer handle s (KVX_EINVALID for a read-only
+ * handle). The caller destroys it before closing s. */
+KVX_API int kvx_store_batch_create(kvx_store_batch **out, kvx_store *s);
+/* kvx_store_put into batch b. */
+KVX_API int kvx_store_batch_put(kvx_store_batch *b, const uint32_t *tokens, size_t n_tokens,
+                                const void *pages, size_t n_pages, const float *scales,
+                                size_t *out_new);
+/* kvx_store_put_envelope into batch b. */
+KVX_API int kvx_store_batch_put_envelope(kvx_store_batch *b, const void *env, size_t len,
+                                         const uint32_t *tokens, size_t n_tokens, size_t *out_new);
+/* Makes the blocks put into b since its last flush durable and visible, in
+ * one catalog transaction; 0 is their acknowledgement. Another batch's
+ * blocks stay unpublished. */
+KVX_API int kvx_store_batch_flush(kvx_store_batch *b);
+/* Drops b's unflushed blocks (never acknowledged: their files are deleted)
+ * and frees b. NULL is fine. */
+KVX_API void kvx_store_batch_destroy(kvx_store_batch *b);
 
 /* Lookups fill views the caller releases with kvx_view_release(s).
  * Trust (DESIGN.md rule 1): every page a view points at has passed its
@@ -641,8 +688,11 @@ KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s);
 KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad,
                              void (*report)(void *ctx, const char *what, int code), void *ctx);
 /* Rebuilds the index from the shards' own tables (a fresh index: nothing
- * of the old one is read). Files in shards/ that cannot be validated, that
- * are foreign, or that claim a shard byte a newer file holds move to
+ * of the old one is read). The built-in batch's unflushed blocks are
+ * flushed first (the next kvx_store_flush acknowledges them); while another
+ * kvx_store_batch holds unflushed blocks, KVX_EBUSY and nothing changes
+ * (flush or destroy it first). Files in shards/ that cannot be validated,
+ * that are foreign, or that claim a shard byte a newer file holds move to
  * DIR/quarantine/ (never deleted); then 0 and kvx_last_error() says how
  * many. Shards written before the digest existed are rewritten with the
  * digests derived by walking lineage from blocks whose parent is 0. */
