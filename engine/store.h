@@ -222,6 +222,11 @@ uint64_t kvx_st_quarantine_count(kvx_store *s);
 int kvx_st_gen_floor(kvx_store *s);
 
 /* store_cache.c */
+/* Is sh one of this store's shards: its model and geometry, a chained-hash
+ * table, and every entry i at coordinate (its shard byte, i, 0)? 0, or
+ * KVX_EMODEL / KVX_ESHAPE / KVX_EFORMAT / KVX_ECORRUPT with the reason in
+ * why (a verdict on the file). */
+int kvx_st_shard_ours(const kvx_store *s, const kvx_shard *sh, char *why, size_t cap);
 /* A new reference on the shard (byte, gen), opened lazily; NULL when it
  * cannot be opened (then marked bad, unless the failure was transient). */
 kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen);

@@ -16,6 +16,42 @@
 #include <string.h>
 #include <sys/stat.h>
 
+int kvx_st_shard_ours(const kvx_store *s, const kvx_shard *sh, char *why, size_t cap)
+{
+    const kvx_shard_info *in = kvx_shard_get_info(sh);
+    const kvx_geometry *g = &in->geometry;
+    if (g->model_signature != s->g.model_signature) {
+        snprintf(why, cap, "written for model %016llx, this store's is %016llx (not one of its shards)",
+                 (unsigned long long)g->model_signature, (unsigned long long)s->g.model_signature);
+        return KVX_EMODEL;
+    }
+    if (g->num_layers != s->g.num_layers || g->kv_heads != s->g.kv_heads || g->head_dim != s->g.head_dim ||
+        g->block_tokens != s->g.block_tokens || g->quant != s->g.quant) {
+        snprintf(why, cap, "geometry differs from this store's (not one of its shards)");
+        return KVX_ESHAPE;
+    }
+    if (!(in->flags & KVX_FLAG_HASHES)) {
+        snprintf(why, cap, "has no chained-hash table (not one of this store's shards)");
+        return KVX_EFORMAT;
+    }
+    /* the store addresses entry i by coordinate (shard byte, i, 0): a file
+     * laid out otherwise would make it copy or drop the wrong entries */
+    for (uint32_t i = 0; i < in->num_blocks; i++) {
+        kvx_entry e;
+        int rc = kvx_shard_entry(&e, sh, i);
+        if (rc) {
+            snprintf(why, cap, "entry %u cannot be read: %s", i, kvx_strerror(rc));
+            return rc;
+        }
+        if (e.coordinate != KVX_COORD(in->shard_id, i, 0)) {
+            snprintf(why, cap, "entry %u has coordinate 0x%08x, not 0x%08x (shard %u's entry %u): not laid out as "
+                     "this store writes shards", i, e.coordinate, KVX_COORD(in->shard_id, i, 0), in->shard_id, i);
+            return KVX_ECORRUPT;
+        }
+    }
+    return 0;
+}
+
 kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
 {
     pthread_rwlock_rdlock(&s->cache_lock);
@@ -38,12 +74,8 @@ kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
         int rc = path ? kvx_shard_open(&sh, path, 0) : -ENOMEM;
         free(path);
         if (rc == 0) {
-            const kvx_shard_info *in = kvx_shard_get_info(sh);
-            const kvx_geometry *g = &in->geometry;
-            if (in->shard_id == byte && g->num_layers == s->g.num_layers && g->kv_heads == s->g.kv_heads &&
-                g->head_dim == s->g.head_dim && g->block_tokens == s->g.block_tokens && g->quant == s->g.quant &&
-                g->model_signature == s->g.model_signature && (in->flags & KVX_FLAG_HASHES))
-                bad = 0;
+            char why[300];
+            if (kvx_shard_get_info(sh)->shard_id == byte && kvx_st_shard_ours(s, sh, why, sizeof why) == 0) bad = 0;
         } else if (st_open_transient(rc)) {
             /* EIO, EMFILE, ENOMEM, no mapping-guard slot...: a miss now,
              * not a verdict on the file */

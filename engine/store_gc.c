@@ -194,9 +194,11 @@ int kvx_st_derive_digests(kvx_store *s)
     return rc;
 }
 
-/* Rewrites shard b keeping only the entries keep[] marks (NULL: all whose
- * page is sound), then drops it: deleted when sound, else quarantined. */
-static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, int damaged, const char *damaged_why)
+/* Rewrites shard b keeping only the entries keep[0..nkeep) marks (NULL: all
+ * whose page is sound), then drops it: deleted when sound, else
+ * quarantined. */
+static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, size_t nkeep, int damaged,
+                            const char *damaged_why)
 {
     st_move *mv = NULL;
     size_t nmv = 0, capmv = 0;
@@ -207,7 +209,8 @@ static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, int d
     }
     size_t w = 0;
     for (size_t i = 0; i < nmv; i++)
-        if (!keep || keep[KVX_COORD_BLOCK(mv[i].src_coord)]) mv[w++] = mv[i];
+        if (!keep || (KVX_COORD_BLOCK(mv[i].src_coord) < nkeep && keep[KVX_COORD_BLOCK(mv[i].src_coord)]))
+            mv[w++] = mv[i];
     nmv = w;
     st_sealed *added = NULL;
     size_t nadded = 0;
@@ -243,7 +246,7 @@ static int st_salvage_damaged(kvx_store *s)
         if (v && bad) {
             char why[200];
             snprintf(why, sizeof why, "%u damaged or missing page(s): gc copied its good blocks to a new shard", bad);
-            rc = st_rewrite_shard(s, b, NULL, 1, why);
+            rc = st_rewrite_shard(s, b, NULL, 0, 1, why);
         }
         else kvx_clear_error();
     }
@@ -293,11 +296,13 @@ static int st_drop_headless(kvx_store *s)
         return 0; /* nothing dropped: the next gc tries again */
     }
     uint8_t *keep[ST_SLOTS] = {0};
+    size_t nkeep[ST_SLOTS] = {0};
     uint8_t headless[ST_SLOTS] = {0};
     for (size_t i = 0; !rc && i < n; i++) {
         uint32_t b = all[i].b;
         if (!keep[b]) {
-            keep[b] = calloc(kvx_shard_get_info(sh[b])->num_blocks + 1u, 1);
+            nkeep[b] = kvx_shard_get_info(sh[b])->num_blocks;
+            keep[b] = calloc(nkeep[b] + 1u, 1);
             if (!keep[b]) {
                 rc = kvx_fail(-ENOMEM, "store: out of memory");
                 break;
@@ -309,7 +314,7 @@ static int st_drop_headless(kvx_store *s)
     free(all);
     for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(sh[b]);
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++)
-        if (headless[b] && !st_is_pinned(s, b)) rc = st_rewrite_shard(s, b, keep[b], 0, NULL);
+        if (headless[b] && !st_is_pinned(s, b)) rc = st_rewrite_shard(s, b, keep[b], nkeep[b], 0, NULL);
     for (int b = 0; b < ST_SLOTS; b++) free(keep[b]);
     return rc;
 }

@@ -229,6 +229,18 @@ KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(voi
             st_vreport(&v, e, "shards/%s (shard %u): %s", name, b, kvx_last_error());
             continue;
         }
+        char whose[400];
+        int own = kvx_st_shard_ours(s, sh, whose, sizeof whose);
+        if (!own && kvx_shard_get_info(sh)->shard_id != b) {
+            snprintf(whose, sizeof whose, "its entries name shard %u, the index registered it as %u",
+                     kvx_shard_get_info(sh)->shard_id, b);
+            own = KVX_ECORRUPT;
+        }
+        if (own) { /* lookups refuse it: every block it is indexed for is missing */
+            st_vreport(&v, own, "shards/%s (shard %u): %s", name, b, whose);
+            kvx_shard_close(sh);
+            continue;
+        }
         uint32_t nbad = 0;
         kvx_shard_verify(sh, &nbad, st_page_report, &v);
         const kvx_shard_info *in = kvx_shard_get_info(sh);

@@ -107,12 +107,7 @@ static int st_judge(kvx_store *s, const char *name, kvx_shard **out, char *why, 
         snprintf(why, cap, "cannot be validated: %s (%s)", kvx_last_error(), kvx_err_name(rc));
         return 1;
     }
-    const kvx_shard_info *in = kvx_shard_get_info(sh);
-    const kvx_geometry *g = &in->geometry;
-    if (g->num_layers != s->g.num_layers || g->kv_heads != s->g.kv_heads || g->head_dim != s->g.head_dim ||
-        g->block_tokens != s->g.block_tokens || g->quant != s->g.quant || g->model_signature != s->g.model_signature ||
-        !(in->flags & KVX_FLAG_HASHES)) {
-        snprintf(why, cap, "geometry, model or tables differ from this store's (not one of its shards)");
+    if (kvx_st_shard_ours(s, sh, why, cap) != 0) {
         kvx_shard_close(sh);
         return 1;
     }
@@ -283,11 +278,9 @@ static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
         snprintf(why, sizeof why, "reindex: cannot be validated: %s (%s)", kvx_last_error(), kvx_err_name(rc));
     } else {
         const kvx_shard_info *in = kvx_shard_get_info(sh);
-        const kvx_geometry *g = &in->geometry;
-        if (g->num_layers != s->g.num_layers || g->kv_heads != s->g.kv_heads || g->head_dim != s->g.head_dim ||
-            g->block_tokens != s->g.block_tokens || g->quant != s->g.quant ||
-            g->model_signature != s->g.model_signature || !(in->flags & KVX_FLAG_HASHES)) {
-            snprintf(why, sizeof why, "reindex: geometry, model or tables differ from this store's");
+        char whose[400];
+        if (kvx_st_shard_ours(s, sh, whose, sizeof whose) != 0) {
+            snprintf(why, sizeof why, "reindex: %s", whose);
             kvx_shard_close(sh);
             sh = NULL;
         } else {
