@@ -52,8 +52,24 @@ int kvx_st_drop_write(kvx_store *s, st_drop *d)
     if (d->compact) delta.compactions = 1;
     kvx_cat_edit_stats(&e, &delta, 1);
     kvx_cat_edit_next_gen(&e, s->next_gen);
+    /* a batch's pin on a victim follows its blocks into the new shards
+     * (salvage, digest derivation and compaction copy pinned blocks): what
+     * the batch's flush will acknowledge stays out of eviction's reach */
+    uint8_t carry_pins[64] = {0};
+    size_t nb = 0;
+    for (kvx_store_batch *x = s->batches; x; x = x->next, nb++)
+        for (uint32_t b = 0; nb < sizeof carry_pins && b < ST_SLOTS; b++)
+            if (d->victims[b] && x->pinned[b] && x->pin_gen[b] == s->reg->rec[b].gen) carry_pins[nb] = 1;
     int rc = kvx_cat_apply(s->cat, &e); /* builder failures come back here */
     kvx_cat_edit_free(&e);
+    nb = 0;
+    for (kvx_store_batch *x = s->batches; !rc && x; x = x->next, nb++) {
+        if (nb < sizeof carry_pins && !carry_pins[nb]) continue;
+        for (size_t i = 0; i < d->nadded; i++) {
+            x->pinned[d->added[i].byte] = 1;
+            x->pin_gen[d->added[i].byte] = d->added[i].gen;
+        }
+    }
     return rc;
 }
 

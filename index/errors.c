@@ -24,10 +24,11 @@ static int idx_err(const kvx_index *ix, int rc, const char *what)
     case MDB_VERSION_MISMATCH: return kvx_fail(KVX_EVERSION, "index: %s: %s", what, mdb_strerror(rc));
     case MDB_MAP_FULL: return kvx_fail(KVX_ECAPACITY, "index: %s: %s", what, mdb_strerror(rc));
     case MDB_READERS_FULL: return kvx_fail(KVX_EBUSY, "index: %s: %s", what, mdb_strerror(rc));
+    case MDB_TXN_FULL: /* an edit too large for one transaction: not damage */
+        return kvx_fail(KVX_ECAPACITY, "index: %s: %s (one edit holds too many changes)", what, mdb_strerror(rc));
     case MDB_KEYEXIST:
     case MDB_MAP_RESIZED:
     case MDB_TLS_FULL:
-    case MDB_TXN_FULL:
     case MDB_DBS_FULL:
     case MDB_BAD_RSLOT:
     case MDB_BAD_VALSIZE:

@@ -158,11 +158,59 @@ static void test_gc_sparse_coordinates(void **state)
     kvx_store_close(s);
 }
 
+/* ------------------------------------------- a pin through gc's salvage */
+
+/* Batch A puts a prompt the store already holds: its shard is pinned until
+ * A's flush, which will acknowledge those blocks. gc then salvages that
+ * shard (another block's page is damaged), copying the held blocks into a
+ * new shard; then other puts turn the store over. A's pin must follow its
+ * blocks into the new shard, or eviction takes them and A's flush
+ * acknowledges blocks that are gone. */
+static void test_pin_follows_salvage(void **state)
+{
+    (void)state;
+    char dir[300];
+    new_dir(dir, sizeof dir, "pin");
+    kvx_store *s = make_store(dir, 2u << 20, 512u << 10, 0);
+    /* sequence 1, 12 blocks, in one shard */
+    uint32_t t[12 * SU_B];
+    uint64_t h[12];
+    su_tokens(t, 1, 12, 0);
+    uint8_t *p = su_pages(t, 12, h, 64);
+    assert_int_equal(kvx_store_put(s, t, 12 * SU_B, p, 12, NULL, NULL), 0);
+    assert_int_equal(kvx_store_flush(s), 0);
+    char names[4][64];
+    assert_int_equal(su_list_names(dir, "shards", names, 4), 1);
+    kvx_store_batch *a;
+    assert_int_equal(kvx_store_batch_create(&a, s), 0);
+    size_t added = 9;
+    assert_int_equal(kvx_store_batch_put(a, t, 6 * SU_B, p, 6, NULL, &added), 0);
+    assert_int_equal(added, 0); /* all held: the shard is pinned */
+    /* damage block 9: gc salvages the shard, copying the good blocks */
+    char path[800];
+    snprintf(path, sizeof path, "%s/shards/%s", dir, names[0]);
+    assert_int_equal(su_flip_page_byte(path, 9), 0);
+    assert_int_equal(kvx_store_gc(s), 0);
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_int_equal(st.quarantined, 1);
+    /* turn the store over many times with other prompts */
+    for (uint64_t q = 100; q < 100 + 200; q++) assert_int_equal(su_put_seq(s, q, 6), 0);
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_true(st.evictions > 0);
+    assert_int_equal(kvx_store_batch_flush(a), 0); /* acknowledges sequence 1's first 6 blocks */
+    assert_int_equal(su_served_prefix(s, 1, 6), 6);
+    kvx_store_batch_destroy(a);
+    kvx_store_close(s);
+    free(p);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_verify_foreign_model_shard),
         cmocka_unit_test(test_gc_sparse_coordinates),
+        cmocka_unit_test(test_pin_follows_salvage),
     };
     return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }
