@@ -442,6 +442,13 @@ static int st_put_env(kvx_store *s, kvx_store_batch *x, const char *fn, const vo
             added++;
         }
     }
+    if (rc && !dropped && added) {
+        /* a failure after this call wrote blocks (a held check, a payload
+         * conversion): the put failed, so nothing of it may be acknowledged
+         * by the next flush; as for any failed put, the batch goes */
+        kvx_st_discard_pending(x);
+        dropped = 1;
+    }
     st_put_done(x, added, dropped);
     pthread_mutex_unlock(&s->wmu);
     free(h);

@@ -427,8 +427,11 @@ KVX_API int kvx_store_reindex(kvx_store *s)
         /* reindex keeps each kept shard's generation, so these pins still
          * name the same files; a failed flush dropped the puts (its blocks
          * of successful puts are counted for the next kvx_store_flush) */
-        memcpy(x->pinned, pinned, sizeof pinned);
-        memcpy(x->pin_gen, pin_gen, sizeof pin_gen);
+        for (int b = 0; b < ST_SLOTS; b++) {
+            if (!pinned[b] || x->pinned[b]) continue; /* a pin digest derivation carried to a new shard stays */
+            x->pinned[b] = 1;
+            x->pin_gen[b] = pin_gen[b];
+        }
     }
     pthread_mutex_unlock(&s->wmu);
     return rc;
