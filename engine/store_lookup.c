@@ -27,6 +27,7 @@ typedef struct st_hc {
     kvx_shard *sh;
     uint32_t byte;
     uint64_t gen;
+    int gone; /* a location's shard could not be had (moved since the snapshot?) */
 } st_hc;
 
 static kvx_shard *st_hc_get(kvx_store *s, st_hc *hc, uint32_t byte, uint64_t gen)
@@ -55,7 +56,10 @@ static int st_try_loc(kvx_store *s, const kvx_cat_loc *loc, const st_query *q, k
 {
     uint32_t byte = KVX_COORD_SHARD(loc->coord);
     kvx_shard *sh = st_hc_get(s, hc, byte, loc->gen);
-    if (!sh) return KVX_ENOTFOUND;
+    if (!sh) {
+        if (hc) hc->gone = 1;
+        return KVX_ENOTFOUND;
+    }
     uint32_t idx = KVX_COORD_BLOCK(loc->coord);
     kvx_entry e;
     int rc = kvx_shard_entry(&e, sh, idx);
@@ -287,7 +291,8 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, c
     uint64_t parent = 0, h = want ? kvx_block_hash(0, tokens, B) : 0;
     if (want) kvx_digest_step(&dc, digest[0], NULL, tokens, B);
     size_t i = 0;
-    st_hc hc = {NULL, 0, 0};
+    st_hc hc = {NULL, 0, 0, 0};
+    int retried = 0;
     for (; i < want; i++) {
         const uint32_t *t = tokens + i * B;
         uint8_t *d = digest[i & 1];
@@ -300,12 +305,26 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, c
             kvx_digest_step(&dc, digest[(i + 1) & 1], d, t + B, B);
         }
         st_query q = {h, parent, t, d};
+        hc.gone = 0;
         rc = st_lookup_hc(s, snap, &q, &out_views[i], &hc);
+        if (rc == KVX_ENOTFOUND && hc.gone && !retried) {
+            /* the file the snapshot named is gone: a rewrite (compaction,
+             * eviction's carry, gc) that moved its blocks committed after
+             * the snapshot began, and files go only after their commit.
+             * Look again, once, in a fresh snapshot. */
+            retried = 1;
+            kvx_cat_snap_end(snap);
+            if ((rc = kvx_cat_snap_begin(s->cat, &snap))) {
+                snap = NULL;
+                break;
+            }
+            rc = st_lookup_hc(s, snap, &q, &out_views[i], &hc);
+        }
         if (rc) break;
         parent = h;
         h = next;
     }
-    kvx_cat_snap_end(snap);
+    if (snap) kvx_cat_snap_end(snap);
     kvx_shard_close(hc.sh);
     if (want) kvx_digest_ctx_free(&dc);
     if (rc && rc != KVX_ENOTFOUND && rc != KVX_EPAGECRC && rc != KVX_ETRUNC) {

@@ -431,8 +431,8 @@ static kvx_store *new_store(const char *name, char *dir, size_t cap)
     return s;
 }
 
-/* A failed mmap of a shard is a miss now, never a verdict on the shard: a
- * lookup misses and the next one serves; a verifying writer open fails or
+/* A failed mmap of a shard is never a verdict on the shard: a lookup
+ * misses (or its second look serves) and the next one serves; a verifying writer open fails or
  * goes on, but quarantines nothing. */
 static void test_store_map_faults(void **state)
 {
@@ -453,8 +453,10 @@ static void test_store_map_faults(void **state)
     long hits = fault_hits;
     fault_reset(0, EIO, FAULT_ERRNO);
     assert_int_equal(hits, 1); /* the shard's mmap was reached */
-    assert_true(got != NB); /* a miss (or an error), not a wrong answer */
-    check_all(s);           /* not remembered as bad */
+    /* never a wrong answer: a miss, or every block (a lookup that could not
+     * have a shard looks again, once, in a fresh snapshot) */
+    assert_true(got == 0 || got == NB);
+    check_all(s); /* not remembered as bad */
     kvx_store_close(s);
 
     fault_reset(0, EIO, FAULT_ERRNO);
