@@ -31,8 +31,12 @@ static int st_alloc_byte(kvx_store *s, const uint8_t *extra, uint8_t *out)
             return 0;
         }
     }
-    return kvx_fail(KVX_EFULL, "store %s: all 256 shard ids are in use (a coordinate's shard byte); "
-                               "run gc or create the store with a larger shard_bytes", s->dir);
+    return kvx_fail(KVX_EFULL,
+                    "store %s: all 256 shard ids are in use (a coordinate's shard byte) by live shards and the open "
+                    "writers of every batch: flush or destroy batches; gc helps only when small shards can merge; "
+                    "a store whose capacity_bytes / shard_bytes (%llu / %llu) is above about 192 cannot hold its "
+                    "capacity: create it with shard_bytes of at least capacity_bytes / 192",
+                    s->dir, (unsigned long long)s->capacity, (unsigned long long)s->target);
 }
 
 uint32_t kvx_st_kind_flags(const kvx_store *s, int kind)
