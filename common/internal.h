@@ -36,6 +36,9 @@ static inline void kvx_store64(void *p, uint64_t v) { memcpy(p, &v, 8); }
 static inline int kvx_mul64(uint64_t *out, uint64_t a, uint64_t b) { return !__builtin_mul_overflow(a, b, out); }
 static inline int kvx_add64(uint64_t *out, uint64_t a, uint64_t b) { return !__builtin_add_overflow(a, b, out); }
 
+/* FP8 quants carry a scale table (DESIGN.md); FP16 and BF16 never do. */
+static inline int kvx_quant_is_fp8(uint32_t q) { return q == KVX_QUANT_E4M3 || q == KVX_QUANT_E5M2; }
+
 static inline uint64_t kvx_align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 /* "FIFO", "character device", "directory", ... for a stat st_mode (os.c). */

@@ -227,7 +227,7 @@ static int st_put_one(kvx_store *s, kvx_store_batch *x, int kind, const st_query
     e.parent = kind == ST_KIND_LINEAGE ? q->parent : 0;
     e.tokens = kind == ST_KIND_LINEAGE ? q->toks : NULL;
     e.digest = kind == ST_KIND_LINEAGE ? q->digest : NULL;
-    e.scales = s->g.quant != KVX_QUANT_FP16 ? scales : NULL;
+    e.scales = kvx_quant_is_fp8(s->g.quant) ? scales : NULL;
     if ((rc = kvx_shard_writer_add(o->w, &e))) return rc;
     if (!e.digest) o->nunv++;
     st_query pq = *q;
@@ -434,7 +434,7 @@ static int st_put_env(kvx_store *s, kvx_store_batch *x, const char *fn, const vo
         if (held || st_pending_find(s, x, &q)) continue;
         if ((rc = kvx_envelope_payload_to_page(page, sc, &s->g, &e, &blk))) break;
         rc = st_put_one(s, x, tokens ? ST_KIND_LINEAGE : ST_KIND_PLAIN, &q, page,
-                        s->g.quant != KVX_QUANT_FP16 ? sc : NULL);
+                        kvx_quant_is_fp8(s->g.quant) ? sc : NULL);
         if (rc) {
             kvx_st_discard_pending(x);
             dropped = 1;

@@ -79,7 +79,7 @@ void kvx_st_sizes(kvx_store *s)
     s->page_bytes = kvx_page_bytes(g, g->block_tokens);
     s->nscales = (uint32_t)kvx_scale_count(g);
     uint64_t tables = 24 + 8 + 8 + 4ull * g->block_tokens;
-    if (g->quant != KVX_QUANT_FP16) tables += 4ull * s->nscales;
+    if (kvx_quant_is_fp8(g->quant)) tables += 4ull * s->nscales;
     s->entry_bytes = kvx_align_up(s->page_bytes, 4096) + tables;
     uint64_t n = s->target / s->entry_bytes;
     if (n < 1) n = 1;

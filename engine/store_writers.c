@@ -43,7 +43,7 @@ uint32_t kvx_st_kind_flags(const kvx_store *s, int kind)
 {
     uint32_t f = KVX_FLAG_HASHES;
     if (kind == ST_KIND_LINEAGE) f |= KVX_FLAG_LINEAGE | KVX_FLAG_DIGEST;
-    if (s->g.quant != KVX_QUANT_FP16) f |= KVX_FLAG_SCALES;
+    if (kvx_quant_is_fp8(s->g.quant)) f |= KVX_FLAG_SCALES;
     return f;
 }
 

@@ -14,7 +14,9 @@
  * f32: into v2 (or into an E4M3 page with out_scales) by the envelope's
  * writer rule, computed by kvx_envelope_quantize_v2 itself one (layer,
  * head) pair at a time, so the bytes are exactly what an envelope writer
- * would produce; into f16 and E5M2 by round to nearest even at scale 1.
+ * would produce; into f16, E5M2 and bf16 by round to nearest even at
+ * scale 1. A BF16 page goes to v1 only when every value is exact in f16:
+ * the first one that is not is named (KVX_ELOSSY) and nothing is written.
  */
 #include "shard_format.h"
 
@@ -41,6 +43,9 @@ static void decode_n(float *out, const uint8_t *in, size_t n, uint32_t q, float 
     switch (q) {
     case KVX_QUANT_FP16:
         for (size_t i = 0; i < n; i++) out[i] = kvx_f16_to_f32(kvx_load16(in + 2 * i));
+        break;
+    case KVX_QUANT_BF16:
+        for (size_t i = 0; i < n; i++) out[i] = kvx_bf16_to_f32(kvx_load16(in + 2 * i));
         break;
     case KVX_QUANT_E4M3: kvx_e4m3_to_f32_n(out, in, n, scale); break;
     default: kvx_e5m2_to_f32_n(out, in, n, scale); break;
@@ -84,6 +89,35 @@ static int scratch_alloc(conv_scratch *s, int need, size_t slab, size_t fill, co
     return kvx_fail(-ENOMEM, "%s: out of memory", who);
 }
 
+/* A BF16 page of n tokens goes to f16 (v1) only when every value survives
+ * exactly (NaN stays NaN, inf inf). Checked in payload order
+ * [L][K|V][Hkv][N][D] before anything is written; the first value that does
+ * not fit is named by its position and value. */
+static int check_bf16_fits_f16(const conv_dims *d, const uint8_t *page, size_t N, const char *who)
+{
+    const size_t fill = N * d->D;
+    for (size_t l = 0; l < d->L; l++)
+        for (size_t kv = 0; kv < 2; kv++)
+            for (size_t h = 0; h < d->H; h++) {
+                const uint8_t *p = page + page_slab(d, kv, l, h) * fill * 2;
+                for (size_t i = 0; i < fill; i++) {
+                    uint16_t b = kvx_load16(p + 2 * i);
+                    float x = kvx_bf16_to_f32(b);
+                    if (x != x) continue; /* NaN: f16 has NaN too */
+                    float y = kvx_f16_to_f32(kvx_f32_to_f16(x));
+                    uint32_t ux, uy;
+                    memcpy(&ux, &x, 4);
+                    memcpy(&uy, &y, 4);
+                    if (ux != uy)
+                        return kvx_fail(KVX_ELOSSY,
+                                        "%s: bf16 element (layer %zu, %s, head %zu, token %zu, dim %zu) is %.9g (0x%04x), "
+                                        "not exactly representable in f16 (v1); export v2 or v3 instead",
+                                        who, l, kv ? "V" : "K", h, i / d->D, i % d->D, (double)x, b);
+                }
+            }
+    return 0;
+}
+
 static int check_geometry(const kvx_geometry *g, const char *who)
 {
     if (!kvx_quant_elem_size(g->quant)) return kvx_fail(KVX_EQUANT, "%s: quant %u is unknown", who, g->quant);
@@ -113,6 +147,8 @@ int kvx_page_to_envelope_payload(void *out_payload, uint16_t version, const kvx_
     const uint8_t *src = page;
     uint8_t *out = out_payload;
     uint8_t *out_scales = out + d.L * 2 * d.H * slab; /* v2 only */
+    if (version == KVX_ENVELOPE_V1 && g->quant == KVX_QUANT_BF16 && (rc = check_bf16_fits_f16(&d, src, N, who)))
+        return rc;
     memset(out, 0, version == KVX_ENVELOPE_V1 ? P : d.L * 2 * d.H * slab);
 
     int direct = (version == KVX_ENVELOPE_V1 && g->quant == KVX_QUANT_FP16) ||
@@ -135,7 +171,7 @@ int kvx_page_to_envelope_payload(void *out_payload, uint16_t version, const kvx_
             /* Decode the K and V slabs of (l, h) into [2][B][D] f32. */
             for (size_t kv = 0; kv < 2; kv++) {
                 size_t ps = page_slab(&d, kv, l, h), es_ = payload_slab(&d, kv, l, h);
-                float sc = scales && g->quant != KVX_QUANT_FP16 ? scales[es_] : 1.0f;
+                float sc = scales && kvx_quant_is_fp8(g->quant) ? scales[es_] : 1.0f;
                 decode_n(s.tmp + kv * slab, src + ps * fill * es, fill, g->quant, sc);
             }
             for (size_t kv = 0; kv < 2; kv++) {
@@ -219,6 +255,9 @@ int kvx_envelope_payload_to_page(void *out_page, float *out_scales, const kvx_ge
                 if (rule) memcpy(o, s.q + kv * slab, fill);
                 else if (g->quant == KVX_QUANT_FP16) {
                     kvx_f32_to_f16_n(s.h16, x, fill);
+                    memcpy(o, s.h16, fill * 2);
+                } else if (g->quant == KVX_QUANT_BF16) {
+                    kvx_f32_to_bf16_n(s.h16, x, fill);
                     memcpy(o, s.h16, fill * 2);
                 } else if (g->quant == KVX_QUANT_E4M3) kvx_f32_to_e4m3_n(o, x, fill, 1.0f);
                 else kvx_f32_to_e5m2_n(o, x, fill, 1.0f);

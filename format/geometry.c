@@ -13,6 +13,7 @@ size_t kvx_quant_elem_size(uint32_t quant)
     case KVX_QUANT_FP16: return 2;
     case KVX_QUANT_E4M3: return 1;
     case KVX_QUANT_E5M2: return 1;
+    case KVX_QUANT_BF16: return 2;
     default: return 0;
     }
 }
@@ -23,6 +24,7 @@ const char *kvx_quant_name(uint32_t quant)
     case KVX_QUANT_FP16: return "fp16";
     case KVX_QUANT_E4M3: return "e4m3";
     case KVX_QUANT_E5M2: return "e5m2";
+    case KVX_QUANT_BF16: return "bf16";
     default: return NULL;
     }
 }

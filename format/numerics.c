@@ -1,5 +1,5 @@
 /*
- * numerics.c - f16, OCP FP8 E4M3FN and E5M2 <-> f32, round to nearest even.
+ * numerics.c - f16, OCP FP8 E4M3FN, E5M2 and bf16 <-> f32, round to nearest even.
  *
  * Conventions (also in kvx.h and docs/FORMAT.md):
  *  - Every encoder rounds to nearest, ties to even, subnormals included.
@@ -10,13 +10,19 @@
  *    to +-448 (0x7E / 0xFE); NaN becomes 0x7F, or 0xFF when negative.
  *  - E5M2 (bias 15, max 57344): overflow goes to inf (0x7C | sign) like
  *    f16; NaN becomes the quiet 0x7E | sign.
+ *  - bf16 is the top half of an f32: rounding adds 0x7FFF plus the kept
+ *    LSB to the f32 bits (overflow carries into inf, which is right); a NaN
+ *    keeps its sign and top payload bits and comes out quiet (0x0040), and
+ *    decoding quiets a signalling bf16 NaN the same way (0x00400000), as
+ *    the f16 decoder does.
  *
  * One generic rounding routine serves the three encoders (they differ only
  * in bias and mantissa width), so the rounding logic is written once. The
  * f16 bulk paths use F16C (8 lanes per instruction), the 8-bit encoders and
  * decoders an AVX2 form of the scalar algorithm (decoders fall back to a
  * 256-entry table), each chosen at run time (CPUID), with
- * the scalar code as the portable fallback. The tests hold every bulk path
+ * the scalar code as the portable fallback. bf16 needs only integer lane
+ * operations (AVX2). The tests hold every bulk path
  * equal to the scalar one bit for bit.
  */
 #include "common/internal.h"
@@ -111,6 +117,22 @@ uint8_t kvx_f32_to_e5m2(float x)
 
 /* E5M2 is the top byte of an f16. */
 float kvx_e5m2_to_f32(uint8_t b) { return kvx_f16_to_f32((uint16_t)(b << 8)); }
+
+/* ---- bf16 --------------------------------------------------------------- */
+
+uint16_t kvx_f32_to_bf16(float x)
+{
+    uint32_t u = f32_bits(x);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN, quiet */
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+float kvx_bf16_to_f32(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    if ((b & 0x7FFFu) > 0x7F80u) u |= 0x400000u; /* NaN, quiet */
+    return bits_f32(u);
+}
 
 /* ---- bulk --------------------------------------------------------------- */
 
@@ -322,7 +344,71 @@ __attribute__((target("avx,f16c"))) static size_t f16_to_f32_f16c(float *out, co
     }
     return i;
 }
+
+/* bf16 encode, 16 lanes per step: the scalar rule on the f32 bits (add
+ * 0x7FFF plus the kept LSB, NaN -> top half | 0x40), then an unsigned pack
+ * to 16 bits (lane-interleaved; one permute restores the order). */
+__attribute__((target("avx2"))) static size_t f32_to_bf16_avx2(uint16_t *out, const float *in, size_t n)
+{
+    const __m256i bias = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1);
+    const __m256i absm = _mm256_set1_epi32(0x7FFFFFFF), inf = _mm256_set1_epi32(0x7F800000);
+    const __m256i quiet = _mm256_set1_epi32(0x40);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i r[2];
+        for (int k = 0; k < 2; k++) {
+            __m256i u = _mm256_loadu_si256((const __m256i *)(const void *)(in + i + 8 * k));
+            __m256i hi = _mm256_srli_epi32(u, 16);
+            __m256i rn = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(bias, _mm256_and_si256(hi, one))), 16);
+            __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absm), inf);
+            r[k] = _mm256_blendv_epi8(rn, _mm256_or_si256(hi, quiet), nan);
+        }
+        __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r[0], r[1]), 0xD8);
+        _mm256_storeu_si256((__m256i *)(void *)(out + i), p);
+    }
+    return i;
+}
+
+/* bf16 decode, 8 lanes: widen, shift to the top half, quiet NaNs; streaming
+ * stores for outputs beyond the caches, like the f16 decoder. */
+__attribute__((target("avx2"))) static size_t bf16_to_f32_avx2(float *out, const uint16_t *in, size_t n)
+{
+    const __m256i absm = _mm256_set1_epi32(0x7FFFFFFF), inf = _mm256_set1_epi32(0x7F800000);
+    const __m256i quiet = _mm256_set1_epi32(0x400000);
+    size_t i = 0;
+    int stream = n * sizeof(float) >= KVX_STREAM_BYTES;
+    if (stream)
+        for (; ((uintptr_t)(out + i) & 31) != 0 && i < n; i++) out[i] = kvx_bf16_to_f32(in[i]);
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(in + i));
+        __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
+        __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, absm), inf);
+        u = _mm256_or_si256(u, _mm256_and_si256(nan, quiet));
+        if (stream) _mm256_stream_si256((__m256i *)(void *)(out + i), u);
+        else _mm256_storeu_si256((__m256i *)(void *)(out + i), u);
+    }
+    if (stream) _mm_sfence();
+    return i;
+}
 #endif
+
+void kvx_f32_to_bf16_n(uint16_t *out, const float *in, size_t n)
+{
+    size_t i = 0;
+#ifdef KVX_X86
+    if (have_avx2()) i = f32_to_bf16_avx2(out, in, n);
+#endif
+    for (; i < n; i++) out[i] = kvx_f32_to_bf16(in[i]);
+}
+
+void kvx_bf16_to_f32_n(float *out, const uint16_t *in, size_t n)
+{
+    size_t i = 0;
+#ifdef KVX_X86
+    if (have_avx2()) i = bf16_to_f32_avx2(out, in, n);
+#endif
+    for (; i < n; i++) out[i] = kvx_bf16_to_f32(in[i]);
+}
 
 void kvx_f32_to_f16_n(uint16_t *out, const float *in, size_t n)
 {

@@ -110,7 +110,7 @@ static int check_header(const kvx_shard_header *h)
         return kvx_fail(KVX_EVERSION, "header: format_version 0x%04x (this reader reads 0x%04x)",
                         h->format_version, KVX_FORMAT_VERSION);
     if (!kvx_quant_elem_size(h->quant))
-        return kvx_fail(KVX_EQUANT, "header: quant_format %u is not 0 (fp16), 1 (e4m3) or 2 (e5m2)",
+        return kvx_fail(KVX_EQUANT, "header: quant_format %u is not 0 (fp16), 1 (e4m3), 2 (e5m2) or 3 (bf16)",
                         h->quant);
     if (!h->num_layers || !h->kv_heads || !h->head_dim)
         return kvx_fail(KVX_EFORMAT, "header: a dimension is 0 (num_layers %u, kv_heads %u, head_dim %u)",
@@ -125,8 +125,9 @@ static int check_header(const kvx_shard_header *h)
         return kvx_fail(KVX_EFORMAT, "header: flags have a digest table without a lineage table");
     if ((h->flags & KVX_FLAG_HASHES) && !h->block_tokens)
         return kvx_fail(KVX_EFORMAT, "header: flags have a hash table but block_tokens is 0");
-    if ((h->flags & KVX_FLAG_SCALES) && h->quant == KVX_QUANT_FP16)
-        return kvx_fail(KVX_EFORMAT, "header: an FP16 file has a scale table");
+    if ((h->flags & KVX_FLAG_SCALES) && !kvx_quant_is_fp8(h->quant))
+        return kvx_fail(KVX_EFORMAT, "header: an %s file has a scale table (only FP8 files have one)",
+                        h->quant == KVX_QUANT_FP16 ? "FP16" : "BF16");
     if ((h->spectral_offset == 0) != (h->spectral_dim == 0))
         return kvx_fail(KVX_ESPECTRAL, "header: spectral_offset %llu and spectral_dim %u disagree",
                         (unsigned long long)h->spectral_offset, h->spectral_dim);

@@ -99,7 +99,7 @@ static int check_options(const kvx_shard_writer_options *o)
         return kvx_fail(KVX_EINVALID, "writer options: a digest table needs KVX_FLAG_LINEAGE");
     if ((f & KVX_FLAG_HASHES) && !g->block_tokens)
         return kvx_fail(KVX_EINVALID, "writer options: a hash table needs geometry.block_tokens");
-    if ((f & KVX_FLAG_SCALES) && g->quant == KVX_QUANT_FP16)
+    if ((f & KVX_FLAG_SCALES) && !kvx_quant_is_fp8(g->quant))
         return kvx_fail(KVX_EINVALID, "writer options: a scale table is only for FP8 shards");
     if (o->spectral) {
         int rc = kvx_spectral_check_in(o->spectral, g->num_layers);

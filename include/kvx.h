@@ -132,7 +132,8 @@ KVX_API const char *kvx_version(void);
     XX(EAMBIGUOUS, -30031, "several verified blocks share the hash: give tokens to pick one") \
     XX(EUNVERIFIED, -30032, "the block is held only unverified (stored without its tokens)") \
     XX(ESTALE, -30033, "the store's index was rebuilt since this handle opened it: open the store again") \
-    XX(EDROPPED, -30034, "blocks put since the last flush were dropped by a failed call: they are not stored")
+    XX(EDROPPED, -30034, "blocks put since the last flush were dropped by a failed call: they are not stored") \
+    XX(ELOSSY, -30035, "a value is not exactly representable in the target format")
 
 typedef enum kvx_error {
     KVX_OK = 0,
@@ -157,7 +158,8 @@ KVX_API const char *kvx_last_error(void);
 typedef enum kvx_quant {
     KVX_QUANT_FP16 = 0,
     KVX_QUANT_E4M3 = 1, /* OCP FP8 E4M3FN: bias 7, max 448, no inf */
-    KVX_QUANT_E5M2 = 2  /* OCP FP8 E5M2 */
+    KVX_QUANT_E5M2 = 2, /* OCP FP8 E5M2 */
+    KVX_QUANT_BF16 = 3  /* bfloat16 (kvx extension): the KV dtype of most models */
 } kvx_quant;
 
 typedef struct kvx_geometry {
@@ -171,7 +173,7 @@ typedef struct kvx_geometry {
 
 /* Bytes of one element of quant (2 or 1); 0 for an unknown quant. */
 KVX_API size_t kvx_quant_elem_size(uint32_t quant);
-/* "fp16", "e4m3", "e5m2" (static); NULL for an unknown quant. */
+/* "fp16", "e4m3", "e5m2", "bf16" (static); NULL for an unknown quant. */
 KVX_API const char *kvx_quant_name(uint32_t quant);
 /* KVX page bytes for n tokens: 2*L*Hkv*n*D*elem. 0 on overflow or bad quant. */
 KVX_API uint64_t kvx_page_bytes(const kvx_geometry *g, uint32_t n_tokens);
@@ -226,6 +228,11 @@ KVX_API uint32_t kvx_crc32(uint32_t crc, const void *data, size_t len);  /* IEEE
  *    saturate to +-448 (0x7E / 0xFE); NaN becomes 0x7F, 0xFF when negative.
  *  - E5M2 (bias 15, max 57344): overflow (|x| >= 61440) goes to inf
  *    (0x7C | sign); NaN becomes the quiet 0x7E | sign.
+ *  - bf16 (the top half of an f32): overflow (|x| beyond the midpoint
+ *    above 0x7F7F, about 3.39e38) goes to inf; inf is kept. A NaN keeps its
+ *    sign and top 7 payload bits and comes out quiet (bit 0x0040 set), in
+ *    both directions (bf16 -> f32 sets the f32 quiet bit 0x00400000), so
+ *    every non-NaN bf16 round-trips exactly through f32.
  * Bulk _n forms: encoders multiply by inv_scale before rounding, decoders
  * multiply by scale after; equal bit for bit to the scalar forms (F16C and
  * table lookups where the CPU allows).
@@ -243,6 +250,10 @@ KVX_API void kvx_f32_to_e4m3_n(uint8_t *out, const float *in, size_t n, float in
 KVX_API void kvx_e4m3_to_f32_n(float *out, const uint8_t *in, size_t n, float scale);
 KVX_API void kvx_f32_to_e5m2_n(uint8_t *out, const float *in, size_t n, float inv_scale);
 KVX_API void kvx_e5m2_to_f32_n(float *out, const uint8_t *in, size_t n, float scale);
+KVX_API uint16_t kvx_f32_to_bf16(float x);
+KVX_API float kvx_bf16_to_f32(uint16_t b);
+KVX_API void kvx_f32_to_bf16_n(uint16_t *out, const float *in, size_t n);
+KVX_API void kvx_bf16_to_f32_n(float *out, const uint16_t *in, size_t n);
 
 /* ------------------------------------------------------------------------
  * TLKV export envelope (v1: f16, v2: e4m3 + f32 scales). Payload layout
@@ -490,15 +501,18 @@ KVX_API void kvx_shard_writer_abort(kvx_shard_writer *w);
 /* A KVX page of geometry g (any quant; scales nullable = 1.0) becomes one
  * envelope payload of version (v1: f16; v2: e4m3 + scales computed by the
  * writer rule, or copied as-is when g is E4M3: lossless). out_payload has
- * kvx_envelope_payload_bytes(version, g) bytes; the v2 scales are its tail. */
+ * kvx_envelope_payload_bytes(version, g) bytes; the v2 scales are its tail.
+ * A BF16 page goes to v1 only when every value is exact in f16, else
+ * KVX_ELOSSY naming the first element (layer, K|V, head, token, dim) and
+ * its value, with out_payload untouched. */
 KVX_API int kvx_page_to_envelope_payload(void *out_payload, uint16_t version, const kvx_geometry *g,
                                          const void *page, uint32_t n_tokens, const float *scales);
 /* One envelope block becomes a KVX page in g's quant (must match the
  * envelope's B, L, Hkv, D). out_scales (L*2*Hkv, nullable) receives the
  * scales for an FP8 target (v2 -> E4M3 copies them exactly; v1 -> E4M3 uses
  * the v2 writer rule); with out_scales NULL the page is meant to decode at
- * scale 1.0 (values are rounded, and saturate in E4M3). E5M2 targets use
- * scale 1.0 always. */
+ * scale 1.0 (values are rounded, and saturate in E4M3). E5M2 and BF16
+ * targets use scale 1.0 always (round to nearest even). */
 KVX_API int kvx_envelope_payload_to_page(void *out_page, float *out_scales, const kvx_geometry *g,
                                          const kvx_envelope *env, const kvx_envelope_block *blk);
 /* An envelope becomes a sealed shard at path: v1 -> FP16, v2 -> E4M3 with a

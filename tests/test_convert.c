@@ -438,6 +438,49 @@ static void test_errors(void **state)
     kvx_shard_close(s);
 }
 
+/* A BF16 page to v1: values exact in f16 come through as the f16 bit
+ * patterns worked out by hand; the first value that is not (in payload
+ * order) is named with its position and value, KVX_ELOSSY, and nothing is
+ * written. v2 always works. L = 1 and N = B, so both layouts are
+ * [K|V][Hkv][B][D] here. */
+static void test_bf16_page_to_v1(void **state)
+{
+    (void)state;
+    kvx_geometry g = {1, 2, 2, 2, KVX_QUANT_BF16, 0};
+    uint16_t page[16] = {0x3F80, 0xC020, 0x3F81, 0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0,
+                         0x4700, 0xC780, 0x3880, 0xB800, 0x477F, 0x3E00, 0x4000, 0x3F00};
+    /* 1, -2.5, 1+2^-7, 0, -0, inf, -inf, NaN, 32768, -65536 (f16: -inf!) ... */
+    page[9] = 0xC6FF; /* -32640 = -(255 * 2^7): exact in f16 (0xF7F8) */
+    const uint16_t want[16] = {0x3C00, 0xC100, 0x3C08, 0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00,
+                               0x7800, 0xF7F8, 0x0400, 0x8200, 0x7BF8, 0x3000, 0x4000, 0x3800};
+    /* 0x3880 = 2^-14 (f16 min normal 0x0400), 0xB800 = -2^-15 (f16 subnormal 0x8200),
+     * 0x477F = 65280 (0x7BF8), 0x3E00 = 0.125, 0x4000 = 2, 0x3F00 = 0.5 */
+    size_t P = kvx_envelope_payload_bytes(KVX_ENVELOPE_V1, &g);
+    assert_int_equal(P, sizeof want);
+    uint16_t out[16];
+    assert_int_equal(kvx_page_to_envelope_payload(out, KVX_ENVELOPE_V1, &g, page, 2, NULL), 0);
+    assert_memory_equal(out, want, sizeof want);
+
+    page[13] = 0x0001; /* 2^-133: below f16's range */
+    page[14] = 0x4780; /* 65536: f16 overflow, later in order */
+    memset(out, 0xEE, sizeof out);
+    assert_int_equal(kvx_page_to_envelope_payload(out, KVX_ENVELOPE_V1, &g, page, 2, NULL), KVX_ELOSSY);
+    const char *m = kvx_last_error();
+    assert_non_null(strstr(m, "layer 0, V, head 1, token 0, dim 1"));
+    assert_non_null(strstr(m, "0x0001"));
+    assert_non_null(strstr(m, "9.18354962e-41"));
+    for (size_t i = 0; i < 16; i++) assert_int_equal(out[i], 0xEEEE);
+    page[13] = 0x3F80;
+    assert_int_equal(kvx_page_to_envelope_payload(out, KVX_ENVELOPE_V1, &g, page, 2, NULL), KVX_ELOSSY);
+    assert_non_null(strstr(kvx_last_error(), "token 1, dim 0"));
+    assert_non_null(strstr(kvx_last_error(), "65536"));
+
+    uint8_t v2[16 + 4 * 4];
+    assert_int_equal(kvx_page_to_envelope_payload(v2, KVX_ENVELOPE_V2, &g, page, 2, NULL), KVX_EINVALID);
+    page[5] = page[6] = page[7] = 0; /* the v2 writer rule refuses inf and NaN */
+    assert_int_equal(kvx_page_to_envelope_payload(v2, KVX_ENVELOPE_V2, &g, page, 2, NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -448,6 +491,7 @@ int main(void)
         cmocka_unit_test(test_v2_to_other_quants),
         cmocka_unit_test(test_v2_bad_scale),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_bf16_page_to_v1),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -462,16 +462,21 @@ static void test_geometry(void **state)
     assert_int_equal(kvx_quant_elem_size(KVX_QUANT_FP16), 2);
     assert_int_equal(kvx_quant_elem_size(KVX_QUANT_E4M3), 1);
     assert_int_equal(kvx_quant_elem_size(KVX_QUANT_E5M2), 1);
-    assert_int_equal(kvx_quant_elem_size(3), 0);
+    assert_int_equal(kvx_quant_elem_size(KVX_QUANT_BF16), 2);
+    assert_int_equal(kvx_quant_elem_size(4), 0);
     assert_string_equal(kvx_quant_name(KVX_QUANT_FP16), "fp16");
     assert_string_equal(kvx_quant_name(KVX_QUANT_E4M3), "e4m3");
     assert_string_equal(kvx_quant_name(KVX_QUANT_E5M2), "e5m2");
+    assert_string_equal(kvx_quant_name(KVX_QUANT_BF16), "bf16");
+    assert_null(kvx_quant_name(4));
     assert_null(kvx_quant_name(99));
     /* DESIGN: seed model, FP8 = 128 KiB per token, 2 MiB per 16-token block. */
     kvx_geometry g = geom(16, 32, 16, 128, KVX_QUANT_E4M3);
     assert_true(kvx_page_bytes(&g, 1) == 128 * 1024);
     assert_true(kvx_page_bytes(&g, 16) == 2 * 1024 * 1024);
     g.quant = KVX_QUANT_FP16;
+    assert_true(kvx_page_bytes(&g, 16) == 4 * 1024 * 1024);
+    g.quant = KVX_QUANT_BF16;
     assert_true(kvx_page_bytes(&g, 16) == 4 * 1024 * 1024);
     assert_true(kvx_scale_count(&g) == 32 * 2 * 16);
     g.quant = 7;

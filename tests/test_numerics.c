@@ -1,5 +1,5 @@
 /*
- * test_numerics.c - f16 / E4M3FN / E5M2 conversions.
+ * test_numerics.c - f16 / E4M3FN / E5M2 / bf16 conversions.
  *
  * Decoders are checked exhaustively against the formats' defining formulas
  * (computed with ldexp, not with our code); encoders against a brute-force
@@ -413,6 +413,173 @@ static void test_bulk_decode_all_codes(void **state)
     }
 }
 
+/* ---- bf16 --------------------------------------------------------------- */
+
+static double def_bf16(uint16_t b) /* finite codes: s, e (8 bits, bias 127), m (7 bits) */
+{
+    int s = b >> 15, e = (b >> 7) & 255, m = b & 127;
+    double v = e == 0 ? ldexp(m, -133) : ldexp(128 + m, e - 134);
+    return s ? -v : v;
+}
+
+/* Golden bit patterns, worked by hand from the bf16 definition (the top 16
+ * bits of an f32; round to nearest, ties to even; NaN quiet). */
+static void test_bf16_known(void **state)
+{
+    (void)state;
+    static const struct { uint32_t f; uint16_t b; } enc[] = {
+        {0x3F800000u, 0x3F80}, /* 1.0 */
+        {0xC0200000u, 0xC020}, /* -2.5 */
+        {0x00000000u, 0x0000}, {0x80000000u, 0x8000}, /* +-0 */
+        {0x00010000u, 0x0001}, /* 2^-133, the smallest subnormal */
+        {0x80010000u, 0x8001},
+        {0x00008000u, 0x0000}, /* half of it: tie to the even 0 */
+        {0x00008001u, 0x0001}, /* just above half */
+        {0x00018000u, 0x0002}, /* 1.5 ulp: tie, 0x0001 is odd, up */
+        {0x007F8000u, 0x0080}, /* largest subnormal + half: carries into the min normal */
+        {0x7F7F0000u, 0x7F7F}, /* max finite, 3.3895314e38 */
+        {0x7F7F7FFFu, 0x7F7F}, /* just below the midpoint above max */
+        {0x7F7F8000u, 0x7F80}, /* the midpoint: tie, 0x7F7F is odd, up to inf */
+        {0x7F7FFFFFu, 0x7F80}, /* FLT_MAX overflows to inf */
+        {0xFF7FFFFFu, 0xFF80},
+        {0x3F808000u, 0x3F80}, /* 1 + 2^-8: tie, 0x3F80 is even, down */
+        {0x3F808001u, 0x3F81}, /* just above the tie */
+        {0x3F818000u, 0x3F82}, /* 1 + 3*2^-8: tie, 0x3F81 is odd, up */
+        {0x3F80FFFFu, 0x3F81},
+        {0x7F800000u, 0x7F80}, {0xFF800000u, 0xFF80}, /* +-inf kept */
+        {0x7FC00000u, 0x7FC0}, /* quiet NaN */
+        {0x7F800001u, 0x7FC0}, /* signalling NaN, payload in the low half only: quiet, not inf */
+        {0x7FA00000u, 0x7FE0}, /* signalling NaN: top payload kept, quiet bit set */
+        {0xFF812345u, 0xFFC1}, /* negative NaN keeps its sign */
+        {0x7FFFFFFFu, 0x7FFF}, /* quiet NaN with every payload bit: no carry */
+    };
+    for (size_t i = 0; i < sizeof enc / sizeof enc[0]; i++) {
+        uint16_t got = kvx_f32_to_bf16(bitsf(enc[i].f));
+        if (got != enc[i].b) fail_msg("f32 %08x -> bf16 %04x, expected %04x", enc[i].f, got, enc[i].b);
+    }
+    static const struct { uint16_t b; uint32_t f; } dec[] = {
+        {0x3F80, 0x3F800000u}, {0xC020, 0xC0200000u}, {0x0001, 0x00010000u}, {0x8000, 0x80000000u},
+        {0x7F7F, 0x7F7F0000u}, {0x7F80, 0x7F800000u}, {0xFF80, 0xFF800000u},
+        {0x7FC0, 0x7FC00000u}, /* quiet NaN unchanged */
+        {0x7F81, 0x7FC10000u}, /* signalling NaN comes out quiet, payload kept */
+        {0xFFA0, 0xFFE00000u},
+    };
+    for (size_t i = 0; i < sizeof dec / sizeof dec[0]; i++) {
+        uint32_t got = fbits(kvx_bf16_to_f32(dec[i].b));
+        if (got != dec[i].f) fail_msg("bf16 %04x -> f32 %08x, expected %08x", dec[i].b, got, dec[i].f);
+    }
+    assert_true(kvx_bf16_to_f32(0x0001) == (float)ldexp(1, -133));
+    assert_true(kvx_bf16_to_f32(0x7F7F) == (float)ldexp(255, 120));
+    assert_true(kvx_f32_to_bf16(-2.5f) == 0xC020 && kvx_f32_to_bf16(1.0f) == 0x3F80);
+}
+
+/* Every code against the defining formula; every non-NaN code round-trips;
+ * every NaN code decodes to a quiet NaN of the same sign and re-encodes to
+ * itself with the quiet bit set. */
+static void test_bf16_exhaustive(void **state)
+{
+    (void)state;
+    for (uint32_t c = 0; c < 65536; c++) {
+        uint16_t b = (uint16_t)c;
+        float f = kvx_bf16_to_f32(b);
+        int e = (b >> 7) & 255, m = b & 127;
+        if (e == 255 && m) {
+            if (!isnan(f) || !(fbits(f) & 0x400000u) || (fbits(f) >> 31) != (c >> 15u))
+                fail_msg("bf16 %04x: not a quiet NaN of its sign (%08x)", b, fbits(f));
+            if (kvx_f32_to_bf16(f) != (b | 0x40)) fail_msg("bf16 NaN %04x re-encodes to %04x", b, kvx_f32_to_bf16(f));
+            continue;
+        }
+        double want = e == 255 ? ((b >> 15) ? -INFINITY : INFINITY) : def_bf16(b);
+        if ((double)f != want || !signbit(f) != !signbit(want)) fail_msg("bf16 %04x decodes to %a", b, (double)f);
+        if (kvx_f32_to_bf16(f) != b) fail_msg("bf16 %04x does not round-trip (%04x)", b, kvx_f32_to_bf16(f));
+    }
+}
+
+/* Random f32 against a nearest-value reference in double: the two bf16
+ * neighbours of x (truncation and the next code) and the even one on a tie. */
+static void test_bf16_encode_vs_reference(void **state)
+{
+    (void)state;
+    for (int i = 0; i < 2000000; i++) {
+        uint32_t u = rnd();
+        if (i < 1000) u = (u & 0x8000FFFFu) | (i < 500 ? 0x7F7F0000u : 0x00000000u); /* edges */
+        float x = bitsf(u);
+        if (isnan(x)) continue;
+        uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1), want;
+        if ((u & 0xFFFFu) == 0) want = lo;
+        else {
+            double ax = fabs((double)x), dl = fabs(def_bf16(lo & 0x7FFF)), dh;
+            dh = ((hi & 0x7FFF) == 0x7F80) ? ldexp(1, 128) : fabs(def_bf16(hi & 0x7FFF)); /* 2^128: inf's place */
+            double el = ax - dl, eh = dh - ax;
+            want = el < eh ? lo : eh < el ? hi : ((lo & 1) ? hi : lo);
+        }
+        uint16_t got = kvx_f32_to_bf16(x);
+        if (got != want) fail_msg("f32 %08x: got %04x, want %04x", u, got, want);
+    }
+}
+
+/* Bulk forms equal the scalar ones bit for bit: random bits (NaNs,
+ * subnormals, ties), every length mod 16 and unaligned pointers, and a
+ * buffer past the streaming threshold; nothing is written past the end. */
+static void test_bf16_bulk(void **state)
+{
+    (void)state;
+    enum { N = 1000 };
+    float f[N + 9], g[N + 9];
+    uint16_t b[N + 9], c[N + 9];
+    for (int i = 0; i < N + 9; i++) {
+        uint32_t u = rnd();
+        if (i % 5 == 1) u = (u & 0xFFFF0000u) | 0x8000u;               /* ties */
+        if (i % 7 == 2) u = (u & 0x807FFFFFu) | 0x7F800000u;           /* NaN / inf */
+        if (i % 11 == 3) u &= 0x807FFFFFu;                             /* subnormal */
+        f[i] = bitsf(u);
+        b[i] = (uint16_t)rnd();
+        if (i % 13 == 4) b[i] = (uint16_t)((b[i] & 0x807F) | 0x7F80); /* NaN / inf */
+    }
+    for (int off = 0; off < 3; off++)
+        for (size_t n = 0; n < 40; n++) {
+            memset(c, 0xAB, sizeof c);
+            kvx_f32_to_bf16_n(c + off, f + off, n);
+            for (size_t i = 0; i < n; i++)
+                if (c[off + i] != kvx_f32_to_bf16(f[off + i])) fail_msg("bulk enc n %zu at %zu", n, i);
+            assert_int_equal(c[off + n], 0xABAB);
+            memset(g, 0xAB, sizeof g);
+            kvx_bf16_to_f32_n(g + off, b + off, n);
+            for (size_t i = 0; i < n; i++)
+                if (fbits(g[off + i]) != fbits(kvx_bf16_to_f32(b[off + i]))) fail_msg("bulk dec n %zu at %zu", n, i);
+            assert_int_equal(fbits(g[off + n]), 0xABABABABu);
+        }
+    kvx_f32_to_bf16_n(c, f, N);
+    kvx_bf16_to_f32_n(g, b, N);
+    for (int i = 0; i < N; i++) {
+        if (c[i] != kvx_f32_to_bf16(f[i])) fail_msg("bulk enc at %d", i);
+        if (fbits(g[i]) != fbits(kvx_bf16_to_f32(b[i]))) fail_msg("bulk dec at %d", i);
+    }
+    const size_t n = (size_t)65536 * 40 + 5; /* > 8 MiB of f32: the streaming path */
+    uint16_t *h = malloc(n * sizeof *h);
+    float *o = malloc((n + 8) * sizeof *o);
+    uint16_t *back = malloc((n + 8) * sizeof *back);
+    assert_true(h && o && back);
+    for (size_t i = 0; i < n; i++) h[i] = (uint16_t)(i * 40503u);
+    for (int off = 0; off < 2; off++) {
+        memset(o, 0xFF, (n + 8) * sizeof *o);
+        kvx_bf16_to_f32_n(o + off, h, n);
+        for (size_t i = 0; i < n; i++)
+            if (fbits(o[off + i]) != fbits(kvx_bf16_to_f32(h[i]))) fail_msg("bf16 %04x at %zu", h[i], i);
+        assert_int_equal(fbits(o[off + n]), 0xFFFFFFFFu);
+        memset(back, 0xFF, (n + 8) * sizeof *back);
+        kvx_f32_to_bf16_n(back + off, o + off, n);
+        for (size_t i = 0; i < n; i++) {
+            uint16_t want = ((h[i] & 0x7F80) == 0x7F80 && (h[i] & 0x7F)) ? (uint16_t)(h[i] | 0x40) : h[i];
+            if (back[off + i] != want) fail_msg("bf16 %04x came back %04x", h[i], back[off + i]);
+        }
+        assert_int_equal(back[off + n], 0xFFFF);
+    }
+    free(h);
+    free(o);
+    free(back);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -428,6 +595,10 @@ int main(void)
         cmocka_unit_test(test_bulk_ties),
         cmocka_unit_test(test_bulk_f16_large),
         cmocka_unit_test(test_bulk_decode_all_codes),
+        cmocka_unit_test(test_bf16_known),
+        cmocka_unit_test(test_bf16_exhaustive),
+        cmocka_unit_test(test_bf16_encode_vs_reference),
+        cmocka_unit_test(test_bf16_bulk),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     /* Then once more with the SIMD paths off (a fresh process: the CPU

@@ -276,6 +276,8 @@ static void test_round_trip_variants(void **state)
         {KVX_QUANT_FP16, KVX_FLAG_HASHES | KVX_FLAG_LINEAGE, 1},
         {KVX_QUANT_E5M2, KVX_FLAG_SCALES, 1},
         {KVX_QUANT_E4M3, 0, 1},
+        {KVX_QUANT_BF16, 0, 0},
+        {KVX_QUANT_BF16, KVX_FLAG_HASHES | KVX_FLAG_LINEAGE, 1},
     };
     for (size_t k = 0; k < sizeof v / sizeof v[0]; k++) {
         fixture f;
@@ -383,7 +385,7 @@ static void test_writer_options(void **state)
         assert_true(kvx_last_error()[0] != '\0');                  \
     } while (0)
     EXPECT_OPT(KVX_EVERSION, o.version = 99);
-    EXPECT_OPT(KVX_EQUANT, o.geometry.quant = 3);
+    EXPECT_OPT(KVX_EQUANT, o.geometry.quant = 4);
     EXPECT_OPT(KVX_EINVALID, o.geometry.num_layers = 0);
     EXPECT_OPT(KVX_EINVALID, o.geometry.head_dim = 70000);
     EXPECT_OPT(KVX_EINVALID, o.max_entries = 0);
@@ -392,6 +394,7 @@ static void test_writer_options(void **state)
     EXPECT_OPT(KVX_EINVALID, o.flags = KVX_FLAG_LINEAGE);
     EXPECT_OPT(KVX_EINVALID, o.geometry.block_tokens = 0);
     EXPECT_OPT(KVX_EINVALID, (o.geometry.quant = KVX_QUANT_FP16, o.flags = KVX_FLAG_SCALES));
+    EXPECT_OPT(KVX_EINVALID, (o.geometry.quant = KVX_QUANT_BF16, o.flags = KVX_FLAG_SCALES));
     f.sp.rank = D + 1;
     EXPECT_OPT(KVX_ESPECTRAL, (void)0);
     f.sp.rank = 2;
@@ -534,7 +537,7 @@ typedef void (*mutator)(uint8_t *b, size_t *len);
 
 static void m_magic(uint8_t *b, size_t *len) { (void)len; b[3] = 'Y'; }
 static void m_version(uint8_t *b, size_t *len) { (void)len; kvx_store16(b + 8, 0x0200); }
-static void m_quant(uint8_t *b, size_t *len) { (void)len; kvx_store32(b + 32, 3); }
+static void m_quant(uint8_t *b, size_t *len) { (void)len; kvx_store32(b + 32, 4); }
 static void m_zero_layers(uint8_t *b, size_t *len) { (void)len; kvx_store16(b + 10, 0); }
 static void m_zero_dim(uint8_t *b, size_t *len) { (void)len; kvx_store16(b + 14, 0); }
 static void m_unknown_flag(uint8_t *b, size_t *len) { (void)len; kvx_store32(b + 56, kvx_load32(b + 56) | 0x100); }

@@ -175,6 +175,65 @@ static void test_geometry_checks(void **state)
     assert_int_equal(access(d2, F_OK), -1);
 }
 
+/* A BF16 store (quant_format 3): pages are stored and served byte for byte
+ * (no scale table), the quant is part of the geometry a reopen checks, and
+ * a v1 envelope put into it is rounded to bf16 (round to nearest even). */
+static void test_bf16_store(void **state)
+{
+    (void)state;
+    char dir[300];
+    new_dir(dir, sizeof dir);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.geometry.quant = KVX_QUANT_BF16;
+    o.capacity_bytes = 1 << 20;
+    o.flags = KVX_STORE_NOWAIT;
+    kvx_store *s;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    uint64_t h[8];
+    assert_int_equal(put_seq(s, 1, 3, 0, h), 3);
+    assert_int_equal(kvx_store_flush(s), 0);
+    assert_int_equal(prefix_of(s, 1, 3, 0, 1), 3); /* the same 64 bytes back */
+    kvx_store_close(s);
+
+    kvx_geometry g = o.geometry, got;
+    assert_int_equal(kvx_store_open(&s, dir, &g, 0), 0);
+    assert_int_equal(kvx_store_get_geometry(&got, s), 0);
+    assert_int_equal(got.quant, KVX_QUANT_BF16);
+    assert_int_equal(prefix_of(s, 1, 3, 0, 1), 3);
+
+    /* a v1 block: f16 1.0, 1+2^-10 (rounds to 1.0 in bf16), -2.5, 65504 */
+    uint32_t t[SU_B];
+    su_tokens(t, 9, 1, 0);
+    uint64_t hash = kvx_block_hash(0, t, SU_B);
+    uint16_t f16[2 * SU_B * 4] = {0};
+    const uint16_t in[4] = {0x3C00, 0x3C01, 0xC100, 0x7BFF};
+    const uint16_t want[4] = {0x3F80, 0x3F80, 0xC020, 0x4780}; /* 65504 = 0x477FE000 -> 0x4780 */
+    memcpy(f16, in, sizeof in);
+    kvx_envelope_block_in bi = {hash, SU_B, f16, NULL};
+    size_t len;
+    assert_int_equal(kvx_envelope_size(&len, KVX_ENVELOPE_V1, &g, 1), 0);
+    uint8_t *env = malloc(len);
+    assert_int_equal(kvx_envelope_export(env, len, KVX_ENVELOPE_V1, &g, &bi, 1), 0);
+    size_t added = 0;
+    assert_int_equal(kvx_store_put_envelope(s, env, len, t, SU_B, &added), 0);
+    assert_int_equal(added, 1);
+    assert_int_equal(kvx_store_flush(s), 0);
+    kvx_view v;
+    assert_int_equal(kvx_store_get_block(&v, s, t, SU_B), 0);
+    uint16_t page[2 * SU_B * 4];
+    assert_int_equal(v.page_bytes, sizeof page);
+    memcpy(page, v.page, sizeof page);
+    kvx_views_release(&v, 1);
+    assert_memory_equal(page, want, sizeof want);
+    free(env);
+    kvx_store_close(s);
+
+    g.quant = KVX_QUANT_FP16;
+    assert_int_equal(kvx_store_open(&s, dir, &g, 0), KVX_ESHAPE);
+    assert_non_null(strstr(kvx_last_error(), "bf16"));
+}
+
 static void test_no_escape(void **state)
 {
     (void)state;
@@ -788,6 +847,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layout_and_permissions),
         cmocka_unit_test(test_geometry_checks),
+        cmocka_unit_test(test_bf16_store),
         cmocka_unit_test(test_no_escape),
         cmocka_unit_test(test_put_flush_visibility),
         cmocka_unit_test(test_bad_arguments),

@@ -503,9 +503,9 @@ static void test_inspect_shows_digests(void **state)
 static void test_bad_scale_refused_by_every_store(void **state)
 {
     (void)state;
-    static const uint32_t quants[3] = {KVX_QUANT_FP16, KVX_QUANT_E4M3, KVX_QUANT_E5M2};
+    static const uint32_t quants[4] = {KVX_QUANT_FP16, KVX_QUANT_E4M3, KVX_QUANT_E5M2, KVX_QUANT_BF16};
     const float bad[4] = {NAN, INFINITY, 0.0f, -1.0f};
-    for (int qi = 0; qi < 3; qi++) {
+    for (int qi = 0; qi < 4; qi++) {
         for (int bi = 0; bi < 4; bi++) {
             char dir[300];
             snprintf(dir, sizeof dir, "%s/scale%d%d", su_root, qi, bi);
