@@ -4,7 +4,9 @@
 #     there), the layering check (scripts/check-layers.sh: DESIGN.md's
 #     allowed edges, no cycles, LMDB only in index/, files <= 900 lines),
 #     and every ctest test: unit, crash, fault, two-process, CLI,
-#     fuzz-corpus replay; make install into a scratch prefix + pkg-config;
+#     fuzz-corpus replay, the Python binding's pytest suite (when
+#     /usr/bin/python3's headers are there); make install into a scratch
+#     prefix + pkg-config + import kvx;
 #  2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer;
 #  3. a short libFuzzer smoke run of each harness (clang);
 #  4. the Go package: go vet, go test, go test -race.
@@ -26,6 +28,9 @@ prefix=$(mktemp -d)
 cmake --install build --prefix "$prefix" >/dev/null
 PKG_CONFIG_PATH="$prefix/lib/pkgconfig:$prefix/lib/x86_64-linux-gnu/pkgconfig" pkg-config --exists kvx
 test -x "$prefix/bin/kvx" && "$prefix/bin/kvx" --version
+if [ -d "$prefix/lib/python3/dist-packages/kvx" ]; then # the Python binding, when built
+  (cd / && PYTHONPATH="$prefix/lib/python3/dist-packages" /usr/bin/python3 -c 'import kvx; print("python: kvx", kvx.__version__)')
+fi
 rm -rf "$prefix"
 
 [ "${KVX_TEST_QUICK:-0}" = 1 ] && exit 0

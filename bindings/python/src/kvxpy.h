@@ -1,0 +1,80 @@
+/*
+ * kvxpy.h - what the files of the CPython extension kvx._kvx share: the
+ * object layouts of Store, Batch and View, and the error and buffer
+ * helpers. The extension sees include/kvx.h only (docs/ARCHITECTURE.md).
+ *
+ * Locking: a Store holds a pthread rwlock. Every call into the store
+ * (lookups, puts, flushes, batch calls) releases the GIL and then takes the
+ * lock shared; close takes it exclusive, so a close waits for calls in
+ * flight and a call after it sees the handle gone. A Batch also holds a
+ * mutex (a kvx_store_batch belongs to one thread at a time).
+ */
+#ifndef KVXPY_H
+#define KVXPY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "kvx.h"
+
+typedef struct {
+    PyObject_HEAD
+    kvx_store *s; /* NULL once closed */
+    pthread_rwlock_t lock;
+    kvx_geometry geom;
+    uint64_t page_bytes; /* one full block */
+    int readonly;
+} kvxpy_store;
+
+typedef struct {
+    PyObject_HEAD
+    kvxpy_store *store; /* strong reference */
+    kvx_store_batch *b; /* NULL once closed */
+    pthread_mutex_t mu;
+} kvxpy_batch;
+
+/* A served block. The kvx_view holds its shard, so the page stays mapped
+ * until the view is released, whatever happens to the store. Buffers
+ * exported from the view (memoryviews, numpy arrays) are counted: release()
+ * refuses new access at once but keeps the kvx_view until the last export
+ * is gone, so no exported buffer ever points at unmapped memory. */
+typedef struct {
+    PyObject_HEAD
+    kvx_view v;
+    Py_ssize_t exports;
+    int released; /* release() called: no new access */
+    int freed;    /* kvx_view_release done */
+} kvxpy_view;
+
+extern PyTypeObject kvxpy_store_type;
+extern PyTypeObject kvxpy_batch_type;
+extern PyTypeObject kvxpy_view_type;
+
+/* Raises the kvx.Error subclass for code with kvx_last_error()'s message
+ * (or msg when not NULL); returns NULL. */
+PyObject *kvxpy_raise(int code, const char *msg);
+/* Fills *out with a C-contiguous uint32 view of obj: a buffer of 4-byte
+ * integers is used in place; any other sequence of ints is converted into
+ * a temporary array. 0 on success; -1 with an exception set. Release with
+ * kvxpy_tokens_release. */
+typedef struct {
+    Py_buffer buf;
+    int have_buf;
+    uint32_t *tmp;
+    const uint32_t *p;
+    size_t n;
+} kvxpy_tokens;
+int kvxpy_tokens_get(kvxpy_tokens *out, PyObject *obj);
+void kvxpy_tokens_release(kvxpy_tokens *t);
+/* A new View owning *v (on failure *v is released). */
+PyObject *kvxpy_view_new(const kvx_view *v);
+
+/* The geometry as a dict (quant by name when kvx knows it). */
+PyObject *kvxpy_geometry_dict(const kvx_geometry *g);
+/* A quant given as a name ("fp16", "bf16", ...) or a number. */
+int kvxpy_quant_from(uint32_t *out, PyObject *obj);
+
+#endif

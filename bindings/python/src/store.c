@@ -1,0 +1,714 @@
+/*
+ * store.c - kvx.Store and kvx.Batch: the store's calls with the GIL
+ * released, under the Store's rwlock (kvxpy.h), so lookups from several
+ * Python threads run in parallel in C and a close waits for them.
+ */
+#include "kvxpy.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define KVXPY_CLOSED 1 /* never a kvx code (those are <= 0) */
+
+static PyObject *closed_error(const char *what)
+{
+    PyErr_Format(PyExc_ValueError, "kvx: %s is closed", what);
+    return NULL;
+}
+
+/* Runs expr (which may use st->s) with the GIL released and the store
+ * read-locked; rc gets its result, or KVXPY_CLOSED. */
+#define STORE_CALL(st, rc, expr)                     \
+    do {                                             \
+        Py_BEGIN_ALLOW_THREADS;                      \
+        pthread_rwlock_rdlock(&(st)->lock);          \
+        (rc) = (st)->s ? (int)(expr) : KVXPY_CLOSED; \
+        pthread_rwlock_unlock(&(st)->lock);          \
+        Py_END_ALLOW_THREADS;                        \
+    } while (0)
+
+static PyObject *store_fail(int rc)
+{
+    return rc == KVXPY_CLOSED ? closed_error("the store") : kvxpy_raise(rc, NULL);
+}
+
+static kvxpy_store *store_alloc(kvx_store *s)
+{
+    kvxpy_store *o = PyObject_New(kvxpy_store, &kvxpy_store_type);
+    if (!o) {
+        Py_BEGIN_ALLOW_THREADS;
+        kvx_store_close(s);
+        Py_END_ALLOW_THREADS;
+        return NULL;
+    }
+    o->s = s;
+    pthread_rwlock_init(&o->lock, NULL);
+    kvx_store_get_geometry(&o->geom, s);
+    o->page_bytes = kvx_page_bytes(&o->geom, o->geom.block_tokens);
+    o->readonly = 0;
+    return o;
+}
+
+static uint32_t flag_bits(int nowait, int verify, int nosync, int readonly)
+{
+    return (nowait ? KVX_STORE_NOWAIT : 0) | (verify ? KVX_STORE_VERIFY : 0) | (nosync ? KVX_STORE_NOSYNC : 0) |
+           (readonly ? KVX_STORE_READONLY : 0);
+}
+
+static PyObject *store_create(PyObject *cls, PyObject *args, PyObject *kw)
+{
+    (void)cls;
+    static char *kwlist[] = {"dir", "num_layers", "kv_heads", "head_dim", "block_tokens", "quant",
+                             "model_signature", "capacity", "shard_bytes", "nowait", "verify", "nosync", NULL};
+    PyObject *dirobj, *quant = NULL;
+    unsigned int L = UINT32_MAX, H = UINT32_MAX, D = UINT32_MAX, B = UINT32_MAX;
+    unsigned long long sig = 0, cap = 0, shard = 0;
+    int nowait = 0, verify = 0, nosync = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$IIIIOKKKppp:Store.create", kwlist, PyUnicode_FSConverter,
+                                     &dirobj, &L, &H, &D, &B, &quant, &sig, &cap, &shard, &nowait, &verify, &nosync))
+        return NULL;
+    if (L == UINT32_MAX || H == UINT32_MAX || D == UINT32_MAX || B == UINT32_MAX) {
+        Py_DECREF(dirobj);
+        PyErr_SetString(PyExc_TypeError, "Store.create: num_layers, kv_heads, head_dim and block_tokens are required");
+        return NULL;
+    }
+    kvx_store_options o;
+    kvx_store_options_init(&o);
+    o.geometry = (kvx_geometry){L, H, D, B, KVX_QUANT_FP16, sig};
+    if (quant && kvxpy_quant_from(&o.geometry.quant, quant) < 0) {
+        Py_DECREF(dirobj);
+        return NULL;
+    }
+    o.capacity_bytes = cap;
+    o.shard_bytes = shard;
+    o.flags = flag_bits(nowait, verify, nosync, 0);
+    kvx_store *s = NULL;
+    int rc;
+    const char *dir = PyBytes_AS_STRING(dirobj);
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvx_store_create(&s, dir, &o);
+    Py_END_ALLOW_THREADS;
+    Py_DECREF(dirobj);
+    if (rc) return kvxpy_raise(rc, NULL);
+    return (PyObject *)store_alloc(s);
+}
+
+static PyObject *store_open(PyObject *cls, PyObject *args, PyObject *kw)
+{
+    (void)cls;
+    static char *kwlist[] = {"dir", "readonly", "nowait", "verify", "nosync", NULL};
+    PyObject *dirobj;
+    int readonly = 0, nowait = 0, verify = 0, nosync = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$pppp:Store.open", kwlist, PyUnicode_FSConverter, &dirobj,
+                                     &readonly, &nowait, &verify, &nosync))
+        return NULL;
+    kvx_store *s = NULL;
+    int rc;
+    const char *dir = PyBytes_AS_STRING(dirobj);
+    uint32_t flags = flag_bits(nowait, verify, nosync, readonly);
+    Py_BEGIN_ALLOW_THREADS;
+    rc = kvx_store_open(&s, dir, NULL, flags);
+    Py_END_ALLOW_THREADS;
+    Py_DECREF(dirobj);
+    if (rc) return kvxpy_raise(rc, NULL);
+    kvxpy_store *o = store_alloc(s);
+    if (o) o->readonly = readonly;
+    return (PyObject *)o;
+}
+
+static void store_close_now(kvxpy_store *o)
+{
+    Py_BEGIN_ALLOW_THREADS;
+    pthread_rwlock_wrlock(&o->lock); /* waits for calls in flight */
+    kvx_store_close(o->s);
+    o->s = NULL;
+    pthread_rwlock_unlock(&o->lock);
+    Py_END_ALLOW_THREADS;
+}
+
+static PyObject *store_close(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    store_close_now((kvxpy_store *)self);
+    Py_RETURN_NONE;
+}
+
+static void store_dealloc(PyObject *self)
+{
+    kvxpy_store *o = (kvxpy_store *)self;
+    if (o->s) store_close_now(o);
+    pthread_rwlock_destroy(&o->lock);
+    PyObject_Free(self);
+}
+
+static PyObject *store_enter(PyObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (!((kvxpy_store *)self)->s) return closed_error("the store");
+    Py_INCREF(self);
+    return self;
+}
+
+static PyObject *store_exit(PyObject *self, PyObject *args)
+{
+    (void)args;
+    return store_close(self, NULL);
+}
+
+/* ---- puts (Store and Batch) --------------------------------------------- */
+
+typedef struct {
+    kvxpy_tokens tok;
+    Py_buffer pages, scales;
+    int have_pages, have_scales;
+    size_t n_pages;
+} put_args;
+
+static void put_args_release(put_args *a)
+{
+    kvxpy_tokens_release(&a->tok);
+    if (a->have_pages) PyBuffer_Release(&a->pages);
+    if (a->have_scales) PyBuffer_Release(&a->scales);
+}
+
+static int put_args_get(put_args *a, kvxpy_store *st, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"tokens", "pages", "scales", NULL};
+    PyObject *tok, *pages, *scales = Py_None;
+    memset(a, 0, sizeof *a);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:put", kwlist, &tok, &pages, &scales)) return -1;
+    if (kvxpy_tokens_get(&a->tok, tok) < 0) return -1;
+    if (PyObject_GetBuffer(pages, &a->pages, PyBUF_SIMPLE) < 0) goto fail;
+    a->have_pages = 1;
+    uint64_t pb = st->page_bytes;
+    if (pb == 0 || (uint64_t)a->pages.len % pb) {
+        PyErr_Format(PyExc_ValueError, "kvx: put: pages holds %zd bytes, not a whole number of %llu-byte pages",
+                     a->pages.len, (unsigned long long)pb);
+        goto fail;
+    }
+    a->n_pages = (size_t)((uint64_t)a->pages.len / (pb ? pb : 1));
+    if (scales != Py_None) {
+        if (PyObject_GetBuffer(scales, &a->scales, PyBUF_SIMPLE) < 0) goto fail;
+        a->have_scales = 1;
+        uint64_t want = a->n_pages * kvx_scale_count(&st->geom) * sizeof(float);
+        if ((uint64_t)a->scales.len != want) {
+            PyErr_Format(PyExc_ValueError, "kvx: put: scales holds %zd bytes, %llu expected (pages x L*2*Hkv float32)",
+                         a->scales.len, (unsigned long long)want);
+            goto fail;
+        }
+    }
+    return 0;
+fail:
+    put_args_release(a);
+    return -1;
+}
+
+static PyObject *store_put(PyObject *self, PyObject *args, PyObject *kw)
+{
+    kvxpy_store *st = (kvxpy_store *)self;
+    put_args a;
+    if (put_args_get(&a, st, args, kw) < 0) return NULL;
+    size_t n_new = 0;
+    int rc;
+    const float *sc = a.have_scales ? a.scales.buf : NULL;
+    STORE_CALL(st, rc, kvx_store_put(st->s, a.tok.p, a.tok.n, a.pages.buf, a.n_pages, sc, &n_new));
+    put_args_release(&a);
+    if (rc) return store_fail(rc);
+    return PyLong_FromSize_t(n_new);
+}
+
+static int env_args_get(PyObject *args, PyObject *kw, Py_buffer *env, kvxpy_tokens *tok)
+{
+    static char *kwlist[] = {"envelope", "tokens", NULL};
+    PyObject *envobj, *tobj = Py_None;
+    memset(tok, 0, sizeof *tok);
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:put_envelope", kwlist, &envobj, &tobj)) return -1;
+    if (PyObject_GetBuffer(envobj, env, PyBUF_SIMPLE) < 0) return -1;
+    if (tobj != Py_None && kvxpy_tokens_get(tok, tobj) < 0) {
+        PyBuffer_Release(env);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *store_put_envelope(PyObject *self, PyObject *args, PyObject *kw)
+{
+    kvxpy_store *st = (kvxpy_store *)self;
+    Py_buffer env;
+    kvxpy_tokens tok;
+    if (env_args_get(args, kw, &env, &tok) < 0) return NULL;
+    size_t n_new = 0;
+    int rc;
+    STORE_CALL(st, rc, kvx_store_put_envelope(st->s, env.buf, (size_t)env.len, tok.p, tok.n, &n_new));
+    PyBuffer_Release(&env);
+    kvxpy_tokens_release(&tok);
+    if (rc) return store_fail(rc);
+    return PyLong_FromSize_t(n_new);
+}
+
+#define STORE_SIMPLE(fname, call)                              \
+    static PyObject *store_##fname(PyObject *self, PyObject *u) \
+    {                                                          \
+        (void)u;                                               \
+        kvxpy_store *st = (kvxpy_store *)self;                 \
+        int rc;                                                \
+        STORE_CALL(st, rc, call(st->s));                       \
+        if (rc) return store_fail(rc);                         \
+        Py_RETURN_NONE;                                        \
+    }
+STORE_SIMPLE(flush, kvx_store_flush)
+STORE_SIMPLE(gc, kvx_store_gc)
+STORE_SIMPLE(reindex, kvx_store_reindex)
+
+/* ---- lookups ------------------------------------------------------------ */
+
+static PyObject *one_view(int rc, kvx_view *v)
+{
+    if (rc) return store_fail(rc);
+    return kvxpy_view_new(v);
+}
+
+static PyObject *store_get(PyObject *self, PyObject *args)
+{
+    kvxpy_store *st = (kvxpy_store *)self;
+    unsigned int coord;
+    if (!PyArg_ParseTuple(args, "I:get", &coord)) return NULL;
+    kvx_view v;
+    int rc;
+    STORE_CALL(st, rc, kvx_store_get(&v, st->s, coord));
+    return one_view(rc, &v);
+}
+
+static PyObject *store_get_hash(PyObject *self, PyObject *args)
+{
+    kvxpy_store *st = (kvxpy_store *)self;
+    unsigned long long h;
+    if (!PyArg_ParseTuple(args, "K:get_hash", &h)) return NULL;
+    kvx_view v;
+    int rc;
+    STORE_CALL(st, rc, kvx_store_get_hash(&v, st->s, h));
+    return one_view(rc, &v);
+}
+
+static PyObject *store_get_block(PyObject *self, PyObject *arg)
+{
+    kvxpy_store *st = (kvxpy_store *)self;
+    kvxpy_tokens t;
+    if (kvxpy_tokens_get(&t, arg) < 0) return NULL;
+    kvx_view v;
+    int rc;
+    STORE_CALL(st, rc, kvx_store_get_block(&v, st->s, t.p, t.n));
+    kvxpy_tokens_release(&t);
+    return one_view(rc, &v);
+}
+
+static PyObject *store_prefix(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"tokens", "max_views", NULL};
+    kvxpy_store *st = (kvxpy_store *)self;
+    PyObject *tobj;
+    Py_ssize_t maxv = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|n:prefix", kwlist, &tobj, &maxv)) return NULL;
+    kvxpy_tokens t;
+    if (kvxpy_tokens_get(&t, tobj) < 0) return NULL;
+    size_t cap = st->geom.block_tokens ? t.n / st->geom.block_tokens : 0;
+    if (maxv >= 0 && (size_t)maxv < cap) cap = (size_t)maxv;
+    kvx_view stackv[128], *views = stackv;
+    if (cap > 128 && !(views = PyMem_Malloc(cap * sizeof *views))) {
+        kvxpy_tokens_release(&t);
+        return PyErr_NoMemory();
+    }
+    size_t n = 0;
+    int rc;
+    STORE_CALL(st, rc, kvx_store_prefix(views, &n, st->s, t.p, t.n, cap));
+    kvxpy_tokens_release(&t);
+    PyObject *list = NULL;
+    if (rc) {
+        store_fail(rc);
+    } else if ((list = PyList_New((Py_ssize_t)n))) {
+        for (size_t i = 0; i < n; i++) {
+            PyObject *v = kvxpy_view_new(&views[i]); /* owns views[i], even on failure */
+            if (!v) {
+                kvx_views_release(views + i + 1, n - i - 1);
+                Py_CLEAR(list);
+                break;
+            }
+            PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+        }
+    } else {
+        kvx_views_release(views, n);
+    }
+    if (views != stackv) PyMem_Free(views);
+    return list;
+}
+
+/* _c_prefix_loop(tokens, row_len, passes) -> [seconds per pass]: the
+ * benchmark's C reference (bench/bench_python.py). Each pass runs
+ * kvx_store_prefix + kvx_views_release over every row of tokens in C, on
+ * this handle, as bench/bench_prefix_c.c does. */
+static PyObject *store_c_prefix_loop(PyObject *self, PyObject *args)
+{
+    kvxpy_store *st = (kvxpy_store *)self;
+    PyObject *tobj;
+    Py_ssize_t row, passes;
+    if (!PyArg_ParseTuple(args, "Onn:_c_prefix_loop", &tobj, &row, &passes)) return NULL;
+    if (row <= 0 || passes <= 0 || passes > 1000 || !st->geom.block_tokens)
+        return kvxpy_raise(KVX_EINVALID, "_c_prefix_loop: bad row length or passes");
+    kvxpy_tokens t;
+    if (kvxpy_tokens_get(&t, tobj) < 0) return NULL;
+    size_t rows = t.n / (size_t)row, cap = (size_t)row / st->geom.block_tokens;
+    kvx_view *views = PyMem_Malloc((cap ? cap : 1) * sizeof *views);
+    double *secs = PyMem_Malloc((size_t)passes * sizeof *secs);
+    int rc = 0;
+    if (views && secs) {
+        Py_BEGIN_ALLOW_THREADS;
+        pthread_rwlock_rdlock(&st->lock);
+        for (Py_ssize_t p = 0; p < passes && st->s && !rc; p++) {
+            struct timespec a, b;
+            clock_gettime(CLOCK_MONOTONIC, &a);
+            for (size_t r = 0; r < rows && !rc; r++) {
+                size_t n = 0;
+                rc = kvx_store_prefix(views, &n, st->s, t.p + r * (size_t)row, (size_t)row, cap);
+                kvx_views_release(views, n);
+            }
+            clock_gettime(CLOCK_MONOTONIC, &b);
+            secs[p] = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
+        }
+        if (!st->s) rc = KVXPY_CLOSED;
+        pthread_rwlock_unlock(&st->lock);
+        Py_END_ALLOW_THREADS;
+    }
+    kvxpy_tokens_release(&t);
+    PyObject *out = NULL;
+    if (!views || !secs) {
+        PyErr_NoMemory();
+    } else if (rc) {
+        store_fail(rc);
+    } else if ((out = PyList_New(passes))) {
+        for (Py_ssize_t p = 0; p < passes; p++) PyList_SET_ITEM(out, p, PyFloat_FromDouble(secs[p]));
+    }
+    PyMem_Free(views);
+    PyMem_Free(secs);
+    return out;
+}
+
+/* ---- stat, verify --------------------------------------------------------- */
+
+static PyObject *store_stat(PyObject *self, PyObject *u)
+{
+    (void)u;
+    kvxpy_store *st = (kvxpy_store *)self;
+    kvx_store_stats s;
+    int rc;
+    STORE_CALL(st, rc, kvx_store_stat(&s, st->s));
+    if (rc) return store_fail(rc);
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "blocks",
+                         (unsigned long long)s.blocks, "bytes", (unsigned long long)s.bytes, "shards",
+                         (unsigned long long)s.shards, "capacity_bytes", (unsigned long long)s.capacity_bytes, "hits",
+                         (unsigned long long)s.hits, "misses", (unsigned long long)s.misses, "evictions",
+                         (unsigned long long)s.evictions, "evicted_blocks", (unsigned long long)s.evicted_blocks,
+                         "compactions", (unsigned long long)s.compactions, "pending_blocks",
+                         (unsigned long long)s.pending_blocks, "dropped_shards",
+                         (unsigned long long)s.dropped_shards, "shard_bytes", (unsigned long long)s.shard_bytes,
+                         "quarantined", (unsigned long long)s.quarantined, "unverified",
+                         (unsigned long long)s.unverified);
+}
+
+typedef struct {
+    struct problem {
+        char *what;
+        int code;
+    } *p;
+    size_t n, cap;
+    int oom;
+} problems;
+
+static void verify_report(void *ctx, const char *what, int code)
+{
+    problems *ps = ctx;
+    if (ps->oom) return;
+    if (ps->n == ps->cap) {
+        size_t cap = ps->cap ? 2 * ps->cap : 16;
+        struct problem *p = realloc(ps->p, cap * sizeof *p);
+        if (!p) {
+            ps->oom = 1;
+            return;
+        }
+        ps->p = p;
+        ps->cap = cap;
+    }
+    char *w = strdup(what ? what : "");
+    if (!w) {
+        ps->oom = 1;
+        return;
+    }
+    ps->p[ps->n++] = (struct problem){w, code};
+}
+
+static PyObject *store_verify(PyObject *self, PyObject *u)
+{
+    (void)u;
+    kvxpy_store *st = (kvxpy_store *)self;
+    problems ps = {NULL, 0, 0, 0};
+    uint64_t bad = 0;
+    int rc;
+    STORE_CALL(st, rc, kvx_store_verify(st->s, &bad, verify_report, &ps));
+    PyObject *list = NULL;
+    size_t nbad = 0;
+    for (size_t i = 0; i < ps.n; i++) nbad += ps.p[i].code != 0;
+    if (ps.oom) {
+        PyErr_NoMemory();
+    } else if (rc && nbad == 0) {
+        store_fail(rc); /* the check itself failed */
+    } else if ((list = PyList_New(0))) {
+        for (size_t i = 0; i < ps.n; i++) {
+            if (!ps.p[i].code) continue; /* a note, not a problem */
+            PyObject *d = Py_BuildValue("{s:s,s:i,s:s}", "what", ps.p[i].what, "code", ps.p[i].code, "name",
+                                        kvx_err_name(ps.p[i].code));
+            if (!d || PyList_Append(list, d) < 0) {
+                Py_XDECREF(d);
+                Py_CLEAR(list);
+                break;
+            }
+            Py_DECREF(d);
+        }
+    }
+    for (size_t i = 0; i < ps.n; i++) free(ps.p[i].what);
+    free(ps.p);
+    return list;
+}
+
+static PyObject *store_geometry(PyObject *self, void *c)
+{
+    (void)c;
+    return kvxpy_geometry_dict(&((kvxpy_store *)self)->geom);
+}
+
+static PyObject *store_page_bytes(PyObject *self, void *c)
+{
+    (void)c;
+    return PyLong_FromUnsignedLongLong(((kvxpy_store *)self)->page_bytes);
+}
+
+static PyObject *store_closed(PyObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(((kvxpy_store *)self)->s == NULL);
+}
+
+static PyObject *store_readonly(PyObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(((kvxpy_store *)self)->readonly);
+}
+
+/* ---- Batch ------------------------------------------------------------------ */
+
+static PyObject *store_batch(PyObject *self, PyObject *u)
+{
+    (void)u;
+    kvxpy_store *st = (kvxpy_store *)self;
+    kvx_store_batch *b = NULL;
+    int rc;
+    STORE_CALL(st, rc, kvx_store_batch_create(&b, st->s));
+    if (rc) return store_fail(rc);
+    kvxpy_batch *o = PyObject_New(kvxpy_batch, &kvxpy_batch_type);
+    if (!o) {
+        kvx_store_batch_destroy(b);
+        return NULL;
+    }
+    Py_INCREF(self);
+    o->store = st;
+    o->b = b;
+    pthread_mutex_init(&o->mu, NULL);
+    return (PyObject *)o;
+}
+
+/* expr runs with the GIL released, the batch's mutex and the store's
+ * lock held (a closed store's batch is detached: kvx answers
+ * KVX_EINVALID). */
+#define BATCH_CALL(o, rc, expr)                      \
+    do {                                             \
+        Py_BEGIN_ALLOW_THREADS;                      \
+        pthread_mutex_lock(&(o)->mu);                \
+        pthread_rwlock_rdlock(&(o)->store->lock);    \
+        (rc) = (o)->b ? (int)(expr) : KVXPY_CLOSED;  \
+        pthread_rwlock_unlock(&(o)->store->lock);    \
+        pthread_mutex_unlock(&(o)->mu);              \
+        Py_END_ALLOW_THREADS;                        \
+    } while (0)
+
+static PyObject *batch_fail(int rc)
+{
+    return rc == KVXPY_CLOSED ? closed_error("the batch") : kvxpy_raise(rc, NULL);
+}
+
+static PyObject *batch_put(PyObject *self, PyObject *args, PyObject *kw)
+{
+    kvxpy_batch *o = (kvxpy_batch *)self;
+    put_args a;
+    if (put_args_get(&a, o->store, args, kw) < 0) return NULL;
+    size_t n_new = 0;
+    int rc;
+    const float *sc = a.have_scales ? a.scales.buf : NULL;
+    BATCH_CALL(o, rc, kvx_store_batch_put(o->b, a.tok.p, a.tok.n, a.pages.buf, a.n_pages, sc, &n_new));
+    put_args_release(&a);
+    if (rc) return batch_fail(rc);
+    return PyLong_FromSize_t(n_new);
+}
+
+static PyObject *batch_put_envelope(PyObject *self, PyObject *args, PyObject *kw)
+{
+    kvxpy_batch *o = (kvxpy_batch *)self;
+    Py_buffer env;
+    kvxpy_tokens tok;
+    if (env_args_get(args, kw, &env, &tok) < 0) return NULL;
+    size_t n_new = 0;
+    int rc;
+    BATCH_CALL(o, rc, kvx_store_batch_put_envelope(o->b, env.buf, (size_t)env.len, tok.p, tok.n, &n_new));
+    PyBuffer_Release(&env);
+    kvxpy_tokens_release(&tok);
+    if (rc) return batch_fail(rc);
+    return PyLong_FromSize_t(n_new);
+}
+
+static PyObject *batch_flush(PyObject *self, PyObject *u)
+{
+    (void)u;
+    kvxpy_batch *o = (kvxpy_batch *)self;
+    int rc;
+    BATCH_CALL(o, rc, kvx_store_batch_flush(o->b));
+    if (rc) return batch_fail(rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject *batch_close(PyObject *self, PyObject *u)
+{
+    (void)u;
+    kvxpy_batch *o = (kvxpy_batch *)self;
+    int rc;
+    BATCH_CALL(o, rc, (kvx_store_batch_destroy(o->b), o->b = NULL, 0));
+    (void)rc;
+    Py_RETURN_NONE;
+}
+
+static void batch_dealloc(PyObject *self)
+{
+    kvxpy_batch *o = (kvxpy_batch *)self;
+    if (o->b) Py_XDECREF(batch_close(self, NULL));
+    pthread_mutex_destroy(&o->mu);
+    Py_DECREF(o->store);
+    PyObject_Free(self);
+}
+
+static PyObject *batch_enter(PyObject *self, PyObject *u)
+{
+    (void)u;
+    if (!((kvxpy_batch *)self)->b) return closed_error("the batch");
+    Py_INCREF(self);
+    return self;
+}
+
+/* A with-block flushes on a normal exit, drops the unflushed blocks on an
+ * exception; the batch is closed either way. */
+static PyObject *batch_exit(PyObject *self, PyObject *args)
+{
+    PyObject *et = PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0) : Py_None;
+    PyObject *r = Py_None;
+    if (et == Py_None) r = batch_flush(self, NULL);
+    PyObject *exc = NULL, *val = NULL, *tb = NULL;
+    if (!r) PyErr_Fetch(&exc, &val, &tb);
+    Py_XDECREF(batch_close(self, NULL));
+    if (!r) {
+        PyErr_Restore(exc, val, tb);
+        return NULL;
+    }
+    if (r != Py_None) Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
+static PyObject *batch_closed(PyObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(((kvxpy_batch *)self)->b == NULL);
+}
+
+static PyMethodDef batch_methods[] = {
+    {"put", (PyCFunction)(void (*)(void))batch_put, METH_VARARGS | METH_KEYWORDS,
+     "put(tokens, pages, scales=None) -> blocks written, into this batch (Store.put's rules)."},
+    {"put_envelope", (PyCFunction)(void (*)(void))batch_put_envelope, METH_VARARGS | METH_KEYWORDS,
+     "put_envelope(envelope, tokens=None) -> blocks written, into this batch."},
+    {"flush", batch_flush, METH_NOARGS, "Make this batch's blocks durable and visible (only this batch's)."},
+    {"close", batch_close, METH_NOARGS, "Drop the unflushed blocks and free the batch. Idempotent."},
+    {"__enter__", batch_enter, METH_NOARGS, NULL},
+    {"__exit__", batch_exit, METH_VARARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef batch_getset[] = {
+    {"closed", batch_closed, NULL, "True once closed.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject kvxpy_batch_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvx.Batch",
+    .tp_basicsize = sizeof(kvxpy_batch),
+    .tp_dealloc = batch_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A write batch (Store.batch()): one writer's unflushed blocks; its flush acknowledges exactly them. "
+              "As a context manager it flushes on a normal exit and drops its blocks on an exception.",
+    .tp_methods = batch_methods,
+    .tp_getset = batch_getset,
+};
+
+static PyMethodDef store_methods[] = {
+    {"create", (PyCFunction)(void (*)(void))store_create, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "Store.create(dir, *, num_layers, kv_heads, head_dim, block_tokens, quant='fp16', model_signature=0, "
+     "capacity=0, shard_bytes=0, nowait=False, verify=False, nosync=False) -> a new store (0 sizes: the "
+     "library's defaults). quant: a name from kvx.quant_names() or its number."},
+    {"open", (PyCFunction)(void (*)(void))store_open, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "Store.open(dir, *, readonly=False, nowait=False, verify=False, nosync=False) -> the store, recovered."},
+    {"close", store_close, METH_NOARGS,
+     "Close the store (waits for calls in flight); unflushed puts are dropped. Views stay valid. Idempotent."},
+    {"__enter__", store_enter, METH_NOARGS, NULL},
+    {"__exit__", store_exit, METH_VARARGS, NULL},
+    {"put", (PyCFunction)(void (*)(void))store_put, METH_VARARGS | METH_KEYWORDS,
+     "put(tokens, pages, scales=None) -> blocks written. pages: any C-contiguous buffer of whole pages "
+     "(page_bytes each, layout [K|V][L][Hkv][B][D]); visible and durable after flush()."},
+    {"put_envelope", (PyCFunction)(void (*)(void))store_put_envelope, METH_VARARGS | METH_KEYWORDS,
+     "put_envelope(envelope, tokens=None) -> blocks written: every full block of a TLKV envelope."},
+    {"flush", store_flush, METH_NOARGS, "Make every block put so far durable and visible."},
+    {"gc", store_gc, METH_NOARGS, "Evict to capacity and compact."},
+    {"reindex", store_reindex, METH_NOARGS, "Rebuild the index from the shards."},
+    {"get", store_get, METH_VARARGS, "get(coordinate) -> View."},
+    {"get_hash", store_get_hash, METH_VARARGS, "get_hash(hash) -> View (the one verified block holding hash)."},
+    {"get_block", store_get_block, METH_O, "get_block(tokens) -> View of the block ending at the last full block."},
+    {"prefix", (PyCFunction)(void (*)(void))store_prefix, METH_VARARGS | METH_KEYWORDS,
+     "prefix(tokens, max_views=None) -> [View]: the longest cached prefix, one C call."},
+    {"_c_prefix_loop", store_c_prefix_loop, METH_VARARGS, "Benchmark reference (bench/bench_python.py)."},
+    {"stat", store_stat, METH_NOARGS, "stat() -> dict of the store's counters."},
+    {"verify", store_verify, METH_NOARGS,
+     "verify() -> [{'what', 'code', 'name'}]: every problem found ([] when intact)."},
+    {"batch", store_batch, METH_NOARGS, "batch() -> a new write Batch of this (writer) store."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef store_getset[] = {
+    {"geometry", store_geometry, NULL, "The store's geometry as a dict.", NULL},
+    {"page_bytes", store_page_bytes, NULL, "Bytes of one full block's page.", NULL},
+    {"closed", store_closed, NULL, "True once closed.", NULL},
+    {"readonly", store_readonly, NULL, "True when opened read-only.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject kvxpy_store_type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvx.Store",
+    .tp_basicsize = sizeof(kvxpy_store),
+    .tp_dealloc = store_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A kvx store (Store.create / Store.open). Safe to share between threads; every call that does "
+              "I/O or loops over blocks releases the GIL. A context manager: closes on exit.",
+    .tp_methods = store_methods,
+    .tp_getset = store_getset,
+};

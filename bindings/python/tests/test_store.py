@@ -1,0 +1,113 @@
+"""Store round trips: put, flush and the lookups, byte-exact against numpy."""
+import array
+import importlib
+
+import numpy as np
+import pytest
+
+import kvx
+from conftest import B, GEOM, kv_pages, seq_tokens
+
+
+def test_import():
+    assert kvx.__version__ == kvx.version()
+    assert kvx.quant_names()["fp16"] == 0
+    assert kvx.ENOTFOUND == -30005 and kvx.err_name(kvx.ENOTFOUND) == "KVX_ENOTFOUND"
+    integrations = importlib.import_module("kvx.integrations")
+    assert "next issue" in integrations.__doc__
+
+
+def test_round_trip_prefix(filled):
+    st, toks, pages = filled
+    views = st.prefix(toks)
+    assert len(views) == 4
+    for i, v in enumerate(views):
+        assert v.token_count == B and v.page_bytes == st.page_bytes and len(v) == st.page_bytes
+        got = np.frombuffer(v, dtype=np.float16).reshape(pages.shape[1:])
+        assert np.array_equal(got.view(np.uint16), pages[i].view(np.uint16))  # byte-exact
+        assert bytes(v.page) == pages[i].tobytes()
+    assert [v.hash for v in views] == kvx.block_hashes(toks, B)
+
+
+def test_zero_copy(filled):
+    st, toks, _ = filled
+    v = st.prefix(toks)[0]
+    a = np.frombuffer(v, dtype=np.uint8)
+    b = np.frombuffer(v, dtype=np.uint8)
+    assert not a.flags.owndata and not a.flags.writeable
+    assert a.__array_interface__["data"][0] == b.__array_interface__["data"][0]  # the same mapped bytes
+    m = v.page
+    assert m.readonly and m.nbytes == st.page_bytes
+    with pytest.raises(TypeError):
+        m[0] = 1
+
+
+def test_partial_prefix_and_max_views(filled):
+    st, toks, _ = filled
+    other = toks.copy()
+    other[2 * B + 3] ^= 0x5A5A  # the third block differs
+    assert len(st.prefix(other)) == 2
+    assert len(st.prefix(toks, max_views=3)) == 3
+    assert st.prefix(seq_tokens(9, 4)) == []
+
+
+def test_token_kinds(store):
+    toks = seq_tokens(1, 2)
+    pages = kv_pages(store, 2, seed=1)
+    # a list of ints, int64, array('I') and bytes pages all work
+    assert store.put(toks.tolist(), pages.tobytes()) == 2
+    store.flush()
+    for t in (toks, toks.astype(np.int64), toks.tolist(), array.array("I", toks.tolist())):
+        assert len(store.prefix(t)) == 2
+    with pytest.raises(TypeError):
+        store.prefix(b"\x01\x02\x03\x04")
+    with pytest.raises(ValueError):
+        store.prefix([-1] * 32)
+
+
+def test_get_block_hash_coordinate(filled):
+    st, toks, pages = filled
+    v = st.get_block(toks[: 3 * B])
+    assert bytes(v) == pages[2].tobytes()
+    h = st.get_hash(v.hash)
+    assert h.coordinate == v.coordinate and bytes(h) == bytes(v)
+    c = st.get(v.coordinate)
+    assert c.hash == v.hash
+    with pytest.raises(kvx.NotFoundError):
+        st.get_hash(12345)
+
+
+def test_put_skips_held_blocks(filled):
+    st, toks, pages = filled
+    assert st.put(toks, pages) == 0
+    with pytest.raises(ValueError):
+        st.put(toks, pages.tobytes()[:-1])  # not a whole number of pages
+
+
+def test_quant_by_name_and_number(tmp_path):
+    names = kvx.quant_names()
+    for name, number in names.items():
+        for q in (name, number):
+            d = tmp_path / f"{name}-{q}"
+            with kvx.Store.create(str(d), **GEOM, quant=q) as st:
+                assert st.geometry["quant"] == name
+                assert st.page_bytes == 2 * 1 * 2 * B * 8 * (1 if name.startswith("e") else 2)
+                toks = seq_tokens(3, 1)
+                pages = np.random.default_rng(3).integers(0, 256, st.page_bytes, dtype=np.uint8)
+                if name.startswith("e"):
+                    pages &= 0x77  # finite FP8 bytes
+                st.put(toks, pages)
+                st.flush()
+                assert bytes(st.prefix(toks)[0]) == pages.tobytes()
+    with pytest.raises(kvx.QuantError) as e:
+        kvx.Store.create(str(tmp_path / "bad"), **GEOM, quant="fp7")
+    assert e.value.code == kvx.EQUANT
+
+
+def test_reopen_readonly(filled, tmp_path):
+    st, toks, pages = filled
+    st.close()
+    assert st.closed
+    with kvx.Store.open(str(tmp_path / "store"), readonly=True) as ro:
+        assert ro.readonly
+        assert b"".join(bytes(v) for v in ro.prefix(toks)) == pages.tobytes()

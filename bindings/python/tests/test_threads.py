@@ -1,0 +1,60 @@
+"""Threads: lookups from several threads at once, with the GIL released."""
+import threading
+import time
+
+import numpy as np
+
+from conftest import B, kv_pages, seq_tokens
+
+
+def test_two_threads_lookups(store):
+    seqs = {s: seq_tokens(s, 4) for s in range(16)}
+    for s, t in seqs.items():
+        store.put(t, kv_pages(store, 4, seed=s))
+    store.flush()
+    want = {s: [p.tobytes() for p in kv_pages(store, 4, seed=s)] for s in seqs}
+    bad = []
+
+    def reader(k):
+        for r in range(300):
+            s = (r * 7 + k) % 16
+            views = store.prefix(seqs[s])
+            if [bytes(v) for v in views] != want[s]:
+                bad.append((k, s))
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad
+
+
+def test_lookup_releases_the_gil(store):
+    toks = np.stack([seq_tokens(s, 8, extra=0) for s in range(32)])
+    for s in range(32):
+        store.put(toks[s], kv_pages(store, 8, seed=s))
+    store.flush()
+    ticks = [0]
+    stop = threading.Event()
+
+    def ticker():
+        while not stop.is_set():
+            ticks[0] += 1
+
+    t = threading.Thread(target=ticker)
+    t.start()
+    time.sleep(0.01)
+    # one C call of many lookups (tens of ms): the ticker runs meanwhile
+    # only if the call released the GIL
+    passes = 1
+    while True:
+        before = ticks[0]
+        secs = store._c_prefix_loop(toks.ravel(), 8 * B, passes)
+        during = ticks[0] - before
+        if sum(secs) > 0.05 or passes >= 512:
+            break
+        passes *= 2
+    stop.set()
+    t.join()
+    assert during > 0, (during, secs)
