@@ -16,8 +16,8 @@ KVX_API int kvx_views_export(void **out_buf, size_t *out_len, kvx_store *s, cons
     if (!out_buf || !out_len || !s || (n && !views)) return kvx_fail(KVX_EINVALID, "kvx_views_export: NULL argument");
     *out_buf = NULL;
     *out_len = 0;
-    if (version != KVX_ENVELOPE_V1 && version != KVX_ENVELOPE_V2)
-        return kvx_fail(KVX_EVERSION, "kvx_views_export: envelope version %u is not 1 or 2", version);
+    if (version != KVX_ENVELOPE_V1 && version != KVX_ENVELOPE_V2 && version != KVX_ENVELOPE_V3)
+        return kvx_fail(KVX_EVERSION, "kvx_views_export: envelope version %u is not 1, 2 or 3", version);
     if (n > UINT32_MAX) return kvx_fail(KVX_EINVALID, "kvx_views_export: %zu views exceed n_blocks (u32)", n);
     const kvx_geometry *g = &s->g;
     size_t P = kvx_envelope_payload_bytes(version, g), len;

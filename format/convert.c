@@ -9,8 +9,8 @@
  * ((l*2 + kv)*Hkv + h)*B*D in a payload, and its scale is scale index
  * (l*2 + kv)*Hkv + h in both the envelope and the shard's scale table.
  *
- * Lossless where the element types agree: FP16 <-> v1 and E4M3 (with its
- * scale table) <-> v2 copy bytes and scales. Otherwise values go through
+ * Lossless where the element types agree: FP16 <-> v1, BF16 <-> v3 and E4M3
+ * (with its scale table) <-> v2 copy bytes and scales. Otherwise values go through
  * f32: into v2 (or into an E4M3 page with out_scales) by the envelope's
  * writer rule, computed by kvx_envelope_quantize_v2 itself one (layer,
  * head) pair at a time, so the bytes are exactly what an envelope writer
@@ -132,8 +132,8 @@ int kvx_page_to_envelope_payload(void *out_payload, uint16_t version, const kvx_
 {
     static const char who[] = "page to envelope payload";
     if (!out_payload || !g || !page) return kvx_fail(KVX_EINVALID, "%s: NULL argument", who);
-    if (version != KVX_ENVELOPE_V1 && version != KVX_ENVELOPE_V2)
-        return kvx_fail(KVX_EVERSION, "%s: version %u is not 1 or 2", who, version);
+    if (version != KVX_ENVELOPE_V1 && version != KVX_ENVELOPE_V2 && version != KVX_ENVELOPE_V3)
+        return kvx_fail(KVX_EVERSION, "%s: version %u is not 1, 2 or 3", who, version);
     int rc = check_geometry(g, who);
     if (rc) return rc;
     if (n_tokens < 1 || n_tokens > g->block_tokens)
@@ -149,10 +149,11 @@ int kvx_page_to_envelope_payload(void *out_payload, uint16_t version, const kvx_
     uint8_t *out_scales = out + d.L * 2 * d.H * slab; /* v2 only */
     if (version == KVX_ENVELOPE_V1 && g->quant == KVX_QUANT_BF16 && (rc = check_bf16_fits_f16(&d, src, N, who)))
         return rc;
-    memset(out, 0, version == KVX_ENVELOPE_V1 ? P : d.L * 2 * d.H * slab);
+    memset(out, 0, version != KVX_ENVELOPE_V2 ? P : d.L * 2 * d.H * slab);
 
     int direct = (version == KVX_ENVELOPE_V1 && g->quant == KVX_QUANT_FP16) ||
-                 (version == KVX_ENVELOPE_V2 && g->quant == KVX_QUANT_E4M3);
+                 (version == KVX_ENVELOPE_V2 && g->quant == KVX_QUANT_E4M3) ||
+                 (version == KVX_ENVELOPE_V3 && g->quant == KVX_QUANT_BF16);
     conv_scratch s;
     rc = scratch_alloc(&s, !direct, slab, fill, who);
     if (rc) return rc;
@@ -179,6 +180,9 @@ int kvx_page_to_envelope_payload(void *out_payload, uint16_t version, const kvx_
                 if (version == KVX_ENVELOPE_V1) {
                     kvx_f32_to_f16_n(s.h16, s.tmp + kv * slab, fill);
                     memcpy(out + es_ * slab * 2, s.h16, fill * 2); /* LE host */
+                } else if (version == KVX_ENVELOPE_V3) {
+                    kvx_f32_to_bf16_n(s.h16, s.tmp + kv * slab, fill);
+                    memcpy(out + es_ * slab * 2, s.h16, fill * 2);
                 }
             }
             if (version == KVX_ENVELOPE_V2) {
@@ -201,8 +205,8 @@ int kvx_envelope_payload_to_page(void *out_page, float *out_scales, const kvx_ge
     static const char who[] = "envelope payload to page";
     if (!out_page || !g || !env || !blk || !blk->payload)
         return kvx_fail(KVX_EINVALID, "%s: NULL argument", who);
-    if (env->version != KVX_ENVELOPE_V1 && env->version != KVX_ENVELOPE_V2)
-        return kvx_fail(KVX_EVERSION, "%s: envelope version %u is not 1 or 2", who, env->version);
+    if (env->version != KVX_ENVELOPE_V1 && env->version != KVX_ENVELOPE_V2 && env->version != KVX_ENVELOPE_V3)
+        return kvx_fail(KVX_EVERSION, "%s: envelope version %u is not 1, 2 or 3", who, env->version);
     int rc = check_geometry(g, who);
     if (rc) return rc;
     const kvx_geometry *eg = &env->geometry;
@@ -220,15 +224,17 @@ int kvx_envelope_payload_to_page(void *out_page, float *out_scales, const kvx_ge
     const conv_dims d = {g->num_layers, g->kv_heads, g->head_dim, g->block_tokens};
     const size_t N = n, fill = N * d.D, slab = d.B * d.D;
     const size_t es = kvx_quant_elem_size(g->quant);
-    const uint32_t src_q = env->version == KVX_ENVELOPE_V1 ? KVX_QUANT_FP16 : KVX_QUANT_E4M3;
+    const uint32_t src_q = env->version == KVX_ENVELOPE_V1   ? KVX_QUANT_FP16
+                           : env->version == KVX_ENVELOPE_V2 ? KVX_QUANT_E4M3
+                                                             : KVX_QUANT_BF16;
     const size_t src_es = kvx_quant_elem_size(src_q);
     uint8_t *dst = out_page;
     const uint8_t *pl = blk->payload;
 
     /* Same element type: bytes (and v2 scales) are copied as they are. */
-    int direct = g->quant == src_q && (src_q == KVX_QUANT_FP16 || out_scales);
-    /* v1 into E4M3 with room for scales: the writer rule. */
-    int rule = src_q == KVX_QUANT_FP16 && g->quant == KVX_QUANT_E4M3 && out_scales;
+    int direct = g->quant == src_q && (src_q != KVX_QUANT_E4M3 || out_scales);
+    /* v1 or v3 into E4M3 with room for scales: the writer rule. */
+    int rule = src_q != KVX_QUANT_E4M3 && g->quant == KVX_QUANT_E4M3 && out_scales;
     conv_scratch s;
     rc = scratch_alloc(&s, !direct, slab, fill, who);
     if (rc) return rc;
@@ -280,7 +286,7 @@ int kvx_shard_from_envelope(const char *path, const void *env, size_t len, uint8
                         e.n_blocks, KVX_MAX_ENTRIES);
     kvx_shard_writer_options o = KVX_SHARD_WRITER_OPTIONS_INIT;
     o.geometry = e.geometry;
-    o.geometry.quant = e.version == KVX_ENVELOPE_V1 ? KVX_QUANT_FP16 : KVX_QUANT_E4M3;
+    o.geometry.quant = e.geometry.quant; /* FP16, E4M3 or BF16 (v1, v2, v3) */
     o.geometry.model_signature = model_signature;
     o.shard_id = shard_id;
     o.max_entries = e.n_blocks ? e.n_blocks : 1;
@@ -328,8 +334,8 @@ int kvx_shard_to_envelope(void **out_buf, size_t *out_len, const kvx_shard *s, u
     *out_len = 0;
     const kvx_shard_info *info = kvx_shard_get_info(s);
     const kvx_geometry *g = &info->geometry;
-    if (version != KVX_ENVELOPE_V1 && version != KVX_ENVELOPE_V2)
-        return kvx_fail(KVX_EVERSION, "shard to envelope: version %u is not 1 or 2", version);
+    if (version != KVX_ENVELOPE_V1 && version != KVX_ENVELOPE_V2 && version != KVX_ENVELOPE_V3)
+        return kvx_fail(KVX_EVERSION, "shard to envelope: version %u is not 1, 2 or 3", version);
     if (!g->block_tokens)
         return kvx_fail(KVX_EINVALID, "shard to envelope: %s has no block_tokens", kvx_shard_path(s));
     uint32_t n = info->num_blocks;
@@ -363,7 +369,8 @@ int kvx_shard_to_envelope(void **out_buf, size_t *out_len, const kvx_shard *s, u
     if (!buf) return kvx_fail(-ENOMEM, "shard to envelope: out of memory for %zu bytes", total);
     memcpy(buf, "TLKV", 4);
     kvx_store16(buf + 4, version);
-    kvx_store16(buf + 6, version == KVX_ENVELOPE_V1 ? 1 : 3); /* tl_dtype F16 / F8_E4M3 */
+    /* tl_dtype F16 / F8_E4M3 / BF16 (v3, kvx's) */
+    kvx_store16(buf + 6, version == KVX_ENVELOPE_V1 ? 1 : version == KVX_ENVELOPE_V2 ? 3 : 2);
     kvx_store32(buf + 8, n);
     kvx_store32(buf + 12, g->block_tokens);
     kvx_store32(buf + 16, g->num_layers);

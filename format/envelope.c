@@ -6,7 +6,8 @@
  *   end u32 crc32c of every byte before it
  *
  * v1 payload: f16 [L][2][Hkv][B][D]; v2: e4m3 [L][2][Hkv][B][D] then f32
- * scales [L][2][Hkv]. Positions at or past n_tokens are zero bytes.
+ * scales [L][2][Hkv]; v3 (kvx extension, DESIGN.md): the v1 layout in
+ * bfloat16, dtype 2. Positions at or past n_tokens are zero bytes.
  *
  * The parser is a zero-copy validator: it never allocates, reads only
  * inside [buf, buf+len), and computes every size with overflow checks, so
@@ -15,9 +16,9 @@
  * order, adjusted where a rule needs an earlier one's result):
  *   1. length >= 32                                   KVX_EFORMAT
  *   2. magic "TLKV"                                   KVX_EFORMAT
- *   3. version 1 or 2 (an intact envelope of another  KVX_EVERSION
+ *   3. version 1, 2 or 3 (an intact envelope of another KVX_EVERSION
  *      version; a damaged one fails its CRC first:    KVX_EFORMAT)
- *   4. dtype is the version's (1 with v1, 3 with v2)  KVX_EFORMAT
+ *   4. dtype is the version's (1 v1, 3 v2, 2 v3)      KVX_EFORMAT
  *   5. no dimension is 0, sizes do not overflow, and
  *      length == 28 + n*(12+P) + 4                    KVX_EFORMAT
  *   6. crc32c                                         KVX_EFORMAT
@@ -38,6 +39,19 @@
 #define ENV_MAGIC "TLKV"
 #define DTYPE_F16 1 /* tl_dtype TL_F16 */
 #define DTYPE_E4M3 3 /* tl_dtype TL_F8_E4M3 */
+#define DTYPE_BF16 2 /* tl_dtype TL_BF16: envelope v3, a kvx extension */
+
+/* The dtype and element quant of each known version; 0 / quant of v1 for
+ * an unknown one (callers check the version first). */
+static uint16_t version_dtype(uint16_t v)
+{
+    return v == KVX_ENVELOPE_V1 ? DTYPE_F16 : v == KVX_ENVELOPE_V2 ? DTYPE_E4M3 : v == KVX_ENVELOPE_V3 ? DTYPE_BF16 : 0;
+}
+static uint32_t version_quant(uint16_t v)
+{
+    return v == KVX_ENVELOPE_V2 ? KVX_QUANT_E4M3 : v == KVX_ENVELOPE_V3 ? KVX_QUANT_BF16 : KVX_QUANT_FP16;
+}
+static int version_known(uint16_t v) { return version_dtype(v) != 0; }
 #define ENV_RECORD_HEADER 12
 #define ENV_CRC_BYTES 4
 #define ENV_MIN_BYTES (KVX_ENVELOPE_HEADER_BYTES + ENV_CRC_BYTES)
@@ -55,7 +69,7 @@ static uint64_t payload_bytes(uint16_t version, uint32_t B, uint32_t L, uint32_t
 {
     uint64_t slabs = slab_count(L, hkv), per = 0, p = 0;
     if (!slabs || !B || !D || !kvx_mul64(&per, B, D)) return 0;
-    if (version == KVX_ENVELOPE_V1) {
+    if (version == KVX_ENVELOPE_V1 || version == KVX_ENVELOPE_V3) {
         if (!kvx_mul64(&p, slabs, per) || !kvx_mul64(&p, p, 2)) return 0;
     } else if (version == KVX_ENVELOPE_V2) {
         if (!kvx_add64(&per, per, 4) || !kvx_mul64(&p, slabs, per)) return 0;
@@ -84,8 +98,8 @@ size_t kvx_envelope_payload_bytes(uint16_t version, const kvx_geometry *g)
 int kvx_envelope_size(size_t *out_bytes, uint16_t version, const kvx_geometry *g, uint32_t n_blocks)
 {
     if (!out_bytes || !g) return kvx_fail(KVX_EINVALID, "envelope size: out_bytes and g must not be NULL");
-    if (version != KVX_ENVELOPE_V1 && version != KVX_ENVELOPE_V2)
-        return kvx_fail(KVX_EVERSION, "envelope size: version %u is not 1 or 2", version);
+    if (!version_known(version))
+        return kvx_fail(KVX_EVERSION, "envelope size: version %u is not 1, 2 or 3", version);
     if (!g->block_tokens || !g->num_layers || !g->kv_heads || !g->head_dim)
         return kvx_fail(KVX_EINVALID, "envelope size: geometry has a zero dimension (B %u, L %u, Hkv %u, D %u)",
                         g->block_tokens, g->num_layers, g->kv_heads, g->head_dim);
@@ -110,13 +124,13 @@ int kvx_envelope_parse(kvx_envelope *out, const void *buf, size_t len, const kvx
     uint32_t hkv = kvx_load32(b + 20), D = kvx_load32(b + 24);
     uint32_t crc_stored = kvx_load32(b + len - 4);
 
-    if (version != KVX_ENVELOPE_V1 && version != KVX_ENVELOPE_V2) {
+    if (!version_known(version)) {
         /* An unknown version's length formula is unknown; its CRC is not. */
         if (kvx_crc32c(0, b, len - 4) != crc_stored)
             return kvx_fail(KVX_EFORMAT, "envelope crc32c mismatch (and version %u is unknown)", version);
-        return kvx_fail(KVX_EVERSION, "envelope version %u is not supported (this reader reads 1 and 2)", version);
+        return kvx_fail(KVX_EVERSION, "envelope version %u is not supported (this reader reads 1, 2 and 3)", version);
     }
-    uint16_t want_dtype = version == KVX_ENVELOPE_V1 ? DTYPE_F16 : DTYPE_E4M3;
+    uint16_t want_dtype = version_dtype(version);
     if (dtype != want_dtype)
         return kvx_fail(KVX_EFORMAT, "envelope dtype %u does not match version %u (expected %u)", dtype, version,
                         want_dtype);
@@ -179,7 +193,7 @@ int kvx_envelope_parse(kvx_envelope *out, const void *buf, size_t len, const kvx
     out->geometry.num_layers = L;
     out->geometry.kv_heads = hkv;
     out->geometry.head_dim = D;
-    out->geometry.quant = version == KVX_ENVELOPE_V1 ? KVX_QUANT_FP16 : KVX_QUANT_E4M3;
+    out->geometry.quant = version_quant(version);
     out->data = b;
     out->size = len;
     out->payload_bytes = (size_t)p;
@@ -215,7 +229,7 @@ int kvx_envelope_export(void *buf, size_t cap, uint16_t version, const kvx_geome
         return kvx_fail(KVX_ECAPACITY, "envelope export: cap %zu is below the envelope size %zu", cap, total);
 
     const uint32_t B = g->block_tokens, D = g->head_dim;
-    const size_t esize = version == KVX_ENVELOPE_V1 ? 2 : 1;
+    const size_t esize = version == KVX_ENVELOPE_V2 ? 1 : 2;
     const size_t slabs = (size_t)slab_count(g->num_layers, g->kv_heads);
     const size_t slab_bytes = (size_t)B * D * esize; /* fits: P did */
     const size_t p = kvx_envelope_payload_bytes(version, g);
@@ -236,7 +250,7 @@ int kvx_envelope_export(void *buf, size_t cap, uint16_t version, const kvx_geome
     uint8_t *o = (uint8_t *)buf;
     memcpy(o, ENV_MAGIC, 4);
     kvx_store16(o + 4, version);
-    kvx_store16(o + 6, version == KVX_ENVELOPE_V1 ? DTYPE_F16 : DTYPE_E4M3);
+    kvx_store16(o + 6, version_dtype(version));
     kvx_store32(o + 8, n_blocks);
     kvx_store32(o + 12, B);
     kvx_store32(o + 16, g->num_layers);

@@ -51,7 +51,7 @@ static int check_one(const uint8_t *data, size_t size)
 
     const size_t slabs = (size_t)g->num_layers * 2 * g->kv_heads;
     const size_t slab = (size_t)g->block_tokens * g->head_dim;
-    const size_t esize = env.version == KVX_ENVELOPE_V1 ? 2 : 1;
+    const size_t esize = env.version == KVX_ENVELOPE_V2 ? 1 : 2;
     kvx_envelope_block_in *in = calloc(env.n_blocks ? env.n_blocks : 1, sizeof *in);
     float *scales = calloc(env.n_blocks * slabs + 1, sizeof *scales);
     /* With n_blocks 0 the dimensions are unbounded by the length: size
@@ -76,6 +76,9 @@ static int check_one(const uint8_t *data, size_t size)
                 /* the reader's promise: every v2 scale is finite and > 0 */
                 CHECK(isfinite(scale) && scale > 0.0f);
                 kvx_e4m3_to_f32_n(tmp, p, slab, scale);
+            } else if (env.version == KVX_ENVELOPE_V3) {
+                for (size_t k = 0; k < slab; k++)
+                    tmp[k] = kvx_bf16_to_f32((uint16_t)(p[2 * k] | p[2 * k + 1] << 8));
             } else {
                 for (size_t k = 0; k < slab; k++)
                     tmp[k] = kvx_f16_to_f32((uint16_t)(p[2 * k] | p[2 * k + 1] << 8));

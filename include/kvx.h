@@ -256,12 +256,15 @@ KVX_API void kvx_f32_to_bf16_n(uint16_t *out, const float *in, size_t n);
 KVX_API void kvx_bf16_to_f32_n(float *out, const uint16_t *in, size_t n);
 
 /* ------------------------------------------------------------------------
- * TLKV export envelope (v1: f16, v2: e4m3 + f32 scales). Payload layout
- * [L][K|V][Hkv][B][D]; positions at or past n_tokens are zero bytes.
+ * TLKV export envelope (v1: f16, v2: e4m3 + f32 scales, v3: bf16, a kvx
+ * extension with dtype 2 and the v1 layout; spec readers refuse it as an
+ * unknown version). Payload layout [L][K|V][Hkv][B][D]; positions at or
+ * past n_tokens are zero bytes.
  * ---------------------------------------------------------------------- */
 
 #define KVX_ENVELOPE_V1 1
 #define KVX_ENVELOPE_V2 2
+#define KVX_ENVELOPE_V3 3
 #define KVX_ENVELOPE_HEADER_BYTES 28
 
 /* A validated, zero-copy view of an envelope; valid while its buffer is. */
@@ -270,7 +273,7 @@ typedef struct kvx_envelope {
     uint16_t dtype;
     uint32_t n_blocks;
     kvx_geometry geometry; /* block_tokens, L, Hkv, D from the header;
-                              quant FP16 (v1) or E4M3 (v2) */
+                              quant FP16 (v1), E4M3 (v2) or BF16 (v3) */
     const uint8_t *data;
     size_t size;
     size_t payload_bytes; /* P */
@@ -500,7 +503,8 @@ KVX_API void kvx_shard_writer_abort(kvx_shard_writer *w);
 
 /* A KVX page of geometry g (any quant; scales nullable = 1.0) becomes one
  * envelope payload of version (v1: f16; v2: e4m3 + scales computed by the
- * writer rule, or copied as-is when g is E4M3: lossless). out_payload has
+ * writer rule, or copied as-is when g is E4M3: lossless; v3: bf16, copied
+ * when g is BF16, else rounded to nearest even). out_payload has
  * kvx_envelope_payload_bytes(version, g) bytes; the v2 scales are its tail.
  * A BF16 page goes to v1 only when every value is exact in f16, else
  * KVX_ELOSSY naming the first element (layer, K|V, head, token, dim) and
@@ -516,7 +520,7 @@ KVX_API int kvx_page_to_envelope_payload(void *out_payload, uint16_t version, co
 KVX_API int kvx_envelope_payload_to_page(void *out_page, float *out_scales, const kvx_geometry *g,
                                          const kvx_envelope *env, const kvx_envelope_block *blk);
 /* An envelope becomes a sealed shard at path: v1 -> FP16, v2 -> E4M3 with a
- * scale table; block i gets coordinate (shard_id, i, 0) and its hash. */
+ * scale table, v3 -> BF16; block i gets coordinate (shard_id, i, 0) and its hash. */
 KVX_API int kvx_shard_from_envelope(const char *path, const void *env, size_t len, uint8_t shard_id,
                                     uint64_t model_signature);
 /* Every entry of a shard becomes one block of a version envelope, written
@@ -687,7 +691,9 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s,
 /* Exports views (in order) as one envelope of version into a malloc'd
  * buffer (kvx_free). Every page's CRC-32 is checked again first, whatever
  * was checked before (KVX_EPAGECRC naming the block; nothing is built).
- * n may be 0: a valid envelope with n_blocks = 0. */
+ * n may be 0: a valid envelope with n_blocks = 0. version 1, 2 or 3; a
+ * BF16 store's views go to v1 only when every value is exact in f16
+ * (KVX_ELOSSY naming the first that is not; v2 and v3 always work). */
 KVX_API int kvx_views_export(void **out_buf, size_t *out_len, kvx_store *s, const kvx_view *views,
                              size_t n, uint16_t version);
 KVX_API void kvx_view_release(kvx_view *v);

@@ -48,6 +48,21 @@ static const uint8_t spec_v1[60] = {
     0x7b, 0x02, 0xc1, 0xb0, 0x1a, 0xa9, 0x02, 0x00, 0x00, 0x00, 0x00, 0x3c, 0x00, 0x40, 0x00,
     0x42, 0x00, 0x44, 0x00, 0x38, 0x00, 0xbc, 0x00, 0x00, 0x00, 0x34, 0x1c, 0x54, 0x0b, 0x4f};
 
+/* The same block as envelope v3 (kvx extension: version 3, dtype 2, the v1
+ * layout in bfloat16), built by hand from the rules: header with version 3
+ * and dtype 2, the example's hash and n_tokens, the values 1, 2, 3, 4,
+ * 0.5, -1, 0, 0.25 as bf16 (0x3F80 0x4000 0x4040 0x4080 0x3F00 0xBF80
+ * 0x0000 0x3E80), then CRC-32C of the 56 bytes before it computed by an
+ * independent bitwise CRC-32C (poly 0x82F63B78), which gives the spec's
+ * 0x4f0b541c for spec_v1. */
+static const uint8_t spec_v3[60] = {
+    0x54, 0x4c, 0x4b, 0x56, 0x03, 0x00, 0x02, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00,
+    0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x66, 0x93,
+    0x7b, 0x02, 0xc1, 0xb0, 0x1a, 0xa9, 0x02, 0x00, 0x00, 0x00, 0x80, 0x3f, 0x00, 0x40, 0x40,
+    0x40, 0x80, 0x40, 0x00, 0x3f, 0x80, 0xbf, 0x00, 0x00, 0x80, 0x3e, 0x2a, 0xd0, 0xf6, 0x0e};
+
+static uint16_t kvx_load16_test(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
 static void test_spec_example(void **state)
 {
     (void)state;
@@ -99,6 +114,99 @@ static void test_spec_example(void **state)
     kvx_free(NULL);
 }
 
+/* v3 golden vector: parsed as BF16, becomes a BF16 shard holding the
+ * example's bf16 page, and comes back byte-identical; the same shard gives
+ * the spec's v1 bytes (every value is exact in f16), and the spec's v1
+ * through an FP16 shard gives the v3 bytes. A v3 with another dtype is
+ * malformed; one value not exact in f16 makes the v1 export KVX_ELOSSY. */
+static void test_v3_golden(void **state)
+{
+    (void)state;
+    kvx_envelope env;
+    assert_int_equal(kvx_envelope_parse(&env, spec_v3, sizeof spec_v3, NULL), 0);
+    assert_int_equal(env.version, KVX_ENVELOPE_V3);
+    assert_int_equal(env.dtype, 2);
+    assert_int_equal(env.geometry.quant, KVX_QUANT_BF16);
+    assert_int_equal(env.payload_bytes, 16);
+    kvx_envelope_block b;
+    assert_int_equal(kvx_envelope_block_at(&b, &env, 0), 0);
+    assert_null(b.scales);
+    assert_true(kvx_bf16_to_f32(kvx_load16_test(b.payload + 10)) == -1.0f);
+
+    /* the writer makes the same bytes from the values */
+    static const uint16_t vals[8] = {0x3F80, 0x4000, 0x4040, 0x4080, 0x3F00, 0xBF80, 0x0000, 0x3E80};
+    kvx_geometry g3 = {1, 1, 2, 2, KVX_QUANT_BF16, 0};
+    kvx_envelope_block_in bi = {0xA91AB0C1027B9366ull, 2, vals, NULL};
+    uint8_t w[60];
+    assert_int_equal(kvx_envelope_export(w, sizeof w, KVX_ENVELOPE_V3, &g3, &bi, 1), 0);
+    assert_memory_equal(w, spec_v3, sizeof spec_v3);
+
+    const char *path = path_of("v3.kvx");
+    assert_int_equal(kvx_shard_from_envelope(path, spec_v3, sizeof spec_v3, 1, 7), 0);
+    kvx_shard *s;
+    assert_int_equal(kvx_shard_open(&s, path, KVX_OPEN_VERIFY_PAGES), 0);
+    const kvx_shard_info *info = kvx_shard_get_info(s);
+    assert_int_equal(info->geometry.quant, KVX_QUANT_BF16);
+    assert_false(info->flags & KVX_FLAG_SCALES);
+    const void *p;
+    assert_int_equal(kvx_shard_page(&p, s, 0, 1), 0);
+    assert_memory_equal(p, spec_v3 + 40, 16); /* L = Hkv = 1, N = B: one layout */
+    void *out;
+    size_t len;
+    assert_int_equal(kvx_shard_to_envelope(&out, &len, s, KVX_ENVELOPE_V3), 0);
+    assert_int_equal(len, sizeof spec_v3);
+    assert_memory_equal(out, spec_v3, sizeof spec_v3);
+    kvx_free(out);
+    assert_int_equal(kvx_shard_to_envelope(&out, &len, s, KVX_ENVELOPE_V1), 0);
+    assert_int_equal(len, sizeof spec_v1);
+    assert_memory_equal(out, spec_v1, sizeof spec_v1);
+    kvx_free(out);
+    assert_int_equal(kvx_shard_to_envelope(&out, &len, s, KVX_ENVELOPE_V2), 0);
+    kvx_free(out);
+    kvx_shard_close(s);
+
+    path = path_of("v1.kvx");
+    assert_int_equal(kvx_shard_from_envelope(path, spec_v1, sizeof spec_v1, 1, 7), 0);
+    assert_int_equal(kvx_shard_open(&s, path, KVX_OPEN_VERIFY_PAGES), 0);
+    assert_int_equal(kvx_shard_to_envelope(&out, &len, s, KVX_ENVELOPE_V3), 0);
+    assert_memory_equal(out, spec_v3, sizeof spec_v3);
+    kvx_free(out);
+    kvx_shard_close(s);
+
+    /* v3 with dtype 1 (f16): malformed; version 4: unknown */
+    uint8_t bad[60];
+    memcpy(bad, spec_v3, 60);
+    bad[6] = 1;
+    uint32_t crc = kvx_crc32c(0, bad, 56);
+    memcpy(bad + 56, &crc, 4);
+    assert_int_equal(kvx_envelope_parse(&env, bad, 60, NULL), KVX_EFORMAT);
+    assert_non_null(strstr(kvx_last_error(), "dtype"));
+    memcpy(bad, spec_v3, 60);
+    bad[4] = 4;
+    crc = kvx_crc32c(0, bad, 56);
+    memcpy(bad + 56, &crc, 4);
+    assert_int_equal(kvx_envelope_parse(&env, bad, 60, NULL), KVX_EVERSION);
+
+    /* 0.25 -> 2^-30 (bf16 0x3080): below f16's subnormals */
+    memcpy(bad, spec_v3, 60);
+    bad[54] = 0x80;
+    bad[55] = 0x30;
+    crc = kvx_crc32c(0, bad, 56);
+    memcpy(bad + 56, &crc, 4);
+    path = path_of("lossy.kvx");
+    assert_int_equal(kvx_shard_from_envelope(path, bad, 60, 1, 7), 0);
+    assert_int_equal(kvx_shard_open(&s, path, KVX_OPEN_VERIFY_PAGES), 0);
+    out = NULL;
+    assert_int_equal(kvx_shard_to_envelope(&out, &len, s, KVX_ENVELOPE_V1), KVX_ELOSSY);
+    assert_null(out);
+    assert_non_null(strstr(kvx_last_error(), "layer 0, V, head 0, token 1, dim 1"));
+    assert_non_null(strstr(kvx_last_error(), "0x3080"));
+    assert_int_equal(kvx_shard_to_envelope(&out, &len, s, KVX_ENVELOPE_V3), 0);
+    assert_memory_equal(out, bad, 60);
+    kvx_free(out);
+    kvx_shard_close(s);
+}
+
 static uint32_t rng = 777;
 static uint32_t rnd(void)
 {
@@ -119,6 +227,16 @@ typedef struct env_in {
     uint8_t e4m3[NB][SLABS * B * D];
     float scales[NB][SLABS];
 } env_in;
+
+/* v3 (bf16) payloads are random bit patterns, NaNs and infinities included:
+ * a copy must keep every one. */
+static void randomize_bf16(env_in *in)
+{
+    for (int i = 0; i < NB; i++)
+        for (int s = 0; s < SLABS; s++)
+            for (uint32_t t = 0; t < in->ntok[i]; t++)
+                for (int d = 0; d < D; d++) in->f16[i][((size_t)s * B + t) * D + d] = (uint16_t)rnd();
+}
 
 /* NB blocks of a token chain: full blocks hashed, the last one partial. */
 static uint8_t *make_envelope(env_in *in, uint16_t version, size_t *len)
@@ -145,9 +263,10 @@ static uint8_t *make_envelope(env_in *in, uint16_t version, size_t *len)
         }
         blocks[i].hash = in->hash[i];
         blocks[i].n_tokens = in->ntok[i];
-        blocks[i].payload = version == KVX_ENVELOPE_V1 ? (const void *)in->f16[i] : (const void *)in->e4m3[i];
+        blocks[i].payload = version == KVX_ENVELOPE_V2 ? (const void *)in->e4m3[i] : (const void *)in->f16[i];
         blocks[i].scales = in->scales[i];
     }
+    if (version == KVX_ENVELOPE_V3) randomize_bf16(in);
     kvx_geometry g = {L, H, D, B, 0, 0};
     assert_int_equal(kvx_envelope_size(len, version, &g, NB), 0);
     uint8_t *buf = malloc(*len);
@@ -174,7 +293,7 @@ static void check_layout(const kvx_shard *s, const env_in *in, uint16_t version)
                         for (int d = 0; d < D; d++) {
                             size_t pi = ((((size_t)kv * L + l) * H + h) * N + t) * D + d;
                             size_t ei = ((((size_t)l * 2 + kv) * H + h) * B + t) * D + d;
-                            if (version == KVX_ENVELOPE_V1) {
+                            if (version != KVX_ENVELOPE_V2) {
                                 uint16_t v;
                                 memcpy(&v, p + 2 * pi, 2);
                                 assert_int_equal(v, in->f16[i][ei]);
@@ -197,8 +316,9 @@ static void round_trip(uint16_t version)
         assert_int_equal(kvx_shard_from_envelope(path, env, len, 9, 0), 0);
         kvx_shard *s;
         assert_int_equal(kvx_shard_open(&s, path, KVX_OPEN_VERIFY_PAGES), 0);
-        assert_int_equal(kvx_shard_get_info(s)->geometry.quant,
-                         version == KVX_ENVELOPE_V1 ? KVX_QUANT_FP16 : KVX_QUANT_E4M3);
+        assert_int_equal(kvx_shard_get_info(s)->geometry.quant, version == KVX_ENVELOPE_V1   ? KVX_QUANT_FP16
+                                                                : version == KVX_ENVELOPE_V2 ? KVX_QUANT_E4M3
+                                                                                             : KVX_QUANT_BF16);
         check_layout(s, in, version);
         void *out;
         size_t out_len;
@@ -214,6 +334,7 @@ static void round_trip(uint16_t version)
 
 static void test_round_trip_v1(void **state) { (void)state; round_trip(KVX_ENVELOPE_V1); }
 static void test_round_trip_v2(void **state) { (void)state; round_trip(KVX_ENVELOPE_V2); }
+static void test_round_trip_v3(void **state) { (void)state; round_trip(KVX_ENVELOPE_V3); }
 
 /* f16 shard -> v2: scales by the writer rule over the filled positions, and
  * every value within e4m3 precision (3 mantissa bits: half an ulp is 1/16
@@ -397,7 +518,7 @@ static void test_errors(void **state)
     g_wrong.quant = 7;
     assert_int_equal(kvx_envelope_payload_to_page(page, NULL, &g_wrong, &e, &b), KVX_EQUANT);
     uint8_t pl[64];
-    assert_int_equal(kvx_page_to_envelope_payload(pl, 3, &g, page, 2, NULL), KVX_EVERSION);
+    assert_int_equal(kvx_page_to_envelope_payload(pl, 4, &g, page, 2, NULL), KVX_EVERSION);
     assert_int_equal(kvx_page_to_envelope_payload(pl, 1, &g, page, 3, NULL), KVX_ETOKENS);
     assert_int_equal(kvx_page_to_envelope_payload(pl, 1, &g, page, 0, NULL), KVX_ETOKENS);
     g_wrong = g;
@@ -487,6 +608,8 @@ int main(void)
         cmocka_unit_test(test_spec_example),
         cmocka_unit_test(test_round_trip_v1),
         cmocka_unit_test(test_round_trip_v2),
+        cmocka_unit_test(test_round_trip_v3),
+        cmocka_unit_test(test_v3_golden),
         cmocka_unit_test(test_f16_to_v2),
         cmocka_unit_test(test_v2_to_other_quants),
         cmocka_unit_test(test_v2_bad_scale),

@@ -124,14 +124,17 @@ static void test_reader_rules(void **state)
     /* 2. magic */
     memcpy(b, golden, 60); b[3] = 'W'; fix_crc(b, 60);
     expect_reject(b, 60, NULL, KVX_EFORMAT, "magic");
-    /* 3. version: an intact envelope of version 3 or 0 is EVERSION ... */
-    memcpy(b, golden, 60); put16(b + 4, 3); fix_crc(b, 60);
-    expect_reject(b, 60, NULL, KVX_EVERSION, "version 3");
+    /* 3. version: an intact envelope of version 4 or 0 is EVERSION ... */
+    memcpy(b, golden, 60); put16(b + 4, 4); fix_crc(b, 60);
+    expect_reject(b, 60, NULL, KVX_EVERSION, "version 4");
     memcpy(b, golden, 60); put16(b + 4, 0); fix_crc(b, 60);
     expect_reject(b, 60, NULL, KVX_EVERSION, "version 0");
     /* ... a damaged one (CRC not matching) is a format error. */
-    memcpy(b, golden, 60); put16(b + 4, 3);
+    memcpy(b, golden, 60); put16(b + 4, 4);
     expect_reject(b, 60, NULL, KVX_EFORMAT, "crc32c");
+    /* ... version 3 (kvx's bf16) is known: the v1 golden's dtype 1 is not its dtype 2 */
+    memcpy(b, golden, 60); put16(b + 4, 3); fix_crc(b, 60);
+    expect_reject(b, 60, NULL, KVX_EFORMAT, "expected 2");
     /* 4. dtype must be the version's */
     memcpy(b, golden, 60); put16(b + 6, 3); fix_crc(b, 60);
     expect_reject(b, 60, NULL, KVX_EFORMAT, "dtype");
@@ -241,7 +244,7 @@ static void test_export_errors(void **state)
     memset(buf, 0xEE, sizeof buf);
     kvx_envelope_block_in in = {0, 2, pay, sc};
     assert_int_equal(kvx_envelope_export(buf, 59, KVX_ENVELOPE_V1, &g, &in, 1), KVX_ECAPACITY);
-    assert_int_equal(kvx_envelope_export(buf, 60, 3, &g, &in, 1), KVX_EVERSION);
+    assert_int_equal(kvx_envelope_export(buf, 60, 4, &g, &in, 1), KVX_EVERSION);
     in.n_tokens = 0;
     assert_int_equal(kvx_envelope_export(buf, 60, KVX_ENVELOPE_V1, &g, &in, 1), KVX_ETOKENS);
     in.n_tokens = 3;
@@ -264,7 +267,8 @@ static void test_export_errors(void **state)
     assert_int_equal(kvx_envelope_size(&size, KVX_ENVELOPE_V1, &big, 0xFFFFFFFFu), 0);
     assert_true(size == 32 + (uint64_t)0xFFFFFFFFu * (12 + 4194304));
     assert_int_equal(kvx_envelope_payload_bytes(KVX_ENVELOPE_V2, &big), 32 * 2 * 16 * (16 * 128 + 4));
-    assert_int_equal(kvx_envelope_payload_bytes(3, &big), 0);
+    assert_int_equal(kvx_envelope_payload_bytes(KVX_ENVELOPE_V3, &big), kvx_envelope_payload_bytes(KVX_ENVELOPE_V1, &big));
+    assert_int_equal(kvx_envelope_payload_bytes(4, &big), 0);
 }
 
 static uint32_t rs = 99;

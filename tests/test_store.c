@@ -202,6 +202,34 @@ static void test_bf16_store(void **state)
     assert_int_equal(got.quant, KVX_QUANT_BF16);
     assert_int_equal(prefix_of(s, 1, 3, 0, 1), 3);
 
+    /* exported as v3 the pages come back bit for bit (L = Hkv = 1, N = B:
+     * one layout); as v1 the random bf16 bits do not fit f16: KVX_ELOSSY */
+    {
+        uint32_t tk[3 * SU_B];
+        su_tokens(tk, 1, 3, 0);
+        kvx_view pv[3];
+        size_t n = 0;
+        assert_int_equal(kvx_store_prefix(pv, &n, s, tk, 3 * SU_B, 3), 0);
+        assert_int_equal(n, 3);
+        void *buf = NULL;
+        size_t blen = 0;
+        assert_int_equal(kvx_views_export(&buf, &blen, s, pv, n, KVX_ENVELOPE_V3), 0);
+        kvx_envelope e3;
+        assert_int_equal(kvx_envelope_parse(&e3, buf, blen, &o.geometry), 0);
+        assert_int_equal(e3.version, KVX_ENVELOPE_V3);
+        for (uint32_t i = 0; i < 3; i++) {
+            kvx_envelope_block eb;
+            assert_int_equal(kvx_envelope_block_at(&eb, &e3, i), 0);
+            assert_memory_equal(eb.payload, pv[i].page, 64);
+        }
+        kvx_free(buf);
+        buf = NULL;
+        assert_int_equal(kvx_views_export(&buf, &blen, s, pv, n, KVX_ENVELOPE_V1), KVX_ELOSSY);
+        assert_null(buf);
+        assert_non_null(strstr(kvx_last_error(), "not exactly representable in f16"));
+        kvx_views_release(pv, n);
+    }
+
     /* a v1 block: f16 1.0, 1+2^-10 (rounds to 1.0 in bf16), -2.5, 65504 */
     uint32_t t[SU_B];
     su_tokens(t, 9, 1, 0);
