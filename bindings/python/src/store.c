@@ -343,6 +343,98 @@ static PyObject *store_prefix(PyObject *self, PyObject *args, PyObject *kw)
     return list;
 }
 
+/* get_hashes(hashes) -> [View or None]: one C call for many hashes; a
+ * hash without exactly one verified block gives None (get_hash says why). */
+static PyObject *store_get_hashes(PyObject *self, PyObject *arg)
+{
+    kvxpy_store *st = (kvxpy_store *)self;
+    PyObject *seq = PySequence_Fast(arg, "get_hashes: a sequence of ints");
+    if (!seq) return NULL;
+    size_t n = (size_t)PySequence_Fast_GET_SIZE(seq);
+    uint64_t *h = PyMem_Malloc((n ? n : 1) * sizeof *h);
+    kvx_view *views = PyMem_Malloc((n ? n : 1) * sizeof *views);
+    int *status = PyMem_Malloc((n ? n : 1) * sizeof *status);
+    PyObject *list = NULL;
+    if (!h || !views || !status) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        h[i] = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i));
+        if (h[i] == (uint64_t)-1 && PyErr_Occurred()) goto out;
+    }
+    int rc;
+    STORE_CALL(st, rc, kvx_store_get_hashes(views, status, st->s, h, n));
+    if (rc) {
+        store_fail(rc);
+        goto out;
+    }
+    list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; i < n; i++) {
+        PyObject *v = NULL;
+        if (status[i] == 0) {
+            v = list ? kvxpy_view_new(&views[i]) : (kvx_view_release(&views[i]), NULL);
+            if (!v && list) Py_CLEAR(list);
+        } else if (list) {
+            v = Py_NewRef(Py_None);
+        }
+        if (list) PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+    }
+out:
+    Py_DECREF(seq);
+    PyMem_Free(h);
+    PyMem_Free(views);
+    PyMem_Free(status);
+    return list;
+}
+
+/* export(views, version=1) -> bytes: the views (in order) as one TLKV
+ * envelope (kvx_views_export: every page's CRC checked again first). */
+static PyObject *store_export(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"views", "version", NULL};
+    kvxpy_store *st = (kvxpy_store *)self;
+    PyObject *vobj;
+    unsigned short version = KVX_ENVELOPE_V1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|H:export", kwlist, &vobj, &version)) return NULL;
+    PyObject *seq = PySequence_Fast(vobj, "export: a sequence of Views");
+    if (!seq) return NULL;
+    size_t n = (size_t)PySequence_Fast_GET_SIZE(seq);
+    kvx_view *views = PyMem_Malloc((n ? n : 1) * sizeof *views);
+    PyObject *out = NULL;
+    if (!views) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (size_t i = 0; i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i);
+        if (!PyObject_TypeCheck(o, &kvxpy_view_type)) {
+            PyErr_Format(PyExc_TypeError, "export: views[%zu] is not a kvx.View", i);
+            goto done;
+        }
+        kvxpy_view *v = (kvxpy_view *)o;
+        if (v->released) {
+            PyErr_Format(PyExc_ValueError, "export: views[%zu] is released", i);
+            goto done;
+        }
+        views[i] = v->v; /* borrowed: seq holds every View (and its shard) */
+    }
+    void *buf = NULL;
+    size_t len = 0;
+    int rc;
+    STORE_CALL(st, rc, kvx_views_export(&buf, &len, st->s, views, n, version));
+    if (rc) {
+        store_fail(rc);
+    } else {
+        out = PyBytes_FromStringAndSize(buf, (Py_ssize_t)len);
+        kvx_free(buf);
+    }
+done:
+    Py_DECREF(seq);
+    PyMem_Free(views);
+    return out;
+}
+
 /* _c_prefix_loop(tokens, row_len, passes) -> [seconds per pass]: the
  * benchmark's C reference (bench/bench_python.py). Each pass runs
  * kvx_store_prefix + kvx_views_release over every row of tokens in C, on
@@ -684,6 +776,10 @@ static PyMethodDef store_methods[] = {
     {"get", store_get, METH_VARARGS, "get(coordinate) -> View."},
     {"get_hash", store_get_hash, METH_VARARGS, "get_hash(hash) -> View (the one verified block holding hash)."},
     {"get_block", store_get_block, METH_O, "get_block(tokens) -> View of the block ending at the last full block."},
+    {"get_hashes", store_get_hashes, METH_O,
+     "get_hashes(hashes) -> [View or None], one C call; None where get_hash would raise."},
+    {"export", (PyCFunction)(void (*)(void))store_export, METH_VARARGS | METH_KEYWORDS,
+     "export(views, version=1) -> bytes: the views as one TLKV envelope (pages' CRCs checked again)."},
     {"prefix", (PyCFunction)(void (*)(void))store_prefix, METH_VARARGS | METH_KEYWORDS,
      "prefix(tokens, max_views=None) -> [View]: the longest cached prefix, one C call."},
     {"_c_prefix_loop", store_c_prefix_loop, METH_VARARGS, "Benchmark reference (bench/bench_python.py)."},

@@ -111,3 +111,27 @@ def test_reopen_readonly(filled, tmp_path):
     with kvx.Store.open(str(tmp_path / "store"), readonly=True) as ro:
         assert ro.readonly
         assert b"".join(bytes(v) for v in ro.prefix(toks)) == pages.tobytes()
+
+
+def test_get_hashes(filled):
+    st, toks, pages = filled
+    hashes = kvx.block_hashes(toks, B)
+    got = st.get_hashes(hashes + [777])
+    assert got[-1] is None
+    assert [bytes(v) for v in got[:-1]] == [p.tobytes() for p in pages]
+
+
+def test_export_and_put_envelope(filled, tmp_path):
+    st, toks, pages = filled
+    env = st.export(st.prefix(toks), version=1)  # v1: f16, lossless from an fp16 store
+    assert env[:4] and isinstance(env, bytes)
+    with kvx.Store.create(str(tmp_path / "other"), **GEOM) as other:
+        assert other.put_envelope(env, toks) == 4
+        other.flush()
+        assert b"".join(bytes(v) for v in other.prefix(toks)) == pages.tobytes()
+        with pytest.raises(kvx.Error):
+            other.put_envelope(env[:-1])
+    released = st.prefix(toks)[0]
+    released.release()
+    with pytest.raises(ValueError):
+        st.export([released])
