@@ -43,7 +43,8 @@ static int run_convert(const cli_cmd *self, int argc, char **argv)
         case 'f':
             if (!strcmp(optarg, "v1")) version = KVX_ENVELOPE_V1;
             else if (!strcmp(optarg, "v2")) version = KVX_ENVELOPE_V2;
-            else return cli_usage(self, "--format must be v1 or v2, not '%s'", optarg);
+            else if (!strcmp(optarg, "v3")) version = KVX_ENVELOPE_V3;
+            else return cli_usage(self, "--format must be v1, v2 or v3, not '%s'", optarg);
             break;
         case 'm':
             if (cli_parse_hex64(optarg, &sig) != 0)
@@ -113,7 +114,7 @@ static int run_convert(const cli_cmd *self, int argc, char **argv)
     }
     if (have_shard || have_sig)
         return cli_usage(self, "--shard and --model-signature apply to an envelope input");
-    if (!version) return cli_usage(self, "--format v1|v2 is required for a shard input");
+    if (!version) return cli_usage(self, "--format v1|v2|v3 is required for a shard input");
     cli_out o; /* first: an output that will be refused fails before any work */
     if (cli_out_open(self, &o, out, 0) != CLI_OK) return CLI_FAIL;
     kvx_shard *s = NULL;
@@ -139,14 +140,17 @@ const cli_cmd cli_cmd_convert = {
     "convert",
     "turn a TLKV envelope into a sealed shard, or a shard into an envelope",
     "Usage: kvx convert ENVELOPE -o FILE.kvx [--shard S] [--model-signature HEX]\n"
-    "       kvx convert FILE.kvx -o ENVELOPE --format v1|v2\n"
+    "       kvx convert FILE.kvx -o ENVELOPE --format v1|v2|v3\n"
     "\n"
     "The input's magic decides the direction. An envelope becomes a sealed\n"
     "shard: v1 (f16) gives an FP16 shard, v2 (e4m3 + scales) an E4M3 shard\n"
-    "with a scale table; block i gets coordinate (S, i, 0) and the envelope's\n"
-    "block hash. A shard becomes an envelope with one block per entry.\n"
-    "Round trips are lossless: v1 -> shard -> v1 and v2 -> shard -> v2 give\n"
-    "the same bytes. A damaged input is refused and no output file appears.\n"
+    "with a scale table, v3 (bf16, kvx's extension) a BF16 shard; block i\n"
+    "gets coordinate (S, i, 0) and the envelope's block hash. A shard becomes\n"
+    "an envelope with one block per entry. Round trips are lossless: v1 ->\n"
+    "shard -> v1, v2 -> shard -> v2 and v3 -> shard -> v3 give the same\n"
+    "bytes. A BF16 shard becomes v1 only when every value is exact in f16;\n"
+    "otherwise exit 1 naming the first value that is not (v2 and v3 always\n"
+    "work). A damaged input is refused and no output file appears.\n"
     "\n"
     "An envelope may come from '-' (standard input), a pipe, a FIFO or a\n"
     "device: it is read to exactly the length its header declares (at most\n"
@@ -165,7 +169,7 @@ const cli_cmd cli_cmd_convert = {
     "  -o, --output FILE          where to write (see above)\n"
     "  -s, --shard S              shard id of the coordinates, 0..255 (default 0)\n"
     "  -m, --model-signature HEX  the shard's model signature (default 0)\n"
-    "  -f, --format v1|v2         envelope version to write from a shard\n"
+    "  -f, --format v1|v2|v3      envelope version to write from a shard\n"
     "  -h, --help                 show this help\n"
     "\n"
     "Exit status: 0 success, 1 bad or unreadable input, or an output that\n"

@@ -224,7 +224,7 @@ const cli_cmd cli_cmd_inspect = {
     "Options:\n"
     "  -j, --json  one JSON object: num_layers, kv_heads, head_dim, num_blocks,\n"
     "              block_tokens, model_signature (hex string), quant_format\n"
-    "              (\"fp16\", \"e4m3\" or \"e5m2\"), flags, spectral_offset,\n"
+    "              (\"fp16\", \"e4m3\", \"e5m2\" or \"bf16\"), flags, spectral_offset,\n"
     "              kv_data_offset, and entries: a list of objects with\n"
     "              coordinate (hex string), shard, block, spectral, token_count,\n"
     "              offset, bytes, crc32 (hex string), hash (hex string, or null\n"

@@ -27,6 +27,7 @@ static int parse_quant(const char *s, uint32_t *out)
     if (!strcmp(s, "fp16")) *out = KVX_QUANT_FP16;
     else if (!strcmp(s, "e4m3")) *out = KVX_QUANT_E4M3;
     else if (!strcmp(s, "e5m2")) *out = KVX_QUANT_E5M2;
+    else if (!strcmp(s, "bf16")) *out = KVX_QUANT_BF16;
     else return -1;
     return 0;
 }
@@ -259,7 +260,7 @@ static int run_create(const cli_cmd *self, int argc, char **argv)
         }
         case 'q':
             if (parse_quant(optarg, &o.geometry.quant) != 0)
-                return cli_usage(self, "--quant must be fp16, e4m3 or e5m2, not '%s'", optarg);
+                return cli_usage(self, "--quant must be fp16, e4m3, e5m2 or bf16, not '%s'", optarg);
             have |= 16;
             break;
         case 'c':
@@ -309,7 +310,7 @@ static const cli_cmd cmd_create = {
     "store create",
     "create a store with a fixed geometry and capacity",
     "Usage: kvx store create DIR --layers L --kv-heads H --head-dim D\n"
-    "                        --block-tokens B --quant fp16|e4m3|e5m2\n"
+    "                        --block-tokens B --quant fp16|e4m3|e5m2|bf16\n"
     "                        [--capacity SIZE] [--model-signature HEX]\n"
     "\n"
     "Creates DIR (mode 0700) as a new store. Its geometry and model signature\n"
@@ -320,7 +321,8 @@ static const cli_cmd cmd_create = {
     "  -H, --kv-heads H           KV heads (1..65535)\n"
     "  -D, --head-dim D           head dimension (1..65535)\n"
     "  -B, --block-tokens B       tokens per block, 1..65535 (the engine uses 16)\n"
-    "  -q, --quant Q              page element type: fp16, e4m3 or e5m2\n"
+    "  -q, --quant Q              page element type: fp16, e4m3, e5m2 or bf16\n"
+    "                             (bfloat16, the KV dtype of most models)\n"
     "  -c, --capacity SIZE        cap on shard bytes, e.g. 4GiB, 500MB\n"
     "                             (default: the library's)\n"
     "  -m, --model-signature HEX  first 8 bytes of the model's SHA-256 (default 0)\n"
@@ -415,7 +417,7 @@ static const cli_cmd cmd_put = {
     "store every full block of an envelope, durably",
     "Usage: kvx store put DIR ENVELOPE [--tokens FILE] [--wait SECONDS | --no-wait]\n"
     "\n"
-    "Stores every full block of a TLKV envelope (v1 or v2) under its block\n"
+    "Stores every full block of a TLKV envelope (v1, v2 or v3) under its block\n"
     "hash; blocks the store already holds are not written again. The command\n"
     "exits 0 only once the blocks are durable (flushed and published).\n"
     "ENVELOPE may be '-' (standard input), a FIFO or a device: it is read to\n"
@@ -484,7 +486,8 @@ static int parse_format(const cli_cmd *self, const char *arg, int *version)
 {
     if (!strcmp(arg, "v1")) *version = KVX_ENVELOPE_V1;
     else if (!strcmp(arg, "v2")) *version = KVX_ENVELOPE_V2;
-    else return cli_usage(self, "--format must be v1 or v2, not '%s'", arg);
+    else if (!strcmp(arg, "v3")) *version = KVX_ENVELOPE_V3;
+    else return cli_usage(self, "--format must be v1, v2 or v3, not '%s'", arg);
     return CLI_OK;
 }
 
@@ -534,7 +537,7 @@ static int run_get(const cli_cmd *self, int argc, char **argv)
     }
     if (argc - optind < 2) return cli_usage(self, "expected DIR and at least one HASH");
     if (!out) return cli_usage(self, "-o ENVELOPE is required");
-    if (!version) return cli_usage(self, "--format v1|v2 is required");
+    if (!version) return cli_usage(self, "--format v1|v2|v3 is required");
     const char *dir = argv[optind];
     size_t n = (size_t)(argc - optind - 1);
     uint64_t *hashes = calloc(n, sizeof *hashes);
@@ -645,7 +648,7 @@ done:
 static const cli_cmd cmd_get = {
     "store get",
     "write blocks named by hash into one envelope",
-    "Usage: kvx store get DIR -o ENVELOPE --format v1|v2 [--tokens FILE] HASH...\n"
+    "Usage: kvx store get DIR -o ENVELOPE --format v1|v2|v3 [--tokens FILE] HASH...\n"
     "\n"
     "Looks each block up by its chained hash (hex, with or without 0x) and\n"
     "writes them, in the order given, as one TLKV envelope. Every page's\n"
@@ -669,7 +672,10 @@ static const cli_cmd cmd_get = {
     "                         (a FIFO nobody reads is refused); '-' is standard\n"
     "                         output; a symlink, directory or other kind of\n"
     "                         file is refused and left as it is\n"
-    "  -f, --format v1|v2     v1: f16; v2: e4m3 with per-slab scales\n"
+    "  -f, --format v1|v2|v3  v1: f16; v2: e4m3 with per-slab scales; v3: bf16\n"
+    "                         (kvx's extension, lossless for a bf16 store). A\n"
+    "                         bf16 store writes v1 only when every value is\n"
+    "                         exact in f16, else exit 1 naming the first value\n"
     "  -t, --tokens FILE      the prompt's token ids (whitespace separated; '-'\n"
     "                         reads standard input; at most 1 GiB of text)\n"
     "  -h, --help             show this help\n"
@@ -703,7 +709,7 @@ static int run_prefix(const cli_cmd *self, int argc, char **argv)
         }
     }
     if (argc - optind < 1) return cli_usage(self, "expected DIR and TOKEN...");
-    if (out && !version) return cli_usage(self, "-o needs --format v1|v2");
+    if (out && !version) return cli_usage(self, "-o needs --format v1|v2|v3");
     if (version && !out) return cli_usage(self, "--format applies to -o ENVELOPE");
     const char *dir = argv[optind];
     size_t n = (size_t)(argc - optind - 1);
@@ -773,7 +779,7 @@ static int run_prefix(const cli_cmd *self, int argc, char **argv)
 static const cli_cmd cmd_prefix = {
     "store prefix",
     "how many leading blocks of a token sequence the store serves",
-    "Usage: kvx store prefix DIR [-o ENVELOPE --format v1|v2] TOKEN...\n"
+    "Usage: kvx store prefix DIR [-o ENVELOPE --format v1|v2|v3] TOKEN...\n"
     "\n"
     "Looks up the longest cached prefix of the token sequence and prints the\n"
     "number of leading full blocks served from the store as its first word:\n"
@@ -792,7 +798,9 @@ static const cli_cmd cmd_prefix = {
     "                         replaced atomically, a FIFO or character device\n"
     "                         written into, '-' is standard output, anything\n"
     "                         else refused\n"
-    "  -f, --format v1|v2     the envelope's version (required with -o)\n"
+    "  -f, --format v1|v2|v3  the envelope's version (required with -o; as for\n"
+    "                         'kvx store get': v3 is bf16, and a bf16 store\n"
+    "                         writes v1 only when every value fits f16)\n"
     "  -h, --help             show this help\n"
     "\n"
     "Exit status: 0 the lookup ran (whatever it served, 0 blocks included),\n"

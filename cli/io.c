@@ -149,14 +149,15 @@ static int envelope_header(const cli_cmd *c, const char *name, const uint8_t *h,
     if (memcmp(h, "TLKV", 4) != 0)
         return cli_fail(c, "'%s' is not a TLKV envelope (bad magic)", name);
     uint16_t version = (uint16_t)(h[4] | h[5] << 8), dtype = (uint16_t)(h[6] | h[7] << 8);
-    if (version != KVX_ENVELOPE_V1 && version != KVX_ENVELOPE_V2) {
-        cli_fail(c, "'%s': envelope version %u is not one this kvx reads (1 or 2)", name, version);
+    if (version != KVX_ENVELOPE_V1 && version != KVX_ENVELOPE_V2 && version != KVX_ENVELOPE_V3) {
+        cli_fail(c, "'%s': envelope version %u is not one this kvx reads (1, 2 or 3)", name, version);
         fprintf(stderr, "  hint: %s\n", cli_hint(KVX_EVERSION));
         return CLI_FAIL;
     }
-    if (dtype != (version == KVX_ENVELOPE_V1 ? 1 : 3))
+    const unsigned want_dtype = version == KVX_ENVELOPE_V1 ? 1u : version == KVX_ENVELOPE_V2 ? 3u : 2u;
+    if (dtype != want_dtype)
         return cli_fail(c, "'%s': dtype %u is not the dtype of a v%u envelope (%u)", name, dtype,
-                        version, version == KVX_ENVELOPE_V1 ? 1u : 3u);
+                        version, want_dtype);
     uint32_t n = le32(h + 8);
     kvx_geometry g;
     memset(&g, 0, sizeof g);
@@ -164,7 +165,7 @@ static int envelope_header(const cli_cmd *c, const char *name, const uint8_t *h,
     g.num_layers = le32(h + 16);
     g.kv_heads = le32(h + 20);
     g.head_dim = le32(h + 24);
-    g.quant = version == KVX_ENVELOPE_V1 ? KVX_QUANT_FP16 : KVX_QUANT_E4M3;
+    g.quant = version == KVX_ENVELOPE_V1 ? KVX_QUANT_FP16 : version == KVX_ENVELOPE_V2 ? KVX_QUANT_E4M3 : KVX_QUANT_BF16;
     const char *zero = !g.block_tokens ? "block_tokens" : !g.num_layers ? "n_layers"
                      : !g.kv_heads ? "n_kv_heads" : !g.head_dim ? "head_dim" : NULL;
     if (zero) return cli_fail(c, "'%s': the envelope header's %s is 0", name, zero);

@@ -75,6 +75,7 @@ const char *cli_hint(int code)
     case KVX_EMEMLOCK: return "raise the locked-memory limit (ulimit -l)";
     case KVX_EAMBIGUOUS: return "give the prompt's tokens (--tokens FILE) to pick the block by digest";
     case KVX_EUNVERIFIED: return "put the envelope again with --tokens FILE so the block is verified";
+    case KVX_ELOSSY: return "write --format v3 (bf16, lossless) or v2 instead of v1";
     case KVX_ENOTFOUND: return "";
     default: return "";
     }

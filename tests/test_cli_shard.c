@@ -374,6 +374,89 @@ static void test_convert_v2_round_trip(void **state)
     free(env);
 }
 
+/* A v3 envelope (bf16, kvx's extension) with a partial tail block; values
+ * exact in f16 unless lossy is set, where element 5 of block 1 (layer 0,
+ * K, head 0, token 1, dim 1) becomes bf16 0x0da2 (9.98402083e-31, the
+ * bf16 nearest 1e-30). */
+static size_t make_v3(uint8_t **outp, const kvx_geometry *g, int lossy)
+{
+    size_t P = kvx_envelope_payload_bytes(KVX_ENVELOPE_V3, g);
+    uint16_t *pl = malloc(P * 3);
+    kvx_envelope_block_in in[3];
+    for (uint32_t b = 0; b < 3; b++) {
+        for (size_t i = 0; i < P / 2; i++)
+            pl[b * P / 2 + i] = kvx_f32_to_bf16((float)((int)((i * 7 + b) % 19) - 9) / 8.0f);
+        in[b] = (kvx_envelope_block_in){b < 2 ? 0x1111ull * (b + 1) : 0, b < 2 ? g->block_tokens : 2,
+                                        pl + b * P / 2, NULL};
+    }
+    if (lossy) pl[P / 2 + 5] = 0x0DA2;
+    size_t len;
+    assert_int_equal(kvx_envelope_size(&len, KVX_ENVELOPE_V3, g, 3), 0);
+    *outp = malloc(len);
+    assert_int_equal(kvx_envelope_export(*outp, len, KVX_ENVELOPE_V3, g, in, 3), 0);
+    free(pl);
+    return len;
+}
+
+/* v3 -> shard -> v3 byte-identical; the shard is BF16 (inspect --json says
+ * "bf16", no scale table); -> v1 works while every value fits f16 and is
+ * refused (exit 1, the element and its value named, no output) when one
+ * does not; v2 always works. */
+static void test_convert_v3_round_trip(void **state)
+{
+    (void)state;
+    kvx_geometry g = {2, 2, 4, 4, KVX_QUANT_BF16, 0};
+    char ep[512], kp[512], bp[512], v1p[512];
+    path_in(ep, sizeof ep, "v3.env");
+    path_in(kp, sizeof kp, "v3.kvx");
+    path_in(bp, sizeof bp, "v3-back.env");
+    path_in(v1p, sizeof v1p, "v3-as-v1.env");
+    for (int lossy = 0; lossy < 2; lossy++) {
+        uint8_t *env;
+        size_t len = make_v3(&env, &g, lossy);
+        write_bytes(ep, env, len);
+        unlink(kp);
+        cli_run r = CLI(NULL, "convert", ep, "-o", kp);
+        EXPECT_RC(r, 0);
+        cli_run_free(&r);
+        jval *v = inspect_json(kp);
+        assert_string_equal(jget(v, "quant_format")->str, "bf16");
+        assert_true(((unsigned)jget(v, "flags")->num & KVX_FLAG_SCALES) == 0);
+        assert_int_equal(jget(v, "entries")->n, 3);
+        jfree(v);
+        r = CLI(NULL, "convert", kp, "--format", "v3", "-o", bp);
+        EXPECT_RC(r, 0);
+        cli_run_free(&r);
+        size_t n;
+        uint8_t *b = read_bytes(bp, &n);
+        assert_int_equal(n, len);
+        assert_memory_equal(b, env, len);
+        free(b);
+        unlink(v1p);
+        r = CLI(NULL, "convert", kp, "--format", "v1", "-o", v1p);
+        if (!lossy) {
+            EXPECT_RC(r, 0);
+            b = read_bytes(v1p, &n);
+            kvx_envelope pe;
+            assert_int_equal(kvx_envelope_parse(&pe, b, n, NULL), 0);
+            assert_int_equal(pe.version, 1);
+            free(b);
+        } else {
+            EXPECT_RC(r, 1);
+            assert_non_null(strstr(r.err, "layer 0, K, head 0, token 1, dim 1"));
+            assert_non_null(strstr(r.err, "9.98402083e-31"));
+            assert_non_null(strstr(r.err, "0x0da2"));
+            assert_non_null(strstr(r.err, "KVX_ELOSSY"));
+            assert_false(file_exists(v1p));
+        }
+        cli_run_free(&r);
+        r = CLI(NULL, "convert", kp, "--format", "v2", "-o", v1p);
+        EXPECT_RC(r, 0);
+        cli_run_free(&r);
+        free(env);
+    }
+}
+
 static void test_convert_refuses_damage(void **state)
 {
     (void)state;
@@ -432,7 +515,7 @@ static void test_convert_usage(void **state)
         {"convert", ep, "-o", out, "--shard", "256", NULL},    /* shard id */
         {"convert", ep, "-o", out, "--format", "v1", NULL},    /* --format for an envelope */
         {"convert", kp, "-o", out, NULL},                      /* shard without --format */
-        {"convert", kp, "-o", out, "--format", "v3", NULL},    /* unknown version */
+        {"convert", kp, "-o", out, "--format", "v4", NULL},    /* unknown version */
         {"convert", kp, "-o", out, "--shard", "1", NULL},      /* --shard for a shard */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -493,6 +576,7 @@ int main(void)
         cmocka_unit_test(test_verify),
         cmocka_unit_test(test_convert_spec_v1),
         cmocka_unit_test(test_convert_v2_round_trip),
+cmocka_unit_test(test_convert_v3_round_trip),
         cmocka_unit_test(test_convert_refuses_damage),
         cmocka_unit_test(test_convert_usage),
         cmocka_unit_test(test_convert_from_pipe),

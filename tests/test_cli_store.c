@@ -204,6 +204,108 @@ static void test_store_round_trip(void **state)
     assert_int_equal(prefix_blocks(args), 3);
 }
 
+/* A bf16 store: create --quant bf16, stat --json says "bf16"; a v3
+ * envelope put with tokens comes back byte for byte from get and prefix -o
+ * --format v3; v1 works while every value fits f16, else exit 1 naming the
+ * first element and its value, with no output; v2 always works. */
+static void test_store_bf16(void **state)
+{
+    (void)state;
+    char st[320], e3[320], o1[320];
+    snprintf(st, sizeof st, "%s/bf16", tmpdir);
+    snprintf(e3, sizeof e3, "%s/seq.v3", tmpdir);
+    snprintf(o1, sizeof o1, "%s/out.v1", tmpdir);
+    cli_run r = CLI(NULL, "store", "create", st, "--layers", "2", "--kv-heads", "1", "--head-dim", "8",
+                    "--block-tokens", "4", "--quant", "bf16", "--capacity", "64MiB");
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, "bf16"));
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "stat", "--json", st);
+    jval *v = run_json(&r, 0);
+    assert_string_equal(jget(v, "quant_format")->str, "bf16");
+    jfree(v);
+    cli_run_free(&r);
+
+    kvx_geometry g = G;
+    g.quant = KVX_QUANT_BF16;
+    size_t P = kvx_envelope_payload_bytes(KVX_ENVELOPE_V3, &g);
+    uint16_t *pl = malloc(P * NB);
+    kvx_envelope_block_in in[NB];
+    for (uint32_t b = 0; b < NB; b++) {
+        for (size_t i = 0; i < P / 2; i++)
+            pl[b * P / 2 + i] = kvx_f32_to_bf16((float)((int)((i * 5 + b * 3) % 17) - 8) / 4.0f);
+        in[b] = (kvx_envelope_block_in){hashes[b], 4, pl + b * P / 2, NULL};
+    }
+    pl[2 * P / 2 + 3] = 0x5F80; /* block 2, layer 0, K, head 0, token 0, dim 3: 2^64, beyond f16 */
+    size_t len;
+    assert_int_equal(kvx_envelope_size(&len, KVX_ENVELOPE_V3, &g, NB), 0);
+    uint8_t *e = malloc(len);
+    assert_int_equal(kvx_envelope_export(e, len, KVX_ENVELOPE_V3, &g, in, NB), 0);
+    write_bytes(e3, e, len);
+    free(pl);
+
+    r = CLI(NULL, "store", "put", st, e3, "--tokens", tokp);
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, "3 new block"));
+    cli_run_free(&r);
+    char h0[24], h1[24], h2[24];
+    snprintf(h0, sizeof h0, "0x%016llx", (unsigned long long)hashes[0]);
+    snprintf(h1, sizeof h1, "0x%016llx", (unsigned long long)hashes[1]);
+    snprintf(h2, sizeof h2, "0x%016llx", (unsigned long long)hashes[2]);
+    r = CLI(NULL, "store", "get", st, "-o", out, "--format", "v3", h0, h1, h2);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    size_t n;
+    uint8_t *b = read_bytes(out, &n);
+    assert_int_equal(n, len);
+    assert_memory_equal(b, e, len);
+    free(b);
+
+    char tk[NT][16];
+    const char *args[NT + 8] = {"store", "prefix", st, "-o", out, "--format", "v3"};
+    for (int i = 0; i < NT; i++) {
+        snprintf(tk[i], sizeof tk[i], "%u", toks[i]);
+        args[7 + i] = tk[i];
+    }
+    args[7 + NT] = NULL;
+    unlink(out);
+    r = cli_runv(NULL, args);
+    EXPECT_RC(r, 0);
+    assert_int_equal(strtol(r.out, NULL, 10), 3);
+    cli_run_free(&r);
+    b = read_bytes(out, &n);
+    assert_int_equal(n, len);
+    assert_memory_equal(b, e, len);
+    free(b);
+
+    /* v1: blocks 0 and 1 fit f16; block 2 does not */
+    r = CLI(NULL, "store", "get", st, "-o", o1, "--format", "v1", h0, h1);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    unlink(o1);
+    r = CLI(NULL, "store", "get", st, "-o", o1, "--format", "v1", h0, h2);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "layer 0, K, head 0, token 0, dim 3"));
+    assert_non_null(strstr(r.err, "1.84467441e+19"));
+    assert_false(file_exists(o1));
+    cli_run_free(&r);
+    args[5] = "--format";
+    args[6] = "v1";
+    args[4] = o1;
+    r = cli_runv(NULL, args);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "not exactly representable in f16"));
+    assert_false(file_exists(o1));
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "get", st, "-o", o1, "--format", "v2", h0, h2);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "get", st, "-o", o1, "--format", "v4", h0);
+    EXPECT_RC(r, 2);
+    cli_run_free(&r);
+    free(e);
+}
+
 static void test_store_failures(void **state)
 {
     (void)state;
@@ -362,6 +464,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_round_trip),
+        cmocka_unit_test(test_store_bf16),
         cmocka_unit_test(test_store_failures),
         cmocka_unit_test(test_store_verify_finds_damage),
         cmocka_unit_test(test_store_usage),

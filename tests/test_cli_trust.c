@@ -610,7 +610,7 @@ static void test_prefix_output(void **state)
     const char *const bad[][9] = {
         {"store", "prefix", base, "-o", out, "1", NULL},
         {"store", "prefix", base, "--format", "v1", "1", NULL},
-        {"store", "prefix", base, "-o", out, "--format", "v3", "1", NULL},
+        {"store", "prefix", base, "-o", out, "--format", "v4", "1", NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         r = cli_runv(NULL, bad[i]);
