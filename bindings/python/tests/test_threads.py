@@ -58,3 +58,35 @@ def test_lookup_releases_the_gil(store):
     stop.set()
     t.join()
     assert during > 0, (during, secs)
+
+
+def test_close_while_threads_look_up(store):
+    toks = seq_tokens(0, 4)
+    pages = kv_pages(store, 4)
+    store.put(toks, pages)
+    store.flush()
+    held, errors = [], []
+    go = threading.Event()
+
+    def reader():
+        go.wait()
+        while True:
+            try:
+                views = store.prefix(toks)
+            except ValueError:  # closed: the only answer after close
+                return
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+                return
+            held.append(views[-1])
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    go.set()
+    time.sleep(0.05)
+    store.close()  # waits for lookups in flight
+    for t in threads:
+        t.join()
+    assert not errors and held
+    assert all(bytes(v) == pages[3].tobytes() for v in held)  # still mapped after close
