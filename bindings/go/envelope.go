@@ -20,6 +20,7 @@ import (
 const (
 	EnvelopeV1 = uint16(C.KVX_ENVELOPE_V1) // f16 [L][2][Hkv][B][D]
 	EnvelopeV2 = uint16(C.KVX_ENVELOPE_V2) // e4m3 [L][2][Hkv][B][D], then f32 scales [L][2][Hkv]
+	EnvelopeV3 = uint16(C.KVX_ENVELOPE_V3) // bf16 [L][2][Hkv][B][D] (kvx extension, dtype 2)
 )
 
 // EnvelopeHeaderBytes is the size of an envelope's header; the envelope
@@ -32,8 +33,8 @@ const EnvelopeHeaderBytes = int(C.KVX_ENVELOPE_HEADER_BYTES)
 // and changed with it.
 type Envelope struct {
 	Version      uint16
-	DType        uint16   // 1 = f16 (v1), 3 = f8 e4m3 (v2)
-	Geometry     Geometry // BlockTokens, Layers, KVHeads, HeadDim; Quant FP16 (v1) or E4M3 (v2); no model signature
+	DType        uint16   // 1 = f16 (v1), 3 = f8 e4m3 (v2), 2 = bf16 (v3)
+	Geometry     Geometry // BlockTokens, Layers, KVHeads, HeadDim; Quant FP16 (v1), E4M3 (v2) or BF16 (v3); no model signature
 	PayloadBytes int      // P, the payload size of every block
 	Blocks       []EnvelopeBlock
 }
@@ -93,7 +94,7 @@ func envelopeSize(version uint16, g Geometry, n int) (int, bool) {
 	}
 	var p uint64
 	switch version {
-	case EnvelopeV1:
+	case EnvelopeV1, EnvelopeV3:
 		p, ok = mulAll(slabs, uint64(g.BlockTokens), uint64(g.HeadDim), 2)
 	case EnvelopeV2:
 		var bd uint64

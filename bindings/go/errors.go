@@ -60,6 +60,7 @@ const (
 	CodeAmbiguous  = int(C.KVX_EAMBIGUOUS)
 	CodeUnverified = int(C.KVX_EUNVERIFIED)
 	CodeStale      = int(C.KVX_ESTALE)
+	CodeLossy      = int(C.KVX_ELOSSY)
 )
 
 // Error is a kvx failure.
@@ -145,6 +146,11 @@ var (
 	// damaged or lost index) since this Store was opened: Close it and
 	// Open it again.
 	ErrStale = sentinel(CodeStale)
+	// ErrLossy: a value is not exactly representable in the format asked
+	// for (a bf16 store exported as EnvelopeV1 holds a value f16 cannot
+	// hold); the message names the first element and its value. Export
+	// EnvelopeV3 (lossless) or EnvelopeV2 instead.
+	ErrLossy = sentinel(CodeLossy)
 )
 
 // Class sentinels: a family of codes each.

@@ -56,9 +56,21 @@ const (
 	QuantFP16 Quant = C.KVX_QUANT_FP16 // IEEE binary16
 	QuantE4M3 Quant = C.KVX_QUANT_E4M3 // OCP FP8 E4M3FN
 	QuantE5M2 Quant = C.KVX_QUANT_E5M2 // OCP FP8 E5M2
+	QuantBF16 Quant = C.KVX_QUANT_BF16 // bfloat16 (kvx extension, quant_format 3): the KV dtype of most models
 )
 
-// String is "fp16", "e4m3", "e5m2", or "quant(N)" for an unknown one.
+// ParseQuant is the Quant named "fp16", "e4m3", "e5m2" or "bf16" (the
+// names String gives and the kvx CLI takes); ErrQuant for another name.
+func ParseQuant(name string) (Quant, error) {
+	for _, q := range []Quant{QuantFP16, QuantE4M3, QuantE5M2, QuantBF16} {
+		if q.String() == name {
+			return q, nil
+		}
+	}
+	return 0, newError(CodeQuant, "quant "+strconv.Quote(name)+" is not fp16, e4m3, e5m2 or bf16")
+}
+
+// String is "fp16", "e4m3", "e5m2", "bf16", or "quant(N)" for an unknown one.
 func (q Quant) String() string {
 	if s := C.kvx_quant_name(C.uint32_t(q)); s != nil {
 		return C.GoString(s)

@@ -352,7 +352,9 @@ func (s *Store) GetHashes(hashes []uint64) (*Views, []error, error) {
 }
 
 // Export writes the blocks of views, in order, as one envelope of version
-// (EnvelopeV1: f16; EnvelopeV2: e4m3 with per-slab scales), the bytes a
+// (EnvelopeV1: f16; EnvelopeV2: e4m3 with per-slab scales; EnvelopeV3:
+// bf16, lossless for a QuantBF16 store, which writes EnvelopeV1 only when
+// every value is exact in f16, else ErrLossy naming the first), the bytes a
 // tl.kv.v1 KvChunk payload or ParseEnvelope takes. Every page's CRC-32 is
 // checked again first, whatever was checked before (ErrPageCRC naming the
 // block; nothing is built). An empty or nil views gives a valid envelope
