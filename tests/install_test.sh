@@ -1,0 +1,65 @@
+#!/bin/sh
+# install_test.sh - kvx installed like a system library, checked as a new
+# user would: `cmake --install BUILD --prefix P` into two scratch prefixes
+# (never /usr/local), then with nothing but pkg-config (PKG_CONFIG_PATH =
+# P's pkgconfig directory) a C program is compiled, linked against
+# libkvx.so (found through an rpath) and against libkvx.a (plus what
+# `pkg-config --static --libs kvx` lists), and run. The second prefix is
+# also moved after install: kvx.pc is relocatable (prefix from
+# ${pcfiledir}). When the build has the Python binding, the package is
+# imported from the prefix. Registered in ctest (install_test).
+#
+#   tests/install_test.sh SOURCE_DIR BUILD_DIR CC [PYTHON]
+set -eu
+src=$1 build=$2 cc=$3 python=${4:-}
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvx-install-test.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "install_test: $*" >&2; exit 1; }
+
+check_prefix() {
+    p=$1
+    pc=$(find "$p" -name kvx.pc -path '*/pkgconfig/*' | head -n 1)
+    [ -n "$pc" ] || fail "no kvx.pc under $p"
+    export PKG_CONFIG_PATH="${pc%/kvx.pc}"
+    libdir=$(pkg-config --variable=libdir kvx)
+    incdir=$(pkg-config --variable=includedir kvx)
+    [ -f "$incdir/kvx.h" ] || fail "pkg-config's includedir $incdir has no kvx.h"
+    case "$(cd "$libdir" && pwd -P)" in
+        "$(cd "$p" && pwd -P)"/*) ;;
+        *) fail "pkg-config's libdir $libdir is not under $p" ;;
+    esac
+    "$p/bin/kvx" --version >/dev/null || fail "$p/bin/kvx --version failed"
+    # Shared: -lkvx finds libkvx.so; the rpath lets it run.
+    # shellcheck disable=SC2046
+    "$cc" -std=c11 -Wall -Wextra -Werror -o "$tmp/prog-shared" "$src/tests/install_prog.c" \
+        $(pkg-config --cflags --libs kvx) -Wl,-rpath,"$libdir"
+    "$tmp/prog-shared" "$tmp/store-shared-$2" >/dev/null || fail "the shared build failed to run ($p)"
+    readelf -d "$tmp/prog-shared" | grep -q 'NEEDED.*libkvx\.so' || fail "the shared build does not need libkvx.so"
+    # Static: libkvx.a in place of -lkvx, then every library --static lists
+    # (as Debian ships them: ISA-L has no static archive, it stays shared).
+    static_libs=$(pkg-config --static --libs kvx | sed 's/-lkvx /-l:libkvx.a /')
+    # shellcheck disable=SC2046,SC2086
+    "$cc" -std=c11 -Wall -Wextra -Werror -o "$tmp/prog-static" "$src/tests/install_prog.c" \
+        $(pkg-config --cflags kvx) $static_libs
+    if readelf -d "$tmp/prog-static" | grep -q 'NEEDED.*libkvx\.so'; then fail "the static build needs libkvx.so"; fi
+    "$tmp/prog-static" "$tmp/store-static-$2" >/dev/null || fail "the static build failed to run ($p)"
+    echo "install_test: $p: C program built and run, shared and static"
+}
+
+cmake --install "$build" --prefix "$tmp/one" >/dev/null
+cmake --install "$build" --prefix "$tmp/two/nested/prefix" >/dev/null
+mv "$tmp/two/nested/prefix" "$tmp/moved"   # relocated after install
+check_prefix "$tmp/one" one
+check_prefix "$tmp/moved" moved
+
+# The Python package, when the build has it: imported from the prefix.
+if [ -n "$python" ]; then
+    pydir=$(find "$tmp/one" -type d -name kvx -path '*-packages/kvx' | head -n 1)
+    [ -n "$pydir" ] || fail "the build has the Python binding but no kvx package was installed under $tmp/one"
+    (cd / && PYTHONPATH="${pydir%/kvx}" PYTHONDONTWRITEBYTECODE=1 "$python" -c '
+import sys, kvx
+if not kvx.__file__.startswith(sys.argv[1]):
+    sys.exit("kvx imported from %s, not from the prefix" % kvx.__file__)
+print("install_test: python: kvx", kvx.__version__, "from the prefix")' "$tmp/one/") ||
+        fail "the installed Python package does not import"
+fi
