@@ -7,7 +7,9 @@
 # `pkg-config --static --libs kvx` lists), and run. The second prefix is
 # also moved after install: kvx.pc is relocatable (prefix from
 # ${pcfiledir}). When the build has the Python binding, the package is
-# imported from the prefix. Registered in ctest (install_test).
+# imported from the prefix; when `go` is there, the Go example is built
+# with -tags kvx_system (`#cgo pkg-config: kvx`) and run. Registered in
+# ctest (install_test).
 #
 #   tests/install_test.sh SOURCE_DIR BUILD_DIR CC [PYTHON]
 set -eu
@@ -51,6 +53,22 @@ cmake --install "$build" --prefix "$tmp/two/nested/prefix" >/dev/null
 mv "$tmp/two/nested/prefix" "$tmp/moved"   # relocated after install
 check_prefix "$tmp/one" one
 check_prefix "$tmp/moved" moved
+
+# The Go example with -tags kvx_system (`#cgo pkg-config: kvx`): libkvx.so
+# linked dynamically, found through the rpath. Debian's golang, offline.
+if command -v go >/dev/null 2>&1 && [ -f "$src/bindings/go/go.mod" ]; then
+    PKG_CONFIG_PATH=$(dirname "$(find "$tmp/one" -name kvx.pc | head -n 1)")
+    export PKG_CONFIG_PATH
+    [ -n "${HOME:-}${XDG_CACHE_HOME:-}${GOCACHE:-}" ] || export GOCACHE="$tmp/gocache"
+    libdir=$(pkg-config --variable=libdir kvx)
+    (cd "$src/bindings/go" && GOPROXY=off GOFLAGS=-buildvcs=false CGO_LDFLAGS="-Wl,-rpath,$libdir" \
+        go build -tags kvx_system -o "$tmp/kvx-example" ./cmd/kvx-example) || fail "go build -tags kvx_system failed"
+    readelf -d "$tmp/kvx-example" | grep -q 'NEEDED.*libkvx\.so' || fail "the Go example does not need libkvx.so"
+    "$tmp/kvx-example" -store "$tmp/go-store" >/dev/null || fail "the Go example (kvx_system) failed to run"
+    echo "install_test: go: kvx-example built with -tags kvx_system and run"
+else
+    echo "install_test: go: no go command, the Go check is left out"
+fi
 
 # The Python package, when the build has it: imported from the prefix.
 if [ -n "$python" ]; then

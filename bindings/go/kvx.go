@@ -29,14 +29,13 @@
 // empty stand-in archive (nocuda/) satisfies the link. liburing, LMDB,
 // libnuma and OpenSSL's libcrypto (SHA-256 of the prefix digests) are
 // linked from their static archives too (Debian ships them);
-// only ISA-L, which Debian ships as a shared library alone, stays dynamic.
-// See README.md.
+// only ISA-L, which Debian ships as a shared library alone, stays dynamic
+// (link_build.go). With the build tag kvx_system the package uses an
+// installed kvx instead, through `#cgo pkg-config: kvx`, and links
+// libkvx.so dynamically (link_system.go). See README.md.
 package kvx
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/../../include
-#cgo LDFLAGS: -L${SRCDIR}/../../build -l:libkvx.a -l:liburing.a -l:liblmdb.a -l:libnuma.a -lisal -l:libcrypto.a
-#cgo LDFLAGS: -L/usr/local/cuda/lib64 -L${SRCDIR}/nocuda -lcudart_static -ldl -lrt -lpthread -lm
 #include "shim.h"
 */
 import "C"
