@@ -803,7 +803,8 @@ done:
 const cli_cmd cli_cmd_demo = {
     "demo",
     "see kvx do its job end to end: persist, restart, serve prefixes, warm up",
-    "Usage: kvx demo [--dir DIR] [--trace FILE] [--gpu] [--json]\n"
+    "Usage: kvx demo [--dir DIR] [--trace FILE [--requests N]]\n"
+    "                [--conversations N] [--turns N] [--gpu] [--json]\n"
     "\n"
     "Plays an inference engine serving a multi-turn chat workload (a few\n"
     "system prompts shared by many growing conversations) on a small model\n"

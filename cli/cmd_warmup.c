@@ -371,8 +371,8 @@ out:
 const cli_cmd cli_cmd_warmup = {
     "warmup",
     "load whole shards or a whole store into host or GPU memory at disk speed",
-    "Usage: kvx warmup [--sink host|gpu] [--io uring|pread] [--no-verify] [--json]\n"
-    "                  DIR|FILE.kvx...\n"
+    "Usage: kvx warmup [--sink host|gpu|discard] [--io uring|pread|auto]\n"
+    "                  [--no-verify] [--buffered] [--json] DIR|FILE.kvx...\n"
     "\n"
     "Reads every page of the given shard files, or of every live shard of a\n"
     "store directory, in large sequential runs into pinned staging buffers\n"

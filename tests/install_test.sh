@@ -6,7 +6,8 @@
 # libkvx.so (found through an rpath) and against libkvx.a (plus what
 # `pkg-config --static --libs kvx` lists), and run. The second prefix is
 # also moved after install: kvx.pc is relocatable (prefix from
-# ${pcfiledir}). When the build has the Python binding, the package is
+# ${pcfiledir}). The man page (man kvx with MANPATH=P/share/man) and the
+# bash completion are checked in both. When the build has the Python binding, the package is
 # imported from the prefix; when `go` is there, the Go example is built
 # with -tags kvx_system (`#cgo pkg-config: kvx`) and run. Registered in
 # ctest (install_test).
@@ -31,6 +32,17 @@ check_prefix() {
         *) fail "pkg-config's libdir $libdir is not under $p" ;;
     esac
     "$p/bin/kvx" --version >/dev/null || fail "$p/bin/kvx --version failed"
+    [ -f "$p/share/man/man1/kvx.1" ] || fail "no man page at $p/share/man/man1/kvx.1"
+    if command -v man >/dev/null 2>&1; then
+        MANPATH="$p/share/man" MANPAGER=cat MANWIDTH=80 man kvx 2>/dev/null | grep -q 'kvx warmup' ||
+            fail "man kvx (MANPATH=$p/share/man) shows no page"
+    fi
+    comp="$p/share/bash-completion/completions/kvx"
+    [ -f "$comp" ] || fail "no bash completion at $comp"
+    if command -v bash >/dev/null 2>&1; then
+        words=$(bash -c '. "$1"; COMP_WORDS=(kvx warmup --sink ""); COMP_CWORD=3; _kvx; echo "${COMPREPLY[*]}"' sh "$comp")
+        [ "$words" = "host gpu discard" ] || fail "the bash completion of kvx warmup --sink gave '$words'"
+    fi
     # Shared: -lkvx finds libkvx.so; the rpath lets it run.
     # shellcheck disable=SC2046
     "$cc" -std=c11 -Wall -Wextra -Werror -o "$tmp/prog-shared" "$src/tests/install_prog.c" \
