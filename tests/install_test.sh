@@ -7,7 +7,8 @@
 # `pkg-config --static --libs kvx` lists), and run. The second prefix is
 # also moved after install: kvx.pc is relocatable (prefix from
 # ${pcfiledir}). The man page (man kvx with MANPATH=P/share/man) and the
-# bash completion are checked in both. When the build has the Python binding, the package is
+# bash completion are checked in both, and install_manifest.txt against
+# the files installed. When the build has the Python binding, the package is
 # imported from the prefix; when `go` is there, the Go example is built
 # with -tags kvx_system (`#cgo pkg-config: kvx`) and run. Registered in
 # ctest (install_test).
@@ -16,7 +17,15 @@
 set -eu
 src=$1 build=$2 cc=$3 python=${4:-}
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvx-install-test.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
+# cmake --install rewrites BUILD/install_manifest.txt: a real install's
+# manifest there is put back afterwards.
+manifest="$build/install_manifest.txt"
+if [ -f "$manifest" ]; then cp -p "$manifest" "$tmp/manifest.saved"; fi
+restore() {
+    if [ -f "$tmp/manifest.saved" ]; then cp -p "$tmp/manifest.saved" "$manifest"; else rm -f "$manifest"; fi
+    rm -rf "$tmp"
+}
+trap restore EXIT
 fail() { echo "install_test: $*" >&2; exit 1; }
 
 check_prefix() {
@@ -61,6 +70,7 @@ check_prefix() {
 }
 
 cmake --install "$build" --prefix "$tmp/one" >/dev/null
+cp "$manifest" "$tmp/manifest.one"
 cmake --install "$build" --prefix "$tmp/two/nested/prefix" >/dev/null
 mv "$tmp/two/nested/prefix" "$tmp/moved"   # relocated after install
 check_prefix "$tmp/one" one
@@ -93,3 +103,12 @@ if not kvx.__file__.startswith(sys.argv[1]):
 print("install_test: python: kvx", kvx.__version__, "from the prefix")' "$tmp/one/") ||
         fail "the installed Python package does not import"
 fi
+
+# The manifest names every file installed (README: removing an install):
+# after xargs rm, only directories are left.
+[ -n "$(find "$tmp/one" ! -type d)" ] || fail "nothing was installed under $tmp/one"
+(cd "$tmp/one" && find "$PWD" ! -type d | sort) >"$tmp/found"
+sort "$tmp/manifest.one" | diff - "$tmp/found" >&2 || fail "install_manifest.txt and the files under the prefix differ"
+xargs rm <"$tmp/manifest.one"
+[ -z "$(find "$tmp/one" ! -type d)" ] || fail "xargs rm < install_manifest.txt left files behind"
+echo "install_test: install_manifest.txt names every installed file; xargs rm removes them"
