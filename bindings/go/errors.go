@@ -61,6 +61,7 @@ const (
 	CodeUnverified = int(C.KVX_EUNVERIFIED)
 	CodeStale      = int(C.KVX_ESTALE)
 	CodeLossy      = int(C.KVX_ELOSSY)
+	CodeDropped    = int(C.KVX_EDROPPED)
 )
 
 // Error is a kvx failure.
@@ -151,6 +152,12 @@ var (
 	// hold); the message names the first element and its value. Export
 	// EnvelopeV3 (lossless) or EnvelopeV2 instead.
 	ErrLossy = sentinel(CodeLossy)
+	// ErrDropped: Flush found that a failed Put since the previous Flush
+	// dropped blocks earlier successful Puts had added (the store's one
+	// write batch is shared by every goroutine using this Store): those
+	// blocks were never stored; put them again. Blocks put after the
+	// failure were stored.
+	ErrDropped = sentinel(CodeDropped)
 )
 
 // Class sentinels: a family of codes each.

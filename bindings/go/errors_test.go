@@ -28,6 +28,7 @@ func TestErrorClasses(t *testing.T) {
 		{CodeNotFound, []error{ErrNotFound}, []error{ErrCorrupt, ErrInvalid, ErrAmbiguous, ErrUnverified}, "KVX_ENOTFOUND"},
 		{CodeAmbiguous, []error{ErrAmbiguous, ErrNotFound}, []error{ErrUnverified, ErrCorrupt, ErrInvalid}, "KVX_EAMBIGUOUS"},
 		{CodeUnverified, []error{ErrUnverified, ErrNotFound}, []error{ErrAmbiguous, ErrCorrupt, ErrInvalid}, "KVX_EUNVERIFIED"},
+		{CodeDropped, []error{ErrDropped}, []error{ErrNotFound, ErrCorrupt, ErrLossy}, "KVX_EDROPPED"},
 		{-int(syscall.ENOSPC), []error{syscall.ENOSPC}, []error{ErrCapacity, ErrNotFound}, "ENOSPC"},
 		{-int(syscall.ENOENT), []error{fs.ErrNotExist}, []error{ErrNotFound}, "ENOENT"},
 	}

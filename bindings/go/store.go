@@ -221,7 +221,9 @@ func (s *Store) PutEnvelope(env []byte, tokens []uint32) (int, error) {
 }
 
 // Flush makes every block put so far durable and visible. nil is the
-// acknowledgement.
+// acknowledgement. ErrDropped: a failed Put since the previous Flush
+// dropped blocks of earlier successful Puts (never stored: put them
+// again); what was put after it is stored.
 func (s *Store) Flush() error {
 	return s.writer(func(cs *C.kvx_store) C.gokvx_rc { return C.gokvx_store_flush(cs) })
 }
