@@ -42,6 +42,29 @@ gokvx_rc gokvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens, 
 }
 
 gokvx_rc gokvx_store_flush(kvx_store *s) { return gokvx_done(kvx_store_flush(s), 0); }
+
+gokvx_rc gokvx_batch_create(kvx_store_batch **out, kvx_store *s)
+{
+    return gokvx_done(kvx_store_batch_create(out, s), 0);
+}
+
+gokvx_rc gokvx_batch_put(kvx_store_batch *b, const uint32_t *tokens, size_t n_tokens, const void *pages,
+                         size_t n_pages, const float *scales)
+{
+    size_t added = 0;
+    int rc = kvx_store_batch_put(b, tokens, n_tokens, pages, n_pages, scales, &added);
+    return gokvx_done(rc, added);
+}
+
+gokvx_rc gokvx_batch_put_envelope(kvx_store_batch *b, const void *env, size_t len, const uint32_t *tokens,
+                                  size_t n_tokens)
+{
+    size_t added = 0;
+    int rc = kvx_store_batch_put_envelope(b, env, len, tokens, n_tokens, &added);
+    return gokvx_done(rc, added);
+}
+
+gokvx_rc gokvx_batch_flush(kvx_store_batch *b) { return gokvx_done(kvx_store_batch_flush(b), 0); }
 gokvx_rc gokvx_store_gc(kvx_store *s) { return gokvx_done(kvx_store_gc(s), 0); }
 gokvx_rc gokvx_store_reindex(kvx_store *s) { return gokvx_done(kvx_store_reindex(s), 0); }
 

@@ -47,6 +47,12 @@ gokvx_rc gokvx_store_open(kvx_store **out, const char *dir, const kvx_geometry *
 gokvx_rc gokvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens, const void *pages,
                          size_t n_pages, const float *scales);
 gokvx_rc gokvx_store_flush(kvx_store *s);
+gokvx_rc gokvx_batch_create(kvx_store_batch **out, kvx_store *s);
+gokvx_rc gokvx_batch_put(kvx_store_batch *b, const uint32_t *tokens, size_t n_tokens, const void *pages,
+                         size_t n_pages, const float *scales);
+gokvx_rc gokvx_batch_put_envelope(kvx_store_batch *b, const void *env, size_t len, const uint32_t *tokens,
+                                  size_t n_tokens);
+gokvx_rc gokvx_batch_flush(kvx_store_batch *b);
 gokvx_rc gokvx_store_gc(kvx_store *s);
 gokvx_rc gokvx_store_reindex(kvx_store *s);
 gokvx_rc gokvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate);

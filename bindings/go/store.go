@@ -160,18 +160,9 @@ func (s *Store) acquire() (*C.kvx_store, error) {
 // written. Nothing is visible or durable until Flush returns nil. The
 // library copies the pages during the call.
 func (s *Store) Put(tokens []uint32, pages []byte, scales []float32) (int, error) {
-	pb := s.geom.PageBytes(s.geom.BlockTokens)
-	if pb == 0 || uint64(len(pages))%pb != 0 {
-		return 0, newError(CodeInvalid, "Put: len(pages) "+u64s(uint64(len(pages)))+
-			" is not a multiple of the page size "+u64s(pb))
-	}
-	n := uint64(len(pages)) / pb
-	if scales != nil && uint64(len(scales)) != n*s.geom.ScaleCount() {
-		return 0, newError(CodeInvalid, "Put: len(scales) "+u64s(uint64(len(scales)))+" is not pages*L*2*Hkv = "+
-			u64s(n*s.geom.ScaleCount()))
-	}
-	if n == 0 {
-		return 0, nil
+	n, err := s.pageCount("Put", pages, scales)
+	if n == 0 || err != nil {
+		return 0, err
 	}
 	cs, err := s.acquire()
 	if err != nil {
@@ -190,6 +181,22 @@ func (s *Store) Put(tokens []uint32, pages []byte, scales []float32) (int, error
 	}
 	r := C.gokvx_store_put(cs, ctok, C.size_t(len(tokens)), unsafe.Pointer(&pages[0]), C.size_t(n), csc)
 	return int(r.n), check(r)
+}
+
+// pageCount checks pages and scales against the geometry: the number of
+// pages, or ErrInvalid naming the length that is wrong.
+func (s *Store) pageCount(fn string, pages []byte, scales []float32) (uint64, error) {
+	pb := s.geom.PageBytes(s.geom.BlockTokens)
+	if pb == 0 || uint64(len(pages))%pb != 0 {
+		return 0, newError(CodeInvalid, fn+": len(pages) "+u64s(uint64(len(pages)))+
+			" is not a multiple of the page size "+u64s(pb))
+	}
+	n := uint64(len(pages)) / pb
+	if scales != nil && uint64(len(scales)) != n*s.geom.ScaleCount() {
+		return 0, newError(CodeInvalid, fn+": len(scales) "+u64s(uint64(len(scales)))+" is not pages*L*2*Hkv = "+
+			u64s(n*s.geom.ScaleCount()))
+	}
+	return n, nil
 }
 
 // PutEnvelope stores every full block of an envelope (spec
