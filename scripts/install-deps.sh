@@ -8,6 +8,6 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake pkg-config clang libclang-rt-14-dev \
-  liburing-dev liblmdb-dev lmdb-utils libnuma-dev libcmocka-dev libisal-dev zlib1g-dev libjson-c-dev libssl-dev \
+  liburing-dev liblmdb-dev lmdb-utils librocksdb-dev libnuma-dev libcmocka-dev libisal-dev zlib1g-dev libjson-c-dev libssl-dev \
   fio golang-go gnuplot-nox ca-certificates \
   python3-dev python3-pytest python3-numpy >/dev/null
