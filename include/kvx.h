@@ -133,7 +133,8 @@ KVX_API const char *kvx_version(void);
     XX(EUNVERIFIED, -30032, "the block is held only unverified (stored without its tokens)") \
     XX(ESTALE, -30033, "the store's index was rebuilt since this handle opened it: open the store again") \
     XX(EDROPPED, -30034, "blocks put since the last flush were dropped by a failed call: they are not stored") \
-    XX(ELOSSY, -30035, "a value is not exactly representable in the target format")
+    XX(ELOSSY, -30035, "a value is not exactly representable in the target format") \
+    XX(ENOTHELD, -30036, "the block is not held here (never, or no longer): send it with its payload")
 
 typedef enum kvx_error {
     KVX_OK = 0,
@@ -729,6 +730,132 @@ KVX_API int kvx_store_gc(kvx_store *s);
  * cannot be opened now is left out: compare *out_n with
  * kvx_store_stats.shards (the CLI's warmup names each one). */
 KVX_API int kvx_store_shards(kvx_shard ***out_shards, size_t *out_n, kvx_store *s);
+
+/* ------------------------------------------------------------------------
+ * tl.kv.v1 transfer core (transfer/; docs/TRANSFER.md)
+ *
+ * The receiving engine's rules, independent of the RPC stack: the gRPC
+ * service (bindings/go/transfer, kvxd) and a C engine with its own stack
+ * call these and answer each failure with kvx_xfer_grpc_code(rc). The
+ * receiver never trusts a hash it was sent: it recomputes the FNV chain
+ * and the prefix digest chain from the chunks' token ids.
+ * ---------------------------------------------------------------------- */
+
+#define KVX_XFER_MAX_PAYLOAD (4u << 20) /* bytes of one KvChunk.payload */
+
+/* gRPC status codes (grpc's status.h numbering). */
+#define KVX_GRPC_OK 0
+#define KVX_GRPC_CANCELLED 1
+#define KVX_GRPC_INVALID_ARGUMENT 3
+#define KVX_GRPC_RESOURCE_EXHAUSTED 8
+#define KVX_GRPC_FAILED_PRECONDITION 9
+#define KVX_GRPC_ABORTED 10
+#define KVX_GRPC_INTERNAL 13
+#define KVX_GRPC_UNAVAILABLE 14
+#define KVX_GRPC_DATA_LOSS 15
+
+/* The status a transfer call's result answers with: 0 OK; KVX_EINVALID
+ * INVALID_ARGUMENT; KVX_EVERSION and KVX_EMODEL FAILED_PRECONDITION;
+ * KVX_ENOTHELD ABORTED; a broken envelope, CRC, hash, token or shape rule
+ * DATA_LOSS; KVX_ECAPACITY, KVX_EFULL, KVX_EBUSY, ENOMEM, ENOSPC
+ * RESOURCE_EXHAUSTED; KVX_ECANCELED CANCELLED; anything else INTERNAL. */
+KVX_API int kvx_xfer_grpc_code(int rc);
+
+/* A lease: the shards holding the blocks one HasBlocks reported held stay
+ * pinned (no eviction, compaction or gc drops them) until
+ * kvx_xfer_lease_destroy. The caller keeps the clock: it destroys the
+ * lease when the push naming it ends or its ttl passes. Destroy every
+ * lease before kvx_store_close. A lease never guarantees a push: a block
+ * that is gone anyway (damaged, reindexed) answers KVX_ENOTHELD there. */
+typedef struct kvx_xfer_lease kvx_xfer_lease;
+
+/* HasBlocks on writer handle s: out_held[i] (n_hashes bytes) = 1 when
+ * block i is held, and *out_lease (nullable) pins those blocks.
+ * block_tokens 0 means the store's B; another B: KVX_EINVALID. A non-zero
+ * model_signature other than the store's: KVX_EMODEL. With tokens (the
+ * prompt's ids from position 0, at least n_hashes * B of them; fewer:
+ * KVX_EINVALID), hashes must be the FNV chain of those tokens (else
+ * KVX_EINVALID naming the first that is not) and a block is held when a
+ * verified block matches its hash, parent, tokens and prefix digest.
+ * Without tokens (n_tokens 0), held means "a verified block holds this
+ * hash" (one or several: the push re-verifies by digest). */
+KVX_API int kvx_xfer_has_blocks(uint8_t *out_held, kvx_xfer_lease **out_lease, kvx_store *s,
+                                const uint64_t *hashes, size_t n_hashes, const uint32_t *tokens,
+                                size_t n_tokens, uint32_t block_tokens, uint64_t model_signature);
+/* Unpins. NULL is fine. */
+KVX_API void kvx_xfer_lease_destroy(kvx_xfer_lease *l);
+
+/* One KvChunk, as received. Pointers are the caller's, read during the
+ * kvx_xfer_stream_chunk call only. */
+typedef struct kvx_xfer_chunk {
+    uint32_t kv_format;     /* envelope version: 1, 2 or 3 */
+    uint64_t block_hash;    /* 0 for the partial tail */
+    const void *payload;    /* a one-block envelope; NULL/0 = "you hold it" */
+    size_t payload_len;
+    uint32_t crc32c;        /* of the payload bytes */
+    const uint32_t *tokens; /* this block's ids: B, or 1..B-1 for the tail */
+    size_t n_tokens;
+    uint64_t model_signature; /* 0 = not given */
+} kvx_xfer_chunk;
+
+/* What one accepted chunk was. */
+typedef struct kvx_xfer_block {
+    uint32_t index;    /* position in the stream, 0 first */
+    uint32_t n_tokens;
+    uint64_t hash;     /* recomputed from the tokens; 0 for the tail */
+    uint8_t stored;    /* newly written (durable at kvx_xfer_stream_finish) */
+    uint8_t referenced;/* empty payload, found held and pinned */
+    uint8_t tail;      /* the partial tail: checked, never stored */
+} kvx_xfer_block;
+
+/* PushKvResponse's fields. */
+typedef struct kvx_xfer_result {
+    uint32_t blocks_stored;     /* full blocks newly written */
+    uint32_t blocks_referenced; /* full blocks sent empty and found held */
+    uint64_t bytes_received;    /* payload (envelope) bytes, no framing */
+    uint32_t tail_tokens;       /* the tail's n_tokens, 0 if none */
+    uint8_t durable;            /* 1 once finish flushed */
+} kvx_xfer_result;
+
+/* One PushKv stream: its own write batch on writer handle s, so one
+ * stream's failure discards only its own blocks; it ends with one catalog
+ * edit (kvx_xfer_stream_finish). Chunk checks, in order: kv_format (not
+ * 1, 2 or 3: KVX_EVERSION, before the payload is looked at), a non-zero
+ * model_signature other than the store's (KVX_EMODEL), a chunk after the
+ * tail (KVX_EINVALID), the token count (KVX_ETOKENS), the recomputed hash
+ * (KVX_EHASH when block_hash is not it), then an empty payload: the block
+ * must be held, matched on hash, parent, tokens and prefix digest
+ * (KVX_ENOTHELD naming it otherwise; found: pinned until finish); a
+ * payload: at most KVX_XFER_MAX_PAYLOAD (KVX_EFORMAT), its crc32c
+ * (KVX_ECORRUPT), every envelope reader rule against the store's
+ * geometry, version == kv_format, n_blocks == 1, the envelope's hash and
+ * n_tokens equal to the chunk's (KVX_EFORMAT / KVX_ESHAPE / KVX_EHASH /
+ * KVX_ETOKENS). The first failure fails the stream: its blocks are
+ * dropped, later calls answer the same code, nothing is published.
+ * A stream belongs to one thread at a time; many streams of one store may
+ * run at once. Destroy every stream before kvx_store_close. */
+typedef struct kvx_xfer_stream kvx_xfer_stream;
+KVX_API int kvx_xfer_stream_create(kvx_xfer_stream **out, kvx_store *s);
+/* Checks and applies one chunk; out_block (nullable) says what it was. */
+KVX_API int kvx_xfer_stream_chunk(kvx_xfer_stream *st, const kvx_xfer_chunk *c,
+                                  kvx_xfer_block *out_block);
+/* The stream ended well: flushes its blocks (durable and visible; one
+ * catalog edit) and fills *out. 0 is the acknowledgement. */
+KVX_API int kvx_xfer_stream_finish(kvx_xfer_stream *st, kvx_xfer_result *out);
+/* The counts so far (bytes_received includes a failed chunk's payload). */
+KVX_API void kvx_xfer_stream_progress(kvx_xfer_result *out, const kvx_xfer_stream *st);
+/* Drops what an unfinished stream wrote (never acknowledged) and frees
+ * it. NULL is fine. */
+KVX_API void kvx_xfer_stream_destroy(kvx_xfer_stream *st);
+
+/* The sender's envelope version for store geometry g (tl.kv.v1 rule):
+ * the lossless one: FP16 and E5M2 (a subset of f16) -> 1; E4M3 -> 2; BF16
+ * -> 3 when a one-block envelope fits KVX_XFER_MAX_PAYLOAD, else 2 (lossy:
+ * FP8 with scales, documented). requested 1, 2
+ * or 3 is checked instead: a one-block envelope over the limit is
+ * KVX_ECAPACITY; v1 from a BF16 store may still fail per block at
+ * kvx_views_export with KVX_ELOSSY. requested 0 applies the rule. */
+KVX_API int kvx_xfer_pick_format(uint16_t *out_version, const kvx_geometry *g, uint16_t requested);
 
 /* ------------------------------------------------------------------------
  * Data path: pinned buffer pool, io_uring fetch, warmup, GPU upload.
