@@ -406,6 +406,16 @@ static inline uint64_t st_unpublished_bytes(const kvx_store *s)
     return n;
 }
 void kvx_st_pin(kvx_store_batch *x, uint32_t b, uint64_t gen);
+/* Pins the shard v was served from (its current generation) in x. Under wmu. */
+void kvx_st_pin_view(kvx_store_batch *x, const kvx_view *v);
+/* The transfer core's block calls (they take wmu). kvx_st_ref_block: is
+ * q's block held, verified and sound (1, its shard pinned in x until x's
+ * flush), or not (0); <0 an error. kvx_st_put_block: one full block of a
+ * checked lineage (q with B tokens and digest) into x: held elsewhere or
+ * pending in x, *out_added 0 (held: pinned); else written, 1. A failed
+ * write drops x's unflushed blocks, as a failed put does. */
+int kvx_st_ref_block(kvx_store_batch *x, const st_query *q);
+int kvx_st_put_block(kvx_store_batch *x, const st_query *q, const void *page, const float *scales, int *out_added);
 /* Drops every unflushed block of x (never acknowledged); blocks earlier
  * successful puts added are counted in x->lost, for its next flush. */
 void kvx_st_discard_pending(kvx_store_batch *x);

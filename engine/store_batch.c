@@ -245,16 +245,20 @@ static int st_put_one(kvx_store *s, kvx_store_batch *x, int kind, const st_query
  * damaged copy is not "held": the put stores the block again. A held
  * block's shard is pinned (in x) until the flush that acknowledges the
  * put. */
+void kvx_st_pin_view(kvx_store_batch *x, const kvx_view *v)
+{
+    uint64_t gen;
+    const char *path = kvx_shard_path(v->shard), *slash = path ? strrchr(path, '/') : NULL;
+    if (slash && kvx_st_parse_name(slash + 1, &gen)) kvx_st_pin(x, KVX_COORD_SHARD(v->coordinate), gen);
+}
+
 static int st_held(kvx_store *s, kvx_store_batch *x, kvx_cat_snap *snap, const st_query *q)
 {
     kvx_view v;
     memset(&v, 0, sizeof v);
     int rc = kvx_st_lookup(s, snap, q, &v);
     if (rc == 0) {
-        uint64_t gen;
-        const char *path = kvx_shard_path(v.shard), *slash = path ? strrchr(path, '/') : NULL;
-        uint32_t b = KVX_COORD_SHARD(v.coordinate);
-        if (slash && kvx_st_parse_name(slash + 1, &gen)) kvx_st_pin(x, b, gen);
+        kvx_st_pin_view(x, &v);
         /* putting a held block is a use of it: an exact LRU would move
          * it to the front too (it may sit behind a block that was gone) */
         kvx_st_note(s, &v, 1, 0, 0);
@@ -456,6 +460,58 @@ static int st_put_env(kvx_store *s, kvx_store_batch *x, const char *fn, const vo
     free(page);
     free(sc);
     if (out_new) *out_new = added;
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Blocks one at a time, for the transfer core (transfer/) */
+
+int kvx_st_ref_block(kvx_store_batch *x, const st_query *q)
+{
+    kvx_store *s = x->s;
+    if (!s) return kvx_fail(KVX_EINVALID, "transfer: the stream's store was closed");
+    pthread_mutex_lock(&s->wmu);
+    kvx_cat_snap *snap;
+    int rc = kvx_cat_snap_begin(s->cat, &snap);
+    if (!rc) {
+        rc = st_held(s, x, snap, q);
+        kvx_cat_snap_end(snap);
+    }
+    pthread_mutex_unlock(&s->wmu);
+    return rc;
+}
+
+int kvx_st_put_block(kvx_store_batch *x, const st_query *q, const void *page, const float *scales, int *out_added)
+{
+    kvx_store *s = x->s;
+    *out_added = 0;
+    if (!s) return kvx_fail(KVX_EINVALID, "transfer: the stream's store was closed");
+    pthread_mutex_lock(&s->wmu);
+    int rc = st_fits(s, x, 1, "kvx_xfer_stream_chunk");
+    kvx_cat_snap *snap = NULL;
+    int held = 0, dropped = 0;
+    if (!rc && !(rc = kvx_cat_snap_begin(s->cat, &snap))) {
+        held = st_held(s, x, snap, q);
+        kvx_cat_snap_end(snap);
+        if (held < 0) rc = held;
+    }
+    if (!rc && !held && !st_pending_find(s, x, q)) {
+        /* blocks come one at a time: size a new shard's table for the
+         * target shard size, not for this one block */
+        if (!x->cur[ST_KIND_LINEAGE].w) {
+            uint64_t want = s->target / (s->page_bytes ? s->page_bytes : 1) + 1;
+            x->reserve_hint = want > UINT32_MAX ? UINT32_MAX : (uint32_t)want;
+        }
+        rc = st_put_one(s, x, ST_KIND_LINEAGE, q, page, scales);
+        if (rc) {
+            kvx_st_discard_pending(x);
+            dropped = 1;
+        } else {
+            *out_added = 1;
+        }
+    }
+    st_put_done(x, (size_t)*out_added, dropped);
+    pthread_mutex_unlock(&s->wmu);
     return rc;
 }
 
