@@ -11,6 +11,8 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <pthread.h>
+
 #include "store_util.h"
 
 /* A chained FNV collision at block 0 for B = 4 (from tests/test_attack2.c,
@@ -730,6 +732,115 @@ static void test_bf16_formats(void **state)
     kvx_store_close(b);
 }
 
+/* 32 streams at once into one receiver, prompts sharing prefixes (four
+ * families, as su_tokens makes them), several rounds: every push is
+ * acknowledged and every prompt is then served whole. Shard ids are a
+ * finite resource (256): many small flushes must not run them out. */
+#define PUSHERS 32
+#define ROUNDS 4
+typedef struct pusher_arg {
+    kvx_store *recv, *sender;
+    uint64_t seq;
+    int rc;
+    uint32_t stored, referenced;
+} pusher_arg;
+
+static pthread_barrier_t pushers_start;
+
+static void *pusher(void *p)
+{
+    pusher_arg *a = p;
+    pthread_barrier_wait(&pushers_start); /* all at once: shared blocks race */
+    uint32_t t[8 * SU_B];
+    su_tokens(t, a->seq, 8, 4); /* blocks 0..3 shared within a family */
+    uint64_t h[8];
+    kvx_block_hashes(h, t, 8 * SU_B, SU_B);
+    uint8_t held[8];
+    kvx_xfer_lease *l = NULL;
+    a->rc = kvx_xfer_has_blocks(held, &l, a->recv, h, 8, t, 8 * SU_B, 0, 0);
+    kvx_xfer_stream *st = NULL;
+    if (!a->rc) a->rc = kvx_xfer_stream_create(&st, a->recv);
+    kvx_view views[8];
+    size_t n = 0;
+    if (!a->rc) a->rc = kvx_store_prefix(views, &n, a->sender, t, 8 * SU_B, 8);
+    if (!a->rc && n != 8) a->rc = -1;
+    for (size_t i = 0; !a->rc && i < 8; i++) {
+        kvx_xfer_chunk c = {1, h[i], NULL, 0, 0, t + i * SU_B, SU_B, 0};
+        void *env = NULL;
+        size_t len = 0;
+        if (!held[i]) {
+            a->rc = kvx_views_export(&env, &len, a->sender, &views[i], 1, 1);
+            c.payload = env;
+            c.payload_len = len;
+            c.crc32c = kvx_crc32c(0, env, len);
+        }
+        if (!a->rc) a->rc = kvx_xfer_stream_chunk(st, &c, NULL);
+        kvx_free(env);
+    }
+    kvx_views_release(views, n);
+    kvx_xfer_result r = {0};
+    if (!a->rc) a->rc = kvx_xfer_stream_finish(st, &r);
+    a->stored = r.blocks_stored;
+    a->referenced = r.blocks_referenced;
+    kvx_xfer_stream_destroy(st);
+    kvx_xfer_lease_destroy(l);
+    return NULL;
+}
+
+static void test_concurrent_pushers(void **state)
+{
+    (void)state;
+    char da[256], db[256];
+    kvx_store *a = fp16_store(da, sizeof da), *b = fp16_store(db, sizeof db);
+    for (uint64_t seq = 0; seq < PUSHERS * ROUNDS; seq++) {
+        uint32_t t[8 * SU_B];
+        su_tokens(t, seq, 8, 4);
+        uint64_t h[8];
+        kvx_geometry g = su_geometry();
+        uint8_t *pages = su_pages(t, 8, h, kvx_page_bytes(&g, SU_B));
+        assert_int_equal(kvx_store_put(a, t, 8 * SU_B, pages, 8, NULL, NULL), 0);
+        free(pages);
+    }
+    assert_int_equal(kvx_store_flush(a), 0);
+    uint64_t stored = 0;
+    for (int round = 0; round < ROUNDS; round++) {
+        pthread_t th[PUSHERS];
+        pusher_arg args[PUSHERS];
+        assert_int_equal(pthread_barrier_init(&pushers_start, NULL, PUSHERS), 0);
+        for (int i = 0; i < PUSHERS; i++) {
+            args[i] = (pusher_arg){b, a, (uint64_t)(round * PUSHERS + i), 0, 0, 0};
+            assert_int_equal(pthread_create(&th[i], NULL, pusher, &args[i]), 0);
+        }
+        for (int i = 0; i < PUSHERS; i++) {
+            pthread_join(th[i], NULL);
+            if (args[i].rc) fprintf(stderr, "pusher %d: %s: %s\n", i, kvx_err_name(args[i].rc), kvx_last_error());
+            assert_int_equal(args[i].rc, 0);
+            /* its own 4 blocks are new; a shared one is referenced (held at
+             * HasBlocks), stored, or neither (sent, but another stream
+             * published it first: already held, not counted) */
+            assert_true(args[i].stored >= 4);
+            assert_true(args[i].stored + args[i].referenced <= 8);
+            stored += args[i].stored;
+        }
+        pthread_barrier_destroy(&pushers_start);
+    }
+    /* every prompt's 4 own blocks, and each family's 4 shared blocks at
+     * least once (streams racing on one block may each store a copy: a
+     * block pending in another stream is not "held") */
+    assert_true(stored >= 4 * 4 + (uint64_t)PUSHERS * ROUNDS * 4);
+    assert_true(stored <= (uint64_t)PUSHERS * ROUNDS * 8);
+    for (uint64_t seq = 0; seq < PUSHERS * ROUNDS; seq++) {
+        uint32_t t[8 * SU_B];
+        su_tokens(t, seq, 8, 4);
+        assert_int_equal(served(b, t, 8), 8);
+    }
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, b), 0);
+    assert_int_equal(st.blocks, stored);
+    kvx_store_close(a);
+    kvx_store_close(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -745,6 +856,7 @@ int main(void)
         cmocka_unit_test(test_lease_pins_through_eviction),
         cmocka_unit_test(test_streams_independent),
         cmocka_unit_test(test_bf16_formats),
+        cmocka_unit_test(test_concurrent_pushers),
     };
     return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }
