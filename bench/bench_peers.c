@@ -32,8 +32,17 @@
  *   p50/p99 us    warm prefix get of a 64-block prompt: hashes, lookups
  *                 and the pages copied into one host buffer
  *   space amp     bytes on disk (st_blocks) over bytes of KV
+ *   trace         the Mooncake conversation trace replayed at one capacity
+ *                 (in blocks): the three peers behind the same exact block
+ *                 LRU kept by this program (evicted blocks deleted in the
+ *                 request's durable round), kvx with its own eviction and
+ *                 capacity_bytes = capacity x the bytes a block takes in a
+ *                 shard by the format; prefix hit ratio and bytes written
+ *                 (/proc/self/io write_bytes) per peer
  *
- *   bench_peers [--size small|large] [--blocks N] [--only PEER] DIR
+ *   bench_peers [--mode all|rows|restart|trace] [--size small|large]
+ *               [--blocks N] [--only PEER] [--trace FILE] [--trace-requests N]
+ *               [--trace-capacity N] [--tsv FILE] DIR
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -49,10 +58,13 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "bench_common.h"
 #include "kvx.h"
+
+#include <json-c/json.h>
 
 #ifdef KVX_BENCH_ROCKSDB
 #include <rocksdb/c.h>
@@ -65,6 +77,7 @@ static const char *const peer_name[P_COUNT] = {"kvx", "file per block", "RocksDB
                                                "LMDB values"};
 
 static kvx_geometry g_geo;
+static const char *g_size = "small";
 static uint32_t g_B;
 static uint64_t g_pb;      /* page bytes */
 static size_t g_prompts;   /* prompts of NB blocks */
@@ -72,6 +85,8 @@ static uint32_t *g_toks;   /* g_prompts * NB * B */
 static uint64_t *g_hashes; /* g_prompts * NB */
 static unsigned char *g_pages; /* one prompt's pages */
 static unsigned char *g_dst;   /* where a get copies one prompt's pages */
+static int g_nosync;           /* building a data set only (--mode restart): no syncs */
+static int g_trace_mode;       /* the trace replay: no key set, deletes */
 
 static void fail(const char *what, int rc)
 {
@@ -89,14 +104,19 @@ static uint64_t mix(uint64_t x)
 
 /* Prompt q's pages: pseudo-random bytes, masked so no e4m3 or bf16 value
  * is NaN or inf; the same bytes for every peer. */
-static void fill_pages(size_t q)
+static void fill_pages(unsigned char *pages, size_t npages, size_t q)
 {
-    uint64_t *w = (uint64_t *)g_pages;
-    size_t n = (size_t)(g_pb * NB / 8);
+    uint64_t *w = (uint64_t *)(void *)pages;
+    size_t n = (size_t)(g_pb * npages / 8);
     for (size_t i = 0; i < n; i++) w[i] = mix(q * 0x100000000ull + i) & 0x7777777777777777ull;
 }
 
 static const uint32_t *toks_of(size_t q) { return g_toks + q * NB * g_B; }
+
+static void gen_tokens(size_t q, uint32_t *t)
+{
+    for (size_t i = 0; i < (size_t)NB * g_B; i++) t[i] = (uint32_t)mix(q * 1000003u + i);
+}
 
 static void rm_rf(const char *p)
 {
@@ -104,6 +124,20 @@ static void rm_rf(const char *p)
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", p);
     if (system(cmd)) {
     }
+}
+
+/* Bytes this process (all its threads) had sent to the storage layer:
+ * /proc/self/io write_bytes, counted when a page is dirtied. */
+static uint64_t io_write_bytes(void)
+{
+    FILE *f = fopen("/proc/self/io", "r");
+    char line[256];
+    uint64_t v = 0;
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "write_bytes:", 12)) v = strtoull(line + 12, NULL, 10);
+    fclose(f);
+    return v;
 }
 
 /* ------------------------------------------------------------ disk walk */
@@ -141,7 +175,9 @@ typedef struct peer {
     int kind;
     char dir[1024];
     kvx_store *kvx;
-    kvx_view views[NB];
+    kvx_view *views;
+    size_t nviews;
+    uint64_t kvx_capacity; /* 0: large enough for every row */
     /* file per block: the in-memory key set (sorted on demand) */
     uint64_t *keys;
     size_t nkeys, capkeys;
@@ -201,7 +237,9 @@ static void peer_open(peer *p, int create)
             kvx_store_options o;
             kvx_store_options_init(&o);
             o.geometry = g_geo;
-            o.capacity_bytes = g_pb * NB * g_prompts * 2 + ((uint64_t)1 << 30);
+            o.capacity_bytes =
+                p->kvx_capacity ? p->kvx_capacity : g_pb * NB * g_prompts * 2 + ((uint64_t)1 << 30);
+            if (g_nosync) o.flags |= KVX_STORE_NOSYNC;
             rc = kvx_store_create(&p->kvx, p->dir, &o);
         } else {
             rc = kvx_store_open(&p->kvx, p->dir, &g_geo, 0);
@@ -243,13 +281,15 @@ static void peer_open(peer *p, int create)
         rocksdb_options_set_min_blob_size(p->ropt, 0);
         rocksdb_options_set_blob_compression_type(p->ropt, rocksdb_no_compression);
         rocksdb_options_set_compression(p->ropt, rocksdb_no_compression);
+        /* deleted values' space comes back through blob GC at compaction */
+        rocksdb_options_set_enable_blob_gc(p->ropt, 1);
         p->rdb = rocksdb_open(p->ropt, p->dir, &err);
         if (err) {
             fprintf(stderr, "bench_peers: rocksdb_open: %s\n", err);
             exit(1);
         }
         p->rw = rocksdb_writeoptions_create();
-        rocksdb_writeoptions_set_sync(p->rw, 1);
+        rocksdb_writeoptions_set_sync(p->rw, !g_nosync);
         p->rr = rocksdb_readoptions_create();
         break;
     }
@@ -258,8 +298,8 @@ static void peer_open(peer *p, int create)
         int rc;
         if (create && mkdir(p->dir, 0700)) fail(p->dir, -errno);
         if ((rc = mdb_env_create(&p->env))) fail("mdb_env_create", rc);
-        mdb_env_set_mapsize(p->env, (size_t)(g_pb * NB * g_prompts * 2 + ((uint64_t)256 << 20)));
-        if ((rc = mdb_env_open(p->env, p->dir, 0, 0600))) fail("mdb_env_open", rc);
+        mdb_env_set_mapsize(p->env, (size_t)(g_pb * NB * g_prompts * 2 + ((uint64_t)2 << 30)));
+        if ((rc = mdb_env_open(p->env, p->dir, g_nosync ? MDB_NOSYNC : 0, 0600))) fail("mdb_env_open", rc);
         MDB_txn *t;
         if ((rc = mdb_txn_begin(p->env, NULL, 0, &t)) || (rc = mdb_dbi_open(t, NULL, 0, &p->dbi)) ||
             (rc = mdb_txn_commit(t)))
@@ -308,38 +348,38 @@ static void peer_close(peer *p)
     }
 }
 
-/* Puts prompt q (g_pages holds its pages) durably. */
-static void peer_put(peer *p, size_t q)
+/* One durable round of a peer other than kvx: n pages under their hashes
+ * h (pages contiguous), then ndel hashes deleted (the trace's evictions). */
+static void peer_write(peer *p, const uint64_t *h, const unsigned char *pages, size_t n, const uint64_t *del,
+                       size_t ndel)
 {
-    const uint64_t *h = g_hashes + q * NB;
     switch (p->kind) {
-    case P_KVX: {
-        int rc = kvx_store_put(p->kvx, toks_of(q), (size_t)NB * g_B, g_pages, NB, NULL, NULL);
-        if (rc || (rc = kvx_store_flush(p->kvx))) fail("kvx put", rc);
-        break;
-    }
     case P_FILE: {
         unsigned char touched[256] = {0};
         char tmp[1100], path[1100];
-        for (int i = 0; i < NB; i++) {
+        for (size_t i = 0; i < n; i++) {
             unsigned fan = (unsigned)(h[i] >> 56);
             snprintf(tmp, sizeof tmp, "%s/%02x/.tmp.%016" PRIx64, p->dir, fan, h[i]);
             snprintf(path, sizeof path, "%s/%02x/%016" PRIx64, p->dir, fan, h[i]);
             int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
             if (fd < 0) fail(tmp, -errno);
-            const unsigned char *src = g_pages + (size_t)i * g_pb;
+            const unsigned char *src = pages + i * g_pb;
             for (uint64_t off = 0; off < g_pb;) {
                 ssize_t w = pwrite(fd, src + off, g_pb - off, (off_t)off);
                 if (w <= 0) fail("pwrite", -errno);
                 off += (uint64_t)w;
             }
-            if (fsync(fd)) fail("fsync", -errno);
+            if (!g_nosync && fsync(fd)) fail("fsync", -errno);
             close(fd);
             if (rename(tmp, path)) fail("rename", -errno);
             touched[fan] = 1;
-            keys_add(p, h[i]);
+            if (!g_trace_mode) keys_add(p, h[i]);
         }
-        for (int f = 0; f < 256; f++) {
+        for (size_t i = 0; i < ndel; i++) { /* a cache's delete need not be durable */
+            snprintf(path, sizeof path, "%s/%02x/%016" PRIx64, p->dir, (unsigned)(del[i] >> 56), del[i]);
+            if (unlink(path)) fail(path, -errno);
+        }
+        for (int f = 0; f < 256 && !g_nosync; f++) {
             if (!touched[f]) continue;
             snprintf(path, sizeof path, "%s/%02x", p->dir, f);
             fsync_path(path);
@@ -350,9 +390,9 @@ static void peer_put(peer *p, size_t q)
     case P_ROCKS: {
         char *err = NULL;
         rocksdb_writebatch_t *wb = rocksdb_writebatch_create();
-        for (int i = 0; i < NB; i++)
-            rocksdb_writebatch_put(wb, (const char *)&h[i], 8, (const char *)g_pages + (size_t)i * g_pb,
-                                   (size_t)g_pb);
+        for (size_t i = 0; i < n; i++)
+            rocksdb_writebatch_put(wb, (const char *)&h[i], 8, (const char *)pages + i * g_pb, (size_t)g_pb);
+        for (size_t i = 0; i < ndel; i++) rocksdb_writebatch_delete(wb, (const char *)&del[i], 8);
         rocksdb_write(p->rdb, p->rw, wb, &err);
         rocksdb_writebatch_destroy(wb);
         if (err) {
@@ -366,10 +406,14 @@ static void peer_put(peer *p, size_t q)
         MDB_txn *t;
         int rc = mdb_txn_begin(p->env, NULL, 0, &t);
         if (rc) fail("mdb_txn_begin", rc);
-        for (int i = 0; i < NB && !rc; i++) {
+        for (size_t i = 0; i < n && !rc; i++) {
             MDB_val k = {8, (void *)&h[i]}, v = {(size_t)g_pb, NULL};
             rc = mdb_put(t, p->dbi, &k, &v, MDB_RESERVE);
-            if (!rc) memcpy(v.mv_data, g_pages + (size_t)i * g_pb, (size_t)g_pb);
+            if (!rc) memcpy(v.mv_data, pages + i * g_pb, (size_t)g_pb);
+        }
+        for (size_t i = 0; i < ndel && !rc; i++) {
+            MDB_val k = {8, (void *)&del[i]};
+            rc = mdb_del(t, p->dbi, &k, NULL);
         }
         if (rc) {
             mdb_txn_abort(t);
@@ -383,30 +427,44 @@ static void peer_put(peer *p, size_t q)
     }
 }
 
-/* The longest cached prefix of prompt q, its pages copied into g_dst;
- * returns the number of blocks served. The peers hash the tokens (chained
- * FNV) and stop at the first missing block. */
-static size_t peer_get(peer *p, size_t q)
+/* Puts prompt q (g_pages holds its pages) durably. */
+static void peer_put(peer *p, size_t q)
+{
+    if (p->kind == P_KVX) {
+        int rc = kvx_store_put(p->kvx, toks_of(q), (size_t)NB * g_B, g_pages, NB, NULL, NULL);
+        if (rc || (rc = kvx_store_flush(p->kvx))) fail("kvx put", rc);
+    } else {
+        peer_write(p, g_hashes + q * NB, g_pages, NB, NULL, 0);
+    }
+}
+
+/* The longest cached prefix of a sequence of nb blocks (tokens toks; the
+ * peers look up its chained FNV hashes h), its pages copied into dst;
+ * returns the number of blocks served. */
+static size_t peer_lookup(peer *p, const uint32_t *toks, const uint64_t *h, size_t nb, unsigned char *dst)
 {
     size_t n = 0;
-    uint64_t h[NB];
-    if (p->kind != P_KVX) kvx_block_hashes(h, toks_of(q), (size_t)NB * g_B, g_B);
     switch (p->kind) {
     case P_KVX: {
-        int rc = kvx_store_prefix(p->views, &n, p->kvx, toks_of(q), (size_t)NB * g_B, NB);
+        if (nb > p->nviews) {
+            p->views = realloc(p->views, nb * sizeof *p->views);
+            if (!p->views) fail("realloc", -ENOMEM);
+            p->nviews = nb;
+        }
+        int rc = kvx_store_prefix(p->views, &n, p->kvx, toks, nb * g_B, nb);
         if (rc) fail("kvx_store_prefix", rc);
-        for (size_t i = 0; i < n; i++) memcpy(g_dst + i * g_pb, p->views[i].page, (size_t)g_pb);
+        for (size_t i = 0; i < n; i++) memcpy(dst + i * g_pb, p->views[i].page, (size_t)g_pb);
         kvx_views_release(p->views, n);
         break;
     }
     case P_FILE: {
         char path[1100];
-        for (; n < NB; n++) {
-            if (!keys_has(p, h[n])) break;
+        for (; n < nb; n++) {
+            if (!g_trace_mode && !keys_has(p, h[n])) break;
             snprintf(path, sizeof path, "%s/%02x/%016" PRIx64, p->dir, (unsigned)(h[n] >> 56), h[n]);
             int fd = open(path, O_RDONLY);
             if (fd < 0) break;
-            ssize_t r = pread(fd, g_dst + n * g_pb, (size_t)g_pb, 0);
+            ssize_t r = pread(fd, dst + n * g_pb, (size_t)g_pb, 0);
             close(fd);
             if (r != (ssize_t)g_pb) break;
         }
@@ -414,7 +472,7 @@ static size_t peer_get(peer *p, size_t q)
     }
 #ifdef KVX_BENCH_ROCKSDB
     case P_ROCKS:
-        for (; n < NB; n++) {
+        for (; n < nb; n++) {
             char *err = NULL;
             rocksdb_pinnableslice_t *v = rocksdb_get_pinned(p->rdb, p->rr, (const char *)&h[n], 8, &err);
             free(err);
@@ -422,7 +480,7 @@ static size_t peer_get(peer *p, size_t q)
             size_t len;
             const char *d = rocksdb_pinnableslice_value(v, &len);
             int ok = len == g_pb;
-            if (ok) memcpy(g_dst + n * g_pb, d, len);
+            if (ok) memcpy(dst + n * g_pb, d, len);
             rocksdb_pinnableslice_destroy(v);
             if (!ok) break;
         }
@@ -430,25 +488,35 @@ static size_t peer_get(peer *p, size_t q)
 #endif
     case P_LMDB:
         if (mdb_txn_renew(p->rtxn)) fail("mdb_txn_renew", -EIO);
-        for (; n < NB; n++) {
-            MDB_val k = {8, &h[n]}, v;
+        for (; n < nb; n++) {
+            MDB_val k = {8, (void *)&h[n]}, v;
             if (mdb_get(p->rtxn, p->dbi, &k, &v) || v.mv_size != g_pb) break;
-            memcpy(g_dst + n * g_pb, v.mv_data, (size_t)g_pb);
+            memcpy(dst + n * g_pb, v.mv_data, (size_t)g_pb);
         }
         mdb_txn_reset(p->rtxn);
         break;
     default:
         break;
     }
-    kvx_bench_keep(g_dst);
+    kvx_bench_keep(dst);
     return n;
+}
+
+/* Prompt q's longest cached prefix, pages into g_dst. */
+static size_t peer_get(peer *p, size_t q)
+{
+    uint64_t h[NB];
+    kvx_block_hashes(h, toks_of(q), (size_t)NB * g_B, g_B);
+    return peer_lookup(p, toks_of(q), h, NB, g_dst);
 }
 
 /* ------------------------------------------------------------ the run */
 
 typedef struct result {
-    int ran;
-    double put_mbps, reopen_ms, cold_gbps, p50_us, p99_us, amp;
+    int ran, trace_ran;
+    double put_mbps, restart_ms, open_ms, cold_gbps, p50_us, p99_us, amp;
+    /* trace */
+    double hit, lru_hit, written_gb, kv_written_gb, trace_s, end_amp;
 } result;
 
 static int cmp_d(const void *a, const void *b)
@@ -465,7 +533,87 @@ static void expect_full(size_t got, size_t q, const char *row, int kind)
     exit(1);
 }
 
-static result run_peer(int kind, const char *base)
+static const char *g_self = "/proc/self/exe";
+
+/* Restart: a new process (fork + exec of this program with --child) opens
+ * the peer's store and serves prompt 0; the time from fork to its exit.
+ * *inner gets the child's own figure (main() to the first hit). */
+static double restart_child(int kind, const char *dir, double *inner)
+{
+    int pfd[2];
+    if (pipe(pfd)) fail("pipe", -errno);
+    char ks[16];
+    snprintf(ks, sizeof ks, "%d", kind);
+    double t0 = kvx_bench_now();
+    pid_t pid = fork();
+    if (pid < 0) fail("fork", -errno);
+    if (pid == 0) {
+        close(pfd[0]);
+        dup2(pfd[1], 1);
+        execl(g_self, "bench_peers", "--child", ks, "--size", g_size, dir, (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    char buf[128] = {0};
+    ssize_t got = 0, r;
+    while ((r = read(pfd[0], buf + got, sizeof buf - 1 - (size_t)got)) > 0) got += r;
+    close(pfd[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    double t = kvx_bench_now() - t0;
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) {
+        fprintf(stderr, "bench_peers: %s: the restarted process failed (%s)\n", peer_name[kind], buf);
+        exit(1);
+    }
+    *inner = strtod(buf, NULL);
+    return t * 1e3;
+}
+
+static int child_main(int kind, const char *dir)
+{
+    double t0 = kvx_bench_now();
+    peer *p = calloc(1, sizeof *p);
+    uint32_t *t = malloc((size_t)NB * g_B * sizeof *t);
+    uint64_t h[NB];
+    g_dst = aligned_alloc(4096, (size_t)(g_pb * NB));
+    if (!p || !t || !g_dst) return 1;
+    p->kind = kind;
+    snprintf(p->dir, sizeof p->dir, "%s", dir);
+    gen_tokens(0, t);
+    kvx_block_hashes(h, t, (size_t)NB * g_B, g_B);
+    g_prompts = 1;
+    peer_open(p, 0);
+    size_t n = peer_lookup(p, t, h, NB, g_dst);
+    double ms = (kvx_bench_now() - t0) * 1e3;
+    printf("%.3f served %zu\n", ms, n);
+    fflush(stdout);
+    return n == NB ? 0 : 1;
+}
+
+/* Puts every prompt (durably unless g_nosync); returns the seconds spent
+ * in the puts alone. */
+static double put_all(peer *p)
+{
+    double t_put = 0;
+    for (size_t q = 0; q < g_prompts; q++) {
+        fill_pages(g_pages, NB, q); /* not timed */
+        double t0 = kvx_bench_now();
+        peer_put(p, q);
+        t_put += kvx_bench_now() - t0;
+    }
+    return t_put;
+}
+
+static void sync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd >= 0) {
+        (void)syncfs(fd);
+        close(fd);
+    }
+}
+
+static result run_peer(int kind, const char *base, int restart_only)
 {
     result r = {0};
     peer *p = calloc(1, sizeof *p);
@@ -475,31 +623,28 @@ static result run_peer(int kind, const char *base)
     rm_rf(p->dir);
     double kv = (double)g_pb * NB * (double)g_prompts;
 
+    g_nosync = restart_only; /* --mode restart builds the data set without syncs */
     peer_open(p, 1);
-    double t_put = 0;
-    for (size_t q = 0; q < g_prompts; q++) {
-        fill_pages(q); /* not timed */
-        double t0 = kvx_bench_now();
-        peer_put(p, q);
-        t_put += kvx_bench_now() - t0;
-    }
-    r.put_mbps = kv / t_put / 1e6;
+    double t_put = put_all(p);
+    r.put_mbps = restart_only ? 0 : kv / t_put / 1e6;
     peer_close(p);
+    g_nosync = 0;
+    if (restart_only) sync_dir(p->dir);
     r.amp = (double)walk(p->dir, 0) / kv;
 
-    /* restart: cached pages dropped, open, first prefix served */
+    /* restart: cached pages dropped, a new process opens the store and
+     * serves the first prompt */
     walk(p->dir, 1);
-    double t0 = kvx_bench_now();
-    peer_open(p, 0);
-    expect_full(peer_get(p, 0), 0, "reopen", kind);
-    r.reopen_ms = (kvx_bench_now() - t0) * 1e3;
+    r.restart_ms = restart_child(kind, p->dir, &r.open_ms);
+    if (restart_only) goto done;
 
-    /* cold read of every other prompt (prompt 0 is warm now) */
-    if (g_prompts > 1) {
-        t0 = kvx_bench_now();
-        for (size_t q = 1; q < g_prompts; q++) expect_full(peer_get(p, q), q, "cold", kind);
-        r.cold_gbps = (double)g_pb * NB * (double)(g_prompts - 1) / (kvx_bench_now() - t0) / 1e9;
-    }
+    /* cold read of every prompt, in this process, cached pages dropped
+     * again (the open is not timed) */
+    walk(p->dir, 1);
+    peer_open(p, 0);
+    double t0 = kvx_bench_now();
+    for (size_t q = 0; q < g_prompts; q++) expect_full(peer_get(p, q), q, "cold", kind);
+    r.cold_gbps = kv / (kvx_bench_now() - t0) / 1e9;
 
     /* warm latency: every prompt once more to warm, then up to 2048
      * samples in a shuffled order (fewer when a peer needs over 5 s) */
@@ -524,51 +669,353 @@ static result run_peer(int kind, const char *base)
     r.p99_us = lat[(size_t)((double)ns * 0.99)];
     free(lat);
     peer_close(p);
+done:
     free(p->keys);
+    free(p->views);
     rm_rf(p->dir);
     free(p);
     r.ran = 1;
     return r;
 }
 
+/* ------------------------------------------------------------ the trace */
+
+typedef struct trace {
+    uint32_t *ids; /* all requests' hash ids, concatenated */
+    size_t *off;   /* request i: ids[off[i] .. off[i+1]) */
+    size_t nreq, nids, maxb;
+    uint32_t max_id;
+} trace;
+
+/* A Mooncake trace (data README): one JSON object a line, "hash_ids" one
+ * id per 512-token block, chained (an equal id is an equal prefix). At
+ * most max_req requests (0: all). */
+static int load_trace(trace *tr, const char *path, size_t max_req)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
+    memset(tr, 0, sizeof *tr);
+    size_t cap = 1 << 16, rcap = 1 << 12;
+    tr->ids = malloc(cap * 4);
+    tr->off = malloc(rcap * sizeof *tr->off);
+    if (!tr->ids || !tr->off) fail("malloc", -ENOMEM);
+    char *line = NULL;
+    size_t ln = 0, lineno = 0;
+    int rc = 0;
+    while (!rc && (!max_req || tr->nreq < max_req) && getline(&line, &ln, f) > 0) {
+        lineno++;
+        if (strspn(line, " \t\r\n") == strlen(line)) continue;
+        json_object *o = json_tokener_parse(line), *ids;
+        if (!o || !json_object_object_get_ex(o, "hash_ids", &ids) || !json_object_is_type(ids, json_type_array)) {
+            fprintf(stderr, "%s:%zu: not a trace line with \"hash_ids\": [...]\n", path, lineno);
+            rc = -1;
+            json_object_put(o);
+            break;
+        }
+        if (tr->nreq + 2 > rcap && !(tr->off = realloc(tr->off, (rcap *= 2) * sizeof *tr->off)))
+            fail("realloc", -ENOMEM);
+        tr->off[tr->nreq++] = tr->nids;
+        size_t n = json_object_array_length(ids);
+        if (n > tr->maxb) tr->maxb = n;
+        for (size_t k = 0; k < n; k++) {
+            int64_t v = json_object_get_int64(json_object_array_get_idx(ids, k));
+            if (v < 0 || v >= (int64_t)UINT32_MAX) {
+                fprintf(stderr, "%s:%zu: hash_ids[%zu] out of range\n", path, lineno, k);
+                rc = -1;
+                break;
+            }
+            if (tr->nids == cap && !(tr->ids = realloc(tr->ids, (cap *= 2) * 4))) fail("realloc", -ENOMEM);
+            tr->ids[tr->nids++] = (uint32_t)v;
+            if ((uint32_t)v > tr->max_id) tr->max_id = (uint32_t)v;
+        }
+        json_object_put(o);
+    }
+    if (tr->off) tr->off[tr->nreq] = tr->nids;
+    free(line);
+    fclose(f);
+    return rc;
+}
+
+/* Exact LRU over block ids (arrays indexed by id, head = most recent). */
+#define NIL UINT32_MAX
+typedef struct lru {
+    uint32_t *prev, *next, head, tail;
+    uint8_t *in;
+    size_t n, cap;
+} lru;
+
+static void lru_init(lru *l, uint32_t max_id, size_t cap)
+{
+    l->prev = malloc(((size_t)max_id + 1) * 4);
+    l->next = malloc(((size_t)max_id + 1) * 4);
+    l->in = calloc((size_t)max_id + 1, 1);
+    if (!l->prev || !l->next || !l->in) fail("malloc", -ENOMEM);
+    l->head = l->tail = NIL;
+    l->n = 0;
+    l->cap = cap;
+}
+
+static void lru_unlink(lru *l, uint32_t x)
+{
+    if (l->prev[x] != NIL) l->next[l->prev[x]] = l->next[x];
+    else l->head = l->next[x];
+    if (l->next[x] != NIL) l->prev[l->next[x]] = l->prev[x];
+    else l->tail = l->prev[x];
+}
+
+static void lru_front(lru *l, uint32_t x)
+{
+    l->prev[x] = NIL;
+    l->next[x] = l->head;
+    if (l->head != NIL) l->prev[l->head] = x;
+    l->head = x;
+    if (l->tail == NIL) l->tail = x;
+}
+
+/* Marks x used; inserts it when absent, returning the evicted id (or NIL). */
+static uint32_t lru_use(lru *l, uint32_t x)
+{
+    uint32_t ev = NIL;
+    if (l->in[x]) {
+        lru_unlink(l, x);
+    } else {
+        if (l->n == l->cap) {
+            ev = l->tail;
+            lru_unlink(l, ev);
+            l->in[ev] = 0;
+            l->n--;
+        }
+        l->in[x] = 1;
+        l->n++;
+    }
+    lru_front(l, x);
+    return ev;
+}
+
+static void lru_free(lru *l)
+{
+    free(l->prev);
+    free(l->next);
+    free(l->in);
+}
+
+/* The bytes a block takes in a kvx shard by the format (docs/FORMAT.md):
+ * its 4 KiB-aligned page, coordinate entry (24), hash (8), lineage (8 +
+ * 4B), digest (32) and, for FP8, its L*2*Hkv f32 scales. */
+static uint64_t kvx_block_footprint(void)
+{
+    uint64_t s = (g_pb + 4095) / 4096 * 4096 + 24 + 8 + 8 + 4ull * g_B + 32;
+    if (g_geo.quant == KVX_QUANT_E4M3 || g_geo.quant == KVX_QUANT_E5M2)
+        s += 4ull * g_geo.num_layers * 2 * g_geo.kv_heads;
+    return s;
+}
+
+/* Stamps a page with its block id, so a served page can be checked. */
+static void stamp(unsigned char *page, uint32_t id)
+{
+    uint64_t v = mix(id) & 0x7777777777777777ull;
+    memcpy(page, &v, 8);
+}
+
+static int stamped(const unsigned char *page, uint32_t id)
+{
+    uint64_t v = mix(id) & 0x7777777777777777ull;
+    return !memcmp(page, &v, 8);
+}
+
+/* Replays tr on one peer at capacity cap blocks: per request, the longest
+ * cached prefix is looked up (and its pages read), then the request's
+ * other blocks are put and made durable in one round. The peers other
+ * than kvx sit behind this program's exact LRU of cap blocks (a block
+ * after the first miss that the LRU still holds is used, not rewritten;
+ * evicted blocks are deleted in the same round); kvx evicts by itself. */
+static void run_trace(int kind, const char *base, const trace *tr, size_t cap, result *r)
+{
+    peer *p = calloc(1, sizeof *p);
+    if (!p) fail("calloc", -ENOMEM);
+    p->kind = kind;
+    snprintf(p->dir, sizeof p->dir, "%s/trace%d", base, kind);
+    rm_rf(p->dir);
+    p->kvx_capacity = (uint64_t)cap * kvx_block_footprint();
+    g_trace_mode = 1;
+    size_t mb = tr->maxb;
+    uint32_t *tok = malloc(mb * g_B * 4 + 4);
+    uint64_t *h = malloc(mb * 8), *wh = malloc(mb * 8), *del = malloc(mb * 8);
+    uint64_t *idhash = calloc((size_t)tr->max_id + 1, 8);
+    unsigned char *pages = malloc(mb * g_pb), *wpages = malloc(mb * g_pb), *dst = aligned_alloc(4096, mb * g_pb);
+    if (!tok || !h || !wh || !del || !idhash || !pages || !wpages || !dst) fail("malloc", -ENOMEM);
+    fill_pages(pages, mb, 7);
+    memcpy(wpages, pages, mb * g_pb);
+    lru l;
+    lru_init(&l, tr->max_id, cap);
+    size_t hits = 0, written = 0;
+    uint64_t wb0 = io_write_bytes();
+    double t0 = kvx_bench_now();
+    peer_open(p, 1);
+    for (size_t q = 0; q < tr->nreq; q++) {
+        const uint32_t *ids = tr->ids + tr->off[q];
+        size_t nb = tr->off[q + 1] - tr->off[q];
+        for (size_t b = 0; b < nb; b++) { /* block id -> B token ids; chained hashes */
+            for (uint32_t j = 0; j < g_B; j++) tok[b * g_B + j] = j ? (uint32_t)mix(ids[b]) + j : ids[b];
+            stamp(pages + b * g_pb, ids[b]);
+        }
+        kvx_block_hashes(h, tok, nb * g_B, g_B);
+        if (kind == P_KVX) {
+            size_t n = peer_lookup(p, tok, h, nb, dst);
+            for (size_t i = 0; i < n; i++)
+                if (!stamped(dst + i * g_pb, ids[i])) fail("kvx served another block's page", -EIO);
+            hits += n;
+            size_t nw = 0;
+            int rc = kvx_store_put(p->kvx, tok, nb * g_B, pages, nb, NULL, &nw);
+            if (rc || (rc = kvx_store_flush(p->kvx))) fail("kvx put (trace)", rc);
+            written += nw;
+            continue;
+        }
+        size_t pre = 0;
+        while (pre < nb && l.in[ids[pre]]) pre++;
+        for (size_t i = 0; i < pre; i++) lru_use(&l, ids[i]);
+        size_t n = pre ? peer_lookup(p, tok, h, pre, dst) : 0;
+        if (n != pre) {
+            fprintf(stderr, "bench_peers: %s, trace request %zu: served %zu of the %zu blocks its LRU holds\n",
+                    peer_name[kind], q, n, pre);
+            exit(1);
+        }
+        for (size_t i = 0; i < n; i++)
+            if (!stamped(dst + i * g_pb, ids[i])) fail("a peer served another block's page", -EIO);
+        hits += n;
+        size_t nw = 0, nd = 0;
+        for (size_t b = pre; b < nb; b++) {
+            if (l.in[ids[b]]) {
+                lru_use(&l, ids[b]);
+                continue;
+            }
+            uint32_t ev = lru_use(&l, ids[b]);
+            if (ev != NIL) { /* evicted: deleted, unless written in this very round */
+                size_t k = 0;
+                while (k < nw && wh[k] != idhash[ev]) k++;
+                if (k < nw) fail("LRU capacity below one request's blocks", -EINVAL);
+                del[nd++] = idhash[ev];
+            }
+            idhash[ids[b]] = h[b];
+            wh[nw] = h[b];
+            memcpy(wpages + nw * g_pb, pages + b * g_pb, (size_t)g_pb);
+            nw++;
+        }
+        if (nw || nd) peer_write(p, wh, wpages, nw, del, nd);
+        written += nw;
+    }
+    peer_close(p);
+    r->trace_s = kvx_bench_now() - t0;
+    r->written_gb = (double)(io_write_bytes() - wb0) / 1e9;
+    r->kv_written_gb = (double)written * (double)g_pb / 1e9;
+    r->hit = (double)hits / (double)tr->nids;
+    r->end_amp = (double)walk(p->dir, 0) / ((double)cap * (double)g_pb);
+    r->trace_ran = 1;
+    lru_free(&l);
+    g_trace_mode = 0;
+    rm_rf(p->dir);
+    free(tok), free(h), free(wh), free(del), free(idhash), free(pages), free(wpages), free(dst);
+    free(p->views);
+    free(p);
+}
+
+/* The exact LRU's prefix hit ratio alone (what the peers get). */
+static double lru_prefix_ratio(const trace *tr, size_t cap)
+{
+    lru l;
+    lru_init(&l, tr->max_id, cap);
+    size_t hits = 0;
+    for (size_t q = 0; q < tr->nreq; q++) {
+        const uint32_t *ids = tr->ids + tr->off[q];
+        size_t nb = tr->off[q + 1] - tr->off[q], pre = 0;
+        while (pre < nb && l.in[ids[pre]]) pre++;
+        hits += pre;
+        for (size_t b = 0; b < nb; b++) lru_use(&l, ids[b]);
+    }
+    lru_free(&l);
+    return (double)hits / (double)tr->nids;
+}
+
+/* ------------------------------------------------------------ main */
+
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: bench_peers [--size small|large] [--blocks N] [--only PEER] DIR\n"
+            "usage: bench_peers [--mode all|rows|restart|trace] [--size small|large] [--blocks N]\n"
+            "                   [--only PEER] [--trace FILE] [--trace-requests N]\n"
+            "                   [--trace-capacity N] [--tsv FILE] DIR\n"
             "  kvx against the stores engine teams persist KV in, same pages, keys and\n"
             "  durability: kvx | file per block | RocksDB (BlobDB) | LMDB values\n"
             "  (PEER for --only: kvx, file, rocksdb, lmdb). Each peer's files live in\n"
-            "  DIR/peerN and are removed before the next peer starts.\n"
+            "  DIR/peerN (DIR/traceN) and are removed before the next peer starts.\n"
+            "modes:\n"
+            "  all      rows, then the trace (default)\n"
+            "  rows     put MB/s (durable, one flush/commit/fsync round per prompt),\n"
+            "           restart ms (page cache dropped; a new process, fork + exec of this\n"
+            "           program, opens the store and serves the first prompt: fork to exit),\n"
+            "           cold GB/s (cache dropped again, every prompt read once), warm prefix\n"
+            "           get p50/p99 us of a %d-block prompt (pages copied to a host buffer;\n"
+            "           up to 2048 samples or ~5 s a peer), space amp (st_blocks / KV bytes)\n"
+            "  restart  the restart row and space amp alone; the data set is put without\n"
+            "           syncs (one syncfs at the end), for large --blocks (10^5)\n"
+            "  trace    the Mooncake trace replayed at --trace-capacity blocks: the peers\n"
+            "           behind one exact block LRU kept here, kvx evicting by itself with\n"
+            "           capacity_bytes = capacity x a block's bytes in a shard by the format;\n"
+            "           per request the cached prefix is read, the rest put durably; prefix\n"
+            "           hit ratio, GB written (/proc/self/io write_bytes), bytes on disk\n"
             "sizes:\n"
-            "  small  64 KiB pages: B=16, L=2, Hkv=8, D=128, e4m3 (default; --blocks 4096)\n"
-            "  large  2 MiB pages: B=16, L=32, Hkv=8, D=128, bf16 (default --blocks 512)\n"
+            "  small  64 KiB pages: B=16, L=2, Hkv=8, D=128, e4m3 (default; --blocks 4096;\n"
+            "         trace: the first 1000 requests, capacity 16384 blocks)\n"
+            "  large  2 MiB pages: B=16, L=32, Hkv=8, D=128, bf16 (--blocks 4096; the trace\n"
+            "         only with --trace-requests N, capacity 512 blocks)\n"
             "--blocks N: blocks stored (a multiple of %d: prompts of %d blocks).\n"
-            "DIR needs free space for about 2.5x the KV bytes (pages x blocks) + 1 GiB.\n"
-            "rows: put MB/s (durable, one flush/commit/fsync round per prompt), reopen ms\n"
-            "(page cache dropped, open, first prompt served), cold GB/s, warm prefix get\n"
-            "p50/p99 us of a %d-block prompt (pages copied to a host buffer; up to 2048\n"
-            "samples or ~5 s a peer), space amp. cold is 0 with a single prompt.\n"
+            "--trace FILE: default %s\n"
+            "--trace-requests N: the trace's first N requests (0: all of them).\n"
+            "--tsv FILE: each row's value and ratio to the best peer, one line a peer and row.\n"
+            "DIR needs free space for 2.5x the KV bytes (pages x blocks) + 1 GiB, and for the\n"
+            "trace the pages of its block references + 1 GiB; checked first.\n"
 #ifndef KVX_BENCH_ROCKSDB
             "This build has no RocksDB row (librocksdb-dev was not found at configure).\n"
 #endif
             ,
-            NB, NB, NB);
+            NB, NB, NB, KVX_BENCH_TRACE);
+}
+
+static double ratio(double v, double best, int higher)
+{
+    if (v <= 0 || best <= 0) return 0;
+    return higher ? v / best : best / v;
 }
 
 int main(int argc, char **argv)
 {
-    const char *size = "small", *dir = NULL;
-    long blocks = 0;
+    const char *dir = NULL, *mode = "all", *trace_path = KVX_BENCH_TRACE, *tsv = NULL;
+    long blocks = 0, child = -1;
+    long trace_req = -1, trace_cap = 0;
     int only = -1;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+        const char *a = argv[i];
+        int more = i + 1 < argc;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
-        } else if (!strcmp(argv[i], "--size") && i + 1 < argc) {
-            size = argv[++i];
-        } else if (!strcmp(argv[i], "--blocks") && i + 1 < argc) {
+        } else if (!strcmp(a, "--size") && more) {
+            g_size = argv[++i];
+        } else if (!strcmp(a, "--mode") && more) {
+            mode = argv[++i];
+        } else if (!strcmp(a, "--blocks") && more) {
             blocks = strtol(argv[++i], NULL, 10);
-        } else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
+        } else if (!strcmp(a, "--trace") && more) {
+            trace_path = argv[++i];
+        } else if (!strcmp(a, "--trace-requests") && more) {
+            trace_req = strtol(argv[++i], NULL, 10);
+        } else if (!strcmp(a, "--trace-capacity") && more) {
+            trace_cap = strtol(argv[++i], NULL, 10);
+        } else if (!strcmp(a, "--tsv") && more) {
+            tsv = argv[++i];
+        } else if (!strcmp(a, "--child") && more) {
+            child = strtol(argv[++i], NULL, 10);
+        } else if (!strcmp(a, "--only") && more) {
             const char *o = argv[++i];
             only = !strcmp(o, "kvx") ? P_KVX : !strcmp(o, "file") ? P_FILE : !strcmp(o, "rocksdb") ? P_ROCKS
                  : !strcmp(o, "lmdb") ? P_LMDB : -2;
@@ -576,44 +1023,71 @@ int main(int argc, char **argv)
                 usage(stderr);
                 return 2;
             }
-        } else if (argv[i][0] != '-' && !dir) {
-            dir = argv[i];
+        } else if (a[0] != '-' && !dir) {
+            dir = a;
         } else {
             usage(stderr);
             return 2;
         }
     }
     kvx_geometry small = {2, 8, 128, 16, KVX_QUANT_E4M3, 1}, large = {32, 8, 128, 16, KVX_QUANT_BF16, 1};
-    if (!dir || (strcmp(size, "small") && strcmp(size, "large"))) {
+    int do_rows = !strcmp(mode, "all") || !strcmp(mode, "rows") || !strcmp(mode, "restart");
+    int do_trace = !strcmp(mode, "all") || !strcmp(mode, "trace");
+    int restart_only = !strcmp(mode, "restart");
+    if (!dir || (strcmp(g_size, "small") && strcmp(g_size, "large")) || (!do_rows && !do_trace) ||
+        trace_cap < 0) {
         usage(stderr);
         return 2;
     }
-    g_geo = !strcmp(size, "small") ? small : large;
-    if (!blocks) blocks = !strcmp(size, "small") ? 4096 : 512;
+    int is_small = !strcmp(g_size, "small");
+    g_geo = is_small ? small : large;
+    g_B = g_geo.block_tokens;
+    g_pb = kvx_page_bytes(&g_geo, g_B);
+    if (child >= 0) return child_main((int)child, dir);
+
+    if (!blocks) blocks = 4096;
     if (blocks < NB || blocks % NB) {
         fprintf(stderr, "bench_peers: --blocks must be a positive multiple of %d\n", NB);
         return 2;
     }
-    g_B = g_geo.block_tokens;
-    g_pb = kvx_page_bytes(&g_geo, g_B);
+    if (trace_req < 0) trace_req = is_small ? 1000 : (!strcmp(mode, "trace") ? 100 : -1);
+    if (trace_req < 0) do_trace = 0; /* large: the trace only when asked for */
+    if (!trace_cap) trace_cap = is_small ? 16384 : 512;
     g_prompts = (size_t)blocks / NB;
     double kv = (double)g_pb * (double)blocks;
 
+    trace tr = {0};
+    if (do_trace && load_trace(&tr, trace_path, (size_t)trace_req)) {
+        fprintf(stderr, "bench_peers: cannot read the trace %s: the trace row is left out\n", trace_path);
+        do_trace = 0;
+    }
+    if (do_trace && tr.maxb > (size_t)trace_cap) {
+        fprintf(stderr, "bench_peers: --trace-capacity %ld is below the longest request (%zu blocks)\n",
+                trace_cap, tr.maxb);
+        return 2;
+    }
+
     mkdir(dir, 0700);
     struct statvfs sv;
-    double need = kv * 2.5 + (double)(1u << 30);
+    double need_rows = do_rows ? kv * 2.5 + (double)(1u << 30) : 0;
+    double need_trace = do_trace ? (double)tr.nids * (double)g_pb + (double)(1u << 30) : 0;
+    double need = need_rows > need_trace ? need_rows : need_trace;
     if (statvfs(dir, &sv)) fail(dir, -errno);
     double have = (double)sv.f_bavail * (double)sv.f_frsize;
-    printf("bench_peers: %s pages (%" PRIu64 " bytes), %ld blocks, %zu prompts of %d blocks; "
-           "KV %.2f GiB; DIR needs %.2f GiB free, has %.2f GiB\n",
-           size, g_pb, blocks, g_prompts, NB, kv / 1073741824.0, need / 1073741824.0, have / 1073741824.0);
+    printf("bench_peers: mode %s, %s pages (%" PRIu64 " bytes)", mode, g_size, g_pb);
+    if (do_rows) printf(", %ld blocks, %zu prompts of %d blocks, KV %.2f GiB", blocks, g_prompts, NB, kv / 1073741824.0);
+    if (do_trace)
+        printf(", trace %zu requests (%zu block references) at %ld blocks", tr.nreq, tr.nids, trace_cap);
+    printf("; DIR needs %.2f GiB free, has %.2f GiB\n", need / 1073741824.0, have / 1073741824.0);
     if (have < need) {
-        fprintf(stderr, "bench_peers: not enough free space in %s\n", dir);
+        fprintf(stderr, "bench_peers: not enough free space in %s (needs %.2f GiB, has %.2f GiB)\n", dir,
+                need / 1073741824.0, have / 1073741824.0);
         return 1;
     }
 #ifndef KVX_BENCH_ROCKSDB
     printf("bench_peers: built without librocksdb-dev: no RocksDB (BlobDB) row\n");
 #endif
+    fflush(stdout);
 
     g_toks = malloc((size_t)blocks * g_B * sizeof *g_toks);
     g_hashes = malloc((size_t)blocks * sizeof *g_hashes);
@@ -624,51 +1098,100 @@ int main(int argc, char **argv)
     if (!g_toks || !g_hashes || !g_pages || !g_dst) fail("malloc", -ENOMEM);
     memset(g_dst, 0, (size_t)(g_pb * NB));
     for (size_t q = 0; q < g_prompts; q++) {
-        uint32_t *t = g_toks + q * NB * g_B;
-        for (size_t i = 0; i < (size_t)NB * g_B; i++) t[i] = (uint32_t)mix(q * 1000003u + i);
-        kvx_block_hashes(g_hashes + q * NB, t, (size_t)NB * g_B, g_B);
+        gen_tokens(q, g_toks + q * NB * g_B);
+        kvx_block_hashes(g_hashes + q * NB, toks_of(q), (size_t)NB * g_B, g_B);
     }
 
     result res[P_COUNT] = {{0}};
-    for (int k = 0; k < P_COUNT; k++) {
+    for (int k = 0; k < P_COUNT && do_rows; k++) {
         if (only >= 0 && k != only) continue;
 #ifndef KVX_BENCH_ROCKSDB
         if (k == P_ROCKS) continue;
 #endif
-        res[k] = run_peer(k, dir);
+        res[k] = run_peer(k, dir, restart_only);
         fprintf(stderr, "bench_peers: %s done\n", peer_name[k]);
     }
+    double lru_hit = do_trace ? lru_prefix_ratio(&tr, (size_t)trace_cap) : 0;
+    for (int k = 0; k < P_COUNT && do_trace; k++) {
+        if (only >= 0 && k != only) continue;
+#ifndef KVX_BENCH_ROCKSDB
+        if (k == P_ROCKS) continue;
+#endif
+        run_trace(k, dir, &tr, (size_t)trace_cap, &res[k]);
+        fprintf(stderr, "bench_peers: %s trace done\n", peer_name[k]);
+    }
 
-    /* best of each row over the peers that ran (higher is better for
-     * throughput, lower for the rest) */
-    double best[6] = {0, 1e300, 0, 1e300, 1e300, 1e300};
+    /* each row: value per peer, best over the peers that ran; higher is
+     * better for put, cold and hit ratio, lower for the rest */
+    enum { R_PUT, R_RESTART, R_COLD, R_P50, R_P99, R_AMP, R_HIT, R_WRITTEN, R_COUNT };
+    static const char *const rname[R_COUNT] = {"put MB/s",  "restart ms", "cold GB/s",      "p50 us",
+                                               "p99 us",    "space amp",  "trace hit ratio", "trace GB written"};
+    static const int higher[R_COUNT] = {1, 0, 1, 0, 0, 0, 1, 0};
+    double val[P_COUNT][R_COUNT] = {{0}}, best[R_COUNT];
+    for (int j = 0; j < R_COUNT; j++) best[j] = higher[j] ? 0 : 1e300;
     for (int k = 0; k < P_COUNT; k++) {
-        if (!res[k].ran) continue;
         const result *r = &res[k];
-        if (r->put_mbps > best[0]) best[0] = r->put_mbps;
-        if (r->reopen_ms < best[1]) best[1] = r->reopen_ms;
-        if (r->cold_gbps > best[2]) best[2] = r->cold_gbps;
-        if (r->p50_us < best[3]) best[3] = r->p50_us;
-        if (r->p99_us < best[4]) best[4] = r->p99_us;
-        if (r->amp < best[5]) best[5] = r->amp;
+        double v[R_COUNT] = {r->put_mbps, r->restart_ms, r->cold_gbps, r->p50_us, r->p99_us, r->amp, r->hit,
+                             r->written_gb};
+        for (int j = 0; j < R_COUNT; j++) {
+            int has = j < R_HIT ? r->ran && v[j] > 0 : r->trace_ran;
+            val[k][j] = has ? v[j] : -1;
+            if (has && (higher[j] ? v[j] > best[j] : v[j] < best[j])) best[j] = v[j];
+        }
     }
-    printf("\n%-18s %-26s %9s %9s %9s %9s %9s %9s\n", "peer", "blocks served", "put MB/s", "reopen ms",
-           "cold GB/s", "p50 us", "p99 us", "space amp");
+    if (do_rows) {
+        printf("\n%-18s %-26s %9s %10s %9s %9s %9s %9s\n", "peer", "blocks served", "put MB/s", "restart ms",
+               "cold GB/s", "p50 us", "p99 us", "space amp");
+        for (int k = 0; k < P_COUNT; k++) {
+            if (!res[k].ran) continue;
+            const result *r = &res[k];
+            printf("%-18s %-26s %9.1f %10.1f %9.2f %9.1f %9.1f %9.3f   (open to first hit in the new process: "
+                   "%.1f ms)\n",
+                   peer_name[k], k == P_KVX ? "verified (SHA-256 digest)" : "UNVERIFIED (FNV hash only)",
+                   r->put_mbps, r->restart_ms, r->cold_gbps, r->p50_us, r->p99_us, r->amp, r->open_ms);
+        }
+    }
+    if (do_trace) {
+        printf("\ntrace %s: %zu requests, %zu block references, capacity %ld blocks (%.2f GiB of pages); "
+               "the exact LRU's prefix hit ratio %.2f %%\n",
+               trace_path, tr.nreq, tr.nids, trace_cap, (double)trace_cap * (double)g_pb / 1073741824.0,
+               100.0 * lru_hit);
+        printf("%-18s %-26s %9s %9s %11s %10s %8s %9s\n", "peer", "eviction", "hit %", "GB written", "KV put GB",
+               "written/KV", "seconds", "disk/cap");
+        for (int k = 0; k < P_COUNT; k++) {
+            if (!res[k].trace_ran) continue;
+            const result *r = &res[k];
+            printf("%-18s %-26s %9.2f %9.2f %11.2f %10.2f %8.1f %9.3f\n", peer_name[k],
+                   k == P_KVX ? "kvx's own (capacity bytes)" : "the bench's exact LRU", 100.0 * r->hit,
+                   r->written_gb, r->kv_written_gb, r->kv_written_gb > 0 ? r->written_gb / r->kv_written_gb : 0,
+                   r->trace_s, r->end_amp);
+        }
+    }
+    printf("\nratio to the best peer in this run (1.00 = best; put, cold, hit: value/best, the rest: best/value)\n");
+    printf("%-18s", "peer");
+    for (int j = 0; j < R_COUNT; j++) printf(" %10.10s", rname[j]);
+    printf("\n");
+    FILE *tf = tsv ? fopen(tsv, "w") : NULL;
+    if (tsv && !tf) fail(tsv, -errno);
+    if (tf) fprintf(tf, "# row\tpeer\tvalue\tratio to the best peer\tverified\n");
     for (int k = 0; k < P_COUNT; k++) {
-        if (!res[k].ran) continue;
-        const result *r = &res[k];
-        printf("%-18s %-26s %9.1f %9.1f %9.2f %9.1f %9.1f %9.3f\n", peer_name[k],
-               k == P_KVX ? "verified (SHA-256 digest)" : "UNVERIFIED (FNV hash only)", r->put_mbps,
-               r->reopen_ms, r->cold_gbps, r->p50_us, r->p99_us, r->amp);
+        if (!res[k].ran && !res[k].trace_ran) continue;
+        printf("%-18s", peer_name[k]);
+        for (int j = 0; j < R_COUNT; j++) {
+            if (val[k][j] < 0) {
+                printf(" %10s", "-");
+                continue;
+            }
+            double rt = ratio(val[k][j], best[j], higher[j]);
+            printf(" %10.2f", rt);
+            if (tf) fprintf(tf, "%s\t%s\t%.6g\t%.4f\t%s\n", rname[j], peer_name[k], val[k][j], rt,
+                            k == P_KVX ? "verified" : "unverified");
+        }
+        printf("\n");
     }
-    printf("\nratio to the best peer in this run (1.00 = best; put and cold: value/best, others: best/value)\n");
-    for (int k = 0; k < P_COUNT; k++) {
-        if (!res[k].ran) continue;
-        const result *r = &res[k];
-        printf("%-18s %-26s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f\n", peer_name[k], "",
-               r->put_mbps / best[0], best[1] / r->reopen_ms, best[2] > 0 ? r->cold_gbps / best[2] : 0.0,
-               best[3] / r->p50_us, best[4] / r->p99_us, best[5] / r->amp);
-    }
+    if (tf) fclose(tf);
+    free(tr.ids);
+    free(tr.off);
     free(g_toks);
     free(g_hashes);
     free(g_pages);
