@@ -223,6 +223,28 @@ static int open_writer(const cli_cmd *self, kvx_store **out, const char *dir, do
 
 /* -------------------------------------------------------------- create */
 
+/* `store create DIR --page-bytes N`: a keyed store (no geometry). */
+static int create_keyed(const cli_cmd *self, const char *dir, const kvx_store_options *o, int have)
+{
+    if (have)
+        return cli_usage(self, "--page-bytes makes a keyed store: give no --layers, --kv-heads, --head-dim, "
+                               "--block-tokens, --quant or --model-signature with it");
+    kvx_store *s = NULL;
+    int rc = kvx_store_create(&s, dir, o);
+    if (rc == KVX_EINVALID || rc == KVX_EOVERFLOW) {
+        const char *why = kvx_last_error();
+        return cli_usage(self, "%s", why && *why ? why : kvx_strerror(rc));
+    }
+    if (rc != 0) return cli_fail_code(self, rc, "cannot create the store '%s'", dir);
+    kvx_store_stats st;
+    char cap[32];
+    if (kvx_store_stat(&st, s) == 0) cli_fmt_size(cap, sizeof cap, st.capacity_bytes);
+    else snprintf(cap, sizeof cap, "default");
+    kvx_store_close(s);
+    printf("created keyed store %s: pages of 1..%" PRIu64 " bytes, capacity %s\n", dir, o->page_bytes, cap);
+    return CLI_OK;
+}
+
 static int run_create(const cli_cmd *self, int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -233,6 +255,7 @@ static int run_create(const cli_cmd *self, int argc, char **argv)
         {"quant", required_argument, NULL, 'q'},
         {"capacity", required_argument, NULL, 'c'},
         {"model-signature", required_argument, NULL, 'm'},
+        {"page-bytes", required_argument, NULL, 'P'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -240,7 +263,7 @@ static int run_create(const cli_cmd *self, int argc, char **argv)
     uint64_t v;
     int have = 0, ch;
     cli_getopt_reset();
-    while ((ch = getopt_long(argc, argv, ":L:H:D:B:q:c:m:h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, ":L:H:D:B:q:c:m:P:h", opts, NULL)) != -1) {
         switch (ch) {
         case 'L':
         case 'H':
@@ -272,12 +295,18 @@ static int run_create(const cli_cmd *self, int argc, char **argv)
             if (cli_parse_hex64(optarg, &o.geometry.model_signature) != 0)
                 return cli_usage(self, "--model-signature must be 1 to 16 hex digits, not '%s'",
                                  optarg);
+            have |= 32;
+            break;
+        case 'P':
+            if (cli_parse_size(optarg, &o.page_bytes) != 0 || o.page_bytes == 0)
+                return cli_usage(self, "--page-bytes must be a size such as 65536 or 2MiB, not '%s'", optarg);
             break;
         case 'h': cli_print_help(self); return CLI_OK;
         default: return cli_getopt_error(self, ch, argv);
         }
     }
     if (argc - optind != 1) return cli_usage(self, "expected one DIR");
+    if (o.page_bytes) return create_keyed(self, argv[optind], &o, have);
     static const char *missing[] = {"--layers", "--kv-heads", "--head-dim", "--block-tokens",
                                     "--quant"};
     for (int i = 0; i < 5; i++)
@@ -312,9 +341,12 @@ static const cli_cmd cmd_create = {
     "Usage: kvx store create DIR --layers L --kv-heads H --head-dim D\n"
     "                        --block-tokens B --quant fp16|e4m3|e5m2|bf16\n"
     "                        [--capacity SIZE] [--model-signature HEX]\n"
+    "       kvx store create DIR --page-bytes N [--capacity SIZE]\n"
     "\n"
     "Creates DIR (mode 0700) as a new store. Its geometry and model signature\n"
-    "are fixed: opening it with another is refused.\n"
+    "are fixed: opening it with another is refused. With --page-bytes it is a\n"
+    "keyed store instead: pages of 1..N bytes named by an engine's own keys\n"
+    "(LMCache, SGLang; docs/ENGINES.md), never served by token prefix.\n"
     "\n"
     "Options:\n"
     "  -L, --layers L             layers (1..65535)\n"
@@ -326,6 +358,8 @@ static const cli_cmd cmd_create = {
     "  -c, --capacity SIZE        cap on shard bytes, e.g. 4GiB, 500MB\n"
     "                             (default: the library's)\n"
     "  -m, --model-signature HEX  first 8 bytes of the model's SHA-256 (default 0)\n"
+    "  -P, --page-bytes N         a keyed store of pages up to N bytes (an even\n"
+    "                             size, e.g. 65536 or 2MiB); no geometry options\n"
     "  -h, --help                 show this help\n"
     "\n"
     "A geometry or capacity no store can have (a dimension out of range, a\n"
@@ -851,6 +885,10 @@ static int run_stat(const cli_cmd *self, int argc, char **argv)
         cli_json_u64(&j, st.quarantined);
         cli_json_key(&j, "unverified");
         cli_json_u64(&j, st.unverified);
+        cli_json_key(&j, "kind");
+        cli_json_str(&j, st.page_bytes ? "keyed" : "blocks");
+        cli_json_key(&j, "page_bytes");
+        cli_json_u64(&j, st.page_bytes);
         cli_json_key(&j, "num_layers");
         cli_json_u64(&j, g.num_layers);
         cli_json_key(&j, "kv_heads");
@@ -869,10 +907,15 @@ static int run_stat(const cli_cmd *self, int argc, char **argv)
     }
     char a[32], b[32];
     printf("store        %s\n", dir);
-    printf("geometry     L=%u Hkv=%u D=%u B=%u %s, model 0x%016" PRIx64 "\n", g.num_layers,
-           g.kv_heads, g.head_dim, g.block_tokens,
-           kvx_quant_name(g.quant) ? kvx_quant_name(g.quant) : "unknown", g.model_signature);
-    printf("blocks       %" PRIu64 "\n", st.blocks);
+    if (st.page_bytes) {
+        printf("kind         keyed pages of 1..%" PRIu64 " bytes (named by the engine's keys)\n", st.page_bytes);
+        printf("pages        %" PRIu64 "\n", st.blocks);
+    } else {
+        printf("geometry     L=%u Hkv=%u D=%u B=%u %s, model 0x%016" PRIx64 "\n", g.num_layers, g.kv_heads,
+               g.head_dim, g.block_tokens, kvx_quant_name(g.quant) ? kvx_quant_name(g.quant) : "unknown",
+               g.model_signature);
+        printf("blocks       %" PRIu64 "\n", st.blocks);
+    }
     printf("bytes        %s of %s capacity (%.1f%%)\n", cli_fmt_size(a, sizeof a, st.bytes),
            cli_fmt_size(b, sizeof b, st.capacity_bytes),
            st.capacity_bytes ? 100.0 * (double)st.bytes / (double)st.capacity_bytes : 0.0);

@@ -84,6 +84,24 @@ void kvx_digest_step(kvx_digest_ctx *c, uint8_t out[KVX_DIGEST_BYTES], const uin
 #endif
 }
 
+void kvx_sha256(uint8_t out[KVX_DIGEST_BYTES], const void *data, size_t len)
+{
+#ifdef KVX_DIGEST_LOWLEVEL
+    if (!SHA256(data, len, out)) memset(out, 0xFF, KVX_DIGEST_BYTES);
+#else
+    unsigned int n = 0;
+    if (EVP_Digest(data, len, out, &n, sha256(), NULL) != 1 || n != KVX_DIGEST_BYTES)
+        memset(out, 0xFF, KVX_DIGEST_BYTES);
+#endif
+}
+
+KVX_API uint64_t kvx_key_hash(const void *key, size_t len)
+{
+    uint8_t d[KVX_DIGEST_BYTES];
+    kvx_sha256(d, key, len);
+    return kvx_load64(d);
+}
+
 int kvx_digest_is_zero(const uint8_t *d)
 {
     static const uint8_t zero[KVX_DIGEST_BYTES];

@@ -18,6 +18,8 @@ void kvx_digest_ctx_free(kvx_digest_ctx *c);
 /* out = SHA-256(prev || le_u32 tokens[0..B)); prev NULL for block 0. */
 void kvx_digest_step(kvx_digest_ctx *c, uint8_t out[KVX_DIGEST_BYTES], const uint8_t *prev, const uint32_t *tokens,
                      uint32_t B);
+/* out = SHA-256(data) (all ones if OpenSSL failed: matches nothing). */
+void kvx_sha256(uint8_t out[KVX_DIGEST_BYTES], const void *data, size_t len);
 /* 1 when the 32 bytes are all zero (an unverified or partial entry). */
 int kvx_digest_is_zero(const uint8_t *d);
 

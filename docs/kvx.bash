@@ -29,7 +29,7 @@ _kvx() {
         "verify") words="--help --quiet" ;;
         "convert") words="--format --help --model-signature --output --shard" ;;
         "store") words="create put get prefix stat verify reindex gc" ;;
-        "store create") words="--block-tokens --capacity --head-dim --help --kv-heads --layers --model-signature --quant" ;;
+        "store create") words="--block-tokens --capacity --head-dim --help --kv-heads --layers --model-signature --page-bytes --quant" ;;
         "store put") words="--help --no-wait --tokens --wait" ;;
         "store get") words="--format --help --output --tokens" ;;
         "store prefix") words="--format --help --output" ;;

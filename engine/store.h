@@ -138,6 +138,8 @@ struct kvx_store {
     int writer;
     kvx_geometry g;
     uint64_t capacity, target, page_bytes, entry_bytes;
+    int keyed; /* a keyed store (STORE version 2, geometry.block_tokens 0):
+                  page_bytes is then the largest page, not every page's size */
     uint32_t nscales, max_entries;
     kvx_catalog *cat;
     /* what the catalog names (the catalog's registry: it follows every
@@ -182,7 +184,10 @@ static inline int st_open_transient(int rc)
 typedef struct st_query {
     uint64_t hash, parent;
     const uint32_t *toks;
-    const uint8_t *digest;
+    const uint8_t *digest; /* a keyed page's: SHA-256 of its key */
+    const uint8_t *key;    /* a keyed page: every hit compares the whole key */
+    uint32_t key_len;
+    uint32_t page_len;     /* a keyed put: the page's own length */
 } st_query;
 
 /* ------------------------------------------------------------------ */
@@ -196,6 +201,9 @@ int kvx_st_check_geometry(const kvx_geometry *g);
 /* Page, entry and per-shard sizes from s->g and s->target. */
 void kvx_st_sizes(kvx_store *s);
 /* KVX_EINVALID unless s is a writer handle (fn names the caller). */
+/* A keyed call (keyed 1) on a block store, or a block call on a keyed
+ * store: KVX_EINVALID naming the store. */
+int kvx_st_kind_check(const kvx_store *s, int keyed, const char *fn);
 int kvx_st_writer_check(kvx_store *s, const char *fn);
 
 /* store_names.c */
@@ -415,6 +423,14 @@ void kvx_st_pin_view(kvx_store_batch *x, const kvx_view *v);
  * pending in x, *out_added 0 (held: pinned); else written, 1. A failed
  * write drops x's unflushed blocks, as a failed put does. */
 int kvx_st_ref_block(kvx_store_batch *x, const st_query *q);
+/* Keyed pages into x (arguments checked by the caller): held or pending
+ * keys skipped, the rest written; a failed write drops x's unflushed
+ * pages. Takes wmu. */
+int kvx_st_put_keyed(kvx_store *s, kvx_store_batch *x, const kvx_key *keys, const void *const *pages,
+                     const size_t *page_lens, size_t n, size_t *out_new);
+/* b, or s's built-in batch when b is NULL; NULL and *rc set when b is
+ * detached or belongs to another store. */
+kvx_store_batch *kvx_st_batch_of(kvx_store *s, kvx_store_batch *b, const char *fn, int *rc);
 int kvx_st_put_block(kvx_store_batch *x, const st_query *q, const void *page, const float *scales, int *out_added);
 /* Drops every unflushed block of x (never acknowledged); blocks earlier
  * successful puts added are counted in x->lost, for its next flush. */

@@ -22,6 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+static int st_batch_check(const kvx_store_batch *x, const char *fn);
+
 static size_t st_hslot(uint64_t h, size_t n) { return (size_t)((h * 0x9E3779B97F4A7C15ull) >> 20) & (n - 1); }
 
 static int st_ptab_grow(kvx_store_batch *x)
@@ -51,6 +53,10 @@ static const st_pblock *st_pending_find(const kvx_store *s, const kvx_store_batc
     for (size_t i = x->ptab[st_hslot(q->hash, x->ptab_n)]; i != SIZE_MAX; i = x->pend[i].next) {
         const st_pblock *p = &x->pend[i];
         if (p->hash != q->hash) continue;
+        if (q->key) { /* keyed: SHA-256 of the key, all 32 bytes */
+            if (!memcmp(p->digest, q->digest, KVX_DIGEST_BYTES)) return p;
+            continue;
+        }
         if (!q->toks) return p;
         if (p->tok != SIZE_MAX && p->parent == q->parent && !memcmp(x->ptok + p->tok, q->toks, 4u * s->g.block_tokens) &&
             !memcmp(p->digest, q->digest, KVX_DIGEST_BYTES))
@@ -221,15 +227,18 @@ static int st_put_one(kvx_store *s, kvx_store_batch *x, int kind, const st_query
     kvx_entry_in e;
     memset(&e, 0, sizeof e);
     e.radix_block = (uint16_t)idx;
-    e.token_count = s->g.block_tokens;
+    e.token_count = s->keyed ? 1 : s->g.block_tokens;
     e.page = page;
-    e.hash = q->hash;
+    e.hash = s->keyed ? 0 : q->hash; /* a keyed page's hash is its key's */
+    e.key = q->key;
+    e.key_len = q->key_len;
+    e.page_len = s->keyed ? q->page_len : 0;
     e.parent = kind == ST_KIND_LINEAGE ? q->parent : 0;
     e.tokens = kind == ST_KIND_LINEAGE ? q->toks : NULL;
     e.digest = kind == ST_KIND_LINEAGE ? q->digest : NULL;
-    e.scales = kvx_quant_is_fp8(s->g.quant) ? scales : NULL;
+    e.scales = kvx_quant_is_fp8(s->g.quant) && !s->keyed ? scales : NULL;
     if ((rc = kvx_shard_writer_add(o->w, &e))) return rc;
-    if (!e.digest) o->nunv++;
+    if (!e.digest && !s->keyed) o->nunv++; /* keyed pages are not "unverified" blocks */
     st_query pq = *q;
     if (kind != ST_KIND_LINEAGE) pq.toks = NULL, pq.digest = NULL;
     if ((rc = st_pending_add(s, x, &pq, KVX_COORD(o->byte, idx, 0), kind, o->gen))) return rc;
@@ -332,7 +341,7 @@ static int st_put(kvx_store *s, kvx_store_batch *x, const char *fn, const uint32
     rc = kvx_cat_snap_begin(s->cat, &snap);
     if (!rc) {
         for (size_t i = 0; !rc && i < n_pages; i++) {
-            st_query q = {h[i], i ? h[i - 1] : 0, tokens + i * B, d[i]};
+            st_query q = {.hash = h[i], .parent = i ? h[i - 1] : 0, .toks = tokens + i * B, .digest = d[i]};
             int r = st_held(s, x, snap, &q);
             if (r < 0) rc = r;
             else held[i] = (uint8_t)r;
@@ -344,7 +353,7 @@ static int st_put(kvx_store *s, kvx_store_batch *x, const char *fn, const uint32
     for (size_t i = 0; i < n_pages; i++) todo += !held[i];
     x->reserve_hint = todo > UINT32_MAX ? UINT32_MAX : (uint32_t)todo;
     for (size_t i = 0; !rc && i < n_pages; i++) {
-        st_query q = {h[i], i ? h[i - 1] : 0, tokens + i * B, d[i]};
+        st_query q = {.hash = h[i], .parent = i ? h[i - 1] : 0, .toks = tokens + i * B, .digest = d[i]};
         if (held[i] || st_pending_find(s, x, &q)) continue;
         rc = st_put_one(s, x, ST_KIND_LINEAGE, &q, (const uint8_t *)pages + i * s->page_bytes,
                         scales ? scales + i * s->nscales : NULL);
@@ -425,8 +434,7 @@ static int st_put_env(kvx_store *s, kvx_store_batch *x, const char *fn, const vo
         kvx_envelope_block blk;
         if ((rc = kvx_envelope_block_at(&blk, &e, i))) break;
         if (blk.n_tokens != B || blk.hash == 0) continue;
-        st_query q = {blk.hash, tokens && i ? h[i - 1] : 0, tokens ? tokens + (size_t)i * B : NULL,
-                      tokens ? d[i] : NULL};
+        st_query q = {.hash = blk.hash, .parent = tokens && i ? h[i - 1] : 0, .toks = tokens ? tokens + (size_t)i * B : NULL, .digest = tokens ? d[i] : NULL};
         kvx_cat_snap *snap;
         if ((rc = kvx_cat_snap_begin(s->cat, &snap))) break;
         int held = st_held(s, x, snap, &q);
@@ -515,6 +523,64 @@ int kvx_st_put_block(kvx_store_batch *x, const st_query *q, const void *page, co
     return rc;
 }
 
+/* Keyed pages (store_keyed.c checked the arguments): as st_put, by key. */
+int kvx_st_put_keyed(kvx_store *s, kvx_store_batch *x, const kvx_key *keys, const void *const *pages,
+                     const size_t *page_lens, size_t n, size_t *out_new)
+{
+    uint8_t(*d)[KVX_DIGEST_BYTES] = malloc((n ? n : 1) * KVX_DIGEST_BYTES);
+    uint8_t *held = calloc(n ? n : 1, 1);
+    if (!d || !held) {
+        free(d);
+        free(held);
+        return kvx_fail(-ENOMEM, "store: out of memory");
+    }
+    for (size_t i = 0; i < n; i++) kvx_sha256(d[i], keys[i].bytes, keys[i].len);
+#define ST_KEYED_Q(i)                                                                                          \
+    {.hash = kvx_load64(d[i]), .digest = d[i], .key = keys[i].bytes, .key_len = (uint32_t)keys[i].len,         \
+     .page_len = (uint32_t)page_lens[i]}
+    pthread_mutex_lock(&s->wmu);
+    int rc = st_fits(s, x, n, "kvx_store_keyed_put");
+    kvx_cat_snap *snap;
+    if (!rc && !(rc = kvx_cat_snap_begin(s->cat, &snap))) {
+        for (size_t i = 0; !rc && i < n; i++) {
+            st_query q = ST_KEYED_Q(i);
+            int r = st_held(s, x, snap, &q);
+            if (r < 0) rc = r;
+            else held[i] = (uint8_t)r;
+        }
+        kvx_cat_snap_end(snap);
+    }
+    size_t added = 0, todo = 0;
+    int dropped = 0;
+    for (size_t i = 0; i < n; i++) todo += !held[i];
+    x->reserve_hint = todo > UINT32_MAX ? UINT32_MAX : (uint32_t)todo;
+    for (size_t i = 0; !rc && i < n; i++) {
+        st_query q = ST_KEYED_Q(i);
+        if (held[i] || st_pending_find(s, x, &q)) continue;
+        rc = st_put_one(s, x, ST_KIND_PLAIN, &q, pages[i], NULL);
+        if (rc) {
+            kvx_st_discard_pending(x);
+            dropped = 1;
+        } else {
+            added++;
+        }
+    }
+#undef ST_KEYED_Q
+    st_put_done(x, added, dropped);
+    pthread_mutex_unlock(&s->wmu);
+    free(d);
+    free(held);
+    if (out_new) *out_new = added;
+    return rc;
+}
+
+kvx_store_batch *kvx_st_batch_of(kvx_store *s, kvx_store_batch *b, const char *fn, int *rc)
+{
+    *rc = b ? st_batch_check(b, fn) : 0;
+    if (!*rc && b && b->s != s) *rc = kvx_fail(KVX_EINVALID, "%s: the batch belongs to another store", fn);
+    return *rc ? NULL : b ? b : &s->own;
+}
+
 /* The flush's one edit: every sealed shard of x registered, every pending
  * block of x added, next_gen. Its commit is the acknowledgement. */
 static int st_publish(kvx_store *s, const kvx_store_batch *x)
@@ -590,6 +656,7 @@ KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens,
 {
     if (out_new) *out_new = 0;
     int rc = kvx_st_writer_check(s, "kvx_store_put");
+    if (!rc) rc = kvx_st_kind_check(s, 0, "kvx_store_put");
     if (rc) return rc;
     return st_put(s, &s->own, "kvx_store_put", tokens, n_tokens, pages, n_pages, scales, out_new);
 }
@@ -599,6 +666,7 @@ KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, co
 {
     if (out_new) *out_new = 0;
     int rc = kvx_st_writer_check(s, "kvx_store_put_envelope");
+    if (!rc) rc = kvx_st_kind_check(s, 0, "kvx_store_put_envelope");
     if (rc) return rc;
     return st_put_env(s, &s->own, "kvx_store_put_envelope", env, len, tokens, n_tokens, out_new);
 }
@@ -681,6 +749,7 @@ KVX_API int kvx_store_batch_put(kvx_store_batch *b, const uint32_t *tokens, size
 {
     if (out_new) *out_new = 0;
     int rc = st_batch_check(b, "kvx_store_batch_put");
+    if (!rc) rc = kvx_st_kind_check(b->s, 0, "kvx_store_batch_put");
     if (rc) return rc;
     return st_put(b->s, b, "kvx_store_batch_put", tokens, n_tokens, pages, n_pages, scales, out_new);
 }
@@ -690,6 +759,7 @@ KVX_API int kvx_store_batch_put_envelope(kvx_store_batch *b, const void *env, si
 {
     if (out_new) *out_new = 0;
     int rc = st_batch_check(b, "kvx_store_batch_put_envelope");
+    if (!rc) rc = kvx_st_kind_check(b->s, 0, "kvx_store_batch_put_envelope");
     if (rc) return rc;
     return st_put_env(b->s, b, "kvx_store_batch_put_envelope", env, len, tokens, n_tokens, out_new);
 }

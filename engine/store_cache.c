@@ -30,8 +30,9 @@ int kvx_st_shard_ours(const kvx_store *s, const kvx_shard *sh, char *why, size_t
         snprintf(why, cap, "geometry differs from this store's (not one of its shards)");
         return KVX_ESHAPE;
     }
-    if (!(in->flags & KVX_FLAG_HASHES)) {
-        snprintf(why, cap, "has no chained-hash table (not one of this store's shards)");
+    if (s->keyed ? !(in->flags & KVX_FLAG_KEYS) : !(in->flags & KVX_FLAG_HASHES)) {
+        snprintf(why, cap, s->keyed ? "has no key table (not one of this keyed store's shards)"
+                                    : "has no chained-hash table (not one of this store's shards)");
         return KVX_EFORMAT;
     }
     /* the store addresses entry i by coordinate (shard byte, i, 0): a file

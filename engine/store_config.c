@@ -23,7 +23,8 @@ void kvx_st_config_encode(uint8_t *b, const kvx_geometry *g, uint64_t cap, uint6
 {
     memset(b, 0, ST_CONFIG_BYTES);
     memcpy(b, "KVXSTORE", 8);
-    kvx_store32(b + 8, 1);
+    /* version 2: a keyed store (block_tokens 0), its page size at 56 */
+    kvx_store32(b + 8, g->block_tokens ? 1 : 2);
     kvx_store32(b + 12, g->quant);
     kvx_store32(b + 16, g->num_layers);
     kvx_store32(b + 20, g->kv_heads);
@@ -32,6 +33,7 @@ void kvx_st_config_encode(uint8_t *b, const kvx_geometry *g, uint64_t cap, uint6
     kvx_store64(b + 32, g->model_signature);
     kvx_store64(b + 40, cap);
     kvx_store64(b + 48, target);
+    if (!g->block_tokens) kvx_store32(b + 56, (uint32_t)kvx_page_bytes(g, 1));
     kvx_store32(b + 60, kvx_crc32c(0, b, 60));
 }
 
@@ -40,8 +42,9 @@ int kvx_st_config_decode(const uint8_t *b, kvx_geometry *g, uint64_t *cap, uint6
     if (memcmp(b, "KVXSTORE", 8) != 0) return kvx_fail(KVX_EMAGIC, "store: STORE file: bad magic");
     if (kvx_load32(b + 60) != kvx_crc32c(0, b, 60))
         return kvx_fail(KVX_ECORRUPT, "store: STORE file: checksum mismatch");
-    if (kvx_load32(b + 8) != 1)
-        return kvx_fail(KVX_EVERSION, "store: STORE file: version %u unknown", kvx_load32(b + 8));
+    uint32_t version = kvx_load32(b + 8);
+    if (version != 1 && version != 2)
+        return kvx_fail(KVX_EVERSION, "store: STORE file: version %u unknown", version);
     g->quant = kvx_load32(b + 12);
     g->num_layers = kvx_load32(b + 16);
     g->kv_heads = kvx_load32(b + 20);
@@ -50,6 +53,18 @@ int kvx_st_config_decode(const uint8_t *b, kvx_geometry *g, uint64_t *cap, uint6
     g->model_signature = kvx_load64(b + 32);
     *cap = kvx_load64(b + 40);
     *target = kvx_load64(b + 48);
+    if (version == 1 && g->block_tokens == 0)
+        return kvx_fail(KVX_ECORRUPT, "store: STORE file: version 1 (blocks) with block_tokens 0");
+    if (version == 2) {
+        /* a keyed store: its shards' synthetic geometry, page size 2*L*Hkv*D */
+        uint32_t pb = kvx_load32(b + 56);
+        kvx_geometry want;
+        if (g->block_tokens != 0 || kvx_keyed_geometry(&want, pb) != 0 || want.num_layers != g->num_layers ||
+            want.kv_heads != g->kv_heads || want.head_dim != g->head_dim || want.quant != g->quant ||
+            g->model_signature != 0)
+            return kvx_fail(KVX_ECORRUPT, "store: STORE file: version 2 (keyed) but page_bytes %u and the "
+                            "geometry disagree", pb);
+    }
     return 0;
 }
 
@@ -76,15 +91,29 @@ int kvx_st_check_geometry(const kvx_geometry *g)
 void kvx_st_sizes(kvx_store *s)
 {
     const kvx_geometry *g = &s->g;
-    s->page_bytes = kvx_page_bytes(g, g->block_tokens);
+    s->keyed = g->block_tokens == 0;
+    s->page_bytes = kvx_page_bytes(g, s->keyed ? 1 : g->block_tokens);
     s->nscales = (uint32_t)kvx_scale_count(g);
     uint64_t tables = 24 + 8 + 8 + 4ull * g->block_tokens;
-    if (kvx_quant_is_fp8(g->quant)) tables += 4ull * s->nscales;
+    if (kvx_quant_is_fp8(g->quant) && !s->keyed) tables += 4ull * s->nscales;
+    if (s->keyed) tables = 24 + KVX_KEY_RECORD;
     s->entry_bytes = kvx_align_up(s->page_bytes, 4096) + tables;
     uint64_t n = s->target / s->entry_bytes;
     if (n < 1) n = 1;
     if (n > KVX_MAX_ENTRIES) n = KVX_MAX_ENTRIES;
     s->max_entries = (uint32_t)n;
+}
+
+int kvx_st_kind_check(const kvx_store *s, int keyed, const char *fn)
+{
+    if (!s) return kvx_fail(KVX_EINVALID, "%s: store is NULL", fn);
+    if (s->keyed == keyed) return 0;
+    return kvx_fail(KVX_EINVALID,
+                    keyed ? "%s: %s is a block store (token-named blocks); keyed pages need a store created with a "
+                            "page size"
+                          : "%s: %s is a keyed store (pages named by keys); blocks and token prefixes need a store "
+                            "created with a geometry",
+                    fn, s->dir);
 }
 
 int kvx_st_writer_check(kvx_store *s, const char *fn)

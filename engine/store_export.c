@@ -16,6 +16,8 @@ KVX_API int kvx_views_export(void **out_buf, size_t *out_len, kvx_store *s, cons
     if (!out_buf || !out_len || !s || (n && !views)) return kvx_fail(KVX_EINVALID, "kvx_views_export: NULL argument");
     *out_buf = NULL;
     *out_len = 0;
+    int krc = kvx_st_kind_check(s, 0, "kvx_views_export"); /* a keyed page is no envelope block */
+    if (krc) return krc;
     if (version != KVX_ENVELOPE_V1 && version != KVX_ENVELOPE_V2 && version != KVX_ENVELOPE_V3)
         return kvx_fail(KVX_EVERSION, "kvx_views_export: envelope version %u is not 1, 2 or 3", version);
     if (n > UINT32_MAX) return kvx_fail(KVX_EINVALID, "kvx_views_export: %zu views exceed n_blocks (u32)", n);

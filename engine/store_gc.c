@@ -216,7 +216,7 @@ static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, size_
     size_t nadded = 0;
     uint8_t busy[ST_SLOTS] = {0}, victims[ST_SLOTS] = {0};
     victims[b] = 1;
-    uint32_t flags = s->reg->rec[b].flags & (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES);
+    uint32_t flags = s->reg->rec[b].flags & (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_KEYS);
     if (flags & KVX_FLAG_LINEAGE) flags |= KVX_FLAG_DIGEST;
     if (nmv) rc = kvx_st_rewrite(s, mv, nmv, flags, busy, &added, &nadded); /* bad pages are not copied */
     if (!rc) {
@@ -319,6 +319,36 @@ static int st_drop_headless(kvx_store *s)
     return rc;
 }
 
+/* Keyed shards of which at least half the pages were deleted by their
+ * owner are rewritten with the rest (kvx_st_collect copies only indexed
+ * pages); one with none left is dropped. A pinned shard waits. */
+static int st_compact_deleted(kvx_store *s)
+{
+    int rc = 0;
+    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
+        if (!s->reg->live[b] || !(s->reg->rec[b].flags & KVX_FLAG_KEYS) || st_is_pinned(s, b)) continue;
+        kvx_shard *sh = kvx_st_shard_get(s, b, s->reg->rec[b].gen);
+        if (!sh) continue; /* not judged now: drop_bad_shards' business */
+        uint32_t n = kvx_shard_get_info(sh)->num_blocks, live = 0;
+        kvx_cat_snap *snap;
+        if ((rc = kvx_cat_snap_begin(s->cat, &snap))) {
+            kvx_shard_close(sh);
+            break;
+        }
+        for (uint32_t i = 0; i < n && !rc; i++) {
+            kvx_entry e;
+            if (kvx_shard_entry(&e, sh, i)) continue;
+            int has = kvx_cat_has_loc(snap, e.hash, e.coordinate, s->reg->rec[b].gen);
+            if (has < 0) rc = has;
+            else live += (uint32_t)has;
+        }
+        kvx_cat_snap_end(snap);
+        kvx_shard_close(sh);
+        if (!rc && live * 2 <= n) rc = st_rewrite_shard(s, b, NULL, 0, 0, NULL);
+    }
+    return rc;
+}
+
 KVX_API int kvx_store_gc(kvx_store *s)
 {
     int rc = kvx_st_writer_check(s, "kvx_store_gc");
@@ -328,7 +358,7 @@ KVX_API int kvx_store_gc(kvx_store *s)
     rc = kvx_st_drop_bad_shards(s);
     if (!rc) rc = st_salvage_damaged(s);
     if (!rc) rc = kvx_st_enforce_capacity(s);
-    if (!rc) rc = st_drop_headless(s);
+    if (!rc) rc = s->keyed ? st_compact_deleted(s) : st_drop_headless(s);
     if (!rc) rc = kvx_st_compact(s, 1);
     pthread_mutex_unlock(&s->wmu);
     if (!rc) kvx_clear_error();

@@ -63,8 +63,12 @@ static int st_try_loc(kvx_store *s, const kvx_cat_loc *loc, const st_query *q, k
     uint32_t idx = KVX_COORD_BLOCK(loc->coord);
     kvx_entry e;
     int rc = kvx_shard_entry(&e, sh, idx);
-    if (rc || e.coordinate != loc->coord || e.hash != q->hash || e.token_count != s->g.block_tokens) goto miss;
-    if (q->toks) {
+    if (rc || e.coordinate != loc->coord || e.hash != q->hash || e.token_count != (s->keyed ? 1 : s->g.block_tokens))
+        goto miss;
+    if (s->keyed || q->key) {
+        /* a keyed page: the whole key, never its hash alone */
+        if (!q->key || !e.key || e.key_len != q->key_len || memcmp(e.key, q->key, q->key_len) != 0) goto miss;
+    } else if (q->toks) {
         /* rule 1: hash, parent, tokens and the prefix digest, all four */
         if (!st_verified(&e) || e.parent != q->parent || memcmp(e.tokens, q->toks, 4u * s->g.block_tokens) != 0 ||
             memcmp(e.digest, q->digest, KVX_DIGEST_BYTES) != 0)
@@ -147,7 +151,7 @@ int kvx_st_lookup(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx_view 
  * unverified ones do. */
 static int st_get_by_hash(kvx_store *s, kvx_cat_snap *snap, uint64_t hash, kvx_view *out)
 {
-    st_query q = {hash, 0, NULL, NULL};
+    st_query q = {.hash = hash, .parent = 0, .toks = NULL, .digest = NULL};
     /* copies of one block (a carried or adopted duplicate) share its
      * digest: only distinct digests are distinct blocks */
     size_t verified = 0, unverified = 0, npick = 0;
@@ -230,7 +234,7 @@ KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate)
     rc = kvx_cat_coord_get(snap, coordinate, &cv); /* a damaged record: KVX_ECORRUPT naming reindex */
     if (rc == 0) {
         kvx_cat_loc loc = {coordinate, cv.gen};
-        st_query q = {cv.hash, 0, NULL, NULL};
+        st_query q = {.hash = cv.hash, .parent = 0, .toks = NULL, .digest = NULL};
         rc = st_try_loc(s, &loc, &q, out, NULL, NULL, 1);
     }
     kvx_cat_snap_end(snap);
@@ -242,6 +246,8 @@ KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate)
 KVX_API int kvx_store_get_hash(kvx_view *out, kvx_store *s, uint64_t hash)
 {
     if (!out || !s) return kvx_fail(KVX_EINVALID, "kvx_store_get_hash: NULL argument");
+    int krc = kvx_st_kind_check(s, 0, "kvx_store_get_hash");
+    if (krc) return krc;
     st_view_clear(out);
     kvx_cat_snap *snap;
     int rc = kvx_cat_snap_begin(s->cat, &snap);
@@ -256,6 +262,8 @@ KVX_API int kvx_store_get_hashes(kvx_view *out_views, int *out_status, kvx_store
 {
     if (!s || (n && (!out_views || !out_status || !hashes)))
         return kvx_fail(KVX_EINVALID, "kvx_store_get_hashes: NULL argument");
+    int krc = kvx_st_kind_check(s, 0, "kvx_store_get_hashes");
+    if (krc) return krc;
     for (size_t i = 0; i < n; i++) st_view_clear(&out_views[i]);
     kvx_cat_snap *snap;
     int rc = kvx_cat_snap_begin(s->cat, &snap);
@@ -276,6 +284,8 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, c
     if (!out_n || !s || (n_tokens && !tokens) || (max_views && !out_views))
         return kvx_fail(KVX_EINVALID, "kvx_store_prefix: NULL argument");
     *out_n = 0;
+    int krc = kvx_st_kind_check(s, 0, "kvx_store_prefix"); /* keyed pages are never served by prefix */
+    if (krc) return krc;
     uint32_t B = s->g.block_tokens;
     size_t nblocks = n_tokens / B;
     size_t want = nblocks < max_views ? nblocks : max_views;
@@ -304,7 +314,7 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, c
             next = kvx_block_hash(h, t + B, B);
             kvx_digest_step(&dc, digest[(i + 1) & 1], d, t + B, B);
         }
-        st_query q = {h, parent, t, d};
+        st_query q = {.hash = h, .parent = parent, .toks = t, .digest = d};
         hc.gone = 0;
         rc = st_lookup_hc(s, snap, &q, &out_views[i], &hc);
         if (rc == KVX_ENOTFOUND && hc.gone && !retried) {
@@ -344,6 +354,8 @@ KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tok
 {
     if (!out || !s || !tokens) return kvx_fail(KVX_EINVALID, "kvx_store_get_block: NULL argument");
     st_view_clear(out);
+    int krc = kvx_st_kind_check(s, 0, "kvx_store_get_block");
+    if (krc) return krc;
     uint32_t B = s->g.block_tokens;
     size_t n = n_tokens / B;
     if (n == 0) return kvx_fail(KVX_ETOKENS, "kvx_store_get_block: %zu tokens hold no full block of %u", n_tokens, B);
@@ -359,7 +371,7 @@ KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tok
     kvx_cat_snap *snap;
     int rc = kvx_cat_snap_begin(s->cat, &snap);
     if (!rc) {
-        st_query q = {h[n - 1], n > 1 ? h[n - 2] : 0, tokens + (n - 1) * B, d[n - 1]};
+        st_query q = {.hash = h[n - 1], .parent = n > 1 ? h[n - 2] : 0, .toks = tokens + (n - 1) * B, .digest = d[n - 1]};
         rc = kvx_st_lookup(s, snap, &q, out);
         kvx_cat_snap_end(snap);
         if (rc == KVX_ENOTFOUND)

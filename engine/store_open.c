@@ -120,7 +120,7 @@ static int st_read_config(kvx_store *s)
     kvx_os.close(fd);
     if (rc) return kvx_fail(rc == -EIO ? KVX_ETRUNC : rc, "store: %s/STORE: cannot read 64 bytes", s->dir);
     if ((rc = kvx_st_config_decode(b, &s->g, &s->capacity, &s->target))) return rc;
-    if ((rc = kvx_st_check_geometry(&s->g))) return rc;
+    if (s->g.block_tokens && (rc = kvx_st_check_geometry(&s->g))) return rc; /* a keyed one was checked whole */
     if (s->capacity == 0 || s->target == 0) return kvx_fail(KVX_ECORRUPT, "store: STORE: zero capacity");
     kvx_st_sizes(s);
     return 0;
@@ -213,15 +213,26 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     if (!out) return kvx_fail(KVX_EINVALID, "kvx_store_create: out is NULL");
     *out = NULL;
     if (!dir || !*dir) return kvx_fail(KVX_EINVALID, "kvx_store_create: dir is empty");
-    if (!opts || opts->version != KVX_STORE_OPTIONS_VERSION)
+    if (!opts || (opts->version != 1 && opts->version != KVX_STORE_OPTIONS_VERSION))
         return kvx_fail(KVX_EVERSION, "kvx_store_create: options.version must be KVX_STORE_OPTIONS_VERSION");
-    int rc = kvx_st_check_geometry(&opts->geometry);
-    if (rc) return rc;
+    uint64_t page_bytes = opts->version >= 2 ? opts->page_bytes : 0;
+    kvx_geometry g = opts->geometry;
+    int rc;
+    if (page_bytes) {
+        /* a keyed store: the page size replaces the geometry */
+        static const kvx_geometry none;
+        if (memcmp(&g, &none, sizeof g) != 0)
+            return kvx_fail(KVX_EINVALID, "kvx_store_create: a keyed store (page_bytes %llu) takes no geometry: "
+                            "leave options.geometry zero", (unsigned long long)page_bytes);
+        if ((rc = kvx_keyed_geometry(&g, page_bytes))) return rc;
+    } else if ((rc = kvx_st_check_geometry(&g))) {
+        return rc;
+    }
     if (opts->flags & ~(KVX_STORE_NOWAIT | KVX_STORE_VERIFY | KVX_STORE_NOSYNC))
         return kvx_fail(KVX_EINVALID, "kvx_store_create: flags 0x%x unknown or READONLY", opts->flags);
     kvx_store *s = st_alloc();
     if (!s) return kvx_fail(-ENOMEM, "store: out of memory");
-    s->g = opts->geometry;
+    s->g = g;
     s->flags = opts->flags;
     s->capacity = opts->capacity_bytes ? opts->capacity_bytes : ST_DEFAULT_CAPACITY;
     s->target = opts->shard_bytes;

@@ -58,6 +58,12 @@ int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t 
         in.tokens = (flags & KVX_FLAG_LINEAGE) ? e.tokens : NULL;
         in.digest = (flags & KVX_FLAG_DIGEST) && !kvx_digest_is_zero(m->digest) ? m->digest : NULL;
         in.scales = (flags & KVX_FLAG_SCALES) ? e.scales : NULL;
+        if (flags & KVX_FLAG_KEYS) {
+            in.hash = 0;
+            in.key = e.key;
+            in.key_len = e.key_len;
+            in.page_len = e.bytes;
+        }
         rc = kvx_shard_writer_add(o.w, &in);
         kvx_shard_close(sh);
         if (rc) break;
@@ -107,15 +113,33 @@ int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, ui
     kvx_shard *sh = kvx_st_shard_get(s, b, s->reg->rec[b].gen);
     if (!sh) return kvx_fail(-EIO, "store: shard %u cannot be opened to copy its blocks", b);
     uint32_t cnt = kvx_shard_get_info(sh)->num_blocks;
+    /* a keyed page its owner deleted is no longer indexed: never copied
+     * (a copy would bring it back) */
+    kvx_cat_snap *snap = NULL;
+    int rc = (kvx_shard_get_info(sh)->flags & KVX_FLAG_KEYS) ? kvx_cat_snap_begin(s->cat, &snap) : 0;
+    if (rc) {
+        kvx_shard_close(sh);
+        return rc;
+    }
     for (uint32_t i = 0; i < cnt && *n < limit; i++) {
         uint64_t ri = r && i < s->reg->rec[b].n_entries ? r[i] : s->reg->rec[b].created_ns;
         if (hot_only && ri <= hot_after) continue;
         kvx_entry e;
         if (kvx_shard_entry(&e, sh, i) || !e.hash) continue;
+        if (snap) {
+            int has = kvx_cat_has_loc(snap, e.hash, e.coordinate, s->reg->rec[b].gen);
+            if (has < 0) {
+                kvx_cat_snap_end(snap);
+                kvx_shard_close(sh);
+                return has;
+            }
+            if (!has) continue;
+        }
         if (*n == *cap) {
             size_t nc = *cap ? *cap * 2 : 256;
             st_move *p = realloc(*mv, nc * sizeof *p);
             if (!p) {
+                if (snap) kvx_cat_snap_end(snap);
                 kvx_shard_close(sh);
                 return kvx_fail(-ENOMEM, "store: out of memory");
             }
@@ -131,6 +155,7 @@ int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, ui
         if (e.digest) memcpy(m->digest, e.digest, KVX_DIGEST_BYTES);
         m->last_use = ri;
     }
+    if (snap) kvx_cat_snap_end(snap);
     kvx_shard_close(sh);
     return 0;
 }

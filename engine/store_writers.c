@@ -41,6 +41,7 @@ static int st_alloc_byte(kvx_store *s, const uint8_t *extra, uint8_t *out)
 
 uint32_t kvx_st_kind_flags(const kvx_store *s, int kind)
 {
+    if (s->keyed) return KVX_FLAG_KEYS; /* a keyed store's only kind of shard */
     uint32_t f = KVX_FLAG_HASHES;
     if (kind == ST_KIND_LINEAGE) f |= KVX_FLAG_LINEAGE | KVX_FLAG_DIGEST;
     if (kvx_quant_is_fp8(s->g.quant)) f |= KVX_FLAG_SCALES;

@@ -3,7 +3,7 @@
  * shard writer, reader and conversion code (not API).
  *
  * The layout is DESIGN.md "Format decisions": a 64-byte header, the
- * coordinate table at 0x40 and the optional hash, lineage, digest and scale tables
+ * coordinate table at 0x40 and the optional hash, lineage, digest, scale and key tables
  * right after it (each sized by num_blocks), the spectral bundle at a
  * 64-aligned offset, and the KV pages from kv_data_offset (a multiple of
  * 4096) on, each page at a multiple of 4096. Writer and reader compute the
@@ -25,7 +25,8 @@
 #define KVX_LARGE_PAGE (256u << 10)
 #define KVX_LARGE_ALIGN (1u << 20)
 #define KVX_SECTION_ALIGN 64u
-#define KVX_FLAGS_KNOWN (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_META_CRC | KVX_FLAG_DIGEST)
+#define KVX_FLAGS_KNOWN                                                                               \
+    (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_META_CRC | KVX_FLAG_DIGEST | KVX_FLAG_KEYS)
 
 /* Header field offsets. */
 enum {
@@ -126,6 +127,7 @@ typedef struct kvx_shard_layout {
     uint64_t lineage_off, lineage_bytes, lineage_rec; /* rec = 8 + 4B */
     uint64_t digest_off, digest_bytes;                /* rec = 32 */
     uint64_t scale_off, scale_bytes, scale_rec;       /* rec = 4 * L*2*Hkv */
+    uint64_t key_off, key_bytes;                      /* rec = KVX_KEY_RECORD */
     uint64_t tables_end;
 } kvx_shard_layout;
 
@@ -155,7 +157,9 @@ static inline int kvx_shard_layout_for(kvx_shard_layout *out, uint64_t n, uint32
         ok &= kvx_mul64(&l.scale_rec, l.scale_rec, 4);
         ok &= kvx_mul64(&l.scale_bytes, n, l.scale_rec);
     }
-    ok &= kvx_add64(&l.tables_end, l.scale_off, l.scale_bytes);
+    ok &= kvx_add64(&l.key_off, l.scale_off, l.scale_bytes);
+    if (flags & KVX_FLAG_KEYS) ok &= kvx_mul64(&l.key_bytes, n, KVX_KEY_RECORD);
+    ok &= kvx_add64(&l.tables_end, l.key_off, l.key_bytes);
     if (!ok) return KVX_EOVERFLOW;
     *out = l;
     return 0;

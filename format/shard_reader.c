@@ -51,6 +51,7 @@ struct kvx_shard {
     uint32_t *tokens;  /* n * B, or NULL */
     float *scales;     /* n * L*2*Hkv, or NULL */
     uint8_t *digests;  /* n * 32, or NULL */
+    uint8_t *keys;     /* n * KVX_KEY_RECORD (u8 len, key, zeros), or NULL */
     uint64_t scale_count;
     /* one bit per page: its CRC passed since this handle was opened
      * (DESIGN.md rule 1: a view is checked before it is first handed out) */
@@ -78,6 +79,7 @@ static void shard_free(kvx_shard *s)
     free(s->tokens);
     free(s->scales);
     free(s->digests);
+    free(s->keys);
     free((void *)s->checked);
     free(s->by_coord);
     free(s->spectral_ids);
@@ -128,6 +130,10 @@ static int check_header(const kvx_shard_header *h)
     if ((h->flags & KVX_FLAG_SCALES) && !kvx_quant_is_fp8(h->quant))
         return kvx_fail(KVX_EFORMAT, "header: an %s file has a scale table (only FP8 files have one)",
                         h->quant == KVX_QUANT_FP16 ? "FP16" : "BF16");
+    if ((h->flags & KVX_FLAG_KEYS) && (h->flags & ~(KVX_FLAG_KEYS | KVX_FLAG_META_CRC)))
+        return kvx_fail(KVX_EFORMAT, "header: a key table mixes with no other table (flags 0x%x)", h->flags);
+    if ((h->flags & KVX_FLAG_KEYS) && h->spectral_offset)
+        return kvx_fail(KVX_EFORMAT, "header: a keyed shard has no spectral bundle");
     if ((h->spectral_offset == 0) != (h->spectral_dim == 0))
         return kvx_fail(KVX_ESPECTRAL, "header: spectral_offset %llu and spectral_dim %u disagree",
                         (unsigned long long)h->spectral_offset, h->spectral_dim);
@@ -148,10 +154,12 @@ static int load_entries(kvx_shard *s, const kvx_shard_header *h, const kvx_shard
     uint32_t n = h->num_blocks, B = h->block_tokens;
     int hashes = (h->flags & KVX_FLAG_HASHES) != 0, lineage = (h->flags & KVX_FLAG_LINEAGE) != 0;
     int scales = (h->flags & KVX_FLAG_SCALES) != 0, digests = (h->flags & KVX_FLAG_DIGEST) != 0;
+    int keys = (h->flags & KVX_FLAG_KEYS) != 0;
     uint64_t kv_len = file_size - h->kv_data_offset;
     s->recs = calloc(n ? n : 1, sizeof *s->recs);
     s->by_coord = malloc(sizeof(uint64_t) * (n ? n : 1));
-    if (hashes) s->hashes = malloc(sizeof(uint64_t) * (n ? n : 1));
+    if (hashes || keys) s->hashes = malloc(sizeof(uint64_t) * (n ? n : 1));
+    if (keys) s->keys = malloc(lay->key_bytes ? (size_t)lay->key_bytes : 1);
     if (lineage) {
         s->parents = malloc(sizeof(uint64_t) * (n ? n : 1));
         s->tokens = malloc(lay->lineage_bytes ? (size_t)(lay->lineage_bytes - 8ull * n) : 1);
@@ -162,7 +170,7 @@ static int load_entries(kvx_shard *s, const kvx_shard_header *h, const kvx_shard
         s->scale_count = lay->scale_rec / 4;
         s->scales = malloc(lay->scale_bytes ? (size_t)lay->scale_bytes : 1);
     }
-    if (!s->recs || !s->by_coord || (hashes && !s->hashes) ||
+    if (!s->recs || !s->by_coord || ((hashes || keys) && !s->hashes) || (keys && !s->keys) ||
         (lineage && (!s->parents || !s->tokens)) || (scales && !s->scales) || (digests && !s->digests) ||
         !s->checked)
         return kvx_fail(-ENOMEM, "out of memory for the tables of %u entries", n);
@@ -188,9 +196,26 @@ static int load_entries(kvx_shard *s, const kvx_shard_header *h, const kvx_shard
         if (!want)
             return kvx_fail(KVX_EOVERFLOW, "entry %u: page size for %u tokens overflows", i,
                             r->token_count);
-        if (want != r->bytes)
+        if (keys) {
+            /* a keyed page: one "token", any length up to the geometry's page */
+            if (r->token_count != 1)
+                return kvx_fail(KVX_ETOKENS, "entry %u: a keyed page has token_count %u, not 1", i, r->token_count);
+            if (r->bytes == 0 || r->bytes > want)
+                return kvx_fail(KVX_EPAGE, "entry %u: keyed page of %u bytes, not 1..%llu", i, r->bytes,
+                                (unsigned long long)want);
+            const uint8_t *kr = tables + (lay->key_off - KVX_HEADER_BYTES) + (size_t)i * KVX_KEY_RECORD;
+            if (kr[0] == 0)
+                return kvx_fail(KVX_EFORMAT, "entry %u: key length 0 (a key is 1..%u bytes)", i, KVX_KEY_MAX);
+            for (uint32_t k = 1u + kr[0]; k < KVX_KEY_RECORD; k++)
+                if (kr[k])
+                    return kvx_fail(KVX_EFORMAT, "entry %u: key record byte %u past the key's %u bytes is not 0", i, k,
+                                    kr[0]);
+            memcpy(s->keys + (size_t)i * KVX_KEY_RECORD, kr, KVX_KEY_RECORD);
+            s->hashes[i] = kvx_key_hash(kr + 1, kr[0]);
+        } else if (want != r->bytes) {
             return kvx_fail(KVX_EPAGE, "entry %u: kv_page_bytes %u, the geometry needs %llu for %u tokens",
                             i, r->bytes, (unsigned long long)want, r->token_count);
+        }
         if (rel % KVX_PAGE_ALIGN)
             return kvx_fail(KVX_EALIGN, "entry %u: kv_page_offset %llu is not a multiple of 4096", i,
                             (unsigned long long)rel);
@@ -473,6 +498,8 @@ int kvx_shard_entry(kvx_entry *out, const kvx_shard *s, uint32_t index)
     out->digest = s->digests && !kvx_digest_is_zero(s->digests + (size_t)index * KVX_DIGEST_BYTES)
                       ? s->digests + (size_t)index * KVX_DIGEST_BYTES
                       : NULL;
+    out->key = s->keys ? s->keys + (size_t)index * KVX_KEY_RECORD + 1 : NULL;
+    out->key_len = s->keys ? s->keys[(size_t)index * KVX_KEY_RECORD] : 0;
     return 0;
 }
 

@@ -39,6 +39,7 @@ struct kvx_shard_writer {
     uint8_t *lineage;       /* cap * (8 + 4B) */
     uint8_t *digests;       /* cap * 32 */
     float *scales;          /* cap * L*2*Hkv */
+    uint8_t *keys;          /* cap * KVX_KEY_RECORD */
     uint64_t scale_count;   /* L*2*Hkv */
     uint64_t lineage_rec;
     uint8_t *spectral;      /* encoded bundle, or NULL */
@@ -60,6 +61,7 @@ static void writer_free(kvx_shard_writer *w)
     free(w->lineage);
     free(w->digests);
     free(w->scales);
+    free(w->keys);
     free(w->spectral);
     free(w->seen);
     free(w);
@@ -91,8 +93,10 @@ static int check_options(const kvx_shard_writer_options *o)
         return kvx_fail(KVX_EINVALID, "writer options: max_entries %u is not in 1..%u", o->max_entries,
                         KVX_MAX_ENTRIES);
     uint32_t f = o->flags & ~KVX_FLAG_META_CRC; /* the writer always sets META_CRC */
-    if (f & ~(KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_DIGEST))
+    if (f & ~(KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_DIGEST | KVX_FLAG_KEYS))
         return kvx_fail(KVX_EINVALID, "writer options: unknown flags 0x%x", f);
+    if ((f & KVX_FLAG_KEYS) && (f != KVX_FLAG_KEYS || o->spectral))
+        return kvx_fail(KVX_EINVALID, "writer options: a key table mixes with no other table or bundle");
     if ((f & KVX_FLAG_LINEAGE) && !(f & KVX_FLAG_HASHES))
         return kvx_fail(KVX_EINVALID, "writer options: a lineage table needs KVX_FLAG_HASHES");
     if ((f & KVX_FLAG_DIGEST) && !(f & KVX_FLAG_LINEAGE))
@@ -268,6 +272,11 @@ static int grow(kvx_shard_writer *w, uint32_t need)
         if (!s) return kvx_fail(-ENOMEM, "out of memory");
         w->scales = s;
     }
+    if (w->flags & KVX_FLAG_KEYS) {
+        uint8_t *k = realloc(w->keys, (size_t)cap * KVX_KEY_RECORD);
+        if (!k) return kvx_fail(-ENOMEM, "out of memory");
+        w->keys = k;
+    }
     w->cap = cap;
     return 0;
 }
@@ -288,6 +297,18 @@ int kvx_shard_writer_add(kvx_shard_writer *w, const kvx_entry_in *e)
     if (!bytes || bytes > UINT32_MAX)
         return kvx_fail(KVX_EOVERFLOW, "entry: page of %u tokens does not fit kv_page_bytes (u32)",
                         e->token_count);
+    int keyed = (w->flags & KVX_FLAG_KEYS) != 0;
+    if (!keyed && (e->key || e->key_len || e->page_len))
+        return kvx_fail(KVX_EINVALID, "entry: a key or page_len given but the shard has no key table");
+    if (keyed) {
+        if (e->token_count != 1) return kvx_fail(KVX_ETOKENS, "entry: a keyed page has token_count 1, not %u", e->token_count);
+        if (!e->key || e->key_len == 0 || e->key_len > KVX_KEY_MAX)
+            return kvx_fail(KVX_EINVALID, "entry: key of %u bytes (a key is 1..%u bytes)", e->key_len, KVX_KEY_MAX);
+        if (e->page_len == 0 || e->page_len > bytes)
+            return kvx_fail(KVX_EINVALID, "entry: page_len %u is not 1..%llu (the shard's page size)", e->page_len,
+                            (unsigned long long)bytes);
+        bytes = e->page_len;
+    }
     if (hashes && e->hash && e->token_count != B)
         return kvx_fail(KVX_EHASH, "entry: non-zero hash with token_count %u != block_tokens %u",
                         e->token_count, B);
@@ -349,6 +370,12 @@ int kvx_shard_writer_add(kvx_shard_writer *w, const kvx_entry_in *e)
         float *s = w->scales + (size_t)w->n * w->scale_count;
         for (uint64_t k = 0; k < w->scale_count; k++) s[k] = e->scales ? e->scales[k] : 1.0f;
     }
+    if (keyed) {
+        uint8_t *k = w->keys + (size_t)w->n * KVX_KEY_RECORD;
+        memset(k, 0, KVX_KEY_RECORD);
+        k[0] = (uint8_t)e->key_len;
+        memcpy(k + 1, e->key, e->key_len);
+    }
     w->seen[key >> 3] |= (uint8_t)(1u << (key & 7));
     w->kv_end = rel + bytes;
     w->n++;
@@ -380,6 +407,7 @@ static int build_head(kvx_shard_writer *w, uint8_t **out, size_t *out_len)
     if (lay.lineage_bytes) memcpy(buf + lay.lineage_off, w->lineage, (size_t)lay.lineage_bytes);
     if (lay.digest_bytes) memcpy(buf + lay.digest_off, w->digests, (size_t)lay.digest_bytes);
     if (lay.scale_bytes) memcpy(buf + lay.scale_off, w->scales, (size_t)lay.scale_bytes); /* LE host */
+    if (lay.key_bytes) memcpy(buf + lay.key_off, w->keys, (size_t)lay.key_bytes);
     kvx_shard_header h = {
         .format_version = KVX_FORMAT_VERSION,
         .num_layers = (uint16_t)w->g.num_layers,

@@ -353,6 +353,10 @@ KVX_API int kvx_envelope_quantize_v2(uint8_t *out_e4m3, float *out_scales, const
 #define KVX_FLAG_SCALES 0x4u
 #define KVX_FLAG_META_CRC 0x8u
 #define KVX_FLAG_DIGEST 0x10u /* digest table: needs KVX_FLAG_LINEAGE */
+#define KVX_FLAG_KEYS 0x20u   /* key table: every entry a keyed page (DESIGN.md
+                                 "Keyed pages"); mixes with no other table */
+#define KVX_KEY_RECORD 256u   /* bytes per key table record: u8 len, key, zeros */
+#define KVX_KEY_MAX 255u      /* longest key */
 
 typedef struct kvx_shard kvx_shard;               /* a sealed, mapped shard */
 typedef struct kvx_shard_writer kvx_shard_writer; /* a shard being written */
@@ -383,6 +387,11 @@ typedef struct kvx_entry {
     const float *scales;    /* L*2*Hkv; NULL without a scale table */
     const uint8_t *digest;  /* 32-byte prefix digest; NULL without a digest
                                table or when all zero (unverified entry) */
+    const uint8_t *key;     /* a keyed page's key (key_len bytes); NULL
+                               without a key table. Its hash above is then
+                               the first 8 bytes of SHA-256(key), LE: the
+                               name the index uses (the file stores none) */
+    uint32_t key_len;
 } kvx_entry;
 
 /* A spectral bundle as stored. psi of cartridge k is
@@ -474,6 +483,10 @@ typedef struct kvx_entry_in {
     const float *scales;    /* with KVX_FLAG_SCALES: L*2*Hkv; NULL = all 1.0 */
     const uint8_t *digest;  /* with KVX_FLAG_DIGEST: the block's 32-byte
                                prefix digest; NULL = unverified (all zero) */
+    const void *key;        /* with KVX_FLAG_KEYS: 1..KVX_KEY_MAX bytes */
+    uint32_t key_len;
+    uint32_t page_len;      /* with KVX_FLAG_KEYS: the page's own length,
+                               1..kvx_page_bytes(g, 1); token_count is 1 */
 } kvx_entry_in;
 
 /* Starts a shard that will appear at path only when sealed; until then it
@@ -552,9 +565,13 @@ typedef struct kvx_store_options {
     uint32_t flags;          /* KVX_STORE_* */
     uint64_t shard_bytes;    /* target size of a sealed shard; 0 = capacity/64
                                 clamped to [512 KiB, 1 GiB] (docs/STORE.md) */
+    /* version 2: */
+    uint64_t page_bytes; /* non-zero: a keyed store of pages of up to this
+                            many bytes (an even number, see "Keyed pages"),
+                            geometry left all zero */
 } kvx_store_options;
-#define KVX_STORE_OPTIONS_VERSION 1
-#define KVX_STORE_OPTIONS_INIT {KVX_STORE_OPTIONS_VERSION, {0, 0, 0, 0, 0, 0}, 0, 0, 0}
+#define KVX_STORE_OPTIONS_VERSION 2
+#define KVX_STORE_OPTIONS_INIT {KVX_STORE_OPTIONS_VERSION, {0, 0, 0, 0, 0, 0}, 0, 0, 0, 0}
 /* Fills *opts as KVX_STORE_OPTIONS_INIT does: the version, no geometry,
  * capacity_bytes 0 (64 GiB), no flags, shard_bytes 0 (capacity/64 clamped
  * to [512 KiB, 1 GiB], computed from the capacity set later). Set geometry
@@ -592,6 +609,7 @@ typedef struct kvx_store_stats {
     uint64_t unverified;     /* blocks in shards without a digest table (put
                                 without tokens, or written before the digest:
                                 kvx_store_reindex derives theirs) */
+    uint64_t page_bytes;     /* a keyed store's page size; 0 for a block store */
 } kvx_store_stats;
 
 /* Creates a new store directory (0700) with fixed geometry and capacity. */
@@ -730,6 +748,66 @@ KVX_API int kvx_store_gc(kvx_store *s);
  * cannot be opened now is left out: compare *out_n with
  * kvx_store_stats.shards (the CLI's warmup names each one). */
 KVX_API int kvx_store_shards(kvx_shard ***out_shards, size_t *out_n, kvx_store *s);
+
+/* ------------------------------------------------------------------------
+ * Keyed pages (DESIGN.md "Keyed pages"; docs/STORE.md "Keyed stores")
+ *
+ * A keyed store (kvx_store_options.page_bytes set, no geometry) holds
+ * opaque pages of 1..page_bytes bytes named by an engine's own keys of
+ * 1..KVX_KEY_MAX bytes (LMCache's "model@world_size@worker@chunk_hash@dtype"
+ * strings, SGLang's SHA-256 hex page keys). The index maps the first 8
+ * bytes of SHA-256(key) to locations and every hit compares the whole key
+ * stored in the shard's key table. Durability (put, then flush), page CRC,
+ * capacity, eviction, recovery, reindex and quarantine are the blocks'.
+ * Keyed pages are never served by token prefix; a block store answers the
+ * keyed calls, and a keyed store the block calls, with KVX_EINVALID.
+ * kvx_store_get_geometry of a keyed store gives its shards' synthetic
+ * geometry (E4M3, B 0, 2*L*Hkv*D = page_bytes).
+ * ---------------------------------------------------------------------- */
+
+/* The synthetic geometry of a keyed store's shards for page_bytes (an
+ * even number, half of it a product of three numbers of at most 65535):
+ * E4M3, one token, B 0, 2*L*Hkv*D = page_bytes. KVX_EINVALID otherwise.
+ * Pass it as kvx_store_open's expect to refuse another page size
+ * (KVX_ESHAPE). */
+KVX_API int kvx_keyed_geometry(kvx_geometry *out, uint64_t page_bytes);
+/* The index name of a key: the first 8 bytes of SHA-256(key), LE. */
+KVX_API uint64_t kvx_key_hash(const void *key, size_t len);
+
+typedef struct kvx_key {
+    const void *bytes;
+    size_t len; /* 1..KVX_KEY_MAX */
+} kvx_key;
+
+/* Puts n keyed pages into batch b (NULL: the store's built-in batch, as
+ * kvx_store_put): page i is pages[i], page_lens[i] bytes (1..page_bytes).
+ * A key already held, or pending in the same batch, is skipped; out_new
+ * (nullable) gets the number written. Nothing is visible or durable until
+ * that batch's flush returns 0. Every key and length is checked before
+ * anything is written: an empty key or one over KVX_KEY_MAX bytes, a page
+ * of 0 or more than page_bytes bytes, a NULL page: KVX_EINVALID naming the
+ * index. */
+KVX_API int kvx_store_keyed_put(kvx_store *s, kvx_store_batch *b, const kvx_key *keys,
+                                const void *const *pages, const size_t *page_lens, size_t n,
+                                size_t *out_new);
+/* Gets n keyed pages: out_views[i] with out_status[i] 0, or out_status[i]
+ * KVX_ENOTFOUND (not held), KVX_EPAGECRC (only damaged copies) and a
+ * zeroed view. Views are zero-copy and CRC-checked (view.page_bytes is the
+ * page's own length); release them with kvx_views_release (zeroed ones
+ * too). Returns 0 unless the call itself failed (bad key: KVX_EINVALID). */
+KVX_API int kvx_store_keyed_get(kvx_view *out_views, int *out_status, kvx_store *s,
+                                const kvx_key *keys, size_t n);
+/* out_held[i] (nullable) = 1 when key i is held (published, its page
+ * sound); *out_leading (nullable) = the number of leading keys held. */
+KVX_API int kvx_store_keyed_exists(uint8_t *out_held, size_t *out_leading, kvx_store *s,
+                                   const kvx_key *keys, size_t n);
+/* The owner deletes keyed pages it named (DESIGN.md rule 2): one catalog
+ * edit, durable when 0 returns; compaction reclaims the bytes. Keys not
+ * held are ignored; out_deleted (nullable) counts the pages removed.
+ * Writer handles only. A key pending in an unflushed batch is not
+ * touched (its flush publishes it). */
+KVX_API int kvx_store_keyed_delete(kvx_store *s, const kvx_key *keys, size_t n,
+                                   size_t *out_deleted);
 
 /* ------------------------------------------------------------------------
  * tl.kv.v1 transfer core (transfer/; docs/TRANSFER.md)

@@ -205,7 +205,7 @@ static void write_shard(const char *path, uint32_t n)
     for (uint32_t i = 0; i < n; i++) {
         memset(page, (int)i + 1, page_bytes);
         uint32_t tokens[4] = {i, i + 1, i + 2, i + 3};
-        kvx_entry_in e = {(uint16_t)i, 0, 4, page, kvx_block_hash(0, tokens, 4), 0, NULL, NULL, NULL};
+        kvx_entry_in e = {(uint16_t)i, 0, 4, page, kvx_block_hash(0, tokens, 4), 0, NULL, NULL, NULL, NULL, 0, 0};
         assert_int_equal(kvx_shard_writer_add(w, &e), 0);
     }
     free(page);

@@ -463,10 +463,10 @@ static void test_lineage_collision(void **state)
     uint8_t da[2][KVX_DIGEST_BYTES], dx[2][KVX_DIGEST_BYTES];
     kvx_prefix_digests(da, ta, 2 * SU_B, SU_B);
     kvx_prefix_digests(dx, tx, 2 * SU_B, SU_B);
-    st_query q_tok = {ha[1], ha[0], tx + SU_B, dx[1]};
-    st_query q_par = {ha[1], 777, ta + SU_B, da[1]};
-    st_query q_dig = {ha[1], ha[0], ta + SU_B, dx[1]};
-    st_query q_ok = {ha[1], ha[0], ta + SU_B, da[1]};
+    st_query q_tok = {.hash = ha[1], .parent = ha[0], .toks = tx + SU_B, .digest = dx[1]};
+    st_query q_par = {.hash = ha[1], .parent = 777, .toks = ta + SU_B, .digest = da[1]};
+    st_query q_dig = {.hash = ha[1], .parent = ha[0], .toks = ta + SU_B, .digest = dx[1]};
+    st_query q_ok = {.hash = ha[1], .parent = ha[0], .toks = ta + SU_B, .digest = da[1]};
     assert_int_equal(kvx_st_lookup(s, snap, &q_tok, &one), KVX_ENOTFOUND);
     assert_int_equal(kvx_st_lookup(s, snap, &q_par, &one), KVX_ENOTFOUND); /* wrong parent */
     assert_int_equal(kvx_st_lookup(s, snap, &q_dig, &one), KVX_ENOTFOUND); /* wrong digest */

@@ -115,6 +115,8 @@ static int xf_has_check(kvx_store *s, const uint64_t *hashes, size_t n, const ui
                         uint32_t block_tokens, uint64_t sig, const uint8_t *out_held)
 {
     if (!s) return kvx_fail(KVX_EINVALID, "kvx_xfer_has_blocks: store is NULL");
+    int krc = kvx_st_kind_check(s, 0, "kvx_xfer_has_blocks");
+    if (krc) return krc;
     if (n && (!hashes || !out_held)) return kvx_fail(KVX_EINVALID, "kvx_xfer_has_blocks: hashes or out_held is NULL");
     if (n_tokens && !tokens) return kvx_fail(KVX_EINVALID, "kvx_xfer_has_blocks: tokens is NULL");
     uint32_t B = s->g.block_tokens;
@@ -174,7 +176,7 @@ KVX_API int kvx_xfer_has_blocks(uint8_t *out_held, kvx_xfer_lease **out_lease, k
     for (size_t i = 0; !rc && i < n; i++) {
         int held;
         if (h) {
-            st_query q = {h[i], i ? h[i - 1] : 0, tokens + i * B, d[i]};
+            st_query q = {.hash = h[i], .parent = i ? h[i - 1] : 0, .toks = tokens + i * B, .digest = d[i]};
             held = xf_held_by_tokens(s, lease ? lease->pins : NULL, snap, &q);
         } else {
             held = xf_held_by_hash(s, lease ? lease->pins : NULL, hashes[i]);
@@ -209,6 +211,8 @@ KVX_API int kvx_xfer_stream_create(kvx_xfer_stream **out, kvx_store *s)
     if (!out) return kvx_fail(KVX_EINVALID, "kvx_xfer_stream_create: out is NULL");
     *out = NULL;
     if (!s) return kvx_fail(KVX_EINVALID, "kvx_xfer_stream_create: store is NULL");
+    int krc = kvx_st_kind_check(s, 0, "kvx_xfer_stream_create");
+    if (krc) return krc;
     kvx_xfer_stream *st = calloc(1, sizeof *st);
     if (!st) return kvx_fail(-ENOMEM, "PushKv: out of memory");
     st->s = s;
@@ -316,7 +320,7 @@ KVX_API int kvx_xfer_stream_chunk(kvx_xfer_stream *st, const kvx_xfer_chunk *c, 
     if (rc) return xf_fail(st, rc);
     int tail = c->n_tokens < st->B, added = 0, referenced = 0;
     uint8_t digest[KVX_DIGEST_BYTES];
-    st_query q = {h, st->parent, c->tokens, digest};
+    st_query q = {.hash = h, .parent = st->parent, .toks = c->tokens, .digest = digest};
     if (!tail) kvx_digest_step(&st->dc, digest, idx ? st->digest : NULL, c->tokens, st->B);
     if (c->payload_len == 0) {
         rc = tail ? 0 : kvx_st_ref_block(st->batch, &q);

@@ -1,0 +1,206 @@
+/*
+ * store_keyed.c - keyed pages (DESIGN.md "Keyed pages"): put, get, exists
+ * and the owner's delete for a keyed store, whose pages engines name by
+ * their own keys (LMCache, SGLang).
+ *
+ * Rule: the index names a page by the first 8 bytes of SHA-256(key) and
+ * every hit compares the whole key stored in the shard's key table
+ * (st_try_loc), so a 64-bit collision is a miss, never another key's page.
+ * Everything else (batches and flush, capacity, eviction, recovery,
+ * reindex, quarantine) is the blocks' machinery: a keyed page is an entry
+ * of one "token" whose hash is its key's.
+ */
+#include "store.h"
+#include "common/digest.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Every key and page checked before anything is done. */
+static int sk_check_keys(const kvx_key *keys, size_t n, const char *fn)
+{
+    if (n && !keys) return kvx_fail(KVX_EINVALID, "%s: keys is NULL", fn);
+    for (size_t i = 0; i < n; i++) {
+        if (!keys[i].bytes || keys[i].len == 0)
+            return kvx_fail(KVX_EINVALID, "%s: keys[%zu] is empty (a key is 1..%u bytes)", fn, i, KVX_KEY_MAX);
+        if (keys[i].len > KVX_KEY_MAX)
+            return kvx_fail(KVX_EINVALID, "%s: keys[%zu] is %zu bytes, over %u", fn, i, keys[i].len, KVX_KEY_MAX);
+    }
+    return 0;
+}
+
+static void sk_query(st_query *q, uint8_t digest[KVX_DIGEST_BYTES], const kvx_key *k)
+{
+    kvx_sha256(digest, k->bytes, k->len);
+    memset(q, 0, sizeof *q);
+    q->hash = kvx_load64(digest);
+    q->digest = digest;
+    q->key = k->bytes;
+    q->key_len = (uint32_t)k->len;
+}
+
+static void sk_view_clear(kvx_view *v) { memset(v, 0, sizeof *v); }
+
+KVX_API int kvx_store_keyed_put(kvx_store *s, kvx_store_batch *b, const kvx_key *keys, const void *const *pages,
+                                const size_t *page_lens, size_t n, size_t *out_new)
+{
+    static const char fn[] = "kvx_store_keyed_put";
+    if (out_new) *out_new = 0;
+    int rc = kvx_st_writer_check(s, fn);
+    if (!rc) rc = kvx_st_kind_check(s, 1, fn);
+    if (!rc) rc = sk_check_keys(keys, n, fn);
+    if (rc) return rc;
+    if (n && (!pages || !page_lens)) return kvx_fail(KVX_EINVALID, "%s: pages or page_lens is NULL", fn);
+    for (size_t i = 0; i < n; i++) {
+        if (!pages[i]) return kvx_fail(KVX_EINVALID, "%s: pages[%zu] is NULL", fn, i);
+        if (page_lens[i] == 0 || page_lens[i] > s->page_bytes)
+            return kvx_fail(KVX_EINVALID, "%s: page_lens[%zu] is %zu bytes, not 1..%llu (the store's page_bytes)", fn,
+                            i, page_lens[i], (unsigned long long)s->page_bytes);
+    }
+    kvx_store_batch *x = kvx_st_batch_of(s, b, fn, &rc);
+    if (!x) return rc;
+    if (n == 0) return 0;
+    return kvx_st_put_keyed(s, x, keys, pages, page_lens, n, out_new);
+}
+
+/* One snapshot for the whole batch; each key looked up whole. */
+static int sk_lookup_all(kvx_view *views, int *status, kvx_store *s, const kvx_key *keys, size_t n)
+{
+    kvx_cat_snap *snap;
+    int rc = kvx_cat_snap_begin(s->cat, &snap);
+    if (rc) return rc;
+    uint64_t misses = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint8_t digest[KVX_DIGEST_BYTES];
+        st_query q;
+        sk_query(&q, digest, &keys[i]);
+        sk_view_clear(&views[i]);
+        status[i] = kvx_st_lookup(s, snap, &q, &views[i]);
+        if (status[i] && status[i] != KVX_ENOTFOUND && status[i] != KVX_EPAGECRC && status[i] != KVX_ETRUNC) {
+            /* a damaged catalog record or a failed read: an error, not a miss */
+            rc = status[i];
+            for (size_t j = 0; j <= i; j++) kvx_view_release(&views[j]);
+            break;
+        }
+        if (status[i]) {
+            sk_view_clear(&views[i]);
+            misses++;
+        }
+    }
+    kvx_cat_snap_end(snap);
+    if (!rc) kvx_st_note(s, views, n, misses, 1);
+    return rc;
+}
+
+KVX_API int kvx_store_keyed_get(kvx_view *out_views, int *out_status, kvx_store *s, const kvx_key *keys, size_t n)
+{
+    static const char fn[] = "kvx_store_keyed_get";
+    if (!s || (n && (!out_views || !out_status))) return kvx_fail(KVX_EINVALID, "%s: NULL argument", fn);
+    int rc = kvx_st_kind_check(s, 1, fn);
+    if (!rc) rc = sk_check_keys(keys, n, fn);
+    if (rc) return rc;
+    for (size_t i = 0; i < n; i++) sk_view_clear(&out_views[i]);
+    if (n == 0) return 0;
+    rc = sk_lookup_all(out_views, out_status, s, keys, n);
+    if (!rc) kvx_clear_error();
+    return rc;
+}
+
+KVX_API int kvx_store_keyed_exists(uint8_t *out_held, size_t *out_leading, kvx_store *s, const kvx_key *keys,
+                                   size_t n)
+{
+    static const char fn[] = "kvx_store_keyed_exists";
+    if (out_leading) *out_leading = 0;
+    if (!s) return kvx_fail(KVX_EINVALID, "%s: store is NULL", fn);
+    int rc = kvx_st_kind_check(s, 1, fn);
+    if (!rc) rc = sk_check_keys(keys, n, fn);
+    if (rc) return rc;
+    if (n == 0) return 0;
+    kvx_view *v = malloc(n * sizeof *v);
+    int *st = malloc(n * sizeof *st);
+    if (!v || !st) {
+        free(v);
+        free(st);
+        return kvx_fail(-ENOMEM, "%s: out of memory", fn);
+    }
+    rc = sk_lookup_all(v, st, s, keys, n);
+    if (!rc) {
+        size_t lead = 0;
+        int leading = 1;
+        for (size_t i = 0; i < n; i++) {
+            int held = st[i] == 0;
+            if (out_held) out_held[i] = (uint8_t)held;
+            leading &= held;
+            lead += (size_t)leading;
+        }
+        if (out_leading) *out_leading = lead;
+        kvx_views_release(v, n);
+        kvx_clear_error();
+    }
+    free(v);
+    free(st);
+    return rc;
+}
+
+/* Does the entry at loc hold exactly this key? */
+static int sk_loc_has_key(kvx_store *s, const kvx_cat_loc *loc, const kvx_key *k)
+{
+    kvx_shard *sh = kvx_st_shard_get(s, KVX_COORD_SHARD(loc->coord), loc->gen);
+    if (!sh) return 0;
+    kvx_entry e;
+    int yes = kvx_shard_entry(&e, sh, KVX_COORD_BLOCK(loc->coord)) == 0 && e.coordinate == loc->coord && e.key &&
+              e.key_len == k->len && memcmp(e.key, k->bytes, k->len) == 0;
+    kvx_shard_close(sh);
+    return yes;
+}
+
+KVX_API int kvx_store_keyed_delete(kvx_store *s, const kvx_key *keys, size_t n, size_t *out_deleted)
+{
+    static const char fn[] = "kvx_store_keyed_delete";
+    if (out_deleted) *out_deleted = 0;
+    int rc = kvx_st_writer_check(s, fn);
+    if (!rc) rc = kvx_st_kind_check(s, 1, fn);
+    if (!rc) rc = sk_check_keys(keys, n, fn);
+    if (rc || n == 0) return rc;
+    kvx_cat_edit e;
+    kvx_cat_edit_init(&e);
+    size_t deleted = 0;
+    pthread_mutex_lock(&s->wmu);
+    kvx_cat_snap *snap;
+    if (!(rc = kvx_cat_snap_begin(s->cat, &snap))) {
+        for (size_t i = 0; !rc && i < n; i++) {
+            int again = 0; /* a key named twice is deleted once */
+            for (size_t k = 0; k < i && !again; k++)
+                again = keys[k].len == keys[i].len && !memcmp(keys[k].bytes, keys[i].bytes, keys[i].len);
+            if (again) continue;
+            uint8_t digest[KVX_DIGEST_BYTES];
+            st_query q;
+            sk_query(&q, digest, &keys[i]);
+            /* every copy the index names under this key (two batches may
+             * each have stored one), damaged ones too: the owner said so */
+            for (size_t j = 0; !rc; j++) {
+                kvx_cat_loc loc;
+                int r = kvx_cat_loc_at(snap, q.hash, j, &loc);
+                if (r == KVX_ENOTFOUND) break;
+                if (r) {
+                    rc = r;
+                    break;
+                }
+                if (!sk_loc_has_key(s, &loc, &keys[i])) continue;
+                rc = kvx_cat_edit_del_block(&e, loc.coord, q.hash, loc.gen);
+                deleted++;
+            }
+        }
+        kvx_cat_snap_end(snap);
+    }
+    if (!rc && deleted) {
+        kvx_cat_edit_next_gen(&e, s->next_gen);
+        rc = kvx_cat_apply(s->cat, &e);
+    }
+    pthread_mutex_unlock(&s->wmu);
+    kvx_cat_edit_free(&e);
+    if (rc) return rc;
+    if (out_deleted) *out_deleted = deleted;
+    return 0;
+}
