@@ -16,6 +16,7 @@
  */
 #include "bench_common.h"
 #include "kvx.h"
+#include "format/hash.h" /* kvx_block_hashes_multi (library internal) */
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +40,22 @@ static void run_hash(void *p)
 {
     ctx *c = p;
     kvx_block_hashes((uint64_t *)(void *)c->b, (const uint32_t *)(void *)c->a, c->bytes / 4, 16);
+    kvx_bench_keep(c->b);
+}
+/* The same tokens as 64 sequences hashed at once (a batch of prompts). */
+static void run_hash_multi(void *p)
+{
+    ctx *c = p;
+    enum { NS = 64 };
+    const uint32_t *t[NS];
+    uint64_t *o[NS];
+    size_t n[NS], per = c->bytes / 4 / NS / 16 * 16;
+    for (int k = 0; k < NS; k++) {
+        t[k] = (const uint32_t *)(void *)c->a + (size_t)k * per;
+        o[k] = (uint64_t *)(void *)c->b + (size_t)k * (per / 16);
+        n[k] = per;
+    }
+    kvx_block_hashes_multi(o, t, n, NS, 16);
     kvx_bench_keep(c->b);
 }
 static void run_crc32c(void *p) { ctx *c = p; c->crc = kvx_crc32c(0, c->a, c->bytes); kvx_bench_keep(&c->crc); }
@@ -125,7 +142,7 @@ static void run_quantize(void *p)
 typedef struct row { const char *name; double bytes, gbps, ref, target; } row;
 
 static int json;
-static row rows[16];
+static row rows[24];
 static int nrows;
 
 static kvx_bench_ref ref;
@@ -175,6 +192,7 @@ int main(int argc, char **argv)
         printf("%-28s %12s %14s %14s %8s\n", "operation", "bytes", "throughput", "memcpy", "ratio");
     }
     report("block hash (B=16)", run_hash, &c, (double)c.bytes, reps, 0);
+    report("block hash, 64 seqs at once", run_hash_multi, &c, (double)c.bytes, reps, 0);
     report("crc32c", run_crc32c, &c, (double)c.bytes, reps, 0.5);
     report("crc32 (ieee)", run_crc32, &c, (double)c.bytes, reps, 0.5);
     report("f32 -> f16 (bulk)", run_f16_enc, &c, (double)c.bytes, reps, 0);

@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "kvx.h"
+#include "format/hash.h"
 
 static void test_fnv_vector(void **state)
 {
@@ -119,6 +120,75 @@ static void test_zero_becomes_one(void **state)
     assert_true(kvx_block_hash(0, NULL, 0) == (e ? e : 1));
 }
 
+/* Many sequences at once: the worked example's hashes and six pinned
+ * ones (computed by the serial path before the multi path existed), so the
+ * four-lane interleaving is held to exact values, not only to itself. */
+static void test_multi_golden(void **state)
+{
+    (void)state;
+    static const uint64_t pinned[6] = {
+        0x6424EE20A4903C34ULL, 0x747D8035539A1BA3ULL, 0xD79AB88073EA45E1ULL,
+        0xB59D7DD4DD461003ULL, 0xD9E1C96CAA464CE0ULL, 0xF6A8BA990EEF436CULL,
+    };
+    uint32_t t[6][64];
+    uint64_t h[6][5];
+    const uint32_t *tp[6];
+    uint64_t *hp[6];
+    size_t nt[6];
+    for (int k = 0; k < 6; k++) {
+        for (int i = 0; i < 64; i++) t[k][i] = (uint32_t)(k * 100000u + i * 7919u);
+        for (int i = 0; i < 5; i++) h[k][i] = 0xDEAD;
+        tp[k] = t[k];
+        hp[k] = h[k];
+        nt[k] = 64;
+    }
+    assert_int_equal(kvx_block_hashes_multi(hp, tp, nt, 6, 16), 24);
+    for (int k = 0; k < 6; k++) {
+        assert_true(h[k][3] == pinned[k]);
+        assert_true(h[k][4] == 0xDEAD); /* nothing past a sequence's count */
+    }
+    /* the spec's worked example among four other sequences */
+    const uint32_t ex[5] = {1, 2, 3, 4, 5};
+    uint64_t e[3] = {0, 0, 0xDEAD};
+    tp[2] = ex;
+    hp[2] = e;
+    nt[2] = 5;
+    for (int k = 0; k < 6; k++) nt[k] = k == 2 ? 5 : 10;
+    assert_int_equal(kvx_block_hashes_multi(hp, tp, nt, 5, 2), 4 * 5 + 2);
+    assert_true(e[0] == 0xA91AB0C1027B9366ULL && e[1] == 0x03DF829571605C60ULL && e[2] == 0xDEAD);
+    assert_int_equal(kvx_block_hashes_multi(hp, tp, nt, 5, 0), 0);
+    assert_int_equal(kvx_block_hashes_multi(hp, tp, nt, 0, 2), 0);
+}
+
+/* Random sequence counts, lengths (empty, partial, long) and block sizes:
+ * the multi path writes exactly what the serial one writes. */
+static void test_multi_matches_serial(void **state)
+{
+    (void)state;
+    srand(777);
+    enum { MAXS = 13, MAXT = 700 };
+    static uint32_t toks[MAXS][MAXT];
+    static uint64_t want[MAXS][MAXT + 1], got[MAXS][MAXT + 1];
+    for (int round = 0; round < 300; round++) {
+        size_t nseq = (size_t)(rand() % (MAXS + 1));
+        uint32_t b = (uint32_t)(1 + rand() % 20);
+        if (round % 7 == 0) b = 16;
+        const uint32_t *tp[MAXS];
+        uint64_t *gp[MAXS];
+        size_t nt[MAXS], total = 0;
+        for (size_t k = 0; k < nseq; k++) {
+            nt[k] = (size_t)(rand() % 4 == 0 ? rand() % 3 : rand() % MAXT);
+            for (size_t i = 0; i < nt[k]; i++) toks[k][i] = ((uint32_t)rand() << 16) ^ (uint32_t)rand();
+            for (size_t i = 0; i <= MAXT; i++) got[k][i] = want[k][i] = 0x5A5A5A5A5A5A5A5AULL;
+            total += kvx_block_hashes(want[k], toks[k], nt[k], b);
+            tp[k] = toks[k];
+            gp[k] = got[k];
+        }
+        assert_int_equal(kvx_block_hashes_multi(gp, tp, nt, nseq, b), total);
+        for (size_t k = 0; k < nseq; k++) assert_memory_equal(got[k], want[k], sizeof want[k]);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -127,6 +197,8 @@ int main(void)
         cmocka_unit_test(test_counts),
         cmocka_unit_test(test_chaining_property),
         cmocka_unit_test(test_zero_becomes_one),
+        cmocka_unit_test(test_multi_golden),
+        cmocka_unit_test(test_multi_matches_serial),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
