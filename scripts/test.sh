@@ -9,7 +9,8 @@
 #     into scratch prefixes; a C program built with pkg-config alone,
 #     shared and static; import kvx from the prefix);
 #  2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer;
-#  3. a short libFuzzer smoke run of each harness (clang);
+#  3. a short libFuzzer smoke run of each harness (clang; about 3 minutes
+#     in all, KVX_FUZZ_SECONDS each to change it);
 #  4. the Go package: go vet, go test, go test -race.
 # Set KVX_TEST_QUICK=1 to run only step 1.
 set -euo pipefail
@@ -35,11 +36,17 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 step "libFuzzer smoke run"
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DKVX_BUILD_FUZZERS=ON -DKVX_BUILD_TESTS=OFF -DKVX_WITH_CUDA=OFF -DKVX_BUILD_BENCH=OFF >/dev/null
 cmake --build build-fuzz -j"$jobs"
-for fz in build-fuzz/fuzz/fuzz_*; do
+# about 3 minutes in all: KVX_FUZZ_SECONDS each, or 180 s shared
+fuzzers=(build-fuzz/fuzz/fuzz_*)
+secs=${KVX_FUZZ_SECONDS:-$((180 / ${#fuzzers[@]}))}
+for fz in "${fuzzers[@]}"; do
   name=${fz##*/fuzz_}
   work=$(mktemp -d)
   cp fuzz/corpus/"$name"/* "$work"/
-  "$fz" -max_total_time="${KVX_FUZZ_SECONDS:-20}" -rss_limit_mb=2048 "$work" 2>&1 | tail -n 2
+  dict=()
+  [ -f fuzz/"$name".dict ] && dict=(-dict=fuzz/"$name".dict)
+  echo "fuzz_$name: $secs s"
+  "$fz" -max_total_time="$secs" -max_len=65536 -rss_limit_mb=2048 "${dict[@]}" "$work" 2>&1 | tail -n 2
   rm -rf "$work"
 done
 
