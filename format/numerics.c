@@ -26,6 +26,7 @@
  * equal to the scalar one bit for bit.
  */
 #include "common/internal.h"
+#include "format/numerics.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -219,19 +220,23 @@ fp8_encode8(__m256 v, int mbits, int bias, uint32_t max_bits, int max_code, int 
     return _mm256_or_si256(r, sign);
 }
 
-/* 32 floats -> 32 bytes per step; returns how many were done. */
+/* 32 floats -> 32 bytes per step; returns how many were done. Each input
+ * is multiplied by s, or divided by it when divide is set (the v2 rule
+ * x / scale: vdivps rounds once, as the scalar division does). */
 __attribute__((target("avx2"), always_inline)) static inline size_t
-fp8_encode_avx2(uint8_t *out, const float *in, size_t n, float inv_scale, int mbits, int bias,
+fp8_encode_avx2(uint8_t *out, const float *in, size_t n, float s, int divide, int mbits, int bias,
                 uint32_t max_bits, int max_code, int nan_code)
 {
-    const __m256 vs = _mm256_set1_ps(inv_scale);
+    const __m256 vs = _mm256_set1_ps(s);
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     size_t i = 0;
     for (; i + 32 <= n; i += 32) {
         __m256i r[4];
-        for (int k = 0; k < 4; k++)
-            r[k] = fp8_encode8(_mm256_mul_ps(_mm256_loadu_ps(in + i + 8 * k), vs), mbits, bias, max_bits,
+        for (int k = 0; k < 4; k++) {
+            __m256 x = _mm256_loadu_ps(in + i + 8 * k);
+            r[k] = fp8_encode8(divide ? _mm256_div_ps(x, vs) : _mm256_mul_ps(x, vs), mbits, bias, max_bits,
                                max_code, nan_code);
+        }
         /* Codes are 0..255 in 32-bit lanes: two unsigned-saturating packs
          * narrow them (lane-interleaved), one permute restores the order. */
         __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(r[0], r[1]), _mm256_packus_epi32(r[2], r[3]));
@@ -300,13 +305,46 @@ __attribute__((target("avx2"))) static size_t e5m2_decode_avx2(float *out, const
 __attribute__((target("avx2"))) static size_t e4m3_encode_avx2(uint8_t *out, const float *in, size_t n,
                                                               float inv_scale)
 {
-    return fp8_encode_avx2(out, in, n, inv_scale, 3, 7, 0x43E00000u, 0x7E, 0x7F);
+    return fp8_encode_avx2(out, in, n, inv_scale, 0, 3, 7, 0x43E00000u, 0x7E, 0x7F);
 }
 
 __attribute__((target("avx2"))) static size_t e5m2_encode_avx2(uint8_t *out, const float *in, size_t n,
                                                               float inv_scale)
 {
-    return fp8_encode_avx2(out, in, n, inv_scale, 2, 15, 0x47700000u, 0x7C, 0x7E);
+    return fp8_encode_avx2(out, in, n, inv_scale, 0, 2, 15, 0x47700000u, 0x7C, 0x7E);
+}
+
+__attribute__((target("avx2"))) static size_t e4m3_div_encode_avx2(uint8_t *out, const float *in, size_t n,
+                                                                  float scale)
+{
+    return fp8_encode_avx2(out, in, n, scale, 1, 3, 7, 0x43E00000u, 0x7E, 0x7F);
+}
+
+__attribute__((target("avx2"))) static size_t e5m2_div_encode_avx2(uint8_t *out, const float *in, size_t n,
+                                                                  float scale)
+{
+    return fp8_encode_avx2(out, in, n, scale, 1, 2, 15, 0x47700000u, 0x7C, 0x7E);
+}
+
+/* max over |x| of the f32 bits, 32 lanes a step in four accumulators */
+__attribute__((target("avx2"))) static size_t amax_bits_avx2(uint32_t *out, const float *x, size_t n)
+{
+    const __m256i absm = _mm256_set1_epi32(0x7FFFFFFF);
+    __m256i m0 = _mm256_setzero_si256(), m1 = m0, m2 = m0, m3 = m0;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m256i *p = (const __m256i *)(const void *)(x + i);
+        m0 = _mm256_max_epu32(m0, _mm256_and_si256(_mm256_loadu_si256(p), absm));
+        m1 = _mm256_max_epu32(m1, _mm256_and_si256(_mm256_loadu_si256(p + 1), absm));
+        m2 = _mm256_max_epu32(m2, _mm256_and_si256(_mm256_loadu_si256(p + 2), absm));
+        m3 = _mm256_max_epu32(m3, _mm256_and_si256(_mm256_loadu_si256(p + 3), absm));
+    }
+    __m256i m = _mm256_max_epu32(_mm256_max_epu32(m0, m1), _mm256_max_epu32(m2, m3));
+    __m128i h = _mm_max_epu32(_mm256_castsi256_si128(m), _mm256_extracti128_si256(m, 1));
+    h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0x4E));
+    h = _mm_max_epu32(h, _mm_shuffle_epi32(h, 0xB1));
+    *out = (uint32_t)_mm_cvtsi128_si32(h);
+    return i;
 }
 
 __attribute__((target("avx,f16c"))) static size_t f32_to_f16_f16c(uint16_t *out, const float *in,
@@ -466,4 +504,40 @@ void kvx_e5m2_to_f32_n(float *out, const uint8_t *in, size_t n, float scale)
     if (i == n) return;
     build_tables();
     for (; i < n; i++) out[i] = e5m2_table[in[i]] * scale;
+}
+
+/* ---- v2 quantize kernels (format/numerics.h) ---------------------------- */
+
+uint32_t kvx_f32_amax_bits(const float *x, size_t n)
+{
+    uint32_t m = 0;
+    size_t i = 0;
+#ifdef KVX_X86
+    if (have_avx2()) i = amax_bits_avx2(&m, x, n);
+#endif
+    for (; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        u &= 0x7FFFFFFFu;
+        m = u > m ? u : m;
+    }
+    return m;
+}
+
+void kvx_f32_div_to_e4m3_n(uint8_t *out, const float *in, size_t n, float scale)
+{
+    size_t i = 0;
+#ifdef KVX_X86
+    if (have_avx2()) i = e4m3_div_encode_avx2(out, in, n, scale);
+#endif
+    for (; i < n; i++) out[i] = kvx_f32_to_e4m3(in[i] / scale);
+}
+
+void kvx_f32_div_to_e5m2_n(uint8_t *out, const float *in, size_t n, float scale)
+{
+    size_t i = 0;
+#ifdef KVX_X86
+    if (have_avx2()) i = e5m2_div_encode_avx2(out, in, n, scale);
+#endif
+    for (; i < n; i++) out[i] = kvx_f32_to_e5m2(in[i] / scale);
 }

@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "kvx.h"
+#include "format/numerics.h"
 
 static uint32_t fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static float bitsf(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -580,6 +581,91 @@ static void test_bf16_bulk(void **state)
     free(back);
 }
 
+/* ---- v2 quantize kernels (format/numerics.h) ---------------------------- */
+
+/* Pinned outputs (from the scalar kvx_f32_to_e4m3/e5m2(x / scale) before
+ * the kernels existed): 40 elements, so the 32-lane body and the tail
+ * both run. */
+static void test_div_encode_golden(void **state)
+{
+    (void)state;
+    static const uint8_t want[4][40] = {
+        {0xFE,0xFE,0xFE,0xFE,0xFE,0xFE,0xFD,0xFC,0xFB,0xFA,0xF9,0xF8,0xF7,0xF5,0xF3,0xF1,0xEF,0xEB,0xE7,0xDF,
+         0x00,0x5F,0x67,0x6B,0x6F,0x71,0x73,0x75,0x77,0x78,0x79,0x7A,0x7B,0x7C,0x7D,0x7E,0x7E,0x7E,0x7E,0x7E},
+        {0xE1,0xE0,0xE0,0xE0,0xE0,0xDF,0xDF,0xDE,0xDE,0xDD,0xDD,0xDC,0xDC,0xDB,0xDA,0xD9,0xD8,0xD6,0xD4,0xD0,
+         0x00,0x50,0x54,0x56,0x58,0x59,0x5A,0x5B,0x5C,0x5C,0x5D,0x5D,0x5E,0x5E,0x5F,0x5F,0x60,0x60,0x60,0x60},
+        {0xFE,0xFE,0xFE,0xFE,0xFE,0xFE,0xFE,0xFE,0xFE,0xFE,0xFE,0xFE,0xFE,0xFC,0xFA,0xF9,0xF6,0xF2,0xEE,0xE6,
+         0x00,0x66,0x6E,0x72,0x76,0x79,0x7A,0x7C,0x7E,0x7E,0x7E,0x7E,0x7E,0x7E,0x7E,0x7E,0x7E,0x7E,0x7E,0x7E},
+        {0xE4,0xE4,0xE4,0xE3,0xE3,0xE2,0xE2,0xE2,0xE1,0xE1,0xE0,0xE0,0xDF,0xDE,0xDD,0xDC,0xDB,0xD9,0xD7,0xD3,
+         0x00,0x53,0x57,0x59,0x5B,0x5C,0x5D,0x5E,0x5F,0x60,0x60,0x61,0x61,0x62,0x62,0x62,0x63,0x63,0x64,0x64},
+    };
+    float x[40];
+    uint8_t b[40];
+    for (int i = 0; i < 40; i++) x[i] = (float)(i - 20) * 0.37f + (i % 3 ? 0.0f : 1e-3f);
+    const float sc[2] = {0.0123f, 3.0f / 448.0f};
+    for (int s = 0; s < 2; s++) {
+        kvx_f32_div_to_e4m3_n(b, x, 40, sc[s]);
+        assert_memory_equal(b, want[2 * s], 40);
+        kvx_f32_div_to_e5m2_n(b, x, 40, sc[s]);
+        assert_memory_equal(b, want[2 * s + 1], 40);
+    }
+    assert_int_equal(kvx_f32_amax_bits(x, 40), 0x40ECC49Cu); /* |x[0]| = 7.399 */
+    assert_int_equal(kvx_f32_amax_bits(x, 0), 0);
+}
+
+/* Random slabs (normal, wide-range, inf/NaN, subnormal inputs), scales
+ * from tiny (subnormal) to huge, odd lengths and offsets: the kernels equal
+ * the scalar rule element by element, and amax the scalar max. */
+static void test_div_encode_vs_scalar(void **state)
+{
+    (void)state;
+    enum { N = 4096 + 37 };
+    float *f = malloc(N * sizeof *f);
+    uint8_t *b = malloc(N + 8);
+    assert_true(f && b);
+    const float scales[] = {1.0f, 0.5f, 3.0f / 448.0f, 0.0123f, 1e-30f, 1e30f, 0x1p-140f, 448.0f / 1.5f, 7.0f};
+    for (int round = 0; round < 5; round++) {
+        for (int i = 0; i < N; i++) {
+            uint32_t u = rnd();
+            if (round == 1) u = (u & 0x80FFFFFFu) | ((uint32_t)(100 + (rnd() % 45)) << 23);
+            if (round == 2 && (i % 5) == 0) u = (u & 0x807FFFFFu) | 0x7F800000u; /* inf/NaN */
+            if (round == 3) u &= 0x807FFFFFu;                                     /* subnormals, zeros */
+            if (round == 4) u = (u & 0x807FFFFFu) | ((uint32_t)(118 + (rnd() % 16)) << 23); /* KV-like */
+            f[i] = bitsf(u);
+        }
+        for (size_t s = 0; s < sizeof scales / sizeof *scales; s++) {
+            for (int off = 0; off < 3; off++) {
+                size_t n = (size_t)N - (size_t)off * 13;
+                const float *in = f + off;
+                memset(b, 0xA5, N + 8);
+                kvx_f32_div_to_e4m3_n(b, in, n, scales[s]);
+                for (size_t i = 0; i < n; i++)
+                    if (b[i] != kvx_f32_to_e4m3(in[i] / scales[s]))
+                        fail_msg("e4m3 %08x / %g: %02x vs %02x", fbits(in[i]), (double)scales[s], b[i],
+                                 kvx_f32_to_e4m3(in[i] / scales[s]));
+                assert_int_equal(b[n], 0xA5);
+                kvx_f32_div_to_e5m2_n(b, in, n, scales[s]);
+                for (size_t i = 0; i < n; i++)
+                    if (b[i] != kvx_f32_to_e5m2(in[i] / scales[s]))
+                        fail_msg("e5m2 %08x / %g: %02x", fbits(in[i]), (double)scales[s], b[i]);
+            }
+        }
+        for (size_t n = 0; n < 300; n += 1 + n / 3) {
+            uint32_t m = 0;
+            for (size_t i = 0; i < n; i++) {
+                uint32_t u = fbits(f[i + 5]) & 0x7FFFFFFFu;
+                m = u > m ? u : m;
+            }
+            assert_int_equal(kvx_f32_amax_bits(f + 5, n), m);
+        }
+        uint32_t m = 0;
+        for (int i = 0; i < N; i++) m = (fbits(f[i]) & 0x7FFFFFFFu) > m ? fbits(f[i]) & 0x7FFFFFFFu : m;
+        assert_int_equal(kvx_f32_amax_bits(f, N), m);
+    }
+    free(f);
+    free(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -599,6 +685,8 @@ int main(void)
         cmocka_unit_test(test_bf16_exhaustive),
         cmocka_unit_test(test_bf16_encode_vs_reference),
         cmocka_unit_test(test_bf16_bulk),
+        cmocka_unit_test(test_div_encode_golden),
+        cmocka_unit_test(test_div_encode_vs_scalar),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     /* Then once more with the SIMD paths off (a fresh process: the CPU
