@@ -18,6 +18,7 @@
  *   store_maint.c    eviction, compaction, dropping shards
  *   store_gc.c       gc: salvage, headless chains, digest derivation
  *   store_batch.c    write batches: put and flush
+ *   store_keyed.c    keyed pages: put, get, exists, the owner's delete
  *   store_recover.c  recovery and reindex
  *   store_open.c     create, open, close, reindex_dir
  *   store_collect.c  kvx_warmup_collect (public API only)
