@@ -33,6 +33,7 @@
  * here.
  */
 #include "common/internal.h"
+#include "format/numerics.h"
 
 #include <math.h>
 
@@ -306,13 +307,7 @@ int kvx_envelope_quantize_v2(uint8_t *out_e4m3, float *out_scales, const float *
         /* amax on the bits: for |x| the f32 bit patterns order like the
          * values, and any bits >= 0x7F800000 are inf or NaN. An integer
          * max reduction has no early exit, so it vectorizes. */
-        uint32_t mbits = 0;
-        for (size_t i = 0; i < fill; i++) {
-            uint32_t u;
-            memcpy(&u, &x[i], 4);
-            u &= 0x7FFFFFFFu;
-            mbits = u > mbits ? u : mbits;
-        }
+        uint32_t mbits = kvx_f32_amax_bits(x, fill);
         if (mbits >= 0x7F800000u) {
             size_t i = 0;
             while (i < fill && (kvx_load32(&x[i]) & 0x7FFFFFFFu) < 0x7F800000u) i++;
@@ -326,15 +321,9 @@ int kvx_envelope_quantize_v2(uint8_t *out_e4m3, float *out_scales, const float *
         if (scale == 0.0f) scale = 1.0f;
         out_scales[s] = scale;
         uint8_t *q = out_e4m3 + s * slab;
-        /* x / scale, not x * (1/scale): one rounding before the RNE. The
-         * quotients go through the bulk encoder in stack-sized chunks
-         * (times 1.0f, which is exact). */
-        float tmp[512];
-        for (size_t i = 0; i < fill; i += 512) {
-            size_t m = fill - i < 512 ? fill - i : 512;
-            for (size_t k = 0; k < m; k++) tmp[k] = x[i + k] / scale;
-            kvx_f32_to_e4m3_n(q + i, tmp, m, 1.0f);
-        }
+        /* x / scale, not x * (1/scale): one rounding before the RNE
+         * (format/numerics.h: vdivps where the CPU has AVX2). */
+        kvx_f32_div_to_e4m3_n(q, x, fill, scale);
         memset(q + fill, 0, slab - fill);
     }
     return 0;
