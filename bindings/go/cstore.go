@@ -1,0 +1,22 @@
+// cstore.go - the C handle, for packages that call kvx.h functions this
+// package does not wrap (bindings/go/transfer calls kvx_xfer_*).
+
+package kvx
+
+import "unsafe"
+
+// WithCStore runs f with the store's C handle (a kvx_store * of
+// include/kvx.h, as an unsafe.Pointer) while Close waits for f to return.
+// f must not close the handle or keep it past its return; a C object it
+// creates on the handle (a transfer stream, a lease) must be destroyed
+// before the store is closed. ErrClosed after Close. This is the one
+// accessor other cgo packages need: cgo types are per package, so they
+// convert the pointer to their own C.kvx_store.
+func (s *Store) WithCStore(f func(cstore unsafe.Pointer) error) error {
+	cs, err := s.acquire()
+	if err != nil {
+		return err
+	}
+	defer s.mu.RUnlock()
+	return f(unsafe.Pointer(cs))
+}
