@@ -5,7 +5,7 @@
  * --seeds runs it into the corpora). Deterministic: the same build writes
  * the same bytes.
  *
- *   envelope, envelope_roundtrip  v1 (f16), v2 (e4m3 + scales), v3 (bf16):
+ *   envelope, envelope_roundtrip, cli_envelope  v1 (f16), v2 (e4m3 + scales), v3 (bf16):
  *                                 full and partial blocks, hashes
  *   shard          FP16/E4M3/E5M2/BF16 with hashes, lineage, digest,
  *                  scales and a spectral bundle (kvx_shard_writer)
@@ -87,6 +87,7 @@ static void envelope(const char *name, uint16_t version, kvx_geometry g, uint32_
     if (rc) die("envelope export", rc);
     put_file("envelope", name, b, size);
     put_file("envelope_roundtrip", name, b, size);
+    put_file("cli_envelope", name, b, size);
     free(b);
     free(pay);
     free(sc);
