@@ -10,4 +10,6 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake pkg-config clang libclang-rt-14-dev \
   liburing-dev liblmdb-dev lmdb-utils librocksdb-dev libnuma-dev libcmocka-dev libisal-dev zlib1g-dev libjson-c-dev libssl-dev \
   fio golang-go gnuplot-nox ca-certificates \
-  python3-dev python3-pytest python3-numpy >/dev/null
+  python3-dev python3-pytest python3-numpy \
+  protobuf-compiler protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev golang-google-protobuf-dev \
+  golang-github-golang-protobuf-1-5-dev golang-github-prometheus-client-golang-dev >/dev/null

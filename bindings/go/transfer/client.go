@@ -1,0 +1,210 @@
+// client.go - the sender: the cached prefix of a prompt from a local store
+// to a remote receiver, only the blocks it lacks.
+
+package transfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	kvx "kvx.dev/kvx"
+	"kvx.dev/transfer/tlkvpb"
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// CRC32C is KvChunk.crc32c of a payload.
+func CRC32C(payload []byte) uint32 { return crc32.Checksum(payload, castagnoli) }
+
+// Client pushes to one receiver.
+type Client struct {
+	c tlkvpb.KvTransferClient
+}
+
+// NewClient uses conn (grpc.Dial's); the caller closes it.
+func NewClient(conn grpc.ClientConnInterface) *Client {
+	return &Client{c: tlkvpb.NewKvTransferClient(conn)}
+}
+
+// Tail is the prompt's partial last block, which a sender holds only in
+// memory (stores keep full blocks): its token ids (1..B-1, the prompt's
+// ids after the pushed full blocks) and its one-block envelope
+// (BlockEnvelope with hash 0).
+type Tail struct {
+	Tokens   []uint32
+	Envelope []byte
+}
+
+// PushOptions tune Push; the zero value is the protocol's default.
+type PushOptions struct {
+	Format      uint16 // envelope version; 0 = PickFormat's rule for the store
+	Tail        *Tail  // nil: full blocks only
+	NoHasBlocks bool   // send every block's payload (what dedup saves is measured against this)
+	NoRetry     bool   // on ABORTED (a block reported held is gone) fail instead of resending with payloads
+	MaxBlocks   int    // 0 = every cached block of the prompt
+}
+
+// PushResult says what a push moved; the receiver's counts are Response.
+type PushResult struct {
+	BlocksSent       uint32 // chunks sent with a payload (the tail included)
+	BlocksReferenced uint32 // full blocks sent empty and found held
+	BytesSent        uint64 // payload bytes sent, no framing
+	TailTokens       uint32
+	Durable          bool
+	Retried          bool // an ABORTED push was sent again with every payload
+	Response         *tlkvpb.PushKvResponse
+}
+
+// Push sends the cached prefix of tokens held in store (verified full
+// blocks, kvx.Store.Prefix) and opts.Tail: HasBlocks with the prompt's
+// tokens, then one PushKv stream, block 0 first, an empty payload for each
+// block the receiver holds and a one-block envelope with its CRC-32C for
+// every other. It returns once the receiver answered (its blocks durable).
+// An ABORTED answer (a block reported held was evicted meanwhile) is
+// retried once with every payload unless opts.NoRetry.
+func (c *Client) Push(ctx context.Context, store *kvx.Store, tokens []uint32, opts *PushOptions) (PushResult, error) {
+	var o PushOptions
+	if opts != nil {
+		o = *opts
+	}
+	g := store.Geometry()
+	B := int(g.BlockTokens)
+	version, err := PickFormat(g, o.Format)
+	if err != nil {
+		return PushResult{}, err
+	}
+	max := len(tokens) / B
+	if o.MaxBlocks > 0 && o.MaxBlocks < max {
+		max = o.MaxBlocks
+	}
+	var hashes []uint64
+	if max > 0 {
+		v, err := store.PrefixMax(tokens, max)
+		if err != nil {
+			return PushResult{}, err
+		}
+		hashes = make([]uint64, v.Len())
+		for i := range hashes {
+			hashes[i] = v.At(i).Hash()
+		}
+		v.Release()
+	}
+	n := len(hashes)
+	if o.Tail != nil {
+		t := o.Tail.Tokens
+		if len(t) == 0 || len(t) >= B || len(tokens) < n*B+len(t) {
+			return PushResult{}, fmt.Errorf("kvx transfer: the tail must be 1..%d tokens following the %d cached blocks", B-1, n)
+		}
+		for i, id := range t {
+			if tokens[n*B+i] != id {
+				return PushResult{}, fmt.Errorf("kvx transfer: tail token %d is not the prompt's token %d", i, n*B+i)
+			}
+		}
+	}
+	held := make([]bool, n)
+	var leaseID string
+	if !o.NoHasBlocks && n > 0 {
+		resp, err := c.c.HasBlocks(ctx, &tlkvpb.HasBlocksRequest{BlockHashes: hashes, Tokens: tokens[:n*B],
+			BlockTokens: uint32(B), ModelSignature: g.ModelSignature})
+		if err != nil {
+			return PushResult{}, err
+		}
+		if len(resp.Held) != n {
+			return PushResult{}, fmt.Errorf("kvx transfer: HasBlocks answered %d held flags for %d blocks", len(resp.Held), n)
+		}
+		held, leaseID = resp.Held, resp.LeaseId
+	}
+	r, err := c.stream(ctx, store, tokens, hashes, held, leaseID, version, o.Tail)
+	if status.Code(err) == codes.Aborted && !o.NoRetry {
+		r, err = c.stream(ctx, store, tokens, hashes, make([]bool, n), "", version, o.Tail)
+		r.Retried = true
+	}
+	return r, err
+}
+
+func (c *Client) stream(ctx context.Context, store *kvx.Store, tokens []uint32, hashes []uint64, held []bool,
+	leaseID string, version uint16, tail *Tail) (PushResult, error) {
+	g := store.Geometry()
+	B := int(g.BlockTokens)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := c.c.PushKv(ctx)
+	if err != nil {
+		return PushResult{}, err
+	}
+	var r PushResult
+	send := func(ch *tlkvpb.KvChunk) error {
+		if err := st.Send(ch); err != nil {
+			if errors.Is(err, io.EOF) { // the receiver ended the stream: its status says why
+				_, err = st.CloseAndRecv()
+			}
+			return err
+		}
+		return nil
+	}
+	for i, h := range hashes {
+		ch := &tlkvpb.KvChunk{KvFormat: uint32(version), BlockHash: h, Tokens: tokens[i*B : (i+1)*B],
+			ModelSignature: g.ModelSignature}
+		if i == 0 {
+			ch.LeaseId = leaseID
+		}
+		if held[i] {
+			r.BlocksReferenced++
+		} else {
+			env, err := blockEnvelope(store, tokens[:(i+1)*B], h, version)
+			if err != nil {
+				return r, err
+			}
+			ch.Payload, ch.Crc32C = env, CRC32C(env)
+			r.BlocksSent++
+			r.BytesSent += uint64(len(env))
+		}
+		if err := send(ch); err != nil {
+			return r, err
+		}
+	}
+	if tail != nil {
+		ch := &tlkvpb.KvChunk{KvFormat: uint32(version), Payload: tail.Envelope, Crc32C: CRC32C(tail.Envelope),
+			Tokens: tail.Tokens, ModelSignature: g.ModelSignature}
+		if len(hashes) == 0 {
+			ch.LeaseId = leaseID
+		}
+		r.BlocksSent++
+		r.BytesSent += uint64(len(tail.Envelope))
+		if err := send(ch); err != nil {
+			return r, err
+		}
+	}
+	resp, err := st.CloseAndRecv()
+	if err != nil {
+		return r, err
+	}
+	r.Response = resp
+	r.TailTokens = resp.TailTokens
+	r.Durable = resp.Durable
+	if resp.BlocksReferenced != r.BlocksReferenced {
+		return r, fmt.Errorf("kvx transfer: the receiver referenced %d blocks, %d were sent empty", resp.BlocksReferenced, r.BlocksReferenced)
+	}
+	return r, nil
+}
+
+// blockEnvelope is the one-block envelope of the block ending at the last
+// full block of prefix (matched by digest, CRC-checked by the export).
+func blockEnvelope(store *kvx.Store, prefix []uint32, hash uint64, version uint16) ([]byte, error) {
+	v, err := store.GetBlock(prefix)
+	if err != nil {
+		return nil, err
+	}
+	defer v.Release()
+	if v.Len() != 1 || v.At(0).Hash() != hash {
+		return nil, fmt.Errorf("kvx transfer: block %016x changed in the local store during the push", hash)
+	}
+	return store.Export(v, version)
+}

@@ -1,0 +1,308 @@
+// Package transfer is kvx's tl.kv.v1 service over gRPC: a Server (the
+// decode side's receiver, around an open writer kvx.Store) and a Client
+// (the prefill side's sender), which an engine embeds; cmd/kvxd is the
+// daemon built from them. The protocol is proto/tl/kv/v1/kv.proto and
+// docs/TRANSFER.md.
+//
+// The Go side never re-implements a check: every chunk goes through
+// kvx_xfer_stream_chunk (the C core, transfer/ in the library), every
+// HasBlocks through kvx_xfer_has_blocks, and a failure answers with the
+// gRPC status kvx_xfer_grpc_code gives its code and the library's message,
+// which names the block. What Go adds: the lease table (random ids, a ttl,
+// a timer that destroys the C lease), the stream and byte limits, the
+// sink, the metrics, and the order of things on shutdown.
+package transfer
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	kvx "kvx.dev/kvx"
+	"kvx.dev/transfer/tlkvpb"
+)
+
+// MaxPayload is the largest KvChunk.payload (KVX_XFER_MAX_PAYLOAD).
+const MaxPayload = 4 << 20
+
+// MaxRecvMsgSize is the gRPC receive limit a receiver needs: a payload
+// over MaxPayload must reach the handler (DATA_LOSS), not be cut by gRPC
+// (RESOURCE_EXHAUSTED) first.
+const MaxRecvMsgSize = MaxPayload + 64<<10
+
+// ServerOptions are GRPCServerOptions' companions: see NewServer.
+type ServerOptions struct {
+	LeaseTTL       time.Duration // a lease lapses this long after HasBlocks; 0 = 30s
+	MaxStreams     int           // PushKv streams at once; more: RESOURCE_EXHAUSTED; 0 = 64
+	MaxStreamBytes uint64        // payload bytes of one stream; more: RESOURCE_EXHAUSTED; 0 = no limit
+	Sink           Sink          // nil = none
+	Metrics        *Metrics      // nil = none
+}
+
+// Block is one accepted chunk as a Sink sees it.
+type Block struct {
+	BlockInfo
+	KvFormat uint32   // the envelope version
+	Payload  []byte   // the envelope (nil when Referenced); the sink may keep it
+	Tokens   []uint32 // the block's token ids; the sink may keep them
+}
+
+// Sink sees every block a PushKv stream accepted, in order, the partial
+// tail included (which the store never keeps: a decode engine takes it
+// from here). It runs on the stream's goroutine before the next chunk is
+// read; an error fails the stream (nothing of it is published) with the
+// error's gRPC status, INTERNAL when it has none. Blocks of a stream that
+// later fails were seen too: act on them after the push is answered
+// (Done), not before.
+type Sink interface {
+	Block(ctx context.Context, b Block) error
+	// Done: the stream ended; err nil means its blocks are durable and
+	// were acknowledged.
+	Done(ctx context.Context, r Result, err error)
+}
+
+// Server is the tl.kv.v1 receiver over an open writer store. Register it
+// on a grpc.Server built with GRPCServerOptions; Close it before closing
+// the store.
+type Server struct {
+	tlkvpb.UnimplementedKvTransferServer
+	store *kvx.Store
+	opts  ServerOptions
+	sem   chan struct{}
+
+	mu      sync.Mutex
+	leases  map[string]*lease
+	closed  bool
+	streams sync.WaitGroup
+}
+
+type lease struct {
+	c     cLease
+	timer *time.Timer
+}
+
+// NewServer serves store (opened read-write: it keeps the writer lock).
+func NewServer(store *kvx.Store, opts ServerOptions) *Server {
+	if opts.LeaseTTL <= 0 {
+		opts.LeaseTTL = 30 * time.Second
+	}
+	if opts.MaxStreams <= 0 {
+		opts.MaxStreams = 64
+	}
+	return &Server{store: store, opts: opts, sem: make(chan struct{}, opts.MaxStreams), leases: map[string]*lease{}}
+}
+
+// GRPCServerOptions are the options a grpc.Server serving tl.kv.v1 needs
+// (the receive limit); add credentials and the like after them.
+func GRPCServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRecvMsgSize)}
+}
+
+// Close refuses new calls (UNAVAILABLE), waits for the PushKv streams in
+// flight (stop or cancel the grpc.Server first so they end) and destroys
+// every lease. Idempotent. Close the store after it.
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.streams.Wait()
+	s.mu.Lock()
+	for id, l := range s.leases {
+		l.timer.Stop()
+		destroyLease(l.c)
+		delete(s.leases, id)
+	}
+	s.mu.Unlock()
+	s.opts.Metrics.leases(0)
+}
+
+// Leases is the number of live leases (tests, metrics).
+func (s *Server) Leases() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.leases)
+}
+
+func (s *Server) begin() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.streams.Add(1)
+	return true
+}
+
+// HasBlocks answers which blocks are held and pins them under a lease.
+func (s *Server) HasBlocks(ctx context.Context, req *tlkvpb.HasBlocksRequest) (resp *tlkvpb.HasBlocksResponse, err error) {
+	defer func() { s.opts.Metrics.call("HasBlocks", err) }()
+	if !s.begin() {
+		return nil, status.Error(codes.Unavailable, "kvxd is shutting down")
+	}
+	defer s.streams.Done()
+	held, cl, err := hasBlocks(s.store, req.BlockHashes, req.Tokens, req.BlockTokens, req.ModelSignature)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp = &tlkvpb.HasBlocksResponse{Held: held, LeaseTtlMs: uint32(s.opts.LeaseTTL / time.Millisecond)}
+	any := false
+	for _, h := range held {
+		any = any || h
+	}
+	if cl == nil {
+		return resp, nil
+	}
+	if !any { // nothing pinned: no lease to keep
+		destroyLease(cl)
+		return resp, nil
+	}
+	id := newLeaseID()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		destroyLease(cl)
+		return nil, status.Error(codes.Unavailable, "kvxd is shutting down")
+	}
+	s.leases[id] = &lease{c: cl, timer: time.AfterFunc(s.opts.LeaseTTL, func() { s.release(id) })}
+	n := len(s.leases)
+	s.mu.Unlock()
+	s.opts.Metrics.leases(n)
+	resp.LeaseId = id
+	return resp, nil
+}
+
+// release destroys lease id (its ttl passed, or the push naming it ended).
+func (s *Server) release(id string) {
+	if id == "" {
+		return
+	}
+	s.mu.Lock()
+	l := s.leases[id]
+	if l != nil {
+		delete(s.leases, id)
+		l.timer.Stop()
+		destroyLease(l.c)
+	}
+	n := len(s.leases)
+	s.mu.Unlock()
+	s.opts.Metrics.leases(n)
+}
+
+func newLeaseID() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("kvx transfer: crypto/rand: " + err.Error())
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// PushKv receives one prompt's blocks through one kvx_xfer_stream and
+// answers once they are durable; any failure destroys the stream (nothing
+// of it is published).
+func (s *Server) PushKv(stream tlkvpb.KvTransfer_PushKvServer) (err error) {
+	defer func() { s.opts.Metrics.call("PushKv", err) }()
+	if !s.begin() {
+		return status.Error(codes.Unavailable, "kvxd is shutting down")
+	}
+	defer s.streams.Done()
+	select {
+	case s.sem <- struct{}{}:
+		defer func() { <-s.sem }()
+	default:
+		return status.Errorf(codes.ResourceExhausted, "kvxd: %d PushKv streams already in flight (--max-streams)", s.opts.MaxStreams)
+	}
+	s.opts.Metrics.stream(1)
+	defer s.opts.Metrics.stream(-1)
+	ctx := stream.Context()
+	r, err := s.receive(ctx, stream)
+	if s.opts.Sink != nil {
+		s.opts.Sink.Done(ctx, r, err)
+	}
+	if err != nil {
+		return err
+	}
+	s.opts.Metrics.pushed(r)
+	return stream.SendAndClose(&tlkvpb.PushKvResponse{BlocksStored: r.BlocksStored, BlocksReferenced: r.BlocksReferenced,
+		BytesReceived: r.BytesReceived, Durable: r.Durable, TailTokens: r.TailTokens})
+}
+
+type chunkReceiver interface {
+	Recv() (*tlkvpb.KvChunk, error)
+}
+
+func (s *Server) receive(ctx context.Context, stream chunkReceiver) (Result, error) {
+	cs, err := newCStream(s.store)
+	if err != nil {
+		return Result{}, toStatus(err)
+	}
+	defer cs.destroy() // after finish it only frees; before, it drops the stream's blocks
+	var leaseID string
+	defer func() { s.release(leaseID) }()
+	var total uint64
+	for {
+		ch, err := stream.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
+				return cs.progress(), st.Err()
+			}
+			return cs.progress(), status.Error(codes.Canceled, "kvxd: the stream was cut: "+err.Error())
+		}
+		if leaseID == "" {
+			leaseID = ch.LeaseId
+		}
+		total += uint64(len(ch.Payload))
+		if s.opts.MaxStreamBytes > 0 && total > s.opts.MaxStreamBytes {
+			return cs.progress(), status.Errorf(codes.ResourceExhausted,
+				"kvxd: the stream's payloads passed %d bytes (--max-stream-bytes)", s.opts.MaxStreamBytes)
+		}
+		k := Chunk{KvFormat: ch.KvFormat, BlockHash: ch.BlockHash, Payload: ch.Payload, CRC32C: ch.Crc32C,
+			Tokens: ch.Tokens, ModelSignature: ch.ModelSignature}
+		info, err := cs.chunk(&k)
+		if err != nil {
+			return cs.progress(), toStatus(err)
+		}
+		if s.opts.Sink != nil {
+			b := Block{BlockInfo: info, KvFormat: ch.KvFormat, Tokens: ch.Tokens}
+			if !info.Referenced {
+				b.Payload = ch.Payload
+			}
+			if err := s.opts.Sink.Block(ctx, b); err != nil {
+				if _, ok := status.FromError(err); !ok {
+					err = status.Error(codes.Internal, "kvxd: sink: "+err.Error())
+				}
+				return cs.progress(), err
+			}
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return cs.progress(), status.FromContextError(err).Err()
+	}
+	r, err := cs.finish()
+	if err != nil {
+		return r, toStatus(err)
+	}
+	return r, nil
+}
+
+// toStatus is the gRPC status of a transfer error.
+func toStatus(err error) error {
+	var e *Error
+	if errors.As(err, &e) {
+		return status.Error(e.GRPC, e.Message)
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	return status.Error(codes.Internal, err.Error())
+}
