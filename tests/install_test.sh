@@ -41,6 +41,10 @@ check_prefix() {
         *) fail "pkg-config's libdir $libdir is not under $p" ;;
     esac
     "$p/bin/kvx" --version >/dev/null || fail "$p/bin/kvx --version failed"
+    # kvxd (tl.kv.v1 daemon) is installed when the build made it (go and Debian's gRPC there)
+    if [ -x "$build/kvxd" ]; then
+        "$p/bin/kvxd" --help | grep -q 'kvxd <command>' || fail "$p/bin/kvxd --help failed"
+    fi
     [ -f "$p/share/man/man1/kvx.1" ] || fail "no man page at $p/share/man/man1/kvx.1"
     if command -v man >/dev/null 2>&1; then
         MANPATH="$p/share/man" MANPAGER=cat MANWIDTH=80 man kvx 2>/dev/null | grep -q 'kvx warmup' ||
