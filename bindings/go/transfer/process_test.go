@@ -456,3 +456,45 @@ func TestGeneratedCodeFresh(t *testing.T) {
 		}
 	}
 }
+
+// SIGTERM while a stream is in flight and its sender stalls: kvxd waits
+// --drain, aborts the stream (nothing of it published), flushes and exits
+// 0; a push acknowledged before is intact.
+func TestKvxdSigtermAbortsStalledStream(t *testing.T) {
+	a, _ := createStore(t, testGeom, 0)
+	b, bdir := createStore(t, testGeom, 0)
+	acked, stalled := tokensOf(14, 4*B), tokensOf(15, 4*B)
+	putPrompt(t, a, acked)
+	putPrompt(t, a, stalled)
+	b.Close()
+	p := startKvxd(t, bdir, "--drain", "300ms")
+	conn := dial(t, p.addr)
+	if _, err := NewClient(conn).Push(context.Background(), a, acked, nil); err != nil {
+		t.Fatal(err)
+	}
+	st, err := tlkvpb.NewKvTransferClient(conn).PushKv(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		if err := st.Send(chunkOf(t, a, stalled, i, false)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	p.cmd.Process.Signal(syscall.SIGTERM) //nolint:errcheck
+	if code := p.wait(t); code != 0 {
+		t.Fatalf("kvxd exited %d after SIGTERM: %s", code, p.out.String())
+	}
+	if _, err := st.CloseAndRecv(); err == nil {
+		t.Fatal("the stalled stream was acknowledged")
+	}
+	r, err := kvx.Open(bdir, &kvx.OpenOptions{NoWait: true})
+	if err != nil {
+		t.Fatalf("the store after SIGTERM: %v", err)
+	}
+	defer r.Close()
+	if served(t, r, acked) != 4 || served(t, r, stalled) != 0 {
+		t.Fatal("after SIGTERM: the acknowledged prompt lost, or the aborted one published")
+	}
+}

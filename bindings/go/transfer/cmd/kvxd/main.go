@@ -57,7 +57,7 @@ commands:
       exit 0. Prints "kvxd: listening on ADDR" once it serves.
 
   push --store DIR --to ADDR [--format v1|v2|v3] [--ca F] [--cert F --key F]
-       [--insecure] [--json] TOKEN...
+       [--insecure] [--json] [--timeout D] TOKEN...
       Push the cached prefix of TOKEN... (full blocks held in DIR, opened
       read-only) to the kvxd at ADDR: HasBlocks, then one PushKv stream
       that sends only the blocks the receiver lacks. The format defaults
@@ -66,7 +66,8 @@ commands:
       roots without --ca); plaintext to a loopback ADDR or with --insecure.
       Prints "blocks sent N, referenced N, bytes sent N, tail tokens N,
       durable true"; --json: {"blocks_sent", "blocks_referenced",
-      "bytes_sent", "tail_tokens", "durable"}.
+      "bytes_sent", "tail_tokens", "durable"}. --timeout (none): give up
+      after D.
 
 exit status: 0 ok; 1 failed (the gRPC status and the receiver's message on
 stderr); 2 usage.
