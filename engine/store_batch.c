@@ -240,7 +240,9 @@ static int st_put_one(kvx_store *s, kvx_store_batch *x, int kind, const st_query
     if ((rc = kvx_shard_writer_add(o->w, &e))) return rc;
     if (!e.digest && !s->keyed) o->nunv++; /* keyed pages are not "unverified" blocks */
     st_query pq = *q;
-    if (kind != ST_KIND_LINEAGE) pq.toks = NULL, pq.digest = NULL;
+    /* a plain block keeps no tokens or digest; a keyed page keeps its
+     * key's SHA-256, which st_pending_find compares */
+    if (kind != ST_KIND_LINEAGE) pq.toks = NULL, pq.digest = q->key ? q->digest : NULL;
     if ((rc = st_pending_add(s, x, &pq, KVX_COORD(o->byte, idx, 0), kind, o->gen))) return rc;
     if (x->reserve_hint > 0) x->reserve_hint--;
     if (idx + 1 >= o->cap || kvx_shard_writer_bytes(o->w) >= s->target) {
