@@ -130,6 +130,9 @@ struct kvx_store_batch {
     uint64_t lost;       /* blocks of successful puts dropped since the last
                             caller's flush, which then answers KVX_EDROPPED */
     char lost_why[256];  /* the failure that dropped the first of them */
+    int whole;           /* all or nothing (a tl.kv.v1 stream's batch): never
+                            published before the caller's flush; a put that
+                            would need an early flush fails instead */
 };
 
 struct kvx_store {

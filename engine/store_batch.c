@@ -201,7 +201,13 @@ static int st_room_for_pending(kvx_store *s, kvx_store_batch *x)
     for (size_t i = 0; i < x->nsealed; i++) own += x->sealed[i].bytes;
     uint64_t pend = st_unpublished_bytes(s);
     if (live + pend <= s->capacity) return 0;
-    if (own > s->capacity - s->capacity / 64) return kvx_st_flush_locked(s, x);
+    if (own > s->capacity - s->capacity / 64) {
+        if (x->whole)
+            return kvx_fail(KVX_ECAPACITY, "store: the batch's %llu sealed bytes reach the store's capacity of %llu "
+                            "bytes, and it is published whole or not at all",
+                            (unsigned long long)own, (unsigned long long)s->capacity);
+        return kvx_st_flush_locked(s, x);
+    }
     if (kvx_st_evict(s, pend) != 0) kvx_clear_error(); /* tidy-up, as after a flush */
     return 0;
 }
@@ -216,8 +222,9 @@ static int st_put_one(kvx_store *s, kvx_store_batch *x, int kind, const st_query
         if (x->npend > hint) hint = x->npend > UINT32_MAX / 2 ? UINT32_MAX : (uint32_t)x->npend;
         rc = kvx_st_writer_begin(s, kvx_st_kind_flags(s, kind), NULL, o, hint);
         if (rc == KVX_EFULL) {
-            /* out of shard ids: publish what is pending and merge small shards */
-            if ((rc = kvx_st_flush_locked(s, x))) return rc;
+            /* out of shard ids: publish what is pending (a whole batch
+             * waits for its caller's flush) and merge small shards */
+            if (!x->whole && (rc = kvx_st_flush_locked(s, x))) return rc;
             kvx_st_compact(s, 1);
             rc = kvx_st_writer_begin(s, kvx_st_kind_flags(s, kind), NULL, o, hint);
         }

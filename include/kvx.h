@@ -909,7 +909,11 @@ typedef struct kvx_xfer_result {
  * geometry, version == kv_format, n_blocks == 1, the envelope's hash and
  * n_tokens equal to the chunk's (KVX_EFORMAT / KVX_ESHAPE / KVX_EHASH /
  * KVX_ETOKENS). The first failure fails the stream: its blocks are
- * dropped, later calls answer the same code, nothing is published.
+ * dropped, later calls answer the same code, nothing is published. A
+ * stream is never published before its finish: one that would need it
+ * (its blocks reaching the store's capacity, the store's shard ids
+ * running out) fails with KVX_ECAPACITY / KVX_EFULL instead. A stream
+ * alive at kvx_store_close answers KVX_EINVALID (destroy it all the same).
  * A stream belongs to one thread at a time; many streams of one store may
  * run at once. Destroy every stream before kvx_store_close. */
 typedef struct kvx_xfer_stream kvx_xfer_stream;

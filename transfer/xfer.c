@@ -221,6 +221,7 @@ KVX_API int kvx_xfer_stream_create(kvx_xfer_stream **out, kvx_store *s)
     st->scales = malloc((size_t)s->nscales * sizeof *st->scales + sizeof(float));
     int rc = st->page && st->scales ? kvx_digest_ctx_init(&st->dc) : kvx_fail(-ENOMEM, "PushKv: out of memory");
     if (!rc && (rc = kvx_store_batch_create(&st->batch, s))) kvx_digest_ctx_free(&st->dc);
+    if (!rc) st->batch->whole = 1; /* a failed stream publishes nothing, even near the capacity */
     if (rc) {
         free(st->page);
         free(st->scales);
@@ -312,6 +313,8 @@ KVX_API int kvx_xfer_stream_chunk(kvx_xfer_stream *st, const kvx_xfer_chunk *c, 
     if (!st || !c) return kvx_fail(KVX_EINVALID, "kvx_xfer_stream_chunk: NULL argument");
     if (st->failed) return kvx_fail(st->failed, "%s", st->why);
     if (st->finished) return kvx_fail(KVX_EINVALID, "PushKv: the stream was finished");
+    /* kvx_store_close detached the batch: the store is gone, read nothing of it */
+    if (!st->batch->s) return xf_fail(st, kvx_fail(KVX_EINVALID, "PushKv: the stream's store was closed"));
     if (c->payload_len && !c->payload) return kvx_fail(KVX_EINVALID, "kvx_xfer_stream_chunk: payload is NULL");
     uint32_t idx = st->next_index;
     st->res.bytes_received += c->payload_len;
