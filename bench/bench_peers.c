@@ -912,6 +912,14 @@ static void run_trace(int kind, const char *base, const trace *tr, size_t cap, r
         if (nw || nd) peer_write(p, wh, wpages, nw, del, nd);
         written += nw;
     }
+    if (kind == P_KVX) { /* where kvx's extra bytes go: merges and evictions */
+        kvx_store_stats st;
+        if (kvx_store_stat(&st, p->kvx) == 0)
+            printf("bench_peers: kvx after the trace: %llu blocks in %llu shards, %llu evictions (%llu blocks), "
+                   "%llu compactions\n",
+                   (unsigned long long)st.blocks, (unsigned long long)st.shards, (unsigned long long)st.evictions,
+                   (unsigned long long)st.evicted_blocks, (unsigned long long)st.compactions);
+    }
     peer_close(p);
     r->trace_s = kvx_bench_now() - t0;
     r->written_gb = (double)(io_write_bytes() - wb0) / 1e9;
