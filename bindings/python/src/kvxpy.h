@@ -25,8 +25,9 @@ typedef struct {
     kvx_store *s; /* NULL once closed */
     pthread_rwlock_t lock;
     kvx_geometry geom;
-    uint64_t page_bytes; /* one full block */
+    uint64_t page_bytes; /* one full block; a keyed store's page size */
     int readonly;
+    int keyed; /* a keyed store (kvx_store_stats.page_bytes != 0) */
 } kvxpy_store;
 
 typedef struct {

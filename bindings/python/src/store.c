@@ -47,6 +47,12 @@ static kvxpy_store *store_alloc(kvx_store *s)
     kvx_store_get_geometry(&o->geom, s);
     o->page_bytes = kvx_page_bytes(&o->geom, o->geom.block_tokens);
     o->readonly = 0;
+    o->keyed = 0;
+    kvx_store_stats stats;
+    if (kvx_store_stat(&stats, s) == 0 && stats.page_bytes) { /* a keyed store */
+        o->page_bytes = stats.page_bytes;
+        o->keyed = 1;
+    }
     return o;
 }
 
@@ -59,26 +65,40 @@ static uint32_t flag_bits(int nowait, int verify, int nosync, int readonly)
 static PyObject *store_create(PyObject *cls, PyObject *args, PyObject *kw)
 {
     (void)cls;
-    static char *kwlist[] = {"dir", "num_layers", "kv_heads", "head_dim", "block_tokens", "quant",
-                             "model_signature", "capacity", "shard_bytes", "nowait", "verify", "nosync", NULL};
+    static char *kwlist[] = {"dir",      "num_layers", "kv_heads", "head_dim", "block_tokens", "quant",
+                             "model_signature", "capacity", "shard_bytes", "nowait", "verify", "nosync",
+                             "page_bytes", NULL};
     PyObject *dirobj, *quant = NULL;
     unsigned int L = UINT32_MAX, H = UINT32_MAX, D = UINT32_MAX, B = UINT32_MAX;
-    unsigned long long sig = 0, cap = 0, shard = 0;
+    unsigned long long sig = 0, cap = 0, shard = 0, pb = 0;
     int nowait = 0, verify = 0, nosync = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$IIIIOKKKppp:Store.create", kwlist, PyUnicode_FSConverter,
-                                     &dirobj, &L, &H, &D, &B, &quant, &sig, &cap, &shard, &nowait, &verify, &nosync))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$IIIIOKKKpppK:Store.create", kwlist, PyUnicode_FSConverter,
+                                     &dirobj, &L, &H, &D, &B, &quant, &sig, &cap, &shard, &nowait, &verify, &nosync,
+                                     &pb))
         return NULL;
-    if (L == UINT32_MAX || H == UINT32_MAX || D == UINT32_MAX || B == UINT32_MAX) {
+    int any_geom = L != UINT32_MAX || H != UINT32_MAX || D != UINT32_MAX || B != UINT32_MAX || quant || sig;
+    if (pb && any_geom) { /* a keyed store has a page size instead of a geometry */
         Py_DECREF(dirobj);
-        PyErr_SetString(PyExc_TypeError, "Store.create: num_layers, kv_heads, head_dim and block_tokens are required");
+        PyErr_SetString(PyExc_TypeError, "Store.create: page_bytes (a keyed store) takes no geometry, quant or "
+                                         "model_signature");
+        return NULL;
+    }
+    if (!pb && (L == UINT32_MAX || H == UINT32_MAX || D == UINT32_MAX || B == UINT32_MAX)) {
+        Py_DECREF(dirobj);
+        PyErr_SetString(PyExc_TypeError, "Store.create: num_layers, kv_heads, head_dim and block_tokens are required "
+                                         "(or page_bytes for a keyed store)");
         return NULL;
     }
     kvx_store_options o;
     kvx_store_options_init(&o);
-    o.geometry = (kvx_geometry){L, H, D, B, KVX_QUANT_FP16, sig};
-    if (quant && kvxpy_quant_from(&o.geometry.quant, quant) < 0) {
-        Py_DECREF(dirobj);
-        return NULL;
+    if (pb) {
+        o.page_bytes = pb; /* geometry stays all zero */
+    } else {
+        o.geometry = (kvx_geometry){L, H, D, B, KVX_QUANT_FP16, sig};
+        if (quant && kvxpy_quant_from(&o.geometry.quant, quant) < 0) {
+            Py_DECREF(dirobj);
+            return NULL;
+        }
     }
     o.capacity_bytes = cap;
     o.shard_bytes = shard;
@@ -485,6 +505,301 @@ static PyObject *store_c_prefix_loop(PyObject *self, PyObject *args)
     return out;
 }
 
+/* ---- keyed pages (a keyed store: Store.create(dir, page_bytes=N)) ---------
+ *
+ * Keys are bytes or str (UTF-8), 1..KVX_KEY_MAX bytes each: libkvx checks
+ * them (KVX_EINVALID naming the index). Each call is one C call over the
+ * whole list, with the GIL released; the key bytes and page buffers stay
+ * pinned by the argument objects (held through the sequence) meanwhile. */
+
+typedef struct {
+    PyObject *seq; /* PySequence_Fast of the keys: holds every key object */
+    kvx_key *k;
+    size_t n;
+} keyed_keys;
+
+static void keyed_keys_release(keyed_keys *kk)
+{
+    Py_CLEAR(kk->seq);
+    PyMem_Free(kk->k);
+    kk->k = NULL;
+}
+
+static int keyed_keys_get(keyed_keys *kk, PyObject *obj, const char *what)
+{
+    memset(kk, 0, sizeof *kk);
+    if (PyBytes_Check(obj) || PyUnicode_Check(obj)) { /* one key where a list belongs */
+        PyErr_Format(PyExc_TypeError, "kvx: %s: keys is a list of bytes or str keys, not one key", what);
+        return -1;
+    }
+    kk->seq = PySequence_Fast(obj, "kvx: keys: a list of bytes or str keys");
+    if (!kk->seq) return -1;
+    kk->n = (size_t)PySequence_Fast_GET_SIZE(kk->seq);
+    kk->k = PyMem_Malloc((kk->n ? kk->n : 1) * sizeof *kk->k);
+    if (!kk->k) {
+        keyed_keys_release(kk);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < kk->n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(kk->seq, (Py_ssize_t)i);
+        if (PyBytes_Check(o)) {
+            kk->k[i].bytes = PyBytes_AS_STRING(o);
+            kk->k[i].len = (size_t)PyBytes_GET_SIZE(o);
+        } else if (PyUnicode_Check(o)) {
+            Py_ssize_t len;
+            const char *u = PyUnicode_AsUTF8AndSize(o, &len); /* cached in o: lives as long as o */
+            if (!u) {
+                keyed_keys_release(kk);
+                return -1;
+            }
+            kk->k[i].bytes = u;
+            kk->k[i].len = (size_t)len;
+        } else {
+            PyErr_Format(PyExc_TypeError, "kvx: %s: keys[%zu] is %.80s, not bytes or str", what, i,
+                         Py_TYPE(o)->tp_name);
+            keyed_keys_release(kk);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The page (or target) buffers of a keyed call: one per key. */
+typedef struct {
+    PyObject *seq;
+    Py_buffer *b;
+    const void **p;
+    size_t *len;
+    size_t n, have;
+} keyed_bufs;
+
+static void keyed_bufs_release(keyed_bufs *kb)
+{
+    for (size_t i = 0; i < kb->have; i++) PyBuffer_Release(&kb->b[i]);
+    kb->have = 0;
+    PyMem_Free(kb->b);
+    PyMem_Free(kb->p);
+    PyMem_Free(kb->len);
+    kb->b = NULL, kb->p = NULL, kb->len = NULL;
+    Py_CLEAR(kb->seq);
+}
+
+static int keyed_bufs_get(keyed_bufs *kb, PyObject *obj, size_t n, int writable, const char *what)
+{
+    memset(kb, 0, sizeof *kb);
+    kb->seq = PySequence_Fast(obj, "kvx: a list of buffers, one per key");
+    if (!kb->seq) return -1;
+    kb->n = (size_t)PySequence_Fast_GET_SIZE(kb->seq);
+    if (kb->n != n) {
+        PyErr_Format(PyExc_ValueError, "kvx: %s: %zu keys but %zu buffers", what, n, kb->n);
+        Py_CLEAR(kb->seq);
+        return -1;
+    }
+    size_t m = n ? n : 1;
+    kb->b = PyMem_Malloc(m * sizeof *kb->b);
+    kb->p = PyMem_Malloc(m * sizeof *kb->p);
+    kb->len = PyMem_Malloc(m * sizeof *kb->len);
+    if (!kb->b || !kb->p || !kb->len) {
+        keyed_bufs_release(kb);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        PyObject *o = PySequence_Fast_GET_ITEM(kb->seq, (Py_ssize_t)i);
+        /* PyBUF_SIMPLE: C-contiguous bytes, used in place (zero-copy). */
+        if (PyObject_GetBuffer(o, &kb->b[i], writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
+            PyObject *t, *v, *tb;
+            PyErr_Fetch(&t, &v, &tb);
+            PyErr_Format(PyExc_TypeError, "kvx: %s: buffers[%zu] (%.80s) is not a contiguous%s buffer", what, i,
+                         Py_TYPE(o)->tp_name, writable ? " writable" : "");
+            Py_XDECREF(t), Py_XDECREF(v), Py_XDECREF(tb);
+            keyed_bufs_release(kb);
+            return -1;
+        }
+        kb->have++;
+        kb->p[i] = kb->b[i].buf;
+        kb->len[i] = (size_t)kb->b[i].len;
+    }
+    return 0;
+}
+
+static int keyed_put_args(keyed_keys *kk, keyed_bufs *kb, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"keys", "pages", NULL};
+    PyObject *keys, *pages;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:keyed_put", kwlist, &keys, &pages)) return -1;
+    if (keyed_keys_get(kk, keys, "keyed_put") < 0) return -1;
+    if (keyed_bufs_get(kb, pages, kk->n, 0, "keyed_put") < 0) {
+        keyed_keys_release(kk);
+        return -1;
+    }
+    return 0;
+}
+
+/* keyed_put(keys, pages) -> pages written: page i (any buffer, read in
+ * place) under keys[i]; a key already held or pending is skipped. Durable
+ * and visible at flush(). */
+static PyObject *store_keyed_put(PyObject *self, PyObject *args, PyObject *kw)
+{
+    kvxpy_store *st = (kvxpy_store *)self;
+    keyed_keys kk;
+    keyed_bufs kb;
+    if (keyed_put_args(&kk, &kb, args, kw) < 0) return NULL;
+    size_t n_new = 0;
+    int rc = 0;
+    STORE_CALL(st, rc, kvx_store_keyed_put(st->s, NULL, kk.k, kb.p, kb.len, kk.n, &n_new));
+    keyed_bufs_release(&kb);
+    keyed_keys_release(&kk);
+    if (rc) return store_fail(rc);
+    return PyLong_FromSize_t(n_new);
+}
+
+/* keyed_get(keys) -> [View or None]: zero-copy, CRC-checked views; None
+ * where the key is not held (or only damaged copies are). */
+static PyObject *store_keyed_get(PyObject *self, PyObject *arg)
+{
+    kvxpy_store *st = (kvxpy_store *)self;
+    keyed_keys kk;
+    if (keyed_keys_get(&kk, arg, "keyed_get") < 0) return NULL;
+    size_t m = kk.n ? kk.n : 1;
+    kvx_view *views = PyMem_Calloc(m, sizeof *views);
+    int *status = PyMem_Malloc(m * sizeof *status);
+    PyObject *list = NULL;
+    if (!views || !status) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    int rc = 0;
+    STORE_CALL(st, rc, kvx_store_keyed_get(views, status, st->s, kk.k, kk.n));
+    if (rc) {
+        store_fail(rc);
+        goto out;
+    }
+    list = PyList_New((Py_ssize_t)kk.n);
+    for (size_t i = 0; i < kk.n; i++) {
+        PyObject *v = NULL;
+        if (status[i] == 0) {
+            /* kvxpy_view_new owns views[i] (releases it on failure) */
+            v = list ? kvxpy_view_new(&views[i]) : (kvx_view_release(&views[i]), NULL);
+            if (!v && list) Py_CLEAR(list);
+        } else {
+            kvx_view_release(&views[i]); /* zeroed: a no-op, as the API asks */
+            if (list) v = Py_NewRef(Py_None);
+        }
+        if (list) PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+    }
+out:
+    keyed_keys_release(&kk);
+    PyMem_Free(views);
+    PyMem_Free(status);
+    return list;
+}
+
+/* One C pass: get, copy each held page whose length equals its buffer's,
+ * release the views. ok[i] = 1 where copied. */
+static int keyed_get_into_c(kvx_store *s, const kvx_key *k, size_t n, void *const *dst, const size_t *dst_len,
+                            kvx_view *views, int *status, uint8_t *ok)
+{
+    int rc = kvx_store_keyed_get(views, status, s, k, n);
+    if (rc) return rc;
+    for (size_t i = 0; i < n; i++) {
+        ok[i] = 0;
+        if (status[i] == 0 && views[i].page_bytes == dst_len[i]) {
+            memcpy(dst[i], views[i].page, dst_len[i]);
+            ok[i] = 1;
+        }
+    }
+    kvx_views_release(views, n);
+    return 0;
+}
+
+/* keyed_get_into(keys, buffers) -> [bool]: copies each held page into its
+ * (writable) buffer, whose length must be the page's; a miss, or a length
+ * that differs, gives False and leaves that buffer untouched. */
+static PyObject *store_keyed_get_into(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"keys", "buffers", NULL};
+    kvxpy_store *st = (kvxpy_store *)self;
+    PyObject *keys, *bufs;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:keyed_get_into", kwlist, &keys, &bufs)) return NULL;
+    keyed_keys kk;
+    keyed_bufs kb;
+    if (keyed_keys_get(&kk, keys, "keyed_get_into") < 0) return NULL;
+    if (keyed_bufs_get(&kb, bufs, kk.n, 1, "keyed_get_into") < 0) {
+        keyed_keys_release(&kk);
+        return NULL;
+    }
+    size_t m = kk.n ? kk.n : 1;
+    kvx_view *views = PyMem_Calloc(m, sizeof *views);
+    int *status = PyMem_Malloc(m * sizeof *status);
+    uint8_t *ok = PyMem_Calloc(m, 1);
+    PyObject *list = NULL;
+    if (!views || !status || !ok) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    int rc = 0;
+    STORE_CALL(st, rc, keyed_get_into_c(st->s, kk.k, kk.n, (void *const *)kb.p, kb.len, views, status, ok));
+    if (rc) {
+        store_fail(rc);
+        goto out;
+    }
+    if ((list = PyList_New((Py_ssize_t)kk.n)))
+        for (size_t i = 0; i < kk.n; i++) PyList_SET_ITEM(list, (Py_ssize_t)i, PyBool_FromLong(ok[i]));
+out:
+    keyed_bufs_release(&kb);
+    keyed_keys_release(&kk);
+    PyMem_Free(views);
+    PyMem_Free(status);
+    PyMem_Free(ok);
+    return list;
+}
+
+/* keyed_exists(keys) -> ([bool], leading): which keys are held, and how
+ * many leading keys of the list are. */
+static PyObject *store_keyed_exists(PyObject *self, PyObject *arg)
+{
+    kvxpy_store *st = (kvxpy_store *)self;
+    keyed_keys kk;
+    if (keyed_keys_get(&kk, arg, "keyed_exists") < 0) return NULL;
+    uint8_t *held = PyMem_Calloc(kk.n ? kk.n : 1, 1);
+    size_t leading = 0;
+    PyObject *out = NULL, *list = NULL;
+    int rc = 0;
+    if (!held) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    STORE_CALL(st, rc, kvx_store_keyed_exists(held, &leading, st->s, kk.k, kk.n));
+    if (rc) {
+        store_fail(rc);
+        goto done;
+    }
+    if (!(list = PyList_New((Py_ssize_t)kk.n))) goto done;
+    for (size_t i = 0; i < kk.n; i++) PyList_SET_ITEM(list, (Py_ssize_t)i, PyBool_FromLong(held[i]));
+    out = Py_BuildValue("(Nn)", list, (Py_ssize_t)leading);
+done:
+    keyed_keys_release(&kk);
+    PyMem_Free(held);
+    return out;
+}
+
+/* keyed_delete(keys) -> pages deleted (the owner's delete: one catalog
+ * edit, durable on return; keys not held are ignored). */
+static PyObject *store_keyed_delete(PyObject *self, PyObject *arg)
+{
+    kvxpy_store *st = (kvxpy_store *)self;
+    keyed_keys kk;
+    if (keyed_keys_get(&kk, arg, "keyed_delete") < 0) return NULL;
+    size_t n_del = 0;
+    int rc = 0;
+    STORE_CALL(st, rc, kvx_store_keyed_delete(st->s, kk.k, kk.n, &n_del));
+    keyed_keys_release(&kk);
+    if (rc) return store_fail(rc);
+    return PyLong_FromSize_t(n_del);
+}
+
 /* ---- stat, verify --------------------------------------------------------- */
 
 static PyObject *store_stat(PyObject *self, PyObject *u)
@@ -495,7 +810,7 @@ static PyObject *store_stat(PyObject *self, PyObject *u)
     int rc;
     STORE_CALL(st, rc, kvx_store_stat(&s, st->s));
     if (rc) return store_fail(rc);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "blocks",
+    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "blocks",
                          (unsigned long long)s.blocks, "bytes", (unsigned long long)s.bytes, "shards",
                          (unsigned long long)s.shards, "capacity_bytes", (unsigned long long)s.capacity_bytes, "hits",
                          (unsigned long long)s.hits, "misses", (unsigned long long)s.misses, "evictions",
@@ -504,7 +819,7 @@ static PyObject *store_stat(PyObject *self, PyObject *u)
                          (unsigned long long)s.pending_blocks, "dropped_shards",
                          (unsigned long long)s.dropped_shards, "shard_bytes", (unsigned long long)s.shard_bytes,
                          "quarantined", (unsigned long long)s.quarantined, "unverified",
-                         (unsigned long long)s.unverified);
+                         (unsigned long long)s.unverified, "page_bytes", (unsigned long long)s.page_bytes);
 }
 
 typedef struct {
@@ -581,6 +896,12 @@ static PyObject *store_page_bytes(PyObject *self, void *c)
 {
     (void)c;
     return PyLong_FromUnsignedLongLong(((kvxpy_store *)self)->page_bytes);
+}
+
+static PyObject *store_keyed(PyObject *self, void *c)
+{
+    (void)c;
+    return PyBool_FromLong(((kvxpy_store *)self)->keyed);
 }
 
 static PyObject *store_closed(PyObject *self, void *c)
@@ -665,6 +986,22 @@ static PyObject *batch_put_envelope(PyObject *self, PyObject *args, PyObject *kw
     return PyLong_FromSize_t(n_new);
 }
 
+/* Batch.keyed_put(keys, pages) -> pages written, into this batch. */
+static PyObject *batch_keyed_put(PyObject *self, PyObject *args, PyObject *kw)
+{
+    kvxpy_batch *o = (kvxpy_batch *)self;
+    keyed_keys kk;
+    keyed_bufs kb;
+    if (keyed_put_args(&kk, &kb, args, kw) < 0) return NULL;
+    size_t n_new = 0;
+    int rc = 0;
+    BATCH_CALL(o, rc, kvx_store_keyed_put(o->store->s, o->b, kk.k, kb.p, kb.len, kk.n, &n_new));
+    keyed_bufs_release(&kb);
+    keyed_keys_release(&kk);
+    if (rc) return batch_fail(rc);
+    return PyLong_FromSize_t(n_new);
+}
+
 static PyObject *batch_flush(PyObject *self, PyObject *u)
 {
     (void)u;
@@ -731,6 +1068,8 @@ static PyMethodDef batch_methods[] = {
      "put(tokens, pages, scales=None) -> blocks written, into this batch (Store.put's rules)."},
     {"put_envelope", (PyCFunction)(void (*)(void))batch_put_envelope, METH_VARARGS | METH_KEYWORDS,
      "put_envelope(envelope, tokens=None) -> blocks written, into this batch."},
+    {"keyed_put", (PyCFunction)(void (*)(void))batch_keyed_put, METH_VARARGS | METH_KEYWORDS,
+     "keyed_put(keys, pages) -> pages written, into this batch (Store.keyed_put's rules)."},
     {"flush", batch_flush, METH_NOARGS, "Make this batch's blocks durable and visible (only this batch's)."},
     {"close", batch_close, METH_NOARGS, "Drop the unflushed blocks and free the batch. Idempotent."},
     {"__enter__", batch_enter, METH_NOARGS, NULL},
@@ -758,7 +1097,8 @@ static PyMethodDef store_methods[] = {
     {"create", (PyCFunction)(void (*)(void))store_create, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "Store.create(dir, *, num_layers, kv_heads, head_dim, block_tokens, quant='fp16', model_signature=0, "
      "capacity=0, shard_bytes=0, nowait=False, verify=False, nosync=False) -> a new store (0 sizes: the "
-     "library's defaults). quant: a name from kvx.quant_names() or its number."},
+     "library's defaults). quant: a name from kvx.quant_names() or its number. "
+     "Store.create(dir, *, page_bytes=N, capacity=0, ...) -> a new keyed store (no geometry)."},
     {"open", (PyCFunction)(void (*)(void))store_open, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "Store.open(dir, *, readonly=False, nowait=False, verify=False, nosync=False) -> the store, recovered."},
     {"close", store_close, METH_NOARGS,
@@ -783,6 +1123,18 @@ static PyMethodDef store_methods[] = {
     {"prefix", (PyCFunction)(void (*)(void))store_prefix, METH_VARARGS | METH_KEYWORDS,
      "prefix(tokens, max_views=None) -> [View]: the longest cached prefix, one C call."},
     {"_c_prefix_loop", store_c_prefix_loop, METH_VARARGS, "Benchmark reference (bench/bench_python.py)."},
+    {"keyed_put", (PyCFunction)(void (*)(void))store_keyed_put, METH_VARARGS | METH_KEYWORDS,
+     "keyed_put(keys, pages) -> pages written. keys: bytes or str (UTF-8), 1..255 bytes; pages: one buffer per "
+     "key (1..page_bytes bytes, read in place); keys already held are skipped. Durable and visible after flush()."},
+    {"keyed_get", store_keyed_get, METH_O,
+     "keyed_get(keys) -> [View or None]: zero-copy CRC-checked pages, one C call; None where a key is not held."},
+    {"keyed_get_into", (PyCFunction)(void (*)(void))store_keyed_get_into, METH_VARARGS | METH_KEYWORDS,
+     "keyed_get_into(keys, buffers) -> [bool]: copies each held page into its writable buffer (lengths must be "
+     "equal); False leaves that buffer untouched."},
+    {"keyed_exists", store_keyed_exists, METH_O,
+     "keyed_exists(keys) -> ([bool], leading): which keys are held and how many leading keys are."},
+    {"keyed_delete", store_keyed_delete, METH_O,
+     "keyed_delete(keys) -> pages deleted (durable on return; keys not held are ignored)."},
     {"stat", store_stat, METH_NOARGS, "stat() -> dict of the store's counters."},
     {"verify", store_verify, METH_NOARGS,
      "verify() -> [{'what', 'code', 'name'}]: every problem found ([] when intact)."},
@@ -792,7 +1144,8 @@ static PyMethodDef store_methods[] = {
 
 static PyGetSetDef store_getset[] = {
     {"geometry", store_geometry, NULL, "The store's geometry as a dict.", NULL},
-    {"page_bytes", store_page_bytes, NULL, "Bytes of one full block's page.", NULL},
+    {"page_bytes", store_page_bytes, NULL, "Bytes of one full block's page (a keyed store: its page size).", NULL},
+    {"keyed", store_keyed, NULL, "True for a keyed store (created with page_bytes).", NULL},
     {"closed", store_closed, NULL, "True once closed.", NULL},
     {"readonly", store_readonly, NULL, "True when opened read-only.", NULL},
     {NULL, NULL, NULL, NULL, NULL},

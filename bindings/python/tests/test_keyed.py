@@ -1,0 +1,187 @@
+"""Keyed pages through the binding: a keyed store (Store.create(dir,
+page_bytes=N)), keyed_put / keyed_get / keyed_get_into / keyed_exists /
+keyed_delete, durability at flush, zero-copy views, errors."""
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import kvx
+from conftest import GEOM
+
+PB = 8192
+
+
+@pytest.fixture
+def ks(tmp_path):
+    with kvx.Store.create(str(tmp_path / "keyed"), page_bytes=PB, capacity=64 << 20, nosync=True) as st:
+        yield st
+
+
+def pages(n, seed=0, size=PB):
+    return [np.random.default_rng(seed + i).integers(0, 256, size, dtype=np.uint8) for i in range(n)]
+
+
+def test_create_keyed_store(ks, tmp_path):
+    assert ks.keyed and ks.page_bytes == PB
+    assert ks.stat()["page_bytes"] == PB
+    with pytest.raises(TypeError):
+        kvx.Store.create(str(tmp_path / "both"), page_bytes=PB, **GEOM)
+    with kvx.Store.create(str(tmp_path / "blocks"), **GEOM, nosync=True) as bs:
+        assert not bs.keyed and bs.stat()["page_bytes"] == 0
+
+
+def test_put_get_round_trip(ks):
+    """str and bytes keys; numpy, bytearray and bytes pages, a short last page; invisible until flush; views
+    are the stored bytes, None for a miss."""
+    p = pages(3)
+    keys = ["model@1@0@abc", b"\x00binary\xffkey", "short"]
+    data = [p[0], bytearray(p[1].tobytes()), p[2][:100].tobytes()]
+    assert ks.keyed_put(keys, data) == 3
+    assert ks.keyed_get(keys) == [None, None, None]  # not visible before the flush
+    assert ks.stat()["pending_blocks"] == 3
+    ks.flush()
+    views = ks.keyed_get(keys + ["absent"])
+    assert views[3] is None
+    assert bytes(views[0]) == p[0].tobytes() and bytes(views[1]) == p[1].tobytes()
+    assert bytes(views[2]) == p[2][:100].tobytes() and views[2].page_bytes == 100 and len(views[2]) == 100
+    assert np.array_equal(np.frombuffer(views[0], dtype=np.uint8), p[0])  # zero-copy buffer
+    assert ks.keyed_put(keys[:1], [p[1]]) == 0  # a key already held is skipped, its page kept
+    ks.flush()
+    assert bytes(ks.keyed_get(keys[:1])[0]) == p[0].tobytes()
+
+
+def test_get_into(ks):
+    p = pages(2, seed=5)
+    ks.keyed_put(["a", "b"], p)
+    ks.flush()
+    out = [np.zeros(PB, np.uint8), bytearray(b"\xee" * PB), bytearray(b"\xee" * (PB - 1))]
+    assert ks.keyed_get_into(["a", "missing", "b"], out) == [True, False, False]
+    assert np.array_equal(out[0], p[0])
+    assert out[1] == bytearray(b"\xee" * PB)  # a miss: untouched
+    assert out[2] == bytearray(b"\xee" * (PB - 1))  # a length that differs: untouched
+    with pytest.raises(TypeError):
+        ks.keyed_get_into(["a"], [bytes(PB)])  # read-only
+    with pytest.raises(ValueError):
+        ks.keyed_get_into(["a", "b"], [bytearray(PB)])
+
+
+def test_exists_leading_and_delete(ks, tmp_path):
+    p = pages(4, seed=9)
+    ks.keyed_put(["k0", "k1", "k3"], [p[0], p[1], p[3]])
+    ks.flush()
+    assert ks.keyed_exists(["k0", "k1", "k2", "k3"]) == ([True, True, False, True], 2)
+    assert ks.keyed_exists([]) == ([], 0)
+    assert ks.keyed_delete(["k1", "k2"]) == 1
+    assert ks.keyed_get(["k1"]) == [None]
+    assert ks.keyed_exists(["k0", "k1", "k3"]) == ([True, False, True], 1)
+    assert ks.keyed_delete(["k1"]) == 0
+    ks.close()
+    with kvx.Store.open(str(tmp_path / "keyed")) as again:  # the delete was durable
+        assert again.keyed and again.page_bytes == PB
+        assert again.keyed_exists(["k0", "k1", "k3"])[0] == [True, False, True]
+
+
+def test_restart_keeps_flushed_drops_unflushed(tmp_path):
+    d = str(tmp_path / "r")
+    p = pages(2, seed=11)
+    st = kvx.Store.create(d, page_bytes=PB, capacity=64 << 20)
+    st.keyed_put(["flushed"], [p[0]])
+    st.flush()
+    st.keyed_put(["unflushed"], [p[1]])
+    st.close()
+    with kvx.Store.open(d) as st:
+        v = st.keyed_get(["flushed", "unflushed"])
+        assert bytes(v[0]) == p[0].tobytes() and v[1] is None
+
+
+def test_bad_keys_and_sizes(ks):
+    page = bytearray(PB)
+    for keys, data in (([""], [page]), (["x" * 256], [page]), (["big"], [bytearray(PB + 1)]),
+                       (["empty"], [bytearray(0)])):
+        with pytest.raises(kvx.InvalidError) as e:
+            ks.keyed_put(keys, data)
+        assert e.value.code == kvx.EINVALID and e.value.name == "KVX_EINVALID" and e.value.message
+    assert ks.stat()["pending_blocks"] == 0  # nothing written
+    for call in (ks.keyed_get, ks.keyed_exists, ks.keyed_delete):
+        with pytest.raises(kvx.InvalidError):
+            call([""])
+    assert ks.keyed_put(["x" * 255], [page]) == 1  # 255 bytes is a key
+    with pytest.raises(TypeError):
+        ks.keyed_put([42], [page])
+    with pytest.raises(TypeError):
+        ks.keyed_get("one-key")
+    with pytest.raises(ValueError):
+        ks.keyed_put(["a", "b"], [page])
+    with pytest.raises(TypeError):
+        ks.keyed_put(["a"], [np.zeros((4, 4), np.uint8)[:, ::2]])  # not contiguous
+
+
+def test_keyed_and_block_calls_do_not_mix(ks, store):
+    with pytest.raises(kvx.InvalidError):
+        store.keyed_put(["a"], [bytearray(16)])
+    with pytest.raises(kvx.InvalidError):
+        store.keyed_get(["a"])
+    with pytest.raises(kvx.InvalidError):
+        ks.prefix(np.arange(64, dtype=np.uint32))
+
+
+def test_views_outlive_close_and_release(ks):
+    p = pages(1, seed=13)
+    ks.keyed_put(["v"], p)
+    ks.flush()
+    (v,) = ks.keyed_get(["v"])
+    a = np.frombuffer(v, dtype=np.uint8)
+    ks.close()
+    gc.collect()
+    assert bytes(v) == p[0].tobytes()
+    v.release()
+    with pytest.raises(ValueError):
+        memoryview(v)
+    assert a.tobytes() == p[0].tobytes()  # the export keeps the page mapped
+    with pytest.raises(ValueError):
+        ks.keyed_get(["v"])
+
+
+def test_batch_keyed_put(ks):
+    p = pages(2, seed=17)
+    with ks.batch() as b:
+        assert b.keyed_put(["b0", "b1"], p) == 2
+        assert ks.keyed_exists(["b0"])[0] == [False]  # pending in the batch
+    assert ks.keyed_exists(["b0", "b1"]) == ([True, True], 2)
+
+
+def test_busy_second_writer(ks, tmp_path):
+    with pytest.raises(kvx.BusyError) as e:
+        kvx.Store.open(str(tmp_path / "keyed"), nowait=True)
+    assert e.value.code == kvx.EBUSY
+
+
+def test_threads_get_while_putting(ks):
+    """Lookups from several threads while another thread puts and flushes (the GIL is released in C)."""
+    p = pages(8, seed=19)
+    ks.keyed_put([f"base{i}" for i in range(8)], p)
+    ks.flush()
+    stop, errors = threading.Event(), []
+
+    def reader():
+        try:
+            while not stop.is_set():
+                out = [bytearray(PB) for _ in range(8)]
+                assert ks.keyed_get_into([f"base{i}" for i in range(8)], out) == [True] * 8
+                assert all(bytes(o) == x.tobytes() for o, x in zip(out, p))
+        except BaseException as e:  # pragma: no cover
+            errors.append(e)
+
+    ts = [threading.Thread(target=reader) for _ in range(3)]
+    for t in ts:
+        t.start()
+    for r in range(20):
+        ks.keyed_put([f"w{r}-{i}" for i in range(4)], p[:4])
+        ks.flush()
+    stop.set()
+    for t in ts:
+        t.join()
+    assert not errors, errors
+    assert ks.keyed_exists([f"w19-{i}" for i in range(4)])[1] == 4
