@@ -13,8 +13,9 @@ def test_import():
     assert kvx.__version__ == kvx.version()
     assert kvx.quant_names()["fp16"] == 0
     assert kvx.ENOTFOUND == -30005 and kvx.err_name(kvx.ENOTFOUND) == "KVX_ENOTFOUND"
-    integrations = importlib.import_module("kvx.integrations")
-    assert "next issue" in integrations.__doc__
+    assert "ENGINES.md" in importlib.import_module("kvx.integrations").__doc__
+    assert importlib.import_module("kvx.integrations.lmcache").KvxConnector
+    assert importlib.import_module("kvx.integrations.sglang").KvxHiCacheStorage
 
 
 def test_round_trip_prefix(filled):

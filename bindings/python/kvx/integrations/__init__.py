@@ -1,5 +1,12 @@
-"""Adapters that plug kvx into inference engines (LMCache, SGLang).
+"""Adapters that plug kvx into inference engines as their KV-cache store
+(docs/ENGINES.md): import the one you use, each needs only the kvx binding.
 
-Empty for now: the next issue (the LMCache and SGLang integrations) fills
-this package.
+- kvx.integrations.lmcache.KvxConnector: LMCache's L2 "native_plugin"
+  connector (event_fd, submit_batch_get/set/exists/delete,
+  drain_completions, close).
+- kvx.integrations.sglang.KvxHiCacheStorage: SGLang HiCache's storage
+  backend (--hicache-storage-backend dynamic), zero-copy over the host pool.
+
+Both keep their pages in a kvx keyed store (Store.create(dir,
+page_bytes=N)), one directory per process.
 """

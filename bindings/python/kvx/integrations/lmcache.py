@@ -1,0 +1,260 @@
+"""kvx as an LMCache L2 store: the "native_plugin" connector contract.
+
+LMCache (multiprocess mode) loads a third-party connector from its config::
+
+    --l2-adapter '{"type": "native_plugin",
+                   "module_path": "kvx.integrations.lmcache",
+                   "class_name": "KvxConnector",
+                   "adapter_params": {"path": "/var/cache/kvx-lmcache",
+                                      "page_bytes": 33554432, "capacity": "64GiB"}}'
+
+constructs ``KvxConnector(**adapter_params)`` and wraps it in its own
+``NativeConnectorL2Adapter``, which polls ``event_fd()``, calls
+``drain_completions()`` and routes each completion by its future id.
+
+Contract mirrored (LMCache/LMCache, as read for this module; docs/ENGINES.md
+names the files and commits): docs/source/developer_guide/extending_lmcache/
+native_connectors.rst ("Required Connector Interface"),
+lmcache/v1/distributed/l2_adapters/native_plugin_l2_adapter.py (loading,
+required methods) and native_connector_l2_adapter.py (how completions are
+consumed), csrc/storage_backends/connector_base.h and
+connector_pybind_utils.h (the reference semantics: future ids from 1, one
+eventfd, completion tuples ``(future_id, ok, error, bools or None)``, per-key
+bools for get, exists and delete, None for set, an empty key list refused at
+submission).
+
+Shape: submissions validate their arguments at once (a bad key or size
+raises kvx.InvalidError and queues nothing), take the buffers, queue the
+operation and return its future id; ``num_workers`` worker threads run the
+operations through the kvx binding (one C call per batch, GIL released) and
+post completions, signalling the one eventfd. A set completes ok only after
+its own write batch's flush returned 0: its pages are durable. A get copies
+each held page into its buffer (lengths must match) and reports True; a
+miss reports False and leaves that buffer untouched.
+"""
+import collections
+import os
+import queue
+import threading
+
+import kvx
+
+from . import _common
+
+__all__ = ["KvxConnector"]
+
+_GET, _SET, _EXISTS, _DELETE = "get", "set", "exists", "delete"
+_STOP = object()
+
+
+def _rank_tag(rank):
+    """rank: the adapter param, else $KVX_RANK, else torchrun's $RANK, else 0."""
+    if rank is None:
+        rank = os.environ.get("KVX_RANK", os.environ.get("RANK", "0"))
+    return "rank" + _common.tag_safe(rank)
+
+
+class KvxConnector:
+    """LMCache native_plugin connector over a kvx keyed store (see the module doc).
+
+    Adapter params: path (required), page_bytes (required to create the store; checked against an existing
+    one), capacity (default "64GiB"), rank (default $KVX_RANK, $RANK, 0: the directory is path/rank<N>),
+    per_rank_path (True: path is already this process's own directory; a "{rank}" in path is replaced by
+    rank<N> instead), num_workers (default 2), nosync (tests and benchmarks only), verify.
+    """
+
+    def __init__(self, path=None, page_bytes=None, capacity="64GiB", rank=None, per_rank_path=False,
+                 num_workers=2, nosync=False, verify=False):
+        num_workers = int(num_workers)
+        if num_workers <= 0:
+            raise ValueError("kvx: num_workers must be > 0")
+        self.dir = _common.store_dir(path, _rank_tag(rank), per_rank_path)
+        self._store = _common.open_keyed_store(self.dir, page_bytes, capacity, nosync=nosync, verify=verify)
+        self.page_bytes = self._store.page_bytes
+        try:
+            self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        except BaseException:
+            self._store.close()
+            raise
+        self._mu = threading.Lock()  # future ids, completions, closed
+        self._next_id = 1
+        self._done = collections.deque()
+        self._closed = False
+        self._q = queue.SimpleQueue()
+        self._workers = [threading.Thread(target=self._work, name=f"kvx-lmcache-{i}", daemon=True)
+                         for i in range(num_workers)]
+        for t in self._workers:
+            t.start()
+
+    # ---- the contract ------------------------------------------------------
+
+    def event_fd(self):
+        """The eventfd that becomes readable when completions are waiting (-1 once closed)."""
+        return self._efd
+
+    def submit_batch_get(self, keys, memoryviews):
+        """Copy each key's page into its buffer (writable, the page's length). -> future id; the completion's
+        bools say which keys were copied (a miss: False, its buffer untouched)."""
+        ks = self._keys(keys, "submit_batch_get")
+        bufs = self._buffers(memoryviews, len(ks), writable=True, what="submit_batch_get")
+        return self._submit(_GET, ks, bufs)
+
+    def submit_batch_set(self, keys, memoryviews):
+        """Store each buffer (1..page_bytes bytes, read in place) under its key. -> future id; the completion
+        is ok once every page is durable (its flush returned 0); keys already held are kept as they are."""
+        ks = self._keys(keys, "submit_batch_set")
+        bufs = self._buffers(memoryviews, len(ks), writable=False, what="submit_batch_set")
+        return self._submit(_SET, ks, bufs)
+
+    def submit_batch_exists(self, keys):
+        """-> future id; the completion's bools say which keys are held."""
+        return self._submit(_EXISTS, self._keys(keys, "submit_batch_exists"), None)
+
+    def submit_batch_delete(self, keys):
+        """Delete the keys' pages (the owner's delete). -> future id; bools: True where a page was deleted."""
+        return self._submit(_DELETE, self._keys(keys, "submit_batch_delete"), None)
+
+    def drain_completions(self):
+        """Every completion posted so far, oldest first: [(future_id, ok, error, [bool] or None)]. Clears the
+        eventfd first, so a completion posted meanwhile signals it again."""
+        with self._mu:
+            if self._closed:
+                return []
+            try:
+                os.eventfd_read(self._efd)
+            except BlockingIOError:
+                pass
+            out = list(self._done)
+            self._done.clear()
+        return out
+
+    def close(self):
+        """Stop: the operations being run finish, the queued ones are dropped (never completed: a set not
+        completed was never acknowledged), then the store and the eventfd close. After close returns no
+        buffer given to a submission is read or written again. Idempotent."""
+        with self._mu:
+            if self._closed:
+                return
+            self._closed = True
+        for _ in self._workers:
+            self._q.put(_STOP)
+        for t in self._workers:
+            if t is not threading.current_thread():
+                t.join()
+        self._store.close()  # unflushed puts (none: each set flushes) dropped
+        with self._mu:
+            self._done.clear()
+            efd, self._efd = self._efd, -1
+        os.close(efd)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    # ---- submission ---------------------------------------------------------
+
+    def _keys(self, keys, what):
+        if type(keys) is list and keys:  # the common case, checked in bulk; any doubt: the exact path below
+            try:
+                kb = [k.encode() if type(k) is str else (k if type(k) is bytes else None) for k in keys]
+                lens = list(map(len, kb))
+                if min(lens) >= 1 and max(lens) <= _common.KEY_MAX:
+                    return kb
+            except (TypeError, UnicodeError):
+                pass
+        if isinstance(keys, (str, bytes)):
+            _common.raise_kvx(kvx.InvalidError, kvx.EINVALID, f"{what}: keys is a list of keys, not one key")
+        keys = list(keys)
+        if not keys:
+            _common.raise_kvx(kvx.InvalidError, kvx.EINVALID, f"{what}: keys list is empty")
+        return [_common.key_bytes(k, i) for i, k in enumerate(keys)]
+
+    def _buffers(self, bufs, n, writable, what):
+        if type(bufs) is list and len(bufs) == n:  # the common case: byte memoryviews, checked in bulk
+            try:
+                ms = list(map(memoryview, bufs))
+                if all(m.c_contiguous and m.ndim == 1 and m.format == "B" and not (writable and m.readonly)
+                       for m in ms):
+                    sizes = [m.nbytes for m in ms]
+                    if min(sizes) >= 1 and max(sizes) <= self.page_bytes:
+                        return ms
+            except TypeError:
+                pass
+        bufs = list(bufs)
+        if len(bufs) != n:
+            _common.raise_kvx(kvx.InvalidError, kvx.EINVALID, f"{what}: {n} keys but {len(bufs)} memoryviews")
+        out = []
+        for i, b in enumerate(bufs):
+            try:
+                m = memoryview(b)
+            except TypeError:
+                _common.raise_kvx(kvx.InvalidError, kvx.EINVALID, f"{what}: memoryviews[{i}] is not a buffer")
+            if not m.c_contiguous or (writable and m.readonly):
+                _common.raise_kvx(kvx.InvalidError, kvx.EINVALID,
+                                  f"{what}: memoryviews[{i}] is not a contiguous{' writable' if writable else ''} "
+                                  "buffer")
+            m = m.cast("B") if m.ndim != 1 or m.format != "B" else m
+            if not 1 <= m.nbytes <= self.page_bytes:
+                _common.raise_kvx(kvx.InvalidError, kvx.EINVALID,
+                                  f"{what}: memoryviews[{i}] holds {m.nbytes} bytes (a page is 1..{self.page_bytes})")
+            out.append(m)
+        return out
+
+    def _submit(self, op, keys, bufs):
+        with self._mu:
+            if self._closed:
+                raise ValueError("kvx: the connector is closed")
+            fid = self._next_id
+            self._next_id += 1
+            self._q.put((fid, op, keys, bufs))
+        return fid
+
+    # ---- the workers --------------------------------------------------------
+
+    def _work(self):
+        batch = None  # this worker's write batch: its flush acknowledges exactly its own sets
+        try:
+            while True:
+                item = self._q.get()
+                if item is _STOP or self._closed:
+                    break
+                fid, op, keys, bufs = item
+                try:
+                    if op == _GET:
+                        res = (fid, True, "", self._store.keyed_get_into(keys, bufs))
+                    elif op == _SET:
+                        if batch is None:
+                            batch = self._store.batch()
+                        batch.keyed_put(keys, bufs)
+                        batch.flush()  # 0: durable; only now is the set ok
+                        res = (fid, True, "", None)
+                    elif op == _EXISTS:
+                        res = (fid, True, "", self._store.keyed_exists(keys)[0])
+                    else:  # delete: per-key "was held", then the owner's delete
+                        held = self._store.keyed_exists(keys)[0]
+                        self._store.keyed_delete(keys)
+                        res = (fid, True, "", held)
+                except (kvx.Error, ValueError, TypeError) as e:
+                    bools = [False] * len(keys) if op != _SET else None
+                    res = (fid, False, str(e) or type(e).__name__, bools)
+                    if op == _SET and batch is not None:  # its unflushed pages are dropped: start afresh
+                        batch.close()
+                        batch = None
+                item = bufs = None  # the buffers are not touched after this
+                with self._mu:
+                    if self._closed:
+                        break
+                    self._done.append(res)
+                    os.eventfd_write(self._efd, 1)
+        finally:
+            if batch is not None:
+                batch.close()

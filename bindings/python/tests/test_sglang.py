@@ -1,0 +1,249 @@
+"""Contract tests of kvx.integrations.sglang.KvxHiCacheStorage, SGLang
+HiCache's storage backend, driven by sglang_driver (a reproduction of
+SGLang's dynamic backend loader, cache-controller storage paths and
+numpy-backed host pools at the commit docs/ENGINES.md names)."""
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import kvx
+from kvx.integrations.sglang import KvxHiCacheStorage
+from sglang_driver import (MHAHostPool, MLAHostPool, base_class, create_dynamic_backend, generic_page_get,
+                           generic_page_set, page_get_zero_copy, page_hashes, page_set_zero_copy, storage_config,
+                           storage_hit_query)
+
+PAGE = 4  # tokens per page
+
+
+def extra(path, **kw):
+    e = {"backend_name": "kvx", "module_path": "kvx.integrations.sglang", "class_name": "KvxHiCacheStorage",
+         "path": str(path), "page_bytes": 65536, "capacity": "64MiB", "nosync": True}
+    e.update(kw)
+    return e
+
+
+def prompt(n_pages, seed=0):
+    return [int(t) for t in np.random.default_rng(seed).integers(0, 150000, n_pages * PAGE)]
+
+
+def indices(pool, pages):
+    return np.concatenate([pool.page_indices(p) for p in pages])
+
+
+def run_py(code, timeout=60):
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=timeout)
+
+
+@pytest.fixture
+def mha(tmp_path):
+    pool = MHAHostPool(page_size=PAGE)
+    b = create_dynamic_backend(storage_config(extra(tmp_path / "l3"), tp_rank=1, tp_size=2), pool)
+    yield b, pool
+    b.close()
+
+
+def test_dynamic_backend_loads(mha, tmp_path):
+    """--hicache-storage-backend dynamic with the issue's extra_config: the class subclasses HiCacheStorage
+    (SGLang's, or the stand-in here), is built as (storage_config, kwargs), and its store lives in the rank's
+    own directory."""
+    b, pool = mha
+    assert isinstance(b, base_class()) and isinstance(b, KvxHiCacheStorage)
+    assert b.dir == str(tmp_path / "l3" / "Qwen-Qwen3-8B_tp1of2")
+    assert b.mem_pool_host is pool and b.page_bytes == 65536
+    cfg = storage_config({"backend_name": "kvx", "module_path": "kvx.integrations.sglang"})
+    with pytest.raises(ValueError):
+        create_dynamic_backend(cfg, pool)
+
+
+def test_v1_zero_copy_backup_and_prefetch(mha):
+    """Backup: batch_set_v1 from the host pool's page pointers; prefetch: hit query (batch_exists leading
+    count), then batch_get_v1 straight into other host pages; every byte arrives."""
+    b, pool = mha
+    toks = prompt(8)
+    hashes = page_hashes(toks, PAGE)
+    for p in range(8):
+        pool.fill_page(p, seed=p)
+    assert page_set_zero_copy(b, hashes, indices(pool, range(8)))
+    want = [pool.page_bytes_of(p) for p in range(8)]
+    held, n_tok = storage_hit_query(b, toks + [1, 2], PAGE)  # a partial tail page is never queried
+    assert held == hashes and n_tok == 8 * PAGE
+    assert page_get_zero_copy(b, held, indices(pool, range(16, 24))) == 8
+    assert [pool.page_bytes_of(p) for p in range(16, 24)] == want
+
+
+def test_batch_exists_leading_count(mha):
+    b, pool = mha
+    hashes = page_hashes(prompt(5, seed=1), PAGE)
+    for p in range(5):
+        pool.fill_page(p, seed=10 + p)
+    b.batch_set_v1([hashes[i] for i in (0, 1, 3)], indices(pool, (0, 1, 3)))
+    assert b.batch_exists(hashes) == 2
+    assert b.batch_exists(hashes[3:4]) == 1 and b.batch_exists(hashes[2:]) == 0 and b.batch_exists([]) == 0
+    assert [b.exists(h) for h in hashes] == [True, True, False, True, False]
+
+
+def test_v1_partial_miss_leaves_pages_untouched(mha):
+    b, pool = mha
+    hashes = page_hashes(prompt(3, seed=2), PAGE)
+    for p in range(3):
+        pool.fill_page(p, seed=20 + p)
+    b.batch_set_v1([hashes[0], hashes[2]], indices(pool, (0, 2)))
+    pool.kv_buffer[:, 10 * PAGE:13 * PAGE] = 7.0
+    assert b.batch_get_v1(hashes, indices(pool, (10, 11, 12))) == [True, False, True]
+    assert pool.page_bytes_of(10) == pool.page_bytes_of(0) and pool.page_bytes_of(12) == pool.page_bytes_of(2)
+    assert (pool.kv_buffer[:, 11 * PAGE:12 * PAGE] == 7.0).all()  # the miss: untouched
+    assert page_get_zero_copy(b, hashes, indices(pool, (20, 21, 22))) == 1  # the controller stops at the miss
+
+
+def test_mla_one_buffer_per_page(tmp_path):
+    pool = MLAHostPool(page_size=PAGE)
+    b = create_dynamic_backend(storage_config(extra(tmp_path / "mla"), mla=True), pool)
+    try:
+        hashes = page_hashes(prompt(4, seed=3), PAGE)
+        for p in range(4):
+            pool.fill_page(p, seed=30 + p)
+        assert page_set_zero_copy(b, hashes, indices(pool, range(4)))
+        assert b.batch_exists(hashes) == 4
+        assert page_get_zero_copy(b, hashes, indices(pool, range(8, 12))) == 4
+        assert [pool.page_bytes_of(p) for p in range(8, 12)] == [pool.page_bytes_of(p) for p in range(4)]
+    finally:
+        b.close()
+
+
+def test_generic_get_set(mha):
+    """The copying interface: set/get/batch_set/batch_get over flat data pages; a miss is None."""
+    b, pool = mha
+    hashes = page_hashes(prompt(3, seed=4), PAGE)
+    for p in range(3):
+        pool.fill_page(p, seed=40 + p)
+    assert generic_page_set(b, pool, hashes, indices(pool, range(3))) is True
+    assert generic_page_get(b, pool, hashes, indices(pool, range(5, 8))) == 3
+    assert [pool.page_bytes_of(p) for p in range(5, 8)] == [pool.page_bytes_of(p) for p in range(3)]
+    t = pool.get_dummy_flat_data_page()
+    assert b.get(hashes[1], t) is t and t.tobytes() == pool.get_data_page(PAGE).tobytes()
+    assert b.get("f" * 64, pool.get_dummy_flat_data_page()) is None
+    assert bytes(b.get(hashes[0])) == pool.get_data_page(0).tobytes()
+    assert b.set("k", np.arange(10, dtype=np.uint8)) is True and b.exists("k")
+    got = b.batch_get(["k", "missing"], [bytearray(10), bytearray(10)])
+    assert got[0] == bytearray(range(10)) and got[1] is None
+
+
+def test_failures_raise_never_none(mha, tmp_path):
+    """A failure raises (SGLang's prefetch and backup threads are never restarted): bad keys, a page over
+    page_bytes, no host pool, a closed store."""
+    b, pool = mha
+    with pytest.raises(kvx.InvalidError):
+        b.batch_get_v1([""], indices(pool, [0]))
+    with pytest.raises(kvx.InvalidError):
+        b.batch_set_v1(["x" * 256], indices(pool, [0]))
+    with pytest.raises(kvx.InvalidError):
+        b.set("big", np.zeros(65537, np.uint8))
+    with pytest.raises(kvx.InvalidError):
+        b.batch_get_v1(["a", "b"], indices(pool, [0]))  # 2 keys, 1 page of pointers
+    bare = KvxHiCacheStorage(storage_config(extra(tmp_path / "bare")), {})
+    with pytest.raises(kvx.InvalidError):
+        bare.batch_get_v1(["a"], indices(pool, [0]))
+    bare.close()
+    with pytest.raises(ValueError):
+        bare.batch_exists(["a"])
+    none = np.arange(0)
+    assert b.batch_get_v1([], none) == [] and b.batch_set_v1([], none) == []
+
+
+def test_restart_between_set_and_get(tmp_path):
+    """Another process backs pages up and dies without closing; this process (same rank) reopens the store,
+    finds them by batch_exists and reads them by batch_get_v1."""
+    path = str(tmp_path / "restart")
+    r = run_py(f"""
+        import os, sys
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from sglang_driver import *
+        pool = MHAHostPool(page_size={PAGE})
+        ex = {{"backend_name": "kvx", "module_path": "kvx.integrations.sglang", "class_name": "KvxHiCacheStorage",
+              "path": {path!r}, "page_bytes": 65536, "capacity": "64MiB"}}
+        b = create_dynamic_backend(storage_config(ex), pool)
+        for p in range(6):
+            pool.fill_page(p, seed=50 + p)
+        toks = list(range(1000, 1000 + 6 * {PAGE}))
+        assert page_set_zero_copy(b, page_hashes(toks, {PAGE}), np.arange(6 * {PAGE}))
+        sys.stdout.write(" ".join(pool.page_bytes_of(p).hex() for p in range(6)))
+        sys.stdout.flush()
+        os._exit(0)
+    """)
+    assert r.returncode == 0, r.stderr
+    want = [bytes.fromhex(h) for h in r.stdout.split()]
+    pool = MHAHostPool(page_size=PAGE)
+    b = create_dynamic_backend(storage_config(extra(path, nosync=False)), pool)
+    try:
+        toks = list(range(1000, 1000 + 6 * PAGE))
+        held, _ = storage_hit_query(b, toks, PAGE)
+        assert len(held) == 6
+        assert page_get_zero_copy(b, held, indices(pool, range(6))) == 6
+        assert [pool.page_bytes_of(p) for p in range(6)] == want
+    finally:
+        b.close()
+
+
+def test_second_process_same_rank_busy(mha, tmp_path):
+    """Each rank's process owns its directory: the same rank in another process gets KVX_EBUSY at once,
+    another tp rank opens its own."""
+    code = f"""
+        import sys, kvx
+        sys.path.insert(0, {os.path.dirname(__file__)!r})
+        from sglang_driver import *
+        ex = {{"backend_name": "kvx", "module_path": "kvx.integrations.sglang", "class_name": "KvxHiCacheStorage",
+              "path": {str(tmp_path / "l3")!r}, "page_bytes": 65536, "capacity": "64MiB"}}
+        try:
+            create_dynamic_backend(storage_config(ex, tp_rank=RANK, tp_size=2), MHAHostPool())
+            print("opened")
+        except kvx.BusyError as e:
+            print(e.name)
+    """
+    r = run_py(code.replace("RANK", "1"))
+    assert r.returncode == 0 and r.stdout.strip() == "KVX_EBUSY", r.stdout + r.stderr
+    r = run_py(code.replace("RANK", "0"))
+    assert r.returncode == 0 and r.stdout.strip() == "opened", r.stdout + r.stderr
+
+
+def test_concurrent_backup_and_prefetch(mha):
+    """SGLang's backup and prefetch threads at once, on disjoint host pages."""
+    b, pool = mha
+    errors = []
+
+    def backup(w):
+        try:
+            pages = range(w * 4, w * 4 + 4)
+            for p in pages:
+                pool.fill_page(p, seed=60 + p)
+            hashes = page_hashes(prompt(4, seed=100 + w), PAGE)
+            for _ in range(3):
+                assert page_set_zero_copy(b, hashes, indices(pool, pages))
+                dst = range(16 + w * 4, 20 + w * 4)
+                assert page_get_zero_copy(b, hashes, indices(pool, dst)) == 4
+                assert [pool.page_bytes_of(p) for p in dst] == [pool.page_bytes_of(p) for p in pages]
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    ts = [threading.Thread(target=backup, args=(w,)) for w in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors, errors
+
+
+def test_rank_tag_covers_every_parallel_dimension(tmp_path):
+    cfg = storage_config(extra(tmp_path / "tags"), tp_rank=3, tp_size=4, model="org/m", dp_rank=1, dp_size=2)
+    cfg.pp_rank, cfg.pp_size, cfg.attn_cp_rank, cfg.attn_cp_size = 1, 2, 0, 2
+    b = KvxHiCacheStorage(cfg, {})
+    assert os.path.basename(b.dir) == "org-m_tp3of4_pp1of2_cp0of2_dp1of2"
+    b.close()
+    b = KvxHiCacheStorage(storage_config(extra(tmp_path / "own", per_rank_path=True)), {})
+    assert b.dir == str(tmp_path / "own")
+    b.close()
