@@ -97,7 +97,22 @@ func pagesFor(g kvx.Geometry, tokens []uint32) []byte {
 	for i, h := range hs {
 		fillPage(out[i*pb:(i+1)*pb], h)
 	}
+	finite(g.Quant, out)
 	return out
+}
+
+// finite masks random bytes to finite values of q (no NaN or inf), so
+// every envelope version carries them exactly.
+func finite(q kvx.Quant, p []byte) {
+	if q.ElemSize() == 1 {
+		for j := range p {
+			p[j] &= 0xBF // exponent's top bit clear: finite in E4M3FN and E5M2
+		}
+		return
+	}
+	for j := 1; j < len(p); j += 2 {
+		p[j] &= 0xBF // the high byte: finite in f16 and bf16
+	}
 }
 
 // fillPage: xorshift bytes from seed; f16 values of any bit pattern are

@@ -5,6 +5,7 @@ package transfer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -601,5 +602,55 @@ func TestPickFormat(t *testing.T) {
 	}
 	if _, err := kvx.ParseEnvelope(env, &testGeom); err != nil {
 		t.Fatalf("the tail envelope does not parse: %v", err)
+	}
+}
+
+// Each quant pushes in its lossless envelope version (E5M2 -> v1, E4M3 ->
+// v2, BF16 -> v3) and the receiver serves the sender's bytes exactly;
+// --format v1 from a BF16 store whose values f16 cannot hold fails at the
+// sender (ELOSSY), moving nothing.
+func TestPushFormats(t *testing.T) {
+	for _, c := range []struct {
+		q       kvx.Quant
+		version uint16
+	}{{kvx.QuantE5M2, 1}, {kvx.QuantE4M3, 2}, {kvx.QuantBF16, 3}, {kvx.QuantFP16, 1}} {
+		t.Run(c.q.String(), func(t *testing.T) {
+			g := testGeom
+			g.Quant = c.q
+			a, _ := createStore(t, g, 0)
+			b, _ := createStore(t, g, 0)
+			tokens := tokensOf(30, 3*B)
+			putPrompt(t, a, tokens)
+			ts := startServer(t, b, ServerOptions{})
+			c2 := NewClient(dial(t, ts.addr))
+			v, err := PickFormat(g, 0)
+			if err != nil || v != c.version {
+				t.Fatalf("PickFormat: %d %v", v, err)
+			}
+			env := envelopeOf(t, a, tokens, 0, v)
+			r, err := c2.Push(context.Background(), a, tokens, nil)
+			if err != nil || r.BytesSent != uint64(3*len(env)) || r.Response.BlocksStored != 3 {
+				t.Fatalf("push: %v %+v", err, r)
+			}
+			if n := served(t, b, tokens); n != 3 {
+				t.Fatalf("served %d", n)
+			}
+			if c.q == kvx.QuantBF16 {
+				other := tokensOf(31, 2*B)
+				page := pagesFor(g, other)
+				page[1] = 0x7f // a bf16 value far outside f16's range
+				page[0] = 0x7f
+				if _, err := a.Put(other, page, nil); err != nil || a.Flush() != nil {
+					t.Fatal(err)
+				}
+				_, err := c2.Push(context.Background(), a, other, &PushOptions{Format: 1})
+				if err == nil || !errors.Is(err, kvx.ErrLossy) {
+					t.Fatalf("v1 from a bf16 store with a value f16 cannot hold: %v", err)
+				}
+				if served(t, b, other) != 0 {
+					t.Fatal("a failed push published blocks")
+				}
+			}
+		})
 	}
 }
