@@ -327,6 +327,7 @@ func TestLeaseExpiresBeforePush(t *testing.T) {
 				ch.LeaseId = resp.LeaseId
 				chunks = append(chunks, ch)
 			}
+			blocksBefore := blocksIn(t, b)
 			r, err := pushChunks(ctx, conn, chunks)
 			if !expire {
 				if err != nil || r.BlocksReferenced != nb {
@@ -345,6 +346,9 @@ func TestLeaseExpiresBeforePush(t *testing.T) {
 			}
 			if n := served(t, b, tokens); n == nb {
 				t.Fatalf("the evicted prompt is served whole after a failed push")
+			}
+			if n := blocksIn(t, b); n != blocksBefore {
+				t.Fatalf("the ABORTED push changed the store: %d blocks, %d before", n, blocksBefore)
 			}
 			pr, err := c.Push(ctx, a, tokens, nil)
 			if err != nil || pr.Response.BlocksStored+pr.BlocksReferenced != nb {
