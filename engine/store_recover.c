@@ -317,23 +317,87 @@ static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
     return 0;
 }
 
+/* A keyed page found in the shards: its key's name, where it lives. */
+typedef struct st_kpage {
+    uint64_t hash, gen;
+    uint32_t b, idx;
+} st_kpage;
+
+/* Newest first within one name: a higher generation, then a later entry. */
+static int st_cmp_kpage(const void *pa, const void *pb)
+{
+    const st_kpage *a = pa, *b = pb;
+    if (a->hash != b->hash) return a->hash < b->hash ? -1 : 1;
+    if (a->gen != b->gen) return a->gen > b->gen ? -1 : 1;
+    return a->idx > b->idx ? -1 : a->idx < b->idx;
+}
+
+static int st_same_key(const st_scan *sc, const st_kpage *a, const st_kpage *b)
+{
+    kvx_entry x, y;
+    if (kvx_shard_entry(&x, sc->f[a->b].sh, a->idx) || kvx_shard_entry(&y, sc->f[b->b].sh, b->idx)) return 0;
+    return x.key && y.key && x.key_len == y.key_len && memcmp(x.key, y.key, x.key_len) == 0;
+}
+
+/* A keyed store's pages: one copy per key, the newest. The shards may hold
+ * older copies of a key its owner deleted and put again (the bytes stay
+ * until gc rewrites their shard): indexing those would serve the old page
+ * for the key. Generations only grow, so the newest copy is the last put. */
+static int st_edit_add_keyed(kvx_cat_edit *e, const st_scan *sc)
+{
+    size_t n = 0;
+    for (uint32_t b = 0; b < ST_SLOTS; b++)
+        if (sc->f[b].sh) n += kvx_shard_get_info(sc->f[b].sh)->num_blocks;
+    st_kpage *all = malloc((n ? n : 1) * sizeof *all);
+    if (!all) return kvx_fail(-ENOMEM, "store: out of memory");
+    size_t k = 0;
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        if (!sc->f[b].sh) continue;
+        uint32_t cnt = kvx_shard_get_info(sc->f[b].sh)->num_blocks;
+        for (uint32_t i = 0; i < cnt; i++) {
+            kvx_entry en;
+            if (kvx_shard_entry(&en, sc->f[b].sh, i) || !en.hash) continue;
+            all[k++] = (st_kpage){en.hash, sc->f[b].gen, b, i};
+        }
+    }
+    qsort(all, k, sizeof *all, st_cmp_kpage);
+    int rc = 0;
+    for (size_t i = 0; !rc && i < k; i++) {
+        int older = 0; /* a newer copy of the same key came first */
+        for (size_t j = i; !older && j-- > 0 && all[j].hash == all[i].hash;)
+            older = st_same_key(sc, &all[j], &all[i]);
+        if (older) continue;
+        rc = kvx_cat_edit_add_block(e, KVX_COORD(all[i].b, all[i].idx, 0), all[i].hash, all[i].gen);
+    }
+    free(all);
+    return rc;
+}
+
 /* Reindex's one edit: the catalog emptied (nothing of it is read), then
- * every kept file registered with its blocks, zero counters, next_gen. */
+ * every kept file registered with its blocks (a keyed store's: the newest
+ * copy of each key), zero counters, next_gen. */
 static int st_reindex_write(kvx_store *s, const st_scan *sc, uint64_t next_gen)
 {
     kvx_cat_edit e;
     kvx_cat_edit_init(&e);
     kvx_cat_edit_reset(&e);
+    int rc = 0;
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
         const st_found *f = &sc->f[b];
         if (!f->sh) continue;
         const kvx_shard_info *in = kvx_shard_get_info(f->sh);
         st_sealed x = {(uint8_t)b, f->gen, in->flags, in->num_blocks, f->bytes, kvx_st_now_ns(), kvx_st_count_unverified(f->sh)};
-        st_edit_add_file(&e, &x, f->sh);
+        if (s->keyed) rc = rc ? rc : kvx_st_register(&e, &x);
+        else st_edit_add_file(&e, &x, f->sh);
+    }
+    if (s->keyed && !rc) rc = st_edit_add_keyed(&e, sc);
+    if (rc) {
+        kvx_cat_edit_free(&e);
+        return rc;
     }
     kvx_cat_edit_stats(&e, NULL, 0);
     kvx_cat_edit_next_gen(&e, next_gen);
-    int rc = kvx_cat_apply(s->cat, &e); /* builder failures come back here */
+    rc = kvx_cat_apply(s->cat, &e); /* builder failures come back here */
     kvx_cat_edit_free(&e);
     return rc;
 }
