@@ -17,13 +17,29 @@
 # vendor/ is not committed (it is the packages' bytes); run this after
 # scripts/install-deps.sh and whenever the Debian packages change. CMake
 # runs it before building kvxd. go.mod changes only when the packages'
-# versions do. Usage: scripts/vendor-go.sh [--quiet]
+# versions do. Runs are serialized (flock): several build directories may
+# build kvxd at once. Nothing is done when vendor/modules.txt is newer than
+# every .go file of the module and go.mod (--force vendors anyway, as after
+# a Debian package upgrade). Usage: scripts/vendor-go.sh [--quiet] [--force]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 mod="$root/bindings/go/transfer"
 gocode=${KVX_GOCODE:-/usr/share/gocode/src}
-quiet=0; [ "${1:-}" = --quiet ] && quiet=1
+quiet=0 force=0
+for a in "$@"; do
+  case "$a" in --quiet) quiet=1 ;; --force) force=1 ;; *) echo "usage: $0 [--quiet] [--force]" >&2; exit 2 ;; esac
+done
 say() { [ "$quiet" = 1 ] || echo "vendor-go: $*"; }
+
+if command -v flock >/dev/null 2>&1 && [ -z "${KVX_VENDOR_LOCKED:-}" ]; then
+  lock="${TMPDIR:-/tmp}/kvx-vendor-go.$(id -u).$(printf '%s' "$mod" | cksum | cut -d' ' -f1).lock"
+  exec env KVX_VENDOR_LOCKED=1 flock "$lock" "$0" "$@"
+fi
+if [ "$force" = 0 ] && [ -f "$mod/vendor/modules.txt" ] && [ -e "$mod/vendor/kvx.dev/kvx/go.mod" ] &&
+   [ -z "$(find "$mod" -path "$mod/vendor" -prune -o \( -name '*.go' -o -name go.mod \) -newer "$mod/vendor/modules.txt" -print | head -n 1)" ]; then
+  say "vendor/ is up to date (--force to vendor again)"
+  exit 0
+fi
 
 command -v go >/dev/null || { echo "vendor-go: go not found (apt-get install golang-go)" >&2; exit 1; }
 for d in google.golang.org/grpc google.golang.org/protobuf github.com/prometheus/client_golang; do
@@ -119,13 +135,16 @@ printf '\tkvx.dev/kvx %s\n' "$kvxv" >>"$tmp/require"
   echo "replace kvx.dev/kvx => ../"
 } >"$tmp/go.mod"
 
-rm -rf "$mod/vendor"
-mv "$tmp/stage/vendor" "$mod/vendor"
-mv "$tmp/modules.txt" "$mod/vendor/modules.txt"
-mkdir -p "$mod/vendor/kvx.dev"
-ln -s ../../.. "$mod/vendor/kvx.dev/kvx"
+mkdir -p "$tmp/stage/vendor/kvx.dev"
+ln -s ../../.. "$tmp/stage/vendor/kvx.dev/kvx"
 if ! cmp -s "$tmp/go.mod" "$mod/go.mod"; then
   cp "$tmp/go.mod" "$mod/go.mod"
   say "go.mod written (the Debian packages' versions changed, or first run)"
 fi
+# modules.txt last: it is the stamp the up-to-date check compares against
+mv "$tmp/modules.txt" "$tmp/stage/vendor/modules.txt"
+old="$mod/.vendor.old.$$"
+[ -e "$mod/vendor" ] && mv "$mod/vendor" "$old"
+cp -a "$tmp/stage/vendor" "$mod/vendor"
+rm -rf "$old"
 say "$(grep -c '^## explicit' "$mod/vendor/modules.txt") modules, $(grep -vc '^#' "$mod/vendor/modules.txt") packages in bindings/go/transfer/vendor"
