@@ -25,9 +25,10 @@ submission).
 
 Shape: submissions validate their arguments at once (a bad key or size
 raises kvx.InvalidError and queues nothing), take the buffers, queue the
-operation and return its future id; ``num_workers`` worker threads run the
-operations through the kvx binding (one C call per batch, GIL released) and
-post completions, signalling the one eventfd. A set completes ok only after
+operation and return its future id; worker threads (one writer lane for
+sets and deletes, reader threads for gets and exists) run the operations
+through the kvx binding (one C call per batch, GIL released) and post
+completions, signalling the one eventfd. A set completes ok only after
 its own write batch's flush returned 0: its pages are durable. A get copies
 each held page into its buffer (lengths must match) and reports True; a
 miss reports False and leaves that buffer untouched.
@@ -60,7 +61,8 @@ class KvxConnector:
     Adapter params: path (required), page_bytes (required to create the store; checked against an existing
     one), capacity (default "64GiB"), rank (default $KVX_RANK, $RANK, 0: the directory is path/rank<N>),
     per_rank_path (True: path is already this process's own directory; a "{rank}" in path is replaced by
-    rank<N> instead), num_workers (default 2), nosync (tests and benchmarks only), verify.
+    rank<N> instead), num_workers (default 2: one writer thread for sets and deletes, num_workers - 1 (at
+    least 1) reader threads for gets and exists), nosync (tests and benchmarks only), verify.
     """
 
     def __init__(self, path=None, page_bytes=None, capacity="64GiB", rank=None, per_rank_path=False,
@@ -80,9 +82,13 @@ class KvxConnector:
         self._next_id = 1
         self._done = collections.deque()
         self._closed = False
-        self._q = queue.SimpleQueue()
-        self._workers = [threading.Thread(target=self._work, name=f"kvx-lmcache-{i}", daemon=True)
-                         for i in range(num_workers)]
+        # Two lanes, as LMCache's own connectors have per-op lanes: gets and exists on reader threads,
+        # sets and deletes on one writer thread, so a load never waits behind a store's fsync and the
+        # reader that copies into the caller's buffers stays the same thread (warm caches).
+        self._rq, self._wq = queue.SimpleQueue(), queue.SimpleQueue()
+        self._lanes = lanes = [self._wq] + [self._rq] * max(1, num_workers - 1)
+        self._workers = [threading.Thread(target=self._work, args=(q,), name=f"kvx-lmcache-{i}", daemon=True)
+                         for i, q in enumerate(lanes)]
         for t in self._workers:
             t.start()
 
@@ -136,8 +142,8 @@ class KvxConnector:
             if self._closed:
                 return
             self._closed = True
-        for _ in self._workers:
-            self._q.put(_STOP)
+        for lane in self._lanes:
+            lane.put(_STOP)  # one stop per thread, on its own lane
         for t in self._workers:
             if t is not threading.current_thread():
                 t.join()
@@ -215,16 +221,16 @@ class KvxConnector:
                 raise ValueError("kvx: the connector is closed")
             fid = self._next_id
             self._next_id += 1
-            self._q.put((fid, op, keys, bufs))
+            (self._rq if op in (_GET, _EXISTS) else self._wq).put((fid, op, keys, bufs))
         return fid
 
     # ---- the workers --------------------------------------------------------
 
-    def _work(self):
+    def _work(self, lane):
         batch = None  # this worker's write batch: its flush acknowledges exactly its own sets
         try:
             while True:
-                item = self._q.get()
+                item = lane.get()
                 if item is _STOP or self._closed:
                     break
                 fid, op, keys, bufs = item
