@@ -417,3 +417,5 @@ func kvxCLI() string {
 	}
 	return ""
 }
+
+func netListen() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
