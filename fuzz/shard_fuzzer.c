@@ -206,7 +206,9 @@ static int repair(uint8_t *b, size_t size)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (fd < 0) {
-        snprintf(path, sizeof path, "/tmp/kvx_shard_fuzz.XXXXXX");
+        /* tmpfs when there is one: each input is written to the file */
+        snprintf(path, sizeof path, "%s/kvx_shard_fuzz.XXXXXX",
+                 access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
         fd = mkstemp(path);
         CHECK(fd >= 0);
         atexit(cleanup);
