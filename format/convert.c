@@ -21,6 +21,7 @@
 #include "shard_format.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -199,6 +200,23 @@ int kvx_page_to_envelope_payload(void *out_payload, uint16_t version, const kvx_
     return rc;
 }
 
+/* A finite value the target type can only hold as infinity (f16 past
+ * 65504, E5M2 past 57344, both after rounding): KVX_ELOSSY naming it. A
+ * store that kept it would hand out an infinity the sender never had. */
+static int check_finite_fits(const float *x, size_t fill, uint32_t quant, size_t l, size_t kv, size_t h, size_t D,
+                             const char *who)
+{
+    const float limit = quant == KVX_QUANT_FP16 ? 65520.0f : quant == KVX_QUANT_E5M2 ? 61440.0f : 0.0f;
+    if (limit == 0.0f) return 0;
+    for (size_t i = 0; i < fill; i++)
+        if (isfinite(x[i]) && fabsf(x[i]) >= limit)
+            return kvx_fail(KVX_ELOSSY,
+                            "%s: element (layer %zu, %s, head %zu, token %zu, dim %zu) is %.9g, beyond the store's %s "
+                            "range (it would become infinity)",
+                            who, l, kv ? "V" : "K", h, i / D, i % D, (double)x[i], kvx_quant_name(quant));
+    return 0;
+}
+
 int kvx_envelope_payload_to_page(void *out_page, float *out_scales, const kvx_geometry *g,
                                  const kvx_envelope *env, const kvx_envelope_block *blk)
 {
@@ -258,6 +276,7 @@ int kvx_envelope_payload_to_page(void *out_page, float *out_scales, const kvx_ge
                 size_t ps = page_slab(&d, kv, l, h), sx = payload_slab(&d, kv, l, h);
                 uint8_t *o = dst + ps * fill * es;
                 const float *x = s.tmp + kv * slab;
+                if (!rule && (rc = check_finite_fits(x, fill, g->quant, l, kv, h, d.D, who))) break;
                 if (rule) memcpy(o, s.q + kv * slab, fill);
                 else if (g->quant == KVX_QUANT_FP16) {
                     kvx_f32_to_f16_n(s.h16, x, fill);

@@ -530,7 +530,10 @@ KVX_API int kvx_page_to_envelope_payload(void *out_payload, uint16_t version, co
  * scales for an FP8 target (v2 -> E4M3 copies them exactly; v1 -> E4M3 uses
  * the v2 writer rule); with out_scales NULL the page is meant to decode at
  * scale 1.0 (values are rounded, and saturate in E4M3). E5M2 and BF16
- * targets use scale 1.0 always (round to nearest even). */
+ * targets use scale 1.0 always (round to nearest even). A finite value an
+ * FP16 or E5M2 target could hold only as infinity (a bf16 or scaled v2
+ * value past 65504 / 57344): KVX_ELOSSY naming the element, nothing
+ * written. */
 KVX_API int kvx_envelope_payload_to_page(void *out_page, float *out_scales, const kvx_geometry *g,
                                          const kvx_envelope *env, const kvx_envelope_block *blk);
 /* An envelope becomes a sealed shard at path: v1 -> FP16, v2 -> E4M3 with a
@@ -833,7 +836,8 @@ KVX_API int kvx_store_keyed_delete(kvx_store *s, const kvx_key *keys, size_t n,
 #define KVX_GRPC_DATA_LOSS 15
 
 /* The status a transfer call's result answers with: 0 OK; KVX_EINVALID
- * INVALID_ARGUMENT; KVX_EVERSION and KVX_EMODEL FAILED_PRECONDITION;
+ * INVALID_ARGUMENT; KVX_EVERSION, KVX_EMODEL and KVX_ELOSSY (a block
+ * this store's element type holds only as infinity) FAILED_PRECONDITION;
  * KVX_ENOTHELD ABORTED; a broken envelope, CRC, hash, token or shape rule
  * DATA_LOSS; KVX_ECAPACITY, KVX_EFULL, KVX_EBUSY, ENOMEM, ENOSPC
  * RESOURCE_EXHAUSTED; KVX_ECANCELED CANCELLED; anything else INTERNAL. */

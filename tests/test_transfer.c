@@ -841,6 +841,56 @@ static void test_concurrent_pushers(void **state)
     kvx_store_close(b);
 }
 
+/* A bf16 sender's v3 into an fp16 receiver: a value f16 can hold only as
+ * infinity is refused (KVX_ELOSSY -> FAILED_PRECONDITION, nothing
+ * published), never stored as an infinity; values that fit go through. */
+static void test_v3_into_fp16_store(void **state)
+{
+    (void)state;
+    char da[256], db[256];
+    kvx_store *a = new_store(da, sizeof da, 0, 0, KVX_QUANT_BF16), *b = fp16_store(db, sizeof db);
+    kvx_geometry g;
+    kvx_store_get_geometry(&g, a);
+    size_t pb = kvx_page_bytes(&g, SU_B), n = pb / 2;
+    for (int big = 1; big >= 0; big--) {
+        uint32_t t[SU_B];
+        su_tokens(t, 40 + (uint64_t)big, 1, 0);
+        uint16_t *page = malloc(pb);
+        for (size_t i = 0; i < n; i++) page[i] = kvx_f32_to_bf16(big && i == 3 ? 1e20f : (float)i * 0.5f);
+        assert_int_equal(kvx_store_put(a, t, SU_B, page, 1, NULL, NULL), 0);
+        assert_int_equal(kvx_store_flush(a), 0);
+        kvx_view v;
+        assert_int_equal(kvx_store_get_block(&v, a, t, SU_B), 0);
+        void *env = NULL;
+        size_t len = 0;
+        assert_int_equal(kvx_views_export(&env, &len, a, &v, 1, 3), 0);
+        kvx_view_release(&v);
+        kvx_xfer_chunk c = {3, kvx_block_hash(0, t, SU_B), env, len, kvx_crc32c(0, env, len), t, SU_B, 0};
+        kvx_xfer_stream *st;
+        assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
+        int rc = kvx_xfer_stream_chunk(st, &c, NULL);
+        if (big) {
+            assert_int_equal(rc, KVX_ELOSSY);
+            assert_int_equal(kvx_xfer_grpc_code(rc), KVX_GRPC_FAILED_PRECONDITION);
+            assert_non_null(strstr(kvx_last_error(), "token 0, dim 3"));
+            assert_int_equal(served(b, t, 1), 0);
+        } else {
+            assert_int_equal(rc, 0);
+            assert_int_equal(kvx_xfer_stream_finish(st, NULL), 0);
+            kvx_view w;
+            assert_int_equal(kvx_store_get_block(&w, b, t, SU_B), 0);
+            const uint16_t *h16 = w.page;
+            for (size_t i = 0; i < n; i++) assert_true(kvx_f16_to_f32(h16[i]) == kvx_bf16_to_f32(page[i]));
+            kvx_view_release(&w);
+        }
+        kvx_xfer_stream_destroy(st);
+        kvx_free(env);
+        free(page);
+    }
+    kvx_store_close(a);
+    kvx_store_close(b);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -857,6 +907,7 @@ int main(void)
         cmocka_unit_test(test_streams_independent),
         cmocka_unit_test(test_bf16_formats),
         cmocka_unit_test(test_concurrent_pushers),
+        cmocka_unit_test(test_v3_into_fp16_store),
     };
     return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }

@@ -49,7 +49,8 @@ KVX_API int kvx_xfer_grpc_code(int rc)
     case 0: return KVX_GRPC_OK;
     case KVX_EINVALID: return KVX_GRPC_INVALID_ARGUMENT;
     case KVX_EVERSION:
-    case KVX_EMODEL: return KVX_GRPC_FAILED_PRECONDITION;
+    case KVX_EMODEL:
+    case KVX_ELOSSY: return KVX_GRPC_FAILED_PRECONDITION;
     case KVX_ENOTHELD: return KVX_GRPC_ABORTED;
     case KVX_EFORMAT:
     case KVX_ESHAPE:
