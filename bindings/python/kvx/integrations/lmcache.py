@@ -249,7 +249,7 @@ class KvxConnector:
                         held = self._store.keyed_exists(keys)[0]
                         self._store.keyed_delete(keys)
                         res = (fid, True, "", held)
-                except (kvx.Error, ValueError, TypeError) as e:
+                except Exception as e:  # any failure is this batch's failed completion, never a dead worker
                     bools = [False] * len(keys) if op != _SET else None
                     res = (fid, False, str(e) or type(e).__name__, bools)
                     if op == _SET and batch is not None:  # its unflushed pages are dropped: start afresh
