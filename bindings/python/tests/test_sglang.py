@@ -247,3 +247,35 @@ def test_rank_tag_covers_every_parallel_dimension(tmp_path):
     b = KvxHiCacheStorage(storage_config(extra(tmp_path / "own", per_rank_path=True)), {})
     assert b.dir == str(tmp_path / "own")
     b.close()
+
+
+class _TensorLike:
+    """What SGLang hands over when .numpy() cannot (a bf16 host tensor): data_ptr(), numel(), element_size(),
+    device; no buffer protocol."""
+
+    def __init__(self, arr, device="cpu"):
+        self.arr, self.device = arr, type("D", (), {"type": device})()
+
+    def numpy(self):
+        raise TypeError("Got unsupported ScalarType BFloat16")
+
+    def data_ptr(self):
+        return self.arr.ctypes.data
+
+    def numel(self):
+        return self.arr.size
+
+    def element_size(self):
+        return self.arr.itemsize
+
+
+def test_tensor_like_values(mha):
+    """set/get of host tensors that only expose data_ptr() (bf16), in place; a GPU tensor is refused."""
+    b, _ = mha
+    src = np.arange(2048, dtype=np.uint16)
+    assert b.set("bf16-page", _TensorLike(src)) is True
+    dst = np.zeros(2048, dtype=np.uint16)
+    t = _TensorLike(dst)
+    assert b.get("bf16-page", t) is t and np.array_equal(dst, src)
+    with pytest.raises(kvx.InvalidError):
+        b.set("gpu-page", _TensorLike(src, device="cuda"))
