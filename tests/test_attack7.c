@@ -337,6 +337,50 @@ static void test_delete_and_batches(void **state)
     kvx_store_close(s);
 }
 
+/* One delete naming many keys, each several times in scattered places,
+ * some not held, some prefixes of others: every held key deleted once,
+ * the rest untouched. */
+static void test_delete_many_with_repeats(void **state)
+{
+    (void)state;
+    char dir[256];
+    kvx_store *s = keyed_store(dir, sizeof dir, 4096, 0, 0);
+    enum { N = 3000 };
+    static char names[N][24];
+    static kvx_key keys[N];
+    static const void *pages[N];
+    static size_t lens[N];
+    static uint8_t page[1];
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof names[i], "m%d", i); /* "m1" is a prefix of "m10".. */
+        keys[i] = (kvx_key){names[i], strlen(names[i])};
+        pages[i] = page;
+        lens[i] = 1;
+    }
+    assert_int_equal(kvx_store_keyed_put(s, NULL, keys, pages, lens, N, NULL), 0);
+    assert_int_equal(kvx_store_flush(s), 0);
+    /* delete every even key three times (scattered), plus keys never put */
+    static kvx_key del[3 * N / 2 + 2];
+    size_t nd = 0;
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < N; i += 2) del[nd++] = keys[(i + r * 7 * 2) % N];
+    del[nd++] = (kvx_key){"never", 5};
+    del[nd++] = (kvx_key){"m", 1};
+    size_t deleted = 0;
+    assert_int_equal(kvx_store_keyed_delete(s, del, nd, &deleted), 0);
+    assert_int_equal(deleted, N / 2);
+    uint8_t *held = malloc(N);
+    size_t lead = 9;
+    assert_int_equal(kvx_store_keyed_exists(held, &lead, s, keys, N), 0);
+    for (int i = 0; i < N; i++) assert_int_equal(held[i], i % 2);
+    assert_int_equal(lead, 0);
+    free(held);
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_int_equal(st.blocks, N / 2);
+    kvx_store_close(s);
+}
+
 /* A damaged page: get EPAGECRC; the owner's delete still removes it; gc
  * then leaves the store clean (the damaged file quarantined, never
  * unlinked); the good keys beside it survive. */
@@ -685,6 +729,7 @@ int main(void)
 #endif
         cmocka_unit_test(test_delete_put_gc_reindex),
         cmocka_unit_test(test_delete_and_batches),
+        cmocka_unit_test(test_delete_many_with_repeats),
         cmocka_unit_test(test_delete_damaged),
         cmocka_unit_test(test_foreign_kind_in_shards),
         cmocka_unit_test(test_store_file_tampering),
