@@ -149,26 +149,57 @@ func (c *Client) stream(ctx context.Context, store *kvx.Store, tokens []uint32, 
 		}
 		return nil
 	}
-	for i, h := range hashes {
-		ch := &tlkvpb.KvChunk{KvFormat: uint32(version), BlockHash: h, Tokens: tokens[i*B : (i+1)*B],
-			ModelSignature: g.ModelSignature}
-		if i == 0 {
-			ch.LeaseId = leaseID
+	// The envelopes are made one block ahead of the send (a goroutine), so
+	// the local export (lookup, CRC check, conversion) overlaps the wire.
+	type made struct {
+		ch  *tlkvpb.KvChunk
+		err error
+	}
+	ahead := make(chan made, 2)
+	go func() {
+		defer close(ahead)
+		for i, h := range hashes {
+			ch := &tlkvpb.KvChunk{KvFormat: uint32(version), BlockHash: h, Tokens: tokens[i*B : (i+1)*B],
+				ModelSignature: g.ModelSignature}
+			if i == 0 {
+				ch.LeaseId = leaseID
+			}
+			var err error
+			if !held[i] {
+				ch.Payload, err = blockEnvelope(store, tokens[:(i+1)*B], h, version)
+				ch.Crc32C = CRC32C(ch.Payload)
+			}
+			select {
+			case ahead <- made{ch, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
 		}
-		if held[i] {
+	}()
+	defer func() { // the producer ends once ctx is canceled (deferred above)
+		cancel()
+		for range ahead {
+		}
+	}()
+	for m := range ahead {
+		if m.err != nil {
+			return r, m.err
+		}
+		if len(m.ch.Payload) == 0 {
 			r.BlocksReferenced++
 		} else {
-			env, err := blockEnvelope(store, tokens[:(i+1)*B], h, version)
-			if err != nil {
-				return r, err
-			}
-			ch.Payload, ch.Crc32C = env, CRC32C(env)
 			r.BlocksSent++
-			r.BytesSent += uint64(len(env))
+			r.BytesSent += uint64(len(m.ch.Payload))
 		}
-		if err := send(ch); err != nil {
+		if err := send(m.ch); err != nil {
 			return r, err
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		return r, err
 	}
 	if tail != nil {
 		ch := &tlkvpb.KvChunk{KvFormat: uint32(version), Payload: tail.Envelope, Crc32C: CRC32C(tail.Envelope),
