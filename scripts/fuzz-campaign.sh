@@ -66,6 +66,8 @@ table() {
       print "instrumented); peak RSS is the largest worker'"'"'s. An open finding is an"
       print "input under `fuzz/findings/<harness>/`: a crash, hang, leak or"
       print "sanitizer report not yet fixed with a regression input in the corpus."
+      print "A `+` after a commit: the working tree also held uncommitted changes"
+      print "(other work in progress) when the fuzz build was made."
       print ""
       print "| harness | runs | CPU-hours | executions | cov | ft | peak RSS MiB | corpus files | corpus KiB | findings | open | 1 CPU-hour |"
       print "|---|---|---|---|---|---|---|---|---|---|---|---|"
