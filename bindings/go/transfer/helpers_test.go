@@ -409,7 +409,10 @@ func tokenArgs(tokens []uint32) []string {
 // ../../../build/kvx); "" when there is none.
 func kvxCLI() string {
 	if p := os.Getenv("KVX_CLI"); p != "" {
-		return p
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+		return ""
 	}
 	p, _ := filepath.Abs("../../../build/kvx")
 	if _, err := os.Stat(p); err == nil {
