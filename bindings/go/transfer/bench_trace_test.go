@@ -62,7 +62,7 @@ func TestBenchTraceReplay(t *testing.T) {
 	cWith := NewClient(dial(t, startServer(t, with, ServerOptions{}).addr))
 	cWithout := NewClient(dial(t, startServer(t, without, ServerOptions{}).addr))
 	envBytes := uint64(28 + 12 + 4 + int(g.Layers*2*g.KVHeads*B*g.HeadDim) + int(g.Layers*2*g.KVHeads)*4) // v2
-	seen := map[uint64]bool{} // chained hashes the receiver holds
+	seen := map[uint64]bool{}                                                                             // chained hashes the receiver holds
 	var bytesWith, bytesWithout, missingAll, blocksAll uint64
 	var tWith, tWithout time.Duration
 	ctx := context.Background()
