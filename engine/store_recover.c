@@ -339,7 +339,19 @@ static int st_same_key(const st_scan *sc, const st_kpage *a, const st_kpage *b)
     return x.key && y.key && x.key_len == y.key_len && memcmp(x.key, y.key, x.key_len) == 0;
 }
 
-/* A keyed store's pages: one copy per key, the newest. The shards may hold
+/* Do two copies hold the same page (length and stored CRC-32)? Then an
+ * older one is not stale: it is a second copy of the newest (two batches
+ * stored one each), good to serve when the newest is damaged. */
+static int st_same_page(const st_scan *sc, const st_kpage *a, const st_kpage *b)
+{
+    kvx_entry x, y;
+    if (kvx_shard_entry(&x, sc->f[a->b].sh, a->idx) || kvx_shard_entry(&y, sc->f[b->b].sh, b->idx)) return 0;
+    return x.bytes == y.bytes && x.crc32 == y.crc32;
+}
+
+/* A keyed store's pages: one copy per key, the newest (and older copies
+ * of the very same page, so a damaged newest copy does not hide a sound
+ * one). The shards may hold
  * older copies of a key its owner deleted and put again (the bytes stay
  * until gc rewrites their shard): indexing those would serve the old page
  * for the key. Generations only grow, so the newest copy is the last put. */
@@ -363,10 +375,10 @@ static int st_edit_add_keyed(kvx_cat_edit *e, const st_scan *sc)
     qsort(all, k, sizeof *all, st_cmp_kpage);
     int rc = 0;
     for (size_t i = 0; !rc && i < k; i++) {
-        int older = 0; /* a newer copy of the same key came first */
-        for (size_t j = i; !older && j-- > 0 && all[j].hash == all[i].hash;)
-            older = st_same_key(sc, &all[j], &all[i]);
-        if (older) continue;
+        size_t newest = i; /* the newest copy of this key came first */
+        for (size_t j = i; j-- > 0 && all[j].hash == all[i].hash;)
+            if (st_same_key(sc, &all[j], &all[i])) newest = j;
+        if (newest != i && !st_same_page(sc, &all[newest], &all[i])) continue; /* stale: deleted, put again */
         rc = kvx_cat_edit_add_block(e, KVX_COORD(all[i].b, all[i].idx, 0), all[i].hash, all[i].gen);
     }
     free(all);

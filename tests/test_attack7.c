@@ -271,6 +271,48 @@ static void test_rewrite_after_delete_reindex(void **state)
     rewrite_after_delete(3); /* kvx_store_reindex_dir of the closed store */
 }
 
+/* Two acknowledged copies of one key with the same bytes (two batches),
+ * the newer one's page damaged: before and after a reindex (which keeps
+ * one copy per key) and a gc, the key is still served from the sound
+ * copy: an acknowledged page is never lost while a good copy exists. */
+static void test_newest_copy_damaged(void **state)
+{
+    (void)state;
+    char dir[256];
+    kvx_store *s = keyed_store(dir, sizeof dir, PB, 0, 0);
+    kvx_store_batch *b1 = NULL, *b2 = NULL;
+    assert_int_equal(kvx_store_batch_create(&b1, s), 0);
+    assert_int_equal(kvx_store_batch_create(&b2, s), 0);
+    assert_int_equal(put1(s, b1, "D", 1, PB, 1, NULL), 0);
+    assert_int_equal(put1(s, b2, "D", 1, PB, 1, NULL), 0);
+    assert_int_equal(put1(s, b2, "E", 1, PB, 1, NULL), 0);
+    assert_int_equal(kvx_store_batch_flush(b1), 0);
+    assert_int_equal(kvx_store_batch_flush(b2), 0);
+    kvx_store_batch_destroy(b1);
+    kvx_store_batch_destroy(b2);
+    char names[8][64];
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 2);
+    char path[600];
+    snprintf(path, sizeof path, "%s/shards/%s", dir, names[1]); /* the newer generation: b2's */
+    assert_int_equal(su_flip_page_byte(path, 0), 0);
+    assert_int_equal(check1(s, "D", 1, PB, 1), 0);
+    const char *what[] = {"reindex", "gc", "reopen"};
+    for (int step = 0; step < 3; step++) {
+        if (step == 0) assert_int_equal(kvx_store_reindex(s), 0);
+        if (step == 1) assert_int_equal(kvx_store_gc(s), 0);
+        if (step == 2) {
+            kvx_store_close(s);
+            assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+        }
+        int rc = check1(s, "D", 1, PB, 1);
+        if (rc)
+            fail_msg("after %s: key D answers %d though an acknowledged sound copy was in the shards", what[step],
+                     rc);
+        assert_int_equal(check1(s, "E", 1, PB, 1), 0);
+    }
+    kvx_store_close(s);
+}
+
 /* delete, put again, gc, reindex: no resurrection of the deleted bytes,
  * no loss of the new ones. */
 static void test_delete_put_gc_reindex(void **state)
@@ -723,6 +765,7 @@ int main(void)
         cmocka_unit_test(test_same_key_twice_in_one_put),
         cmocka_unit_test(test_rewrite_after_delete),
         cmocka_unit_test(test_rewrite_after_delete_reindex),
+        cmocka_unit_test(test_newest_copy_damaged),
         cmocka_unit_test(test_delete_put_gc_reindex),
         cmocka_unit_test(test_delete_and_batches),
         cmocka_unit_test(test_delete_many_with_repeats),
