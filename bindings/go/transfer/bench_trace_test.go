@@ -8,7 +8,7 @@
 // prefix), so each id becomes B deterministic token ids. Not part of the
 // test suite; run with
 //
-//	KVX_XFER_BENCH=1 [KVX_XFER_TRACE_REQUESTS=2000] \
+//	KVX_XFER_BENCH=1 [KVX_XFER_TRACE_REQUESTS=2000] [KVX_XFER_TRACE=FILE] \
 //	    go test -count=1 -run TestBenchTraceReplay -v
 package transfer
 
@@ -33,8 +33,12 @@ func TestBenchTraceReplay(t *testing.T) {
 	if v, err := strconv.Atoi(os.Getenv("KVX_XFER_TRACE_REQUESTS")); err == nil && v > 0 {
 		limit = v
 	}
-	// the test runs in bindings/go/transfer; ../shared sits beside the repository
+	// the test runs in bindings/go/transfer; ../shared sits beside the
+	// repository (KVX_XFER_TRACE names another copy of the file)
 	path := filepath.Join("..", "..", "..", "..", "shared", "data", "mooncake_fast25_conversation_trace.jsonl")
+	if p := os.Getenv("KVX_XFER_TRACE"); p != "" {
+		path = p
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		t.Skipf("trace not found: %v", err)
