@@ -304,7 +304,17 @@ static void ed_registry(kvx_cat_registry *reg, const kvx_cat_edit *e)
     for (uint32_t b = 0; e->any_drop && b < KVX_CAT_SLOTS; b++)
         if (e->drop[b]) reg->live[b] = 0;
     for (size_t i = 0; i < e->nshards; i++) {
-        reg->rec[e->shards[i].byte] = e->shards[i].rec;
+        /* field by field over a zeroed record: the caller's padding bytes
+         * never reach the registry, so it equals one read back byte for byte */
+        const kvx_cat_shard *src = &e->shards[i].rec;
+        kvx_cat_shard *dst = &reg->rec[e->shards[i].byte];
+        memset(dst, 0, sizeof *dst);
+        dst->gen = src->gen;
+        dst->file_bytes = src->file_bytes;
+        dst->created_ns = src->created_ns;
+        dst->n_entries = src->n_entries;
+        dst->flags = src->flags;
+        dst->n_unverified = src->n_unverified;
         reg->live[e->shards[i].byte] = 1;
     }
     if (e->next_gen) reg->next_gen = e->next_gen;
