@@ -561,7 +561,11 @@ static int run_demo(const cli_cmd *self, int argc, char **argv)
             return cli_fail(self, "cannot make a temporary directory in %s: %s (set TMPDIR or use --dir)",
                             t && *t ? t : "/tmp", strerror(errno));
         }
-        snprintf(d.dir, sizeof d.dir, "%s/store", tmpdir);
+        if ((size_t)snprintf(d.dir, sizeof d.dir, "%s/store", tmpdir) >= sizeof d.dir) {
+            rmdir(tmpdir);
+            free(d.expect);
+            return cli_fail(self, "the temporary directory's path %s is too long", tmpdir);
+        }
     }
     struct stat st;
     int rc;

@@ -199,8 +199,9 @@ int kvx_shard_writer_create(kvx_shard_writer **out, const char *path,
     kvx_shard_layout lay;
     if (kvx_shard_layout_for(&lay, w->max_entries, w->flags, w->g.block_tokens, w->g.num_layers,
                              w->g.kv_heads)) {
+        uint32_t max = w->max_entries;
         writer_free(w);
-        return kvx_fail(KVX_EOVERFLOW, "table sizes for %u entries overflow", w->max_entries);
+        return kvx_fail(KVX_EOVERFLOW, "table sizes for %u entries overflow", max);
     }
     w->lineage_rec = lay.lineage_rec;
     uint64_t end = lay.tables_end;

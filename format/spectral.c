@@ -171,7 +171,7 @@ int kvx_spectral_decode(kvx_spectral *out, uint32_t **out_ids, float **out_psi,
                         const uint8_t *bundle, uint64_t len, uint32_t spectral_dim,
                         uint32_t num_layers)
 {
-    uint64_t want;
+    uint64_t want = 0;
     int rc = kvx_spectral_header_check(&want, bundle, spectral_dim, num_layers);
     if (rc) return rc;
     if (want != len)

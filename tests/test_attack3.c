@@ -58,7 +58,7 @@ static kvx_store *make_store(const char *dir, uint64_t capacity, uint64_t shard_
 
 static void copy_tree(const char *from, const char *to)
 {
-    char cmd[1200];
+    char cmd[1300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -a '%s' '%s'", to, from, to);
     assert_int_equal(system(cmd), 0);
 }

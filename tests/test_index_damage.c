@@ -1114,7 +1114,7 @@ static void sum_dir(tree_sum *t, const char *dir)
 /* Every file of before is in after with the same bytes: "" or what is not. */
 static const char *tree_kept(const tree_sum *before, const tree_sum *after)
 {
-    static char why[200];
+    static char why[400];
     for (int i = 0; i < before->n; i++) {
         int j = 0;
         while (j < after->n && strcmp(after->f[j].name, before->f[i].name)) j++;

@@ -498,7 +498,7 @@ static void fix_meta_crc(uint8_t *b, size_t len)
 {
     kvx_shard_header h;
     kvx_header_decode(&h, b);
-    kvx_shard_layout lay;
+    kvx_shard_layout lay = {0};
     assert_int_equal(kvx_shard_layout_for(&lay, h.num_blocks, h.flags, h.block_tokens, h.num_layers,
                                           h.kv_heads), 0);
     assert_true(lay.tables_end <= len);
