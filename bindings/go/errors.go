@@ -62,6 +62,7 @@ const (
 	CodeStale      = int(C.KVX_ESTALE)
 	CodeLossy      = int(C.KVX_ELOSSY)
 	CodeDropped    = int(C.KVX_EDROPPED)
+	CodeNotHeld    = int(C.KVX_ENOTHELD)
 )
 
 // Error is a kvx failure.
@@ -158,6 +159,10 @@ var (
 	// blocks were never stored; put them again. Blocks put after the
 	// failure were stored.
 	ErrDropped = sentinel(CodeDropped)
+	// ErrNotHeld: a tl.kv.v1 chunk named a block this store does not hold
+	// (never stored, evicted, or another prompt's under a colliding hash):
+	// the sender resends it with its payload (gRPC ABORTED).
+	ErrNotHeld = sentinel(CodeNotHeld)
 )
 
 // Class sentinels: a family of codes each.

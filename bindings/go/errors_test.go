@@ -29,6 +29,7 @@ func TestErrorClasses(t *testing.T) {
 		{CodeAmbiguous, []error{ErrAmbiguous, ErrNotFound}, []error{ErrUnverified, ErrCorrupt, ErrInvalid}, "KVX_EAMBIGUOUS"},
 		{CodeUnverified, []error{ErrUnverified, ErrNotFound}, []error{ErrAmbiguous, ErrCorrupt, ErrInvalid}, "KVX_EUNVERIFIED"},
 		{CodeDropped, []error{ErrDropped}, []error{ErrNotFound, ErrCorrupt, ErrLossy}, "KVX_EDROPPED"},
+		{CodeNotHeld, []error{ErrNotHeld}, []error{ErrNotFound, ErrDropped}, "KVX_ENOTHELD"},
 		{-int(syscall.ENOSPC), []error{syscall.ENOSPC}, []error{ErrCapacity, ErrNotFound}, "ENOSPC"},
 		{-int(syscall.ENOENT), []error{fs.ErrNotExist}, []error{ErrNotFound}, "ENOENT"},
 	}
