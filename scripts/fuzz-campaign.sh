@@ -85,6 +85,8 @@ table() {
         printf "%s", row[h]
       }
     }' "$tsv" > "$md.tmp"
+  # hand-written notes on runs (what a number cannot say) go last
+  [ -f fuzz/CAMPAIGNS.notes ] && cat fuzz/CAMPAIGNS.notes >> "$md.tmp"
   mv "$md.tmp" "$md"
 }
 
@@ -143,7 +145,8 @@ for h in "${harnesses[@]}"; do
   (cd "$run" && /usr/bin/time -o "$run/time" -f '%e %U %S %M' nice -n 19 "$bin" -jobs="$jobs" -workers="$jobs" \
       -max_total_time="$share" -max_len="$(max_len "$h")" -rss_limit_mb=2048 -timeout=30 \
       -print_final_stats=1 -artifact_prefix="$run/" "${dict[@]}" "$wdir" >/dev/null 2>&1) || true
-  read -r wall user sys maxkb < "$run/time" || { wall=0 user=0 sys=0 maxkb=0; }
+  # the last line: GNU time puts "Command exited with non-zero status N" first
+  read -r wall user sys maxkb < <(tail -n 1 "$run/time") || { wall=0 user=0 sys=0 maxkb=0; }
   execs=0 cov=0 ft=0
   for log in "$run"/fuzz-*.log; do
     [ -f "$log" ] || continue
