@@ -238,6 +238,38 @@ type chunkReceiver interface {
 	Recv() (*tlkvpb.KvChunk, error)
 }
 
+// readAheadChunks chunks are received ahead of the one being applied.
+const readAheadChunks = 3
+
+type received struct {
+	ch  *tlkvpb.KvChunk
+	err error
+}
+
+// readAhead receives on one goroutine (the only caller of Recv) into a
+// channel of depth chunks, ending after the first error (io.EOF included).
+// stop releases it when the consumer ends early; a Recv still blocked then
+// returns once gRPC cancels the finished RPC.
+func readAhead(stream chunkReceiver, depth int) (<-chan received, func()) {
+	out := make(chan received, depth)
+	done := make(chan struct{})
+	go func() {
+		for {
+			ch, err := stream.Recv()
+			select {
+			case out <- received{ch, err}:
+			case <-done:
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	var once sync.Once
+	return out, func() { once.Do(func() { close(done) }) }
+}
+
 func (s *Server) receive(ctx context.Context, stream chunkReceiver) (Result, error) {
 	cs, err := newCStream(s.store)
 	if err != nil {
@@ -247,8 +279,13 @@ func (s *Server) receive(ctx context.Context, stream chunkReceiver) (Result, err
 	var leaseID string
 	defer func() { s.release(leaseID) }()
 	var total uint64
+	// the next chunks arrive while this one is checked and written: the
+	// C call and the network overlap (a few chunks of at most 4 MiB each)
+	next, stop := readAhead(stream, readAheadChunks)
+	defer stop()
 	for {
-		ch, err := stream.Recv()
+		rc := <-next
+		ch, err := rc.ch, rc.err
 		if err == io.EOF {
 			break
 		}
