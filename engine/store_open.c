@@ -213,7 +213,7 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     if (!out) return kvx_fail(KVX_EINVALID, "kvx_store_create: out is NULL");
     *out = NULL;
     if (!dir || !*dir) return kvx_fail(KVX_EINVALID, "kvx_store_create: dir is empty");
-    if (!opts || (opts->version != 1 && opts->version != KVX_STORE_OPTIONS_VERSION))
+    if (!opts || opts->version < 1 || opts->version > KVX_STORE_OPTIONS_VERSION)
         return kvx_fail(KVX_EVERSION, "kvx_store_create: options.version must be KVX_STORE_OPTIONS_VERSION");
     uint64_t page_bytes = opts->version >= 2 ? opts->page_bytes : 0;
     kvx_geometry g = opts->geometry;
