@@ -417,6 +417,43 @@ static void test_breaker_skip_and_probe(void **state)
     kvx_store_close(r);
 }
 
+/* TIER.md "Failure model": the server killed while the write-behind
+ * sends large values (a write to a reset connection: SIGPIPE, which the
+ * library blocks and consumes): the process lives, close is bounded. */
+static void test_killed_during_write_behind(void **state)
+{
+    (void)state;
+    int k = rf_start(0);
+    assert_true(k >= 0);
+    char url[64], dir[512];
+    url_of(url, sizeof url, k);
+    mkpath(dir, sizeof dir, "wk");
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = (kvx_geometry){4, 8, 128, 16, KVX_QUANT_FP16, 7};
+    o.capacity_bytes = 1ull << 30;
+    o.tier_url = url;
+    kvx_store *s;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    size_t pb = (size_t)kvx_page_bytes(&o.geometry, 16), nb = 32;
+    uint8_t *pages = calloc(nb, pb);
+    uint32_t *t = malloc(nb * 16 * 4);
+    assert_non_null(pages);
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < nb * 16; i++) t[i] = (uint32_t)(i * 31 + (size_t)round * 100003u);
+        assert_int_equal(kvx_store_put(s, t, nb * 16, pages, nb, NULL, NULL), 0);
+        assert_int_equal(kvx_store_flush(s), 0);
+        if (round == 0) {
+            rf_sleep_ms(5);
+            rf_kill(k, SIGKILL);
+        }
+    }
+    double t0 = rf_now();
+    kvx_store_close(s);
+    assert_true(rf_now() - t0 < 4.0);
+    free(pages);
+    free(t);
+}
+
 /* TIER.md "Failure model": a stalled server (SIGSTOP) costs one command
  * timeout (1 s), then the breaker skips it. */
 static void test_stalled_server(void **state)
@@ -597,6 +634,82 @@ static void test_cli(void **state)
     assert_int_equal(run(cmd, out, sizeof out), 2);
 }
 
+/* TIER.md "Tenants": ACL credentials in the URL (AUTH user pass); a user
+ * limited to its namespace's keys works, a wrong password is a miss. */
+static void test_acl_auth(void **state)
+{
+    (void)state;
+    char url[128], out[256];
+    kvx_geometry g = su_geometry();
+    uint64_t ns = kvx_tier_ns(&g, "acl");
+    int port = rf_nodes[g_single].port;
+    assert_int_equal(rf_cmd(port, out, sizeof out, "ACL SETUSER alice on >s3cret ~kvx:1:%016llx:* +@all",
+                            (unsigned long long)ns),
+                     0);
+    snprintf(url, sizeof url, "redis://alice:s3cret@127.0.0.1:%d", port);
+    uint64_t seq = (uint64_t)g_seq_base++;
+    kvx_store *a = mk_store("acl_a", url, "acl");
+    assert_int_equal(su_put_seq(a, seq, 4), 0);
+    kvx_store_close(a);
+    kvx_store *b = mk_store("acl_b", url, "acl");
+    assert_int_equal(su_served_prefix(b, seq, 4), 4);
+    kvx_store_tier ti;
+    assert_int_equal(kvx_store_tier_get(&ti, b), 0);
+    assert_null(strstr(ti.url, "s3cret")); /* shown as *** */
+    kvx_store_close(b);
+    /* the same user cannot reach another tenant's keys */
+    kvx_store *c = mk_store("acl_c", url, "other");
+    assert_int_equal(su_put_seq(c, seq, 4), 0);
+    assert_int_equal(stat_of(c).tier_writes, 0);
+    kvx_store_close(c);
+    snprintf(url, sizeof url, "redis://alice:wrong@127.0.0.1:%d", port);
+    kvx_store *d = mk_store("acl_d", url, "acl");
+    assert_int_equal(su_served_prefix(d, seq, 4), 0);
+    assert_int_equal(stat_of(d).tier_up, 0);
+    kvx_store_close(d);
+}
+
+/* TIER.md "Semantics": 16 stores in 16 processes share the tier: each
+ * puts its own prompt, then each serves every other's, verified. */
+static void test_sixteen_processes(void **state)
+{
+    (void)state;
+    char url[64];
+    url_of(url, sizeof url, g_single);
+    uint64_t base = 9000;
+    pid_t pids[16];
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < 16; i++) {
+            pids[i] = fork();
+            assert_true(pids[i] >= 0);
+            if (pids[i] == 0) {
+                char name[32], dir[512];
+                snprintf(name, sizeof name, "p16_%d", i);
+                mkpath(dir, sizeof dir, name);
+                kvx_store *s = NULL;
+                int ok = 1;
+                if (round == 0) {
+                    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+                    o.geometry = su_geometry();
+                    o.capacity_bytes = 64ull << 20;
+                    o.tier_url = url;
+                    ok = kvx_store_create(&s, dir, &o) == 0 && su_put_seq(s, base + (uint64_t)i, 8) == 0;
+                } else {
+                    ok = kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY) == 0;
+                    for (int j = 0; ok && j < 16; j++) ok = su_served_prefix(s, base + (uint64_t)j, 8) == 8;
+                }
+                kvx_store_close(s);
+                _exit(ok ? 0 : 1);
+            }
+        }
+        for (int i = 0; i < 16; i++) {
+            int st;
+            assert_int_equal(waitpid(pids[i], &st, 0), pids[i]);
+            assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        }
+    }
+}
+
 /* ------------------------------------------------------------ the cluster */
 
 /* TIER.md "Routing": keys spread over the masters; a 64-block prefix is
@@ -691,7 +804,19 @@ static void test_cluster_master_killed(void **state)
         if (o >= 0 && o != moved && o != g_migrated_from) victim = o;
     }
     assert_true(victim >= 0);
-    for (int i = g_cl; i < g_cl + 6; i++) rf_cmd(rf_nodes[i].port, out, sizeof out, "WAIT 1 1000");
+    /* its replica has every write (else the promoted replica misses
+     * blocks, rightly, and the test could not tell) */
+    double sync_end = rf_now() + 10;
+    for (;;) {
+        char info[4096];
+        assert_int_equal(rf_cmd(rf_nodes[victim].port, info, sizeof info, "INFO replication"), 0);
+        const char *mo = strstr(info, "master_repl_offset:"), *so = strstr(info, "slave0:");
+        const char *off = so ? strstr(so, "offset=") : NULL;
+        if (mo && off && atoll(mo + 19) == atoll(off + 7)) break;
+        assert_true(rf_now() < sync_end);
+        rf_sleep_ms(50);
+    }
+    (void)out;
     rf_kill(victim, SIGKILL);
     double t0 = rf_now();
     size_t got = su_served_prefix(b, 5000, 64);
@@ -758,8 +883,11 @@ int main(void)
         cmocka_unit_test(test_ttl),
         cmocka_unit_test(test_options_override_and_reindex),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_acl_auth),
+        cmocka_unit_test(test_sixteen_processes),
         cmocka_unit_test(test_breaker_skip_and_probe),
         cmocka_unit_test(test_stalled_server),
+        cmocka_unit_test(test_killed_during_write_behind),
     };
     rc = cmocka_run_group_tests_name("tier_single", single, NULL, NULL);
     if (!rc) {

@@ -30,6 +30,7 @@
 
 #include <hiredis/hiredis.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +66,40 @@ static uint64_t now_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
+/* ---- SIGPIPE ------------------------------------------------------------ */
+
+/* hiredis writes with write(2): to a connection the server closed, that
+ * raises SIGPIPE, whose default action ends the process. A library must
+ * not change the process's handlers, so each call blocks SIGPIPE in its
+ * own thread while it talks to the tier and consumes one it caused. */
+typedef struct sigpipe_guard {
+    sigset_t old;
+    int was_pending;
+} sigpipe_guard;
+
+static void sigpipe_block(sigpipe_guard *g)
+{
+    sigset_t set, pend;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigpending(&pend);
+    g->was_pending = sigismember(&pend, SIGPIPE) == 1;
+    pthread_sigmask(SIG_BLOCK, &set, &g->old);
+}
+
+static void sigpipe_unblock(const sigpipe_guard *g)
+{
+    sigset_t set, pend;
+    sigemptyset(&set);
+    sigaddset(&set, SIGPIPE);
+    sigpending(&pend);
+    if (!g->was_pending && sigismember(&pend, SIGPIPE) == 1) {
+        struct timespec zero = {0, 0};
+        while (sigtimedwait(&set, NULL, &zero) < 0 && errno == EINTR) {}
+    }
+    pthread_sigmask(SIG_SETMASK, &g->old, NULL);
+}
+
 /* ---- CRC16 key slots ---------------------------------------------------- */
 
 static uint16_t crc16(const char *buf, size_t len)
@@ -93,23 +128,23 @@ uint16_t kvx_tier_slot(const char *key, size_t len)
 /* ---- the process-wide circuit breaker ----------------------------------- */
 
 #define BRK_MAX 256
-typedef struct brk {
+typedef struct tbrk {
     char host[256];
     int port;
     uint64_t open_until; /* 0: closed */
     uint64_t backoff;
-} brk;
-static brk g_brk[BRK_MAX];
+} tbrk;
+static tbrk g_brk[BRK_MAX];
 static int g_nbrk;
 static pthread_mutex_t g_brk_mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int g_said; /* the one stderr line was printed */
 
-static brk *brk_find(const char *host, int port)
+static tbrk *brk_find(const char *host, int port)
 {
     for (int i = 0; i < g_nbrk; i++)
         if (g_brk[i].port == port && !strcmp(g_brk[i].host, host)) return &g_brk[i];
     if (g_nbrk == BRK_MAX) return NULL;
-    brk *b = &g_brk[g_nbrk++];
+    tbrk *b = &g_brk[g_nbrk++];
     snprintf(b->host, sizeof b->host, "%s", host);
     b->port = port;
     return b;
@@ -120,7 +155,7 @@ static brk *brk_find(const char *host, int port)
 static int brk_allow(const char *host, int port)
 {
     pthread_mutex_lock(&g_brk_mu);
-    brk *b = brk_find(host, port);
+    tbrk *b = brk_find(host, port);
     int ok = 1;
     if (b && b->open_until) {
         uint64_t t = now_ms();
@@ -134,7 +169,7 @@ static int brk_allow(const char *host, int port)
 static void brk_result(const char *host, int port, int ok, const char *why)
 {
     pthread_mutex_lock(&g_brk_mu);
-    brk *b = brk_find(host, port);
+    tbrk *b = brk_find(host, port);
     if (b) {
         if (ok) {
             b->open_until = 0;
@@ -153,7 +188,7 @@ static void brk_result(const char *host, int port, int ok, const char *why)
 static int brk_closed(const char *host, int port)
 {
     pthread_mutex_lock(&g_brk_mu);
-    brk *b = brk_find(host, port);
+    tbrk *b = brk_find(host, port);
     int ok = !b || !b->open_until;
     pthread_mutex_unlock(&g_brk_mu);
     return ok;
@@ -213,10 +248,12 @@ static redisContext *node_conn(kvx_tier *t, int i, uint64_t deadline)
         redisReply *r = t->url.user[0] ? redisCommand(c, "AUTH %s %s", t->url.user, t->url.pass)
                                        : redisCommand(c, "AUTH %s", t->url.pass);
         int bad = !r || r->type == REDIS_REPLY_ERROR;
-        if (bad) {
-            char why[160];
-            snprintf(why, sizeof why, "AUTH: %s", r ? r->str : c->errstr);
-            brk_result(nd->host, nd->port, 0, why);
+        if (!r) {
+            brk_result(nd->host, nd->port, 0, c->errstr);
+        } else if (bad && !atomic_exchange(&g_said, 1)) {
+            /* the node is up (no breaker): the credentials are wrong */
+            fprintf(stderr, "kvx: shared tier node %s:%d refused AUTH (%s): its blocks are misses\n", nd->host,
+                    nd->port, r->str);
         }
         if (r) freeReplyObject(r);
         if (bad) {
@@ -477,7 +514,10 @@ int kvx_tier_open(kvx_tier **out, const char *url, const kvx_tier_limits *limits
 void kvx_tier_close(kvx_tier *t)
 {
     if (!t) return;
+    sigpipe_guard sg;
+    sigpipe_block(&sg);
     for (int i = 0; i < t->nnodes; i++) node_drop(&t->nodes[i]);
+    sigpipe_unblock(&sg);
     free(t->nodes);
     pthread_mutex_destroy(&t->mu);
     free(t);
@@ -499,10 +539,13 @@ int kvx_tier_get(kvx_tier *t, const char *const *keys, size_t n, uint8_t **vals,
         c[i].key = keys[i], c[i].keylen = al[2 * i + 1];
         c[i].argc = 2, c[i].argv = av + 2 * i, c[i].argvlen = al + 2 * i;
     }
+    sigpipe_guard sg;
+    sigpipe_block(&sg);
     pthread_mutex_lock(&t->mu);
     run_batch(t, c, n, io);
     int up = t->last_ok;
     pthread_mutex_unlock(&t->mu);
+    sigpipe_unblock(&sg);
     for (size_t i = 0; i < n; i++) {
         vals[i] = NULL;
         lens[i] = 0;
@@ -548,10 +591,13 @@ int kvx_tier_set_nx(kvx_tier *t, const char *const *keys, const uint8_t *const *
         c[i].argc = argc, c[i].argv = a, c[i].argvlen = l;
         if (io) io->bytes_up += lens[i];
     }
+    sigpipe_guard sg;
+    sigpipe_block(&sg);
     pthread_mutex_lock(&t->mu);
     run_batch(t, c, n, io);
     int up = t->last_ok;
     pthread_mutex_unlock(&t->mu);
+    sigpipe_unblock(&sg);
     for (size_t i = 0; i < n; i++) {
         st[i] = c[i].st;
         if (c[i].reply) freeReplyObject(c[i].reply);
@@ -578,9 +624,12 @@ int kvx_tier_cas(kvx_tier *t, const char *key, const char *old_sha1hex, const ui
     memset(&c, 0, sizeof c);
     c.key = key, c.keylen = l[3], c.argc = 7, c.argv = a, c.argvlen = l;
     if (io) io->bytes_up += len;
+    sigpipe_guard sg;
+    sigpipe_block(&sg);
     pthread_mutex_lock(&t->mu);
     run_batch(t, &c, 1, io);
     pthread_mutex_unlock(&t->mu);
+    sigpipe_unblock(&sg);
     int rc;
     if (c.st == KVX_TIER_OK && c.reply && c.reply->type == REDIS_REPLY_INTEGER)
         rc = c.reply->integer == 1 ? 0 : kvx_fail(KVX_ENOTFOUND, "tier: the value changed before the replace");
@@ -594,6 +643,8 @@ int kvx_tier_ping(kvx_tier *t)
 {
     const char *a[1] = {"PING"};
     size_t l[1] = {4};
+    sigpipe_guard sg;
+    sigpipe_block(&sg);
     pthread_mutex_lock(&t->mu);
     uint64_t deadline = now_ms() + t->lim.total_ms;
     int rc = KVX_EUNAVAILABLE;
@@ -609,6 +660,7 @@ int kvx_tier_ping(kvx_tier *t)
     }
     t->last_ok = rc == 0;
     pthread_mutex_unlock(&t->mu);
+    sigpipe_unblock(&sg);
     return rc ? kvx_fail(KVX_EUNAVAILABLE, "tier: no node answered PING") : 0;
 }
 
