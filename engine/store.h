@@ -303,11 +303,11 @@ void kvx_st_tier_published(kvx_store *s, const kvx_store_batch *x);
 /* The tier's counters into out. */
 void kvx_st_tier_stats(kvx_store *s, kvx_store_stats *out);
 /* Blocks [first, first + n) of a prompt from the tier, verified: fills
- * pages (n * page_bytes), scales (n * nscales, nullable) and returns how
+ * pages[j] (page_bytes each), scales (n * nscales, nullable) and returns how
  * many leading blocks were served (0..n). hashes and digests cover blocks
  * 0..first+n-1. Never an error. */
 size_t kvx_st_tier_fetch(kvx_store *s, const uint32_t *tokens, size_t first, size_t n, const uint64_t *hashes,
-                         const uint8_t (*digests)[KVX_DIGEST_BYTES], uint8_t *pages, float *scales);
+                         const uint8_t (*digests)[KVX_DIGEST_BYTES], void **pages, float *scales);
 
 /* store_lookup.c */
 /* The local part of kvx_store_prefix (its contract, the store's blocks only). */

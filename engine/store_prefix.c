@@ -19,16 +19,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Copies the tier's blocks [first, first + n) into the store (writer).
- * Best effort: a failure leaves the store as it was. */
-static void st_copy_in(kvx_store *s, const uint32_t *tokens, size_t first, size_t n, const uint8_t *pages,
+/* Copies the tier's blocks [first, first + n) into the store (writer):
+ * an ordinary put, one block a call (the pages are apart), into a private
+ * batch flushed at once. Best effort: a failure leaves the store as it was. */
+static void st_copy_in(kvx_store *s, const uint32_t *tokens, size_t first, size_t n, void *const *pages,
                        const float *scales)
 {
     kvx_store_batch *b;
     if (kvx_store_batch_create(&b, s)) return;
     b->no_tier = 1;
     uint32_t B = s->g.block_tokens;
-    if (!kvx_st_batch_put_from(b, tokens, (first + n) * B, first, pages, n, scales, NULL)) kvx_store_batch_flush(b);
+    int rc = 0;
+    for (size_t j = 0; !rc && j < n; j++)
+        rc = kvx_st_batch_put_from(b, tokens, (first + j + 1) * B, first + j, pages[j], 1,
+                                   scales ? scales + j * s->nscales : NULL, NULL);
+    if (!rc) kvx_store_batch_flush(b);
     kvx_store_batch_destroy(b);
 }
 
@@ -46,11 +51,13 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, c
     int fp8 = kvx_quant_is_fp8(s->g.quant);
     uint64_t *h = malloc(want * sizeof *h);
     uint8_t(*d)[KVX_DIGEST_BYTES] = malloc(want * KVX_DIGEST_BYTES);
-    uint8_t *pages = malloc(m * pb);
+    void **pages = calloc(m, sizeof *pages);
     float *scales = fp8 ? malloc(m * ns * sizeof *scales) : NULL;
     uint64_t *parents = malloc(m * sizeof *parents);
     size_t k = 0;
-    if (h && d && pages && parents && (!fp8 || scales)) {
+    int ok = h && d && pages && parents && (!fp8 || scales);
+    for (size_t j = 0; ok && j < m; j++) ok = (pages[j] = malloc(pb)) != NULL;
+    if (ok) {
         kvx_block_hashes(h, tokens, want * B, B);
         kvx_prefix_digests(d, tokens, want * B, B);
         k = kvx_st_tier_fetch(s, tokens, have, m, h, (const uint8_t(*)[KVX_DIGEST_BYTES])d, pages, scales);
@@ -59,7 +66,8 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, c
     if (k) {
         for (size_t j = 0; j < k; j++) parents[j] = have + j ? h[have + j - 1] : 0;
         if (s->writer) st_copy_in(s, tokens, have, k, pages, scales);
-        /* the shard takes pages (freed with it) */
+        /* the shard takes the first k pages and the array (freed with it) */
+        for (size_t j = k; j < m; j++) free(pages[j]), pages[j] = NULL;
         if (kvx_shard_mem(&sh, &s->g, (uint32_t)k, pages, h + have, parents, tokens + have * B, d[have], scales))
             sh = NULL, k = 0;
         pages = NULL;
@@ -82,6 +90,7 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, c
     }
     kvx_shard_close(sh);
     *out_n = have + k;
+    for (size_t j = 0; pages && j < m; j++) free(pages[j]);
     free(h), free(d), free(pages), free(scales), free(parents);
     if (msg[0] && !k) kvx_fail(KVX_EPAGECRC, "%s", msg);
     else kvx_clear_error();

@@ -344,7 +344,7 @@ static void *st_tier_worker(void *arg)
 /* ---- fetch ---------------------------------------------------------------- */
 
 size_t kvx_st_tier_fetch(kvx_store *s, const uint32_t *tokens, size_t first, size_t n, const uint64_t *hashes,
-                         const uint8_t (*digests)[KVX_DIGEST_BYTES], uint8_t *pages, float *scales)
+                         const uint8_t (*digests)[KVX_DIGEST_BYTES], void **pages, float *scales)
 {
     struct st_tier *t = s->tier;
     if (!t || !n) return 0;
@@ -373,7 +373,7 @@ size_t kvx_st_tier_fetch(kvx_store *s, const uint32_t *tokens, size_t first, siz
             continue;
         }
         kvx_tier_expect x = {t->ns, &s->g, hashes[i], i ? hashes[i - 1] : 0, tokens + i * B};
-        if (kvx_tier_value_check(vals[j], lens[j], &x, pages + j * s->page_bytes,
+        if (kvx_tier_value_check(vals[j], lens[j], &x, pages[j],
                                  scales ? scales + j * s->nscales : NULL)) {
             atomic_fetch_add(&t->badv, 1);
             if (s->writer) st_bad_note(t, kp[j], vals[j], lens[j]);
