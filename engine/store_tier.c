@@ -58,6 +58,8 @@ struct st_tier {
     pthread_cond_t cv, idle;
     pthread_t th;
     int started, stop, busy;
+    struct timespec close_by; /* set by detach: the write-behind's last moment */
+    int closing;
     st_job *q;
     size_t nq, capq;
     st_bad bad[ST_TIER_BAD];
@@ -193,6 +195,8 @@ void kvx_st_tier_detach(kvx_store *s, uint32_t drain_ms)
         dl.tv_sec += drain_ms / 1000;
         dl.tv_nsec += (long)(drain_ms % 1000) * 1000000L;
         if (dl.tv_nsec >= 1000000000L) dl.tv_sec++, dl.tv_nsec -= 1000000000L;
+        t->close_by = dl;
+        t->closing = 1;
         while ((t->nq || t->busy) && pthread_cond_timedwait(&t->idle, &t->mu, &dl) == 0) {}
     }
     for (size_t i = 0; i < t->nq; i++) free(t->q[i].toks); /* not sent in time: dropped */
@@ -330,6 +334,15 @@ static void *st_tier_worker(void *arg)
         memmove(t->q, t->q + n, (t->nq - n) * sizeof *t->q);
         t->nq -= n;
         t->busy = 1;
+        if (t->closing) {
+            /* the store is closing: this batch may take only what is left
+             * of the close's wait */
+            struct timespec now;
+            clock_gettime(CLOCK_REALTIME, &now);
+            int64_t left = (int64_t)(t->close_by.tv_sec - now.tv_sec) * 1000 +
+                           (t->close_by.tv_nsec - now.tv_nsec) / 1000000;
+            kvx_tier_set_total_ms(t->wr, left > 1 ? (uint32_t)left : 1);
+        }
         pthread_mutex_unlock(&t->mu);
         st_tier_write(s, t, jobs, n);
         for (size_t i = 0; i < n; i++) free(jobs[i].toks);

@@ -664,6 +664,14 @@ int kvx_tier_ping(kvx_tier *t)
     return rc ? kvx_fail(KVX_EUNAVAILABLE, "tier: no node answered PING") : 0;
 }
 
+void kvx_tier_set_total_ms(kvx_tier *t, uint32_t total_ms)
+{
+    pthread_mutex_lock(&t->mu);
+    t->lim.total_ms = total_ms ? total_ms : 1;
+    if (t->lim.command_ms > t->lim.total_ms) t->lim.command_ms = t->lim.total_ms;
+    pthread_mutex_unlock(&t->mu);
+}
+
 int kvx_tier_up(kvx_tier *t)
 {
     pthread_mutex_lock(&t->mu);
