@@ -356,50 +356,68 @@ static void *st_tier_worker(void *arg)
 
 /* ---- fetch ---------------------------------------------------------------- */
 
+/* A lookup's batch, checked value by value as the answers arrive. */
+typedef struct st_fetch {
+    kvx_store *s;
+    struct st_tier *t;
+    const uint32_t *tokens;
+    size_t first;
+    const uint64_t *hashes;
+    char (*keys)[KVX_TIER_KEY_BYTES];
+    void **pages;
+    float *scales;
+    uint8_t *res; /* 0 verified, 1 no value, 2 not answered, 3 bad value */
+} st_fetch;
+
+static void st_fetch_one(void *ctx, size_t j, uint8_t st, uint8_t *val, size_t len)
+{
+    st_fetch *f = ctx;
+    kvx_store *s = f->s;
+    if (st != KVX_TIER_OK) {
+        f->res[j] = st == KVX_TIER_NONE ? 1 : 2;
+        free(val);
+        return;
+    }
+    size_t i = f->first + j;
+    kvx_tier_expect x = {f->t->ns, &s->g, f->hashes[i], i ? f->hashes[i - 1] : 0, f->tokens + i * s->g.block_tokens};
+    if (kvx_tier_value_check(val, len, &x, f->pages[j], f->scales ? f->scales + j * s->nscales : NULL)) {
+        f->res[j] = 3;
+        if (s->writer) st_bad_note(f->t, f->keys[j], val, len);
+    } else {
+        f->res[j] = 0;
+    }
+    free(val);
+}
+
 size_t kvx_st_tier_fetch(kvx_store *s, const uint32_t *tokens, size_t first, size_t n, const uint64_t *hashes,
                          const uint8_t (*digests)[KVX_DIGEST_BYTES], void **pages, float *scales)
 {
     struct st_tier *t = s->tier;
     if (!t || !n) return 0;
-    uint32_t B = s->g.block_tokens;
     char(*keys)[KVX_TIER_KEY_BYTES] = malloc(n * sizeof *keys);
     const char **kp = malloc(n * sizeof *kp);
-    uint8_t **vals = calloc(n, sizeof *vals);
-    size_t *lens = calloc(n, sizeof *lens);
-    uint8_t *st = calloc(n, 1);
+    uint8_t *res = malloc(n);
     size_t k = 0;
-    if (!keys || !kp || !vals || !lens || !st) goto out;
-    for (size_t j = 0; j < n; j++) {
-        kvx_tier_key(keys[j], t->ns, hashes[first + j], digests[first + j]);
-        kp[j] = keys[j];
-    }
-    atomic_store(&t->asked, 1);
-    kvx_tier_io io = {0, 0, 0, 0};
-    kvx_tier_get(t->rd, kp, n, vals, lens, st, &io);
-    atomic_fetch_add(&t->down, io.bytes_down);
-    int stop = 0;
-    for (size_t j = 0; j < n && !stop; j++) {
-        size_t i = first + j;
-        if (st[j] != KVX_TIER_OK) {
-            if (st[j] != KVX_TIER_NONE) atomic_fetch_add(&t->errors, 1);
-            stop = 1;
-            continue;
+    if (keys && kp && res) {
+        for (size_t j = 0; j < n; j++) {
+            kvx_tier_key(keys[j], t->ns, hashes[first + j], digests[first + j]);
+            kp[j] = keys[j];
+            res[j] = 2;
         }
-        kvx_tier_expect x = {t->ns, &s->g, hashes[i], i ? hashes[i - 1] : 0, tokens + i * B};
-        if (kvx_tier_value_check(vals[j], lens[j], &x, pages[j],
-                                 scales ? scales + j * s->nscales : NULL)) {
-            atomic_fetch_add(&t->badv, 1);
-            if (s->writer) st_bad_note(t, kp[j], vals[j], lens[j]);
-            stop = 1;
-            continue;
-        }
-        k++;
+        atomic_store(&t->asked, 1);
+        kvx_tier_io io = {0, 0, 0, 0};
+        st_fetch f = {s, t, tokens, first, hashes, keys, pages, scales, res};
+        kvx_tier_get_each(t->rd, kp, n, st_fetch_one, &f, &io);
+        atomic_fetch_add(&t->down, io.bytes_down);
+        /* the leading verified run is served; the block that ends it is
+         * counted by why */
+        while (k < n && res[k] == 0) k++;
+        if (k < n && res[k] == 2) atomic_fetch_add(&t->errors, 1);
+        if (k < n && res[k] == 3) atomic_fetch_add(&t->badv, 1);
+        atomic_fetch_add(&t->hits, k);
+        atomic_fetch_add(&t->misses, n - k);
     }
-    atomic_fetch_add(&t->hits, k);
-    atomic_fetch_add(&t->misses, n - k);
-out:
-    for (size_t j = 0; vals && j < n; j++) free(vals[j]);
-    free(keys), free(kp), free(vals), free(lens), free(st);
+    free(keys), free(kp), free(res);
     kvx_clear_error();
     return k;
 }

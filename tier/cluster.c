@@ -41,6 +41,8 @@
 #define MAX_ATTEMPTS 3
 #define MAX_REDIRECTS 5
 
+struct tcmd;
+
 typedef struct tnode {
     char host[256];
     int port;
@@ -57,6 +59,10 @@ struct kvx_tier {
     int cluster;           /* 1 cluster, 0 single server, -1 not known */
     int map_ok, map_stale;
     int last_ok; /* the last call reached the tier */
+    /* the call in progress: told of each command's final answer */
+    void (*on_done)(void *ctx, size_t i, struct tcmd *c);
+    void *on_ctx;
+    struct tcmd *cmd_base;
 };
 
 static uint64_t now_ms(void)
@@ -334,7 +340,7 @@ static int refresh(kvx_tier *t, uint64_t deadline, kvx_tier_io *io)
 
 /* ---- batches ------------------------------------------------------------ */
 
-typedef struct tcmd {
+struct tcmd {
     const char *key;
     size_t keylen;
     int argc;
@@ -346,7 +352,8 @@ typedef struct tcmd {
     uint8_t attempts, redirects;
     int ask; /* node index of an ASK, -1 none */
     int node; /* this round's node */
-} tcmd;
+};
+typedef struct tcmd tcmd;
 
 static int parse_redirect(kvx_tier *t, const char *msg, int *slot)
 {
@@ -369,11 +376,12 @@ static int parse_redirect(kvx_tier *t, const char *msg, int *slot)
     return node_add(t, host, (int)port);
 }
 
-static void finish(tcmd *c, uint8_t st, redisReply *r)
+static void finish(kvx_tier *t, tcmd *c, uint8_t st, redisReply *r)
 {
     c->done = 1;
     c->st = st;
     c->reply = r;
+    if (t->on_done) t->on_done(t->on_ctx, (size_t)(c - t->cmd_base), c);
 }
 
 /* Runs the commands to their answers within the call's deadline. */
@@ -382,7 +390,7 @@ static void run_batch(kvx_tier *t, tcmd *cmds, size_t n, kvx_tier_io *io)
     uint64_t deadline = now_ms() + t->lim.total_ms;
     for (size_t i = 0; i < n; i++) cmds[i].ask = -1;
     if ((!t->map_ok || t->map_stale) && refresh(t, deadline, io) && !t->map_ok) {
-        for (size_t i = 0; i < n; i++) finish(&cmds[i], KVX_TIER_DOWN, NULL);
+        for (size_t i = 0; i < n; i++) finish(t, &cmds[i], KVX_TIER_DOWN, NULL);
         return;
     }
     size_t left = n;
@@ -406,7 +414,7 @@ static void run_batch(kvx_tier *t, tcmd *cmds, size_t n, kvx_tier_io *io)
             if (!rc) {
                 for (size_t i = 0; i < n; i++)
                     if (!cmds[i].done && cmds[i].node == nd && ++cmds[i].attempts >= MAX_ATTEMPTS)
-                        finish(&cmds[i], KVX_TIER_DOWN, NULL), left--;
+                        finish(t, &cmds[i], KVX_TIER_DOWN, NULL), left--;
                 t->map_stale = 1;
                 continue;
             }
@@ -436,7 +444,7 @@ static void run_batch(kvx_tier *t, tcmd *cmds, size_t n, kvx_tier_io *io)
                 }
                 if (!broken && redisGetReply(rc, &vr) != REDIS_OK) broken = 1;
                 if (broken) {
-                    if (++c->attempts >= MAX_ATTEMPTS) finish(c, KVX_TIER_FAILED, NULL), left--;
+                    if (++c->attempts >= MAX_ATTEMPTS) finish(t, c, KVX_TIER_FAILED, NULL), left--;
                     c->ask = -1;
                     continue;
                 }
@@ -448,7 +456,7 @@ static void run_batch(kvx_tier *t, tcmd *cmds, size_t n, kvx_tier_io *io)
                     freeReplyObject(r);
                     if (io) io->redirects++;
                     if (to < 0 || ++c->redirects > MAX_REDIRECTS) {
-                        finish(c, KVX_TIER_FAILED, NULL), left--;
+                        finish(t, c, KVX_TIER_FAILED, NULL), left--;
                         continue;
                     }
                     if (moved) {
@@ -462,10 +470,10 @@ static void run_batch(kvx_tier *t, tcmd *cmds, size_t n, kvx_tier_io *io)
                 if (r->type == REDIS_REPLY_ERROR) {
                     /* TRYAGAIN, CLUSTERDOWN, OOM, NOPERM, ...: no answer */
                     freeReplyObject(r);
-                    finish(c, KVX_TIER_FAILED, NULL), left--;
+                    finish(t, c, KVX_TIER_FAILED, NULL), left--;
                     continue;
                 }
-                finish(c, r->type == REDIS_REPLY_NIL ? KVX_TIER_NONE : KVX_TIER_OK, r);
+                finish(t, c, r->type == REDIS_REPLY_NIL ? KVX_TIER_NONE : KVX_TIER_OK, r);
                 left--;
             }
             if (broken && rc) {
@@ -478,7 +486,7 @@ static void run_batch(kvx_tier *t, tcmd *cmds, size_t n, kvx_tier_io *io)
         if (left && t->map_stale) refresh(t, deadline, io);
     }
     for (size_t i = 0; i < n; i++)
-        if (!cmds[i].done) finish(&cmds[i], KVX_TIER_FAILED, NULL);
+        if (!cmds[i].done) finish(t, &cmds[i], KVX_TIER_FAILED, NULL);
     t->last_ok = 0;
     for (size_t i = 0; i < n; i++)
         if (cmds[i].st == KVX_TIER_OK || cmds[i].st == KVX_TIER_NONE) t->last_ok = 1;
@@ -523,14 +531,41 @@ void kvx_tier_close(kvx_tier *t)
     free(t);
 }
 
-int kvx_tier_get(kvx_tier *t, const char *const *keys, size_t n, uint8_t **vals, size_t *lens, uint8_t *st,
-                 kvx_tier_io *io)
+/* kvx_tier_get_each's adapter: the reply becomes (status, value). */
+typedef struct get_ctx {
+    kvx_tier_value_fn fn;
+    void *ctx;
+    kvx_tier_io *io;
+} get_ctx;
+
+static void get_done(void *vctx, size_t i, tcmd *c)
+{
+    get_ctx *g = vctx;
+    redisReply *r = c->reply;
+    uint8_t st = c->st, *val = NULL;
+    size_t len = 0;
+    if (r && r->type == REDIS_REPLY_STRING) {
+        val = (uint8_t *)r->str; /* hiredis 0.14 allocates with malloc: take it */
+        len = r->len;
+        r->str = NULL;
+        if (g->io) g->io->bytes_down += len;
+    } else if (st == KVX_TIER_OK) {
+        st = KVX_TIER_FAILED; /* not a string: not a value */
+    }
+    if (r) freeReplyObject(r);
+    c->reply = NULL;
+    g->fn(g->ctx, i, st, val, len);
+}
+
+int kvx_tier_get_each(kvx_tier *t, const char *const *keys, size_t n, kvx_tier_value_fn fn, void *ctx,
+                      kvx_tier_io *io)
 {
     tcmd *c = calloc(n ? n : 1, sizeof *c);
     size_t *al = calloc(n ? 2 * n : 1, sizeof *al);
     const char **av = calloc(n ? 2 * n : 1, sizeof *av);
     if (!c || !al || !av) {
         free(c), free(al), free(av);
+        for (size_t i = 0; i < n; i++) fn(ctx, i, KVX_TIER_FAILED, NULL, 0);
         return kvx_fail(-ENOMEM, "tier: out of memory");
     }
     for (size_t i = 0; i < n; i++) {
@@ -539,30 +574,44 @@ int kvx_tier_get(kvx_tier *t, const char *const *keys, size_t n, uint8_t **vals,
         c[i].key = keys[i], c[i].keylen = al[2 * i + 1];
         c[i].argc = 2, c[i].argv = av + 2 * i, c[i].argvlen = al + 2 * i;
     }
+    get_ctx g = {fn, ctx, io};
     sigpipe_guard sg;
     sigpipe_block(&sg);
     pthread_mutex_lock(&t->mu);
+    t->on_done = get_done;
+    t->on_ctx = &g;
+    t->cmd_base = c;
     run_batch(t, c, n, io);
+    t->on_done = NULL;
+    t->on_ctx = NULL;
+    t->cmd_base = NULL;
     int up = t->last_ok;
     pthread_mutex_unlock(&t->mu);
     sigpipe_unblock(&sg);
-    for (size_t i = 0; i < n; i++) {
-        vals[i] = NULL;
-        lens[i] = 0;
-        st[i] = c[i].st;
-        redisReply *r = c[i].reply;
-        if (r && r->type == REDIS_REPLY_STRING) {
-            vals[i] = (uint8_t *)r->str; /* hiredis 0.14 allocates with malloc: take it */
-            lens[i] = r->len;
-            r->str = NULL;
-            if (io) io->bytes_down += lens[i];
-        } else if (c[i].st == KVX_TIER_OK) {
-            st[i] = KVX_TIER_FAILED; /* not a string: not a value */
-        }
-        if (r) freeReplyObject(r);
-    }
     free(c), free(al), free(av);
     return up || !n ? 0 : kvx_fail(KVX_EUNAVAILABLE, "tier: no node answered");
+}
+
+typedef struct collect_ctx {
+    uint8_t **vals;
+    size_t *lens;
+    uint8_t *st;
+} collect_ctx;
+
+static void collect(void *vctx, size_t i, uint8_t st, uint8_t *val, size_t len)
+{
+    collect_ctx *k = vctx;
+    k->vals[i] = val;
+    k->lens[i] = len;
+    k->st[i] = st;
+}
+
+int kvx_tier_get(kvx_tier *t, const char *const *keys, size_t n, uint8_t **vals, size_t *lens, uint8_t *st,
+                 kvx_tier_io *io)
+{
+    for (size_t i = 0; i < n; i++) vals[i] = NULL, lens[i] = 0, st[i] = KVX_TIER_FAILED;
+    collect_ctx k = {vals, lens, st};
+    return kvx_tier_get_each(t, keys, n, collect, &k, io);
 }
 
 int kvx_tier_set_nx(kvx_tier *t, const char *const *keys, const uint8_t *const *vals, const size_t *lens, size_t n,

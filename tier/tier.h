@@ -132,6 +132,13 @@ typedef struct kvx_tier_io {
  * Returns 0 when the tier answered at all, else KVX_EUNAVAILABLE. */
 int kvx_tier_get(kvx_tier *t, const char *const *keys, size_t n, uint8_t **vals, size_t *lens, uint8_t *st,
                  kvx_tier_io *io);
+/* kvx_tier_get telling fn of each key's final answer as it is read (so
+ * the caller checks one value while the next ones arrive): fn(ctx, i, st,
+ * val, len) once per key, in arrival order; fn owns val (free()). Called
+ * with the client's lock held: fn must not call the client. */
+typedef void (*kvx_tier_value_fn)(void *ctx, size_t i, uint8_t st, uint8_t *val, size_t len);
+int kvx_tier_get_each(kvx_tier *t, const char *const *keys, size_t n, kvx_tier_value_fn fn, void *ctx,
+                      kvx_tier_io *io);
 /* SET key val NX [PX ttl_ms] for n keys, pipelined per node. */
 int kvx_tier_set_nx(kvx_tier *t, const char *const *keys, const uint8_t *const *vals, const size_t *lens, size_t n,
                     uint64_t ttl_ms, uint8_t *st, kvx_tier_io *io);
