@@ -772,8 +772,9 @@ typedef struct kvx_store_tier {
 /* What this handle uses. */
 KVX_API int kvx_store_tier_get(kvx_store_tier *out, kvx_store *s);
 /* Writer: writes DIR/TIER atomically (url NULL or "off": removes it) and
- * applies it to this handle (after draining its write-behind). tenant
- * nullable; ttl_ms 0: no TTL. A tier down is no error here. */
+ * applies it to this handle (after draining its write-behind, at most
+ * 2 s). tenant nullable; ttl_ms 0: no TTL. A tier down is no error here.
+ * No other call on s may run during it (as for kvx_store_close). */
 KVX_API int kvx_store_tier_set(kvx_store *s, const char *url, const char *tenant, uint64_t ttl_ms);
 /* PING the tier now: 0, or KVX_EUNAVAILABLE (KVX_ENOTFOUND without a tier). */
 KVX_API int kvx_store_tier_ping(kvx_store *s);
