@@ -164,9 +164,8 @@ var (
 	// (never stored, evicted, or another prompt's under a colliding hash):
 	// the sender resends it with its payload (gRPC ABORTED).
 	ErrNotHeld = sentinel(CodeNotHeld)
-	// ErrUnavailable: the store's shared tier did not answer
-	// (a lookup never fails for it: the
-	// tier's blocks are misses; docs/TIER.md).
+	// ErrUnavailable: the store's shared tier did not answer (a lookup
+	// never fails for it: the tier's blocks are misses; docs/TIER.md).
 	ErrUnavailable = sentinel(CodeUnavailable)
 )
 
