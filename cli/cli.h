@@ -34,6 +34,12 @@ typedef struct cli_cmd {
 /* The subcommands, defined in the cmd_*.c files. */
 extern const cli_cmd cli_cmd_hash, cli_cmd_inspect, cli_cmd_verify, cli_cmd_convert;
 extern const cli_cmd cli_cmd_store;
+extern const cli_cmd cli_cmd_store_tier; /* cmd_tier.c: `kvx store tier` */
+/* cmd_store.c's writer and reader opening, for cmd_tier.c: --wait SECONDS
+ * / --no-wait (ch 'W' / 'N'), and opens that print their own failure. */
+int cli_store_parse_wait(const cli_cmd *self, int ch, const char *arg, double *wait);
+int cli_store_open_writer(const cli_cmd *self, kvx_store **out, const char *dir, double wait);
+int cli_store_open_reader(const cli_cmd *self, kvx_store **out, const char *dir);
 extern const cli_cmd cli_cmd_warmup;
 extern const cli_cmd cli_cmd_demo;
 
@@ -69,6 +75,9 @@ int cli_parse_hex64(const char *s, uint64_t *out);
 /* Parses a size in human units: 4096, 64K, 64KiB, 1.5GiB, 2GB, 10MB ...
  * (K/Ki/KiB = 1024; KB = 1000). Returns 0 or -1. */
 int cli_parse_size(const char *s, uint64_t *out);
+/* Parses a duration into milliseconds: 3600 (seconds), 250ms, 90s, 30m,
+ * 12h, 7d. Returns 0 or -1. */
+int cli_parse_duration_ms(const char *s, uint64_t *out_ms);
 /* Formats bytes as "4.00 GiB" ("512 B" below 1 KiB). Returns buf. */
 char *cli_fmt_size(char *buf, size_t cap, uint64_t bytes);
 /* Formats a rate in decimal units: "1.20 GB/s", "850 MB/s". Returns buf. */

@@ -221,6 +221,20 @@ static int open_writer(const cli_cmd *self, kvx_store **out, const char *dir, do
     }
 }
 
+/* For the other store command files (cmd_tier.c). */
+int cli_store_parse_wait(const cli_cmd *self, int ch, const char *arg, double *wait)
+{
+    return parse_wait(self, ch, arg, wait);
+}
+int cli_store_open_writer(const cli_cmd *self, kvx_store **out, const char *dir, double wait)
+{
+    return open_writer(self, out, dir, wait);
+}
+int cli_store_open_reader(const cli_cmd *self, kvx_store **out, const char *dir)
+{
+    return open_store(self, out, dir, KVX_STORE_READONLY);
+}
+
 /* -------------------------------------------------------------- create */
 
 /* `store create DIR --page-bytes N`: a keyed store (no geometry). */
@@ -256,6 +270,9 @@ static int run_create(const cli_cmd *self, int argc, char **argv)
         {"capacity", required_argument, NULL, 'c'},
         {"model-signature", required_argument, NULL, 'm'},
         {"page-bytes", required_argument, NULL, 'P'},
+        {"tier", required_argument, NULL, 'T'},
+        {"tenant", required_argument, NULL, 'n'},
+        {"tier-ttl", required_argument, NULL, 't'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
@@ -301,11 +318,19 @@ static int run_create(const cli_cmd *self, int argc, char **argv)
             if (cli_parse_size(optarg, &o.page_bytes) != 0 || o.page_bytes == 0)
                 return cli_usage(self, "--page-bytes must be a size such as 65536 or 2MiB, not '%s'", optarg);
             break;
+        case 'T': o.tier_url = optarg; break;
+        case 'n': o.tier_tenant = optarg; break;
+        case 't':
+            if (cli_parse_duration_ms(optarg, &o.tier_ttl_ms) != 0)
+                return cli_usage(self, "--tier-ttl must be a duration such as 3600, 90s, 30m, 12h or 7d, not '%s'",
+                                 optarg);
+            break;
         case 'h': cli_print_help(self); return CLI_OK;
         default: return cli_getopt_error(self, ch, argv);
         }
     }
     if (argc - optind != 1) return cli_usage(self, "expected one DIR");
+    if ((o.tier_tenant || o.tier_ttl_ms) && !o.tier_url) return cli_usage(self, "--tenant and --tier-ttl need --tier");
     if (o.page_bytes) return create_keyed(self, argv[optind], &o, have);
     static const char *missing[] = {"--layers", "--kv-heads", "--head-dim", "--block-tokens",
                                     "--quant"};
@@ -332,6 +357,7 @@ static int run_create(const cli_cmd *self, int argc, char **argv)
     printf("created store %s: L=%u Hkv=%u D=%u B=%u %s, capacity %s\n", dir, o.geometry.num_layers,
            o.geometry.kv_heads, o.geometry.head_dim, o.geometry.block_tokens,
            kvx_quant_name(o.geometry.quant), cap);
+    if (o.tier_url) printf("shared tier %s (in %s/TIER)\n", o.tier_url, dir);
     return CLI_OK;
 }
 
@@ -341,6 +367,8 @@ static const cli_cmd cmd_create = {
     "Usage: kvx store create DIR --layers L --kv-heads H --head-dim D\n"
     "                        --block-tokens B --quant fp16|e4m3|e5m2|bf16\n"
     "                        [--capacity SIZE] [--model-signature HEX]\n"
+    "                        [--tier redis://HOST:PORT[,HOST:PORT...]]\n"
+    "                        [--tenant NAME] [--tier-ttl DURATION]\n"
     "       kvx store create DIR --page-bytes N [--capacity SIZE]\n"
     "\n"
     "Creates DIR (mode 0700) as a new store. Its geometry and model signature\n"
@@ -360,6 +388,12 @@ static const cli_cmd cmd_create = {
     "  -m, --model-signature HEX  first 8 bytes of the model's SHA-256 (default 0)\n"
     "  -P, --page-bytes N         a keyed store of pages up to N bytes (an even\n"
     "                             size, e.g. 65536 or 2MiB); no geometry options\n"
+    "      --tier URL             a shared tier (Redis Cluster, or one Redis) kept\n"
+    "                             in DIR/TIER: redis://[user[:pass]@]host:port,...\n"
+    "                             (docs/TIER.md); not contacted here\n"
+    "      --tenant NAME          the tier namespace's salt ([A-Za-z0-9._-])\n"
+    "      --tier-ttl DURATION    TTL of the values written to the tier (3600,\n"
+    "                             90s, 30m, 12h, 7d; default none)\n"
     "  -h, --help                 show this help\n"
     "\n"
     "A geometry or capacity no store can have (a dimension out of range, a\n"
@@ -855,8 +889,10 @@ static int run_stat(const cli_cmd *self, int argc, char **argv)
     if (open_store(self, &s, dir, KVX_STORE_READONLY) != CLI_OK) return CLI_FAIL;
     kvx_store_stats st;
     kvx_geometry g;
+    kvx_store_tier tier;
     int rc = kvx_store_stat(&st, s);
     if (rc == 0) rc = kvx_store_get_geometry(&g, s);
+    if (rc == 0) rc = kvx_store_tier_get(&tier, s);
     kvx_store_close(s);
     if (rc != 0) return cli_fail_code(self, rc, "cannot read the store's statistics");
     if (json) {
@@ -901,6 +937,16 @@ static int run_stat(const cli_cmd *self, int argc, char **argv)
         cli_json_str(&j, kvx_quant_name(g.quant) ? kvx_quant_name(g.quant) : "unknown");
         cli_json_key(&j, "model_signature");
         cli_json_hex(&j, g.model_signature, 16);
+        cli_json_key(&j, "tier");
+        cli_json_str(&j, tier.url);
+        static const char *tk[] = {"tier_hits", "tier_misses", "tier_errors", "tier_bad", "tier_replaced",
+                                   "tier_writes", "tier_bytes_up", "tier_bytes_down", "tier_up"};
+        const uint64_t tv[] = {st.tier_hits, st.tier_misses, st.tier_errors, st.tier_bad, st.tier_replaced,
+                               st.tier_writes, st.tier_bytes_up, st.tier_bytes_down, st.tier_up};
+        for (int i = 0; i < 9; i++) {
+            cli_json_key(&j, tk[i]);
+            cli_json_u64(&j, tv[i]);
+        }
         cli_json_obj_end(&j);
         cli_json_finish(&j);
         return CLI_OK;
@@ -933,6 +979,16 @@ static int run_stat(const cli_cmd *self, int argc, char **argv)
                          : "");
     printf("quarantined  %" PRIu64 " file(s)%s\n", st.quarantined,
            st.quarantined ? " in quarantine/ (kept byte for byte; each has a .why note)" : "");
+    if (tier.url[0]) {
+        printf("tier         %s, %s%s%s\n", tier.url, st.tier_up ? "up" : "DOWN (lookups miss it; nothing fails)",
+               tier.tenant[0] ? ", tenant " : "", tier.tenant);
+        printf("tier counts  this handle: %" PRIu64 " hits, %" PRIu64 " misses (%" PRIu64 " unanswered, %" PRIu64
+               " bad values), %" PRIu64 " replaced, %" PRIu64 " written, %s up, %s down\n",
+               st.tier_hits, st.tier_misses, st.tier_errors, st.tier_bad, st.tier_replaced, st.tier_writes,
+               cli_fmt_size(a, sizeof a, st.tier_bytes_up), cli_fmt_size(b, sizeof b, st.tier_bytes_down));
+    } else {
+        printf("tier         none\n");
+    }
     return CLI_OK;
 }
 
@@ -948,7 +1004,10 @@ static const cli_cmd cmd_stat = {
     "              misses, evictions, evicted_blocks, compactions, quarantined,\n"
     "              unverified, num_layers,\n"
     "              kv_heads, head_dim, block_tokens, quant_format,\n"
-    "              model_signature\n"
+    "              model_signature, tier (the URL, \"\" when none), and this\n"
+    "              handle's tier counters: tier_hits, tier_misses, tier_errors,\n"
+    "              tier_bad, tier_replaced, tier_writes, tier_bytes_up,\n"
+    "              tier_bytes_down, tier_up (1: the tier answers now)\n"
     "  -h, --help  show this help\n"
     "\n"
     "Exit status: 0 success, 1 failure, 2 usage error.\n",
@@ -1131,8 +1190,8 @@ static const cli_cmd cmd_gc = {
 
 /* ---------------------------------------------------------- dispatch */
 
-static const cli_cmd *const store_cmds[] = {&cmd_create, &cmd_put,     &cmd_get, &cmd_prefix,
-                                            &cmd_stat,   &cmd_sverify, &cmd_reindex, &cmd_gc};
+static const cli_cmd *const store_cmds[] = {&cmd_create, &cmd_put,     &cmd_get,     &cmd_prefix,     &cmd_stat,
+                                            &cmd_sverify, &cmd_reindex, &cmd_gc, &cli_cmd_store_tier};
 #define N_STORE (sizeof store_cmds / sizeof store_cmds[0])
 
 static void store_help(const cli_cmd *self, FILE *f)
@@ -1163,7 +1222,7 @@ static int run_store(const cli_cmd *self, int argc, char **argv)
 
 const cli_cmd cli_cmd_store = {
     "store",
-    "a persistent prefix cache: create, put, get, prefix, stat, verify, reindex, gc",
+    "a persistent prefix cache: create, put, get, prefix, stat, verify, reindex, gc, tier",
     "Usage: kvx store COMMAND DIR [OPTIONS] [ARGS...]\n"
     "\n"
     "A store is a directory holding sealed KVX shards and an LMDB index by\n"

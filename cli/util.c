@@ -169,6 +169,25 @@ int cli_parse_hex64(const char *s, uint64_t *out)
     return 0;
 }
 
+int cli_parse_duration_ms(const char *s, uint64_t *out_ms)
+{
+    char *end;
+    errno = 0;
+    if (!s || !*s || *s == '-') return -1;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s) return -1;
+    uint64_t mul;
+    if (!*end || !strcmp(end, "s")) mul = 1000;
+    else if (!strcmp(end, "ms")) mul = 1;
+    else if (!strcmp(end, "m")) mul = 60000;
+    else if (!strcmp(end, "h")) mul = 3600000;
+    else if (!strcmp(end, "d")) mul = 86400000;
+    else return -1;
+    if (v > UINT64_MAX / mul) return -1;
+    *out_ms = (uint64_t)v * mul;
+    return 0;
+}
+
 int cli_parse_size(const char *s, uint64_t *out)
 {
     if (!s || !*s || *s == '-' || *s == '+') return -1;

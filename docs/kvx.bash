@@ -28,8 +28,8 @@ _kvx() {
         "inspect") words="--help --json" ;;
         "verify") words="--help --quiet" ;;
         "convert") words="--format --help --model-signature --output --shard" ;;
-        "store") words="create put get prefix stat verify reindex gc" ;;
-        "store create") words="--block-tokens --capacity --head-dim --help --kv-heads --layers --model-signature --page-bytes --quant" ;;
+        "store") words="create put get prefix stat verify reindex gc tier" ;;
+        "store create") words="--block-tokens --capacity --head-dim --help --kv-heads --layers --model-signature --page-bytes --quant --tenant --tier --tier-ttl" ;;
         "store put") words="--help --no-wait --tokens --wait" ;;
         "store get") words="--format --help --output --tokens" ;;
         "store prefix") words="--format --help --output" ;;
@@ -37,6 +37,7 @@ _kvx() {
         "store verify") words="--help" ;;
         "store reindex") words="--help --no-wait --wait" ;;
         "store gc") words="--help --no-wait --wait" ;;
+        "store tier") words="--help --json --no-wait --tenant --tier-ttl --wait" ;;
         "warmup") words="--buffered --help --io --json --no-verify --sink" ;;
         "demo") words="--conversations --dir --gpu --help --json --requests --trace --turns" ;;
     esac

@@ -9,6 +9,8 @@
  *   store_names.c    file names, directory walks, generations, quarantine
  *   store_cache.c    shard cache, the catalog's registry
  *   store_usage.c    usage batching and persistence, recency
+ *   store_tier.c     the shared tier: DIR/TIER, the client, write-behind,
+ *                    counters (tier/ does the network and the bytes)
  *   store_lookup.c   lookups and views (kvx_store_get*, prefix)
  *   store_export.c   kvx_views_export
  *   store_inspect.c  stat, shards, verify
@@ -19,6 +21,7 @@
  *   store_gc.c       gc: salvage, headless chains, digest derivation
  *   store_batch.c    write batches: put and flush
  *   store_keyed.c    keyed pages: put, get, exists, the owner's delete
+ *   store_prefix.c   kvx_store_prefix: local, then the shared tier
  *   store_recover.c  recovery and reindex
  *   store_open.c     create, open, close, reindex_dir
  *   store_collect.c  kvx_warmup_collect (public API only)
@@ -133,7 +136,10 @@ struct kvx_store_batch {
     int whole;           /* all or nothing (a tl.kv.v1 stream's batch): never
                             published before the caller's flush; a put that
                             would need an early flush fails instead */
+    int no_tier;         /* blocks copied from the shared tier: not written back */
 };
+
+struct st_tier; /* store_tier.c */
 
 struct kvx_store {
     char *dir, *shards_path, *staging_path, *index_path;
@@ -169,6 +175,7 @@ struct kvx_store {
     int index_live;        /* the index names next_gen (not lost or empty) */
     int index_missing;     /* index/ was not there at open */
     uint64_t quarantined;  /* files this handle moved to quarantine/ */
+    struct st_tier *tier;  /* the shared tier, NULL when none (store_tier.c) */
 };
 
 /* Is rc, from opening a shard file, a passing failure of this process
@@ -281,7 +288,31 @@ void kvx_st_usage_free(st_usage_view *uv);
 int kvx_st_recency_build(kvx_store *s, const st_usage_view *uv, uint64_t **r);
 void kvx_st_recency_free(uint64_t **r);
 
+/* store_tier.c */
+/* Attaches the tier of opts (version 2, tier_url set) or else DIR/TIER
+ * (use_file); never fails the open for the tier's sake (a bad TIER file is
+ * one stderr line and no tier). create: writes opts' setting to DIR/TIER. */
+int kvx_st_tier_attach(kvx_store *s, const kvx_store_options *opts, int use_file, int create);
+/* KVX_EINVALID when opts (version 3) name a tier g's store cannot have: a
+ * bad URL or tenant, or a keyed store. */
+int kvx_st_tier_check(const kvx_store_options *opts, const kvx_geometry *g);
+/* Drains the write-behind (at most drain_ms), stops it, frees the tier. */
+void kvx_st_tier_detach(kvx_store *s, uint32_t drain_ms);
+/* A flush published x's pending blocks: queue their write-behind. Under wmu. */
+void kvx_st_tier_published(kvx_store *s, const kvx_store_batch *x);
+/* The tier's counters into out. */
+void kvx_st_tier_stats(kvx_store *s, kvx_store_stats *out);
+/* Blocks [first, first + n) of a prompt from the tier, verified: fills
+ * pages[j] (page_bytes each), scales (n * nscales, nullable) and returns how
+ * many leading blocks were served (0..n). hashes and digests cover blocks
+ * 0..first+n-1. Never an error. */
+size_t kvx_st_tier_fetch(kvx_store *s, const uint32_t *tokens, size_t first, size_t n, const uint64_t *hashes,
+                         const uint8_t (*digests)[KVX_DIGEST_BYTES], void **pages, float *scales);
+
 /* store_lookup.c */
+/* The local part of kvx_store_prefix (its contract, the store's blocks only). */
+int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
+                        size_t max_views);
 /* Looks a block up in snap: 0 and a view (its page CRC-checked), or
  * KVX_ENOTFOUND, KVX_EPAGECRC / KVX_ETRUNC (only damaged copies), or an
  * error (a damaged catalog record, an LMDB failure). Every block holding
@@ -436,6 +467,10 @@ int kvx_st_put_keyed(kvx_store *s, kvx_store_batch *x, const kvx_key *keys, cons
  * detached or belongs to another store. */
 kvx_store_batch *kvx_st_batch_of(kvx_store *s, kvx_store_batch *b, const char *fn, int *rc);
 int kvx_st_put_block(kvx_store_batch *x, const st_query *q, const void *page, const float *scales, int *out_added);
+/* kvx_store_batch_put of blocks [first, first + n_pages) of tokens (pages
+ * holds only those), under the same rules. */
+int kvx_st_batch_put_from(kvx_store_batch *x, const uint32_t *tokens, size_t n_tokens, size_t first,
+                          const void *pages, size_t n_pages, const float *scales, size_t *out_new);
 /* Drops every unflushed block of x (never acknowledged); blocks earlier
  * successful puts added are counted in x->lost, for its next flush. */
 void kvx_st_discard_pending(kvx_store_batch *x);

@@ -321,11 +321,11 @@ static void st_put_done(kvx_store_batch *x, size_t added, int dropped)
 }
 
 static int st_put(kvx_store *s, kvx_store_batch *x, const char *fn, const uint32_t *tokens, size_t n_tokens,
-                  const void *pages, size_t n_pages, const float *scales, size_t *out_new)
+                  size_t first, const void *pages, size_t n_pages, const float *scales, size_t *out_new)
 {
     if (out_new) *out_new = 0;
     uint32_t B = s->g.block_tokens;
-    if (n_pages > n_tokens / B)
+    if (n_pages > n_tokens / B || first > n_tokens / B - n_pages)
         return kvx_fail(KVX_ETOKENS, "%s: n_pages %zu exceeds the %zu full blocks of n_tokens %zu", fn, n_pages,
                         n_tokens / B, n_tokens);
     if (n_pages && (!tokens || !pages)) return kvx_fail(KVX_EINVALID, "%s: tokens or pages is NULL", fn);
@@ -334,38 +334,41 @@ static int st_put(kvx_store *s, kvx_store_batch *x, const char *fn, const uint32
     int rc = st_fits(s, x, n_pages, fn);
     pthread_mutex_unlock(&s->wmu);
     if (rc) return rc;
-    uint64_t *h = malloc(n_pages * sizeof *h);
+    size_t nb = first + n_pages; /* blocks hashed: the chain starts at block 0 */
+    uint64_t *h = malloc(nb * sizeof *h);
     uint8_t *held = calloc(n_pages, 1);
-    uint8_t(*d)[KVX_DIGEST_BYTES] = malloc(n_pages * KVX_DIGEST_BYTES);
+    uint8_t(*d)[KVX_DIGEST_BYTES] = malloc(nb * KVX_DIGEST_BYTES);
     if (!h || !held || !d) {
         free(h);
         free(held);
         free(d);
         return kvx_fail(-ENOMEM, "store: out of memory");
     }
-    kvx_block_hashes(h, tokens, n_pages * B, B);
-    kvx_prefix_digests(d, tokens, n_pages * B, B);
+    kvx_block_hashes(h, tokens, nb * B, B);
+    kvx_prefix_digests(d, tokens, nb * B, B);
     pthread_mutex_lock(&s->wmu);
     kvx_cat_snap *snap;
     rc = kvx_cat_snap_begin(s->cat, &snap);
     if (!rc) {
-        for (size_t i = 0; !rc && i < n_pages; i++) {
+        for (size_t k = 0; !rc && k < n_pages; k++) {
+            size_t i = first + k;
             st_query q = {.hash = h[i], .parent = i ? h[i - 1] : 0, .toks = tokens + i * B, .digest = d[i]};
             int r = st_held(s, x, snap, &q);
             if (r < 0) rc = r;
-            else held[i] = (uint8_t)r;
+            else held[k] = (uint8_t)r;
         }
         kvx_cat_snap_end(snap);
     }
     size_t added = 0, todo = 0;
     int dropped = 0;
-    for (size_t i = 0; i < n_pages; i++) todo += !held[i];
+    for (size_t k = 0; k < n_pages; k++) todo += !held[k];
     x->reserve_hint = todo > UINT32_MAX ? UINT32_MAX : (uint32_t)todo;
-    for (size_t i = 0; !rc && i < n_pages; i++) {
+    for (size_t k = 0; !rc && k < n_pages; k++) {
+        size_t i = first + k;
         st_query q = {.hash = h[i], .parent = i ? h[i - 1] : 0, .toks = tokens + i * B, .digest = d[i]};
-        if (held[i] || st_pending_find(s, x, &q)) continue;
-        rc = st_put_one(s, x, ST_KIND_LINEAGE, &q, (const uint8_t *)pages + i * s->page_bytes,
-                        scales ? scales + i * s->nscales : NULL);
+        if (held[k] || st_pending_find(s, x, &q)) continue;
+        rc = st_put_one(s, x, ST_KIND_LINEAGE, &q, (const uint8_t *)pages + k * s->page_bytes,
+                        scales ? scales + k * s->nscales : NULL);
         if (rc) {
             kvx_st_discard_pending(x); /* a failed put drops its batch's unflushed blocks */
             dropped = 1;
@@ -380,6 +383,13 @@ static int st_put(kvx_store *s, kvx_store_batch *x, const char *fn, const uint32
     free(d);
     if (out_new) *out_new = added;
     return rc;
+}
+
+int kvx_st_batch_put_from(kvx_store_batch *x, const uint32_t *tokens, size_t n_tokens, size_t first,
+                          const void *pages, size_t n_pages, const float *scales, size_t *out_new)
+{
+    return st_put(x->s, x, "kvx_store_prefix (copy from the shared tier)", tokens, n_tokens, first, pages, n_pages,
+                  scales, out_new);
 }
 
 static int st_put_env(kvx_store *s, kvx_store_batch *x, const char *fn, const void *env, size_t len,
@@ -621,6 +631,7 @@ int kvx_st_flush_locked(kvx_store *s, kvx_store_batch *x)
          * pinned with the held */
         kvx_st_pin(x, x->sealed[i].byte, x->sealed[i].gen);
     }
+    if (s->tier && !x->no_tier) kvx_st_tier_published(s, x); /* write-behind (queued, not waited for) */
     st_pending_reset(x);
     /* acknowledged from here on: what follows only tidies up */
     kvx_st_usage_persist(s);
@@ -667,7 +678,7 @@ KVX_API int kvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens,
     int rc = kvx_st_writer_check(s, "kvx_store_put");
     if (!rc) rc = kvx_st_kind_check(s, 0, "kvx_store_put");
     if (rc) return rc;
-    return st_put(s, &s->own, "kvx_store_put", tokens, n_tokens, pages, n_pages, scales, out_new);
+    return st_put(s, &s->own, "kvx_store_put", tokens, n_tokens, 0, pages, n_pages, scales, out_new);
 }
 
 KVX_API int kvx_store_put_envelope(kvx_store *s, const void *env, size_t len, const uint32_t *tokens, size_t n_tokens,
@@ -760,7 +771,7 @@ KVX_API int kvx_store_batch_put(kvx_store_batch *b, const uint32_t *tokens, size
     int rc = st_batch_check(b, "kvx_store_batch_put");
     if (!rc) rc = kvx_st_kind_check(b->s, 0, "kvx_store_batch_put");
     if (rc) return rc;
-    return st_put(b->s, b, "kvx_store_batch_put", tokens, n_tokens, pages, n_pages, scales, out_new);
+    return st_put(b->s, b, "kvx_store_batch_put", tokens, n_tokens, 0, pages, n_pages, scales, out_new);
 }
 
 KVX_API int kvx_store_batch_put_envelope(kvx_store_batch *b, const void *env, size_t len, const uint32_t *tokens,

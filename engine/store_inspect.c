@@ -65,6 +65,7 @@ KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s)
     out->shard_bytes = s->target;
     out->page_bytes = s->keyed ? s->page_bytes : 0;
     out->quarantined = kvx_st_quarantine_count(s);
+    kvx_st_tier_stats(s, out);
     pthread_mutex_lock(&s->wmu);
     out->pending_blocks = 0;
     for (const kvx_store_batch *x = s->batches; x; x = x->next) out->pending_blocks += x->npend;

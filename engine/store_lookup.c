@@ -278,8 +278,10 @@ KVX_API int kvx_store_get_hashes(kvx_view *out_views, int *out_status, kvx_store
     return 0;
 }
 
-KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
-                             size_t max_views)
+/* kvx_store_prefix's local part (the public call is in store_prefix.c,
+ * which continues into the shared tier). */
+int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
+                        size_t max_views)
 {
     if (!out_n || !s || (n_tokens && !tokens) || (max_views && !out_views))
         return kvx_fail(KVX_EINVALID, "kvx_store_prefix: NULL argument");

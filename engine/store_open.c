@@ -37,6 +37,7 @@ static kvx_store *st_alloc(void)
 
 static void st_free(kvx_store *s)
 {
+    kvx_st_tier_detach(s, 0);
     for (int i = 0; i < ST_SLOTS; i++) {
         kvx_shard_close(s->cache[i].sh);
         free(s->use[i].bits);
@@ -213,7 +214,7 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     if (!out) return kvx_fail(KVX_EINVALID, "kvx_store_create: out is NULL");
     *out = NULL;
     if (!dir || !*dir) return kvx_fail(KVX_EINVALID, "kvx_store_create: dir is empty");
-    if (!opts || (opts->version != 1 && opts->version != KVX_STORE_OPTIONS_VERSION))
+    if (!opts || opts->version < 1 || opts->version > KVX_STORE_OPTIONS_VERSION)
         return kvx_fail(KVX_EVERSION, "kvx_store_create: options.version must be KVX_STORE_OPTIONS_VERSION");
     uint64_t page_bytes = opts->version >= 2 ? opts->page_bytes : 0;
     kvx_geometry g = opts->geometry;
@@ -230,6 +231,7 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     }
     if (opts->flags & ~(KVX_STORE_NOWAIT | KVX_STORE_VERIFY | KVX_STORE_NOSYNC))
         return kvx_fail(KVX_EINVALID, "kvx_store_create: flags 0x%x unknown or READONLY", opts->flags);
+    if ((rc = kvx_st_tier_check(opts, &g))) return rc; /* before anything is made */
     kvx_store *s = st_alloc();
     if (!s) return kvx_fail(-ENOMEM, "store: out of memory");
     s->g = g;
@@ -301,6 +303,7 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     if ((rc = st_cat_open(s, 1))) goto fail;
     if ((rc = st_create_catalog(s))) goto fail;
     if ((rc = kvx_st_registry_load(s))) goto fail;
+    if ((rc = kvx_st_tier_attach(s, opts, 0, 1))) goto fail; /* writes DIR/TIER; reaches no server */
     *out = s;
     kvx_clear_error();
     return 0;
@@ -309,7 +312,8 @@ fail:
     return rc;
 }
 
-KVX_API int kvx_store_open(kvx_store **out, const char *dir, const kvx_geometry *expect, uint32_t flags)
+static int st_open_dir(kvx_store **out, const char *dir, const kvx_geometry *expect, uint32_t flags,
+                   const kvx_store_options *opts)
 {
     if (!out) return kvx_fail(KVX_EINVALID, "kvx_store_open: out is NULL");
     *out = NULL;
@@ -342,12 +346,27 @@ KVX_API int kvx_store_open(kvx_store **out, const char *dir, const kvx_geometry 
         s->writer = rc == 0;
     }
     if (!rc) rc = st_finish_open(s, 0);
+    if (!rc) rc = kvx_st_tier_attach(s, opts, 1, 0); /* reaches no server */
     if (rc) {
         st_free(s);
         return rc;
     }
     *out = s;
     return 0;
+}
+
+KVX_API int kvx_store_open(kvx_store **out, const char *dir, const kvx_geometry *expect, uint32_t flags)
+{
+    return st_open_dir(out, dir, expect, flags, NULL);
+}
+
+KVX_API int kvx_store_open_options(kvx_store **out, const char *dir, const kvx_store_options *opts)
+{
+    if (!out) return kvx_fail(KVX_EINVALID, "kvx_store_open_options: out is NULL");
+    *out = NULL;
+    if (!opts || opts->version < 1 || opts->version > KVX_STORE_OPTIONS_VERSION)
+        return kvx_fail(KVX_EVERSION, "kvx_store_open_options: options.version must be KVX_STORE_OPTIONS_VERSION");
+    return st_open_dir(out, dir, opts->geometry.num_layers ? &opts->geometry : NULL, opts->flags, opts);
 }
 
 /* Removes a moved-aside index directory (its two LMDB files). */
@@ -415,6 +434,7 @@ KVX_API void kvx_store_close(kvx_store *s)
     kvx_st_batches_close(s);
     pthread_mutex_unlock(&s->wmu);
     kvx_st_usage_persist(s);
+    kvx_st_tier_detach(s, 2000); /* the write-behind: sent, or dropped after 2 s */
     st_free(s);
 }
 

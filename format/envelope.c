@@ -111,7 +111,19 @@ int kvx_envelope_size(size_t *out_bytes, uint16_t version, const kvx_geometry *g
     return 0;
 }
 
+static int parse(kvx_envelope *out, const void *buf, size_t len, const kvx_geometry *expect, int check_crc);
+
 int kvx_envelope_parse(kvx_envelope *out, const void *buf, size_t len, const kvx_geometry *expect)
+{
+    return parse(out, buf, len, expect, 1);
+}
+
+int kvx_envelope_parse_nocrc(kvx_envelope *out, const void *buf, size_t len, const kvx_geometry *expect)
+{
+    return parse(out, buf, len, expect, 0);
+}
+
+static int parse(kvx_envelope *out, const void *buf, size_t len, const kvx_geometry *expect, int check_crc)
 {
     if (!out || (!buf && len)) return kvx_fail(KVX_EINVALID, "envelope parse: out and buf must not be NULL");
     const uint8_t *b = (const uint8_t *)buf;
@@ -146,7 +158,7 @@ int kvx_envelope_parse(kvx_envelope *out, const void *buf, size_t len, const kvx
     if (want_len != len)
         return kvx_fail(KVX_EFORMAT, "envelope length %zu differs from 28 + n_blocks*(12+P) + 4 = %llu", len,
                         (unsigned long long)want_len);
-    uint32_t crc = kvx_crc32c(0, b, len - 4);
+    uint32_t crc = check_crc ? kvx_crc32c(0, b, len - 4) : crc_stored;
     if (crc != crc_stored)
         return kvx_fail(KVX_EFORMAT, "envelope crc32c mismatch: stored 0x%08x, computed 0x%08x", crc_stored, crc);
 

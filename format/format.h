@@ -14,4 +14,18 @@ int kvx_shard_page_checked(const void **out_page, const kvx_shard *s, uint32_t i
 /* Entries whose page lies (partly) past the end of the file. */
 uint32_t kvx_shard_missing(const kvx_shard *s);
 
+/* kvx_envelope_parse without its crc32c check, for an envelope inside a
+ * container whose own checksum covering every byte of it just passed (a
+ * shared tier value, tier/value.c): every other rule is checked. */
+int kvx_envelope_parse_nocrc(kvx_envelope *out, const void *buf, size_t len, const kvx_geometry *expect);
+
+/* A shard held in memory only (blocks the shared tier served: nothing is
+ * written anywhere). Takes pages (an array of n malloc'd pages of g's
+ * full-block size, itself malloc'd; all freed with the shard, even on
+ * failure); copies the tables (n hashes, parents, n*B tokens, n*32 digest
+ * bytes, n*L*2*Hkv scales or NULL). Entry i has coordinate (0, i, 0); path
+ * "(shared tier)", fd -1. */
+int kvx_shard_mem(kvx_shard **out, const kvx_geometry *g, uint32_t n, void **pages, const uint64_t *hashes,
+                  const uint64_t *parents, const uint32_t *tokens, const uint8_t *digests, const float *scales);
+
 #endif

@@ -62,12 +62,17 @@ struct kvx_shard {
     kvx_spectral spectral;
     uint32_t *spectral_ids;
     float *spectral_psi;
+    int mem;       /* kvx_shard_mem: pages on the heap, no file */
+    void **pages;  /* kvx_shard_mem: n pages, each malloc'd */
 };
 
 static void shard_free(kvx_shard *s)
 {
     if (!s) return;
-    if (s->map) {
+    if (s->mem) {
+        for (uint32_t i = 0; s->pages && i < s->n; i++) free(s->pages[i]);
+        free(s->pages);
+    } else if (s->map) {
         kvx_sigbus_unregister(s->guard_slot);
         kvx_os.munmap((void *)s->map, s->map_len);
     }
@@ -520,10 +525,16 @@ int kvx_shard_find(uint32_t *out_index, const kvx_shard *s, uint32_t coordinate)
     return kvx_fail(KVX_ENOTFOUND, "coordinate 0x%08x is not in %s", coordinate, s->path);
 }
 
+/* The page of entry index (a file's mapping, or kvx_shard_mem's heap). */
+static const uint8_t *page_at(const kvx_shard *s, uint32_t index)
+{
+    return s->mem ? (const uint8_t *)s->pages[index] : s->map + s->recs[index].offset;
+}
+
 static int page_crc(const kvx_shard *s, uint32_t index)
 {
     const shard_rec *r = &s->recs[index];
-    uint32_t crc = kvx_crc32(0, s->map + r->offset, r->bytes);
+    uint32_t crc = kvx_crc32(0, page_at(s, index), r->bytes);
     if (crc != r->crc32)
         return kvx_fail(KVX_EPAGECRC, "entry %u (coordinate 0x%08x): page CRC-32 0x%08x, stored 0x%08x",
                         index, r->coordinate, crc, r->crc32);
@@ -540,7 +551,7 @@ int kvx_shard_page(const void **out_page, const kvx_shard *s, uint32_t index, in
         return kvx_fail(KVX_ETRUNC, "entry %u (coordinate 0x%08x): page lies past the end of %s (missing)", index,
                         s->recs[index].coordinate, s->path);
     }
-    *out_page = s->map + s->recs[index].offset;
+    *out_page = page_at(s, index);
     if (!verify) return 0;
     int rc = page_crc(s, index);
     if (rc == 0) atomic_fetch_or_explicit(&s->checked[index / 64], 1ull << (index % 64), memory_order_relaxed);
@@ -551,13 +562,71 @@ int kvx_shard_page_checked(const void **out_page, const kvx_shard *s, uint32_t i
 {
     if (index < s->n && !s->recs[index].missing &&
         (atomic_load_explicit(&s->checked[index / 64], memory_order_relaxed) >> (index % 64) & 1)) {
-        *out_page = s->map + s->recs[index].offset;
+        *out_page = page_at(s, index);
         return 0;
     }
     return kvx_shard_page(out_page, s, index, 1);
 }
 
 uint32_t kvx_shard_missing(const kvx_shard *s) { return s ? s->n_missing : 0; }
+
+int kvx_shard_mem(kvx_shard **out, const kvx_geometry *g, uint32_t n, void **pages, const uint64_t *hashes,
+                  const uint64_t *parents, const uint32_t *tokens, const uint8_t *digests, const float *scales)
+{
+    *out = NULL;
+    uint64_t pb = kvx_page_bytes(g, g->block_tokens), ns = kvx_scale_count(g);
+    uint32_t B = g->block_tokens;
+    kvx_shard *s = calloc(1, sizeof *s);
+    if (!s || !n || n > KVX_MAX_ENTRIES || !pb || !B) {
+        free(s);
+        for (uint32_t i = 0; i < n; i++) free(pages[i]);
+        free(pages);
+        return s ? kvx_fail(KVX_EINVALID, "kvx_shard_mem: %u blocks of %llu bytes", n, (unsigned long long)pb)
+                 : kvx_fail(-ENOMEM, "shard: out of memory");
+    }
+    atomic_init(&s->refs, 1);
+    s->fd = -1;
+    s->mem = 1;
+    s->pages = pages;
+    s->n = n;
+    s->info.geometry = *g;
+    s->info.format_version = KVX_FORMAT_VERSION;
+    s->info.num_blocks = n;
+    s->info.flags = KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_DIGEST | (scales ? KVX_FLAG_SCALES : 0);
+    s->info.file_size = pb * n;
+    s->scale_count = scales ? ns : 0;
+    s->recs = calloc(n, sizeof *s->recs);
+    s->hashes = malloc(n * sizeof *s->hashes);
+    s->parents = malloc(n * sizeof *s->parents);
+    s->tokens = malloc((size_t)n * B * 4u);
+    s->digests = malloc((size_t)n * KVX_DIGEST_BYTES);
+    s->scales = scales ? malloc((size_t)(n * ns) * sizeof(float)) : NULL;
+    s->checked = calloc((n + 63) / 64, sizeof *s->checked);
+    s->by_coord = malloc(n * sizeof *s->by_coord);
+    s->path = strdup("(shared tier)");
+    if (!s->path || !s->recs || !s->hashes || !s->parents || !s->tokens || !s->digests || (scales && !s->scales) ||
+        !s->checked || !s->by_coord) {
+        shard_free(s);
+        return kvx_fail(-ENOMEM, "shard: out of memory");
+    }
+    memcpy(s->hashes, hashes, n * sizeof *s->hashes);
+    memcpy(s->parents, parents, n * sizeof *s->parents);
+    memcpy(s->tokens, tokens, (size_t)n * B * 4u);
+    memcpy(s->digests, digests, (size_t)n * KVX_DIGEST_BYTES);
+    if (scales) memcpy(s->scales, scales, (size_t)(n * ns) * sizeof(float));
+    for (uint32_t i = 0; i < n; i++) {
+        shard_rec *r = &s->recs[i];
+        r->coordinate = KVX_COORD(0, i, 0);
+        r->token_count = B;
+        r->offset = pb * i; /* notional: the page is pages[i] */
+        r->bytes = (uint32_t)pb;
+        r->crc32 = kvx_crc32(0, s->pages[i], r->bytes);
+        s->by_coord[i] = (uint64_t)r->coordinate << 32 | i;
+        atomic_fetch_or_explicit(&s->checked[i / 64], 1ull << (i % 64), memory_order_relaxed);
+    }
+    *out = s;
+    return 0;
+}
 
 int kvx_shard_verify(const kvx_shard *s, uint32_t *out_bad,
                      void (*report)(void *ctx, uint32_t index, int code), void *ctx)

@@ -15,6 +15,8 @@
  *   store_config   STORE files (kvx_st_config_encode)
  *   tokens, trace  token text and Mooncake trace lines
  *   transfer_chunk PushKv streams (transfer_chunk_fuzzer.c's encoding)
+ *   tier_value     shared tier values (tier/value.c) of the harness's three
+ *                  stores (fp16, e4m3, bf16)
  */
 #include <errno.h>
 #include <stdio.h>
@@ -26,6 +28,7 @@
 #include "engine/store.h"
 #include "index/index.h"
 #include "kvx.h"
+#include "tier/tier.h"
 
 static const char *outdir;
 
@@ -314,6 +317,28 @@ static void transfer_chunk(void)
     put_file("transfer_chunk", "patched_v1", p.b, p.n);
 }
 
+/* Values of tier_value_fuzzer.c's three stores (L1 Hkv1 D4 B4, model
+ * 0x1122334455667788, no tenant). */
+static void tier_values(void)
+{
+    static const uint32_t quants[3] = {KVX_QUANT_FP16, KVX_QUANT_E4M3, KVX_QUANT_BF16};
+    static const char *names[3] = {"fp16", "e4m3", "bf16"};
+    for (int q = 0; q < 3; q++) {
+        kvx_geometry g = {1, 1, 4, 4, quants[q], 0x1122334455667788ull};
+        uint32_t toks[4] = {7, 8, 9, 10u + (uint32_t)q};
+        uint8_t page[64];
+        for (int i = 0; i < 64; i++) page[i] = (uint8_t)((i * 5 + q) & 0x3f);
+        float sc[2] = {0.5f, 4.0f};
+        uint8_t *v;
+        size_t n;
+        int rc = kvx_tier_value_encode(&v, &n, kvx_tier_ns(&g, NULL), &g, kvx_block_hash(0, toks, 4), toks, page,
+                                       q == 1 ? sc : NULL);
+        if (rc) die("tier value", rc);
+        put_file("tier_value", names[q], v, n);
+        free(v);
+    }
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2) {
@@ -346,6 +371,7 @@ int main(int argc, char **argv)
 
     index_records();
     transfer_chunk();
+    tier_values();
 
     store_config("fp16", (kvx_geometry){32, 8, 128, 16, KVX_QUANT_FP16, 0x1122334455667788ull}, 64ull << 30, 256ull << 20);
     store_config("e4m3", (kvx_geometry){2, 1, 4, 4, KVX_QUANT_E4M3, 0}, 400 << 10, 48 << 10);

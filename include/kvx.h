@@ -134,7 +134,8 @@ KVX_API const char *kvx_version(void);
     XX(ESTALE, -30033, "the store's index was rebuilt since this handle opened it: open the store again") \
     XX(EDROPPED, -30034, "blocks put since the last flush were dropped by a failed call: they are not stored") \
     XX(ELOSSY, -30035, "a value is not exactly representable in the target format") \
-    XX(ENOTHELD, -30036, "the block is not held here (never, or no longer): send it with its payload")
+    XX(ENOTHELD, -30036, "the block is not held here (never, or no longer): send it with its payload") \
+    XX(EUNAVAILABLE, -30037, "the shared tier is unreachable (a miss, never a failed lookup)")
 
 typedef enum kvx_error {
     KVX_OK = 0,
@@ -572,9 +573,17 @@ typedef struct kvx_store_options {
     uint64_t page_bytes; /* non-zero: a keyed store of pages of up to this
                             many bytes (an even number, see "Keyed pages"),
                             geometry left all zero */
+    /* version 3: the shared tier (docs/TIER.md). kvx_store_create writes a
+     * given tier_url (with tenant and TTL) to DIR/TIER; kvx_store_open_options
+     * uses them for that handle only, instead of DIR/TIER. */
+    const char *tier_url;    /* redis://[user[:pass]@]host:port[,host:port...];
+                                NULL: DIR/TIER's (none at create); "off": no
+                                tier for this handle */
+    const char *tier_tenant; /* namespace salt (1..127 of [A-Za-z0-9._-]); NULL: none */
+    uint64_t tier_ttl_ms;    /* TTL of the values written; 0: none */
 } kvx_store_options;
-#define KVX_STORE_OPTIONS_VERSION 2
-#define KVX_STORE_OPTIONS_INIT {KVX_STORE_OPTIONS_VERSION, {0, 0, 0, 0, 0, 0}, 0, 0, 0, 0}
+#define KVX_STORE_OPTIONS_VERSION 3
+#define KVX_STORE_OPTIONS_INIT {KVX_STORE_OPTIONS_VERSION, {0, 0, 0, 0, 0, 0}, 0, 0, 0, 0, NULL, NULL, 0}
 /* Fills *opts as KVX_STORE_OPTIONS_INIT does: the version, no geometry,
  * capacity_bytes 0 (64 GiB), no flags, shard_bytes 0 (capacity/64 clamped
  * to [512 KiB, 1 GiB], computed from the capacity set later). Set geometry
@@ -613,6 +622,16 @@ typedef struct kvx_store_stats {
                                 without tokens, or written before the digest:
                                 kvx_store_reindex derives theirs) */
     uint64_t page_bytes;     /* a keyed store's page size; 0 for a block store */
+    /* the shared tier, this handle's counts since it opened (docs/TIER.md) */
+    uint64_t tier_hits;       /* blocks a prefix got from the tier, verified */
+    uint64_t tier_misses;     /* blocks asked of the tier and not served */
+    uint64_t tier_errors;     /* of those: not answered (node down, timeout, breaker open) */
+    uint64_t tier_bad;        /* of those: a value that failed verification */
+    uint64_t tier_replaced;   /* bad values this writer replaced (compare-and-set) */
+    uint64_t tier_writes;     /* values written behind (SET NX accepted) */
+    uint64_t tier_bytes_up;   /* value bytes sent */
+    uint64_t tier_bytes_down; /* value bytes received */
+    uint64_t tier_up;         /* 1: the tier answered (or a probe now did); 0: down or none */
 } kvx_store_stats;
 
 /* Creates a new store directory (0700) with fixed geometry and capacity. */
@@ -621,7 +640,14 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
  * that must match (KVX_ESHAPE / KVX_EMODEL otherwise). */
 KVX_API int kvx_store_open(kvx_store **out, const char *dir, const kvx_geometry *expect,
                            uint32_t flags);
-/* Unflushed puts are dropped (never acknowledged). NULL is fine. Destroy
+/* kvx_store_open with options (version 1 or 2): geometry, when its
+ * num_layers is set, is the expectation; flags as kvx_store_open's;
+ * tier_url / tier_tenant / tier_ttl_ms (version 2) override DIR/TIER for
+ * this handle ("off": none). capacity_bytes and shard_bytes are ignored. */
+KVX_API int kvx_store_open_options(kvx_store **out, const char *dir, const kvx_store_options *opts);
+/* Unflushed puts are dropped (never acknowledged). With a shared tier, it
+ * first waits for the values written behind to be sent (at most 2 s, then
+ * they are dropped: the tier is best effort). NULL is fine. Destroy
  * the store's batches (kvx_store_batch_destroy) first; a batch still alive
  * loses its unflushed blocks here and is detached: it then takes only
  * kvx_store_batch_destroy (which frees it), every other call on it is
@@ -722,6 +748,36 @@ KVX_API void kvx_view_release(kvx_view *v);
 KVX_API void kvx_views_release(kvx_view *views, size_t n);
 
 KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s);
+
+/* ------------------------------------------------------------------------
+ * The shared tier (docs/TIER.md): Redis Cluster, or one Redis, under the
+ * store. After a flush, its blocks are written behind (SET NX); a prefix
+ * lookup that misses locally continues into the tier, and every value is
+ * verified before use; a writer handle copies the blocks it got into the
+ * store (an ordinary put), a reader handle serves them from memory (their
+ * views' coordinate is KVX_COORD_TIER, their shard path "(shared tier)").
+ * The tier can lose anything: a failure there is a miss, never an error.
+ * ---------------------------------------------------------------------- */
+
+#define KVX_COORD_TIER 0xFFFFFFFFu
+
+typedef struct kvx_store_tier {
+    char url[1024];   /* "" when the handle has no tier; the password as *** */
+    char tenant[128]; /* "" when none */
+    uint64_t ttl_ms;
+    uint64_t ns;      /* the namespace of the keys, kvx:1:<ns>:... */
+    int from_file;    /* the setting comes from DIR/TIER (else the options) */
+    int cluster;      /* 1 Redis Cluster, 0 one Redis, -1 not contacted yet */
+} kvx_store_tier;
+/* What this handle uses. */
+KVX_API int kvx_store_tier_get(kvx_store_tier *out, kvx_store *s);
+/* Writer: writes DIR/TIER atomically (url NULL or "off": removes it) and
+ * applies it to this handle (after draining its write-behind, at most
+ * 2 s). tenant nullable; ttl_ms 0: no TTL. A tier down is no error here.
+ * No other call on s may run during it (as for kvx_store_close). */
+KVX_API int kvx_store_tier_set(kvx_store *s, const char *url, const char *tenant, uint64_t ttl_ms);
+/* PING the tier now: 0, or KVX_EUNAVAILABLE (KVX_ENOTFOUND without a tier). */
+KVX_API int kvx_store_tier_ping(kvx_store *s);
 /* Checks every shard and page against the index; out_bad (nullable) gets
  * the number of problems found, each reported through report (nullable)
  * with its code (what is valid during that report call only). Notes that

@@ -9,6 +9,7 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends \
   build-essential cmake pkg-config clang libclang-rt-14-dev \
   liburing-dev liblmdb-dev lmdb-utils librocksdb-dev libnuma-dev libcmocka-dev libisal-dev zlib1g-dev libjson-c-dev libssl-dev \
+  libhiredis-dev redis-server redis-tools \
   fio golang-go gnuplot-nox ca-certificates \
   python3-dev python3-pytest python3-numpy \
   protobuf-compiler protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev golang-google-protobuf-dev \

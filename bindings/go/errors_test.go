@@ -30,6 +30,7 @@ func TestErrorClasses(t *testing.T) {
 		{CodeUnverified, []error{ErrUnverified, ErrNotFound}, []error{ErrAmbiguous, ErrCorrupt, ErrInvalid}, "KVX_EUNVERIFIED"},
 		{CodeDropped, []error{ErrDropped}, []error{ErrNotFound, ErrCorrupt, ErrLossy}, "KVX_EDROPPED"},
 		{CodeNotHeld, []error{ErrNotHeld}, []error{ErrNotFound, ErrDropped}, "KVX_ENOTHELD"},
+		{CodeUnavailable, []error{ErrUnavailable}, []error{ErrNotFound, ErrNotHeld}, "KVX_EUNAVAILABLE"},
 		{-int(syscall.ENOSPC), []error{syscall.ENOSPC}, []error{ErrCapacity, ErrNotFound}, "ENOSPC"},
 		{-int(syscall.ENOENT), []error{fs.ErrNotExist}, []error{ErrNotFound}, "ENOENT"},
 	}

@@ -27,8 +27,9 @@
 // another build directory. When that library was built with CUDA, the
 // CUDA runtime is linked statically from /usr/local/cuda; otherwise an
 // empty stand-in archive (nocuda/) satisfies the link. liburing, LMDB,
-// libnuma and OpenSSL's libcrypto (SHA-256 of the prefix digests) are
-// linked from their static archives too (Debian ships them);
+// libnuma, OpenSSL's libcrypto (SHA-256 of the prefix digests) and hiredis
+// (the shared tier's Redis protocol) are linked from their static archives
+// too (Debian ships them);
 // only ISA-L, which Debian ships as a shared library alone, stays dynamic
 // (link_build.go). With the build tag kvx_system the package uses an
 // installed kvx instead, through `#cgo pkg-config: kvx`, and links

@@ -33,6 +33,11 @@ gokvx_rc gokvx_store_open(kvx_store **out, const char *dir, const kvx_geometry *
     return gokvx_done(kvx_store_open(out, dir, expect, flags), 0);
 }
 
+gokvx_rc gokvx_store_open_options(kvx_store **out, const char *dir, const kvx_store_options *opts)
+{
+    return gokvx_done(kvx_store_open_options(out, dir, opts), 0);
+}
+
 gokvx_rc gokvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens, const void *pages,
                          size_t n_pages, const float *scales)
 {

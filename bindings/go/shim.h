@@ -44,6 +44,7 @@ typedef struct gokvx_bad {
 
 gokvx_rc gokvx_store_create(kvx_store **out, const char *dir, const kvx_store_options *opts);
 gokvx_rc gokvx_store_open(kvx_store **out, const char *dir, const kvx_geometry *expect, uint32_t flags);
+gokvx_rc gokvx_store_open_options(kvx_store **out, const char *dir, const kvx_store_options *opts);
 gokvx_rc gokvx_store_put(kvx_store *s, const uint32_t *tokens, size_t n_tokens, const void *pages,
                          size_t n_pages, const float *scales);
 gokvx_rc gokvx_store_flush(kvx_store *s);

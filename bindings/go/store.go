@@ -22,8 +22,32 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 )
+
+// tierC fills co's tier fields with C strings the caller frees (free()).
+func tierC(co *C.kvx_store_options, url, tenant string, ttl time.Duration) func() {
+	var frees []unsafe.Pointer
+	if url != "" {
+		u := C.CString(url)
+		frees = append(frees, unsafe.Pointer(u))
+		co.tier_url = u
+	}
+	if tenant != "" {
+		t := C.CString(tenant)
+		frees = append(frees, unsafe.Pointer(t))
+		co.tier_tenant = t
+	}
+	if ttl > 0 {
+		co.tier_ttl_ms = C.uint64_t(ttl / time.Millisecond)
+	}
+	return func() {
+		for _, p := range frees {
+			C.free(p)
+		}
+	}
+}
 
 // StoreOptions are the fixed settings of a new store.
 type StoreOptions struct {
@@ -33,6 +57,10 @@ type StoreOptions struct {
 	NoWait        bool     // a second writer gets ErrBusy at once instead of waiting
 	Verify        bool     // check shard meta CRCs at open and each served page's CRC
 	NoSync        bool     // tests and benchmarks only: LMDB commits without fsync
+	// The shared tier (docs/TIER.md), written to DIR/TIER: "" = none.
+	TierURL    string        // redis://[user[:pass]@]host:port[,host:port...]
+	TierTenant string        // namespace salt; "" = none
+	TierTTL    time.Duration // TTL of the values written; 0 = none
 }
 
 // OpenOptions are the settings of Open (nil = read-write, waiting for the
@@ -43,6 +71,11 @@ type OpenOptions struct {
 	Verify   bool      // check meta CRCs now and each served page's CRC
 	NoSync   bool      // tests and benchmarks only
 	Expect   *Geometry // nil, or a geometry that must match (ErrShape / ErrModel)
+	// The shared tier for this handle only, instead of DIR/TIER's: "" =
+	// DIR/TIER's, "off" = none (docs/TIER.md).
+	TierURL    string
+	TierTenant string
+	TierTTL    time.Duration
 }
 
 // Store is an open store directory. Safe for concurrent use.
@@ -59,6 +92,11 @@ type Stats struct {
 	Hits, Misses, Evictions, EvictedBlocks    uint64
 	Compactions, PendingBlocks, DroppedShards uint64
 	ShardBytes                                uint64
+	// The shared tier, this handle's counts (docs/TIER.md).
+	TierHits, TierMisses, TierErrors, TierBad uint64
+	TierReplaced, TierWrites                  uint64
+	TierBytesUp, TierBytesDown                uint64
+	TierUp                                    bool
 }
 
 func storeFlags(noWait, verify, noSync, readOnly bool) C.uint32_t {
@@ -86,6 +124,7 @@ func Create(dir string, opts StoreOptions) (*Store, error) {
 	co.capacity_bytes = C.uint64_t(opts.CapacityBytes)
 	co.flags = storeFlags(opts.NoWait, opts.Verify, opts.NoSync, false)
 	co.shard_bytes = C.uint64_t(opts.ShardBytes)
+	defer tierC(&co, opts.TierURL, opts.TierTenant, opts.TierTTL)()
 	cdir := C.CString(dir)
 	defer C.free(unsafe.Pointer(cdir))
 	var cs *C.kvx_store
@@ -111,7 +150,21 @@ func Open(dir string, opts *OpenOptions) (*Store, error) {
 		defer C.free(unsafe.Pointer(expect))
 	}
 	var cs *C.kvx_store
-	if err := check(C.gokvx_store_open(&cs, cdir, expect, storeFlags(o.NoWait, o.Verify, o.NoSync, o.ReadOnly))); err != nil {
+	flags := storeFlags(o.NoWait, o.Verify, o.NoSync, o.ReadOnly)
+	if o.TierURL != "" {
+		var co C.kvx_store_options
+		C.kvx_store_options_init(&co)
+		co.flags = flags
+		if expect != nil {
+			co.geometry = *expect
+		}
+		defer tierC(&co, o.TierURL, o.TierTenant, o.TierTTL)()
+		if err := check(C.gokvx_store_open_options(&cs, cdir, &co)); err != nil {
+			return nil, err
+		}
+		return newStore(cs), nil
+	}
+	if err := check(C.gokvx_store_open(&cs, cdir, expect, flags)); err != nil {
 		return nil, err
 	}
 	return newStore(cs), nil
@@ -439,6 +492,9 @@ func (s *Store) Stat() (Stats, error) {
 		Evictions: uint64(st.evictions), EvictedBlocks: uint64(st.evicted_blocks),
 		Compactions: uint64(st.compactions), PendingBlocks: uint64(st.pending_blocks),
 		DroppedShards: uint64(st.dropped_shards), ShardBytes: uint64(st.shard_bytes),
+		TierHits: uint64(st.tier_hits), TierMisses: uint64(st.tier_misses), TierErrors: uint64(st.tier_errors),
+		TierBad: uint64(st.tier_bad), TierReplaced: uint64(st.tier_replaced), TierWrites: uint64(st.tier_writes),
+		TierBytesUp: uint64(st.tier_bytes_up), TierBytesDown: uint64(st.tier_bytes_down), TierUp: st.tier_up != 0,
 	}, nil
 }
 

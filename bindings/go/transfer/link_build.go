@@ -8,7 +8,7 @@ package transfer
 
 /*
 #cgo CFLAGS: -I${SRCDIR}/../../../include
-#cgo LDFLAGS: -L${SRCDIR}/../../../build -l:libkvx.a -l:liburing.a -l:liblmdb.a -l:libnuma.a -lisal -l:libcrypto.a
+#cgo LDFLAGS: -L${SRCDIR}/../../../build -l:libkvx.a -l:liburing.a -l:liblmdb.a -l:libnuma.a -lisal -l:libcrypto.a -l:libhiredis.a
 #cgo LDFLAGS: -L/usr/local/cuda/lib64 -L${SRCDIR}/../nocuda -lcudart_static -ldl -lrt -lpthread -lm
 */
 import "C"

@@ -67,14 +67,15 @@ static PyObject *store_create(PyObject *cls, PyObject *args, PyObject *kw)
     (void)cls;
     static char *kwlist[] = {"dir",      "num_layers", "kv_heads", "head_dim", "block_tokens", "quant",
                              "model_signature", "capacity", "shard_bytes", "nowait", "verify", "nosync",
-                             "page_bytes", NULL};
+                             "page_bytes", "tier_url", "tier_tenant", "tier_ttl_ms", NULL};
     PyObject *dirobj, *quant = NULL;
     unsigned int L = UINT32_MAX, H = UINT32_MAX, D = UINT32_MAX, B = UINT32_MAX;
-    unsigned long long sig = 0, cap = 0, shard = 0, pb = 0;
+    unsigned long long sig = 0, cap = 0, shard = 0, pb = 0, ttl = 0;
     int nowait = 0, verify = 0, nosync = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$IIIIOKKKpppK:Store.create", kwlist, PyUnicode_FSConverter,
+    const char *tier = NULL, *tenant = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$IIIIOKKKpppKzzK:Store.create", kwlist, PyUnicode_FSConverter,
                                      &dirobj, &L, &H, &D, &B, &quant, &sig, &cap, &shard, &nowait, &verify, &nosync,
-                                     &pb))
+                                     &pb, &tier, &tenant, &ttl))
         return NULL;
     int any_geom = L != UINT32_MAX || H != UINT32_MAX || D != UINT32_MAX || B != UINT32_MAX || quant || sig;
     if (pb && any_geom) { /* a keyed store has a page size instead of a geometry */
@@ -103,6 +104,9 @@ static PyObject *store_create(PyObject *cls, PyObject *args, PyObject *kw)
     o.capacity_bytes = cap;
     o.shard_bytes = shard;
     o.flags = flag_bits(nowait, verify, nosync, 0);
+    o.tier_url = tier;
+    o.tier_tenant = tenant;
+    o.tier_ttl_ms = ttl;
     kvx_store *s = NULL;
     int rc;
     const char *dir = PyBytes_AS_STRING(dirobj);
@@ -117,18 +121,26 @@ static PyObject *store_create(PyObject *cls, PyObject *args, PyObject *kw)
 static PyObject *store_open(PyObject *cls, PyObject *args, PyObject *kw)
 {
     (void)cls;
-    static char *kwlist[] = {"dir", "readonly", "nowait", "verify", "nosync", NULL};
+    static char *kwlist[] = {"dir", "readonly", "nowait", "verify", "nosync", "tier_url", "tier_tenant", "tier_ttl_ms",
+                             NULL};
     PyObject *dirobj;
     int readonly = 0, nowait = 0, verify = 0, nosync = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$pppp:Store.open", kwlist, PyUnicode_FSConverter, &dirobj,
-                                     &readonly, &nowait, &verify, &nosync))
+    const char *tier = NULL, *tenant = NULL;
+    unsigned long long ttl = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$ppppzzK:Store.open", kwlist, PyUnicode_FSConverter, &dirobj,
+                                     &readonly, &nowait, &verify, &nosync, &tier, &tenant, &ttl))
         return NULL;
     kvx_store *s = NULL;
     int rc;
     const char *dir = PyBytes_AS_STRING(dirobj);
-    uint32_t flags = flag_bits(nowait, verify, nosync, readonly);
+    kvx_store_options oo;
+    kvx_store_options_init(&oo);
+    oo.flags = flag_bits(nowait, verify, nosync, readonly);
+    oo.tier_url = tier; /* None: DIR/TIER's */
+    oo.tier_tenant = tenant;
+    oo.tier_ttl_ms = ttl;
     Py_BEGIN_ALLOW_THREADS;
-    rc = kvx_store_open(&s, dir, NULL, flags);
+    rc = kvx_store_open_options(&s, dir, &oo);
     Py_END_ALLOW_THREADS;
     Py_DECREF(dirobj);
     if (rc) return kvxpy_raise(rc, NULL);
@@ -810,7 +822,7 @@ static PyObject *store_stat(PyObject *self, PyObject *u)
     int rc;
     STORE_CALL(st, rc, kvx_store_stat(&s, st->s));
     if (rc) return store_fail(rc);
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "blocks",
+    PyObject *d = Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "blocks",
                          (unsigned long long)s.blocks, "bytes", (unsigned long long)s.bytes, "shards",
                          (unsigned long long)s.shards, "capacity_bytes", (unsigned long long)s.capacity_bytes, "hits",
                          (unsigned long long)s.hits, "misses", (unsigned long long)s.misses, "evictions",
@@ -820,6 +832,17 @@ static PyObject *store_stat(PyObject *self, PyObject *u)
                          (unsigned long long)s.dropped_shards, "shard_bytes", (unsigned long long)s.shard_bytes,
                          "quarantined", (unsigned long long)s.quarantined, "unverified",
                          (unsigned long long)s.unverified, "page_bytes", (unsigned long long)s.page_bytes);
+    /* the shared tier's counters (docs/TIER.md) */
+    const char *tk[] = {"tier_hits", "tier_misses", "tier_errors", "tier_bad", "tier_replaced",
+                        "tier_writes", "tier_bytes_up", "tier_bytes_down", "tier_up"};
+    const uint64_t tv[] = {s.tier_hits, s.tier_misses, s.tier_errors, s.tier_bad, s.tier_replaced,
+                           s.tier_writes, s.tier_bytes_up, s.tier_bytes_down, s.tier_up};
+    for (int i = 0; d && i < 9; i++) {
+        PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)tv[i]);
+        if (!v || PyDict_SetItemString(d, tk[i], v) < 0) Py_CLEAR(d);
+        Py_XDECREF(v);
+    }
+    return d;
 }
 
 typedef struct {

@@ -1,0 +1,909 @@
+/*
+ * test_tier.c - the shared tier (docs/TIER.md) against real redis-server
+ * processes this test starts on loopback ports (tests/redis_fixture.h):
+ * one server, then a Redis Cluster of 3 masters with a replica each.
+ *
+ * Each test names the promise of docs/TIER.md it proves. Pure parts (value
+ * bytes, slots, URLs) first; they run even without redis-server, the rest
+ * is skipped (77) when it is not installed.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "redis_fixture.h"
+#include "store_util.h"
+#include "tier/tier.h"
+
+static char g_root[256];
+static int g_single = -1; /* fixture index of the single server */
+static int g_cl = -1;     /* first node of the cluster */
+static int g_seq_base = 100;
+static int g_migrated_from = -1; /* the source of the slot migration */
+
+static void mkpath(char *out, size_t cap, const char *name)
+{
+    snprintf(out, cap, "%s/%s", g_root, name);
+}
+
+static void url_of(char *out, size_t cap, int node)
+{
+    snprintf(out, cap, "redis://127.0.0.1:%d", rf_nodes[node].port);
+}
+
+static kvx_store *mk_store(const char *name, const char *url, const char *tenant)
+{
+    char dir[512];
+    mkpath(dir, sizeof dir, name);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = 64ull << 20;
+    o.tier_url = url;
+    o.tier_tenant = tenant;
+    kvx_store *s = NULL;
+    int rc = kvx_store_create(&s, dir, &o);
+    if (rc) fprintf(stderr, "create %s: %s\n", dir, kvx_last_error());
+    assert_int_equal(rc, 0);
+    return s;
+}
+
+static kvx_store *open_store(const char *name, uint32_t flags)
+{
+    char dir[512];
+    mkpath(dir, sizeof dir, name);
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_open(&s, dir, NULL, flags), 0);
+    return s;
+}
+
+static kvx_store_stats stat_of(kvx_store *s)
+{
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    return st;
+}
+
+static size_t count_files(const char *name, const char *sub)
+{
+    char dir[512], names[256][64];
+    mkpath(dir, sizeof dir, name);
+    return su_list_names(dir, sub, names, 256);
+}
+
+/* The key of block i of sequence seq (no tenant). */
+static void key_of(char *key, uint64_t seq, size_t nb, size_t i, const char *tenant)
+{
+    uint32_t t[64 * SU_B];
+    uint64_t h[64];
+    uint8_t d[64][KVX_DIGEST_BYTES];
+    su_tokens(t, seq, nb, 0);
+    kvx_block_hashes(h, t, nb * SU_B, SU_B);
+    kvx_prefix_digests(d, t, nb * SU_B, SU_B);
+    kvx_geometry g = su_geometry();
+    kvx_tier_key(key, kvx_tier_ns(&g, tenant), h[i], d[i]);
+}
+
+/* A valid value of block i of sequence seq. */
+static uint8_t *value_of(size_t *len, uint64_t seq, size_t nb, size_t i, const char *tenant)
+{
+    uint32_t t[64 * SU_B];
+    uint64_t h[64];
+    su_tokens(t, seq, nb, 0);
+    uint8_t *p = su_pages(t, nb, h, 64);
+    kvx_geometry g = su_geometry();
+    uint8_t *v = NULL;
+    assert_int_equal(kvx_tier_value_encode(&v, len, kvx_tier_ns(&g, tenant), &g, h[i], t + i * SU_B, p + i * 64, NULL),
+                     0);
+    free(p);
+    return v;
+}
+
+/* ------------------------------------------------------------ pure parts */
+
+/* TIER.md "Value bytes": encode, then check against the prompt; every
+ * field that differs is refused with its own code. */
+static void test_value_roundtrip_and_refusals(void **state)
+{
+    (void)state;
+    kvx_geometry g = su_geometry();
+    uint64_t ns = kvx_tier_ns(&g, NULL);
+    uint32_t t[4 * SU_B];
+    uint64_t h[4];
+    su_tokens(t, 7, 4, 0);
+    uint8_t *p = su_pages(t, 4, h, 64);
+    uint8_t *v;
+    size_t len;
+    assert_int_equal(kvx_tier_value_encode(&v, &len, ns, &g, h[2], t + 2 * SU_B, p + 2 * 64, NULL), 0);
+    assert_int_equal(len, kvx_tier_value_bytes(&g));
+    assert_memory_equal(v, "KVXT", 4);
+    uint8_t page[64];
+    kvx_tier_expect x = {ns, &g, h[2], h[1], t + 2 * SU_B};
+    assert_int_equal(kvx_tier_value_check(v, len, &x, page, NULL), 0);
+    assert_memory_equal(page, p + 2 * 64, 64);
+    /* another block's tokens (a value under the wrong key) */
+    kvx_tier_expect other = {ns, &g, h[1], h[0], t + 1 * SU_B};
+    assert_int_equal(kvx_tier_value_check(v, len, &other, page, NULL), KVX_ETOKENS);
+    /* right tokens, another parent: the hash differs */
+    kvx_tier_expect par = {ns, &g, h[2], h[0], t + 2 * SU_B};
+    assert_int_equal(kvx_tier_value_check(v, len, &par, page, NULL), KVX_EHASH);
+    /* another namespace (tenant) */
+    kvx_tier_expect ten = {kvx_tier_ns(&g, "other"), &g, h[2], h[1], t + 2 * SU_B};
+    assert_int_equal(kvx_tier_value_check(v, len, &ten, page, NULL), KVX_EMODEL);
+    /* a flipped byte anywhere: the CRC */
+    for (size_t i = 0; i < len; i += 7) {
+        v[i] ^= 0x10;
+        assert_int_not_equal(kvx_tier_value_check(v, len, &x, page, NULL), 0);
+        v[i] ^= 0x10;
+    }
+    /* truncated */
+    for (size_t n = 0; n < len; n += 13) assert_int_not_equal(kvx_tier_value_check(v, n, &x, page, NULL), 0);
+    free(v);
+    /* E4M3 and BF16 stores round-trip exactly (v2, v3) */
+    uint32_t quants[] = {KVX_QUANT_E4M3, KVX_QUANT_BF16, KVX_QUANT_E5M2};
+    for (int q = 0; q < 3; q++) {
+        kvx_geometry g2 = g;
+        g2.quant = quants[q];
+        uint64_t pb = kvx_page_bytes(&g2, SU_B);
+        uint8_t pg[64], back[64];
+        float sc[2] = {0.5f, 2.0f}, sc2[2];
+        for (size_t i = 0; i < pb; i++) pg[i] = (uint8_t)(i * 3 + 1) & 0x3F; /* finite in every format */
+        uint64_t ns2 = kvx_tier_ns(&g2, NULL);
+        assert_int_equal(kvx_tier_value_encode(&v, &len, ns2, &g2, h[0], t, pg, g2.quant == KVX_QUANT_E4M3 ? sc : NULL), 0);
+        kvx_tier_expect x2 = {ns2, &g2, h[0], 0, t};
+        assert_int_equal(kvx_tier_value_check(v, len, &x2, back, sc2), 0);
+        assert_memory_equal(back, pg, pb);
+        if (g2.quant == KVX_QUANT_E4M3) assert_memory_equal(sc2, sc, sizeof sc);
+        free(v);
+    }
+    free(p);
+}
+
+/* TIER.md "Routing": CRC16-XMODEM key slots and hash tags as Redis. */
+static void test_slots(void **state)
+{
+    (void)state;
+    assert_int_equal(kvx_tier_slot("123456789", 9), 0x31C3 & 16383);
+    assert_int_equal(kvx_tier_slot("foo", 3), 12182);
+    assert_int_equal(kvx_tier_slot("{user1000}.following", 20), kvx_tier_slot("user1000", 8));
+    assert_int_equal(kvx_tier_slot("foo{}{bar}", 10), kvx_tier_slot("foo{}{bar}", 10));
+    assert_int_equal(kvx_tier_slot("foo{{bar}}zap", 13), kvx_tier_slot("{bar", 4));
+    assert_int_equal(kvx_tier_slot("foo{bar}{zap}", 13), kvx_tier_slot("bar", 3));
+}
+
+/* TIER.md "Configuration": URLs and the TIER text. */
+static void test_urls_and_conf(void **state)
+{
+    (void)state;
+    kvx_tier_url u;
+    assert_int_equal(kvx_tier_url_parse(&u, "redis://127.0.0.1:7000,10.0.0.2:7001,h"), 0);
+    assert_int_equal(u.n, 3);
+    assert_int_equal(u.port[1], 7001);
+    assert_int_equal(u.port[2], 6379);
+    assert_int_equal(kvx_tier_url_parse(&u, "redis://alice:s3cret@h:1"), 0);
+    assert_string_equal(u.user, "alice");
+    assert_string_equal(u.pass, "s3cret");
+    assert_int_equal(kvx_tier_url_parse(&u, "redis://onlypass@h:1"), 0);
+    assert_string_equal(u.user, "");
+    assert_string_equal(u.pass, "onlypass");
+    assert_int_equal(kvx_tier_url_parse(&u, "rediss://h:1"), KVX_EINVALID);
+    assert_int_equal(kvx_tier_url_parse(&u, "redis://h:0"), KVX_EINVALID);
+    assert_int_equal(kvx_tier_url_parse(&u, "redis://h:99999"), KVX_EINVALID);
+    assert_int_equal(kvx_tier_url_parse(&u, "redis://"), KVX_EINVALID);
+    assert_int_equal(kvx_tier_url_parse(&u, "redis://h:1/3"), KVX_EINVALID);
+    char red[256];
+    kvx_tier_url_redact(red, sizeof red, "redis://alice:s3cret@h:1");
+    assert_string_equal(red, "redis://alice:***@h:1");
+    kvx_tier_conf c, back;
+    memset(&c, 0, sizeof c);
+    snprintf(c.url, sizeof c.url, "redis://h:1,h:2");
+    snprintf(c.tenant, sizeof c.tenant, "team-a");
+    c.ttl_ms = 3600000;
+    char text[2048];
+    assert_true(kvx_tier_conf_format(text, sizeof text, &c) > 0);
+    assert_int_equal(kvx_tier_conf_parse(&back, text), 0);
+    assert_string_equal(back.url, c.url);
+    assert_string_equal(back.tenant, c.tenant);
+    assert_int_equal(back.ttl_ms, c.ttl_ms);
+    assert_int_equal(kvx_tier_conf_parse(&back, "kvx-tier 2\nurl redis://h\n"), KVX_EFORMAT);
+    assert_int_equal(kvx_tier_conf_parse(&back, "kvx-tier 1\ntenant a b\n"), KVX_EFORMAT);
+    assert_int_equal(kvx_tier_tenant_check("a/b"), KVX_EINVALID);
+}
+
+/* ------------------------------------------------------------ one server */
+
+/* TIER.md "Semantics": store A's blocks are a hit in store B, whose
+ * directory is empty: a reader serves them verified and byte-exact without
+ * writing anything locally; a writer copies them in as an ordinary put. */
+static void test_cross_store_hit(void **state)
+{
+    (void)state;
+    char url[64];
+    url_of(url, sizeof url, g_single);
+    uint64_t seq = (uint64_t)g_seq_base++;
+    kvx_store *a = mk_store("x_a", url, NULL);
+    assert_int_equal(su_put_seq(a, seq, 16), 0);
+    kvx_store_close(a); /* drains the write-behind */
+    kvx_store *b = mk_store("x_b", url, NULL);
+    kvx_store_close(b);
+    b = open_store("x_b", KVX_STORE_READONLY);
+    assert_int_equal(su_served_prefix(b, seq, 16), 16);
+    kvx_store_stats st = stat_of(b);
+    assert_int_equal(st.tier_hits, 16);
+    kvx_geometry g = su_geometry();
+    assert_int_equal(st.tier_bytes_down, 16 * kvx_tier_value_bytes(&g));
+    assert_int_equal(st.tier_up, 1);
+    assert_int_equal(st.blocks, 0); /* a reader never copies */
+    kvx_store_close(b);
+    assert_int_equal(count_files("x_b", "shards"), 0);
+    /* a writer copies them in: the second lookup is local */
+    kvx_store *c = mk_store("x_c", url, NULL);
+    assert_int_equal(su_served_prefix(c, seq, 16), 16);
+    st = stat_of(c);
+    assert_int_equal(st.tier_hits, 16);
+    assert_int_equal(st.blocks, 16);
+    assert_int_equal(su_served_prefix(c, seq, 16), 16);
+    st = stat_of(c);
+    assert_int_equal(st.tier_hits, 16);
+    kvx_store_close(c);
+    /* the copies were not written back: the writes came from A only */
+    char n[32];
+    assert_int_equal(rf_cmd(rf_nodes[g_single].port, n, sizeof n, "DBSIZE"), 0);
+    assert_true(atoi(n) >= 16);
+}
+
+/* TIER.md "Failure model": a value overwritten with garbage is a miss,
+ * counted; a writer that saw it and then holds the verified block
+ * replaces it (compare-and-set), counted. */
+static void test_garbage_value_replaced(void **state)
+{
+    (void)state;
+    char url[64], key[KVX_TIER_KEY_BYTES], out[64];
+    url_of(url, sizeof url, g_single);
+    uint64_t seq = (uint64_t)g_seq_base++;
+    kvx_store *a = mk_store("g_a", url, NULL);
+    assert_int_equal(su_put_seq(a, seq, 8), 0);
+    kvx_store_close(a);
+    key_of(key, seq, 8, 3, NULL);
+    assert_int_equal(rf_cmd(rf_nodes[g_single].port, out, sizeof out, "SET %s %s", key, "garbage!"), 0);
+    kvx_store *r = mk_store("g_r", url, NULL);
+    kvx_store_close(r);
+    r = open_store("g_r", KVX_STORE_READONLY);
+    assert_int_equal(su_served_prefix(r, seq, 8), 3);
+    kvx_store_stats st = stat_of(r);
+    assert_int_equal(st.tier_hits, 3);
+    assert_int_equal(st.tier_bad, 1);
+    assert_int_equal(st.tier_misses, 5);
+    kvx_store_close(r);
+    /* a writer: sees the bad value, recomputes (puts) the prompt, and its
+     * write-behind replaces it */
+    kvx_store *w = mk_store("g_w", url, NULL);
+    assert_int_equal(su_served_prefix(w, seq, 8), 3);
+    assert_int_equal(su_put_seq(w, seq, 8), 0);
+    double end = rf_now() + 5;
+    while (stat_of(w).tier_replaced == 0 && rf_now() < end) rf_sleep_ms(20);
+    assert_int_equal(stat_of(w).tier_replaced, 1);
+    kvx_store_close(w);
+    r = open_store("g_r", KVX_STORE_READONLY);
+    assert_int_equal(su_served_prefix(r, seq, 8), 8);
+    kvx_store_close(r);
+}
+
+/* TIER.md "Trust": a crafted value under the right key (another block's
+ * valid value: other tokens, or another tenant's) is never served. */
+static void test_collision_value_never_served(void **state)
+{
+    (void)state;
+    char url[64], key[KVX_TIER_KEY_BYTES];
+    url_of(url, sizeof url, g_single);
+    uint64_t seq = (uint64_t)g_seq_base++, other = (uint64_t)g_seq_base++;
+    size_t len;
+    key_of(key, seq, 4, 0, NULL);
+    uint8_t *v = value_of(&len, other, 4, 0, NULL); /* valid, other tokens' KV */
+    redisContext *c = rf_connect(rf_nodes[g_single].port);
+    assert_non_null(c);
+    redisReply *rep = redisCommand(c, "SET %s %b", key, v, len);
+    assert_non_null(rep);
+    freeReplyObject(rep);
+    free(v);
+    kvx_store *r = mk_store("c_r", url, NULL);
+    assert_int_equal(su_served_prefix(r, seq, 4), 0);
+    assert_int_equal(stat_of(r).tier_bad, 1);
+    /* another tenant's valid value for the very block */
+    v = value_of(&len, seq, 4, 0, "mallory");
+    rep = redisCommand(c, "SET %s %b", key, v, len);
+    freeReplyObject(rep);
+    free(v);
+    assert_int_equal(su_served_prefix(r, seq, 4), 0);
+    assert_int_equal(stat_of(r).tier_bad, 2);
+    kvx_store_close(r);
+    redisFree(c);
+}
+
+/* TIER.md "Tenants": a tenant never sees another tenant's blocks. */
+static void test_tenant_isolation(void **state)
+{
+    (void)state;
+    char url[64];
+    url_of(url, sizeof url, g_single);
+    uint64_t seq = (uint64_t)g_seq_base++;
+    kvx_store *a = mk_store("t_a", url, "alpha");
+    assert_int_equal(su_put_seq(a, seq, 6), 0);
+    kvx_store_close(a);
+    kvx_store *b = mk_store("t_b", url, "beta");
+    assert_int_equal(su_served_prefix(b, seq, 6), 0);
+    kvx_store_close(b);
+    kvx_store *c = mk_store("t_c", url, "alpha");
+    assert_int_equal(su_served_prefix(c, seq, 6), 6);
+    kvx_store_close(c);
+}
+
+/* TIER.md "Failure model": the tier down at create, open and put: every
+ * call succeeds, bounded in time (close waits at most 2 s). */
+static void test_tier_down_create_open_put(void **state)
+{
+    (void)state;
+    int port = rf_free_port(0);
+    char url[64];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+    uint64_t seq = (uint64_t)g_seq_base++;
+    double t0 = rf_now();
+    kvx_store *a = mk_store("d_a", url, NULL);
+    assert_int_equal(su_put_seq(a, seq, 8), 0);
+    assert_int_equal(su_served_prefix(a, seq, 8), 8);
+    kvx_store_close(a);
+    a = open_store("d_a", 0);
+    assert_int_equal(su_served_prefix(a, seq, 8), 8);
+    uint32_t t[12 * SU_B];
+    su_tokens(t, seq, 12, 0);
+    kvx_view v[12];
+    size_t n = 99;
+    assert_int_equal(kvx_store_prefix(v, &n, a, t, 12 * SU_B, 12), 0); /* 4 blocks beyond: the tier is asked */
+    assert_int_equal(n, 8);
+    kvx_views_release(v, n);
+    kvx_store_stats st = stat_of(a);
+    assert_int_equal(st.tier_up, 0);
+    assert_true(st.tier_misses >= 4);
+    kvx_store_close(a);
+    assert_true(rf_now() - t0 < 6.0);
+    /* a reader too */
+    a = open_store("d_a", KVX_STORE_READONLY);
+    assert_int_equal(su_served_prefix(a, seq, 8), 8);
+    kvx_store_close(a);
+}
+
+/* TIER.md "Failure model": SIGKILL of the server, then a lookup is a miss
+ * at once; the breaker skips the tier (no wait) and, once it is back,
+ * probes it and serves again. */
+static void test_breaker_skip_and_probe(void **state)
+{
+    (void)state;
+    int k = rf_start(0);
+    assert_true(k >= 0);
+    char url[64];
+    url_of(url, sizeof url, k);
+    uint64_t seq = (uint64_t)g_seq_base++;
+    kvx_store *a = mk_store("b_a", url, NULL);
+    assert_int_equal(su_put_seq(a, seq, 8), 0);
+    kvx_store_close(a);
+    kvx_store *r = mk_store("b_r", url, NULL);
+    kvx_store_close(r);
+    r = open_store("b_r", KVX_STORE_READONLY);
+    assert_int_equal(su_served_prefix(r, seq, 8), 8);
+    rf_kill(k, SIGKILL);
+    double t0 = rf_now();
+    assert_int_equal(su_served_prefix(r, seq, 8), 0);
+    assert_true(rf_now() - t0 < 1.5);
+    t0 = rf_now();
+    for (int i = 0; i < 20; i++) assert_int_equal(su_served_prefix(r, seq, 8), 0);
+    assert_true(rf_now() - t0 < 0.5); /* skipped: no connect attempted */
+    kvx_store_stats st = stat_of(r);
+    assert_true(st.tier_errors >= 1);
+    assert_int_equal(st.tier_up, 0);
+    /* back (empty: the values are written again by a writer) */
+    assert_int_equal(rf_launch(&rf_nodes[k]), 0);
+    double end = rf_now() + 8;
+    while (rf_now() < end) {
+        su_served_prefix(r, seq, 8); /* probes once the breaker's time is up */
+        if (stat_of(r).tier_up) break;
+        rf_sleep_ms(100);
+    }
+    assert_int_equal(stat_of(r).tier_up, 1);
+    kvx_store *w = mk_store("b_w", url, NULL);
+    assert_int_equal(su_put_seq(w, seq, 8), 0);
+    kvx_store_close(w);
+    assert_int_equal(su_served_prefix(r, seq, 8), 8);
+    assert_int_equal(stat_of(r).tier_up, 1);
+    kvx_store_close(r);
+}
+
+/* TIER.md "Failure model": the server killed while the write-behind
+ * sends large values (a write to a reset connection: SIGPIPE, which the
+ * library blocks and consumes): the process lives, close is bounded. */
+static void test_killed_during_write_behind(void **state)
+{
+    (void)state;
+    int k = rf_start(0);
+    assert_true(k >= 0);
+    char url[64], dir[512];
+    url_of(url, sizeof url, k);
+    mkpath(dir, sizeof dir, "wk");
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = (kvx_geometry){4, 8, 128, 16, KVX_QUANT_FP16, 7};
+    o.capacity_bytes = 1ull << 30;
+    o.tier_url = url;
+    kvx_store *s;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    size_t pb = (size_t)kvx_page_bytes(&o.geometry, 16), nb = 32;
+    uint8_t *pages = calloc(nb, pb);
+    uint32_t *t = malloc(nb * 16 * 4);
+    assert_non_null(pages);
+    for (int round = 0; round < 3; round++) {
+        for (size_t i = 0; i < nb * 16; i++) t[i] = (uint32_t)(i * 31 + (size_t)round * 100003u);
+        assert_int_equal(kvx_store_put(s, t, nb * 16, pages, nb, NULL, NULL), 0);
+        assert_int_equal(kvx_store_flush(s), 0);
+        if (round == 0) {
+            rf_sleep_ms(5);
+            rf_kill(k, SIGKILL);
+        }
+    }
+    double t0 = rf_now();
+    kvx_store_close(s);
+    assert_true(rf_now() - t0 < 4.0);
+    free(pages);
+    free(t);
+}
+
+/* TIER.md "Failure model": a stalled server (SIGSTOP) costs one command
+ * timeout (1 s), then the breaker skips it. */
+static void test_stalled_server(void **state)
+{
+    (void)state;
+    int k = rf_start(0);
+    assert_true(k >= 0);
+    char url[64];
+    url_of(url, sizeof url, k);
+    uint64_t seq = (uint64_t)g_seq_base++;
+    kvx_store *a = mk_store("s_a", url, NULL);
+    assert_int_equal(su_put_seq(a, seq, 4), 0);
+    kvx_store_close(a);
+    kvx_store *q = mk_store("s_q", url, NULL);
+    kvx_store_close(q);
+    q = open_store("s_q", KVX_STORE_READONLY);
+    rf_kill(k, SIGSTOP);
+    double t0 = rf_now();
+    assert_int_equal(su_served_prefix(q, seq, 4), 0);
+    double first = rf_now() - t0;
+    assert_true(first < 2.5);
+    t0 = rf_now();
+    assert_int_equal(su_served_prefix(q, seq, 4), 0);
+    assert_true(rf_now() - t0 < 0.3);
+    kvx_store_close(q);
+    rf_kill(k, SIGCONT);
+    rf_kill(k, SIGKILL);
+}
+
+/* TIER.md "Configuration": TTL on the values written. */
+static void test_ttl(void **state)
+{
+    (void)state;
+    char dir[512], url[64], key[KVX_TIER_KEY_BYTES], out[64];
+    url_of(url, sizeof url, g_single);
+    mkpath(dir, sizeof dir, "ttl");
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = 64ull << 20;
+    o.tier_url = url;
+    o.tier_ttl_ms = 600000;
+    kvx_store *s;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    uint64_t seq = (uint64_t)g_seq_base++;
+    assert_int_equal(su_put_seq(s, seq, 2), 0);
+    kvx_store_close(s);
+    key_of(key, seq, 2, 1, NULL);
+    assert_int_equal(rf_cmd(rf_nodes[g_single].port, out, sizeof out, "PTTL %s", key), 0);
+    long long ttl = atoll(out);
+    assert_true(ttl > 500000 && ttl <= 600000);
+}
+
+/* TIER.md "Configuration": the options override DIR/TIER for one handle;
+ * "off" turns it off; reindex keeps DIR/TIER. */
+static void test_options_override_and_reindex(void **state)
+{
+    (void)state;
+    char url[64], dir[512];
+    url_of(url, sizeof url, g_single);
+    uint64_t seq = (uint64_t)g_seq_base++;
+    kvx_store *a = mk_store("o_a", url, NULL);
+    assert_int_equal(su_put_seq(a, seq, 4), 0);
+    kvx_store_close(a);
+    kvx_store *b = mk_store("o_b", NULL, NULL); /* no tier */
+    assert_int_equal(su_served_prefix(b, seq, 4), 0);
+    kvx_store_tier ti;
+    assert_int_equal(kvx_store_tier_get(&ti, b), 0);
+    assert_string_equal(ti.url, "");
+    kvx_store_close(b);
+    mkpath(dir, sizeof dir, "o_b");
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.flags = KVX_STORE_READONLY;
+    o.tier_url = url;
+    assert_int_equal(kvx_store_open_options(&b, dir, &o), 0);
+    assert_int_equal(su_served_prefix(b, seq, 4), 4);
+    assert_int_equal(kvx_store_tier_get(&ti, b), 0);
+    assert_int_equal(ti.from_file, 0);
+    kvx_store_close(b);
+    mkpath(dir, sizeof dir, "o_a");
+    o.tier_url = "off";
+    assert_int_equal(kvx_store_open_options(&a, dir, &o), 0);
+    assert_int_equal(kvx_store_tier_get(&ti, a), 0);
+    assert_string_equal(ti.url, "");
+    kvx_store_close(a);
+    assert_int_equal(kvx_store_reindex_dir(dir, 0), 0);
+    a = open_store("o_a", KVX_STORE_READONLY);
+    assert_int_equal(kvx_store_tier_get(&ti, a), 0);
+    assert_string_equal(ti.url, url);
+    assert_int_equal(ti.from_file, 1);
+    kvx_store_close(a);
+}
+
+static int run(const char *cmd, char *out, size_t cap)
+{
+    FILE *p = popen(cmd, "r");
+    if (!p) return -1;
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* TIER.md "Configuration": `kvx store create --tier`, `kvx store tier set
+ * | off | show`, `stat --json`'s counters, and `kvx store put` returning
+ * with its write-behind sent. */
+static void test_cli(void **state)
+{
+    (void)state;
+    char url[64], cmd[2048], out[8192], dir[512], dir2[512], env[512], tok[512];
+    url_of(url, sizeof url, g_single);
+    mkpath(dir, sizeof dir, "cli_a");
+    mkpath(dir2, sizeof dir2, "cli_b");
+    snprintf(cmd, sizeof cmd,
+             "%s store create %s --layers 1 --kv-heads 1 --head-dim 4 --block-tokens 4 --quant fp16 "
+             "--model-signature 1122334455667788 --capacity 64MiB --tier %s --tenant cli --tier-ttl 1h",
+             KVX_CLI, dir, url);
+    assert_int_equal(run(cmd, out, sizeof out), 0);
+    snprintf(cmd, sizeof cmd, "%s store tier %s show --json", KVX_CLI, dir);
+    assert_int_equal(run(cmd, out, sizeof out), 0);
+    assert_non_null(strstr(out, "\"tenant\":\"cli\""));
+    assert_non_null(strstr(out, "\"ttl_ms\":3600000"));
+    assert_non_null(strstr(out, "\"up\":1"));
+    /* an envelope and its tokens: store put through the CLI */
+    uint64_t seq = (uint64_t)g_seq_base++;
+    uint32_t t[6 * SU_B];
+    uint64_t h[6];
+    su_tokens(t, seq, 6, 0);
+    uint8_t *p = su_pages(t, 6, h, 64);
+    kvx_store *tmp = mk_store("cli_tmp", NULL, NULL);
+    assert_int_equal(kvx_store_put(tmp, t, 6 * SU_B, p, 6, NULL, NULL), 0);
+    assert_int_equal(kvx_store_flush(tmp), 0);
+    kvx_view v[6];
+    size_t n;
+    assert_int_equal(kvx_store_prefix(v, &n, tmp, t, 6 * SU_B, 6), 0);
+    assert_int_equal(n, 6);
+    void *buf;
+    size_t len;
+    assert_int_equal(kvx_views_export(&buf, &len, tmp, v, n, 1), 0);
+    kvx_views_release(v, n);
+    kvx_store_close(tmp);
+    free(p);
+    mkpath(env, sizeof env, "cli.tlkv");
+    mkpath(tok, sizeof tok, "cli.tok");
+    FILE *f = fopen(env, "wb");
+    assert_int_equal(fwrite(buf, 1, len, f), len);
+    fclose(f);
+    kvx_free(buf);
+    f = fopen(tok, "w");
+    for (size_t i = 0; i < 6 * SU_B; i++) fprintf(f, "%u ", t[i]);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s store put %s %s --tokens %s", KVX_CLI, dir, env, tok);
+    assert_int_equal(run(cmd, out, sizeof out), 0);
+    /* written behind before put returned: another store gets them */
+    snprintf(cmd, sizeof cmd,
+             "%s store create %s --layers 1 --kv-heads 1 --head-dim 4 --block-tokens 4 --quant fp16 "
+             "--model-signature 1122334455667788 --capacity 64MiB",
+             KVX_CLI, dir2);
+    assert_int_equal(run(cmd, out, sizeof out), 0);
+    snprintf(cmd, sizeof cmd, "%s store tier %s set %s --tenant cli --no-wait", KVX_CLI, dir2, url);
+    assert_int_equal(run(cmd, out, sizeof out), 0);
+    snprintf(cmd, sizeof cmd, "%s store prefix %s $(cat %s)", KVX_CLI, dir2, tok);
+    assert_int_equal(run(cmd, out, sizeof out), 0);
+    assert_int_equal(atoi(out), 6);
+    snprintf(cmd, sizeof cmd, "%s store stat %s --json", KVX_CLI, dir2);
+    assert_int_equal(run(cmd, out, sizeof out), 0);
+    assert_non_null(strstr(out, "\"tier_up\":1"));
+    assert_non_null(strstr(out, "\"tier_hits\":0")); /* a fresh handle's counts */
+    assert_non_null(strstr(out, "\"blocks\":0"));   /* the CLI prefix is a reader */
+    snprintf(cmd, sizeof cmd, "%s store tier %s off", KVX_CLI, dir2);
+    assert_int_equal(run(cmd, out, sizeof out), 0);
+    snprintf(cmd, sizeof cmd, "%s store tier %s show", KVX_CLI, dir2);
+    assert_int_equal(run(cmd, out, sizeof out), 0);
+    assert_non_null(strstr(out, "none"));
+    snprintf(cmd, sizeof cmd, "%s store prefix %s $(cat %s)", KVX_CLI, dir2, tok);
+    assert_int_equal(run(cmd, out, sizeof out), 0);
+    assert_int_equal(atoi(out), 0);
+    snprintf(cmd, sizeof cmd, "%s store tier %s set redis://h:0 2>/dev/null", KVX_CLI, dir2);
+    assert_int_equal(run(cmd, out, sizeof out), 2);
+}
+
+/* TIER.md "Tenants": ACL credentials in the URL (AUTH user pass); a user
+ * limited to its namespace's keys works, a wrong password is a miss. */
+static void test_acl_auth(void **state)
+{
+    (void)state;
+    char url[128], out[256];
+    kvx_geometry g = su_geometry();
+    uint64_t ns = kvx_tier_ns(&g, "acl");
+    int port = rf_nodes[g_single].port;
+    assert_int_equal(rf_cmd(port, out, sizeof out, "ACL SETUSER alice on >s3cret ~kvx:1:%016llx:* +@all",
+                            (unsigned long long)ns),
+                     0);
+    snprintf(url, sizeof url, "redis://alice:s3cret@127.0.0.1:%d", port);
+    uint64_t seq = (uint64_t)g_seq_base++;
+    kvx_store *a = mk_store("acl_a", url, "acl");
+    assert_int_equal(su_put_seq(a, seq, 4), 0);
+    kvx_store_close(a);
+    kvx_store *b = mk_store("acl_b", url, "acl");
+    assert_int_equal(su_served_prefix(b, seq, 4), 4);
+    kvx_store_tier ti;
+    assert_int_equal(kvx_store_tier_get(&ti, b), 0);
+    assert_null(strstr(ti.url, "s3cret")); /* shown as *** */
+    kvx_store_close(b);
+    /* the same user cannot reach another tenant's keys */
+    kvx_store *c = mk_store("acl_c", url, "other");
+    assert_int_equal(su_put_seq(c, seq, 4), 0);
+    assert_int_equal(stat_of(c).tier_writes, 0);
+    kvx_store_close(c);
+    snprintf(url, sizeof url, "redis://alice:wrong@127.0.0.1:%d", port);
+    kvx_store *d = mk_store("acl_d", url, "acl");
+    assert_int_equal(su_served_prefix(d, seq, 4), 0);
+    assert_int_equal(stat_of(d).tier_up, 0);
+    kvx_store_close(d);
+}
+
+/* TIER.md "Semantics": 16 stores in 16 processes share the tier: each
+ * puts its own prompt, then each serves every other's, verified. */
+static void test_sixteen_processes(void **state)
+{
+    (void)state;
+    char url[64];
+    url_of(url, sizeof url, g_single);
+    uint64_t base = 9000;
+    pid_t pids[16];
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < 16; i++) {
+            pids[i] = fork();
+            assert_true(pids[i] >= 0);
+            if (pids[i] == 0) {
+                char name[32], dir[512];
+                snprintf(name, sizeof name, "p16_%d", i);
+                mkpath(dir, sizeof dir, name);
+                kvx_store *s = NULL;
+                int ok = 1;
+                if (round == 0) {
+                    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+                    o.geometry = su_geometry();
+                    o.capacity_bytes = 64ull << 20;
+                    o.tier_url = url;
+                    ok = kvx_store_create(&s, dir, &o) == 0 && su_put_seq(s, base + (uint64_t)i, 8) == 0;
+                } else {
+                    ok = kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY) == 0;
+                    for (int j = 0; ok && j < 16; j++) ok = su_served_prefix(s, base + (uint64_t)j, 8) == 8;
+                }
+                kvx_store_close(s);
+                _exit(ok ? 0 : 1);
+            }
+        }
+        for (int i = 0; i < 16; i++) {
+            int st;
+            assert_int_equal(waitpid(pids[i], &st, 0), pids[i]);
+            assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ the cluster */
+
+/* TIER.md "Routing": keys spread over the masters; a 64-block prefix is
+ * fetched (one round trip per node) and served byte-exact. */
+static void test_cluster_cross_store(void **state)
+{
+    (void)state;
+    char url[128];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d,127.0.0.1:%d", rf_nodes[g_cl].port, rf_nodes[g_cl + 1].port);
+    kvx_store *a = mk_store("cl_a", url, NULL);
+    assert_int_equal(su_put_seq(a, 5000, 64), 0);
+    kvx_store_close(a);
+    kvx_store *b = mk_store("cl_b", url, NULL);
+    kvx_store_close(b);
+    b = open_store("cl_b", KVX_STORE_READONLY);
+    assert_int_equal(su_served_prefix(b, 5000, 64), 64);
+    assert_int_equal(stat_of(b).tier_hits, 64);
+    kvx_store_tier ti;
+    assert_int_equal(kvx_store_tier_get(&ti, b), 0);
+    assert_int_equal(ti.cluster, 1);
+    kvx_store_close(b);
+    int nonempty = 0;
+    for (int i = g_cl; i < g_cl + 6; i++) {
+        char n[32];
+        if (rf_cmd(rf_nodes[i].port, n, sizeof n, "DBSIZE") == 0 && atoi(n) > 0) nonempty++;
+    }
+    assert_true(nonempty >= 3);
+}
+
+static int node_id(int i, char *id, size_t cap) { return rf_cmd(rf_nodes[i].port, id, cap, "CLUSTER MYID"); }
+
+/* TIER.md "Routing": ASK during a slot migration and MOVED after it are
+ * followed; a reader with the old slot map still gets every block. */
+static void test_cluster_ask_and_moved(void **state)
+{
+    (void)state;
+    char url[64], key[KVX_TIER_KEY_BYTES], src_id[64], dst_id[64], out[256];
+    url_of(url, sizeof url, g_cl);
+    kvx_store *b = open_store("cl_b", KVX_STORE_READONLY);
+    assert_int_equal(su_served_prefix(b, 5000, 64), 64); /* the slot map is loaded */
+    key_of(key, 5000, 64, 0, NULL);
+    int slot = kvx_tier_slot(key, strlen(key));
+    int src = rf_slot_owner(g_cl, 6, slot), dst = -1;
+    assert_true(src >= 0);
+    for (int k = 1; k < 4 && dst < 0; k++) {
+        int o = rf_slot_owner(g_cl, 6, (slot + k * 5461) % 16384);
+        if (o >= 0 && o != src) dst = o;
+    }
+    assert_true(dst >= 0);
+    g_migrated_from = src;
+    assert_int_equal(node_id(src, src_id, sizeof src_id), 0);
+    assert_int_equal(node_id(dst, dst_id, sizeof dst_id), 0);
+    assert_int_equal(rf_cmd(rf_nodes[dst].port, out, sizeof out, "CLUSTER SETSLOT %d IMPORTING %s", slot, src_id), 0);
+    assert_int_equal(rf_cmd(rf_nodes[src].port, out, sizeof out, "CLUSTER SETSLOT %d MIGRATING %s", slot, dst_id), 0);
+    assert_int_equal(rf_cmd(rf_nodes[src].port, out, sizeof out, "MIGRATE 127.0.0.1 %d %s 0 5000", rf_nodes[dst].port,
+                            key),
+                     0);
+    assert_string_equal(out, "OK");
+    /* src now answers ASK for the key */
+    assert_int_equal(rf_cmd(rf_nodes[src].port, out, sizeof out, "GET %s", key), -2);
+    assert_int_equal(strncmp(out, "ASK", 3), 0);
+    assert_int_equal(su_served_prefix(b, 5000, 64), 64);
+    /* the migration ends: MOVED */
+    rf_cmd(rf_nodes[dst].port, out, sizeof out, "CLUSTER SETSLOT %d NODE %s", slot, dst_id);
+    rf_cmd(rf_nodes[src].port, out, sizeof out, "CLUSTER SETSLOT %d NODE %s", slot, dst_id);
+    for (int i = g_cl; i < g_cl + 6; i++)
+        if (i != src && i != dst) rf_cmd(rf_nodes[i].port, out, sizeof out, "CLUSTER SETSLOT %d NODE %s", slot, dst_id);
+    assert_int_equal(rf_cmd(rf_nodes[src].port, out, sizeof out, "GET %s", key), -2);
+    assert_int_equal(strncmp(out, "MOVED", 5), 0);
+    assert_int_equal(su_served_prefix(b, 5000, 64), 64);
+    assert_int_equal(stat_of(b).tier_errors, 0);
+    kvx_store_close(b);
+    rf_cluster_ok(g_cl, 6);
+}
+
+/* TIER.md "Failure model": a master SIGKILLed mid-run: lookups are misses
+ * at once (never a failure, never a stall); its replica is promoted and
+ * the slot map refresh finds it: every block is served again. */
+static void test_cluster_master_killed(void **state)
+{
+    (void)state;
+    char key[KVX_TIER_KEY_BYTES], out[64];
+    kvx_store *b = open_store("cl_b", KVX_STORE_READONLY);
+    assert_int_equal(su_served_prefix(b, 5000, 64), 64);
+    /* a master that holds some block but did not take part in the
+     * migration above (its config epoch was bumped by hand there) */
+    key_of(key, 5000, 64, 0, NULL);
+    int moved = rf_slot_owner(g_cl, 6, kvx_tier_slot(key, strlen(key))), victim = -1;
+    for (size_t i = 1; i < 64 && victim < 0; i++) {
+        key_of(key, 5000, 64, i, NULL);
+        int o = rf_slot_owner(g_cl, 6, kvx_tier_slot(key, strlen(key)));
+        if (o >= 0 && o != moved && o != g_migrated_from) victim = o;
+    }
+    assert_true(victim >= 0);
+    /* its replica has every write (else the promoted replica misses
+     * blocks, rightly, and the test could not tell) */
+    double sync_end = rf_now() + 10;
+    for (;;) {
+        char info[4096];
+        assert_int_equal(rf_cmd(rf_nodes[victim].port, info, sizeof info, "INFO replication"), 0);
+        const char *mo = strstr(info, "master_repl_offset:"), *so = strstr(info, "slave0:");
+        const char *off = so ? strstr(so, "offset=") : NULL;
+        if (mo && off && atoll(mo + 19) == atoll(off + 7)) break;
+        assert_true(rf_now() < sync_end);
+        rf_sleep_ms(50);
+    }
+    (void)out;
+    rf_kill(victim, SIGKILL);
+    double t0 = rf_now();
+    size_t got = su_served_prefix(b, 5000, 64);
+    assert_true(got < 64 && got != SIZE_MAX);
+    assert_true(rf_now() - t0 < 2.0);
+    double end = rf_now() + 15;
+    while (su_served_prefix(b, 5000, 64) != 64 && rf_now() < end) rf_sleep_ms(200);
+    if (su_served_prefix(b, 5000, 64) != 64) {
+        kvx_store_stats st = stat_of(b);
+        fprintf(stderr, "victim %d (port %d); hits %llu misses %llu errors %llu bad %llu\n", victim, rf_nodes[victim].port,
+                (unsigned long long)st.tier_hits, (unsigned long long)st.tier_misses, (unsigned long long)st.tier_errors,
+                (unsigned long long)st.tier_bad);
+        for (int i = g_cl; i < g_cl + 6; i++) {
+            char nodes[8192];
+            if (rf_nodes[i].pid > 0 && rf_cmd(rf_nodes[i].port, nodes, sizeof nodes, "CLUSTER NODES") == 0) {
+                fprintf(stderr, "%s\n", nodes);
+                break;
+            }
+        }
+    }
+    assert_int_equal(su_served_prefix(b, 5000, 64), 64);
+    kvx_store_close(b);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(g_root, sizeof g_root, "/tmp/kvx-tier-test-XXXXXX");
+    if (!mkdtemp(g_root)) return -1;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    rf_stop_all();
+    su_rm_rf(g_root);
+    return 0;
+}
+
+int main(void)
+{
+    const struct CMUnitTest pure[] = {
+        cmocka_unit_test(test_value_roundtrip_and_refusals),
+        cmocka_unit_test(test_slots),
+        cmocka_unit_test(test_urls_and_conf),
+    };
+    int rc = cmocka_run_group_tests_name("tier_pure", pure, NULL, NULL);
+    if (rc) return rc;
+    rf_require();
+    if (setup(NULL)) return 1;
+    g_single = rf_start(0);
+    if (g_single < 0) {
+        fprintf(stderr, "could not start redis-server\n");
+        teardown(NULL);
+        return 1;
+    }
+    const struct CMUnitTest single[] = {
+        cmocka_unit_test(test_cross_store_hit),
+        cmocka_unit_test(test_garbage_value_replaced),
+        cmocka_unit_test(test_collision_value_never_served),
+        cmocka_unit_test(test_tenant_isolation),
+        cmocka_unit_test(test_tier_down_create_open_put),
+        cmocka_unit_test(test_ttl),
+        cmocka_unit_test(test_options_override_and_reindex),
+        cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_acl_auth),
+        cmocka_unit_test(test_sixteen_processes),
+        cmocka_unit_test(test_breaker_skip_and_probe),
+        cmocka_unit_test(test_stalled_server),
+        cmocka_unit_test(test_killed_during_write_behind),
+    };
+    rc = cmocka_run_group_tests_name("tier_single", single, NULL, NULL);
+    if (!rc) {
+        g_cl = rf_cluster(3, 1);
+        if (g_cl < 0) {
+            fprintf(stderr, "could not make a Redis Cluster\n");
+            rc = 1;
+        } else {
+            const struct CMUnitTest cluster[] = {
+                cmocka_unit_test(test_cluster_cross_store),
+                cmocka_unit_test(test_cluster_ask_and_moved),
+                cmocka_unit_test(test_cluster_master_killed),
+            };
+            rc = cmocka_run_group_tests_name("tier_cluster", cluster, NULL, NULL);
+        }
+    }
+    teardown(NULL);
+    return rc;
+}

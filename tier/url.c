@@ -1,0 +1,153 @@
+/*
+ * url.c - the tier's configuration as text: redis:// URLs (a seed list
+ * with optional ACL credentials) and the DIR/TIER file.
+ *
+ * Rule: parsing is strict and bounded (fixed-size fields, every overflow a
+ * KVX_EINVALID or KVX_EFORMAT naming the field): the TIER file is input
+ * like any other (DESIGN.md rule 5).
+ */
+#include "tier.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int copy_field(char *dst, size_t cap, const char *src, size_t n)
+{
+    if (n >= cap) return -1;
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+    return 0;
+}
+
+int kvx_tier_url_parse(kvx_tier_url *out, const char *url)
+{
+    memset(out, 0, sizeof *out);
+    if (!url) return kvx_fail(KVX_EINVALID, "tier: no URL");
+    const char *p = url;
+    if (strncmp(p, "redis://", 8))
+        return kvx_fail(KVX_EINVALID, "tier: URL \"%.64s\" does not start with redis:// (rediss:// and TLS: not with "
+                        "hiredis 0.14)", url);
+    p += 8;
+    const char *at = strchr(p, '@');
+    if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        const char *uend = colon ? colon : at;
+        if (copy_field(out->user, sizeof out->user, p, (size_t)(uend - p)))
+            return kvx_fail(KVX_EINVALID, "tier: URL user name too long");
+        if (colon && copy_field(out->pass, sizeof out->pass, colon + 1, (size_t)(at - colon - 1)))
+            return kvx_fail(KVX_EINVALID, "tier: URL password too long");
+        if (!colon && out->user[0]) {
+            /* redis://secret@host: a password alone (the default user) */
+            memcpy(out->pass, out->user, sizeof out->pass < sizeof out->user ? sizeof out->pass : sizeof out->user);
+            out->user[0] = '\0';
+        }
+        p = at + 1;
+    }
+    while (*p) {
+        if (out->n == KVX_TIER_MAX_SEEDS) return kvx_fail(KVX_EINVALID, "tier: more than %d hosts in the URL", KVX_TIER_MAX_SEEDS);
+        size_t len = strcspn(p, ",/");
+        const char *colon = NULL;
+        for (size_t i = 0; i < len; i++)
+            if (p[i] == ':') colon = p + i;
+        size_t hl = colon ? (size_t)(colon - p) : len;
+        if (!hl) return kvx_fail(KVX_EINVALID, "tier: an empty host in the URL");
+        if (copy_field(out->host[out->n], sizeof out->host[0], p, hl))
+            return kvx_fail(KVX_EINVALID, "tier: a host name too long");
+        int port = 6379;
+        if (colon) {
+            char *end;
+            long v = strtol(colon + 1, &end, 10);
+            if (end != p + len || v < 1 || v > 65535 || colon + 1 == end)
+                return kvx_fail(KVX_EINVALID, "tier: bad port in \"%.*s\"", (int)len, p);
+            port = (int)v;
+        }
+        out->port[out->n++] = port;
+        p += len;
+        if (*p == ',') {
+            p++;
+            continue;
+        }
+        if (*p == '/') {
+            /* a database number: only /0 (a cluster has no others) */
+            if (strcmp(p, "/") && strcmp(p, "/0"))
+                return kvx_fail(KVX_EINVALID, "tier: database \"%s\": only 0 (Redis Cluster has no other)", p + 1);
+            break;
+        }
+    }
+    if (!out->n) return kvx_fail(KVX_EINVALID, "tier: no host in the URL");
+    return 0;
+}
+
+void kvx_tier_url_redact(char *out, size_t cap, const char *url)
+{
+    const char *at = url ? strchr(url, '@') : NULL;
+    const char *start = url && !strncmp(url, "redis://", 8) ? url + 8 : url;
+    if (!at || !start || at < start) {
+        snprintf(out, cap, "%s", url ? url : "");
+        return;
+    }
+    const char *colon = memchr(start, ':', (size_t)(at - start));
+    if (!colon) snprintf(out, cap, "redis://***%s", at);
+    else snprintf(out, cap, "redis://%.*s:***%s", (int)(colon - start), start, at);
+}
+
+int kvx_tier_tenant_check(const char *name)
+{
+    size_t n = name ? strlen(name) : 0;
+    if (!n || n >= KVX_TIER_TENANT_MAX)
+        return kvx_fail(KVX_EINVALID, "tier: tenant name must have 1..%d characters", KVX_TIER_TENANT_MAX - 1);
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-'))
+            return kvx_fail(KVX_EINVALID, "tier: tenant name \"%s\": only letters, digits, '.', '_' and '-'", name);
+    }
+    return 0;
+}
+
+size_t kvx_tier_conf_format(char *buf, size_t cap, const kvx_tier_conf *c)
+{
+    int n = snprintf(buf, cap, "kvx-tier 1\nurl %s\ntenant %s\nttl_ms %llu\n", c->url, c->tenant[0] ? c->tenant : "-",
+                     (unsigned long long)c->ttl_ms);
+    return n < 0 || (size_t)n >= cap ? 0 : (size_t)n;
+}
+
+int kvx_tier_conf_parse(kvx_tier_conf *out, const char *text)
+{
+    memset(out, 0, sizeof *out);
+    int line = 0, seen = 0;
+    const char *p = text;
+    while (*p) {
+        line++;
+        size_t len = strcspn(p, "\n");
+        const char *sp = memchr(p, ' ', len);
+        if (!sp) return kvx_fail(KVX_EFORMAT, "TIER: line %d has no value", line);
+        size_t kl = (size_t)(sp - p), vl = len - kl - 1;
+        const char *v = sp + 1;
+        if (line == 1) {
+            if (kl != 8 || memcmp(p, "kvx-tier", 8) || vl != 1 || *v != '1')
+                return kvx_fail(KVX_EFORMAT, "TIER: line 1 is not \"kvx-tier 1\"");
+        } else if (kl == 3 && !memcmp(p, "url", 3)) {
+            if (copy_field(out->url, sizeof out->url, v, vl)) return kvx_fail(KVX_EFORMAT, "TIER: url too long");
+            seen |= 1;
+        } else if (kl == 6 && !memcmp(p, "tenant", 6)) {
+            if (copy_field(out->tenant, sizeof out->tenant, v, vl))
+                return kvx_fail(KVX_EFORMAT, "TIER: tenant too long");
+            if (!strcmp(out->tenant, "-")) out->tenant[0] = '\0';
+            else if (kvx_tier_tenant_check(out->tenant)) return kvx_fail(KVX_EFORMAT, "TIER: bad tenant name");
+        } else if (kl == 6 && !memcmp(p, "ttl_ms", 6)) {
+            char num[24], *end;
+            if (copy_field(num, sizeof num, v, vl) || !vl) return kvx_fail(KVX_EFORMAT, "TIER: bad ttl_ms");
+            out->ttl_ms = strtoull(num, &end, 10);
+            if (*end) return kvx_fail(KVX_EFORMAT, "TIER: bad ttl_ms \"%s\"", num);
+        } /* unknown keys: a later version's, ignored */
+        p += len;
+        if (*p == '\n') p++;
+    }
+    if (!line) return kvx_fail(KVX_EFORMAT, "TIER: empty");
+    if (!(seen & 1)) return kvx_fail(KVX_EFORMAT, "TIER: no url line");
+    kvx_tier_url u;
+    if (kvx_tier_url_parse(&u, out->url)) return kvx_fail(KVX_EFORMAT, "TIER: url: %s", kvx_last_error());
+    return 0;
+}
