@@ -43,3 +43,5 @@ for r in $(seq "$rounds"); do
   echo "== round $r, cluster of 3 masters; $(uptime | sed 's/.*load/load/')"
   "$bin" --url redis://127.0.0.1:$((base + 1)) --cluster --blocks 64 --iters 10 --redis-benchmark
 done
+echo "== the Mooncake trace across two stores sharing the tier; $(uptime | sed 's/.*load/load/')"
+"$build/bench/bench_tier_trace" --url redis://127.0.0.1:$base --requests "${KVX_TIER_TRACE_REQUESTS:-1000}" "$tmp/trace"
