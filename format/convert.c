@@ -313,8 +313,10 @@ int kvx_shard_from_envelope(const char *path, const void *env, size_t len, uint8
     uint64_t page_bytes = kvx_page_bytes(&o.geometry, o.geometry.block_tokens);
     if (!page_bytes || page_bytes > SIZE_MAX)
         return kvx_fail(KVX_EOVERFLOW, "shard from envelope: page size overflows");
-    uint8_t *page = malloc((size_t)page_bytes);
-    float *scales = malloc(sizeof(float) * (size_t)kvx_scale_count(&o.geometry));
+    /* an envelope of no blocks needs no page: its header alone may
+     * declare dimensions of gigabytes (kvx_envelope_parse checked the length) */
+    uint8_t *page = malloc(e.n_blocks ? (size_t)page_bytes : 1);
+    float *scales = malloc(e.n_blocks ? sizeof(float) * (size_t)kvx_scale_count(&o.geometry) : 1);
     kvx_shard_writer *w = NULL;
     if (!page || !scales) rc = kvx_fail(-ENOMEM, "shard from envelope: out of memory");
     if (!rc) rc = kvx_shard_writer_create(&w, path, &o);

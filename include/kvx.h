@@ -543,7 +543,9 @@ KVX_API int kvx_shard_from_envelope(const char *path, const void *env, size_t le
                                     uint64_t model_signature);
 /* Every entry of a shard becomes one block of a version envelope, written
  * into a malloc'd buffer the caller frees with kvx_free. Needs block_tokens
- * and every token_count <= B. */
+ * and every token_count <= B. An envelope that would pass the input bound
+ * (DESIGN.md rule 5): KVX_ECAPACITY; a BF16 shard to v1 with a value f16
+ * cannot hold: KVX_ELOSSY naming it. */
 KVX_API int kvx_shard_to_envelope(void **out_buf, size_t *out_len, const kvx_shard *s,
                                   uint16_t version);
 KVX_API void kvx_free(void *p);
