@@ -237,24 +237,34 @@ int cli_store_open_reader(const cli_cmd *self, kvx_store **out, const char *dir)
 
 /* -------------------------------------------------------------- create */
 
+/* Creates the store and closes it, giving its capacity as text in cap:
+ * CLI_OK, or the exit a failure takes (options no store can have, such as
+ * a capacity below one block, are usage errors). */
+static int create_store(const cli_cmd *self, const char *dir, const kvx_store_options *o, char *cap, size_t capsz)
+{
+    kvx_store *s = NULL;
+    int rc = kvx_store_create(&s, dir, o);
+    if (rc == KVX_EINVALID || rc == KVX_EOVERFLOW || rc == KVX_EQUANT || rc == KVX_ECAPACITY) {
+        const char *why = kvx_last_error();
+        return cli_usage(self, "%s", why && *why ? why : kvx_strerror(rc));
+    }
+    if (rc != 0) return cli_fail_code(self, rc, "cannot create the store '%s'", dir);
+    kvx_store_stats st;
+    if (kvx_store_stat(&st, s) == 0) cli_fmt_size(cap, capsz, st.capacity_bytes);
+    else snprintf(cap, capsz, "default");
+    kvx_store_close(s);
+    return CLI_OK;
+}
+
 /* `store create DIR --page-bytes N`: a keyed store (no geometry). */
 static int create_keyed(const cli_cmd *self, const char *dir, const kvx_store_options *o, int have)
 {
     if (have)
         return cli_usage(self, "--page-bytes makes a keyed store: give no --layers, --kv-heads, --head-dim, "
                                "--block-tokens, --quant or --model-signature with it");
-    kvx_store *s = NULL;
-    int rc = kvx_store_create(&s, dir, o);
-    if (rc == KVX_EINVALID || rc == KVX_EOVERFLOW) {
-        const char *why = kvx_last_error();
-        return cli_usage(self, "%s", why && *why ? why : kvx_strerror(rc));
-    }
-    if (rc != 0) return cli_fail_code(self, rc, "cannot create the store '%s'", dir);
-    kvx_store_stats st;
     char cap[32];
-    if (kvx_store_stat(&st, s) == 0) cli_fmt_size(cap, sizeof cap, st.capacity_bytes);
-    else snprintf(cap, sizeof cap, "default");
-    kvx_store_close(s);
+    int rc = create_store(self, dir, o, cap, sizeof cap);
+    if (rc != CLI_OK) return rc;
     printf("created keyed store %s: pages of 1..%" PRIu64 " bytes, capacity %s\n", dir, o->page_bytes, cap);
     return CLI_OK;
 }
@@ -341,19 +351,9 @@ static int run_create(const cli_cmd *self, int argc, char **argv)
     if (pb == 0 || pb > UINT32_MAX)
         return cli_usage(self, "a block's page (2*L*Hkv*B*D*%zu bytes) must fit in 4 GiB",
                          kvx_quant_elem_size(o.geometry.quant));
-    kvx_store *s = NULL;
-    int rc = kvx_store_create(&s, dir, &o);
-    if (rc == KVX_EINVALID || rc == KVX_EOVERFLOW || rc == KVX_EQUANT || rc == KVX_ECAPACITY) {
-        /* Options no store can have (a capacity below one block...). */
-        const char *why = kvx_last_error();
-        return cli_usage(self, "%s", why && *why ? why : kvx_strerror(rc));
-    }
-    if (rc != 0) return cli_fail_code(self, rc, "cannot create the store '%s'", dir);
-    kvx_store_stats st;
     char cap[32];
-    if (kvx_store_stat(&st, s) == 0) cli_fmt_size(cap, sizeof cap, st.capacity_bytes);
-    else snprintf(cap, sizeof cap, "default");
-    kvx_store_close(s);
+    int rc = create_store(self, dir, &o, cap, sizeof cap);
+    if (rc != CLI_OK) return rc;
     printf("created store %s: L=%u Hkv=%u D=%u B=%u %s, capacity %s\n", dir, o.geometry.num_layers,
            o.geometry.kv_heads, o.geometry.head_dim, o.geometry.block_tokens,
            kvx_quant_name(o.geometry.quant), cap);

@@ -19,49 +19,7 @@
 #include <unistd.h>
 
 #include "store_util.h"
-
-static int dir_counter;
-
-static kvx_store *new_store(char *dir, size_t cap, uint64_t capacity, uint64_t shard_bytes, uint32_t quant)
-{
-    snprintf(dir, cap, "%.200s/a6-%d", su_root, dir_counter++);
-    kvx_store_options o;
-    kvx_store_options_init(&o);
-    o.geometry = su_geometry();
-    o.geometry.quant = quant;
-    o.capacity_bytes = capacity;
-    o.shard_bytes = shard_bytes;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    return s;
-}
-
-static kvx_store *fp16_store(char *dir, size_t cap) { return new_store(dir, cap, 0, 0, KVX_QUANT_FP16); }
-
-/* A prompt of nb full blocks (+1 block of room for a tail), its first
- * nb_put blocks stored and flushed in s. */
-static uint32_t *prompt(kvx_store *s, uint64_t seq, size_t nb, size_t nb_put)
-{
-    uint32_t *t = calloc((nb + 1) * SU_B, sizeof *t);
-    su_tokens(t, seq, nb + 1, 0);
-    if (nb_put) {
-        uint64_t *h = calloc(nb_put, sizeof *h);
-        kvx_geometry g;
-        kvx_store_get_geometry(&g, s);
-        size_t pb = kvx_page_bytes(&g, SU_B);
-        uint8_t *pages = su_pages(t, nb_put, h, pb);
-        assert_int_equal(kvx_store_put(s, t, nb_put * SU_B, pages, nb_put, NULL, NULL), 0);
-        assert_int_equal(kvx_store_flush(s), 0);
-        free(pages);
-        free(h);
-    }
-    return t;
-}
-
-typedef struct chunk_buf {
-    kvx_xfer_chunk c;
-    void *env; /* kvx_free */
-} chunk_buf;
+#include "xfer_util.h"
 
 /* Chunk i (a full block) of prompt t exported from sender as version v;
  * empty: "you hold it". */
@@ -86,15 +44,6 @@ static void make_chunk(chunk_buf *cb, kvx_store *sender, const uint32_t *t, size
     cb->c.payload = cb->env;
     cb->c.payload_len = len;
     cb->c.crc32c = kvx_crc32c(0, cb->env, len);
-}
-
-static size_t served(kvx_store *s, const uint32_t *t, size_t nb)
-{
-    static kvx_view views[512];
-    size_t n = 0;
-    assert_int_equal(kvx_store_prefix(views, &n, s, t, nb * SU_B, 512), 0);
-    kvx_views_release(views, n);
-    return n;
 }
 
 static uint64_t blocks_of(kvx_store *s)
@@ -765,7 +714,7 @@ static void test_head_rules(void **state)
     /* a store whose model_signature is 0: a chunk naming one is refused,
      * one naming none is taken */
     char dc[256];
-    snprintf(dc, sizeof dc, "%.200s/a6-sig0-%d", su_root, dir_counter++);
+    snprintf(dc, sizeof dc, "%.200s/a6-sig0-%d", su_root, xf_dir_counter++);
     kvx_store_options o;
     kvx_store_options_init(&o);
     o.geometry = su_geometry();

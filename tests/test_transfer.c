@@ -14,55 +14,13 @@
 #include <pthread.h>
 
 #include "store_util.h"
+#include "xfer_util.h"
 
 /* A chained FNV collision at block 0 for B = 4 (from tests/test_attack2.c,
  * found with tests/collide.h): kvx_block_hash(0, COLL_A) ==
  * kvx_block_hash(0, COLL_B). */
 static const uint32_t COLL_A[4] = {2849051040u, 4145281261u, 3375848879u, 1394986490u};
 static const uint32_t COLL_B[4] = {2849051040u, 4145281261u, 3465670547u, 1026208435u};
-
-static int dir_counter;
-
-static kvx_store *new_store(char *dir, size_t cap, uint64_t capacity, uint64_t shard_bytes, uint32_t quant)
-{
-    snprintf(dir, cap, "%.200s/x%d", su_root, dir_counter++);
-    kvx_store_options o;
-    kvx_store_options_init(&o);
-    o.geometry = su_geometry();
-    o.geometry.quant = quant;
-    o.capacity_bytes = capacity;
-    o.shard_bytes = shard_bytes;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    return s;
-}
-
-static kvx_store *fp16_store(char *dir, size_t cap) { return new_store(dir, cap, 0, 0, KVX_QUANT_FP16); }
-
-/* A prompt of nb full blocks and `tail` extra tokens, its first nb_put
- * blocks stored in s (pages su_page of their hashes). */
-static uint32_t *prompt(kvx_store *s, uint64_t seq, size_t nb, size_t tail, size_t nb_put)
-{
-    uint32_t *t = calloc((nb + 1) * SU_B, sizeof *t);
-    su_tokens(t, seq, nb + 1, 0);
-    if (nb_put) {
-        uint64_t h[64];
-        kvx_geometry g;
-        kvx_store_get_geometry(&g, s);
-        size_t pb = kvx_page_bytes(&g, SU_B);
-        uint8_t *pages = su_pages(t, nb_put, h, pb);
-        size_t added = 0;
-        assert_int_equal(kvx_store_put(s, t, nb * SU_B + tail, pages, nb_put, NULL, &added), 0);
-        assert_int_equal(kvx_store_flush(s), 0);
-        free(pages);
-    }
-    return t;
-}
-
-typedef struct chunk_buf {
-    kvx_xfer_chunk c;
-    void *env; /* kvx_free */
-} chunk_buf;
 
 /* Chunk i of the prompt t (nb full blocks + tail tokens) as the sender
  * makes it: a one-block envelope of version v exported from sender's view
@@ -103,15 +61,6 @@ static void make_chunk(chunk_buf *cb, kvx_store *sender, const uint32_t *t, size
     cb->c.payload = cb->env;
     cb->c.payload_len = len;
     cb->c.crc32c = kvx_crc32c(0, cb->env, len);
-}
-
-static size_t served(kvx_store *s, const uint32_t *t, size_t nb)
-{
-    kvx_view views[64];
-    size_t n = 0;
-    assert_int_equal(kvx_store_prefix(views, &n, s, t, nb * SU_B, 64), 0);
-    kvx_views_release(views, n);
-    return n;
 }
 
 /* Sends chunks 0..nb (tail when tail > 0); empty[i] marks "you hold it". */
@@ -191,7 +140,7 @@ static void test_push_then_dedup(void **state)
     char da[256], db[256];
     kvx_store *a = fp16_store(da, sizeof da), *b = fp16_store(db, sizeof db);
     const size_t nb = 5, tail = 3;
-    uint32_t *t = prompt(a, 1, nb, tail, nb);
+    uint32_t *t = prompt(a, 1, nb, nb);
     kvx_xfer_result r;
     assert_int_equal(push(b, a, t, nb, tail, NULL, &r), 0);
     kvx_geometry g = su_geometry();
@@ -259,7 +208,7 @@ static void expect_rejected(damage_fn damage, int want_rc, int want_grpc, const 
     char da[256], db[256];
     kvx_store *a = fp16_store(da, sizeof da), *b = fp16_store(db, sizeof db);
     const size_t nb = 4;
-    uint32_t *t = prompt(a, 2, nb, 2, nb);
+    uint32_t *t = prompt(a, 2, nb, nb);
     kvx_xfer_stream *st = NULL;
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
     chunk_buf cb;
@@ -439,7 +388,7 @@ static void test_tail_rules(void **state)
     (void)state;
     char da[256], db[256];
     kvx_store *a = fp16_store(da, sizeof da), *b = fp16_store(db, sizeof db);
-    uint32_t *t = prompt(a, 3, 2, 1, 2);
+    uint32_t *t = prompt(a, 3, 2, 2);
     kvx_xfer_stream *st = NULL;
     chunk_buf cb;
     /* a tail with a hash */
@@ -491,7 +440,7 @@ static void test_has_blocks_args(void **state)
     (void)state;
     char da[256];
     kvx_store *a = fp16_store(da, sizeof da);
-    uint32_t *t = prompt(a, 4, 3, 0, 2);
+    uint32_t *t = prompt(a, 4, 3, 2);
     uint64_t h[3];
     kvx_block_hashes(h, t, 3 * SU_B, SU_B);
     uint8_t held[3] = {9, 9, 9};
@@ -599,7 +548,7 @@ static void test_lease_pins_through_eviction(void **state)
         kvx_store_stats st0;
         assert_int_equal(kvx_store_stat(&st0, b), 0);
         const size_t nb = 8;
-        uint32_t *t = prompt(a, 5, nb, 0, nb);
+        uint32_t *t = prompt(a, 5, nb, nb);
         kvx_xfer_result r;
         assert_int_equal(push(b, a, t, nb, 0, NULL, &r), 0);
         uint64_t h[8];
@@ -610,7 +559,7 @@ static void test_lease_pins_through_eviction(void **state)
         for (size_t i = 0; i < nb; i++) assert_int_equal(held[i], 1);
         /* other prompts fill the store several times over */
         for (uint64_t seq = 100; seq < 100 + 64; seq++) {
-            uint32_t *o = prompt(b, seq, 8, 0, 8);
+            uint32_t *o = prompt(b, seq, 8, 8);
             free(o);
         }
         assert_int_equal(kvx_store_gc(b), 0);
@@ -640,7 +589,7 @@ static void test_streams_independent(void **state)
     (void)state;
     char da[256], db[256];
     kvx_store *a = fp16_store(da, sizeof da), *b = fp16_store(db, sizeof db);
-    uint32_t *t1 = prompt(a, 6, 4, 0, 4), *t2 = prompt(a, 7, 4, 0, 4);
+    uint32_t *t1 = prompt(a, 6, 4, 4), *t2 = prompt(a, 7, 4, 4);
     kvx_xfer_stream *s1, *s2;
     assert_int_equal(kvx_xfer_stream_create(&s1, b), 0);
     assert_int_equal(kvx_xfer_stream_create(&s2, b), 0);
