@@ -16,6 +16,7 @@
  */
 #include "engine/store.h"
 #include "common/digest.h"
+#include "format/format.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -281,14 +282,22 @@ static int xf_payload(kvx_xfer_stream *st, const kvx_xfer_chunk *c, uint32_t idx
     if (c->payload_len > KVX_XFER_MAX_PAYLOAD)
         return kvx_fail(KVX_EFORMAT, "PushKv: chunk %u: payload of %zu bytes is over the %u-byte limit", idx,
                         c->payload_len, KVX_XFER_MAX_PAYLOAD);
-    uint32_t crc = kvx_crc32c(0, c->payload, c->payload_len);
+    /* one pass over the bytes: the envelope's own CRC-32C covers all but
+     * its last 4 bytes, the chunk's all of them, and CRC-32C continues */
+    const uint8_t *p = c->payload;
+    size_t body_len = c->payload_len >= 4 ? c->payload_len - 4 : 0;
+    uint32_t body = kvx_crc32c(0, p, body_len);
+    uint32_t crc = kvx_crc32c(body, p + body_len, c->payload_len - body_len);
     if (crc != c->crc32c)
         return kvx_fail(KVX_ECORRUPT, "PushKv: chunk %u: crc32c %08x does not match the payload's %08x", idx,
                         c->crc32c, crc);
     kvx_geometry expect = s->g;
     kvx_envelope e;
-    int rc = kvx_envelope_parse(&e, c->payload, c->payload_len, &expect);
+    int rc = kvx_envelope_parse_nocrc(&e, c->payload, c->payload_len, &expect);
     if (rc) return kvx_fail(rc, "PushKv: chunk %u: %s", idx, kvx_last_error());
+    if (kvx_load32(p + body_len) != body) /* parse_nocrc checked len >= 32 */
+        return kvx_fail(KVX_EFORMAT, "PushKv: chunk %u: envelope crc32c %08x, its bytes give %08x", idx,
+                        kvx_load32(p + body_len), body);
     if (e.version != c->kv_format)
         return kvx_fail(KVX_EFORMAT, "PushKv: chunk %u: envelope version %u is not kv_format %u", idx, e.version,
                         c->kv_format);
