@@ -8,11 +8,12 @@
  *   envelope, envelope_roundtrip, cli_envelope  v1 (f16), v2 (e4m3 + scales), v3 (bf16):
  *                                 full and partial blocks, hashes
  *   shard          FP16/E4M3/E5M2/BF16 with hashes, lineage, digest,
- *                  scales and a spectral bundle (kvx_shard_writer)
+ *                  scales and a spectral bundle (kvx_shard_writer); keyed
+ *                  shards (KVX_FLAG_KEYS: key table, keyed geometry)
  *   index_records  the catalog's records through index/records.c's
  *                  encoders into a scratch LMDB, read back raw; and the
  *                  legacy (pre-checksum) forms
- *   store_config   STORE files (kvx_st_config_encode)
+ *   store_config   STORE files (kvx_st_config_encode), block and keyed
  *   tokens, trace  token text and Mooncake trace lines
  *   transfer_chunk PushKv streams (transfer_chunk_fuzzer.c's encoding)
  *   tier_value     shared tier values (tier/value.c) of the harness's three
@@ -152,6 +153,44 @@ static void shard(const char *name, uint32_t quant, uint32_t flags, int spectral
         }
     }
     if ((rc = kvx_shard_writer_seal(w))) die("shard seal", rc);
+    free(page);
+}
+
+/* A keyed shard (KVX_FLAG_KEYS: the key table, DESIGN.md "Keyed pages"),
+ * as a keyed store's flush writes it (engine/store_keyed.c): the synthetic
+ * geometry of page_bytes (kvx_keyed_geometry: E4M3, B 0), one token a
+ * page, each page page_lens[i] bytes (1..page_bytes) named by keys[i]. */
+static void keyed_shard(const char *name, uint64_t page_bytes, uint32_t n, const char *const *keys,
+                        const uint32_t *key_lens, const uint32_t *page_lens)
+{
+    kvx_geometry g;
+    int rc = kvx_keyed_geometry(&g, page_bytes);
+    if (rc) die("keyed geometry", rc);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/shard", outdir);
+    mkdir(path, 0755);
+    snprintf(path, sizeof path, "%s/shard/gen_%s", outdir, name);
+    unlink(path);
+    kvx_shard_writer_options o = KVX_SHARD_WRITER_OPTIONS_INIT;
+    o.geometry = g;
+    o.shard_id = 5;
+    o.max_entries = n;
+    o.flags = KVX_FLAG_KEYS;
+    kvx_shard_writer *w;
+    if ((rc = kvx_shard_writer_create(&w, path, &o))) die("keyed shard writer", rc);
+    uint8_t *page = malloc(page_bytes);
+    for (uint32_t i = 0; i < n; i++) {
+        fill(page, page_bytes, KVX_QUANT_E4M3, 17 * i);
+        kvx_entry_in e = {0};
+        e.radix_block = (uint16_t)i;
+        e.token_count = 1;
+        e.page = page;
+        e.key = keys[i];
+        e.key_len = key_lens[i];
+        e.page_len = page_lens[i];
+        if ((rc = kvx_shard_writer_add(w, &e))) die("keyed shard add", rc);
+    }
+    if ((rc = kvx_shard_writer_seal(w))) die("keyed shard seal", rc);
     free(page);
 }
 
@@ -368,6 +407,20 @@ int main(int argc, char **argv)
     shard("bf16_hashes_spectral", KVX_QUANT_BF16, H, 1, 2, 3);
     shard("bf16_all_tables", KVX_QUANT_BF16, H | LN | D, 1, 3, 1);
     shard("e4m3_plain", KVX_QUANT_E4M3, 0, 0, 1, 0);
+    {
+        /* keyed shards: LMCache-style keys, a 1-byte and a 255-byte key,
+         * pages shorter than, equal to and of 1 byte of the page size */
+        static char k255[KVX_KEY_MAX];
+        memset(k255, 'k', sizeof k255);
+        const char *keys[3] = {"llama-3-8b@1@0@5e1f3a9c@bfloat16", "a", k255};
+        const uint32_t klens[3] = {32, 1, KVX_KEY_MAX};
+        const uint32_t plens_small[3] = {256, 100, 1};
+        keyed_shard("keyed_three", 256, 3, keys, klens, plens_small);
+        const uint32_t plens_big[2] = {8192, 4097};
+        keyed_shard("keyed_two_pages_8k", 8192, 2, keys, klens, plens_big);
+        const uint32_t plens_one[1] = {6};
+        keyed_shard("keyed_one_tiny", 6, 1, keys + 2, klens + 2, plens_one);
+    }
 
     index_records();
     transfer_chunk();
@@ -377,6 +430,11 @@ int main(int argc, char **argv)
     store_config("e4m3", (kvx_geometry){2, 1, 4, 4, KVX_QUANT_E4M3, 0}, 400 << 10, 48 << 10);
     store_config("bf16", (kvx_geometry){80, 8, 128, 512, KVX_QUANT_BF16, 1}, 1ull << 40, 1ull << 30);
     store_config("e5m2_tiny_target", (kvx_geometry){1, 1, 1, 1, KVX_QUANT_E5M2, 0}, 1, 1);
+    {
+        kvx_geometry kg;
+        if (kvx_keyed_geometry(&kg, 4096) == 0) store_config("keyed_4096", kg, 1ull << 30, 64ull << 20);
+        if (kvx_keyed_geometry(&kg, 2) == 0) store_config("keyed_2", kg, 1 << 20, 4096);
+    }
 
     static const char *tok[][2] = {
         {"decimal", "1 2 3 4 5 6 7 8\n"},

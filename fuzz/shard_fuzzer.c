@@ -9,7 +9,10 @@
  * coordinate (which must find that entry), every page with its CRC (a
  * page past the end of the file must come back as missing, KVX_ETRUNC), the
  * spectral bundle (applied to a vector), verify, and, when small enough,
- * an export to envelopes v1, v2 and v3 that must parse.
+ * an export to envelopes v1, v2 and v3 that must parse. A keyed shard
+ * (KVX_FLAG_KEYS, key table) has pages of 1 token and 1..page bytes, each
+ * with a 1..255-byte key whose kvx_key_hash is the entry's hash, and no
+ * other table.
  *
  * A random mutation almost always breaks meta_crc32c first, so each input
  * is also tried with its meta CRC and spectral CRC repaired: that lets the
@@ -68,7 +71,18 @@ static void walk(kvx_shard *s)
         kvx_entry e;
         CHECK(kvx_shard_entry(&e, s, i) == 0);
         CHECK(e.offset % 4096 == 0 && e.offset >= info->kv_data_offset);
-        CHECK(e.bytes == kvx_page_bytes(&info->geometry, e.token_count));
+        if (info->flags & KVX_FLAG_KEYS) {
+            /* a keyed page: one token, 1..page bytes, its key 1..255 bytes,
+             * its hash the key's (the name the index uses) */
+            CHECK(e.token_count == 1);
+            CHECK(e.bytes >= 1 && e.bytes <= kvx_page_bytes(&info->geometry, 1));
+            CHECK(e.key != NULL && e.key_len >= 1 && e.key_len <= KVX_KEY_MAX);
+            CHECK(e.hash == kvx_key_hash(e.key, e.key_len));
+            CHECK(e.tokens == NULL && e.scales == NULL && e.digest == NULL);
+        } else {
+            CHECK(e.bytes == kvx_page_bytes(&info->geometry, e.token_count));
+            CHECK(e.key == NULL && e.key_len == 0);
+        }
         uint32_t idx;
         CHECK(kvx_shard_find(&idx, s, e.coordinate) == 0 && idx == i);
         const void *p;
@@ -176,6 +190,7 @@ static int repair(uint8_t *b, size_t size)
     if (flags & KVX_FLAG_LINEAGE) end += (unsigned __int128)n * (8 + 4 * (uint64_t)B);
     if (flags & KVX_FLAG_DIGEST) end += (unsigned __int128)n * KVX_DIGEST_BYTES;
     if (flags & KVX_FLAG_SCALES) end += (unsigned __int128)n * L * 2 * H * 4;
+    if (flags & KVX_FLAG_KEYS) end += (unsigned __int128)n * KVX_KEY_RECORD;
     if (end <= size) {
         uint32_t crc = kvx_crc32c(kvx_crc32c(0, b, 60), b + 64, (size_t)end - 64);
         if (crc != ld32(b + 60)) {
