@@ -98,6 +98,9 @@ typedef struct st_sealed {
     uint64_t bytes;
     uint64_t last_use; /* for the usage record (compaction keeps the max) */
     uint32_t nunv;     /* entries without a digest */
+    /* a batch's sealed file waits in staging/ under this name until its
+     * flush renames it into shards/ (kvx_st_publish_files); "" = in shards/ */
+    char staged[96];
 } st_sealed;
 
 /* A write batch: the blocks put since its last flush, which that flush
@@ -110,7 +113,7 @@ struct kvx_store_batch {
     kvx_store *s; /* NULL once kvx_store_close detached it */
     kvx_store_batch *prev, *next;
     st_open cur[2]; /* open writers, by kind (ST_KIND_*) */
-    st_sealed *sealed; /* sealed (durable, in shards/) but unpublished */
+    st_sealed *sealed; /* sealed (durable, in staging/) but unpublished */
     size_t nsealed, capsealed;
     st_pblock *pend;
     size_t npend, cappend;
@@ -326,8 +329,18 @@ uint32_t kvx_st_kind_flags(const kvx_store *s, int kind);
  * bytes also taken), reserving `reserve` entries. */
 int kvx_st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_open *o, uint32_t reserve);
 /* Seals o's shard (kvx_shard_writer_seal: fsync, rename into shards/,
- * fsync of shards/), so it is durable before any transaction names it. */
-int kvx_st_writer_seal(kvx_store *s, st_open *o, st_sealed *out);
+ * fsync of shards/), so it is durable before any transaction names it.
+ * With staged (a batch's shards), the sealed file stays in staging/
+ * (out->staged) until kvx_st_publish_files: a process killed before the
+ * batch's flush leaves nothing that recovery would adopt. */
+int kvx_st_writer_seal(kvx_store *s, st_open *o, st_sealed *out, int staged);
+/* Renames every staged file of v into shards/ under its generation's name
+ * (never replacing a file), then one fsync of shards/: after it, each is
+ * durable where the catalog edit that follows will name it. On failure the
+ * ones already moved are taken back out of shards/ (never named by the
+ * catalog) and the rest stay staged for the caller's kvx_st_unlink_sealed. */
+int kvx_st_publish_files(kvx_store *s, st_sealed *v, size_t n);
+/* Removes sealed, unpublished files: from staging/ or from shards/. */
 void kvx_st_unlink_sealed(kvx_store *s, st_sealed *v, size_t n);
 
 /* store_rewrite.c */

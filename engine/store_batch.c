@@ -1,7 +1,8 @@
 /*
  * store_batch.c - write batches: put (dedupe against the catalog and the
  * batch's pending set, pages into the batch's open shard writers in
- * staging/) and flush (seal, then ONE catalog transaction publishes every
+ * staging/) and flush (seal, rename the sealed files from staging/ into
+ * shards/, fsync shards/, then ONE catalog transaction publishes every
  * pending block of the batch: the commit is the acknowledgement). A writer
  * handle has a built-in batch (kvx_store_put / kvx_store_flush) and any
  * number of caller batches (kvx_store_batch_*), all on the store's list.
@@ -147,7 +148,7 @@ void kvx_st_discard_pending(kvx_store_batch *x)
         if (x->cur[k].w) kvx_shard_writer_abort(x->cur[k].w);
         memset(&x->cur[k], 0, sizeof x->cur[k]);
     }
-    for (size_t i = 0; x->s && i < x->nsealed; i++) kvx_st_unlink_shard(x->s, x->sealed[i].gen);
+    if (x->s) kvx_st_unlink_sealed(x->s, x->sealed, x->nsealed);
     st_pending_reset(x);
 }
 
@@ -181,7 +182,7 @@ static int st_seal_cur(kvx_store *s, kvx_store_batch *x, int kind)
         x->nsealed--;
     }
     st_sealed v;
-    int rc = kvx_st_writer_seal(s, o, &v);
+    int rc = kvx_st_writer_seal(s, o, &v, 1); /* waits in staging/ for the flush */
     if (rc) return rc;
     return st_sealed_push(x, &v);
 }
@@ -617,9 +618,12 @@ static int st_publish(kvx_store *s, const kvx_store_batch *x)
 int kvx_st_flush_locked(kvx_store *s, kvx_store_batch *x)
 {
     int rc = 0;
-    /* each seal fsyncs its file, renames it and fsyncs shards/ (inside
-     * kvx_shard_writer_seal), so every sealed file is durable here */
+    /* each seal fsynced its file in staging/; the renames into shards/ and
+     * one fsync of shards/ make every file durable where the catalog edit
+     * names it. Until here a killed process leaves only staging/ files,
+     * which recovery removes: nothing of an unflushed batch is adopted. */
     for (int k = 0; k < 2 && !rc; k++) rc = st_seal_cur(s, x, k);
+    if (!rc && x->nsealed) rc = kvx_st_publish_files(s, x->sealed, x->nsealed);
     if (!rc && x->nsealed) rc = st_publish(s, x);
     if (rc) {
         kvx_st_discard_pending(x);

@@ -216,7 +216,7 @@ static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
             }
             const kvx_shard_info *in = kvx_shard_get_info(sh);
             st_sealed x = {(uint8_t)b, gen, in->flags, in->num_blocks, (uint64_t)st.st_size, kvx_st_now_ns(),
-                           kvx_st_count_unverified(sh)};
+                           kvx_st_count_unverified(sh), ""};
             f->adopt[b] = 1;
             f->adopted[b] = x;
             f->adopt_sh[b] = sh;
@@ -398,7 +398,8 @@ static int st_reindex_write(kvx_store *s, const st_scan *sc, uint64_t next_gen)
         const st_found *f = &sc->f[b];
         if (!f->sh) continue;
         const kvx_shard_info *in = kvx_shard_get_info(f->sh);
-        st_sealed x = {(uint8_t)b, f->gen, in->flags, in->num_blocks, f->bytes, kvx_st_now_ns(), kvx_st_count_unverified(f->sh)};
+        st_sealed x = {(uint8_t)b, f->gen, in->flags, in->num_blocks, f->bytes, kvx_st_now_ns(), kvx_st_count_unverified(f->sh),
+                       ""};
         if (s->keyed) rc = rc ? rc : kvx_st_register(&e, &x);
         else st_edit_add_file(&e, &x, f->sh);
     }
@@ -466,11 +467,10 @@ KVX_API int kvx_store_reindex(kvx_store *s)
     int rc = kvx_st_writer_check(s, "kvx_store_reindex");
     if (rc) return rc;
     pthread_mutex_lock(&s->wmu);
-    /* another batch's sealed files already sit in shards/, unpublished: a
-     * reindex would index them (visible before that batch's flush, and
-     * published twice by it) or, dropping them, lose what it will
-     * acknowledge. Neither: refused until that batch flushes or is
-     * destroyed. (Batches holding only pins are fine: reindex keeps every
+    /* another batch's sealed files wait in staging/, unpublished, and its
+     * open writers hold shard bytes and generations: a reindex that
+     * emptied staging/ would lose what that batch's flush will
+     * acknowledge. Refused until that batch flushes or is destroyed. (Batches holding only pins are fine: reindex keeps every
      * kept shard's generation, so their pins still name the same files.) */
     size_t nblocks, nbusy = st_other_busy(s, &nblocks);
     if (nbusy) {

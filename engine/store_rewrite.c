@@ -79,7 +79,7 @@ int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t 
                 break;
             }
             *io_out = arr;
-            if ((rc = kvx_st_writer_seal(s, &o, &x))) break;
+            if ((rc = kvx_st_writer_seal(s, &o, &x, 0))) break;
             x.last_use = last_use ? last_use : x.last_use;
             arr[(*io_n)++] = x;
             last_use = 0;
@@ -91,7 +91,7 @@ int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t 
         if (!arr) rc = kvx_fail(-ENOMEM, "store: out of memory");
         else {
             *io_out = arr;
-            if (!(rc = kvx_st_writer_seal(s, &o, &x))) {
+            if (!(rc = kvx_st_writer_seal(s, &o, &x, 0))) {
                 x.last_use = last_use ? last_use : x.last_use;
                 arr[(*io_n)++] = x;
             }

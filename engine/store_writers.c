@@ -1,9 +1,11 @@
 /*
  * store_writers.c - shard writers: a free shard byte, a new generation, a
- * writer in staging/, and the seal that makes its file durable in shards/.
+ * writer in staging/, the seal that makes its file durable, and the
+ * publication of a batch's sealed files into shards/ at its flush.
  *
  * Rule: a sealed file is complete and fsynced (and its rename into shards/
- * too) before any catalog edit names it.
+ * too) before any catalog edit names it; a batch's files reach shards/
+ * only in its flush, so a crash before it leaves nothing to adopt.
  */
 #include "store.h"
 #include "common/os.h"
@@ -60,10 +62,11 @@ int kvx_st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_o
     uint64_t gen = s->next_gen++;
     char name[32];
     kvx_st_shard_name(name, gen);
-    /* the writer's temporary file lives in staging/ (emptied by recovery)
-     * and the seal renames it into shards/: one rename and one fsync of
-     * shards/ per shard (the staging/ side needs none: a leftover name
-     * there is only removed at recovery) */
+    /* the writer's temporary file lives in staging/ (emptied by recovery);
+     * a rewrite's seal renames it into shards/ and fsyncs shards/, a
+     * batch's waits there for its flush (kvx_st_publish_files: the renames
+     * of every sealed file, one fsync of shards/). staging/ itself needs
+     * no fsync: a name left there is only removed at recovery. */
     size_t len = strlen(s->shards_path) + 1 + strlen(name) + 1;
     char *path = malloc(len);
     if (!path) return kvx_fail(-ENOMEM, "store: out of memory");
@@ -88,20 +91,25 @@ int kvx_st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_o
 }
 
 /* Seals o's shard (kvx_shard_writer_seal: fsync, rename into shards/,
- * fsync of shards/), so it is durable before any transaction names it. */
-int kvx_st_writer_seal(kvx_store *s, st_open *o, st_sealed *out)
+ * fsync of shards/), so it is durable before any transaction names it; or,
+ * staged, only the fsync: the file waits in staging/ for its batch's flush
+ * (kvx_st_publish_files). */
+int kvx_st_writer_seal(kvx_store *s, st_open *o, st_sealed *out, int staged)
 {
     uint32_t n = kvx_shard_writer_count(o->w);
-    int rc = kvx_shard_writer_seal(o->w);
+    memset(out, 0, sizeof *out);
+    int rc = staged ? kvx_shard_writer_seal_staged(o->w, out->staged, sizeof out->staged) : kvx_shard_writer_seal(o->w);
     o->w = NULL;
     char name[32];
     kvx_st_shard_name(name, o->gen);
     if (rc) return rc; /* the writer left nothing behind */
+    int dirfd = staged ? s->stagingfd : s->shardsfd;
+    const char *file = staged ? out->staged : name;
     struct stat st;
-    if (kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (kvx_os.fstatat(dirfd, file, &st, AT_SYMLINK_NOFOLLOW) != 0) {
         rc = -errno;
-        kvx_os.unlinkat(s->shardsfd, name, 0);
-        return kvx_fail(rc, "store: stat shards/%s: %s", name, strerror(-rc));
+        kvx_os.unlinkat(dirfd, file, 0);
+        return kvx_fail(rc, "store: stat %s/%s: %s", staged ? "staging" : "shards", file, strerror(-rc));
     }
     out->byte = o->byte;
     out->gen = o->gen;
@@ -115,5 +123,50 @@ int kvx_st_writer_seal(kvx_store *s, st_open *o, st_sealed *out)
 
 void kvx_st_unlink_sealed(kvx_store *s, st_sealed *v, size_t n)
 {
-    for (size_t i = 0; i < n; i++) kvx_st_unlink_shard(s, v[i].gen);
+    for (size_t i = 0; i < n; i++) {
+        if (v[i].staged[0]) kvx_os.unlinkat(s->stagingfd, v[i].staged, 0);
+        else kvx_st_unlink_shard(s, v[i].gen);
+        v[i].staged[0] = '\0';
+    }
+}
+
+int kvx_st_publish_files(kvx_store *s, st_sealed *v, size_t n)
+{
+    size_t moved = 0, i;
+    int rc = 0;
+    for (i = 0; i < n && !rc; i++) {
+        if (!v[i].staged[0]) continue;
+        char name[32];
+        kvx_st_shard_name(name, v[i].gen);
+        size_t cap = strlen(s->staging_path) + strlen(s->shards_path) + sizeof v[i].staged + 64;
+        char *from = malloc(cap), *to = malloc(cap);
+        if (!from || !to) {
+            rc = kvx_fail(-ENOMEM, "store: out of memory");
+        } else {
+            snprintf(from, cap, "%s/%s", s->staging_path, v[i].staged);
+            snprintf(to, cap, "%s/%s", s->shards_path, name);
+            /* never over an existing file (DESIGN.md rule 2): a name in
+             * shards/ is a generation this store already gave out */
+            if (kvx_os.rename_noreplace(from, to) != 0)
+                rc = kvx_fail(-errno, "store %s: publish staging/%s as shards/%s: %s", s->dir, v[i].staged, name,
+                              strerror(errno));
+            else
+                v[i].staged[0] = '\0', moved++;
+        }
+        free(from);
+        free(to);
+    }
+    if (!rc && moved) {
+        /* the renames are durable before the catalog edit names the files */
+        rc = kvx_os_fsync_dir(s->shards_path);
+        if (rc) rc = kvx_fail(rc, "store %s: fsync of shards/ after publishing %zu file(s): %s", s->dir, moved,
+                              strerror(-rc));
+    }
+    if (rc) {
+        /* take back what moved: not durable where the catalog would name
+         * it, and no edit names it yet (unpublished, never acknowledged) */
+        for (size_t k = 0; k < n; k++)
+            if (!v[k].staged[0]) kvx_st_unlink_shard(s, v[k].gen);
+    }
+    return rc;
 }

@@ -14,6 +14,15 @@ int kvx_shard_page_checked(const void **out_page, const kvx_shard *s, uint32_t i
 /* Entries whose page lies (partly) past the end of the file. */
 uint32_t kvx_shard_missing(const kvx_shard *s);
 
+/* kvx_shard_writer_seal up to the fsync of the complete file, which then
+ * stays under its temporary name in the writer's staging_dir (the last
+ * path component is copied to name, cap bytes): the store publishes it
+ * later, by renaming it into shards/ at its batch's flush, so a process
+ * killed before that flush leaves only a staging/ file, which recovery
+ * removes. Frees w whatever the result; on failure no file is left. A
+ * writer without staging_dir (an unnamed file) is KVX_EINVALID. */
+int kvx_shard_writer_seal_staged(kvx_shard_writer *w, char *name, size_t cap);
+
 /* kvx_envelope_parse without its crc32c check, for an envelope inside a
  * container whose own checksum covering every byte of it just passed (a
  * shared tier value, tier/value.c): every other rule is checked. */

@@ -460,9 +460,16 @@ static int link_unnamed(kvx_shard_writer *w)
     return 0;
 }
 
-int kvx_shard_writer_seal(kvx_shard_writer *w)
+/* The seal's work; with keep_name (a named temporary file only), it stops
+ * after the file is complete, fsynced and closed: the file stays under its
+ * temporary name, whose last path component goes to keep_name. */
+static int writer_seal(kvx_shard_writer *w, char *keep_name, size_t keep_cap)
 {
     if (!w) return kvx_fail(KVX_EINVALID, "kvx_shard_writer_seal: NULL writer");
+    if (keep_name && (w->unnamed || !w->tmp_path || strlen(w->tmp_path) >= PATH_MAX)) {
+        writer_discard(w);
+        return kvx_fail(KVX_EINVALID, "shard writer: a staged seal needs a named temporary file (staging_dir)");
+    }
     uint8_t *head = NULL;
     size_t head_len = 0;
     int rc = build_head(w, &head, &head_len);
@@ -496,6 +503,19 @@ int kvx_shard_writer_seal(kvx_shard_writer *w)
         w->fd = -1;
         rc = kvx_os.close(fd) ? -errno : 0;
     }
+    if (!rc && keep_name) {
+        const char *slash = strrchr(w->tmp_path, '/'), *base = slash ? slash + 1 : w->tmp_path;
+        if (strlen(base) >= keep_cap) {
+            step = "keeping the staged name";
+            rc = -ENAMETOOLONG;
+        } else {
+            memcpy(keep_name, base, strlen(base) + 1);
+            free(w->tmp_path);
+            w->tmp_path = NULL; /* kept: writer_free must not unlink it */
+            writer_free(w);
+            return 0;
+        }
+    }
     if (!rc) {
         step = "renaming into place";
         /* a writer with a staging directory (the store's) never takes an
@@ -520,6 +540,17 @@ int kvx_shard_writer_seal(kvx_shard_writer *w)
     w->tmp_path = NULL;
     writer_free(w);
     return 0;
+}
+
+int kvx_shard_writer_seal(kvx_shard_writer *w) { return writer_seal(w, NULL, 0); }
+
+int kvx_shard_writer_seal_staged(kvx_shard_writer *w, char *name, size_t cap)
+{
+    if (!name || !cap) {
+        writer_discard(w);
+        return kvx_fail(KVX_EINVALID, "kvx_shard_writer_seal_staged: no room for the name");
+    }
+    return writer_seal(w, name, cap);
 }
 
 void kvx_shard_writer_abort(kvx_shard_writer *w) { writer_discard(w); }

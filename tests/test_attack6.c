@@ -361,10 +361,10 @@ static void kill9_mid_stream(int strict)
         int ws = 0;
         assert_int_equal(waitpid(pid, &ws, 0), pid);
         assert_true(WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL);
-        /* rule 2: recovery adopts a shard sealed into shards/ before the
-         * crash (a verified block, checked before it was written), so a
-         * prefix of the stream may be served; never more than was sent,
-         * never other bytes than the sender's */
+        /* a batch's sealed shards wait in staging/ until its flush, and
+         * recovery empties staging/: strict, nothing of the cut stream is
+         * served; in any case never more than was sent, never other bytes
+         * than the sender's */
         assert_int_equal(kvx_store_open(&b, db, NULL, 0), 0);
         size_t got = served(b, t, nb);
         if (strict && (got || blocks_of(b)))
@@ -410,19 +410,17 @@ static void test_kill9_mid_stream(void **state)
     kill9_mid_stream(0);
 }
 
-#ifdef KVX_ATTACK_KNOWN_BREAKS
-/* KNOWN BREAK (not fixed; out of the build): docs/TRANSFER.md promises
- * that a stream cut by kvxd killed -9 "publishes nothing". A stream whose
- * batch sealed a shard (the shard target reached mid-stream) has that
- * file in shards/; recovery adopts it (rule 2), so after the restart the
- * cut stream's first blocks are served. (They are verified blocks, never
- * wrong KV; the promise is what breaks.) */
+/* docs/TRANSFER.md promises that a stream cut by kvxd killed -9
+ * "publishes nothing". A stream whose batch sealed a shard (the shard
+ * target reached mid-stream) once had that file in shards/, and recovery
+ * adopted it (rule 2), so after the restart the cut stream's first blocks
+ * were served. A batch's sealed files now wait in staging/ until its
+ * flush; this fails if they reach shards/ before it. */
 static void test_kill9_publishes_nothing_strict(void **state)
 {
     (void)state;
     kill9_mid_stream(1);
 }
-#endif
 
 /* Leases pinning every shard of a small store, then more pushes: each
  * push is acknowledged whole or refused cleanly; once the leases go the
@@ -813,9 +811,7 @@ int main(void)
         cmocka_unit_test(test_empty_for_damaged_or_unverified),
         cmocka_unit_test(test_maintenance_mid_stream),
         cmocka_unit_test(test_kill9_mid_stream),
-#ifdef KVX_ATTACK_KNOWN_BREAKS
         cmocka_unit_test(test_kill9_publishes_nothing_strict),
-#endif
         cmocka_unit_test(test_leases_pin_everything),
         cmocka_unit_test(test_lease_gone_stream_holds),
         cmocka_unit_test(test_empty_for_pending_block),

@@ -28,11 +28,14 @@
 #include <errno.h>
 #include <pthread.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -303,8 +306,9 @@ static void test_batch_put_envelope(void **state)
     kvx_store_close(s2);
 }
 
-/* destroy drops the batch's unflushed blocks: its open writers (staging/)
- * and its sealed, unpublished files (shards/) go; after the next open the
+/* destroy drops the batch's unflushed blocks: its open writers and its
+ * sealed, unpublished files (both in staging/: shards/ holds only what a
+ * flush published) go; after the next open the
  * store holds exactly the files it held before. kvx_store_close with a
  * batch alive drops its blocks the same way and detaches it: every call
  * but destroy is then KVX_EINVALID, and destroy frees it. */
@@ -323,7 +327,8 @@ static void test_destroy_drops_unflushed(void **state)
     assert_int_equal(put_seq(s, a, 301, NULL), 0);
     assert_int_equal(put_seq(s, a, 302, NULL), 0);
     shard_names(dir, now, sizeof now);
-    assert_string_not_equal(now, before); /* sealed, unpublished files */
+    assert_string_equal(now, before);             /* nothing in shards/ before the flush */
+    assert_true(n_files(dir, "staging") >= 2);    /* sealed, unpublished files wait there */
     kvx_store_batch_destroy(a);
     kvx_store_batch_destroy(NULL);
     shard_names(dir, now, sizeof now);
@@ -351,6 +356,59 @@ static void test_destroy_drops_unflushed(void **state)
     for (uint64_t q = 301; q < 306; q++) assert_int_equal(served(s, q), 0);
     verify_clean(s);
     kvx_store_close(s);
+}
+
+/* A process killed -9 after puts that sealed shards (the target is ~3
+ * blocks, so every put seals two) but before their flush: the sealed
+ * files were in staging/, recovery removes them, and the reopened store
+ * holds exactly what the last flush acknowledged, with nothing of the
+ * unflushed puts served, in the built-in batch or a caller's. (Before
+ * sealed files waited in staging/, they sat in shards/ and recovery
+ * adopted them: a batch nobody flushed became visible after a crash.) */
+static void test_kill9_unflushed_never_adopted(void **state)
+{
+    (void)state;
+    for (int own = 0; own < 2; own++) {
+        char dir[300];
+        new_dir(dir, sizeof dir);
+        kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
+        assert_int_equal(put_seq(s, NULL, 400, NULL), 0);
+        assert_int_equal(kvx_store_flush(s), 0);
+        char before[8192], now[8192];
+        shard_names(dir, before, sizeof before);
+        kvx_store_close(s);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            kvx_store *c = NULL;
+            kvx_store_batch *b = NULL;
+            if (kvx_store_open(&c, dir, NULL, KVX_STORE_NOWAIT)) _exit(3);
+            if (!own && kvx_store_batch_create(&b, c)) _exit(4);
+            for (uint64_t q = 401; q < 405; q++)
+                if (put_seq(c, b, q, NULL)) _exit(5);
+            if (n_files(dir, "staging") < 4) _exit(6); /* sealed files, waiting */
+            raise(SIGKILL);
+            _exit(7);
+        }
+        int ws = 0;
+        assert_int_equal(waitpid(pid, &ws, 0), pid);
+        if (!WIFSIGNALED(ws)) fail_msg("child exited with %d before the kill", WEXITSTATUS(ws));
+        assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
+        shard_names(dir, now, sizeof now);
+        assert_string_equal(now, before);
+        assert_int_equal(n_files(dir, "staging"), 0);
+        assert_int_equal(served(s, 400), NB);
+        for (uint64_t q = 401; q < 405; q++) assert_int_equal(served(s, q), 0);
+        kvx_store_stats st;
+        assert_int_equal(kvx_store_stat(&st, s), 0);
+        assert_int_equal(st.blocks, NB);
+        verify_clean(s);
+        /* the same puts, flushed this time, are all served */
+        for (uint64_t q = 401; q < 405; q++) assert_int_equal(put_seq(s, NULL, q, NULL), 0);
+        assert_int_equal(kvx_store_flush(s), 0);
+        for (uint64_t q = 401; q < 405; q++) assert_int_equal(served(s, q), NB);
+        kvx_store_close(s);
+    }
 }
 
 /* The built-in batch is shared by every caller of kvx_store_put: a failed
@@ -655,6 +713,7 @@ int main(void)
         cmocka_unit_test(test_flush_publishes_only_its_batch),
         cmocka_unit_test(test_batch_put_envelope),
         cmocka_unit_test(test_destroy_drops_unflushed),
+        cmocka_unit_test(test_kill9_unflushed_never_adopted),
         cmocka_unit_test(test_builtin_silent_loss),
         cmocka_unit_test(test_threads_own_batches),
         cmocka_unit_test(test_pins_across_batches),
