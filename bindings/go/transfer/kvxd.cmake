@@ -41,7 +41,12 @@ else()
     CGO_LDFLAGS=-L${PROJECT_BINARY_DIR})
   add_custom_command(OUTPUT ${PROJECT_BINARY_DIR}/kvxd
     COMMAND bash ${PROJECT_SOURCE_DIR}/scripts/vendor-go.sh --quiet
-    COMMAND ${kvxd_env} ${KVX_GO} build -o ${PROJECT_BINARY_DIR}/kvxd ./cmd/kvxd
+    # go's build cache does not hash libkvx.a (cgo links it by -lkvx), so
+    # a changed library would leave a stale kvxd: the library's hash in the
+    # link flags (an -X of a variable that need not exist) forces a relink
+    COMMAND sh -c "exec \"$0\" \"$@\" -ldflags=-X=main.libkvxHash=$(sha256sum \"${PROJECT_BINARY_DIR}/libkvx.a\" | cut -c1-16) -o \"${PROJECT_BINARY_DIR}/kvxd\" ./cmd/kvxd"
+      ${CMAKE_COMMAND} -E env GOPROXY=off GOFLAGS=-mod=vendor\ -buildvcs=false CGO_LDFLAGS=-L${PROJECT_BINARY_DIR}
+      ${KVX_GO} build
     WORKING_DIRECTORY ${kvxd_dir}
     DEPENDS kvx_static ${kvxd_sources} ${kvxd_dir}/go.mod ${PROJECT_SOURCE_DIR}/scripts/vendor-go.sh
     COMMENT "Building kvxd (Go, vendored Debian gRPC)"
@@ -49,10 +54,12 @@ else()
   add_custom_target(kvxd_go ALL DEPENDS ${PROJECT_BINARY_DIR}/kvxd)
   install(PROGRAMS ${PROJECT_BINARY_DIR}/kvxd DESTINATION ${CMAKE_INSTALL_BINDIR})
   if(KVX_BUILD_TESTS)
-    add_test(NAME go_transfer COMMAND sh -c "\"$0\" \"$@\" vet ./... && \"$0\" \"$@\" test -count=1 ./..."
+    # the test binaries link libkvx.a too: its hash in -ldflags, as above
+    set(kvxd_stamp "-ldflags=-X=main.libkvxHash=$(sha256sum \"${PROJECT_BINARY_DIR}/libkvx.a\" | cut -c1-16)")
+    add_test(NAME go_transfer COMMAND sh -c "\"$0\" \"$@\" vet ./... && \"$0\" \"$@\" test -count=1 ${kvxd_stamp} ./..."
       ${KVX_GO} WORKING_DIRECTORY ${kvxd_dir})
-    add_test(NAME go_transfer_race COMMAND ${KVX_GO} test -count=1 -race ./...
-      WORKING_DIRECTORY ${kvxd_dir})
+    add_test(NAME go_transfer_race COMMAND sh -c "\"$0\" test -count=1 -race ${kvxd_stamp} ./..."
+      ${KVX_GO} WORKING_DIRECTORY ${kvxd_dir})
     foreach(t go_transfer go_transfer_race)
       set_tests_properties(${t} PROPERTIES TIMEOUT 900 RESOURCE_LOCK kvx_go_transfer
         ENVIRONMENT "GOPROXY=off;GOFLAGS=-mod=vendor -buildvcs=false;CGO_LDFLAGS=-L${PROJECT_BINARY_DIR};KVXD=${PROJECT_BINARY_DIR}/kvxd;KVX_CLI=$<TARGET_FILE:kvx_cli>")

@@ -262,9 +262,17 @@ func TestKvxdUsage(t *testing.T) {
 // restarted on the same store: the acknowledged prompt is intact, nothing
 // of the cut stream is there (no block, no torn shard: verify is clean),
 // and the prompt can be pushed again.
+// The receiver's shards are small (8 KiB, a few blocks each), so the 5
+// chunks of the cut stream seal shards before kvxd dies: those files wait
+// in staging/ until the stream's finish, and recovery removes them, so
+// nothing of the cut stream is adopted or served after the restart.
 func TestKvxdKilledMidStreamAndRestarted(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
-	b, bdir := createStore(t, testGeom, 0)
+	bdir := filepath.Join(t.TempDir(), "store")
+	b, err := kvx.Create(bdir, kvx.StoreOptions{Geometry: testGeom, ShardBytes: 8 << 10})
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
 	acked, cut := tokensOf(11, 8*B), tokensOf(12, 8*B)
 	putPrompt(t, a, acked)
 	putPrompt(t, a, cut)
@@ -283,7 +291,13 @@ func TestKvxdKilledMidStreamAndRestarted(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	time.Sleep(300 * time.Millisecond)    // let kvxd take them into its batch
+	time.Sleep(300 * time.Millisecond) // let kvxd take them into its batch
+	if ents, err := os.ReadDir(filepath.Join(bdir, "staging")); err != nil || len(ents) < 2 {
+		out, _ := exec.Command("find", bdir).CombinedOutput()
+		t.Logf("%s\n%s", out, p.out.String())
+		t.Fatalf("before the kill: staging/ should hold the stream's sealed shards and its open writer: %v, %d files",
+			err, len(ents))
+	}
 	p.cmd.Process.Signal(syscall.SIGKILL) //nolint:errcheck
 	p.wait(t)
 	if _, err := st.CloseAndRecv(); err == nil {
@@ -300,6 +314,9 @@ func TestKvxdKilledMidStreamAndRestarted(t *testing.T) {
 	}
 	if n := served(t, r, cut); n != 0 {
 		t.Fatalf("the cut stream left %d blocks", n)
+	}
+	if st, err := r.Stat(); err != nil || st.Blocks != 8 {
+		t.Fatalf("after kill -9 and restart: %v, %d blocks in the store, want the 8 acknowledged", err, st.Blocks)
 	}
 	probs, err := r.Verify()
 	if err != nil || len(probs) != 0 {
