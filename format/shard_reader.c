@@ -10,8 +10,9 @@
  * file is mapped read-only and MAP_SHARED; the mapping is registered with
  * the SIGBUS guard (sigbus.c), so a file truncated after open reads as zero
  * pages that fail their CRC instead of killing the process. The handle is
- * immutable after open except for its atomic reference count, so any
- * number of threads may read through it.
+ * immutable after open except for its atomic reference count, the checked
+ * bits and the read-ahead marks (all atomic), so any number of threads may
+ * read through it.
  */
 #include "shard_format.h"
 #include "format.h"
@@ -56,6 +57,9 @@ struct kvx_shard {
     /* one bit per page: its CRC passed since this handle was opened
      * (DESIGN.md rule 1: a view is checked before it is first handed out) */
     _Atomic uint64_t *checked;
+    /* shard_prefetch: where the last first check's page ended, and the end
+     * of the file range last asked for */
+    _Atomic uint64_t last_end, ra_end;
     uint32_t n_missing;
     uint64_t *by_coord; /* (coordinate << 32 | index), sorted */
     int has_spectral;
@@ -541,6 +545,34 @@ static int page_crc(const kvx_shard *s, uint32_t index)
     return 0;
 }
 
+/*
+ * Read-ahead for a run of first checks. A prefix lookup checks its pages
+ * in file order (the writer lays a prompt's pages back to back), and each
+ * first check is a CRC pass that faults the page in; left to the mmap
+ * fault path, the disk gets one read-around window at a time and the pass
+ * waits on each. So a first check whose page starts where the previous
+ * one ended (within the 4096 alignment) asks the kernel for the next
+ * KVX_SHARD_RA bytes of the file, in steps of half that (posix_fadvise
+ * WILLNEED: the reads are queued and nothing waits; nothing is written).
+ * A check that continues nothing (a random get) asks for nothing beyond
+ * the kernel's own read-around. It changes only when bytes arrive: every
+ * page is still CRC-checked before it is first handed out.
+ */
+#define KVX_SHARD_RA ((uint64_t)4 << 20)
+static void shard_prefetch(kvx_shard *s, const shard_rec *r)
+{
+    uint64_t end = r->offset + r->bytes;
+    uint64_t prev = atomic_exchange_explicit(&s->last_end, end, memory_order_relaxed);
+    if (r->offset < prev || r->offset - prev >= 4096 || end >= s->map_len) return;
+    uint64_t have = atomic_load_explicit(&s->ra_end, memory_order_relaxed);
+    if (have >= end + KVX_SHARD_RA / 2) return;
+    uint64_t from = have > end ? have : end, to = end + KVX_SHARD_RA;
+    if (to > s->map_len) to = s->map_len;
+    if (!atomic_compare_exchange_strong_explicit(&s->ra_end, &have, to, memory_order_relaxed, memory_order_relaxed))
+        return; /* another thread asked just now */
+    (void)posix_fadvise(s->fd, (off_t)from, (off_t)(to - from), POSIX_FADV_WILLNEED);
+}
+
 int kvx_shard_page(const void **out_page, const kvx_shard *s, uint32_t index, int verify)
 {
     if (!out_page || !s) return kvx_fail(KVX_EINVALID, "kvx_shard_page: NULL argument");
@@ -553,6 +585,7 @@ int kvx_shard_page(const void **out_page, const kvx_shard *s, uint32_t index, in
     }
     *out_page = page_at(s, index);
     if (!verify) return 0;
+    if (!s->mem) shard_prefetch((kvx_shard *)s, &s->recs[index]); /* the handle's own, mutable memory */
     int rc = page_crc(s, index);
     if (rc == 0) atomic_fetch_or_explicit(&s->checked[index / 64], 1ull << (index % 64), memory_order_relaxed);
     return rc;
