@@ -230,6 +230,84 @@ int kvx_envelope_block_at(kvx_envelope_block *out, const kvx_envelope *env, uint
     return 0;
 }
 
+/*
+ * Import to f32 in one pass. kvx_envelope_parse reads the whole envelope
+ * for its CRC, and a decode after it reads it again: twice the envelope's
+ * traffic, the second time from memory once the envelope is beyond the
+ * caches. Here the structure is checked first (kvx_envelope_parse_nocrc:
+ * the header, the length, each block's record and v2 scales, a few bytes
+ * a block), then each stretch of ~16 KiB is CRC'd and decoded while it is
+ * still in the cache, and the CRC of the whole is compared at the end. An
+ * envelope the structural checks refuse is handed to kvx_envelope_parse,
+ * so the code and message are the ones it gives (its CRC first). Outputs
+ * beyond the caches are written with streaming stores (numerics.h).
+ */
+#define DECODE_STRETCH ((size_t)16 << 10) /* envelope bytes CRC'd then decoded */
+
+int kvx_envelope_decode_f32(float *out, size_t out_elems, kvx_envelope *out_env, const void *buf, size_t len,
+                            const kvx_geometry *expect)
+{
+    kvx_envelope env;
+    if (kvx_envelope_parse_nocrc(&env, buf, len, expect)) return kvx_envelope_parse(&env, buf, len, expect);
+    const kvx_geometry *g = &env.geometry;
+    size_t per = (size_t)g->block_tokens * g->head_dim;  /* a slab's elements */
+    size_t slabs = (size_t)2 * g->num_layers * g->kv_heads; /* checked by the parse */
+    size_t elems = slabs * per;
+    if (elems && env.n_blocks > SIZE_MAX / 4 / elems)
+        return kvx_fail(KVX_EOVERFLOW, "envelope decode: %u blocks of %zu elements overflow", env.n_blocks, elems);
+    size_t need = (size_t)env.n_blocks * elems;
+    if (need && !out) return kvx_fail(KVX_EINVALID, "envelope decode: out must not be NULL");
+    if (out_elems < need)
+        return kvx_fail(KVX_ECAPACITY, "envelope decode: %zu floats of room, the envelope's %u blocks need %zu",
+                        out_elems, env.n_blocks, need);
+    int stream = need * sizeof(float) >= KVX_STREAM_BYTES;
+    const uint8_t *b = env.data;
+    uint32_t crc = kvx_crc32c(0, b, KVX_ENVELOPE_HEADER_BYTES);
+    const uint8_t *rec = b + KVX_ENVELOPE_HEADER_BYTES;
+    float *o = out;
+    for (uint32_t i = 0; i < env.n_blocks; i++, rec += ENV_RECORD_HEADER + env.payload_bytes, o += elems) {
+        const uint8_t *pl = rec + ENV_RECORD_HEADER;
+        crc = kvx_crc32c(crc, rec, ENV_RECORD_HEADER);
+        if (env.version == KVX_ENVELOPE_V2) {
+            const uint8_t *sc = pl + slabs * per;
+            size_t group = per < DECODE_STRETCH ? DECODE_STRETCH / per : 1; /* slabs a stretch */
+            for (size_t k = 0; k < slabs; k += group) {
+                size_t m = slabs - k < group ? slabs - k : group;
+                crc = kvx_crc32c(crc, pl + k * per, m * per);
+                for (size_t j = k; j < k + m; j++) {
+                    uint32_t u = kvx_load32(sc + 4 * j);
+                    float scale;
+                    memcpy(&scale, &u, 4); /* as the parse read it: finite, > 0 */
+                    if (stream) kvx_e4m3_to_f32_nt(o + j * per, pl + j * per, per, scale);
+                    else kvx_e4m3_to_f32_n(o + j * per, pl + j * per, per, scale);
+                }
+            }
+            crc = kvx_crc32c(crc, sc, slabs * 4);
+        } else { /* v1 f16, v3 bf16: 2-byte elements */
+            const size_t step = DECODE_STRETCH / 2;
+            for (size_t k = 0; k < elems; k += step) {
+                size_t m = elems - k < step ? elems - k : step;
+                const uint16_t *in = (const uint16_t *)(const void *)(pl + 2 * k);
+                crc = kvx_crc32c(crc, in, 2 * m);
+                if (env.version == KVX_ENVELOPE_V1) {
+                    if (stream) kvx_f16_to_f32_nt(o + k, in, m);
+                    else kvx_f16_to_f32_n(o + k, in, m);
+                } else {
+                    if (stream) kvx_bf16_to_f32_nt(o + k, in, m);
+                    else kvx_bf16_to_f32_n(o + k, in, m);
+                }
+            }
+        }
+    }
+    if (stream) kvx_stream_fence();
+    uint32_t stored = kvx_load32(b + len - ENV_CRC_BYTES);
+    if (crc != stored)
+        return kvx_fail(KVX_EFORMAT, "envelope crc32c mismatch: stored 0x%08x, computed 0x%08x (the decoded output is not valid)",
+                        stored, crc);
+    if (out_env) *out_env = env;
+    return 0;
+}
+
 int kvx_envelope_export(void *buf, size_t cap, uint16_t version, const kvx_geometry *g,
                         const kvx_envelope_block_in *blocks, uint32_t n_blocks)
 {

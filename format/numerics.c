@@ -255,7 +255,7 @@ fp8_encode_avx2(uint8_t *out, const float *in, size_t n, float s, int divide, in
  * table path, so the two agree bit for bit.
  */
 __attribute__((target("avx2"), always_inline)) static inline size_t
-fp8_decode_avx2(float *out, const uint8_t *in, size_t n, float scale, int mbits, int bias, int e5m2)
+fp8_decode_avx2(float *out, const uint8_t *in, size_t n, float scale, int mbits, int bias, int e5m2, int stream)
 {
     const __m256 vs = _mm256_set1_ps(scale);
     const __m256 pow_norm = _mm256_castsi256_ps(_mm256_set1_epi32((127 + 127 - bias) << 23));
@@ -285,7 +285,9 @@ fp8_decode_avx2(float *out, const uint8_t *in, size_t n, float scale, int mbits,
             v = _mm256_blendv_epi8(v, _mm256_set1_epi32(0x7FC00000), nan);
         }
         v = _mm256_or_si256(v, sign);
-        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_castsi256_ps(v), vs));
+        __m256 r = _mm256_mul_ps(_mm256_castsi256_ps(v), vs);
+        if (stream) _mm256_stream_ps(out + i, r); /* out is 32-byte aligned */
+        else _mm256_storeu_ps(out + i, r);
     }
     return i;
 }
@@ -293,13 +295,20 @@ fp8_decode_avx2(float *out, const uint8_t *in, size_t n, float scale, int mbits,
 __attribute__((target("avx2"))) static size_t e4m3_decode_avx2(float *out, const uint8_t *in, size_t n,
                                                               float scale)
 {
-    return fp8_decode_avx2(out, in, n, scale, 3, 7, 0);
+    return fp8_decode_avx2(out, in, n, scale, 3, 7, 0, 0);
+}
+
+/* The same with streaming stores (out 32-byte aligned; no fence). */
+__attribute__((target("avx2"))) static size_t e4m3_decode_avx2_nt(float *out, const uint8_t *in, size_t n,
+                                                                 float scale)
+{
+    return fp8_decode_avx2(out, in, n, scale, 3, 7, 0, 1);
 }
 
 __attribute__((target("avx2"))) static size_t e5m2_decode_avx2(float *out, const uint8_t *in, size_t n,
                                                               float scale)
 {
-    return fp8_decode_avx2(out, in, n, scale, 2, 15, 1);
+    return fp8_decode_avx2(out, in, n, scale, 2, 15, 1, 0);
 }
 
 __attribute__((target("avx2"))) static size_t e4m3_encode_avx2(uint8_t *out, const float *in, size_t n,
@@ -358,22 +367,23 @@ __attribute__((target("avx,f16c"))) static size_t f32_to_f16_f16c(uint16_t *out,
     return i;
 }
 
-/* Outputs at least this big bypass the cache (streaming stores): the f32
- * side is twice the input, and for a buffer beyond the caches reading its
- * lines in before overwriting them (RFO) costs as much as the writes. */
-#define KVX_STREAM_BYTES ((size_t)8 << 20)
+/* Outputs of at least KVX_STREAM_BYTES (numerics.h) bypass the cache
+ * (streaming stores): the f32 side is twice the input, and for a buffer
+ * beyond the caches reading its lines in before overwriting them (RFO)
+ * costs as much as the writes. */
 
+/* stream: streaming stores (after a scalar run up to 32-byte alignment),
+ * without the fence: the caller fences once after its last such call. */
 __attribute__((target("avx,f16c"))) static size_t f16_to_f32_f16c(float *out, const uint16_t *in,
-                                                                  size_t n)
+                                                                  size_t n, int stream)
 {
     size_t i = 0;
-    if (n * sizeof(float) >= KVX_STREAM_BYTES) {
+    if (stream) {
         for (; ((uintptr_t)(out + i) & 31) != 0 && i < n; i++) out[i] = kvx_f16_to_f32(in[i]);
         for (; i + 8 <= n; i += 8) {
             __m128i h = _mm_loadu_si128((const __m128i *)(const void *)(in + i));
             _mm256_stream_ps(out + i, _mm256_cvtph_ps(h));
         }
-        _mm_sfence();
         return i;
     }
     for (; i + 8 <= n; i += 8) {
@@ -409,12 +419,12 @@ __attribute__((target("avx2"))) static size_t f32_to_bf16_avx2(uint16_t *out, co
 
 /* bf16 decode, 8 lanes: widen, shift to the top half, quiet NaNs; streaming
  * stores for outputs beyond the caches, like the f16 decoder. */
-__attribute__((target("avx2"))) static size_t bf16_to_f32_avx2(float *out, const uint16_t *in, size_t n)
+__attribute__((target("avx2"))) static size_t bf16_to_f32_avx2(float *out, const uint16_t *in, size_t n,
+                                                              int stream)
 {
     const __m256i absm = _mm256_set1_epi32(0x7FFFFFFF), inf = _mm256_set1_epi32(0x7F800000);
     const __m256i quiet = _mm256_set1_epi32(0x400000);
     size_t i = 0;
-    int stream = n * sizeof(float) >= KVX_STREAM_BYTES;
     if (stream)
         for (; ((uintptr_t)(out + i) & 31) != 0 && i < n; i++) out[i] = kvx_bf16_to_f32(in[i]);
     for (; i + 8 <= n; i += 8) {
@@ -425,7 +435,6 @@ __attribute__((target("avx2"))) static size_t bf16_to_f32_avx2(float *out, const
         if (stream) _mm256_stream_si256((__m256i *)(void *)(out + i), u);
         else _mm256_storeu_si256((__m256i *)(void *)(out + i), u);
     }
-    if (stream) _mm_sfence();
     return i;
 }
 #endif
@@ -443,7 +452,11 @@ void kvx_bf16_to_f32_n(float *out, const uint16_t *in, size_t n)
 {
     size_t i = 0;
 #ifdef KVX_X86
-    if (have_avx2()) i = bf16_to_f32_avx2(out, in, n);
+    if (have_avx2()) {
+        int stream = n * sizeof(float) >= KVX_STREAM_BYTES;
+        i = bf16_to_f32_avx2(out, in, n, stream);
+        if (stream) _mm_sfence();
+    }
 #endif
     for (; i < n; i++) out[i] = kvx_bf16_to_f32(in[i]);
 }
@@ -461,7 +474,11 @@ void kvx_f16_to_f32_n(float *out, const uint16_t *in, size_t n)
 {
     size_t i = 0;
 #ifdef KVX_X86
-    if (have_f16c()) i = f16_to_f32_f16c(out, in, n);
+    if (have_f16c()) {
+        int stream = n * sizeof(float) >= KVX_STREAM_BYTES;
+        i = f16_to_f32_f16c(out, in, n, stream);
+        if (stream) _mm_sfence();
+    }
 #endif
     for (; i < n; i++) out[i] = kvx_f16_to_f32(in[i]);
 }
@@ -504,6 +521,47 @@ void kvx_e5m2_to_f32_n(float *out, const uint8_t *in, size_t n, float scale)
     if (i == n) return;
     build_tables();
     for (; i < n; i++) out[i] = e5m2_table[in[i]] * scale;
+}
+
+/* ---- streaming decoders (format/numerics.h) ------------------------------ */
+
+void kvx_f16_to_f32_nt(float *out, const uint16_t *in, size_t n)
+{
+    size_t i = 0;
+#ifdef KVX_X86
+    if (have_f16c()) i = f16_to_f32_f16c(out, in, n, 1);
+#endif
+    for (; i < n; i++) out[i] = kvx_f16_to_f32(in[i]);
+}
+
+void kvx_bf16_to_f32_nt(float *out, const uint16_t *in, size_t n)
+{
+    size_t i = 0;
+#ifdef KVX_X86
+    if (have_avx2()) i = bf16_to_f32_avx2(out, in, n, 1);
+#endif
+    for (; i < n; i++) out[i] = kvx_bf16_to_f32(in[i]);
+}
+
+void kvx_e4m3_to_f32_nt(float *out, const uint8_t *in, size_t n, float scale)
+{
+    size_t i = 0;
+    build_tables();
+#ifdef KVX_X86
+    if (have_avx2()) {
+        /* the table's values up to 32-byte alignment (the same bits) */
+        for (; ((uintptr_t)(out + i) & 31) != 0 && i < n; i++) out[i] = e4m3_table[in[i]] * scale;
+        i += e4m3_decode_avx2_nt(out + i, in + i, n - i, scale);
+    }
+#endif
+    for (; i < n; i++) out[i] = e4m3_table[in[i]] * scale;
+}
+
+void kvx_stream_fence(void)
+{
+#ifdef KVX_X86
+    _mm_sfence();
+#endif
 }
 
 /* ---- v2 quantize kernels (format/numerics.h) ---------------------------- */

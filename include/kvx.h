@@ -315,6 +315,19 @@ KVX_API int kvx_envelope_size(size_t *out_bytes, uint16_t version, const kvx_geo
 KVX_API int kvx_envelope_parse(kvx_envelope *out, const void *buf, size_t len,
                                const kvx_geometry *expect);
 KVX_API int kvx_envelope_block_at(kvx_envelope_block *out, const kvx_envelope *env, uint32_t index);
+/* Import to f32: every rule of kvx_envelope_parse (the same codes and
+ * messages), and every block's payload decoded into out in payload order,
+ * n_blocks * L*2*Hkv*B*D floats (v1 f16 and v3 bf16 widened exactly; v2
+ * each e4m3 element times its slab's scale, as kvx_e4m3_to_f32_n), in one
+ * pass over the envelope: each stretch is CRC'd and decoded while in the
+ * cache, and the CRC of the whole is compared at the end. out_elems is the
+ * room in out (KVX_ECAPACITY when short; out untouched). On any error,
+ * including the CRC mismatch (KVX_EFORMAT), out's contents are undefined
+ * (parts may be written): use out only on 0. out_env (nullable) is set as
+ * kvx_envelope_parse sets it, only on 0. Large outputs are written with
+ * streaming stores; out needs no alignment (32 bytes streams fastest). */
+KVX_API int kvx_envelope_decode_f32(float *out, size_t out_elems, kvx_envelope *out_env, const void *buf,
+                                    size_t len, const kvx_geometry *expect);
 /* Writes a whole envelope (header, blocks, CRC) into buf of cap bytes.
  * Every block is checked first (n_tokens 1..B: KVX_ETOKENS; a hash on a
  * partial block: KVX_EHASH; cap too small: KVX_ECAPACITY), so on failure

@@ -110,6 +110,14 @@ static void expect_reject(const uint8_t *b, size_t len, const kvx_geometry *expe
     if (rc != code) fail_msg("expected %s, got %s (%s)", kvx_err_name(code), kvx_err_name(rc), kvx_last_error());
     if (!strstr(kvx_last_error(), word)) fail_msg("message \"%s\" does not name \"%s\"", kvx_last_error(), word);
     assert_int_equal(env.version, 0x5A5A); /* out untouched on failure */
+    /* the one-pass import refuses it alike: the same code and message word */
+    static float room[1 << 12];
+    rc = kvx_envelope_decode_f32(room, sizeof room / sizeof room[0], &env, b, len, expect);
+    if (rc != code)
+        fail_msg("decode_f32: expected %s, got %s (%s)", kvx_err_name(code), kvx_err_name(rc), kvx_last_error());
+    if (!strstr(kvx_last_error(), word))
+        fail_msg("decode_f32: message \"%s\" does not name \"%s\"", kvx_last_error(), word);
+    assert_int_equal(env.version, 0x5A5A);
 }
 
 static void test_reader_rules(void **state)

@@ -666,6 +666,113 @@ static void test_div_encode_vs_scalar(void **state)
     free(b);
 }
 
+/* Import to f32 in one pass (kvx_envelope_decode_f32: CRC and decode per
+ * stretch, streaming stores for large outputs) gives the bits of the two
+ * passes it replaces: kvx_envelope_parse, then every block's payload
+ * through kvx_f16_to_f32_n / kvx_bf16_to_f32_n / kvx_e4m3_to_f32_n (each
+ * v2 slab with its scale). Payloads are random bits (every e4m3 code, f16
+ * and bf16 NaNs, infs and subnormals); sizes below and above the streaming
+ * threshold, outputs aligned and not. Then a flipped payload byte is the
+ * CRC's KVX_EFORMAT, a short output KVX_ECAPACITY with out untouched. */
+static uint8_t *random_envelope(size_t *out_len, uint16_t version, const kvx_geometry *g, uint32_t n)
+{
+    size_t p = kvx_envelope_payload_bytes(version, g), slabs = (size_t)2 * g->num_layers * g->kv_heads;
+    size_t per = (size_t)g->block_tokens * g->head_dim, len;
+    assert_int_equal(kvx_envelope_size(&len, version, g, n), 0);
+    uint8_t *buf = malloc(len), *pay = malloc(p * (n ? n : 1));
+    float *sc = malloc(slabs * sizeof *sc * (n ? n : 1));
+    kvx_envelope_block_in *in = calloc(n ? n : 1, sizeof *in);
+    assert_non_null(buf); assert_non_null(pay); assert_non_null(sc); assert_non_null(in);
+    for (size_t i = 0; i < p * n; i++) pay[i] = (uint8_t)rnd();
+    for (size_t i = 0; i < slabs * n; i++) sc[i] = ldexpf(1.0f + (float)(rnd() % 1000) / 1000.0f, (int)(rnd() % 40) - 20);
+    for (uint32_t k = 0; k < n; k++)
+        in[k] = (kvx_envelope_block_in){0x1000u + k, g->block_tokens, pay + (size_t)k * p,
+                                        version == KVX_ENVELOPE_V2 ? sc + (size_t)k * slabs : NULL};
+    (void)per;
+    assert_int_equal(kvx_envelope_export(buf, len, version, g, in, n), 0);
+    free(pay), free(sc), free(in);
+    *out_len = len;
+    return buf;
+}
+
+static void two_pass_f32(float *out, const uint8_t *buf, size_t len, const kvx_geometry *g)
+{
+    kvx_envelope env;
+    assert_int_equal(kvx_envelope_parse(&env, buf, len, g), 0);
+    size_t slabs = (size_t)2 * g->num_layers * g->kv_heads, per = (size_t)g->block_tokens * g->head_dim;
+    for (uint32_t k = 0; k < env.n_blocks; k++) {
+        kvx_envelope_block b;
+        assert_int_equal(kvx_envelope_block_at(&b, &env, k), 0);
+        float *o = out + (size_t)k * slabs * per;
+        if (env.version == KVX_ENVELOPE_V1) kvx_f16_to_f32_n(o, (const uint16_t *)(const void *)b.payload, slabs * per);
+        else if (env.version == KVX_ENVELOPE_V3) kvx_bf16_to_f32_n(o, (const uint16_t *)(const void *)b.payload, slabs * per);
+        else
+            for (size_t j = 0; j < slabs; j++) {
+                float f;
+                memcpy(&f, b.scales + 4 * j, 4);
+                kvx_e4m3_to_f32_n(o + j * per, b.payload + j * per, per, f);
+            }
+    }
+}
+
+static void test_envelope_decode_f32(void **state)
+{
+    (void)state;
+    static const uint16_t versions[3] = {KVX_ENVELOPE_V1, KVX_ENVELOPE_V2, KVX_ENVELOPE_V3};
+    /* small (one stretch, slabs of 24 elements: not 32-byte multiples),
+     * mid (many stretches), large (above KVX_STREAM_BYTES of f32) */
+    const struct { uint32_t B, L, H, D, n; } sizes[3] = {{3, 1, 1, 8, 2}, {16, 2, 2, 128, 3}, {16, 4, 4, 128, 34}};
+    for (int v = 0; v < 3; v++) {
+        for (int z = 0; z < 3; z++) {
+            kvx_geometry g = {0};
+            g.block_tokens = sizes[z].B, g.num_layers = sizes[z].L, g.kv_heads = sizes[z].H, g.head_dim = sizes[z].D;
+            g.quant = versions[v] == KVX_ENVELOPE_V2 ? KVX_QUANT_E4M3 : versions[v] == KVX_ENVELOPE_V3 ? KVX_QUANT_BF16 : KVX_QUANT_FP16;
+            size_t len, need = (size_t)sizes[z].n * 2 * g.num_layers * g.kv_heads * g.block_tokens * g.head_dim;
+            uint8_t *buf = random_envelope(&len, versions[v], &g, sizes[z].n);
+            float *want = malloc(need * sizeof *want);
+            float *room = aligned_alloc(64, (need + 16) * sizeof *room);
+            assert_non_null(want); assert_non_null(room);
+            two_pass_f32(want, buf, len, &g);
+            if (z == 2) assert_true(need * sizeof(float) >= KVX_STREAM_BYTES);
+            for (size_t shift = 0; shift < 2; shift++) { /* 32-byte aligned, then one float off */
+                float *out = room + shift;
+                memset(room, 0xA5, (need + 16) * sizeof *room);
+                kvx_envelope env;
+                memset(&env, 0, sizeof env);
+                assert_int_equal(kvx_envelope_decode_f32(out, need, &env, buf, len, &g), 0);
+                assert_int_equal(env.n_blocks, sizes[z].n);
+                assert_int_equal(env.version, versions[v]);
+                assert_ptr_equal(env.data, buf);
+                assert_memory_equal(out, want, need * sizeof *out); /* bit for bit, NaN payloads too */
+                assert_true(fbits(out[need]) == 0xA5A5A5A5u);       /* nothing past the end */
+            }
+            /* a short output: KVX_ECAPACITY, nothing written */
+            memset(room, 0xA5, (need + 16) * sizeof *room);
+            assert_int_equal(kvx_envelope_decode_f32(room, need - 1, NULL, buf, len, &g), KVX_ECAPACITY);
+            assert_true(fbits(room[0]) == 0xA5A5A5A5u && fbits(room[need - 1]) == 0xA5A5A5A5u);
+            /* one payload byte flipped in the last block: the CRC's KVX_EFORMAT, out_env untouched */
+            size_t tail = versions[v] == KVX_ENVELOPE_V2 ? (size_t)8 * g.num_layers * g.kv_heads : 0; /* scales */
+            buf[len - 4 - tail - 5] ^= 0x04;
+            kvx_envelope env;
+            memset(&env, 0x5A, sizeof env);
+            assert_int_equal(kvx_envelope_decode_f32(room, need, &env, buf, len, &g), KVX_EFORMAT);
+            assert_non_null(strstr(kvx_last_error(), "crc32c mismatch"));
+            assert_int_equal(env.version, 0x5A5A);
+            assert_int_equal(kvx_envelope_parse(&env, buf, len, &g), KVX_EFORMAT);
+            free(buf), free(want), free(room);
+        }
+    }
+    /* n_blocks = 0: valid, nothing to write (out may be NULL) */
+    kvx_geometry g = {0};
+    g.block_tokens = 4, g.num_layers = 1, g.kv_heads = 1, g.head_dim = 8, g.quant = KVX_QUANT_E4M3;
+    size_t len;
+    uint8_t *buf = random_envelope(&len, KVX_ENVELOPE_V2, &g, 0);
+    kvx_envelope env;
+    assert_int_equal(kvx_envelope_decode_f32(NULL, 0, &env, buf, len, &g), 0);
+    assert_int_equal(env.n_blocks, 0);
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -687,6 +794,7 @@ int main(void)
         cmocka_unit_test(test_bf16_bulk),
         cmocka_unit_test(test_div_encode_golden),
         cmocka_unit_test(test_div_encode_vs_scalar),
+        cmocka_unit_test(test_envelope_decode_f32),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     /* Then once more with the SIMD paths off (a fresh process: the CPU
