@@ -64,6 +64,7 @@
 
 #include "bench_common.h"
 #include "kvx.h"
+#include "format/hash.h" /* kvx_block_hashes_multi (library internal) */
 
 #include <json-c/json.h>
 
@@ -693,7 +694,62 @@ typedef struct trace {
     size_t *off;   /* request i: ids[off[i] .. off[i+1]) */
     size_t nreq, nids, maxb;
     uint32_t max_id;
+    uint32_t *tok; /* request i's tokens: tok[off[i] * B ..], B per id */
+    uint64_t *h;   /* request i's chained block hashes: h[off[i] ..] */
 } trace;
+
+/* Hashes n sequences (tokens t[k], n_tokens nt[k]) into out[k] with
+ * kvx_block_hashes_multi, as a batch of prompts is hashed, and checks every
+ * hash against kvx_block_hashes of the same sequence (exit 1 if one
+ * differs). Prints the two times when what is non-NULL. */
+static void hash_batch(uint64_t *const *out, const uint32_t *const *t, const size_t *nt, size_t n, const char *what)
+{
+    double t0 = kvx_bench_now();
+    kvx_block_hashes_multi(out, t, nt, n, g_B);
+    double t_multi = kvx_bench_now() - t0;
+    size_t maxn = 0, total = 0;
+    for (size_t k = 0; k < n; k++) maxn = nt[k] > maxn ? nt[k] : maxn;
+    uint64_t *one = malloc((maxn / g_B + 1) * sizeof *one);
+    if (!one) fail("malloc", -ENOMEM);
+    double t_serial = 0;
+    for (size_t k = 0; k < n; k++) {
+        t0 = kvx_bench_now();
+        size_t nb = kvx_block_hashes(one, t[k], nt[k], g_B);
+        t_serial += kvx_bench_now() - t0;
+        total += nb;
+        if (memcmp(one, out[k], nb * sizeof *one) != 0) {
+            fprintf(stderr, "bench_peers: %s: kvx_block_hashes_multi differs from kvx_block_hashes (sequence %zu)\n",
+                    what ? what : "hashes", k);
+            exit(1);
+        }
+    }
+    free(one);
+    if (what)
+        printf("bench_peers: %s: %zu sequences, %zu blocks hashed at once in %.2f ms, one at a time %.2f ms "
+               "(%.2fx; equal)\n", what, n, total, t_multi * 1e3, t_serial * 1e3,
+               t_multi > 0 ? t_serial / t_multi : 0.0);
+}
+
+/* Every request's tokens (block id -> B token ids, so equal ids chain to
+ * equal hashes) and chained hashes, all requests hashed in one batch. */
+static void trace_hash(trace *tr)
+{
+    tr->tok = malloc((tr->nids * g_B + 1) * sizeof *tr->tok);
+    tr->h = malloc((tr->nids + 1) * sizeof *tr->h);
+    uint64_t **out = malloc((tr->nreq + 1) * sizeof *out);
+    const uint32_t **t = malloc((tr->nreq + 1) * sizeof *t);
+    size_t *nt = malloc((tr->nreq + 1) * sizeof *nt);
+    if (!tr->tok || !tr->h || !out || !t || !nt) fail("malloc", -ENOMEM);
+    for (size_t i = 0; i < tr->nids; i++)
+        for (uint32_t j = 0; j < g_B; j++) tr->tok[i * g_B + j] = j ? (uint32_t)mix(tr->ids[i]) + j : tr->ids[i];
+    for (size_t q = 0; q < tr->nreq; q++) {
+        out[q] = tr->h + tr->off[q];
+        t[q] = tr->tok + tr->off[q] * g_B;
+        nt[q] = (tr->off[q + 1] - tr->off[q]) * g_B;
+    }
+    hash_batch(out, t, nt, tr->nreq, "the trace's requests");
+    free(out), free(t), free(nt);
+}
 
 /* A Mooncake trace (data README): one JSON object a line, "hash_ids" one
  * id per 512-token block, chained (an equal id is an equal prefix). At
@@ -847,11 +903,10 @@ static void run_trace(int kind, const char *base, const trace *tr, size_t cap, r
     p->kvx_capacity = (uint64_t)cap * kvx_block_footprint();
     g_trace_mode = 1;
     size_t mb = tr->maxb;
-    uint32_t *tok = malloc(mb * g_B * 4 + 4);
-    uint64_t *h = malloc(mb * 8), *wh = malloc(mb * 8), *del = malloc(mb * 8);
+    uint64_t *wh = malloc(mb * 8), *del = malloc(mb * 8);
     uint64_t *idhash = calloc((size_t)tr->max_id + 1, 8);
     unsigned char *pages = malloc(mb * g_pb), *wpages = malloc(mb * g_pb), *dst = aligned_alloc(4096, mb * g_pb);
-    if (!tok || !h || !wh || !del || !idhash || !pages || !wpages || !dst) fail("malloc", -ENOMEM);
+    if (!wh || !del || !idhash || !pages || !wpages || !dst) fail("malloc", -ENOMEM);
     fill_pages(pages, mb, 7);
     memcpy(wpages, pages, mb * g_pb);
     lru l;
@@ -863,11 +918,9 @@ static void run_trace(int kind, const char *base, const trace *tr, size_t cap, r
     for (size_t q = 0; q < tr->nreq; q++) {
         const uint32_t *ids = tr->ids + tr->off[q];
         size_t nb = tr->off[q + 1] - tr->off[q];
-        for (size_t b = 0; b < nb; b++) { /* block id -> B token ids; chained hashes */
-            for (uint32_t j = 0; j < g_B; j++) tok[b * g_B + j] = j ? (uint32_t)mix(ids[b]) + j : ids[b];
-            stamp(pages + b * g_pb, ids[b]);
-        }
-        kvx_block_hashes(h, tok, nb * g_B, g_B);
+        const uint32_t *tok = tr->tok + tr->off[q] * g_B; /* tokens and hashes: trace_hash */
+        const uint64_t *h = tr->h + tr->off[q];
+        for (size_t b = 0; b < nb; b++) stamp(pages + b * g_pb, ids[b]);
         if (kind == P_KVX) {
             size_t n = peer_lookup(p, tok, h, nb, dst);
             for (size_t i = 0; i < n; i++)
@@ -930,7 +983,7 @@ static void run_trace(int kind, const char *base, const trace *tr, size_t cap, r
     lru_free(&l);
     g_trace_mode = 0;
     rm_rf(p->dir);
-    free(tok), free(h), free(wh), free(del), free(idhash), free(pages), free(wpages), free(dst);
+    free(wh), free(del), free(idhash), free(pages), free(wpages), free(dst);
     free(p->views);
     free(p);
 }
@@ -1082,6 +1135,7 @@ int main(int argc, char **argv)
                 trace_cap, tr.maxb);
         return 2;
     }
+    if (do_trace) trace_hash(&tr);
 
     mkdir(dir, 0700);
     struct statvfs sv;
@@ -1113,9 +1167,18 @@ int main(int argc, char **argv)
     g_dst = aligned_alloc(4096, (size_t)(g_pb * NB));
     if (!g_toks || !g_hashes || !g_pages || !g_dst) fail("malloc", -ENOMEM);
     memset(g_dst, 0, (size_t)(g_pb * NB));
-    for (size_t q = 0; q < g_prompts; q++) {
-        gen_tokens(q, g_toks + q * NB * g_B);
-        kvx_block_hashes(g_hashes + q * NB, toks_of(q), (size_t)NB * g_B, g_B);
+    {
+        /* every prompt's hashes in one batch (checked against one at a time) */
+        uint64_t **out = malloc(g_prompts * sizeof *out);
+        const uint32_t **t = malloc(g_prompts * sizeof *t);
+        size_t *nt = malloc(g_prompts * sizeof *nt);
+        if (!out || !t || !nt) fail("malloc", -ENOMEM);
+        for (size_t q = 0; q < g_prompts; q++) {
+            gen_tokens(q, g_toks + q * NB * g_B);
+            out[q] = g_hashes + q * NB, t[q] = toks_of(q), nt[q] = (size_t)NB * g_B;
+        }
+        hash_batch(out, t, nt, g_prompts, "the prompts");
+        free(out), free(t), free(nt);
     }
 
     result res[P_COUNT] = {{0}};
@@ -1208,6 +1271,8 @@ int main(int argc, char **argv)
     if (tf) fclose(tf);
     free(tr.ids);
     free(tr.off);
+    free(tr.tok);
+    free(tr.h);
     free(g_toks);
     free(g_hashes);
     free(g_pages);
