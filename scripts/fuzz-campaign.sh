@@ -23,6 +23,21 @@
 #     into the corpus as regress_*).
 # Other options: --seeds (rewrite the generated gen_* seeds with
 # gen_fuzz_seeds before the run), --no-build.
+#
+# go_chunk (optional, only when named: scripts/fuzz-campaign.sh 20
+# go_chunk): the Go chunk handler's fuzzer, FuzzChunk in
+# bindings/go/transfer/fuzz_test.go (Go's native fuzzing, no cov/ft: those
+# columns are 0). It builds a plain libkvx.a in $KVX_FUZZ_GO_BUILD (default
+# <build>-go; cgo links it, so no sanitizers), vendors the Go sources
+# (scripts/vendor-go.sh), builds the test binary with Go's coverage
+# instrumentation (go test -c -fuzz; GOPROXY=off, -mod=vendor), then runs
+# it for its share with -test.parallel 2 under nice -n 19 and
+# -test.fuzzcachedir <work>/go_chunk (the working corpus, kept across runs;
+# Go has no merge, so it is not committed: the committed seeds are the
+# f.Add calls). CPU-seconds are the test binary's and its fuzz workers'
+# (the build is not counted); a failing input Go writes to
+# testdata/fuzz/FuzzChunk/ is moved to fuzz/findings/go_chunk/ with the
+# log in <work>/logs/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -109,7 +124,10 @@ if [ $# -gt 0 ]; then harnesses=("$@"); else
   harnesses=()
   for f in fuzz/*_fuzzer.c; do n=${f##*/}; harnesses+=("${n%_fuzzer.c}"); done
 fi
-for h in "${harnesses[@]}"; do [ -f "fuzz/${h}_fuzzer.c" ] || { echo "no harness fuzz/${h}_fuzzer.c" >&2; exit 2; }; done
+for h in "${harnesses[@]}"; do
+  [ "$h" = go_chunk ] && continue
+  [ -f "fuzz/${h}_fuzzer.c" ] || { echo "no harness fuzz/${h}_fuzzer.c" >&2; exit 2; }
+done
 [ -x /usr/bin/time ] || { echo "needs /usr/bin/time (Debian package time)" >&2; exit 2; }
 
 if [ "$buildit" = 1 ]; then
@@ -128,10 +146,67 @@ share=$(awk -v m="$minutes" -v n="${#harnesses[@]}" 'BEGIN { s = int(m * 60 / n)
 commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . 2>/dev/null || echo +)
 echo "campaign: ${#harnesses[@]} harnesses, ${share} s each, $jobs workers, commit $commit"
 
+# appends one row to the TSV and regenerates the table
+append_row() {
+  [ -f "$tsv" ] || printf 'date_utc\tcommit\tharness\twall_s\tcpu_s\texecs\tcov\tft\tpeak_rss_mb\tcorpus_files\tcorpus_kb\tfindings\n' > "$tsv"
+  printf '%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%d\n' "$@" >> "$tsv"
+  table
+}
+
+# the Go chunk handler's fuzzer (see the header): one run of $share seconds
+go_chunk() {
+  local h=go_chunk gomod=$root/bindings/go/transfer gobuild=${KVX_FUZZ_GO_BUILD:-$build-go}
+  local gwork=$root/$work/go_chunk run start wall user sys maxkb execs files kb cpu found=0
+  command -v go >/dev/null || { echo "  go_chunk: no go in PATH; skipped" >&2; return 0; }
+  case $gobuild in /*) ;; *) gobuild=$root/$gobuild ;; esac
+  run=$(mktemp -d)
+  mkdir -p "$gwork"
+  if [ "$buildit" = 1 ] || [ ! -f "$gobuild/libkvx.a" ]; then
+    nice -n 19 cmake -S . -B "$gobuild" -DKVX_BUILD_TESTS=OFF -DKVX_WITH_CUDA=OFF -DKVX_BUILD_BENCH=OFF >/dev/null
+    nice -n 19 cmake --build "$gobuild" -j"$jobs" --target kvx_static >/dev/null
+  fi
+  nice -n 19 scripts/vendor-go.sh --quiet
+  (cd "$gomod" && GOPROXY=off GOFLAGS="-mod=vendor -buildvcs=false" CGO_LDFLAGS="-L$gobuild/" \
+      nice -n 19 go test -c -fuzz '^FuzzChunk$' -o "$run/transfer.test" .) ||
+    { echo "  go_chunk: the test binary did not build; skipped" >&2; rm -rf "$run"; return 0; }
+  ls "$gomod/testdata/fuzz/FuzzChunk" 2>/dev/null | sort > "$run/before" || true
+  start=$(date -u +%Y-%m-%dT%H:%M)
+  # KVXD set: TestMain (in the test and in each fuzz worker) would build
+  # kvxd with go build otherwise, which FuzzChunk does not use
+  (cd "$gomod" && KVXD=/nonexistent/kvxd GOPROXY=off GOFLAGS="-mod=vendor -buildvcs=false" CGO_LDFLAGS="-L$gobuild/" \
+      /usr/bin/time -o "$run/time" -f '%e %U %S %M' nice -n 19 "$run/transfer.test" -test.run '^$' \
+      -test.fuzz '^FuzzChunk$' -test.fuzztime "${share}s" -test.parallel "$jobs" -test.fuzzcachedir "$gwork" \
+      > "$run/go.log" 2>&1) || true
+  read -r wall user sys maxkb < <(tail -n 1 "$run/time") || { wall=0 user=0 sys=0 maxkb=0; }
+  execs=$(awk '/^fuzz: elapsed: .*execs: / { for (i = 1; i < NF; i++) if ($i == "execs:") e = $(i+1) } END { print e + 0 }' "$run/go.log")
+  # a failing input: Go writes it to testdata/fuzz/FuzzChunk/ (and FAILs)
+  ls "$gomod/testdata/fuzz/FuzzChunk" 2>/dev/null | sort > "$run/after" || true
+  for f in $(comm -13 "$run/before" "$run/after"); do
+    mkdir -p "fuzz/findings/$h"
+    mv "$gomod/testdata/fuzz/FuzzChunk/$f" "fuzz/findings/$h/"
+    found=$((found + 1))
+  done
+  if [ "$found" -gt 0 ] || grep -q '^--- FAIL\|^FAIL' "$run/go.log"; then
+    mkdir -p "$work/logs"
+    cp "$run/go.log" "$work/logs/go_chunk-$(date -u +%Y%m%dT%H%M).log"
+    [ "$found" -gt 0 ] || echo "  go_chunk: FAIL without an input (see $work/logs/)" >&2
+    [ "$found" -eq 0 ] || echo "  go_chunk: $found finding(s) in fuzz/findings/go_chunk/ (logs in $work/logs)"
+  fi
+  mkdir -p "$work/logs" && cp "$run/go.log" "$work/logs/go_chunk-last.log"
+  rmdir "$gomod/testdata/fuzz/FuzzChunk" "$gomod/testdata/fuzz" "$gomod/testdata" 2>/dev/null || true
+  files=$(find "$gwork" -type f | wc -l)
+  kb=$(du -sk --apparent-size "$gwork" | cut -f1)
+  cpu=$(awk -v u="$user" -v s="$sys" 'BEGIN { printf "%d", u + s + 0.5 }')
+  rm -rf "$run"
+  echo "  $h: ${wall%.*} s wall, $cpu CPU-s, $execs executions, peak RSS $((maxkb / 1024)) MiB, working corpus $files files ($kb KiB), $found finding(s)"
+  append_row "$start" "$commit" "$h" "${wall%.*}" "$cpu" "$execs" 0 0 "$((maxkb / 1024))" "$files" "$kb" "$found"
+}
+
 max_len() { case $1 in shard|transfer_chunk) echo 65536 ;; envelope_roundtrip) echo 16384 ;; *) echo 4096 ;; esac; }
 cap_kb() { case $1 in shard) echo "${KVX_FUZZ_CAP_KB:-2048}" ;; *) echo "${KVX_FUZZ_CAP_KB:-512}" ;; esac; }
 
 for h in "${harnesses[@]}"; do
+  if [ "$h" = go_chunk ]; then go_chunk; continue; fi
   bin=$root/$build/fuzz/fuzz_$h
   corpus=$root/fuzz/corpus/$h
   wdir=$root/$work/$h
