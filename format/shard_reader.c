@@ -557,8 +557,17 @@ static int page_crc(const kvx_shard *s, uint32_t index)
  * A check that continues nothing (a random get) asks for nothing beyond
  * the kernel's own read-around. It changes only when bytes arrive: every
  * page is still CRC-checked before it is first handed out.
+ *
+ * The window is small on purpose. Measured on the 2-core VM of
+ * bench/RESULTS.md (a 256 MiB store, 64-block prompts, cache dropped): on
+ * a first read of freshly written shards (the disk's slow path) 1 MiB
+ * read 1.08-1.25 GB/s against 0.39-0.55 without; on a re-read the
+ * virtual disk serves quickly it costs ~20 % (0.89-1.32 against
+ * 1.34-1.60); 2 and 4 MiB windows were slower in both cases (the
+ * WILLNEED reads take small folios where the fault path's read-around
+ * takes large ones).
  */
-#define KVX_SHARD_RA ((uint64_t)4 << 20)
+#define KVX_SHARD_RA ((uint64_t)1 << 20)
 static void shard_prefetch(kvx_shard *s, const shard_rec *r)
 {
     uint64_t end = r->offset + r->bytes;
