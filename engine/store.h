@@ -99,8 +99,10 @@ typedef struct st_sealed {
     uint64_t last_use; /* for the usage record (compaction keeps the max) */
     uint32_t nunv;     /* entries without a digest */
     /* a batch's sealed file waits in staging/ under this name until its
-     * flush renames it into shards/ (kvx_st_publish_files); "" = in shards/ */
+     * flush publishes it (kvx_st_link_files, the commit, then
+     * kvx_st_unstage_files); "" = only in shards/ */
     char staged[96];
+    int linked; /* staged, and also named shards/<gen>.kvx (a flush under way) */
 } st_sealed;
 
 /* A write batch: the blocks put since its last flush, which that flush
@@ -331,16 +333,24 @@ int kvx_st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_o
 /* Seals o's shard (kvx_shard_writer_seal: fsync, rename into shards/,
  * fsync of shards/), so it is durable before any transaction names it.
  * With staged (a batch's shards), the sealed file stays in staging/
- * (out->staged) until kvx_st_publish_files: a process killed before the
- * batch's flush leaves nothing that recovery would adopt. */
+ * (out->staged) until the batch's flush publishes it (kvx_st_link_files):
+ * a process killed before that flush leaves nothing recovery adopts. */
 int kvx_st_writer_seal(kvx_store *s, st_open *o, st_sealed *out, int staged);
-/* Renames every staged file of v into shards/ under its generation's name
- * (never replacing a file), then one fsync of shards/: after it, each is
- * durable where the catalog edit that follows will name it. On failure the
- * ones already moved are taken back out of shards/ (never named by the
- * catalog) and the rest stay staged for the caller's kvx_st_unlink_sealed. */
-int kvx_st_publish_files(kvx_store *s, st_sealed *v, size_t n);
-/* Removes sealed, unpublished files: from staging/ or from shards/. */
+/* A batch's publication, in three steps around its catalog commit:
+ * kvx_st_link_files fsyncs staging/, gives every staged file of v its
+ * second name, shards/<gen>.kvx (never over an existing file), then fsyncs
+ * shards/: each file is durable where the commit will name it, and its
+ * staging/ name, durable first, tells recovery it was never published
+ * (kvx_st_recover removes such a file from shards/ when the catalog does
+ * not name it). On failure the new shards/ names are removed. After the
+ * commit, kvx_st_unstage_files removes the staging/ names; if the commit
+ * fails, kvx_st_unlink_linked removes the shards/ names. So a crash at any
+ * point publishes all of the batch or none of it. */
+int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n);
+void kvx_st_unlink_linked(kvx_store *s, st_sealed *v, size_t n);
+void kvx_st_unstage_files(kvx_store *s, st_sealed *v, size_t n);
+/* Removes sealed, unpublished files: every name each has (staging/,
+ * shards/). */
 void kvx_st_unlink_sealed(kvx_store *s, st_sealed *v, size_t n);
 
 /* store_rewrite.c */

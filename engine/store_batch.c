@@ -1,8 +1,8 @@
 /*
  * store_batch.c - write batches: put (dedupe against the catalog and the
  * batch's pending set, pages into the batch's open shard writers in
- * staging/) and flush (seal, rename the sealed files from staging/ into
- * shards/, fsync shards/, then ONE catalog transaction publishes every
+ * staging/) and flush (seal, link the sealed files into shards/, then
+ * ONE catalog transaction publishes every
  * pending block of the batch: the commit is the acknowledgement). A writer
  * handle has a built-in batch (kvx_store_put / kvx_store_flush) and any
  * number of caller batches (kvx_store_batch_*), all on the store's list.
@@ -618,13 +618,19 @@ static int st_publish(kvx_store *s, const kvx_store_batch *x)
 int kvx_st_flush_locked(kvx_store *s, kvx_store_batch *x)
 {
     int rc = 0;
-    /* each seal fsynced its file in staging/; the renames into shards/ and
-     * one fsync of shards/ make every file durable where the catalog edit
-     * names it. Until here a killed process leaves only staging/ files,
-     * which recovery removes: nothing of an unflushed batch is adopted. */
+    /* each seal fsynced its file in staging/; linking them into shards/
+     * (fsync of both directories) makes every file durable where the
+     * catalog edit names it, while the staging/ names mark them as not
+     * yet published: a crash before the commit leaves files recovery
+     * removes, never adopts, so the batch is published whole or not at all
+     * (kvx_st_link_files in store.h) */
     for (int k = 0; k < 2 && !rc; k++) rc = st_seal_cur(s, x, k);
-    if (!rc && x->nsealed) rc = kvx_st_publish_files(s, x->sealed, x->nsealed);
-    if (!rc && x->nsealed) rc = st_publish(s, x);
+    if (!rc && x->nsealed) rc = kvx_st_link_files(s, x->sealed, x->nsealed);
+    if (!rc && x->nsealed) {
+        rc = st_publish(s, x);
+        if (rc) kvx_st_unlink_linked(s, x->sealed, x->nsealed);
+        else kvx_st_unstage_files(s, x->sealed, x->nsealed);
+    }
     if (rc) {
         kvx_st_discard_pending(x);
         return rc;

@@ -216,7 +216,7 @@ static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
             }
             const kvx_shard_info *in = kvx_shard_get_info(sh);
             st_sealed x = {(uint8_t)b, gen, in->flags, in->num_blocks, (uint64_t)st.st_size, kvx_st_now_ns(),
-                           kvx_st_count_unverified(sh), ""};
+                           kvx_st_count_unverified(sh), "", 0};
             f->adopt[b] = 1;
             f->adopted[b] = x;
             f->adopt_sh[b] = sh;
@@ -399,7 +399,7 @@ static int st_reindex_write(kvx_store *s, const st_scan *sc, uint64_t next_gen)
         if (!f->sh) continue;
         const kvx_shard_info *in = kvx_shard_get_info(f->sh);
         st_sealed x = {(uint8_t)b, f->gen, in->flags, in->num_blocks, f->bytes, kvx_st_now_ns(), kvx_st_count_unverified(f->sh),
-                       ""};
+                       "", 0};
         if (s->keyed) rc = rc ? rc : kvx_st_register(&e, &x);
         else st_edit_add_file(&e, &x, f->sh);
     }
@@ -513,13 +513,63 @@ KVX_API int kvx_store_reindex(kvx_store *s)
     return rc;
 }
 
+/* A staging/ file whose generation also names a file in shards/, the same
+ * inode, is a batch's shard linked by a flush (kvx_st_link_files) that
+ * was cut before or after its commit: when the catalog names that
+ * generation the commit happened (the staging/ name only goes), else it
+ * did not and the shards/ name goes too, never adopted, so no part of an
+ * unpublished batch appears. removed: shards/ names removed. */
+typedef struct st_twins {
+    uint64_t removed;
+} st_twins;
+
+static int st_unpublished_twin(kvx_store *s, int fd, const char *name, void *vctx)
+{
+    st_twins *t = vctx;
+    uint64_t gen;
+    if (name[0] != '.' || !strstr(name, ".kvx.tmp.") || !kvx_st_name_prefix_gen(name + 1, &gen)) return 0;
+    for (int b = 0; b < ST_SLOTS; b++)
+        if (s->reg->live[b] && s->reg->rec[b].gen == gen) return 0; /* published */
+    struct stat a, b;
+    char sname[32];
+    kvx_st_shard_name(sname, gen);
+    if (kvx_os.fstatat(fd, name, &a, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(a.st_mode)) return 0;
+    if (kvx_os.fstatat(s->shardsfd, sname, &b, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(b.st_mode)) return 0;
+    if (a.st_ino != b.st_ino || a.st_dev != b.st_dev) return 0; /* another file: judged as any other */
+    if (kvx_os.unlinkat(s->shardsfd, sname, 0) != 0 && errno != ENOENT)
+        return kvx_fail(-errno, "store %s: recovery: unlink shards/%s (a flush cut before its commit): %s", s->dir,
+                        sname, strerror(errno));
+    t->removed++;
+    return 0;
+}
+
 int kvx_st_recover(kvx_store *s)
 {
     int rc = kvx_st_registry_load(s);
     if (rc) return rc;
     /* generations first: a staging/ name counts too, even though the file
-     * is about to go */
+     * is about to go; a raised floor is committed before any such name
+     * goes, so no generation is given out twice across crashes */
+    uint64_t persisted = s->next_gen;
     if ((rc = kvx_st_gen_floor(s))) return rc;
+    if (s->index_live && s->next_gen > persisted) {
+        kvx_cat_edit e;
+        kvx_cat_edit_init(&e);
+        kvx_cat_edit_next_gen(&e, s->next_gen);
+        rc = kvx_cat_apply(s->cat, &e);
+        kvx_cat_edit_free(&e);
+        if (rc) return rc;
+    }
+    if (s->index_live) {
+        /* a flush cut before its commit: its shards/ names go first (and
+         * durably), then the staging/ names below. With the index lost,
+         * the catalog cannot say which commits happened: reindex adopts
+         * them (rule 2: nothing acknowledged is deleted on a guess). */
+        st_twins tw = {0};
+        if ((rc = kvx_st_each_file(s, s->stagingfd, st_unpublished_twin, &tw))) return rc;
+        if (tw.removed && (rc = kvx_os_fsync_dir(s->shards_path)))
+            return kvx_fail(rc, "store %s: recovery: fsync of shards/: %s", s->dir, strerror(-rc));
+    }
     if ((rc = kvx_st_each_file(s, s->stagingfd, st_rm_staging, NULL))) return rc;
     if (!s->index_live) return kvx_st_reindex_locked(s); /* index lost: rebuild it from the shards */
     st_fix *f = calloc(1, sizeof *f);

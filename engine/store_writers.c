@@ -3,9 +3,10 @@
  * writer in staging/, the seal that makes its file durable, and the
  * publication of a batch's sealed files into shards/ at its flush.
  *
- * Rule: a sealed file is complete and fsynced (and its rename into shards/
+ * Rule: a sealed file is complete and fsynced (and its name in shards/
  * too) before any catalog edit names it; a batch's files reach shards/
- * only in its flush, so a crash before it leaves nothing to adopt.
+ * only in its flush, and keep their staging/ name until its commit, so a
+ * crash before the commit leaves nothing recovery adopts.
  */
 #include "store.h"
 #include "common/os.h"
@@ -64,9 +65,9 @@ int kvx_st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_o
     kvx_st_shard_name(name, gen);
     /* the writer's temporary file lives in staging/ (emptied by recovery);
      * a rewrite's seal renames it into shards/ and fsyncs shards/, a
-     * batch's waits there for its flush (kvx_st_publish_files: the renames
-     * of every sealed file, one fsync of shards/). staging/ itself needs
-     * no fsync: a name left there is only removed at recovery. */
+     * batch's waits there for its flush (kvx_st_link_files: a second name
+     * in shards/ for every sealed file, fsync of staging/ and shards/, then
+     * the commit and the staging/ names removed). */
     size_t len = strlen(s->shards_path) + 1 + strlen(name) + 1;
     char *path = malloc(len);
     if (!path) return kvx_fail(-ENOMEM, "store: out of memory");
@@ -93,7 +94,7 @@ int kvx_st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_o
 /* Seals o's shard (kvx_shard_writer_seal: fsync, rename into shards/,
  * fsync of shards/), so it is durable before any transaction names it; or,
  * staged, only the fsync: the file waits in staging/ for its batch's flush
- * (kvx_st_publish_files). */
+ * (kvx_st_link_files). */
 int kvx_st_writer_seal(kvx_store *s, st_open *o, st_sealed *out, int staged)
 {
     uint32_t n = kvx_shard_writer_count(o->w);
@@ -125,48 +126,58 @@ void kvx_st_unlink_sealed(kvx_store *s, st_sealed *v, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
         if (v[i].staged[0]) kvx_os.unlinkat(s->stagingfd, v[i].staged, 0);
-        else kvx_st_unlink_shard(s, v[i].gen);
+        if (!v[i].staged[0] || v[i].linked) kvx_st_unlink_shard(s, v[i].gen);
         v[i].staged[0] = '\0';
+        v[i].linked = 0;
     }
 }
 
-int kvx_st_publish_files(kvx_store *s, st_sealed *v, size_t n)
+int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n)
 {
-    size_t moved = 0, i;
+    size_t linked = 0, staged = 0;
     int rc = 0;
-    for (i = 0; i < n && !rc; i++) {
+    for (size_t i = 0; i < n; i++) staged += v[i].staged[0] != 0;
+    /* the staging/ names durable first: a shards/ name that survives a
+     * crash then always has its staging/ twin beside it, which tells
+     * recovery the file was never published (no file system promises to
+     * keep changes to two directories in order without this fsync) */
+    if (staged && (rc = kvx_os_fsync_dir(s->staging_path)))
+        return kvx_fail(rc, "store %s: fsync of staging/: %s", s->dir, strerror(-rc));
+    for (size_t i = 0; i < n && !rc; i++) {
         if (!v[i].staged[0]) continue;
         char name[32];
         kvx_st_shard_name(name, v[i].gen);
-        size_t cap = strlen(s->staging_path) + strlen(s->shards_path) + sizeof v[i].staged + 64;
-        char *from = malloc(cap), *to = malloc(cap);
-        if (!from || !to) {
-            rc = kvx_fail(-ENOMEM, "store: out of memory");
-        } else {
-            snprintf(from, cap, "%s/%s", s->staging_path, v[i].staged);
-            snprintf(to, cap, "%s/%s", s->shards_path, name);
-            /* never over an existing file (DESIGN.md rule 2): a name in
-             * shards/ is a generation this store already gave out */
-            if (kvx_os.rename_noreplace(from, to) != 0)
-                rc = kvx_fail(-errno, "store %s: publish staging/%s as shards/%s: %s", s->dir, v[i].staged, name,
-                              strerror(errno));
-            else
-                v[i].staged[0] = '\0', moved++;
-        }
-        free(from);
-        free(to);
+        /* a second name, never over an existing file (DESIGN.md rule 2) */
+        if (kvx_os.linkat(s->stagingfd, v[i].staged, s->shardsfd, name, 0) != 0)
+            rc = kvx_fail(-errno, "store %s: link staging/%s as shards/%s: %s", s->dir, v[i].staged, name,
+                          strerror(errno));
+        else
+            v[i].linked = 1, linked++;
     }
-    if (!rc && moved) {
-        /* the renames are durable before the catalog edit names the files */
-        rc = kvx_os_fsync_dir(s->shards_path);
-        if (rc) rc = kvx_fail(rc, "store %s: fsync of shards/ after publishing %zu file(s): %s", s->dir, moved,
-                              strerror(-rc));
-    }
-    if (rc) {
-        /* take back what moved: not durable where the catalog would name
-         * it, and no edit names it yet (unpublished, never acknowledged) */
-        for (size_t k = 0; k < n; k++)
-            if (!v[k].staged[0]) kvx_st_unlink_shard(s, v[k].gen);
-    }
+    /* durable where the catalog edit will name them */
+    if (!rc && linked && (rc = kvx_os_fsync_dir(s->shards_path)))
+        rc = kvx_fail(rc, "store %s: fsync of shards/ after linking %zu file(s): %s", s->dir, linked, strerror(-rc));
+    if (rc) kvx_st_unlink_linked(s, v, n);
     return rc;
+}
+
+void kvx_st_unlink_linked(kvx_store *s, st_sealed *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!v[i].linked) continue;
+        kvx_st_unlink_shard(s, v[i].gen);
+        v[i].linked = 0;
+    }
+}
+
+void kvx_st_unstage_files(kvx_store *s, st_sealed *v, size_t n)
+{
+    /* published: the shards/ name is the file's only name from here on
+     * (no fsync: a staging/ name left by a crash is removed by recovery,
+     * which finds the catalog naming the file) */
+    for (size_t i = 0; i < n; i++) {
+        if (v[i].staged[0]) kvx_os.unlinkat(s->stagingfd, v[i].staged, 0);
+        v[i].staged[0] = '\0';
+        v[i].linked = 0;
+    }
 }

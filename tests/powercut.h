@@ -40,8 +40,9 @@
  *   content, then each unsynced write in order: applied, dropped, or, for a
  *   write that crosses a 512-byte boundary of the file, torn there (only
  *   the part before or only the part after the boundary lands); each
- *   unsynced ftruncate applied or not. A file named twice (a rename half
- *   applied) gets the same bytes under both names. pc_image with all = 1
+ *   unsynced ftruncate applied or not. A file named twice (a linkat, or a
+ *   rename half applied) is one file with two names (a hard link) in the
+ *   image, as on disk. pc_image with all = 1
  *   applies everything: the state kill -9 would leave (the "twin"), which
  *   pc_compare_live checks against the real directory.
  * - LMDB (index/data.mdb, lock.mdb) does its own I/O outside the seam and
@@ -97,6 +98,7 @@ typedef struct pc_file {
     uint8_t *img; /* this image's content (built once per image) */
     size_t img_len;
     int img_built;
+    char img_at[PATH_MAX]; /* this image's first name for it: later names are hard links */
 } pc_file;
 
 enum { PC_T_FILE = 1, PC_T_DIR = 2, PC_T_COPY = 3 };
@@ -928,8 +930,13 @@ static int pc_image_dir(int d, const char *path, int all)
         switch (set.e[i].type) {
         case PC_T_FILE: {
             pc_file *f = pc_files[set.e[i].idx];
+            if (f->img_at[0]) { /* one inode, several names (linkat): a link, as on disk */
+                if (link(f->img_at, sub) != 0) rc = -errno;
+                break;
+            }
             pc_file_image(f, all);
             rc = pc_write_file(sub, f->img, f->img_len);
+            if (!rc) snprintf(f->img_at, sizeof f->img_at, "%s", sub);
             break;
         }
         case PC_T_DIR:
@@ -953,6 +960,7 @@ static inline int pc_image(const char *dst, uint64_t seed, int all)
         free(pc_files[i]->img);
         pc_files[i]->img = NULL;
         pc_files[i]->img_built = 0;
+        pc_files[i]->img_at[0] = '\0';
     }
     for (size_t i = 0; i < pc_nrens; i++) pc_rens[i].coin = -1;
     if (mkdir(dst, 0700) != 0) return -errno;

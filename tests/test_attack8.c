@@ -1,9 +1,12 @@
 /*
- * test_attack8.c - hostile review of d4108b0: a write batch's sealed shard
- * files wait in staging/ until the batch's flush renames them into shards/
- * (RENAME_NOREPLACE, one fsync of shards/) and commits the one catalog
- * edit naming them (engine/store_writers.c kvx_st_publish_files,
- * engine/store_batch.c kvx_st_flush_locked; recovery empties staging/).
+ * test_attack8.c - hostile review of a batch's publication: its sealed
+ * shard files wait in staging/ until its flush (d4108b0), which fsyncs
+ * staging/, links each file into shards/ (linkat), fsyncs shards/, commits
+ * the one catalog edit naming them and then removes the staging/ names
+ * (engine/store_writers.c kvx_st_link_files, engine/store_batch.c
+ * kvx_st_flush_locked); recovery removes a shards/ file the catalog does
+ * not name whose staging/ twin shows a flush cut before its commit, then
+ * empties staging/ (engine/store_recover.c).
  *
  *  - every OS call of a flush of a batch holding several sealed files
  *    failed in turn: a failed flush leaves nothing in shards/ (so nothing
@@ -31,14 +34,14 @@
  *  - a tl.kv.v1 stream whose finish fails at its second publication rename;
  *  - kill -9 just before the first publication rename: nothing served.
  *
- * Breaks, kept out of the build (KVX_ATTACK8_BREAKS):
+ * Breaks found, now fixed and tested here:
  *  - test_kill_mid_publish_partial (and the power-cut form in
  *    test_powercut_batches): a process killed, or a power cut, between the
- *    renames of one flush leaves part of the batch in shards/, which
- *    recovery adopts: the batch is served in part, never acknowledged;
+ *    renames of one flush left part of the batch in shards/, which
+ *    recovery adopted: the batch was served in part, never acknowledged;
  *  - test_gen_floor_second_open (minor): after kill -9 with staged files,
- *    an open that commits nothing, then a second open, staged generations
- *    are given out again.
+ *    an open that committed nothing, then a second open, staged
+ *    generations were given out again.
  *
  * White-box: faults through the OS seam (fault.h) and a seam wrapper that
  * kills the process at the n-th publication rename.
@@ -111,6 +114,21 @@ static size_t n_files(const char *dir, const char *sub)
 {
     static char names[1024][64];
     return su_list_names(dir, sub, names, 1024);
+}
+
+/* Files in dir/staging with no other name (not a published shard's
+ * leftover staging/ link). */
+static size_t staged_only(const char *dir)
+{
+    char names[512][64];
+    size_t n = su_list_names(dir, "staging", names, 512), only = 0;
+    for (size_t i = 0; i < n; i++) {
+        char p[700];
+        struct stat st;
+        snprintf(p, sizeof p, "%s/staging/%s", dir, names[i]);
+        if (stat(p, &st) == 0 && st.st_nlink == 1) only++;
+    }
+    return only;
 }
 
 /* The names in dir/sub, joined. */
@@ -231,7 +249,7 @@ static void test_flush_fault_every_call(void **state)
                 }
             } else {
                 failed++;
-                if (op && !strcmp(op, "rename_noreplace")) renames_failed++;
+                if (op && !strcmp(op, "linkat")) renames_failed++;
                 if (op && (!strcmp(op, "fsync") || !strcmp(op, "fdatasync"))) dirsync_failed++;
                 for (uint64_t q = first; q < seq; q++) {
                     size_t n = served(s, q);
@@ -244,9 +262,12 @@ static void test_flush_fault_every_call(void **state)
                 if (strcmp(now, before))
                     fail_msg("flush failed at call %ld (%s): shards/ changed\nbefore: %s\nnow:    %s", k,
                              op ? op : "?", before, now);
-                if (n_files(dir, "staging") != 0)
-                    fail_msg("flush failed at call %ld (%s): %zu file(s) left in staging/", k, op ? op : "?",
-                             n_files(dir, "staging"));
+                /* a staging/ name of a published file may stay (a fault
+                 * in the unlink after an earlier flush's commit: recovery
+                 * removes it); a file only in staging/ must not */
+                if (staged_only(dir) != 0)
+                    fail_msg("flush failed at call %ld (%s): %zu file(s) left only in staging/", k, op ? op : "?",
+                             staged_only(dir));
             }
             kvx_store_batch_destroy(a);
             for (size_t i = 0; i < nacked; i++) assert_int_equal(served(s, acked[i]), NB);
@@ -356,7 +377,7 @@ static void test_several_batches_one_fails(void **state)
     fault_uninstall();
     assert_int_not_equal(rc, 0);
     assert_non_null(op);
-    assert_string_equal(op, "rename_noreplace");
+    assert_string_equal(op, "linkat");
     static char now[16384];
     names_of(dir, "shards", now, sizeof now);
     assert_string_equal(now, before);
@@ -517,22 +538,14 @@ static void test_gen_floor_after_kill(void **state)
     kvx_store_close(s);
 }
 
-#ifdef KVX_ATTACK8_BREAKS
-/* WEAK FLOOR (minor, debatable; no trust rule is broken by the letter):
- * kill -9 with a batch's sealed files in staging/ (generations up to M),
- * then an open whose recovery changes nothing else (so it commits no
- * catalog edit: engine/store_recover.c kvx_st_recover raises s->next_gen
- * past M in memory by kvx_st_gen_floor, then st_rm_staging removes the
- * staged files, and st_fix_write runs only when `any`), then close. The
- * floor lived only in memory and in the staged names, both gone: the
- * next open gives new shards generations <= M again. Before d4108b0 a
- * sealed file sat in shards/ and its adoption recorded next_gen. DESIGN.md
- * rule 2 asks the next generation to exceed every name in shards/,
- * staging/ and quarantine/, which holds here (staging/ is empty by then),
- * and nothing else names those generations, so this is a weaker floor
- * than "a staged generation is never reused after a crash", not a lost
- * or wrong block. A fix: commit next_gen in recovery whenever the floor
- * rose above the catalog's (before removing staging/). */
+/* The generation floor across two opens: kill -9 with a batch's sealed
+ * files in staging/ (generations up to M), then an open whose recovery
+ * changes nothing else, then close, then a second open. The floor once
+ * lived only in memory and in the staged names, both gone after the
+ * first open (kvx_st_recover raised next_gen past M, then emptied
+ * staging/, and committed nothing), so the second open gave out
+ * generations <= M again. Recovery now commits a raised floor before it
+ * removes any staging/ name. */
 static void test_gen_floor_second_open(void **state)
 {
     (void)state;
@@ -574,7 +587,6 @@ static void test_gen_floor_second_open(void **state)
     assert_int_equal(served(s, 430), NB);
     kvx_store_close(s);
 }
-#endif
 
 /* Odd entries in staging/: a FIFO and a directory (left alone, never
  * read: open does not hang), a symlink to a file outside the store (the
@@ -919,7 +931,7 @@ static void test_stream_finish_fails_midpublish(void **state)
     fault_uninstall();
     assert_int_not_equal(rc, 0);
     assert_non_null(op);
-    assert_string_equal(op, "rename_noreplace");
+    assert_string_equal(op, "linkat");
     kvx_xfer_stream_destroy(st);
     assert_int_equal(su_served_prefix(b, seq, NBS), 0);
     names_of(db, "shards", now, sizeof now);
@@ -1097,33 +1109,40 @@ static void test_powercut_batches(void **state)
     print_message("powercut: %zu images, %zu inside a flush, %zu with the flushing batch partly served\n", pcw_nimgs,
                   ninfl_imgs, npartial);
     assert_true(ninfl_imgs > 0); /* crash points inside flushes were taken */
-#ifdef KVX_ATTACK8_BREAKS
-    /* BREAKS (the power-cut form of test_kill_mid_publish_partial): a cut
-     * inside a flush, before its one fsync of shards/, leaves any subset
-     * of the batch's pending renames applied; recovery adopts those files,
-     * so the batch is partly served. Expected: all or none. */
+    /* (the power-cut form of test_kill_mid_publish_partial: a cut inside
+     * a flush once left any subset of the batch's renames applied, and
+     * recovery adopted those files) all of the batch or none of it */
     if (npartial) fail_msg("%zu power-cut image(s) inside a flush serve part of the flushing batch", npartial);
-#endif
 }
 
 /* ------------------------------------------------------------------ */
-/* kill -9 inside kvx_st_publish_files: a seam wrapper over
- * rename_noreplace that kills the process just before the n-th rename. */
+/* kill -9 inside a flush's publication: a seam wrapper over linkat (the
+ * second names in shards/, before the commit) and unlinkat (the staging/
+ * names removed after it) that kills the process just before the n-th
+ * call of the chosen one. */
 
 static kvx_os_ops a8_real;
-static long a8_renames, a8_kill_at;
+static long a8_calls, a8_kill_at;
+static int a8_kill_unlink; /* 0: count linkat, 1: count unlinkat */
 
-static int a8_rename_noreplace(const char *a, const char *b)
+static int a8_linkat(int ofd, const char *a, int nfd, const char *b, int flags)
 {
-    if (++a8_renames == a8_kill_at) raise(SIGKILL);
-    return a8_real.rename_noreplace(a, b);
+    if (!a8_kill_unlink && ++a8_calls == a8_kill_at) raise(SIGKILL);
+    return a8_real.linkat(ofd, a, nfd, b, flags);
+}
+
+static int a8_unlinkat(int fd, const char *a, int flags)
+{
+    if (a8_kill_unlink && ++a8_calls == a8_kill_at) raise(SIGKILL);
+    return a8_real.unlinkat(fd, a, flags);
 }
 
 /* Runs a child that puts 4 sequences into one batch (several sealed
  * files) and flushes it, killed just before its kill_at-th publication
- * rename. Returns the number of the 4 sequences' blocks served after
- * reopen, and how many files the batch had staged. */
-static size_t kill_at_rename(const char *dir, long kill_at, uint64_t first, size_t *nstaged)
+ * link (after_commit: its kill_at-th unlinkat, the staging/ names going
+ * after the commit). Returns the number of the 4 sequences' blocks served
+ * after reopen, and how many files the batch had staged. */
+static size_t kill_at_publish(const char *dir, long kill_at, int after_commit, uint64_t first, size_t *nstaged)
 {
     int fds[2];
     assert_int_equal(pipe(fds), 0);
@@ -1141,9 +1160,11 @@ static size_t kill_at_rename(const char *dir, long kill_at, uint64_t first, size
         if (write(fds[1], &n, sizeof n) != (ssize_t)sizeof n) _exit(6);
         kvx_os_reset();
         a8_real = kvx_os;
-        kvx_os.rename_noreplace = a8_rename_noreplace;
-        a8_renames = 0;
+        kvx_os.linkat = a8_linkat;
+        kvx_os.unlinkat = a8_unlinkat;
+        a8_calls = 0;
         a8_kill_at = kill_at;
+        a8_kill_unlink = after_commit;
         kvx_store_batch_flush(b);
         _exit(7);
     }
@@ -1176,40 +1197,49 @@ static void test_kill_before_publish(void **state)
     kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
     kvx_store_close(s);
     size_t nst = 0;
-    assert_int_equal(kill_at_rename(dir, 1, 800, &nst), 0);
+    assert_int_equal(kill_at_publish(dir, 1, 0, 800, &nst), 0);
     assert_true(nst >= 4);
     assert_int_equal(n_files(dir, "shards"), 0);
 }
 
-#ifdef KVX_ATTACK8_BREAKS
-/* BREAKS: a flush publishes a batch as ONE catalog edit ("nothing is
- * visible before step 2 commits", docs/STORE.md), but kvx_st_publish_files
- * renames the batch's sealed files into shards/ one by one before that
- * edit. A process killed between two of those renames (here: just before
- * the 2nd of >= 4) leaves the first file in shards/, unnamed by the
- * catalog; recovery (engine/store_recover.c st_adopt_file) adopts it, so
- * after the restart the leading blocks of the batch's first sequence are
- * served though the flush never returned and the rest of the batch is
- * gone: a batch partly published. Expected: all of the batch or none of
- * it (none, since its flush never committed). The same happens with a
- * power cut before the one fsync of shards/ (each pending rename applied
- * or not). Never wrong KV: the served blocks are the right bytes. */
+/* A flush publishes a batch as ONE catalog edit. It once renamed the
+ * batch's sealed files into shards/ one by one before that edit, so a
+ * process killed between two renames left the first file in shards/,
+ * unnamed by the catalog, and recovery adopted it: a batch partly
+ * published. Now each file gets a second name in shards/ (linkat) and
+ * keeps its staging/ name until the commit, and recovery removes a
+ * shards/ file whose staging/ twin shows an uncommitted flush. Killed
+ * before every link of the batch (the 2nd, 3rd, ... and after the last,
+ * i.e. at the first staging/ unlink, after the commit): none of the
+ * batch, or (after the commit) all of it, is served after the restart. */
 static void test_kill_mid_publish_partial(void **state)
 {
     (void)state;
+    size_t nst = 0;
+    for (long at = 2; at <= 6; at++) {
+        char dir[300];
+        new_dir(dir, sizeof dir);
+        kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
+        kvx_store_close(s);
+        size_t tot = kill_at_publish(dir, at, 0, 900 + 10 * (uint64_t)at, &nst);
+        assert_true(nst >= 4);
+        if (tot != 0)
+            fail_msg("killed before link %ld of a batch of %zu staged files: %zu of its %d blocks served after "
+                     "reopen (never committed: expected none)",
+                     at, nst, tot, 4 * NB);
+        assert_int_equal(n_files(dir, "staging"), 0);
+    }
     char dir[300];
     new_dir(dir, sizeof dir);
     kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
     kvx_store_close(s);
-    size_t nst = 0;
-    size_t tot = kill_at_rename(dir, 2, 900, &nst);
-    assert_true(nst >= 4);
-    if (tot != 0 && tot != 4 * NB)
-        fail_msg("killed between the publication renames of a batch of %zu staged files: %zu of its %d blocks "
-                 "served after reopen (a partly published batch)",
-                 nst, tot, 4 * NB);
+    size_t tot = kill_at_publish(dir, 1, 1, 990, &nst);
+    if (tot != 4 * NB)
+        fail_msg("killed after the commit (at the first staging/ unlink): %zu of the batch's %d blocks served "
+                 "(committed: expected all)",
+                 tot, 4 * NB);
+    assert_int_equal(n_files(dir, "staging"), 0);
 }
-#endif
 
 int main(void)
 {
@@ -1227,10 +1257,8 @@ int main(void)
         cmocka_unit_test(test_powercut_batches),
         cmocka_unit_test(test_stream_finish_fails_midpublish),
         cmocka_unit_test(test_kill_before_publish),
-#ifdef KVX_ATTACK8_BREAKS
         cmocka_unit_test(test_gen_floor_second_open),
         cmocka_unit_test(test_kill_mid_publish_partial),
-#endif
     };
     return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }
