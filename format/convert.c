@@ -359,6 +359,8 @@ int kvx_shard_to_envelope(void **out_buf, size_t *out_len, const kvx_shard *s, u
         return kvx_fail(KVX_EVERSION, "shard to envelope: version %u is not 1, 2 or 3", version);
     if (!g->block_tokens)
         return kvx_fail(KVX_EINVALID, "shard to envelope: %s has no block_tokens", kvx_shard_path(s));
+    if (info->flags & KVX_FLAG_KEYS)
+        return kvx_fail(KVX_EINVALID, "shard to envelope: %s holds keyed pages, not KV blocks", kvx_shard_path(s));
     uint32_t n = info->num_blocks;
     for (uint32_t i = 0; i < n; i++) {
         kvx_entry e;
@@ -366,6 +368,11 @@ int kvx_shard_to_envelope(void **out_buf, size_t *out_len, const kvx_shard *s, u
         if (e.token_count > g->block_tokens)
             return kvx_fail(KVX_ETOKENS, "shard to envelope: entry %u has %u tokens, more than block_tokens %u",
                             i, e.token_count, g->block_tokens);
+        /* the copy below reads the formula's bytes from the page */
+        if (e.bytes != kvx_page_bytes(g, e.token_count))
+            return kvx_fail(KVX_EFORMAT, "shard to envelope: entry %u has %llu page bytes, %llu for %u tokens", i,
+                            (unsigned long long)e.bytes, (unsigned long long)kvx_page_bytes(g, e.token_count),
+                            e.token_count);
     }
     size_t total;
     int rc = kvx_envelope_size(&total, version, g, n);

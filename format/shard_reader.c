@@ -143,6 +143,11 @@ static int check_header(const kvx_shard_header *h)
         return kvx_fail(KVX_EFORMAT, "header: a key table mixes with no other table (flags 0x%x)", h->flags);
     if ((h->flags & KVX_FLAG_KEYS) && h->spectral_offset)
         return kvx_fail(KVX_EFORMAT, "header: a keyed shard has no spectral bundle");
+    /* a keyed page is any length up to the one-token page, not a block of
+     * B tokens: with B != 0 a reader of blocks (export) would take it for
+     * one (found by fuzz/shard_fuzzer.c: regress_keyed_block_tokens) */
+    if ((h->flags & KVX_FLAG_KEYS) && h->block_tokens)
+        return kvx_fail(KVX_EFORMAT, "header: a keyed shard has block_tokens 0, this one %u", h->block_tokens);
     if ((h->spectral_offset == 0) != (h->spectral_dim == 0))
         return kvx_fail(KVX_ESPECTRAL, "header: spectral_offset %llu and spectral_dim %u disagree",
                         (unsigned long long)h->spectral_offset, h->spectral_dim);

@@ -172,6 +172,10 @@ static void test_key_table_damage(void **state)
     expect_refused(64 + 24 * 2 + 16 + 1, 0x40, KVX_EPAGE, "keyed page"); /* entry 2's bytes: PB + 0x4000 */
     expect_refused(56, KVX_FLAG_KEYS | KVX_FLAG_META_CRC | KVX_FLAG_HASHES, KVX_EFORMAT, "flags");
     expect_refused(56, KVX_FLAG_KEYS | KVX_FLAG_META_CRC | KVX_FLAG_SCALES, KVX_EFORMAT, "mixes");
+    /* a keyed shard claiming B tokens a block: export once copied the
+     * formula's bytes of a B=1 block out of each shorter keyed page, past
+     * the mapping (fuzz: corpus/shard/regress_keyed_block_tokens) */
+    expect_refused(20, 2, KVX_EFORMAT, "block_tokens 0");
 }
 
 static void test_key_writer_refusals(void **state)
