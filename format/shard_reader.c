@@ -566,9 +566,9 @@ static int page_crc(const kvx_shard *s, uint32_t index)
  * The window is small on purpose. Measured on the 2-core VM of
  * bench/RESULTS.md (a 256 MiB store, 64-block prompts, cache dropped): on
  * a first read of freshly written shards (the disk's slow path) 1 MiB
- * read 1.08-1.25 GB/s against 0.39-0.55 without; on a re-read the
- * virtual disk serves quickly it costs ~20 % (0.89-1.32 against
- * 1.34-1.60); 2 and 4 MiB windows were slower in both cases (the
+ * read 0.99-1.25 GB/s against 0.37-0.67 without; on a re-read the
+ * virtual disk serves quickly it costs ~30 % (medians 0.99 against
+ * 1.41 GB/s); 2 and 4 MiB windows were slower in both cases (the
  * WILLNEED reads take small folios where the fault path's read-around
  * takes large ones).
  */
