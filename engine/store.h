@@ -448,6 +448,11 @@ void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const char *damaged
 int kvx_st_drop_bad_shards(kvx_store *s);
 /* pending: bytes of sealed, unpublished files (a put in progress). */
 int kvx_st_evict(kvx_store *s, uint64_t pending);
+/* Shard ids ran out with the store under its capacity (many small
+ * shards): evicts the coldest unpinned shards, as kvx_st_evict does for
+ * the capacity, until about ST_COMPACT_AT - 16 shards are left. The
+ * number of ids freed (0: none could be), or <0. */
+int kvx_st_evict_for_ids(kvx_store *s);
 int kvx_st_enforce_capacity(kvx_store *s);
 int kvx_st_compact(kvx_store *s, int full);
 

@@ -228,6 +228,11 @@ static int st_put_one(kvx_store *s, kvx_store_batch *x, int kind, const st_query
             if (!x->whole && (rc = kvx_st_flush_locked(s, x))) return rc;
             kvx_st_compact(s, 1);
             rc = kvx_st_writer_begin(s, kvx_st_kind_flags(s, kind), NULL, o, hint);
+            /* still none, with the store under its capacity (small
+             * shards): a cache keeps the newest blocks, so the coldest
+             * shards go, as they would at the capacity */
+            if (rc == KVX_EFULL && kvx_st_evict_for_ids(s) > 0)
+                rc = kvx_st_writer_begin(s, kvx_st_kind_flags(s, kind), NULL, o, hint);
         }
         if (rc) return rc;
     }

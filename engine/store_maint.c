@@ -264,6 +264,26 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
 /* Every batch's sealed but unpublished files count, and are kept. */
 int kvx_st_enforce_capacity(kvx_store *s) { return kvx_st_evict(s, st_unpublished_bytes(s)); }
 
+int kvx_st_evict_for_ids(kvx_store *s)
+{
+    uint64_t live = 0, bytes = 0;
+    for (int b = 0; b < ST_SLOTS; b++)
+        if (s->reg->live[b]) live++, bytes += s->reg->rec[b].file_bytes;
+    if (live <= ST_COMPACT_AT || !bytes) return 0; /* ids are held by writers and sealed files, not shards */
+    /* the same LRU eviction as for the capacity, against the bytes of
+     * about ST_COMPACT_AT - 16 shards of today's mean size (so ~80 ids come
+     * free): the coldest shards go (pinned ones never), their hot blocks
+     * carried into new shards */
+    uint64_t cap = s->capacity, want = bytes / live * (ST_COMPACT_AT - 16);
+    s->capacity = want < cap ? want : cap;
+    int rc = kvx_st_evict(s, st_unpublished_bytes(s));
+    s->capacity = cap;
+    if (rc) return rc;
+    int now = 0;
+    for (int b = 0; b < ST_SLOTS; b++) now += s->reg->live[b] != 0;
+    return (int)live - now;
+}
+
 /* Marks (victims, *nvict + 2 each) unpinned live shards of `flags` whose
  * blocks are mostly orphans: their parent is held nowhere, so no prefix
  * lookup reaches them. 0 or the catalog's error. */

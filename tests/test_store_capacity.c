@@ -96,6 +96,67 @@ static void test_shard_ids_exhausted(void **state)
     free(t);
 }
 
+/* A store far under its capacity whose 256 shard ids are all taken by
+ * small published shards (one block each, every put flushed): the next
+ * put evicts the coldest shards, as the capacity would, instead of
+ * answering KVX_EFULL. Every put is acknowledged, the newest blocks are
+ * all served byte for byte, the oldest went first, and the store never
+ * holds more than 256 shards. (It once answered KVX_EFULL for good:
+ * test_attack8's kill -9 loop found it.) */
+static void test_shard_ids_freed_by_eviction(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/s%d", root, dir_counter++);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = (uint64_t)1 << 30;
+    o.shard_bytes = 4096; /* below one entry: one block per shard */
+    o.flags = KVX_STORE_NOWAIT;
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    enum { NSEQ = 400 };
+    uint8_t want[64];
+    for (uint64_t q = 0; q < NSEQ; q++) {
+        uint32_t t[SU_B];
+        uint64_t h;
+        su_tokens(t, 9000 + q, 1, 0);
+        uint8_t *p = su_pages(t, 1, &h, 64);
+        assert_int_equal(kvx_store_put(s, t, SU_B, p, 1, NULL, NULL), 0);
+        assert_int_equal(kvx_store_flush(s), 0);
+        free(p);
+    }
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_true(st.shards <= 256);
+    assert_true(st.evictions > 0);
+    assert_true(st.blocks >= 100 && st.blocks < NSEQ);
+    /* the newest 100 are all there and right; the first went */
+    for (uint64_t q = NSEQ - 100; q < NSEQ; q++) {
+        uint32_t t[SU_B];
+        su_tokens(t, 9000 + q, 1, 0);
+        kvx_view v;
+        size_t n = 0;
+        assert_int_equal(kvx_store_prefix(&v, &n, s, t, SU_B, 1), 0);
+        assert_int_equal(n, 1);
+        uint64_t h;
+        kvx_block_hashes(&h, t, SU_B, SU_B);
+        su_page(want, 64, h);
+        assert_memory_equal(v.page, want, 64);
+        kvx_views_release(&v, n);
+    }
+    uint32_t t0[SU_B];
+    su_tokens(t0, 9000, 1, 0);
+    kvx_view v0;
+    size_t n0 = 9;
+    assert_int_equal(kvx_store_prefix(&v0, &n0, s, t0, SU_B, 1), 0);
+    assert_int_equal(n0, 0);
+    uint64_t bad = 9;
+    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
+    assert_int_equal(bad, 0);
+    kvx_store_close(s);
+}
+
 /* A flush acknowledges every block put since the previous flush, so the
  * unflushed batch must fit the store: several puts without a flush that
  * add up to more than the capacity were accepted, a flush inside one of
@@ -274,6 +335,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_ids_exhausted),
+        cmocka_unit_test(test_shard_ids_freed_by_eviction),
         cmocka_unit_test(test_capacity_during_put),
         cmocka_unit_test(test_unflushed_batch_fits),
         cmocka_unit_test(test_reindex_keeps_pins),
