@@ -564,13 +564,12 @@ static int page_crc(const kvx_shard *s, uint32_t index)
  * page is still CRC-checked before it is first handed out.
  *
  * The window is small on purpose. Measured on the 2-core VM of
- * bench/RESULTS.md (a 256 MiB store, 64-block prompts, cache dropped): on
- * a first read of freshly written shards (the disk's slow path) 1 MiB
- * read 0.99-1.25 GB/s against 0.37-0.67 without; on a re-read the
- * virtual disk serves quickly it costs ~30 % (medians 0.99 against
- * 1.41 GB/s); 2 and 4 MiB windows were slower in both cases (the
- * WILLNEED reads take small folios where the fault path's read-around
- * takes large ones).
+ * bench/RESULTS.md ("Cold read, now": 1 GiB store, 64-block prompts, cache
+ * dropped, the store's layout held fixed): a first read of shards a merge
+ * has just written (the disk's slow path) 0.75-0.77 GB/s against
+ * 0.41-0.46 without; a re-read 0.63-0.81 against 0.52-0.88; 4 MiB windows
+ * were slower than 1 MiB on both (the WILLNEED reads take small folios
+ * where the fault path's read-around takes large ones).
  */
 #define KVX_SHARD_RA ((uint64_t)1 << 20)
 static void shard_prefetch(kvx_shard *s, const shard_rec *r)
