@@ -8,7 +8,10 @@
  * block by block (every payload byte decoded) and re-exported: the writer
  * must reproduce the input byte for byte, except that positions at or past
  * n_tokens become zero (a writer rule the reader does not enforce) and the
- * CRC is recomputed over that.
+ * CRC is recomputed over that. The one-pass import, kvx_envelope_decode_f32,
+ * must refuse what the parse refuses with the same code, and decode what it
+ * accepts to the same floats, bit for bit, as the block-by-block walk (one
+ * float short of room: KVX_ECAPACITY; another geometry: KVX_ESHAPE).
  *
  * Each input is tried as is and with its CRC repaired (see below).
  *
@@ -34,7 +37,16 @@ static int check_one(const uint8_t *data, size_t size)
     int rc = kvx_envelope_parse(&env, data, size, NULL);
     CHECK(rc == 0 || rc == KVX_EFORMAT || rc == KVX_EVERSION);
     CHECK(kvx_last_error() != NULL);
-    if (rc != 0) return 0;
+    if (rc != 0) {
+        /* the one-pass import to f32 applies the same rules, same codes,
+         * given room (an envelope holds at least a byte an element, so
+         * size floats are enough; its CRC is compared after the pass) */
+        float *room = malloc((size ? size : 1) * sizeof *room);
+        CHECK(room);
+        CHECK(kvx_envelope_decode_f32(room, size, NULL, data, size, NULL) == rc);
+        free(room);
+        return 0;
+    }
 
     const kvx_geometry *g = &env.geometry;
     CHECK(env.size == size && env.data == data);
@@ -57,6 +69,12 @@ static int check_one(const uint8_t *data, size_t size)
     /* With n_blocks 0 the dimensions are unbounded by the length: size
      * the scratch only from blocks that exist (then slab <= P < size). */
     float *tmp = malloc((env.n_blocks ? slab : 1) * sizeof *tmp);
+    /* every block's slabs decoded one by one: what kvx_envelope_decode_f32
+     * must give (the envelope holds at least esize bytes an element, so
+     * this is at most 4x its size) */
+    size_t nref = (size_t)env.n_blocks * slabs * slab;
+    float *ref = malloc((nref ? nref : 1) * sizeof *ref), *dec = malloc((nref ? nref : 1) * sizeof *dec);
+    CHECK(ref && dec);
     uint8_t *expect = malloc(size), *out = malloc(size);
     CHECK(in && scales && tmp && expect && out);
     memcpy(expect, data, size);
@@ -84,6 +102,7 @@ static int check_one(const uint8_t *data, size_t size)
                     tmp[k] = kvx_f16_to_f32((uint16_t)(p[2 * k] | p[2 * k + 1] << 8));
             }
             sink = tmp[slab - 1];
+            memcpy(ref + ((size_t)i * slabs + s) * slab, tmp, slab * sizeof *tmp);
             /* The writer zeroes positions past n_tokens. */
             size_t fill = (size_t)blk.n_tokens * g->head_dim * esize;
             memset(expect + (p - data) + fill, 0, slab * esize - fill);
@@ -103,7 +122,14 @@ static int check_one(const uint8_t *data, size_t size)
     CHECK(kvx_envelope_parse(&env2, out, size, g) == 0);
     CHECK(kvx_envelope_export(out, size - 1, env.version, g, in, env.n_blocks) == KVX_ECAPACITY);
 
-    free(in); free(scales); free(tmp); free(expect); free(out);
+    kvx_envelope env3;
+    CHECK(kvx_envelope_decode_f32(dec, nref, &env3, data, size, g) == 0);
+    CHECK(env3.n_blocks == env.n_blocks && env3.version == env.version && env3.data == data);
+    CHECK(memcmp(dec, ref, nref * sizeof *ref) == 0); /* bit for bit, NaNs too */
+    if (nref) CHECK(kvx_envelope_decode_f32(dec, nref - 1, NULL, data, size, g) == KVX_ECAPACITY);
+    CHECK(kvx_envelope_decode_f32(dec, nref, NULL, data, size, &other) == KVX_ESHAPE);
+
+    free(in); free(scales); free(tmp); free(expect); free(out); free(ref); free(dec);
     return 0;
 }
 
