@@ -132,6 +132,29 @@ void kvx_st_unlink_sealed(kvx_store *s, st_sealed *v, size_t n)
     }
 }
 
+/* staging/<v->staged> renamed to shards/<name>; v then has only that name
+ * (linked: removed from shards/ if the flush fails). */
+static int st_move_into_shards(kvx_store *s, st_sealed *v, const char *name)
+{
+    size_t cap = strlen(s->staging_path) + strlen(s->shards_path) + sizeof v->staged + 64;
+    char *from = malloc(cap), *to = malloc(cap);
+    int rc = 0;
+    if (!from || !to) {
+        rc = kvx_fail(-ENOMEM, "store: out of memory");
+    } else {
+        snprintf(from, cap, "%s/%s", s->staging_path, v->staged);
+        snprintf(to, cap, "%s/%s", s->shards_path, name);
+        if (kvx_os.rename_noreplace(from, to) != 0)
+            rc = kvx_fail(-errno, "store %s: move staging/%s to shards/%s: %s", s->dir, v->staged, name,
+                          strerror(errno));
+        else
+            v->staged[0] = '\0', v->linked = 1;
+    }
+    free(from);
+    free(to);
+    return rc;
+}
+
 int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n)
 {
     size_t linked = 0, staged = 0;
@@ -148,11 +171,18 @@ int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n)
         char name[32];
         kvx_st_shard_name(name, v[i].gen);
         /* a second name, never over an existing file (DESIGN.md rule 2) */
-        if (kvx_os.linkat(s->stagingfd, v[i].staged, s->shardsfd, name, 0) != 0)
+        if (kvx_os.linkat(s->stagingfd, v[i].staged, s->shardsfd, name, 0) == 0) {
+            v[i].linked = 1, linked++;
+        } else if (errno == EPERM || errno == EOPNOTSUPP || errno == EMLINK) {
+            /* a file system without hard links: the file moves instead
+             * (still never over a file). It works, but a crash between two
+             * of a batch's moves can leave part of it adopted; STORE.md */
+            rc = st_move_into_shards(s, &v[i], name);
+            if (!rc) linked++;
+        } else {
             rc = kvx_fail(-errno, "store %s: link staging/%s as shards/%s: %s", s->dir, v[i].staged, name,
                           strerror(errno));
-        else
-            v[i].linked = 1, linked++;
+        }
     }
     /* durable where the catalog edit will name them */
     if (!rc && linked && (rc = kvx_os_fsync_dir(s->shards_path)))

@@ -411,6 +411,46 @@ static void test_kill9_unflushed_never_adopted(void **state)
     }
 }
 
+/* A file system without hard links (linkat: EPERM): a flush moves its
+ * sealed files into shards/ instead of linking them, and still
+ * acknowledges and serves every block, also after reopen, with staging/
+ * left empty. */
+static kvx_os_ops nolink_real;
+static long nolink_calls;
+static int nolink_linkat(int a, const char *b, int c, const char *d, int e)
+{
+    (void)a, (void)b, (void)c, (void)d, (void)e;
+    nolink_calls++;
+    errno = EPERM;
+    return -1;
+}
+
+static void test_flush_without_hard_links(void **state)
+{
+    (void)state;
+    char dir[300];
+    new_dir(dir, sizeof dir);
+    kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
+    kvx_os_reset();
+    nolink_real = kvx_os;
+    kvx_os.linkat = nolink_linkat;
+    nolink_calls = 0;
+    kvx_store_batch *b;
+    assert_int_equal(kvx_store_batch_create(&b, s), 0);
+    for (uint64_t q = 500; q < 503; q++) assert_int_equal(put_seq(s, b, q, NULL), 0);
+    assert_int_equal(kvx_store_batch_flush(b), 0);
+    kvx_store_batch_destroy(b);
+    kvx_os = nolink_real;
+    assert_true(nolink_calls >= 2); /* several files, each refused a link */
+    for (uint64_t q = 500; q < 503; q++) assert_int_equal(served(s, q), NB);
+    assert_int_equal(n_files(dir, "staging"), 0);
+    verify_clean(s);
+    kvx_store_close(s);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
+    for (uint64_t q = 500; q < 503; q++) assert_int_equal(served(s, q), NB);
+    kvx_store_close(s);
+}
+
 /* The built-in batch is shared by every caller of kvx_store_put: a failed
  * put drops the blocks earlier successful puts added, and the next
  * kvx_store_flush says so (KVX_EDROPPED, how many, why), once, instead of
@@ -714,6 +754,7 @@ int main(void)
         cmocka_unit_test(test_batch_put_envelope),
         cmocka_unit_test(test_destroy_drops_unflushed),
         cmocka_unit_test(test_kill9_unflushed_never_adopted),
+        cmocka_unit_test(test_flush_without_hard_links),
         cmocka_unit_test(test_builtin_silent_loss),
         cmocka_unit_test(test_threads_own_batches),
         cmocka_unit_test(test_pins_across_batches),
