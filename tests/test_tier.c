@@ -191,6 +191,14 @@ static void test_urls_and_conf(void **state)
     assert_int_equal(kvx_tier_url_parse(&u, "redis://h:99999"), KVX_EINVALID);
     assert_int_equal(kvx_tier_url_parse(&u, "redis://"), KVX_EINVALID);
     assert_int_equal(kvx_tier_url_parse(&u, "redis://h:1/3"), KVX_EINVALID);
+    /* digits only (strtol took " +7"), no control bytes in a host (a
+     * CRLF TIER file left "h\r"); found by fuzz/tier_conf_fuzzer.c */
+    assert_int_equal(kvx_tier_url_parse(&u, "redis://h: +7"), KVX_EINVALID);
+    assert_int_equal(kvx_tier_url_parse(&u, "redis://h:+7"), KVX_EINVALID);
+    assert_int_equal(kvx_tier_url_parse(&u, "redis://h:-1"), KVX_EINVALID);
+    assert_int_equal(kvx_tier_url_parse(&u, "redis://h\r"), KVX_EINVALID);
+    assert_int_equal(kvx_tier_url_parse(&u, "redis://h:7\r"), KVX_EINVALID);
+    assert_int_equal(kvx_tier_url_parse(&u, "redis://h:65535"), 0);
     char red[256];
     kvx_tier_url_redact(red, sizeof red, "redis://alice:s3cret@h:1");
     assert_string_equal(red, "redis://alice:***@h:1");
@@ -207,6 +215,14 @@ static void test_urls_and_conf(void **state)
     assert_int_equal(back.ttl_ms, c.ttl_ms);
     assert_int_equal(kvx_tier_conf_parse(&back, "kvx-tier 2\nurl redis://h\n"), KVX_EFORMAT);
     assert_int_equal(kvx_tier_conf_parse(&back, "kvx-tier 1\ntenant a b\n"), KVX_EFORMAT);
+    /* ttl_ms: digits only, no wrap (strtoull read "-1" as 2^64-1) */
+    assert_int_equal(kvx_tier_conf_parse(&back, "kvx-tier 1\nurl redis://h\nttl_ms -1\n"), KVX_EFORMAT);
+    assert_int_equal(kvx_tier_conf_parse(&back, "kvx-tier 1\nurl redis://h\nttl_ms  5\n"), KVX_EFORMAT);
+    assert_int_equal(kvx_tier_conf_parse(&back, "kvx-tier 1\nurl redis://h\nttl_ms 18446744073709551616\n"),
+                     KVX_EFORMAT);
+    assert_int_equal(kvx_tier_conf_parse(&back, "kvx-tier 1\nurl redis://h\r\nttl_ms 5\n"), KVX_EFORMAT);
+    assert_int_equal(kvx_tier_conf_parse(&back, "kvx-tier 1\nurl redis://h\nttl_ms 18446744073709551615\n"), 0);
+    assert_true(back.ttl_ms == UINT64_MAX);
     assert_int_equal(kvx_tier_tenant_check("a/b"), KVX_EINVALID);
 }
 

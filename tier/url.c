@@ -8,6 +8,7 @@
  */
 #include "tier.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,22 @@ static int copy_field(char *dst, size_t cap, const char *src, size_t n)
     if (n >= cap) return -1;
     memcpy(dst, src, n);
     dst[n] = '\0';
+    return 0;
+}
+
+/* n decimal digits and nothing else (no sign, space or "0x"), at most
+ * max: 0; else -1 (strtol and strtoull take " +7" and wrap "-1"). */
+static int parse_dec(const char *s, size_t n, uint64_t max, uint64_t *out)
+{
+    uint64_t v = 0;
+    if (!n) return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return -1;
+        unsigned d = (unsigned)(s[i] - '0');
+        if (v > (max - d) / 10) return -1;
+        v = v * 10 + d;
+    }
+    *out = v;
     return 0;
 }
 
@@ -52,14 +69,17 @@ int kvx_tier_url_parse(kvx_tier_url *out, const char *url)
             if (p[i] == ':') colon = p + i;
         size_t hl = colon ? (size_t)(colon - p) : len;
         if (!hl) return kvx_fail(KVX_EINVALID, "tier: an empty host in the URL");
+        for (size_t i = 0; i < hl; i++)
+            if ((unsigned char)p[i] <= ' ' || p[i] == 0x7f)
+                return kvx_fail(KVX_EINVALID, "tier: a host name in the URL has a space or control character "
+                                "(byte 0x%02x)", (unsigned char)p[i]);
         if (copy_field(out->host[out->n], sizeof out->host[0], p, hl))
             return kvx_fail(KVX_EINVALID, "tier: a host name too long");
         int port = 6379;
         if (colon) {
-            char *end;
-            long v = strtol(colon + 1, &end, 10);
-            if (end != p + len || v < 1 || v > 65535 || colon + 1 == end)
-                return kvx_fail(KVX_EINVALID, "tier: bad port in \"%.*s\"", (int)len, p);
+            uint64_t v = 0;
+            if (parse_dec(colon + 1, (size_t)(p + len - colon - 1), 65535, &v) || v < 1)
+                return kvx_fail(KVX_EINVALID, "tier: bad port in \"%.*s\" (1..65535, digits only)", (int)len, p);
             port = (int)v;
         }
         out->port[out->n++] = port;
@@ -137,10 +157,11 @@ int kvx_tier_conf_parse(kvx_tier_conf *out, const char *text)
             if (!strcmp(out->tenant, "-")) out->tenant[0] = '\0';
             else if (kvx_tier_tenant_check(out->tenant)) return kvx_fail(KVX_EFORMAT, "TIER: bad tenant name");
         } else if (kl == 6 && !memcmp(p, "ttl_ms", 6)) {
-            char num[24], *end;
-            if (copy_field(num, sizeof num, v, vl) || !vl) return kvx_fail(KVX_EFORMAT, "TIER: bad ttl_ms");
-            out->ttl_ms = strtoull(num, &end, 10);
-            if (*end) return kvx_fail(KVX_EFORMAT, "TIER: bad ttl_ms \"%s\"", num);
+            uint64_t ms = 0;
+            if (parse_dec(v, vl, UINT64_MAX, &ms))
+                return kvx_fail(KVX_EFORMAT, "TIER: bad ttl_ms \"%.*s\" (digits only, at most 2^64-1)",
+                                (int)(vl > 24 ? 24 : vl), v);
+            out->ttl_ms = ms;
         } /* unknown keys: a later version's, ignored */
         p += len;
         if (*p == '\n') p++;
