@@ -9,6 +9,7 @@
  *    even when their recency alone would not save them, and that batch's
  *    flush serves them byte for byte;
  *  - a tl.kv.v1 HasBlocks lease pins its blocks through id evictions;
+ *  - a tl.kv.v1 stream (a whole batch) that runs the ids out mid-stream;
  *  - batches holding sealed, unflushed files, interleaved with puts that
  *    run the ids out: every batch's flush acknowledges and serves all;
  *  - recency: a block just read survives, the coldest goes;
@@ -197,6 +198,80 @@ static void test_lease_pins_survive(void **state)
     for (uint64_t q = 700; q < 800; q++) assert_int_equal(served(s, q), 1);
     verify_clean(s);
     kvx_store_close(s);
+}
+
+/* A tl.kv.v1 stream (a whole batch: nothing published before its finish)
+ * of 40 one-block shards into a store already holding 230 one-block
+ * shards: the ids run out mid-stream. The id eviction frees published
+ * shards (the stream's sealed files are kept), nothing of the stream is
+ * served before its finish, the finish acknowledges all 40 and they are
+ * served byte for byte, also after reopen. */
+static void test_stream_runs_out_midstream(void **state)
+{
+    (void)state;
+    char da[300], db[300];
+    new_dir(da, sizeof da);
+    new_dir(db, sizeof db);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = 64 << 20;
+    o.flags = KVX_STORE_NOWAIT | KVX_STORE_NOSYNC;
+    kvx_store *a = NULL;
+    assert_int_equal(kvx_store_create(&a, da, &o), 0);
+    kvx_store *b = mk_small(db);
+    enum { NBS = 40 };
+    const uint64_t seq = 777;
+    assert_int_equal(su_put_seq(a, seq, NBS), 0);
+    for (uint64_t q = 0; q < 230; q++) assert_int_equal(put1_flush(b, q), 0);
+    uint32_t t[NBS * SU_B];
+    uint64_t h[NBS];
+    su_tokens(t, seq, NBS, 0);
+    kvx_block_hashes(h, t, NBS * SU_B, SU_B);
+    static kvx_view views[NBS];
+    size_t nv = 0;
+    assert_int_equal(kvx_store_prefix(views, &nv, a, t, NBS * SU_B, NBS), 0);
+    assert_int_equal(nv, NBS);
+    static kvx_xfer_chunk ch[NBS];
+    void *env[NBS];
+    for (size_t i = 0; i < NBS; i++) {
+        size_t len = 0;
+        assert_int_equal(kvx_views_export(&env[i], &len, a, &views[i], 1, KVX_ENVELOPE_V1), 0);
+        memset(&ch[i], 0, sizeof ch[i]);
+        ch[i].kv_format = 1;
+        ch[i].block_hash = h[i];
+        ch[i].tokens = t + i * SU_B;
+        ch[i].n_tokens = SU_B;
+        ch[i].payload = env[i];
+        ch[i].payload_len = len;
+        ch[i].crc32c = kvx_crc32c(0, env[i], len);
+    }
+    kvx_views_release(views, nv);
+    kvx_xfer_stream *st = NULL;
+    assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
+    for (size_t i = 0; i < NBS; i++) {
+        int rc = kvx_xfer_stream_chunk(st, &ch[i], NULL);
+        if (rc) fail_msg("chunk %zu: %s (%s)", i, kvx_err_name(rc), kvx_last_error());
+    }
+    assert_int_equal(su_served_prefix(b, seq, NBS), 0); /* not before its finish */
+    assert_true(stat_of(b).evictions > 0);              /* the ids ran out mid-stream */
+    assert_int_equal(stat_of(b).capacity_bytes, CAP);
+    kvx_xfer_result res;
+    assert_int_equal(kvx_xfer_stream_finish(st, &res), 0);
+    assert_int_equal(res.blocks_stored, NBS);
+    kvx_xfer_stream_destroy(st);
+    assert_int_equal(su_served_prefix(b, seq, NBS), NBS);
+    for (uint64_t q = 0; q < 230; q++) assert_int_not_equal(served(b, q), SIZE_MAX);
+    for (uint64_t q = 200; q < 230; q++) assert_int_equal(served(b, q), 1);
+    assert_true(stat_of(b).shards <= 256);
+    verify_clean(b);
+    kvx_store_close(b);
+    b = reopen(db);
+    assert_int_equal(su_served_prefix(b, seq, NBS), NBS);
+    for (uint64_t q = 200; q < 230; q++) assert_int_equal(served(b, q), 1);
+    verify_clean(b);
+    kvx_store_close(b);
+    for (size_t i = 0; i < NBS; i++) kvx_free(env[i]);
+    kvx_store_close(a);
 }
 
 /* Two caller batches accumulate sealed, unflushed files (one per block)
@@ -506,6 +581,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pins_survive_id_eviction),
         cmocka_unit_test(test_lease_pins_survive),
+        cmocka_unit_test(test_stream_runs_out_midstream),
         cmocka_unit_test(test_batches_interleaved),
         cmocka_unit_test(test_recency_read_survives),
         cmocka_unit_test(test_carry_hot_block),
