@@ -272,8 +272,11 @@ int kvx_st_evict_for_ids(kvx_store *s)
     if (live <= ST_COMPACT_AT || !bytes) return 0; /* ids are held by writers and sealed files, not shards */
     /* the same LRU eviction as for the capacity, against the bytes of
      * about ST_COMPACT_AT - 16 shards of today's mean size (so ~80 ids come
-     * free): the coldest shards go (pinned ones never), their hot blocks
-     * carried into new shards */
+     * free): the coldest shards go (pinned ones never). Their hot blocks
+     * are NOT carried: no id is free for the carry's new shard, so
+     * kvx_st_evict evicts without it, and a block just read in a mostly
+     * cold shard goes with it (test_attack9 test_carry_hot_block, kept out
+     * of the build). Freeing ids first, then carrying, would fix it. */
     uint64_t cap = s->capacity, want = bytes / live * (ST_COMPACT_AT - 16);
     s->capacity = want < cap ? want : cap;
     int rc = kvx_st_evict(s, st_unpublished_bytes(s));
