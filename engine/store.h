@@ -183,6 +183,9 @@ struct kvx_store {
     kvx_store_batch *batches; /* every live batch, own first */
     uint64_t next_gen;
     uint64_t dropped;
+    int evict_cold_only; /* kvx_st_evict takes only shards whose every block
+                            is below the cut, and carries nothing (set by
+                            kvx_st_evict_for_ids for its first pass) */
     uint64_t carried;      /* blocks this handle carried forward (benchmarks) */
     int index_live;        /* the index names next_gen (not lost or empty) */
     int index_missing;     /* index/ was not there at open */
@@ -450,8 +453,9 @@ int kvx_st_drop_bad_shards(kvx_store *s);
 int kvx_st_evict(kvx_store *s, uint64_t pending);
 /* Shard ids ran out with the store under its capacity (many small
  * shards): evicts the coldest unpinned shards, as kvx_st_evict does for
- * the capacity, until about ST_COMPACT_AT - 16 shards are left. The
- * number of ids freed (0: none could be), or <0. */
+ * the capacity (whole cold shards first, then, if too few, a carrying
+ * pass), until about ST_COMPACT_AT - 16 shards are left. The number of
+ * ids freed (0: none could be), or <0. */
 int kvx_st_evict_for_ids(kvx_store *s);
 int kvx_st_enforce_capacity(kvx_store *s);
 int kvx_st_compact(kvx_store *s, int full);

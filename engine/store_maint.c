@@ -220,10 +220,16 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
         if (kvx_st_evict_enough(total, freed, nmv, room, s->entry_bytes, goal)) break;
         uint32_t b = order[i];
         if (sh[b].pinned) continue; /* a pending put's held blocks: after its flush */
+        if (s->evict_cold_only) { /* a shard with a block above the cut stays */
+            uint32_t k = 0;
+            while (k < s->reg->rec[b].n_entries && r[b][k] <= cut) k++;
+            if (k < s->reg->rec[b].n_entries) continue;
+        }
         victims[b] = 1;
         freed += s->reg->rec[b].file_bytes;
         room = kvx_st_carry_room(freed, s->entry_bytes);
-        if ((s->reg->rec[b].flags & KVX_FLAG_LINEAGE) && kvx_st_collect(s, b, r[b], 1, cut, &mv, &nmv, &capmv, SIZE_MAX) != 0)
+        if ((s->reg->rec[b].flags & KVX_FLAG_LINEAGE) && !s->evict_cold_only &&
+            kvx_st_collect(s, b, r[b], 1, cut, &mv, &nmv, &capmv, SIZE_MAX) != 0)
             kvx_clear_error(); /* carrying is optional: the shard is evicted anyway */
     }
     kvx_st_usage_free(uv);
@@ -270,19 +276,24 @@ int kvx_st_evict_for_ids(kvx_store *s)
     for (int b = 0; b < ST_SLOTS; b++)
         if (s->reg->live[b]) live++, bytes += s->reg->rec[b].file_bytes;
     if (live <= ST_COMPACT_AT || !bytes) return 0; /* ids are held by writers and sealed files, not shards */
-    /* the same LRU eviction as for the capacity, against the bytes of
-     * about ST_COMPACT_AT - 16 shards of today's mean size (so ~80 ids come
-     * free): the coldest shards go (pinned ones never). Their hot blocks
-     * are NOT carried: no id is free for the carry's new shard, so
-     * kvx_st_evict evicts without it, and a block just read in a mostly
-     * cold shard goes with it (test_attack9 test_carry_hot_block, kept out
-     * of the build). Freeing ids first, then carrying, would fix it. */
+    /* the capacity's LRU eviction, against the bytes of about
+     * ST_COMPACT_AT - 16 shards of today's mean size (so ~80 ids come
+     * free); pinned shards never go. First pass: only shards whose every
+     * block is below the cut, whole, carrying nothing (no id is free for a
+     * carry's new shard yet). If that frees too few (every cold shard holds
+     * some hot block), a second, carrying pass runs with the ids the first
+     * freed for its new shards (none freed: it evicts without carrying). */
     uint64_t cap = s->capacity, want = bytes / live * (ST_COMPACT_AT - 16);
     s->capacity = want < cap ? want : cap;
+    s->evict_cold_only = 1;
     int rc = kvx_st_evict(s, st_unpublished_bytes(s));
+    s->evict_cold_only = 0;
+    int now = 0;
+    for (int b = 0; b < ST_SLOTS; b++) now += s->reg->live[b] != 0;
+    if (!rc && now > ST_COMPACT_AT) rc = kvx_st_evict(s, st_unpublished_bytes(s));
     s->capacity = cap;
     if (rc) return rc;
-    int now = 0;
+    now = 0;
     for (int b = 0; b < ST_SLOTS; b++) now += s->reg->live[b] != 0;
     return (int)live - now;
 }

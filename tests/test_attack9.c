@@ -24,20 +24,15 @@
  *  - carry of hot blocks on the id path (test_carry_hot_block; control
  *    test_carry_hot_block_at_capacity: the capacity eviction carries it).
  *
- * Break found (kept under KVX_ATTACK9_BREAKS so main stays green):
+ * Break found, fixed, tested here:
  *  - test_carry_hot_block: shards of six blocks, all 256 ids taken, the
  *    first block of the oldest sequence read just before the put that
- *    runs the ids out. kvx_st_evict_for_ids runs kvx_st_evict with every
- *    id taken; its victims include that block's shard, and the carry of
- *    the hot blocks (7 here) into a new shard needs an id:
- *    kvx_st_rewrite -> kvx_st_writer_begin answers KVX_EFULL, kvx_st_evict
- *    treats the carry as optional and evicts without it. The block just
- *    read is gone (prefix serves 0 blocks; expected 1, as the capacity
- *    eviction gives in the control). Not wrong KV, nothing acknowledged
- *    lost outside the eviction policy, but the "same LRU ... hot blocks
- *    carried" claim of store_maint.c and docs/STORE.md does not hold on
- *    this path. At fault: kvx_st_evict_for_ids (it needs to free an id
- *    before the carry, or evict in two steps).
+ *    runs the ids out. kvx_st_evict_for_ids ran kvx_st_evict with every
+ *    id taken; its victims included that block's shard, and the carry of
+ *    the hot blocks into a new shard needed an id (kvx_st_rewrite ->
+ *    kvx_st_writer_begin: KVX_EFULL), so the block just read was evicted.
+ *    The id eviction now takes whole cold shards first, carrying nothing,
+ *    and runs the carrying pass only if that freed too few.
  *
  * White-box: faults through the OS seam (fault.h).
  */
@@ -374,12 +369,9 @@ static void test_carry_hot_block(void **state)
     size_t hot = su_served_prefix(s, 0, 1);
     if (getenv("A9_DEBUG")) fprintf(stderr, "carry: hot block served %zu, shards %llu\n", hot, (unsigned long long)st.shards);
     assert_int_not_equal(hot, SIZE_MAX);
-#ifdef KVX_ATTACK9_BREAKS
-    /* BREAK: the block just read is evicted: the carry into a new shard
-     * found no free shard id (kvx_st_rewrite -> KVX_EFULL) and
-     * kvx_st_evict dropped the carry; expected 1, got 0 */
+    /* the block just read survives (it once went with its shard: the
+     * carry found no free id) */
     assert_int_equal(hot, 1);
-#endif
     kvx_store_close(s);
 }
 
