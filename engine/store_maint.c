@@ -270,11 +270,19 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
 /* Every batch's sealed but unpublished files count, and are kept. */
 int kvx_st_enforce_capacity(kvx_store *s) { return kvx_st_evict(s, st_unpublished_bytes(s)); }
 
+static int st_live_shards(const kvx_store *s)
+{
+    int n = 0;
+    for (int b = 0; b < ST_SLOTS; b++) n += s->reg->live[b] != 0;
+    return n;
+}
+
 int kvx_st_evict_for_ids(kvx_store *s)
 {
-    uint64_t live = 0, bytes = 0;
+    int live = st_live_shards(s);
+    uint64_t bytes = 0;
     for (int b = 0; b < ST_SLOTS; b++)
-        if (s->reg->live[b]) live++, bytes += s->reg->rec[b].file_bytes;
+        if (s->reg->live[b]) bytes += s->reg->rec[b].file_bytes;
     if (live <= ST_COMPACT_AT || !bytes) return 0; /* ids are held by writers and sealed files, not shards */
     /* the capacity's LRU eviction, against the bytes of about
      * ST_COMPACT_AT - 16 shards of today's mean size (so ~80 ids come
@@ -283,19 +291,14 @@ int kvx_st_evict_for_ids(kvx_store *s)
      * carry's new shard yet). If that frees too few (every cold shard holds
      * some hot block), a second, carrying pass runs with the ids the first
      * freed for its new shards (none freed: it evicts without carrying). */
-    uint64_t cap = s->capacity, want = bytes / live * (ST_COMPACT_AT - 16);
+    uint64_t cap = s->capacity, want = bytes / (uint64_t)live * (ST_COMPACT_AT - 16);
     s->capacity = want < cap ? want : cap;
     s->evict_cold_only = 1;
     int rc = kvx_st_evict(s, st_unpublished_bytes(s));
     s->evict_cold_only = 0;
-    int now = 0;
-    for (int b = 0; b < ST_SLOTS; b++) now += s->reg->live[b] != 0;
-    if (!rc && now > ST_COMPACT_AT) rc = kvx_st_evict(s, st_unpublished_bytes(s));
+    if (!rc && st_live_shards(s) > ST_COMPACT_AT) rc = kvx_st_evict(s, st_unpublished_bytes(s));
     s->capacity = cap;
-    if (rc) return rc;
-    now = 0;
-    for (int b = 0; b < ST_SLOTS; b++) now += s->reg->live[b] != 0;
-    return (int)live - now;
+    return rc ? rc : live - st_live_shards(s);
 }
 
 /* Marks (victims, *nvict + 2 each) unpinned live shards of `flags` whose
