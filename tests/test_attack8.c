@@ -1181,6 +1181,23 @@ static size_t kill_at_publish(const char *dir, long kill_at, int after_commit, u
     *nstaged = 0;
     assert_int_equal(read(fds[0], nstaged, sizeof *nstaged), (ssize_t)sizeof *nstaged);
     close(fds[0]);
+    /* a reader first (rule 3): it serves what the writer will, and
+     * removes nothing, not even a cut flush's file in shards/ */
+    static char shards_before[16384], shards_after[16384];
+    size_t staged_before = n_files(dir, "staging");
+    names_of(dir, "shards", shards_before, sizeof shards_before);
+    kvx_store *r = NULL;
+    assert_int_equal(kvx_store_open(&r, dir, NULL, KVX_STORE_READONLY), 0);
+    size_t rtot = 0;
+    for (uint64_t q = first; q < first + 4; q++) {
+        size_t n = served(r, q);
+        assert_true(n != SIZE_MAX);
+        rtot += n;
+    }
+    kvx_store_close(r);
+    names_of(dir, "shards", shards_after, sizeof shards_after);
+    assert_string_equal(shards_after, shards_before);
+    assert_int_equal(n_files(dir, "staging"), staged_before);
     kvx_store *s = reopen(dir);
     size_t tot = 0;
     for (uint64_t q = first; q < first + 4; q++) {
@@ -1188,6 +1205,7 @@ static size_t kill_at_publish(const char *dir, long kill_at, int after_commit, u
         assert_true(n != SIZE_MAX); /* never wrong KV */
         tot += n;
     }
+    assert_int_equal(rtot, tot);
     verify_clean(s);
     kvx_store_close(s);
     return tot;
