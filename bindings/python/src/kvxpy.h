@@ -23,6 +23,7 @@
 typedef struct {
     PyObject_HEAD
     kvx_store *s; /* NULL once closed */
+    unsigned long fork_gen; /* kvxpy_fork_gen when opened: another value = a forked child */
     pthread_rwlock_t lock;
     kvx_geometry geom;
     uint64_t page_bytes; /* one full block; a keyed store's page size */
@@ -50,6 +51,14 @@ typedef struct {
     int freed;    /* kvx_view_release done */
 } kvxpy_view;
 
+/* Bumped in every child of a fork (pthread_atfork). A Store records it
+ * at open: in a child (kvx.h: "do not use a handle in a child process")
+ * its calls raise ValueError and its close, its batches' close and their
+ * deallocation forget the C handles instead of closing them, which would
+ * unlink the parent's unflushed staging files and write to its index. */
+extern volatile unsigned long kvxpy_fork_gen;
+#define KVXPY_FORKED(st) ((st)->fork_gen != kvxpy_fork_gen)
+
 extern PyTypeObject kvxpy_store_type;
 extern PyTypeObject kvxpy_batch_type;
 extern PyTypeObject kvxpy_view_type;
@@ -70,6 +79,14 @@ typedef struct {
 } kvxpy_tokens;
 int kvxpy_tokens_get(kvxpy_tokens *out, PyObject *obj);
 void kvxpy_tokens_release(kvxpy_tokens *t);
+/* PyArg "O&" converters of an int to uint32_t / uint64_t that reject
+ * negative and too large values (OverflowError) instead of wrapping them
+ * as "I" and "K" do. */
+int kvxpy_u32_conv(PyObject *obj, void *out);
+int kvxpy_u64_conv(PyObject *obj, void *out);
+/* Drops a pin taken as o->exports++ (a buffer export, or Store.export's
+ * hold during its call): the last one frees a released view. GIL held. */
+void kvxpy_view_unpin(kvxpy_view *o);
 /* A new View owning *v (on failure *v is released). */
 PyObject *kvxpy_view_new(const kvx_view *v);
 

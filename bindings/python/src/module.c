@@ -15,6 +15,33 @@
 
 static PyObject *kvxpy_error; /* kvx.Error */
 
+volatile unsigned long kvxpy_fork_gen;
+
+static void kvxpy_atfork_child(void) { kvxpy_fork_gen++; }
+
+int kvxpy_u32_conv(PyObject *obj, void *out)
+{
+    unsigned long long v;
+    if (!kvxpy_u64_conv(obj, &v)) return 0;
+    if (v > UINT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "kvx: value out of range 0..2^32-1");
+        return 0;
+    }
+    *(unsigned int *)out = (unsigned int)v;
+    return 1;
+}
+
+int kvxpy_u64_conv(PyObject *obj, void *out)
+{
+    PyObject *i = PyNumber_Index(obj); /* an int (or __index__), not a float */
+    if (!i) return 0;
+    unsigned long long v = PyLong_AsUnsignedLongLong(i); /* OverflowError when < 0 or >= 2^64 */
+    Py_DECREF(i);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) return 0;
+    *(unsigned long long *)out = v;
+    return 1;
+}
+
 /* The subclasses for the codes a caller usually tells apart. */
 static struct {
     int code;
@@ -92,6 +119,12 @@ int kvxpy_tokens_get(kvxpy_tokens *t, PyObject *obj)
         t->n = n;
         if (t->buf.itemsize == 4) { /* used in place */
             t->p = t->buf.buf;
+            for (size_t i = 0; sgn && i < n; i++)
+                if ((int32_t)t->p[i] < 0) { /* int32 -1 (padding) is no token id 2^32-1 */
+                    PyErr_Format(PyExc_ValueError, "kvx: tokens[%zu] is not a token id (0..2^32-1)", i);
+                    kvxpy_tokens_release(t);
+                    return -1;
+                }
             return 0;
         }
         t->tmp = PyMem_Malloc(n ? n * sizeof(uint32_t) : 1);
@@ -121,6 +154,7 @@ int kvxpy_tokens_get(kvxpy_tokens *t, PyObject *obj)
     }
     PyObject *seq = PySequence_Fast(obj, "");
     if (!seq) {
+        if (!PyErr_ExceptionMatches(PyExc_TypeError)) return -1; /* raised by the iterable itself */
         PyErr_Clear();
         return tokens_bad();
     }
@@ -133,7 +167,14 @@ int kvxpy_tokens_get(kvxpy_tokens *t, PyObject *obj)
     }
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
-        unsigned long long v = PyLong_AsUnsignedLongLong(items[i]);
+        unsigned long long v;
+        if (PyLong_Check(items[i])) {
+            v = PyLong_AsUnsignedLongLong(items[i]);
+        } else { /* numpy integer scalars (list(array)) and other __index__ types; not floats */
+            PyObject *ix = PyNumber_Index(items[i]);
+            v = ix ? PyLong_AsUnsignedLongLong(ix) : (unsigned long long)-1;
+            Py_XDECREF(ix);
+        }
         if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v > UINT32_MAX) {
             PyErr_Clear();
             PyErr_Format(PyExc_ValueError, "kvx: tokens[%zd] is not a token id (0..2^32-1)", i);
@@ -257,11 +298,15 @@ static int view_getbuffer(PyObject *self, Py_buffer *b, int flags)
     return 0;
 }
 
+void kvxpy_view_unpin(kvxpy_view *o)
+{
+    if (--o->exports == 0 && o->released) view_free_now(o);
+}
+
 static void view_releasebuffer(PyObject *self, Py_buffer *b)
 {
     (void)b;
-    kvxpy_view *o = (kvxpy_view *)self;
-    if (--o->exports == 0 && o->released) view_free_now(o);
+    kvxpy_view_unpin((kvxpy_view *)self);
 }
 
 static PyBufferProcs view_as_buffer = {view_getbuffer, view_releasebuffer};
@@ -421,7 +466,7 @@ static PyObject *mod_block_hashes(PyObject *m, PyObject *args)
     (void)m;
     PyObject *tok;
     unsigned int bt;
-    if (!PyArg_ParseTuple(args, "OI:block_hashes", &tok, &bt)) return NULL;
+    if (!PyArg_ParseTuple(args, "OO&:block_hashes", &tok, kvxpy_u32_conv, &bt)) return NULL;
     if (bt == 0) return kvxpy_raise(KVX_EINVALID, "block_hashes: block_tokens is 0");
     kvxpy_tokens t;
     if (kvxpy_tokens_get(&t, tok) < 0) return NULL;
@@ -481,6 +526,8 @@ PyMODINIT_FUNC PyInit__kvx(void)
     if (PyType_Ready(&kvxpy_view_type) < 0 || PyType_Ready(&kvxpy_store_type) < 0 ||
         PyType_Ready(&kvxpy_batch_type) < 0)
         return NULL;
+    static int atfork_done;
+    if (!atfork_done && pthread_atfork(NULL, NULL, kvxpy_atfork_child) == 0) atfork_done = 1;
     PyObject *m = PyModule_Create(&kvx_module);
     if (!m) return NULL;
     kvxpy_error = PyErr_NewExceptionWithDoc(

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #define KVXPY_CLOSED 1 /* never a kvx code (those are <= 0) */
+#define KVXPY_FORKED_RC 2 /* the handle belongs to the parent of a fork */
 
 static PyObject *closed_error(const char *what)
 {
@@ -17,19 +18,32 @@ static PyObject *closed_error(const char *what)
     return NULL;
 }
 
+static PyObject *forked_error(void)
+{
+    PyErr_SetString(PyExc_ValueError, "kvx: the store was opened before a fork (this process is the child): "
+                                      "open it again in this process");
+    return NULL;
+}
+
 /* Runs expr (which may use st->s) with the GIL released and the store
- * read-locked; rc gets its result, or KVXPY_CLOSED. */
-#define STORE_CALL(st, rc, expr)                     \
-    do {                                             \
-        Py_BEGIN_ALLOW_THREADS;                      \
-        pthread_rwlock_rdlock(&(st)->lock);          \
-        (rc) = (st)->s ? (int)(expr) : KVXPY_CLOSED; \
-        pthread_rwlock_unlock(&(st)->lock);          \
-        Py_END_ALLOW_THREADS;                        \
+ * read-locked; rc gets its result, KVXPY_CLOSED or KVXPY_FORKED_RC (the
+ * lock is not touched in a forked child: a parent thread may have held it). */
+#define STORE_CALL(st, rc, expr)                         \
+    do {                                                 \
+        if (KVXPY_FORKED(st)) {                          \
+            (rc) = (st)->s ? KVXPY_FORKED_RC : KVXPY_CLOSED; \
+            break;                                       \
+        }                                                \
+        Py_BEGIN_ALLOW_THREADS;                          \
+        pthread_rwlock_rdlock(&(st)->lock);              \
+        (rc) = (st)->s ? (int)(expr) : KVXPY_CLOSED;     \
+        pthread_rwlock_unlock(&(st)->lock);              \
+        Py_END_ALLOW_THREADS;                            \
     } while (0)
 
 static PyObject *store_fail(int rc)
 {
+    if (rc == KVXPY_FORKED_RC) return forked_error();
     return rc == KVXPY_CLOSED ? closed_error("the store") : kvxpy_raise(rc, NULL);
 }
 
@@ -43,6 +57,7 @@ static kvxpy_store *store_alloc(kvx_store *s)
         return NULL;
     }
     o->s = s;
+    o->fork_gen = kvxpy_fork_gen;
     pthread_rwlock_init(&o->lock, NULL);
     kvx_store_get_geometry(&o->geom, s);
     o->page_bytes = kvx_page_bytes(&o->geom, o->geom.block_tokens);
@@ -73,9 +88,11 @@ static PyObject *store_create(PyObject *cls, PyObject *args, PyObject *kw)
     unsigned long long sig = 0, cap = 0, shard = 0, pb = 0, ttl = 0;
     int nowait = 0, verify = 0, nosync = 0;
     const char *tier = NULL, *tenant = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$IIIIOKKKpppKzzK:Store.create", kwlist, PyUnicode_FSConverter,
-                                     &dirobj, &L, &H, &D, &B, &quant, &sig, &cap, &shard, &nowait, &verify, &nosync,
-                                     &pb, &tier, &tenant, &ttl))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$O&O&O&O&OO&O&O&pppO&zzO&:Store.create", kwlist,
+                                     PyUnicode_FSConverter, &dirobj, kvxpy_u32_conv, &L, kvxpy_u32_conv, &H,
+                                     kvxpy_u32_conv, &D, kvxpy_u32_conv, &B, &quant, kvxpy_u64_conv, &sig,
+                                     kvxpy_u64_conv, &cap, kvxpy_u64_conv, &shard, &nowait, &verify, &nosync,
+                                     kvxpy_u64_conv, &pb, &tier, &tenant, kvxpy_u64_conv, &ttl))
         return NULL;
     int any_geom = L != UINT32_MAX || H != UINT32_MAX || D != UINT32_MAX || B != UINT32_MAX || quant || sig;
     if (pb && any_geom) { /* a keyed store has a page size instead of a geometry */
@@ -127,8 +144,8 @@ static PyObject *store_open(PyObject *cls, PyObject *args, PyObject *kw)
     int readonly = 0, nowait = 0, verify = 0, nosync = 0;
     const char *tier = NULL, *tenant = NULL;
     unsigned long long ttl = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$ppppzzK:Store.open", kwlist, PyUnicode_FSConverter, &dirobj,
-                                     &readonly, &nowait, &verify, &nosync, &tier, &tenant, &ttl))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$ppppzzO&:Store.open", kwlist, PyUnicode_FSConverter, &dirobj,
+                                     &readonly, &nowait, &verify, &nosync, &tier, &tenant, kvxpy_u64_conv, &ttl))
         return NULL;
     kvx_store *s = NULL;
     int rc;
@@ -151,6 +168,10 @@ static PyObject *store_open(PyObject *cls, PyObject *args, PyObject *kw)
 
 static void store_close_now(kvxpy_store *o)
 {
+    if (KVXPY_FORKED(o)) { /* the parent's handle: forgotten here, closed by the parent */
+        o->s = NULL;
+        return;
+    }
     Py_BEGIN_ALLOW_THREADS;
     pthread_rwlock_wrlock(&o->lock); /* waits for calls in flight */
     kvx_store_close(o->s);
@@ -169,8 +190,9 @@ static PyObject *store_close(PyObject *self, PyObject *unused)
 static void store_dealloc(PyObject *self)
 {
     kvxpy_store *o = (kvxpy_store *)self;
+    int forked = KVXPY_FORKED(o);
     if (o->s) store_close_now(o);
-    pthread_rwlock_destroy(&o->lock);
+    if (!forked) pthread_rwlock_destroy(&o->lock);
     PyObject_Free(self);
 }
 
@@ -305,7 +327,7 @@ static PyObject *store_get(PyObject *self, PyObject *args)
 {
     kvxpy_store *st = (kvxpy_store *)self;
     unsigned int coord;
-    if (!PyArg_ParseTuple(args, "I:get", &coord)) return NULL;
+    if (!PyArg_ParseTuple(args, "O&:get", kvxpy_u32_conv, &coord)) return NULL;
     kvx_view v;
     int rc;
     STORE_CALL(st, rc, kvx_store_get(&v, st->s, coord));
@@ -316,7 +338,7 @@ static PyObject *store_get_hash(PyObject *self, PyObject *args)
 {
     kvxpy_store *st = (kvxpy_store *)self;
     unsigned long long h;
-    if (!PyArg_ParseTuple(args, "K:get_hash", &h)) return NULL;
+    if (!PyArg_ParseTuple(args, "O&:get_hash", kvxpy_u64_conv, &h)) return NULL;
     kvx_view v;
     int rc;
     STORE_CALL(st, rc, kvx_store_get_hash(&v, st->s, h));
@@ -429,11 +451,14 @@ static PyObject *store_export(PyObject *self, PyObject *args, PyObject *kw)
     PyObject *vobj;
     unsigned short version = KVX_ENVELOPE_V1;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|H:export", kwlist, &vobj, &version)) return NULL;
-    PyObject *seq = PySequence_Fast(vobj, "export: a sequence of Views");
+    /* a tuple of its own: a list changed by another thread while the GIL is
+     * released must not drop the Views read in C */
+    PyObject *seq = PySequence_Tuple(vobj);
     if (!seq) return NULL;
     size_t n = (size_t)PySequence_Fast_GET_SIZE(seq);
     kvx_view *views = PyMem_Malloc((n ? n : 1) * sizeof *views);
     PyObject *out = NULL;
+    size_t pinned = 0;
     if (!views) {
         PyErr_NoMemory();
         goto done;
@@ -449,8 +474,15 @@ static PyObject *store_export(PyObject *self, PyObject *args, PyObject *kw)
             PyErr_Format(PyExc_ValueError, "export: views[%zu] is released", i);
             goto done;
         }
-        views[i] = v->v; /* borrowed: seq holds every View (and its shard) */
     }
+    /* Each View pinned as a buffer export for the call: a release() from
+     * another thread while the GIL is released waits for it to end. */
+    for (size_t i = 0; i < n; i++) {
+        kvxpy_view *v = (kvxpy_view *)PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i);
+        v->exports++;
+        views[i] = v->v; /* borrowed: seq holds every View */
+    }
+    pinned = n;
     void *buf = NULL;
     size_t len = 0;
     int rc;
@@ -462,6 +494,7 @@ static PyObject *store_export(PyObject *self, PyObject *args, PyObject *kw)
         kvx_free(buf);
     }
 done:
+    for (size_t i = 0; i < pinned; i++) kvxpy_view_unpin((kvxpy_view *)PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i));
     Py_DECREF(seq);
     PyMem_Free(views);
     return out;
@@ -485,7 +518,9 @@ static PyObject *store_c_prefix_loop(PyObject *self, PyObject *args)
     kvx_view *views = PyMem_Malloc((cap ? cap : 1) * sizeof *views);
     double *secs = PyMem_Malloc((size_t)passes * sizeof *secs);
     int rc = 0;
-    if (views && secs) {
+    if (KVXPY_FORKED(st)) {
+        rc = st->s ? KVXPY_FORKED_RC : KVXPY_CLOSED;
+    } else if (views && secs) {
         Py_BEGIN_ALLOW_THREADS;
         pthread_rwlock_rdlock(&st->lock);
         for (Py_ssize_t p = 0; p < passes && st->s && !rc; p++) {
@@ -525,7 +560,7 @@ static PyObject *store_c_prefix_loop(PyObject *self, PyObject *args)
  * pinned by the argument objects (held through the sequence) meanwhile. */
 
 typedef struct {
-    PyObject *seq; /* PySequence_Fast of the keys: holds every key object */
+    PyObject *seq; /* a tuple of the keys: holds every key object */
     kvx_key *k;
     size_t n;
 } keyed_keys;
@@ -544,7 +579,9 @@ static int keyed_keys_get(keyed_keys *kk, PyObject *obj, const char *what)
         PyErr_Format(PyExc_TypeError, "kvx: %s: keys is a list of bytes or str keys, not one key", what);
         return -1;
     }
-    kk->seq = PySequence_Fast(obj, "kvx: keys: a list of bytes or str keys");
+    /* a tuple of its own: the key bytes are read in C with the GIL released,
+     * when another thread may change the caller's list */
+    kk->seq = PySequence_Tuple(obj);
     if (!kk->seq) return -1;
     kk->n = (size_t)PySequence_Fast_GET_SIZE(kk->seq);
     kk->k = PyMem_Malloc((kk->n ? kk->n : 1) * sizeof *kk->k);
@@ -966,6 +1003,10 @@ static PyObject *store_batch(PyObject *self, PyObject *u)
  * KVX_EINVALID). */
 #define BATCH_CALL(o, rc, expr)                      \
     do {                                             \
+        if (KVXPY_FORKED((o)->store)) {              \
+            (rc) = (o)->b ? KVXPY_FORKED_RC : KVXPY_CLOSED; \
+            break;                                   \
+        }                                            \
         Py_BEGIN_ALLOW_THREADS;                      \
         pthread_mutex_lock(&(o)->mu);                \
         pthread_rwlock_rdlock(&(o)->store->lock);    \
@@ -977,6 +1018,7 @@ static PyObject *store_batch(PyObject *self, PyObject *u)
 
 static PyObject *batch_fail(int rc)
 {
+    if (rc == KVXPY_FORKED_RC) return forked_error();
     return rc == KVXPY_CLOSED ? closed_error("the batch") : kvxpy_raise(rc, NULL);
 }
 
@@ -1040,6 +1082,8 @@ static PyObject *batch_close(PyObject *self, PyObject *u)
     (void)u;
     kvxpy_batch *o = (kvxpy_batch *)self;
     int rc;
+    if (KVXPY_FORKED(o->store)) /* the parent's batch: destroying it would unlink its staging files */
+        o->b = NULL;
     BATCH_CALL(o, rc, (kvx_store_batch_destroy(o->b), o->b = NULL, 0));
     (void)rc;
     Py_RETURN_NONE;
@@ -1049,7 +1093,7 @@ static void batch_dealloc(PyObject *self)
 {
     kvxpy_batch *o = (kvxpy_batch *)self;
     if (o->b) Py_XDECREF(batch_close(self, NULL));
-    pthread_mutex_destroy(&o->mu);
+    if (!KVXPY_FORKED(o->store)) pthread_mutex_destroy(&o->mu);
     Py_DECREF(o->store);
     PyObject_Free(self);
 }
