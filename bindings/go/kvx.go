@@ -43,6 +43,7 @@ import "C"
 
 import (
 	"strconv"
+	"strings"
 	"unsafe"
 )
 
@@ -213,6 +214,16 @@ func CRC32(crc uint32, data []byte) uint32 {
 }
 
 // cbytes is a zero-copy view of n bytes of C memory at p (nil for NULL).
+// cString is C.CString for a path or a name, refusing one that holds a NUL
+// byte (C would see only what comes before it: another directory, another
+// tenant). code: CodePath for paths, CodeInvalid for the rest. Free with C.free.
+func cString(s string, code int, what string) (*C.char, error) {
+	if strings.IndexByte(s, 0) >= 0 {
+		return nil, newError(code, what+" "+strconv.Quote(s)+" holds a NUL byte")
+	}
+	return C.CString(s), nil
+}
+
 func cbytes(p unsafe.Pointer, n uint64) []byte {
 	if p == nil {
 		return nil

@@ -67,7 +67,10 @@ type Shard struct {
 // ErrMetaCRC, ... with a message naming the rule). verifyPages also checks
 // every page CRC at open.
 func OpenShard(path string, verifyPages bool) (*Shard, error) {
-	cp := C.CString(path)
+	cp, err := cString(path, CodePath, "OpenShard: path")
+	if err != nil {
+		return nil, err
+	}
 	defer C.free(unsafe.Pointer(cp))
 	var flags C.unsigned
 	if verifyPages {

@@ -26,27 +26,35 @@ import (
 	"unsafe"
 )
 
-// tierC fills co's tier fields with C strings the caller frees (free()).
-func tierC(co *C.kvx_store_options, url, tenant string, ttl time.Duration) func() {
+// tierC fills co's tier fields with C strings; the func returned frees
+// them (also on an error: a URL or tenant with a NUL byte).
+func tierC(co *C.kvx_store_options, url, tenant string, ttl time.Duration) (func(), error) {
 	var frees []unsafe.Pointer
+	free := func() {
+		for _, p := range frees {
+			C.free(p)
+		}
+	}
 	if url != "" {
-		u := C.CString(url)
+		u, err := cString(url, CodeInvalid, "TierURL")
+		if err != nil {
+			return free, err
+		}
 		frees = append(frees, unsafe.Pointer(u))
 		co.tier_url = u
 	}
 	if tenant != "" {
-		t := C.CString(tenant)
+		t, err := cString(tenant, CodeInvalid, "TierTenant")
+		if err != nil {
+			return free, err
+		}
 		frees = append(frees, unsafe.Pointer(t))
 		co.tier_tenant = t
 	}
 	if ttl > 0 {
 		co.tier_ttl_ms = C.uint64_t(ttl / time.Millisecond)
 	}
-	return func() {
-		for _, p := range frees {
-			C.free(p)
-		}
-	}
+	return free, nil
 }
 
 // StoreOptions are the fixed settings of a new store.
@@ -124,8 +132,15 @@ func Create(dir string, opts StoreOptions) (*Store, error) {
 	co.capacity_bytes = C.uint64_t(opts.CapacityBytes)
 	co.flags = storeFlags(opts.NoWait, opts.Verify, opts.NoSync, false)
 	co.shard_bytes = C.uint64_t(opts.ShardBytes)
-	defer tierC(&co, opts.TierURL, opts.TierTenant, opts.TierTTL)()
-	cdir := C.CString(dir)
+	freeTier, err := tierC(&co, opts.TierURL, opts.TierTenant, opts.TierTTL)
+	defer freeTier()
+	if err != nil {
+		return nil, err
+	}
+	cdir, err := cString(dir, CodePath, "Create: dir")
+	if err != nil {
+		return nil, err
+	}
 	defer C.free(unsafe.Pointer(cdir))
 	var cs *C.kvx_store
 	if err := check(C.gokvx_store_create(&cs, cdir, &co)); err != nil {
@@ -140,7 +155,10 @@ func Open(dir string, opts *OpenOptions) (*Store, error) {
 	if opts != nil {
 		o = *opts
 	}
-	cdir := C.CString(dir)
+	cdir, err := cString(dir, CodePath, "Open: dir")
+	if err != nil {
+		return nil, err
+	}
 	defer C.free(unsafe.Pointer(cdir))
 	var expect *C.kvx_geometry
 	if o.Expect != nil {
@@ -158,7 +176,11 @@ func Open(dir string, opts *OpenOptions) (*Store, error) {
 		if expect != nil {
 			co.geometry = *expect
 		}
-		defer tierC(&co, o.TierURL, o.TierTenant, o.TierTTL)()
+		freeTier, err := tierC(&co, o.TierURL, o.TierTenant, o.TierTTL)
+		defer freeTier()
+		if err != nil {
+			return nil, err
+		}
 		if err := check(C.gokvx_store_open_options(&cs, cdir, &co)); err != nil {
 			return nil, err
 		}
@@ -181,8 +203,12 @@ func newStore(cs *C.kvx_store) *Store {
 
 // Close closes the store; unflushed puts are dropped. Views and shards
 // taken from the store stay valid (they hold their own references). Safe
-// to call more than once.
+// to call more than once, and on a nil *Store (every other call on one
+// returns ErrClosed).
 func (s *Store) Close() error {
+	if s == nil {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.c != nil {
@@ -194,10 +220,18 @@ func (s *Store) Close() error {
 }
 
 // Geometry is the store's fixed geometry.
-func (s *Store) Geometry() Geometry { return s.geom }
+func (s *Store) Geometry() Geometry {
+	if s == nil {
+		return Geometry{}
+	}
+	return s.geom
+}
 
 // acquire read-locks the store; the caller must call s.mu.RUnlock().
 func (s *Store) acquire() (*C.kvx_store, error) {
+	if s == nil {
+		return nil, ErrClosed
+	}
 	s.mu.RLock()
 	if s.c == nil {
 		s.mu.RUnlock()
@@ -213,6 +247,9 @@ func (s *Store) acquire() (*C.kvx_store, error) {
 // written. Nothing is visible or durable until Flush returns nil. The
 // library copies the pages during the call.
 func (s *Store) Put(tokens []uint32, pages []byte, scales []float32) (int, error) {
+	if s == nil {
+		return 0, ErrClosed
+	}
 	n, err := s.pageCount("Put", pages, scales)
 	if n == 0 || err != nil {
 		return 0, err
@@ -327,6 +364,9 @@ func (s *Store) Prefix(tokens []uint32) (*Views, error) {
 
 // PrefixMax is Prefix serving at most max blocks.
 func (s *Store) PrefixMax(tokens []uint32, max int) (*Views, error) {
+	if s == nil {
+		return nil, ErrClosed
+	}
 	nb := 0
 	if s.geom.BlockTokens > 0 {
 		nb = len(tokens) / int(s.geom.BlockTokens)
@@ -359,6 +399,9 @@ func (s *Store) PrefixMax(tokens []uint32, max int) (*Views, error) {
 // block matches, ErrTokens when tokens hold no full block, ErrPageCRC (or
 // ErrTruncated) when the block's only copy is damaged.
 func (s *Store) GetBlock(tokens []uint32) (*Views, error) {
+	if s == nil {
+		return nil, ErrClosed
+	}
 	if s.geom.BlockTokens == 0 || len(tokens) < int(s.geom.BlockTokens) {
 		return nil, newError(CodeTokens, "GetBlock: "+strconv.Itoa(len(tokens))+" tokens hold no full block of "+
 			u64s(uint64(s.geom.BlockTokens)))
@@ -424,6 +467,9 @@ func (s *Store) GetHashes(hashes []uint64) (*Views, []error, error) {
 // ErrInvalid) and come from a store of this store's geometry (ErrShape).
 // One cgo crossing; the envelope is copied into Go memory.
 func (s *Store) Export(views *Views, version uint16) ([]byte, error) {
+	if s == nil {
+		return nil, ErrClosed
+	}
 	n := views.Len()
 	if views != nil && views.Released() {
 		return nil, newError(CodeInvalid, "Export: the views were released")
@@ -628,7 +674,7 @@ func (v *Views) StoppedAt() error {
 }
 
 // Released reports whether Release was called.
-func (v *Views) Released() bool { return v.released.Load() }
+func (v *Views) Released() bool { return v != nil && v.released.Load() }
 
 // View is one block of a Views. Its accessors return zero values after
 // the Views is released.
@@ -638,7 +684,7 @@ type View struct {
 }
 
 func (b View) cv() *C.kvx_view {
-	if b.v.released.Load() {
+	if b.v == nil || b.v.released.Load() { // the zero View: a miss
 		return nil
 	}
 	return &b.v.c[b.i]

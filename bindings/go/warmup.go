@@ -136,14 +136,18 @@ func (s *Store) Warmup(ctx context.Context, opts *WarmupOptions, progress func(W
 // read-only, its live shards), anything else a shard file.
 func WarmupPaths(ctx context.Context, paths []string, opts *WarmupOptions, progress func(WarmupProgress)) (*WarmupResult, error) {
 	cp := make([]*C.char, len(paths)+1) // C pointers in Go memory: allowed
-	for i, p := range paths {
-		cp[i] = C.CString(p)
-	}
 	defer func() {
-		for _, p := range cp[:len(paths)] {
-			C.free(unsafe.Pointer(p))
+		for _, p := range cp {
+			C.free(unsafe.Pointer(p)) // free(NULL) for those not made
 		}
 	}()
+	for i, p := range paths {
+		c, err := cString(p, CodePath, "WarmupPaths: path")
+		if err != nil {
+			return nil, err
+		}
+		cp[i] = c
+	}
 	var arr **C.kvx_shard
 	r := C.gokvx_warmup_collect(&arr, &cp[0], C.size_t(len(paths)))
 	if err := check(r); err != nil {
