@@ -58,7 +58,16 @@ static kvxpy_store *store_alloc(kvx_store *s)
     }
     o->s = s;
     o->fork_gen = kvxpy_fork_gen;
-    pthread_rwlock_init(&o->lock, NULL);
+    /* writer-preferring: glibc's default lets readers overlapping without
+     * end (threads in lookups) starve close() forever. No call takes the
+     * lock twice, so the non-recursive kind is safe. */
+    pthread_rwlockattr_t ra;
+    pthread_rwlockattr_init(&ra);
+#if defined(__GLIBC__)
+    pthread_rwlockattr_setkind_np(&ra, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+#endif
+    pthread_rwlock_init(&o->lock, &ra);
+    pthread_rwlockattr_destroy(&ra);
     kvx_store_get_geometry(&o->geom, s);
     o->page_bytes = kvx_page_bytes(&o->geom, o->geom.block_tokens);
     o->readonly = 0;

@@ -164,6 +164,44 @@ def test_close_while_threads_look_up(filled):
         assert [bytes(v.page) for v in vs] == [p.tobytes() for p in pages]
 
 
+def test_close_is_not_starved_by_overlapping_lookups(tmp_path):
+    # threads whose lookups overlap without a gap kept glibc's
+    # reader-preferring rwlock read-held forever: close() waited for minutes
+    # (or for ever) while thousands of calls went on. The lock prefers the
+    # writer now: once close() waits, only the calls already in flight end.
+    rc, out = run_child(f"""
+        import threading, numpy as np, kvx
+        from conftest import GEOM, seq_tokens, kv_pages
+        st = kvx.Store.create({str(tmp_path / "s")!r}, **GEOM, nosync=True)
+        toks = seq_tokens(0, 8); st.put(toks, kv_pages(st, 8)); st.flush()
+        rows = np.tile(toks, 50)
+        state = {{"closing": False, "during": 0, "calls": 0}}
+        started = threading.Barrier(4)
+        def reader():
+            started.wait()
+            while True:
+                try:
+                    st._c_prefix_loop(rows, len(toks), 10)  # a long call, the GIL released
+                    st.verify()
+                except ValueError:
+                    return
+                state["calls"] += 1
+                if state["closing"]:
+                    state["during"] += 1
+        ts = [threading.Thread(target=reader) for _ in range(3)]
+        for t in ts: t.start()
+        started.wait()
+        while state["calls"] < 6:
+            pass
+        state["closing"] = True
+        st.close()
+        for t in ts: t.join()
+        print("DURING", state["during"])
+    """, timeout=600)
+    assert rc == 0 and "DURING" in out, out
+    assert int(out.split("DURING")[1].split()[0]) <= 6, out
+
+
 def test_close_from_two_threads(filled):
     st, _, _ = filled
     ts = [threading.Thread(target=st.close) for _ in range(2)]
