@@ -242,8 +242,18 @@ static int put_args_get(put_args *a, kvxpy_store *st, PyObject *args, PyObject *
     memset(a, 0, sizeof *a);
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|O:put", kwlist, &tok, &pages, &scales)) return -1;
     if (kvxpy_tokens_get(&a->tok, tok) < 0) return -1;
-    if (PyObject_GetBuffer(pages, &a->pages, PyBUF_SIMPLE) < 0) goto fail;
+    /* with its format: an array of another element size than the store's
+     * (float32 KV for an fp16 store) would be cut into twice the pages */
+    if (PyObject_GetBuffer(pages, &a->pages, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto fail;
     a->have_pages = 1;
+    uint64_t elems = 2ULL * st->geom.num_layers * st->geom.kv_heads * st->geom.block_tokens * st->geom.head_dim;
+    uint64_t esz = elems && !st->keyed ? st->page_bytes / elems : 0;
+    if (esz && a->pages.itemsize != 1 && (uint64_t)a->pages.itemsize != esz) {
+        PyErr_Format(PyExc_ValueError, "kvx: put: pages has %zd-byte elements (format '%s'), the store's are %llu "
+                     "bytes (give the KV in the store's dtype, or its raw bytes)", a->pages.itemsize,
+                     a->pages.format ? a->pages.format : "B", (unsigned long long)esz);
+        goto fail;
+    }
     uint64_t pb = st->page_bytes;
     if (pb == 0 || (uint64_t)a->pages.len % pb) {
         PyErr_Format(PyExc_ValueError, "kvx: put: pages holds %zd bytes, not a whole number of %llu-byte pages",
@@ -252,8 +262,15 @@ static int put_args_get(put_args *a, kvxpy_store *st, PyObject *args, PyObject *
     }
     a->n_pages = (size_t)((uint64_t)a->pages.len / (pb ? pb : 1));
     if (scales != Py_None) {
-        if (PyObject_GetBuffer(scales, &a->scales, PyBUF_SIMPLE) < 0) goto fail;
+        if (PyObject_GetBuffer(scales, &a->scales, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto fail;
         a->have_scales = 1;
+        const char *f = a->scales.format ? a->scales.format : "B";
+        if (*f == '@' || *f == '=' || *f == '<') f++;
+        if (a->scales.itemsize != 1 && strcmp(f, "f") != 0) { /* float64 scales are not read as float32 */
+            PyErr_Format(PyExc_ValueError, "kvx: put: scales has format '%s', not float32",
+                         a->scales.format ? a->scales.format : "B");
+            goto fail;
+        }
         uint64_t want = a->n_pages * kvx_scale_count(&st->geom) * sizeof(float);
         if ((uint64_t)a->scales.len != want) {
             PyErr_Format(PyExc_ValueError, "kvx: put: scales holds %zd bytes, %llu expected (pages x L*2*Hkv float32)",

@@ -338,10 +338,36 @@ def test_page_buffers_misuse(store):
     assert e.value.name == "KVX_ETOKENS" and "n_pages" in e.value.message
     with pytest.raises(ValueError, match="scales"):
         store.put(toks, raw, scales=b"\x00" * 3)
+    # fp32 KV given to an fp16 store, with tokens for twice the blocks: was
+    # cut into 8 "pages" of garbage stored under blocks 0..7's hashes
+    long_toks = seq_tokens(1, 8)
+    with pytest.raises(ValueError, match="4-byte elements"):
+        store.put(long_toks, pages.astype(np.float32))
+    assert store.prefix(long_toks) == []
     assert store.put(toks, b"") == 0
-    assert store.put(toks, memoryview(raw)) == 4  # read-only buffers are fine
+    assert store.put(toks, pages.view(np.uint16)) == 4  # the store's element size, any dtype
+    store.flush()
+    assert store.put(toks, memoryview(raw)) == 0  # raw bytes, read-only: fine (held already)
     store.flush()
     assert [bytes(v) for v in store.prefix(toks)] == [p.tobytes() for p in pages]
+
+
+def test_scales_of_the_wrong_dtype(tmp_path):
+    st = kvx.Store.create(str(tmp_path / "f8"), **dict(GEOM, quant="e4m3"), nosync=True)
+    toks = seq_tokens(2, 2)
+    pages = np.random.default_rng(1).integers(0, 0x7E, (2, st.page_bytes), dtype=np.uint8)
+    ns = 2 * GEOM["num_layers"] * GEOM["kv_heads"]
+    with pytest.raises(ValueError, match="not float32"):  # the right byte count, read as float32: garbage
+        st.put(toks, pages, scales=np.full(2 * ns // 2, 0.5, dtype=np.float64))
+    with pytest.raises(ValueError, match="not float32"):
+        st.put(toks, pages, scales=np.full(2 * ns, 0.5, dtype=np.float64))
+    with pytest.raises(ValueError, match="scales holds"):
+        st.put(toks, pages, scales=np.full(2 * ns - 1, 0.5, dtype=np.float32))
+    assert st.put(toks, pages, scales=np.full(2 * ns, 0.5, dtype=np.float32)) == 2
+    st.flush()
+    vs = st.prefix(toks)
+    assert [list(v.scales) for v in vs] == [[0.5] * ns] * 2
+    st.close()
 
 
 def test_garbage_envelopes(filled):
@@ -618,3 +644,61 @@ def test_fork_child_exiting_normally_leaves_parent_intact(tmp_path):
         print("OK")
     """)
     assert rc == 0 and "OK" in out, out
+
+
+# ---- engine adapters -------------------------------------------------------------------
+
+
+class _StridedHostTensor:
+    """What the SGLang adapter gets for a non-contiguous CPU tensor whose .numpy() fails (bf16, the usual KV
+    dtype, or one that requires grad): data_ptr/numel/element_size of an expanded view, 64 bytes of storage
+    that claim 4096 elements of 2 bytes."""
+
+    class device:
+        type = "cpu"
+
+    def __init__(self, backing):
+        import ctypes
+        self._backing = backing
+        self._addr = ctypes.addressof(backing)
+
+    def numpy(self):
+        raise TypeError("Got unsupported ScalarType BFloat16")
+
+    def data_ptr(self):
+        return self._addr
+
+    def numel(self):
+        return 4096
+
+    def element_size(self):
+        return 2
+
+    def is_contiguous(self):
+        return False
+
+    def stride(self):
+        return (0,)
+
+
+@pytest.mark.skip(reason="KNOWN DEFECT: kvx/integrations/sglang.py _as_buffer's data_ptr() path (a CPU tensor "
+                         "whose .numpy() fails: bf16, requires_grad) never checks is_contiguous(): an expanded or "
+                         "strided tensor is read and written as numel*element_size bytes from data_ptr, past its "
+                         "storage (wrong KV stored, memory beyond it overwritten by get)")
+def test_sglang_refuses_a_non_contiguous_pointer_tensor(tmp_path):
+    import ctypes
+    from kvx.integrations.sglang import KvxHiCacheStorage
+    from sglang_driver import storage_config
+    e = {"path": str(tmp_path / "sg"), "page_bytes": 8192, "capacity": "64MiB", "nosync": True}
+    s = KvxHiCacheStorage(storage_config(e), {})
+    try:
+        assert s.set("k", bytes(range(256)) * 32)
+        backing = (ctypes.c_ubyte * 8192)()
+        ctypes.memset(backing, 0xAB, 8192)
+        with pytest.raises(kvx.InvalidError, match="contiguous"):
+            s.get("k", target_location=_StridedHostTensor(backing))
+        assert bytes(backing[64:]) == b"\xab" * (8192 - 64), "get wrote past the tensor's storage"
+        with pytest.raises(kvx.InvalidError, match="contiguous"):
+            s.set("k2", _StridedHostTensor(backing))
+    finally:
+        s.close()
