@@ -521,6 +521,44 @@ def test_batch_with_block_raising_drops_its_blocks(store):
         b.__enter__()
 
 
+def test_one_batch_shared_by_threads(store):
+    # a kvx_store_batch belongs to one thread at a time: the binding's lock
+    # serializes the threads, every block put is flushed exactly once
+    b = store.batch()
+    seqs = list(range(10, 18))
+
+    def writer(q):
+        t = seq_tokens(q, 3)
+        assert b.put(t, kv_pages(store, 3, seed=q)) == 3
+        b.flush()
+
+    ts = [threading.Thread(target=writer, args=(q,)) for q in seqs]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    b.close()
+    for q in seqs:
+        vs = store.prefix(seq_tokens(q, 3))
+        assert [bytes(v) for v in vs] == [p.tobytes() for p in kv_pages(store, 3, seed=q)]
+
+
+def test_keyed_view_outlives_delete_gc_and_close(tmp_path):
+    st = kvx.Store.create(str(tmp_path / "k"), page_bytes=64, nosync=True)
+    st.keyed_put([b"a", b"b"], [b"1" * 64, b"2" * 64])
+    st.flush()
+    va, vb = st.keyed_get([b"a", b"b"])
+    mv = memoryview(va)
+    assert st.keyed_delete([b"a", b"b", b"never"]) == 2
+    st.gc()
+    assert st.keyed_get([b"a"]) == [None]
+    st.close()
+    assert bytes(mv) == b"1" * 64 and bytes(vb) == b"2" * 64
+    vb.release()
+    va.release()
+    assert bytes(mv) == b"1" * 64
+
+
 # ---- paths ----------------------------------------------------------------------------
 
 
