@@ -314,10 +314,30 @@ func TestAttackViewsMisuse(t *testing.T) {
 	if err != nil || ov.Len() != 1 {
 		t.Fatal(err)
 	}
-	if _, err := s.Export(ov, EnvelopeV1); !errors.Is(err, ErrShape) {
+	if _, err := s.Export(ov, EnvelopeV1); !errors.Is(err, ErrShape) || errors.Is(err, ErrModel) {
 		t.Fatalf("Export of a foreign view: %v", err)
 	}
 	ov.Release()
+	// the same shape, another model: ErrModel (was the shim's ErrShape)
+	mg := testGeom
+	mg.ModelSignature = 0x9999
+	other2, err := Create(t.TempDir()+"/m", StoreOptions{Geometry: mg, NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other2.Close()
+	if _, err := other2.Put(ot, pagesFor(mg, ot), nil); err != nil {
+		t.Fatal(err)
+	}
+	other2.Flush()
+	mv, err := other2.Prefix(ot)
+	if err != nil || mv.Len() != 1 {
+		t.Fatal(err)
+	}
+	if _, err := s.Export(mv, EnvelopeV1); !errors.Is(err, ErrModel) {
+		t.Fatalf("Export of another model's view: %v, want ErrModel", err)
+	}
+	mv.Release()
 }
 
 func TestAttackSlicesOfTheWrongLength(t *testing.T) {

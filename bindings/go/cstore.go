@@ -7,7 +7,9 @@ import "unsafe"
 
 // WithCStore runs f with the store's C handle (a kvx_store * of
 // include/kvx.h, as an unsafe.Pointer) while Close waits for f to return.
-// f must not close the handle or keep it past its return; a C object it
+// f must not close the handle or keep it past its return, nor call the
+// Store's own methods (a Close waiting meanwhile would deadlock them: a read
+// lock taken twice); a C object it
 // creates on the handle (a transfer stream, a lease) must be destroyed
 // before the store is closed. ErrClosed after Close. This is the one
 // accessor other cgo packages need: cgo types are per package, so they

@@ -119,10 +119,12 @@ gokvx_rc gokvx_store_put_envelope(kvx_store *s, const void *env, size_t len, con
     return gokvx_done(rc, added);
 }
 
+/* The shape only: another model's KV of this shape is the library's
+ * KVX_EMODEL (ErrModel), which names both signatures. */
 static int same_geometry(const kvx_geometry *a, const kvx_geometry *b)
 {
     return a->num_layers == b->num_layers && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim &&
-           a->block_tokens == b->block_tokens && a->quant == b->quant && a->model_signature == b->model_signature;
+           a->block_tokens == b->block_tokens && a->quant == b->quant;
 }
 
 gokvx_rc gokvx_views_export(void *dst, size_t cap, kvx_store *s, const kvx_view *views, size_t n,
