@@ -223,14 +223,15 @@ int kvxpy_quant_from(uint32_t *out, PyObject *obj)
         *out = (uint32_t)v; /* an unknown number: the library answers KVX_EQUANT */
         return 0;
     }
-    const char *s = PyUnicode_Check(obj) ? PyUnicode_AsUTF8(obj) : NULL;
+    Py_ssize_t slen = 0;
+    const char *s = PyUnicode_Check(obj) ? PyUnicode_AsUTF8AndSize(obj, &slen) : NULL;
     if (!s) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "kvx: quant: a name (\"fp16\", ...) or a number");
         return -1;
     }
-    for (uint32_t q = 0; q < 256; q++) { /* every quant this libkvx names */
+    for (uint32_t q = 0; q < 256; q++) { /* every quant this libkvx names ("fp16\0x" is none of them) */
         const char *n = kvx_quant_name(q);
-        if (n && strcmp(n, s) == 0) {
+        if (n && strlen(n) == (size_t)slen && strcmp(n, s) == 0) {
             *out = q;
             return 0;
         }

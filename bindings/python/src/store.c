@@ -387,9 +387,17 @@ static PyObject *store_prefix(PyObject *self, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"tokens", "max_views", NULL};
     kvxpy_store *st = (kvxpy_store *)self;
-    PyObject *tobj;
-    Py_ssize_t maxv = -1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|n:prefix", kwlist, &tobj, &maxv)) return NULL;
+    PyObject *tobj, *maxobj = Py_None;
+    Py_ssize_t maxv = -1; /* None: every full block */
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:prefix", kwlist, &tobj, &maxobj)) return NULL;
+    if (maxobj != Py_None) {
+        maxv = PyNumber_AsSsize_t(maxobj, PyExc_OverflowError);
+        if (maxv == -1 && PyErr_Occurred()) return NULL;
+        if (maxv < 0) {
+            PyErr_Format(PyExc_ValueError, "kvx: prefix: max_views %zd is negative", maxv);
+            return NULL;
+        }
+    }
     kvxpy_tokens t;
     if (kvxpy_tokens_get(&t, tobj) < 0) return NULL;
     size_t cap = st->geom.block_tokens ? t.n / st->geom.block_tokens : 0;

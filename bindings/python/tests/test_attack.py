@@ -264,8 +264,13 @@ def test_tokens_non_contiguous_and_odd_forms(filled):
     assert st.prefix(toks[: B - 1]) == []
     assert len(st.prefix(toks, max_views=2**62)) == 4
     assert st.prefix(toks, max_views=0) == []
+    assert len(st.prefix(toks, max_views=None)) == 4  # the documented default (was a TypeError)
+    with pytest.raises(ValueError, match="negative"):
+        st.prefix(toks, max_views=-5)  # was: no limit
     with pytest.raises(OverflowError):
         st.prefix(toks, max_views=2**64)
+    with pytest.raises(TypeError):
+        st.prefix(toks, max_views=1.5)
 
 
 def test_exception_inside_token_iterable_propagates(filled):
@@ -315,6 +320,14 @@ def test_create_numbers_do_not_wrap(tmp_path):
         assert not (tmp_path / k).exists()
     with pytest.raises(OverflowError):
         kvx.Store.open(str(tmp_path / "x"), tier_ttl_ms=-1)
+    for q in ("fp16\x00x", "bf16\x00", "", "FP16"):  # a name cut at its NUL was accepted
+        with pytest.raises(kvx.QuantError):
+            kvx.Store.create(str(tmp_path / "q"), **dict(g, quant=q))
+    with pytest.raises(ValueError, match="null"):
+        kvx.Store.create(str(tmp_path / "t"), **g, tier_url="redis://a\x00b")
+    with pytest.raises(ValueError, match="null"):
+        kvx.Store.open(str(tmp_path / "t"), tier_tenant="t1\x00t2")
+    assert not (tmp_path / "q").exists() and not (tmp_path / "t").exists()
 
 
 # ---- pages, scales, envelopes -------------------------------------------------------
