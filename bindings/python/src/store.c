@@ -483,8 +483,12 @@ static PyObject *store_export(PyObject *self, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"views", "version", NULL};
     kvxpy_store *st = (kvxpy_store *)self;
     PyObject *vobj;
-    unsigned short version = KVX_ENVELOPE_V1;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|H:export", kwlist, &vobj, &version)) return NULL;
+    unsigned int version = KVX_ENVELOPE_V1; /* "H" would wrap 65537 to 1 */
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O&:export", kwlist, &vobj, kvxpy_u32_conv, &version)) return NULL;
+    if (version > UINT16_MAX) {
+        PyErr_Format(PyExc_OverflowError, "kvx: export: version %u is not a u16", version);
+        return NULL;
+    }
     /* a tuple of its own: a list changed by another thread while the GIL is
      * released must not drop the Views read in C */
     PyObject *seq = PySequence_Tuple(vobj);

@@ -419,6 +419,14 @@ def test_export_refuses_foreign_and_released_views(tmp_path, filled):
         st.export([vs[0], b"x"])
     with pytest.raises(TypeError):
         st.export(5)
+    good = st.prefix(toks)
+    assert st.export(good, version=1) == st.export(good)
+    for bad in (65537, -1, 2**32 + 1):  # 65537 was exported as version 1
+        with pytest.raises(OverflowError):
+            st.export(good, version=bad)
+    with pytest.raises(kvx.Error) as e:
+        st.export(good, version=9)
+    assert e.value.name == "KVX_EVERSION"
     other.close()
 
 
