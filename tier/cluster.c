@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #define NSLOTS 16384
@@ -47,6 +48,7 @@ typedef struct tnode {
     char host[256];
     int port;
     redisContext *c;
+    uint64_t tmo; /* the socket timeout set on c (ms) */
 } tnode;
 
 struct kvx_tier {
@@ -145,14 +147,35 @@ static int g_nbrk;
 static pthread_mutex_t g_brk_mu = PTHREAD_MUTEX_INITIALIZER;
 static atomic_int g_said; /* the one stderr line was printed */
 
-static tbrk *brk_find(const char *host, int port)
+static tbrk *brk_find(const char *host, int port, int create)
 {
     for (int i = 0; i < g_nbrk; i++)
         if (g_brk[i].port == port && !strcmp(g_brk[i].host, host)) return &g_brk[i];
-    if (g_nbrk == BRK_MAX) return NULL;
-    tbrk *b = &g_brk[g_nbrk++];
+    if (!create) return NULL;
+    tbrk *b = NULL;
+    if (g_nbrk < BRK_MAX) {
+        b = &g_brk[g_nbrk++];
+    } else {
+        /* full (a long-lived process meets more nodes than that: nodes that
+         * moved, a map naming many): reuse a closed breaker, else the one
+         * whose time ran out first; without this, no node met later would
+         * ever be skipped (test_attack10
+         * test_many_nodes_and_breaker_table_full) */
+        uint64_t t = now_ms();
+        for (int i = 0; i < g_nbrk; i++) {
+            tbrk *c = &g_brk[i];
+            if (!c->open_until) {
+                b = c;
+                break;
+            }
+            if (c->open_until <= t && (!b || c->open_until < b->open_until)) b = c;
+        }
+        if (!b) return NULL;
+    }
     snprintf(b->host, sizeof b->host, "%s", host);
     b->port = port;
+    b->open_until = 0;
+    b->backoff = 0;
     return b;
 }
 
@@ -161,7 +184,7 @@ static tbrk *brk_find(const char *host, int port)
 static int brk_allow(const char *host, int port)
 {
     pthread_mutex_lock(&g_brk_mu);
-    tbrk *b = brk_find(host, port);
+    tbrk *b = brk_find(host, port, 0);
     int ok = 1;
     if (b && b->open_until) {
         uint64_t t = now_ms();
@@ -175,7 +198,7 @@ static int brk_allow(const char *host, int port)
 static void brk_result(const char *host, int port, int ok, const char *why)
 {
     pthread_mutex_lock(&g_brk_mu);
-    tbrk *b = brk_find(host, port);
+    tbrk *b = brk_find(host, port, !ok);
     if (b) {
         if (ok) {
             b->open_until = 0;
@@ -194,7 +217,7 @@ static void brk_result(const char *host, int port, int ok, const char *why)
 static int brk_closed(const char *host, int port)
 {
     pthread_mutex_lock(&g_brk_mu);
-    tbrk *b = brk_find(host, port);
+    tbrk *b = brk_find(host, port, 0);
     int ok = !b || !b->open_until;
     pthread_mutex_unlock(&g_brk_mu);
     return ok;
@@ -233,14 +256,91 @@ static struct timeval tv_ms(uint64_t ms)
     return tv;
 }
 
-/* A live connection to node i, or NULL (breaker open, connect or AUTH
- * failed: the breaker hears of it). */
+/* ---- I/O within the call's deadline --------------------------------------
+ *
+ * hiredis's blocking redisGetReply waits for a whole reply with only a
+ * per-read socket timeout: a server that sends one byte every 900 ms held
+ * a call (and a store's close) for as long as it liked. Every write and
+ * read here is cut at the call's deadline, each socket wait at
+ * min(command timeout, time left) (test_attack10 test_drip_*). */
+
+#define IO_OK 0
+#define IO_FAIL -1 /* the node failed (error, timeout, lost, or out of time while it was sending) */
+#define IO_LATE -2 /* out of time before this node was waited for: not its fault */
+
+static int io_tmo(kvx_tier *t, tnode *nd, uint64_t deadline)
+{
+    uint64_t now = now_ms();
+    if (now >= deadline) {
+        nd->c->err = REDIS_ERR_IO;
+        snprintf(nd->c->errstr, sizeof nd->c->errstr, "the call's deadline passed");
+        return -1;
+    }
+    uint64_t ms = deadline - now < t->lim.command_ms ? deadline - now : t->lim.command_ms;
+    if (ms != nd->tmo) {
+        redisSetTimeout(nd->c, tv_ms(ms));
+        nd->tmo = ms;
+    }
+    return 0;
+}
+
+/* Writes what is appended on nd's connection. */
+static int io_write(kvx_tier *t, tnode *nd, uint64_t deadline)
+{
+    int done = 0;
+    while (!done) {
+        if (nd->c->err) return IO_FAIL;
+        if (io_tmo(t, nd, deadline)) return IO_LATE;
+        if (redisBufferWrite(nd->c, &done) != REDIS_OK) return IO_FAIL;
+    }
+    return IO_OK;
+}
+
+/* Reads one reply from nd's connection into *out. */
+static int io_read(kvx_tier *t, tnode *nd, void **out, uint64_t deadline)
+{
+    int waited = 0;
+    *out = NULL;
+    if (nd->c->err || redisGetReplyFromReader(nd->c, out) != REDIS_OK) return IO_FAIL;
+    while (!*out) {
+        if (io_tmo(t, nd, deadline)) return waited ? IO_FAIL : IO_LATE;
+        waited = 1;
+        if (redisBufferRead(nd->c) != REDIS_OK || redisGetReplyFromReader(nd->c, out) != REDIS_OK) return IO_FAIL;
+    }
+    return IO_OK;
+}
+
+/* One command on nd's connection and its reply (NULL: none; *why says
+ * whose fault, nullable). */
+static redisReply *io_command(kvx_tier *t, tnode *nd, int argc, const char **argv, const size_t *lens,
+                              uint64_t deadline, int *why)
+{
+    void *r = NULL;
+    int rc = redisAppendCommandArgv(nd->c, argc, argv, lens) != REDIS_OK ? IO_FAIL : io_write(t, nd, deadline);
+    if (rc == IO_OK) rc = io_read(t, nd, &r, deadline);
+    if (why) *why = rc;
+    return rc == IO_OK ? r : NULL;
+}
+
+/* Bytes that no command of ours asked for are waiting on c (a late or
+ * extra reply; or the server closed it): its next reply would be taken
+ * as the answer to another command (test_attack10 test_extra_reply_*). */
+static int conn_dirty(redisContext *c)
+{
+    if (c->reader && c->reader->pos < c->reader->len) return 1;
+    char b;
+    ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* A live connection to node i, or NULL (breaker open, out of time,
+ * connect or AUTH failed: the breaker hears of it). */
 static redisContext *node_conn(kvx_tier *t, int i, uint64_t deadline)
 {
     tnode *nd = &t->nodes[i];
-    if (nd->c && !nd->c->err) return nd->c;
+    if (nd->c && !nd->c->err && !conn_dirty(nd->c)) return nd->c;
     node_drop(nd);
-    if (!brk_allow(nd->host, nd->port)) return NULL;
+    if (now_ms() >= deadline || !brk_allow(nd->host, nd->port)) return NULL;
     uint64_t left = deadline > now_ms() ? deadline - now_ms() : 1;
     uint64_t cms = t->lim.connect_ms < left ? t->lim.connect_ms : left;
     redisContext *c = redisConnectWithTimeout(nd->host, nd->port, tv_ms(cms));
@@ -250,25 +350,28 @@ static redisContext *node_conn(kvx_tier *t, int i, uint64_t deadline)
         return NULL;
     }
     redisSetTimeout(c, tv_ms(t->lim.command_ms));
+    nd->c = c;
+    nd->tmo = t->lim.command_ms;
     if (t->url.pass[0]) {
-        redisReply *r = t->url.user[0] ? redisCommand(c, "AUTH %s %s", t->url.user, t->url.pass)
-                                       : redisCommand(c, "AUTH %s", t->url.pass);
+        const char *a[3] = {"AUTH", t->url.user[0] ? t->url.user : t->url.pass, t->url.pass};
+        size_t l[3] = {4, strlen(a[1]), strlen(a[2])};
+        int why;
+        redisReply *r = io_command(t, nd, t->url.user[0] ? 3 : 2, a, l, deadline, &why);
         int bad = !r || r->type == REDIS_REPLY_ERROR;
         if (!r) {
-            brk_result(nd->host, nd->port, 0, c->errstr);
+            if (why != IO_LATE) brk_result(nd->host, nd->port, 0, c->errstr);
         } else if (bad && !atomic_exchange(&g_said, 1)) {
             /* the node is up (no breaker): the credentials are wrong */
             fprintf(stderr, "kvx: shared tier node %s:%d refused AUTH (%s): its blocks are misses\n", nd->host,
-                    nd->port, r->str);
+                    nd->port, r->str ? r->str : "?");
         }
         if (r) freeReplyObject(r);
         if (bad) {
-            redisFree(c);
+            node_drop(nd);
             return NULL;
         }
     }
     brk_result(nd->host, nd->port, 1, NULL);
-    nd->c = c;
     return c;
 }
 
@@ -286,9 +389,23 @@ static int load_slots(kvx_tier *t, int from, const redisReply *r)
             e->element[2]->element[1]->type != REDIS_REPLY_INTEGER)
             return -1;
         long long a = e->element[0]->integer, b = e->element[1]->integer;
-        const char *host = e->element[2]->element[0]->str;
-        if (!host[0] || !strcmp(host, "?")) host = t->nodes[from].host; /* "the node you asked" */
-        int n = node_add(t, host, (int)e->element[2]->element[1]->integer);
+        long long port = e->element[2]->element[1]->integer;
+        const redisReply *hr = e->element[2]->element[0];
+        const char *host = hr->str;
+        /* a port as the URL's (1..65535: (int) of 2^32 + p was p) and a
+         * host name that fits, without a NUL or control byte
+         * (test_attack10 test_slots_map_refused) */
+        if (port < 1 || port > 65535 || hr->len >= sizeof t->nodes[0].host) return -1;
+        for (size_t j = 0; j < hr->len; j++)
+            if ((unsigned char)host[j] <= ' ' || host[j] == 0x7f) return -1;
+        char asked[sizeof t->nodes[0].host];
+        if (!host[0] || !strcmp(host, "?")) {
+            /* "the node you asked": a copy, as node_add may move t->nodes
+             * (it read freed memory: test_attack10 test_slots_map_refused) */
+            snprintf(asked, sizeof asked, "%s", t->nodes[from].host);
+            host = asked;
+        }
+        int n = node_add(t, host, (int)port);
         if (n < 0 || a < 0 || b >= NSLOTS || a > b) return -1;
         for (long long s = a; s <= b; s++) m[s] = (int16_t)n;
     }
@@ -309,9 +426,12 @@ static int refresh(kvx_tier *t, uint64_t deadline, kvx_tier_io *io)
             if (is_seed != !pass) continue;
             redisContext *c = node_conn(t, i, deadline);
             if (!c) continue;
-            redisReply *r = redisCommand(c, "CLUSTER SLOTS");
+            const char *a[2] = {"CLUSTER", "SLOTS"};
+            size_t l[2] = {7, 5};
+            int why;
+            redisReply *r = io_command(t, &t->nodes[i], 2, a, l, deadline, &why);
             if (!r) {
-                brk_result(t->nodes[i].host, t->nodes[i].port, 0, c->errstr);
+                if (why != IO_LATE) brk_result(t->nodes[i].host, t->nodes[i].port, 0, c->errstr);
                 node_drop(&t->nodes[i]);
                 continue;
             }
@@ -424,25 +544,25 @@ static void run_batch(kvx_tier *t, tcmd *cmds, size_t n, kvx_tier_io *io)
                 if (c->ask >= 0) redisAppendCommand(rc, "ASKING");
                 redisAppendCommandArgv(rc, c->argc, c->argv, c->argvlen);
             }
-            int done = 0;
-            while (!done && rc->err == 0)
-                if (redisBufferWrite(rc, &done) != REDIS_OK) break;
-            live[nd] = 1;
+            live[nd] = io_write(t, &t->nodes[nd], deadline) == IO_LATE ? 2 : 1;
         }
         /* read */
         for (int nd = 0; nd < nn; nd++) {
             if (!live[nd]) continue;
             redisContext *rc = t->nodes[nd].c;
-            int broken = rc == NULL || rc->err != 0;
+            /* broken: 1 the node failed, 2 out of time before it was waited for */
+            int broken = rc == NULL ? 1 : live[nd] == 2 ? 2 : rc->err != 0;
             for (size_t i = 0; i < n; i++) {
                 tcmd *c = &cmds[i];
                 if (c->done || c->node != nd) continue;
                 void *vr = NULL;
+                int got;
                 if (!broken && c->ask >= 0) {
-                    if (redisGetReply(rc, &vr) != REDIS_OK) broken = 1;
+                    if ((got = io_read(t, &t->nodes[nd], &vr, deadline)) != IO_OK) broken = got == IO_LATE ? 2 : 1;
                     else freeReplyObject(vr), vr = NULL;
                 }
-                if (!broken && redisGetReply(rc, &vr) != REDIS_OK) broken = 1;
+                if (!broken && (got = io_read(t, &t->nodes[nd], &vr, deadline)) != IO_OK)
+                    broken = got == IO_LATE ? 2 : 1;
                 if (broken) {
                     if (++c->attempts >= MAX_ATTEMPTS) finish(t, c, KVX_TIER_FAILED, NULL), left--;
                     c->ask = -1;
@@ -461,7 +581,11 @@ static void run_batch(kvx_tier *t, tcmd *cmds, size_t n, kvx_tier_io *io)
                     }
                     if (moved) {
                         t->slots[slot] = (int16_t)to;
-                        t->map_stale = 1;
+                        /* a server that refused CLUSTER SLOTS would refuse
+                         * it again and put every slot back on itself: the
+                         * MOVED is all the map there is (test_attack10
+                         * test_moved_without_cluster_slots) */
+                        if (t->cluster) t->map_stale = 1;
                     } else {
                         c->ask = to;
                     }
@@ -477,7 +601,9 @@ static void run_batch(kvx_tier *t, tcmd *cmds, size_t n, kvx_tier_io *io)
                 left--;
             }
             if (broken && rc) {
-                brk_result(t->nodes[nd].host, t->nodes[nd].port, 0, rc->errstr[0] ? rc->errstr : "no answer");
+                /* replies still to come: the connection goes either way */
+                if (broken == 1)
+                    brk_result(t->nodes[nd].host, t->nodes[nd].port, 0, rc->errstr[0] ? rc->errstr : "no answer");
                 node_drop(&t->nodes[nd]);
                 t->map_stale = 1;
             }
@@ -702,7 +828,7 @@ int kvx_tier_ping(kvx_tier *t)
     for (int i = 0; i < t->nnodes && rc; i++) {
         redisContext *c = node_conn(t, i, deadline);
         if (!c) continue;
-        redisReply *r = redisCommandArgv(c, 1, a, l);
+        redisReply *r = io_command(t, &t->nodes[i], 1, a, l, deadline, NULL);
         if (r && r->type != REDIS_REPLY_ERROR) rc = 0;
         if (!r) node_drop(&t->nodes[i]);
         if (r) freeReplyObject(r);
