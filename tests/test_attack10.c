@@ -34,7 +34,8 @@
  *    (test_stalled_nodes_whole_call);
  *  - values with a correct CRC-32C and crafted fields: B of 2^32-1,
  *    tokens / envelope blocks mismatch, the envelope of another geometry,
- *    version or quant, two blocks, truncations (test_values_crafted);
+ *    version or quant, two blocks, truncations, an E4M3 value's scale
+ *    NaN / inf / 0 / negative (test_values_crafted);
  *  - the password in error messages (test_url_error_hides_password).
  *
  * Defects found, fixed in tier/, tested here:
@@ -104,6 +105,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -1113,6 +1115,37 @@ static void test_values_crafted(void **state)
         free(v), free(env);
     }
     free(page);
+    /* an E4M3 store's value (v2): a scale NaN, inf, 0 or negative, the
+     * value's CRC right (the envelope's own CRC is not read: the value's
+     * covers it) */
+    kvx_geometry g8 = g;
+    g8.quant = KVX_QUANT_E4M3;
+    uint64_t ns8 = kvx_tier_ns(&g8, NULL);
+    uint8_t pg[64] = {0};
+    for (size_t i = 0; i < sizeof pg; i++) pg[i] = (uint8_t)(i * 3 + 1) & 0x3F;
+    float sc[2] = {0.5f, 2.0f}, sc_out[2];
+    uint8_t *v8;
+    size_t v8len;
+    assert_int_equal(kvx_tier_value_encode(&v8, &v8len, ns8, &g8, h[1], t + SU_B, pg, sc), 0);
+    kvx_tier_expect x8 = {ns8, &g8, h[1], h[0], t + SU_B};
+    uint8_t back[64];
+    assert_int_equal(kvx_tier_value_check(v8, v8len, &x8, back, sc_out), 0);
+    size_t nsc = 2; /* L * 2 * Hkv */
+    size_t at = v8len - 8 - nsc * 4;
+    float c0;
+    memcpy(&c0, v8 + at, 4);
+    assert_true(c0 == sc[0]); /* found the scales */
+    float badsc[] = {NAN, INFINITY, 0.0f, -1.0f, -0.0f, 1e-45f * 0.0f};
+    for (size_t k = 0; k < sizeof badsc / sizeof badsc[0]; k++) {
+        uint8_t *c = malloc(v8len);
+        memcpy(c, v8, v8len);
+        memcpy(c + at, &badsc[k], 4);
+        uint32_t crc = kvx_crc32c(0, c, v8len - 4);
+        memcpy(c + v8len - 4, &crc, 4);
+        if (!kvx_tier_value_check(c, v8len, &x8, back, sc_out)) fail_msg("scale %g was served", (double)badsc[k]);
+        free(c);
+    }
+    free(v8);
 }
 
 /* ------------------------------------------------------------------ secrets */
