@@ -44,6 +44,7 @@ func storeCalls(s *Store) map[string]func() error {
 }
 
 func TestAttackNilAndZeroStore(t *testing.T) {
+	toks := seqTokens(0, 64)
 	// a nil *Store (Open failed, the error ignored): ErrClosed, no panic
 	var nilStore *Store
 	for name, f := range storeCalls(nilStore) {
@@ -83,6 +84,34 @@ func TestAttackNilAndZeroStore(t *testing.T) {
 	}
 	if err := zero.Close(); err != nil {
 		t.Fatal(err)
+	}
+	// the other handles' Close / Release on nil (a failed constructor's
+	// result, closed by a defer written before the error check)
+	var (
+		nb *Batch
+		ns *Shard
+		np *Pool
+		nf *Fetcher
+		ng *GPU
+		nr *Fetched
+		nw *WarmupResult
+	)
+	if nb.Close() != nil || ns.Close() != nil || np.Close() != nil || nf.Close() != nil || ng.Close() != nil {
+		t.Fatal("Close on a nil handle failed")
+	}
+	nr.Release()
+	nw.Release()
+	if _, err := nb.Put(toks, make([]byte, 1024), nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("nil *Batch Put: %v", err)
+	}
+	if err := nb.Flush(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("nil *Batch Flush: %v", err)
+	}
+	if _, err := ns.Page(0, false); !errors.Is(err, ErrClosed) {
+		t.Fatalf("nil *Shard Page: %v", err)
+	}
+	if ns.Path() != "" || ns.Info().NumBlocks != 0 {
+		t.Fatal("a nil *Shard answers")
 	}
 	var nilViews *Views
 	nilViews.Release()

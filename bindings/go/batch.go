@@ -44,6 +44,9 @@ func (s *Store) NewBatch() (*Batch, error) {
 // use holds the store open (its read lock) and the batch for one call;
 // the caller unlocks both with b.done().
 func (b *Batch) use() (*C.kvx_store_batch, error) {
+	if b == nil {
+		return nil, ErrClosed
+	}
 	if _, err := b.s.acquire(); err != nil {
 		return nil, err
 	}
@@ -64,6 +67,9 @@ func (b *Batch) done() {
 // Put is Store.Put into this batch: nothing it writes is visible or
 // durable until this batch's Flush returns nil.
 func (b *Batch) Put(tokens []uint32, pages []byte, scales []float32) (int, error) {
+	if b == nil {
+		return 0, ErrClosed
+	}
 	n, err := b.s.pageCount("Batch.Put", pages, scales)
 	if n == 0 || err != nil {
 		return 0, err
@@ -119,6 +125,9 @@ func (b *Batch) Flush() error {
 // Close drops the batch's unflushed blocks (never acknowledged) and frees
 // it. Safe to call more than once, and after Store.Close.
 func (b *Batch) Close() error {
+	if b == nil {
+		return nil
+	}
 	open := false
 	if _, err := b.s.acquire(); err == nil {
 		open = true

@@ -110,6 +110,9 @@ func (p *Pool) Info() (PoolInfo, error) {
 // Close frees the pool: ErrBusy while Fetchers created on it are open.
 // Idempotent.
 func (p *Pool) Close() error {
+	if p == nil {
+		return nil
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.c == nil {
@@ -203,6 +206,9 @@ func (f *Fetcher) Mode() IOMode {
 // Close releases the current batch (if any) and frees the fetcher.
 // Idempotent.
 func (f *Fetcher) Close() error {
+	if f == nil {
+		return nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.c == nil {
@@ -346,6 +352,9 @@ func (r *Fetched) CopyTo(i int, dst []byte) int { return copy(dst, r.Page(i)) }
 // Release returns the pages to the pool; their slices become invalid and
 // the Fetcher takes its next batch. Idempotent.
 func (r *Fetched) Release() {
+	if r == nil {
+		return
+	}
 	f := r.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -406,6 +415,9 @@ func (g *GPU) CopyBack(dst []byte, dev uint64) error {
 
 // Close frees the arena. Idempotent.
 func (g *GPU) Close() error {
+	if g == nil {
+		return nil
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.c != nil {

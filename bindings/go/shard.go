@@ -105,6 +105,9 @@ func adoptShards(arr **C.kvx_shard, n int) []*Shard {
 // Close drops the handle's reference (pages taken from it become invalid).
 // Idempotent.
 func (s *Shard) Close() error {
+	if s == nil {
+		return nil
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.c != nil {
@@ -116,6 +119,9 @@ func (s *Shard) Close() error {
 }
 
 func (s *Shard) acquire() (*C.kvx_shard, error) {
+	if s == nil {
+		return nil, ErrClosed
+	}
 	s.mu.RLock()
 	if s.c == nil {
 		s.mu.RUnlock()

@@ -109,6 +109,9 @@ func (r *WarmupResult) NumPages() int { return len(r.pages) }
 
 // Release frees the host sink. Idempotent.
 func (r *WarmupResult) Release() {
+	if r == nil {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.host != nil {
