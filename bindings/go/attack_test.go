@@ -563,3 +563,22 @@ func TestAttackFetcherMisuse(t *testing.T) {
 		t.Fatalf("NewFetcher on a closed pool: %v", err)
 	}
 }
+
+func TestAttackFIFOInStoreDir(t *testing.T) {
+	t.Skip("KNOWN DEFECT: engine/store_open.c st_read_config (and engine/store_tier.c for DIR/TIER) open " +
+		"DIR/STORE with a blocking O_RDONLY: a FIFO planted there hangs Open forever inside the cgo call; " +
+		"needs O_NONBLOCK and an S_ISREG check (bindings/python/tests/test_attack.py has the same check)")
+	dir := t.TempDir() + "/s"
+	s, err := Create(dir, StoreOptions{Geometry: testGeom, NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	os.Rename(dir+"/STORE", dir+"/STORE.old")
+	if err := syscall.Mkfifo(dir+"/STORE", 0o600); err != nil {
+		t.Skip(err)
+	}
+	if _, err := Open(dir, &OpenOptions{ReadOnly: true}); err == nil {
+		t.Fatal("a FIFO as STORE opened")
+	}
+}
