@@ -51,7 +51,10 @@ int kvx_tier_url_parse(kvx_tier_url *out, const char *url)
                         "hiredis 0.14)", (int)n, url);
     }
     p += 8;
-    const char *at = strchr(p, '@');
+    /* the last '@' (as Python's urlsplit): a password may hold one, a host
+     * never; at the first, "redis://u:p@ss@h" was host "ss@h", shown with
+     * that part of the password (test_attack10 test_url_password_with_at) */
+    const char *at = strrchr(p, '@');
     if (at) {
         const char *colon = memchr(p, ':', (size_t)(at - p));
         const char *uend = colon ? colon : at;
@@ -106,7 +109,7 @@ int kvx_tier_url_parse(kvx_tier_url *out, const char *url)
 
 void kvx_tier_url_redact(char *out, size_t cap, const char *url)
 {
-    const char *at = url ? strchr(url, '@') : NULL;
+    const char *at = url ? strrchr(url, '@') : NULL;
     const char *start = url && !strncmp(url, "redis://", 8) ? url + 8 : url;
     if (!at || !start || at < start) {
         snprintf(out, cap, "%s", url ? url : "");
