@@ -29,7 +29,8 @@
  *    on the reused connection (test_extra_reply_*);
  *  - one byte every 300 ms (under the 1 s command timeout): a GET value,
  *    a CLUSTER SLOTS reply, an AUTH reply, SET replies to the
- *    write-behind while the store closes (test_drip_*);
+ *    write-behind while the store closes (test_drip_*); a silent server
+ *    under three queued write-behind batches at close (test_silent_close);
  *  - 16 nodes that accept and never answer, one lookup over all of them
  *    (test_stalled_nodes_whole_call);
  *  - values with a correct CRC-32C and crafted fields: B of 2^32-1,
@@ -935,6 +936,28 @@ static void test_drip_set_close(void **state)
     fk_stop(f);
 }
 
+/* A server that accepts and never answers, several write-behind batches
+ * queued (3 x 64 blocks): close within 2 s + 1 s and a margin. */
+static void test_silent_close(void **state)
+{
+    (void)state;
+    fk *f = fk_start(M_SILENT);
+    char dir[512], url[64];
+    snprintf(dir, sizeof dir, "%s/silent", su_root);
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", f->port);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = 64ull << 20;
+    o.tier_url = url;
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    for (int r = 0; r < 3; r++) assert_int_equal(su_put_seq(s, 400 + (uint64_t)r, 64), 0);
+    double t0 = now_s();
+    kvx_store_close(s);
+    assert_true(now_s() - t0 < 2.0 + 1.0 + 3.0);
+    fk_stop(f);
+}
+
 /* 16 nodes that accept and never answer, one lookup over all of them:
  * the whole call stays within its 5 s (it took 16 x 1 s). */
 static void test_stalled_nodes_whole_call(void **state)
@@ -1267,6 +1290,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_drip_cluster_slots),
         cmocka_unit_test(test_drip_auth),
         cmocka_unit_test(test_drip_set_close),
+        cmocka_unit_test(test_silent_close),
         cmocka_unit_test(test_stalled_nodes_whole_call),
 #ifdef KVX_ATTACK10_BREAKS
         cmocka_unit_test(test_cas_close_bounded),
