@@ -57,6 +57,12 @@
  *    asked for (sent along with, or after, the last one) was taken by the
  *    next call on that connection as the answer to its first command. A
  *    connection with bytes waiting before a call writes to it is dropped.
+ *  - test_idle_close_not_a_miss: a connection the server closed while
+ *    idle (Redis's `timeout`, a proxy's idle limit) was written to, its
+ *    end read as a failure of the node: the call was a miss and the
+ *    node's breaker opened (more misses for 250 ms). The same check (a
+ *    connection that is readable before a call writes) finds it closed
+ *    and reconnects.
  *  - test_slots_map_refused: a port of 2^32 + p in CLUSTER SLOTS was
  *    connected to as port p ((int) cast; ports were not checked at all),
  *    a host with a NUL as the bytes before the NUL; and an empty host
@@ -166,6 +172,7 @@ enum {
     M_CLOSE,      /* GET: the first of a connection answered, then closed */
     M_REDIRECT,   /* GET: -<redirect> */
     M_CAS_SLOW,   /* GET: garbage; SET: nil (taken); EVAL: 800 ms, :1 */
+    M_IDLE_CLOSE, /* M_ECHO, and a connection idle 100 ms is closed (Redis's `timeout`, a proxy) */
 };
 
 typedef struct fk {
@@ -326,10 +333,14 @@ static void *fk_conn_main(void *arg)
     fk *s = c->s;
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
-    int nget = 0, open = 1;
+    int nget = 0, open = 1, idle = 0;
     while (open && !atomic_load(&s->stop)) {
         struct pollfd pf = {c->fd, POLLIN, 0};
-        if (poll(&pf, 1, 20) <= 0) continue;
+        if (poll(&pf, 1, 20) <= 0) {
+            if (s->mode == M_IDLE_CLOSE && atomic_load(&s->cmds) && (idle += 20) >= 100) break;
+            continue;
+        }
+        idle = 0;
         if (n == cap) {
             cap *= 2;
             buf = realloc(buf, cap);
@@ -936,6 +947,28 @@ static void test_drip_set_close(void **state)
     fk_stop(f);
 }
 
+/* A connection the server closed while idle (Redis's `timeout`, a proxy's
+ * idle limit): the next call reconnects and is answered. It wrote to the
+ * closed connection, read its end, counted a failure and opened the
+ * node's breaker: the call was a miss, and so was every call for the
+ * breaker's 250 ms. */
+static void test_idle_close_not_a_miss(void **state)
+{
+    (void)state;
+    fk *f = fk_start(M_IDLE_CLOSE);
+    kvx_tier *t = tier_to(f->port, NULL);
+    uint8_t st[4];
+    for (int r = 0; r < 3; r++) {
+        char tag[16];
+        snprintf(tag, sizeof tag, "i%d", r);
+        assert_int_equal(get_n(t, 4, tag, st, NULL), 4);
+        sleep_ms(300); /* the server closes it */
+    }
+    assert_int_equal(atomic_load(&f->conns), 3);
+    kvx_tier_close(t);
+    fk_stop(f);
+}
+
 /* A server that accepts and never answers, several write-behind batches
  * queued (3 x 64 blocks): close within 2 s + 1 s and a margin. */
 static void test_silent_close(void **state)
@@ -1291,6 +1324,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_drip_auth),
         cmocka_unit_test(test_drip_set_close),
         cmocka_unit_test(test_silent_close),
+        cmocka_unit_test(test_idle_close_not_a_miss),
         cmocka_unit_test(test_stalled_nodes_whole_call),
 #ifdef KVX_ATTACK10_BREAKS
         cmocka_unit_test(test_cas_close_bounded),

@@ -323,8 +323,10 @@ static redisReply *io_command(kvx_tier *t, tnode *nd, int argc, const char **arg
 }
 
 /* Bytes that no command of ours asked for are waiting on c (a late or
- * extra reply; or the server closed it): its next reply would be taken
- * as the answer to another command (test_attack10 test_extra_reply_*). */
+ * extra reply: its next reply would be taken as the answer to another
+ * command; test_attack10 test_extra_reply_*), or the server closed it
+ * while idle (the call would fail and open the node's breaker;
+ * test_attack10 test_idle_close_not_a_miss). */
 static int conn_dirty(redisContext *c)
 {
     if (c->reader && c->reader->pos < c->reader->len) return 1;
