@@ -31,6 +31,8 @@
  *    a CLUSTER SLOTS reply, an AUTH reply, SET replies to the
  *    write-behind while the store closes (test_drip_*); a silent server
  *    under three queued write-behind batches at close (test_silent_close);
+ *    one reading 16 KiB every 300 ms under 8 MiB of write-behind
+ *    (test_slow_reader_close);
  *  - 16 nodes that accept and never answer, one lookup over all of them
  *    (test_stalled_nodes_whole_call);
  *  - values with a correct CRC-32C and crafted fields: B of 2^32-1,
@@ -173,6 +175,7 @@ enum {
     M_REDIRECT,   /* GET: -<redirect> */
     M_CAS_SLOW,   /* GET: garbage; SET: nil (taken); EVAL: 800 ms, :1 */
     M_IDLE_CLOSE, /* M_ECHO, and a connection idle 100 ms is closed (Redis's `timeout`, a proxy) */
+    M_SLOW_READ,  /* M_ECHO, reading 16 KiB every 300 ms */
 };
 
 typedef struct fk {
@@ -345,8 +348,10 @@ static void *fk_conn_main(void *arg)
             cap *= 2;
             buf = realloc(buf, cap);
         }
-        ssize_t r = recv(c->fd, buf + n, cap - n, 0);
+        size_t want = s->mode == M_SLOW_READ && cap - n > 16384 ? 16384 : cap - n;
+        ssize_t r = recv(c->fd, buf + n, want, 0);
         if (r <= 0) break;
+        for (int t = 0; s->mode == M_SLOW_READ && t < 300 && !atomic_load(&s->stop); t += 10) sleep_ms(10);
         n += (size_t)r;
         for (;;) {
             int argc = 0;
@@ -969,6 +974,38 @@ static void test_idle_close_not_a_miss(void **state)
     fk_stop(f);
 }
 
+/* A server that reads 16 KiB every 300 ms, the write-behind sending 32
+ * pages of 256 KiB: kvx_store_close within 2 s + 1 s and a margin. (Held
+ * before the deadline cut too: TCP's window opens too little for a
+ * write to go on under its 1 s timeout.) */
+static void test_slow_reader_close(void **state)
+{
+    (void)state;
+    fk *f = fk_start(M_SLOW_READ);
+    char dir[512], url[64];
+    snprintf(dir, sizeof dir, "%s/slowread", su_root);
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", f->port);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = (kvx_geometry){4, 8, 128, 16, KVX_QUANT_FP16, 7};
+    o.capacity_bytes = 1ull << 30;
+    o.tier_url = url;
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    size_t pb = (size_t)kvx_page_bytes(&o.geometry, 16), nb = 32;
+    uint8_t *pages = calloc(nb, pb);
+    uint32_t *t = malloc(nb * 16 * 4);
+    for (size_t i = 0; i < nb * 16; i++) t[i] = (uint32_t)(i * 31 + 7);
+    assert_int_equal(kvx_store_put(s, t, nb * 16, pages, nb, NULL, NULL), 0);
+    assert_int_equal(kvx_store_flush(s), 0);
+    sleep_ms(500); /* the batch is being written */
+    double t0 = now_s();
+    kvx_store_close(s);
+    double secs = now_s() - t0;
+    fk_stop(f);
+    free(pages), free(t);
+    if (secs >= 2.0 + 1.0 + 3.0) fail_msg("kvx_store_close took %.1f s", secs);
+}
+
 /* A server that accepts and never answers, several write-behind batches
  * queued (3 x 64 blocks): close within 2 s + 1 s and a margin. */
 static void test_silent_close(void **state)
@@ -1324,6 +1361,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_drip_auth),
         cmocka_unit_test(test_drip_set_close),
         cmocka_unit_test(test_silent_close),
+        cmocka_unit_test(test_slow_reader_close),
         cmocka_unit_test(test_idle_close_not_a_miss),
         cmocka_unit_test(test_stalled_nodes_whole_call),
 #ifdef KVX_ATTACK10_BREAKS
