@@ -198,6 +198,39 @@ int kvx_os_read_text(const char *path, char *buf, size_t cap)
     return rc;
 }
 
+int kvx_os_openat_regular(int dirfd, const char *name, int flags, mode_t mode, int *out_fd, unsigned *out_mode)
+{
+    *out_fd = -1;
+    *out_mode = 0;
+    int fd = kvx_os.openat(dirfd, name, flags | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC, mode);
+    if (fd < 0) {
+        int e = errno;
+        if (e == ELOOP) {
+            *out_mode = S_IFLNK;
+            return 1;
+        }
+        if (e == EISDIR) {
+            *out_mode = S_IFDIR;
+            return 1;
+        }
+        if (e == ENXIO) return 1; /* a FIFO no process reads, opened for writing */
+        return -e;
+    }
+    struct stat st;
+    if (kvx_os.fstat(fd, &st) != 0) {
+        int e = errno;
+        kvx_os.close(fd);
+        return -e;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        kvx_os.close(fd);
+        *out_mode = (unsigned)st.st_mode;
+        return 1;
+    }
+    *out_fd = fd;
+    return 0;
+}
+
 int kvx_os_each_name(int dirfd, const char *path, int flags, int (*fn)(void *ctx, const char *name), void *ctx,
                      int *out_walk_failed)
 {

@@ -119,6 +119,13 @@ int kvx_os_fsync_parent(const char *path);
 /* The first cap - 1 bytes of a small file (/proc, /sys), NUL-terminated in
  * buf. 0 or -errno. */
 int kvx_os_read_text(const char *path, char *buf, size_t cap);
+/* openat(dirfd, name, flags | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC)
+ * that never blocks on a FIFO and never keeps a descriptor of anything
+ * but a regular file: 0 with *out_fd set, 1 when name is a symlink, FIFO,
+ * device, socket or directory (*out_mode its type where known, else 0),
+ * or -errno. O_NONBLOCK means nothing to a regular file's reads and
+ * writes, so the descriptor is used as it is. */
+int kvx_os_openat_regular(int dirfd, const char *name, int flags, mode_t mode, int *out_fd, unsigned *out_mode);
 /* Calls fn(ctx, name) for each name of the directory at (dirfd, path)
  * (dir_open's rules), in the file system's order, and stops at fn's first
  * non-zero result. Returns 0 after the last name, fn's result, or -errno

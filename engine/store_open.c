@@ -82,14 +82,26 @@ static int st_check_not_link(int dirfd, const char *dir, const char *name)
     return 0;
 }
 
+/* A file of the store directory (STORE, LOCK, STORE.tmp): opened without
+ * following a symlink or blocking on a FIFO, and only when it is a regular
+ * file (a FIFO planted as STORE hung every open). 0 with *out_fd, a
+ * KVX_EPATH naming the file's type, or -errno. */
+static int st_open_file(kvx_store *s, const char *name, int flags, mode_t mode, int *out_fd)
+{
+    unsigned type;
+    int rc = kvx_os_openat_regular(s->dirfd, name, flags, mode, out_fd, &type);
+    if (rc == 1)
+        return kvx_fail(KVX_EPATH, "store: %s/%s is a %s, not a regular file", s->dir, name,
+                        type ? kvx_file_type_name(type) : "FIFO, socket or device");
+    if (rc) return kvx_fail(rc, "store: open %s/%s: %s", s->dir, name, strerror(-rc));
+    return 0;
+}
+
 static int st_lock(kvx_store *s, uint32_t flags, int try_only)
 {
-    int fd = kvx_os.openat(s->dirfd, "LOCK", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        int e = errno;
-        if (e == ELOOP) return kvx_fail(KVX_EPATH, "store: %s/LOCK is a symlink", s->dir);
-        return kvx_fail(-e, "store: open %s/LOCK: %s", s->dir, strerror(e));
-    }
+    int fd;
+    int rc = st_open_file(s, "LOCK", O_RDWR | O_CREAT, 0600, &fd);
+    if (rc) return rc;
     int op = LOCK_EX | ((flags & KVX_STORE_NOWAIT) || try_only ? LOCK_NB : 0);
     while (kvx_os.flock(fd, op) != 0) {
         if (errno == EINTR) continue;
@@ -109,15 +121,13 @@ static int st_lock(kvx_store *s, uint32_t flags, int try_only)
 
 static int st_read_config(kvx_store *s)
 {
-    int fd = kvx_os.openat(s->dirfd, "STORE", O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (fd < 0) {
-        int e = errno;
-        if (e == ELOOP) return kvx_fail(KVX_EPATH, "store: %s/STORE is a symlink", s->dir);
-        return kvx_fail(e == ENOENT ? KVX_ENOTFOUND : -e, "store: %s is not a kvx store (STORE: %s)", s->dir,
-                        strerror(e));
-    }
+    int fd;
+    int rc = st_open_file(s, "STORE", O_RDONLY, 0, &fd);
+    if (rc == -ENOENT)
+        return kvx_fail(KVX_ENOTFOUND, "store: %s is not a kvx store (STORE: %s)", s->dir, strerror(ENOENT));
+    if (rc) return rc;
     uint8_t b[ST_CONFIG_BYTES];
-    int rc = kvx_os_pread_all(fd, b, sizeof b, 0, NULL);
+    rc = kvx_os_pread_all(fd, b, sizeof b, 0, NULL);
     kvx_os.close(fd);
     if (rc) return kvx_fail(rc == -EIO ? KVX_ETRUNC : rc, "store: %s/STORE: cannot read 64 bytes", s->dir);
     if ((rc = kvx_st_config_decode(b, &s->g, &s->capacity, &s->target))) return rc;
@@ -281,11 +291,8 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     }
     uint8_t cfg[ST_CONFIG_BYTES];
     kvx_st_config_encode(cfg, &s->g, s->capacity, s->target);
-    int fd = kvx_os.openat(s->dirfd, "STORE.tmp", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        rc = kvx_fail(-errno, "kvx_store_create: create STORE: %s", strerror(errno));
-        goto fail;
-    }
+    int fd;
+    if ((rc = st_open_file(s, "STORE.tmp", O_WRONLY | O_CREAT | O_TRUNC, 0600, &fd))) goto fail;
     rc = kvx_os_pwrite_all(fd, cfg, sizeof cfg, 0);
     if (!rc && kvx_os.fsync(fd) != 0) rc = -errno;
     kvx_os.close(fd);

@@ -721,6 +721,64 @@ static void test_shard_replaced_by_fifo(void **state)
     assert_true(S_ISFIFO(st.st_mode)); /* left alone */
 }
 
+/* A FIFO (or a directory) planted where a store file belongs: STORE, LOCK,
+ * TIER and the TIER.tmp that tier set writes. Each open and tier set
+ * answers at once, in a child under alarm(20) (a blocking
+ * open of the FIFO hung kvx_store_open for good): KVX_EPATH naming the
+ * file, except TIER, whose damage is never a failed open (no tier for that
+ * handle, docs/TIER.md). The FIFOs are left alone. */
+static int fifo_child(const char *dir, const char *name, int what)
+{
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(20);
+        kvx_store *s = NULL;
+        int rc;
+        if (what == 0) rc = kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY);
+        else if (what == 1) rc = kvx_store_open(&s, dir, NULL, 0);
+        else {
+            rc = kvx_store_open(&s, dir, NULL, 0);
+            if (!rc) rc = kvx_store_tier_set(s, "redis://127.0.0.1:1", NULL, 0);
+        }
+        int ok;
+        if (!strcmp(name, "TIER")) ok = rc == 0 && su_served_prefix(s, 1, 2) == 2;
+        else ok = rc == KVX_EPATH && strstr(kvx_last_error(), name) && strstr(kvx_last_error(), "not a regular file");
+        if (!ok) fprintf(stderr, "%s (%d): rc %d: %s\n", name, what, rc, kvx_last_error());
+        kvx_store_close(s);
+        _exit(ok ? 0 : 1);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (WIFSIGNALED(st)) fprintf(stderr, "%s (%d): killed by signal %d (a hang ends in SIGALRM)\n", name, what,
+                                 WTERMSIG(st));
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+static void test_fifo_where_store_files_belong(void **state)
+{
+    (void)state;
+    const char *names[] = {"STORE", "LOCK", "TIER", "TIER.tmp"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char dir[300], p[500], keep[520];
+        kvx_store *s = make_store(dir, sizeof dir, 0);
+        put_seq(s, 1, 2);
+        kvx_store_close(s);
+        snprintf(p, sizeof p, "%s/%s", dir, names[i]);
+        snprintf(keep, sizeof keep, "%s.keep", p);
+        if (access(p, F_OK) == 0) assert_int_equal(rename(p, keep), 0);
+        assert_int_equal(mkfifo(p, 0600), 0);
+        int whats = !strcmp(names[i], "TIER.tmp") ? 1 : 2; /* TIER.tmp: only tier set writes it */
+        for (int w = 0; w < whats; w++) {
+            int what = !strcmp(names[i], "TIER.tmp") ? 2 : w;
+            if (!strcmp(names[i], "LOCK") && what == 0) continue; /* a reader takes no lock */
+            assert_true(fifo_child(dir, names[i], what));
+        }
+        struct stat st;
+        assert_int_equal(lstat(p, &st), 0);
+        assert_true(S_ISFIFO(st.st_mode)); /* left alone */
+    }
+}
+
 /* An 8 KiB sparse shard whose header declares block_tokens near 2^32: every
  * reader stays bounded by the file (DESIGN.md rule 5), no gigabytes. */
 static void test_sparse_giant_bounded(void **state)
@@ -786,6 +844,7 @@ int main(void)
         cmocka_unit_test(test_capacity_limits),
         cmocka_unit_test(test_sparse_giant_bounded),
         cmocka_unit_test(test_shard_replaced_by_fifo),
+        cmocka_unit_test(test_fifo_where_store_files_belong),
         cmocka_unit_test(test_truncate_extend_many_points),
     };
     return cmocka_run_group_tests(tests, su_setup, su_teardown);

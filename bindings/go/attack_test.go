@@ -565,9 +565,9 @@ func TestAttackFetcherMisuse(t *testing.T) {
 }
 
 func TestAttackFIFOInStoreDir(t *testing.T) {
-	t.Skip("KNOWN DEFECT: engine/store_open.c st_read_config (and engine/store_tier.c for DIR/TIER) open " +
-		"DIR/STORE with a blocking O_RDONLY: a FIFO planted there hangs Open forever inside the cgo call; " +
-		"needs O_NONBLOCK and an S_ISREG check (bindings/python/tests/test_attack.py has the same check)")
+	// A FIFO planted as DIR/STORE hung Open inside the cgo call (a blocking
+	// open); now it is refused at once (tests/test_recovery.c
+	// test_fifo_where_store_files_belong).
 	dir := t.TempDir() + "/s"
 	s, err := Create(dir, StoreOptions{Geometry: testGeom, NoSync: true})
 	if err != nil {
@@ -578,7 +578,7 @@ func TestAttackFIFOInStoreDir(t *testing.T) {
 	if err := syscall.Mkfifo(dir+"/STORE", 0o600); err != nil {
 		t.Skip(err)
 	}
-	if _, err := Open(dir, &OpenOptions{ReadOnly: true}); err == nil {
-		t.Fatal("a FIFO as STORE opened")
+	if _, err := Open(dir, &OpenOptions{ReadOnly: true}); !errors.Is(err, ErrPath) {
+		t.Fatalf("a FIFO as STORE: %v, want ErrPath", err)
 	}
 }
