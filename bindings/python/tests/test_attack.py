@@ -795,11 +795,10 @@ class _StridedHostTensor:
         return (0,)
 
 
-@pytest.mark.skip(reason="KNOWN DEFECT: kvx/integrations/sglang.py _as_buffer's data_ptr() path (a CPU tensor "
-                         "whose .numpy() fails: bf16, requires_grad) never checks is_contiguous(): an expanded or "
-                         "strided tensor is read and written as numel*element_size bytes from data_ptr, past its "
-                         "storage (wrong KV stored, memory beyond it overwritten by get)")
 def test_sglang_refuses_a_non_contiguous_pointer_tensor(tmp_path):
+    # kvx/integrations/sglang.py _as_buffer's data_ptr() path (a CPU tensor whose .numpy() fails: bf16,
+    # requires_grad) took numel * element_size bytes from data_ptr without is_contiguous(): an expanded or
+    # strided tensor was stored as wrong KV, and get wrote past its storage.
     import ctypes
     from kvx.integrations.sglang import KvxHiCacheStorage
     from sglang_driver import storage_config

@@ -251,7 +251,7 @@ def test_rank_tag_covers_every_parallel_dimension(tmp_path):
 
 class _TensorLike:
     """What SGLang hands over when .numpy() cannot (a bf16 host tensor): data_ptr(), numel(), element_size(),
-    device; no buffer protocol."""
+    is_contiguous(), device (torch.Tensor's methods of those names); no buffer protocol."""
 
     def __init__(self, arr, device="cpu"):
         self.arr, self.device = arr, type("D", (), {"type": device})()
@@ -267,6 +267,9 @@ class _TensorLike:
 
     def element_size(self):
         return self.arr.itemsize
+
+    def is_contiguous(self):
+        return self.arr.flags.c_contiguous
 
 
 def test_tensor_like_values(mha):

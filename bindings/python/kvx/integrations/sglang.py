@@ -85,6 +85,12 @@ def _as_buffer(obj, writable, what):
         if m is None and dev != "cpu":
             _common.raise_kvx(kvx.InvalidError, kvx.EINVALID, f"{what}: a {dev} tensor (host memory only)")
         if m is None and hasattr(obj, "data_ptr"):
+            # numel * element_size bytes from data_ptr are the tensor's only when it is contiguous: an expanded
+            # or strided tensor (stride 0, a slice) would be read, and written by get, past its storage
+            contiguous = getattr(obj, "is_contiguous", None)
+            if not callable(contiguous) or contiguous() is not True:
+                _common.raise_kvx(kvx.InvalidError, kvx.EINVALID,
+                                  f"{what}: not a contiguous tensor (call .contiguous() first)")
             n = int(obj.numel()) * int(obj.element_size())
             m = memoryview((ctypes.c_ubyte * n).from_address(int(obj.data_ptr())))
         if m is None:
