@@ -26,7 +26,9 @@
  *    (test_get_reply_types, test_fewer_replies, test_close_mid_pipeline,
  *    test_never_answers);
  *  - replies beyond the commands (extra or late), read by the next call
- *    on the reused connection (test_extra_reply_*);
+ *    on the reused connection (test_extra_reply_*); a store looking up
+ *    through a server that follows every valid value with another
+ *    block's valid value (test_desync_never_wrong);
  *  - one byte every 300 ms (under the 1 s command timeout): a GET value,
  *    a CLUSTER SLOTS reply, an AUTH reply, SET replies to the
  *    write-behind while the store closes (test_drip_*); a silent server
@@ -59,6 +61,9 @@
  *    asked for (sent along with, or after, the last one) was taken by the
  *    next call on that connection as the answer to its first command. A
  *    connection with bytes waiting before a call writes to it is dropped.
+ *    Values are verified, so no wrong block was ever served from it
+ *    (test_desync_never_wrong held before the fix too), but every later
+ *    lookup on that connection missed from its first block on.
  *  - test_idle_close_not_a_miss: a connection the server closed while
  *    idle (Redis's `timeout`, a proxy's idle limit) was written to, its
  *    end read as a failure of the node: the call was a miss and the
@@ -176,6 +181,8 @@ enum {
     M_CAS_SLOW,   /* GET: garbage; SET: nil (taken); EVAL: 800 ms, :1 */
     M_IDLE_CLOSE, /* M_ECHO, and a connection idle 100 ms is closed (Redis's `timeout`, a proxy) */
     M_SLOW_READ,  /* M_ECHO, reading 16 KiB every 300 ms */
+    M_KV,         /* a tiny Redis: SET [NX] [PX], GET */
+    M_KV_EXTRA,   /* M_KV, each GET's value followed by another key's value */
 };
 
 typedef struct fk {
@@ -193,6 +200,12 @@ typedef struct fk {
     pthread_mutex_t mu;
     pthread_t cth[256];
     int ncth;
+    struct {
+        char key[128];
+        char *v;
+        size_t len;
+    } kv[256];
+    int nkv;
 } fk;
 
 typedef struct fk_conn {
@@ -239,8 +252,60 @@ static int fk_drip(fk *s, int fd)
 
 static int is(const char *a, const char *b) { return !strcasecmp(a, b); }
 
+static int fk_bulk(int fd, const char *v, size_t len)
+{
+    return fk_sendf(fd, "$%zu\r\n", len) || fk_send(fd, v, len) || fk_send(fd, "\r\n", 2) ? -1 : 0;
+}
+
+/* M_KV / M_KV_EXTRA: GET and SET on the fake's own table. */
+static int fk_kv(fk *s, int fd, int argc, char **argv, const size_t *lens)
+{
+    int rc;
+    pthread_mutex_lock(&s->mu);
+    int at = -1;
+    for (int i = 0; argc >= 2 && i < s->nkv; i++)
+        if (!strcmp(s->kv[i].key, argv[1])) at = i;
+    if (is(argv[0], "GET") && argc == 2) {
+        atomic_fetch_add(&s->gets, 1);
+        if (at < 0) {
+            rc = fk_sendf(fd, "$-1\r\n");
+        } else {
+            rc = fk_bulk(fd, s->kv[at].v, s->kv[at].len);
+            if (!rc && s->mode == M_KV_EXTRA && s->nkv > 1) {
+                int o = (at + 5) % s->nkv; /* another block's valid value, unasked */
+                rc = fk_bulk(fd, s->kv[o].v, s->kv[o].len);
+            }
+        }
+    } else if (is(argv[0], "SET") && argc >= 3) {
+        atomic_fetch_add(&s->sets, 1);
+        int nx = argc >= 4 && is(argv[3], "NX");
+        if (at >= 0 && nx) {
+            rc = fk_sendf(fd, "$-1\r\n");
+        } else if (at < 0 && (s->nkv == 256 || strlen(argv[1]) >= sizeof s->kv[0].key)) {
+            rc = fk_sendf(fd, "-OOM full\r\n");
+        } else {
+            if (at < 0) {
+                at = s->nkv++;
+                snprintf(s->kv[at].key, sizeof s->kv[at].key, "%s", argv[1]);
+            } else {
+                free(s->kv[at].v);
+            }
+            s->kv[at].v = malloc(lens[2] ? lens[2] : 1);
+            memcpy(s->kv[at].v, argv[2], lens[2]);
+            s->kv[at].len = lens[2];
+            rc = fk_sendf(fd, "+OK\r\n");
+        }
+    } else {
+        rc = fk_sendf(fd, "-ERR unknown command\r\n");
+    }
+    pthread_mutex_unlock(&s->mu);
+    return rc;
+}
+
 /* One command: 0 go on, -1 close the connection. */
-static int fk_handle(fk *s, int fd, int argc, char **argv, int *nget)
+static int fk_kv(fk *s, int fd, int argc, char **argv, const size_t *lens);
+
+static int fk_handle(fk *s, int fd, int argc, char **argv, const size_t *lens, int *nget)
 {
     atomic_fetch_add(&s->cmds, 1);
     if (s->mode == M_SILENT) return 0;
@@ -266,6 +331,7 @@ static int fk_handle(fk *s, int fd, int argc, char **argv, int *nget)
         for (int t = 0; t < 800 && !atomic_load(&s->stop); t += 10) sleep_ms(10);
         return fk_sendf(fd, ":1\r\n");
     }
+    if (s->mode == M_KV || s->mode == M_KV_EXTRA) return fk_kv(s, fd, argc, argv, lens);
     if (is(argv[0], "SET")) {
         atomic_fetch_add(&s->sets, 1);
         if (s->mode == M_DRIP_SET) return fk_drip(s, fd);
@@ -302,7 +368,7 @@ static int fk_handle(fk *s, int fd, int argc, char **argv, int *nget)
 
 /* Parses one RESP multibulk command at buf[0..n): bytes used, 0 when
  * incomplete, -1 malformed. */
-static long fk_parse(const char *buf, size_t n, int *argc, char **argv, int maxargs)
+static long fk_parse(const char *buf, size_t n, int *argc, char **argv, size_t *lens, int maxargs)
 {
     size_t p = 0;
     if (n < 1) return 0;
@@ -322,6 +388,7 @@ static long fk_parse(const char *buf, size_t n, int *argc, char **argv, int maxa
         p = (size_t)(e - buf) + 1;
         if (p + (size_t)len + 2 > n) return 0;
         argv[i] = malloc((size_t)len + 1);
+        lens[i] = (size_t)len;
         memcpy(argv[i], buf + p, (size_t)len);
         argv[i][len] = '\0';
         p += (size_t)len + 2;
@@ -356,8 +423,9 @@ static void *fk_conn_main(void *arg)
         for (;;) {
             int argc = 0;
             char *argv[8] = {0};
-            long used = fk_parse(buf, n, &argc, argv, 8);
-            if (used > 0 && fk_handle(s, c->fd, argc, argv, &nget)) open = 0;
+            size_t lens[8] = {0};
+            long used = fk_parse(buf, n, &argc, argv, lens, 8);
+            if (used > 0 && fk_handle(s, c->fd, argc, argv, lens, &nget)) open = 0;
             for (int i = 0; i < 8; i++) free(argv[i]);
             if (used < 0) open = 0;
             if (used <= 0 || !open) break;
@@ -430,6 +498,7 @@ static void fk_stop(fk *s)
     close(s->lfd);
     pthread_mutex_destroy(&s->mu);
     free((char *)s->slots);
+    for (int i = 0; i < s->nkv; i++) free(s->kv[i].v);
     free(s);
 }
 
@@ -867,6 +936,42 @@ static void test_extra_reply_late(void **state)
         sleep_ms(20);
     }
     kvx_tier_close(t);
+    fk_stop(f);
+}
+
+/* docs/TIER.md "Trust", against a server answering every GET with the
+ * asked block's valid value AND, unasked, another block's valid value
+ * (a reply desync on purpose): a store never serves a wrong block, and
+ * with the stray replies dropped between calls it serves the first block
+ * of every lookup (the second reply of a pipeline is the stray one). */
+static void test_desync_never_wrong(void **state)
+{
+    (void)state;
+    fk *f = fk_start(M_KV);
+    char dir[512], url[64];
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", f->port);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = 64ull << 20;
+    o.tier_url = url;
+    kvx_store *a = NULL, *b = NULL;
+    snprintf(dir, sizeof dir, "%s/desync_a", su_root);
+    assert_int_equal(kvx_store_create(&a, dir, &o), 0);
+    assert_int_equal(su_put_seq(a, 600, 16), 0);
+    kvx_store_close(a); /* drains the write-behind */
+    assert_int_equal(f->nkv, 16);
+    snprintf(dir, sizeof dir, "%s/desync_b", su_root);
+    assert_int_equal(kvx_store_create(&b, dir, &o), 0);
+    kvx_store_close(b);
+    assert_int_equal(kvx_store_open(&b, dir, NULL, KVX_STORE_READONLY), 0);
+    assert_int_equal(su_served_prefix(b, 600, 16), 16); /* an honest server */
+    f->mode = M_KV_EXTRA;
+    for (int r = 0; r < 4; r++) {
+        size_t got = su_served_prefix(b, 600, 16);
+        assert_true(got != SIZE_MAX); /* never a wrong block */
+        assert_int_equal(got, 1);
+    }
+    kvx_store_close(b);
     fk_stop(f);
 }
 
@@ -1356,6 +1461,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_never_answers),
         cmocka_unit_test(test_extra_reply_same_read),
         cmocka_unit_test(test_extra_reply_late),
+        cmocka_unit_test(test_desync_never_wrong),
         cmocka_unit_test(test_drip_get_lookup),
         cmocka_unit_test(test_drip_cluster_slots),
         cmocka_unit_test(test_drip_auth),
