@@ -103,6 +103,10 @@
  *    there (up to 64), each a whole call of its own; a server answering
  *    each EVAL in 0.8 s (no timeout, no breaker) holds kvx_store_close
  *    16 x 0.8 s = 13 s with 16 such keys, past its documented 2 s + 1 s.
+ *  - test_cli_create_hides_password (cli/cmd_store.c is not this
+ *    review's either): `kvx store create --tier redis://user:pass@h`
+ *    prints "shared tier redis://user:pass@h" on stdout, the password in
+ *    clear; `store tier show` and `store stat` print it redacted.
  *
  * Held (no change): GET replies of a wrong type are failures, nil a miss;
  * redirect loops end at five redirects; malformed redirects fail the key;
@@ -1398,6 +1402,26 @@ static void test_url_password_with_at(void **state)
     assert_string_equal(u.user, "");
 }
 
+#ifdef KVX_ATTACK10_BREAKS
+/* `kvx store create --tier redis://user:pass@...` prints the URL as given,
+ * password and all (cli/cmd_store.c); `store tier show` redacts it. */
+static void test_cli_create_hides_password(void **state)
+{
+    (void)state;
+    char cmd[2048], out[4096];
+    snprintf(cmd, sizeof cmd,
+             "%s store create %s/clipw --layers 1 --kv-heads 1 --head-dim 4 --block-tokens 4 --quant fp16 "
+             "--model-signature 1122334455667788 --capacity 64MiB --tier redis://alice:topsecret@127.0.0.1:1 2>&1",
+             KVX_CLI, su_root);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    assert_int_equal(pclose(p), 0);
+    if (strstr(out, "topsecret")) fail_msg("printed: %s", out);
+}
+#endif
+
 /* --------------------------------------------------- many nodes; breakers */
 
 /* 8192 distinct nodes in one map (every two slots their own host on
@@ -1472,6 +1496,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_stalled_nodes_whole_call),
 #ifdef KVX_ATTACK10_BREAKS
         cmocka_unit_test(test_cas_close_bounded),
+        cmocka_unit_test(test_cli_create_hides_password),
 #endif
         /* last: it fills the process-wide breaker table */
         cmocka_unit_test(test_many_nodes_and_breaker_table_full),
