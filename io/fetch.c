@@ -189,6 +189,8 @@ int kvx_fetch_submit(kvx_fetch *f, const kvx_fetch_req *reqs, size_t n)
         }
         kvx_entry e;
         int erc = kvx_shard_entry(&e, reqs[i].shard, reqs[i].entry);
+        if (erc == KVX_EINVALID && reqs[i].entry >= kvx_shard_get_info(reqs[i].shard)->num_blocks)
+            erc = KVX_ENOTFOUND; /* kvx.h: no such entry; KVX_EINVALID is a NULL shard */
         if (erc) {
             r->status = erc;
             f->done++;
