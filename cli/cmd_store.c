@@ -240,7 +240,12 @@ int cli_store_open_reader(const cli_cmd *self, kvx_store **out, const char *dir)
 /* Creates the store and closes it, giving its capacity as text in cap:
  * CLI_OK, or the exit a failure takes (options no store can have, such as
  * a capacity below one block, are usage errors). */
-static int create_store(const cli_cmd *self, const char *dir, const kvx_store_options *o, char *cap, size_t capsz)
+/* Creates the store; cap gets its capacity and tier (nullable) the tier's
+ * URL with the password redacted ("" without one). Neither contacts the
+ * tier: the capacity comes from a handle opened with the tier off
+ * (kvx_store_stat asks a tier it has not asked yet). */
+static int create_store(const cli_cmd *self, const char *dir, const kvx_store_options *o, char *cap, size_t capsz,
+                        char *tier, size_t tiersz)
 {
     kvx_store *s = NULL;
     int rc = kvx_store_create(&s, dir, o);
@@ -249,8 +254,16 @@ static int create_store(const cli_cmd *self, const char *dir, const kvx_store_op
         return cli_usage(self, "%s", why && *why ? why : kvx_strerror(rc));
     }
     if (rc != 0) return cli_fail_code(self, rc, "cannot create the store '%s'", dir);
+    kvx_store_tier t;
+    if (tier) snprintf(tier, tiersz, "%s", kvx_store_tier_get(&t, s) == 0 ? t.url : "");
+    kvx_store_close(s);
+    kvx_store_options ro = KVX_STORE_OPTIONS_INIT;
+    ro.flags = KVX_STORE_READONLY;
+    ro.tier_url = "off";
     kvx_store_stats st;
-    if (kvx_store_stat(&st, s) == 0) cli_fmt_size(cap, capsz, st.capacity_bytes);
+    s = NULL;
+    if (kvx_store_open_options(&s, dir, &ro) == 0 && kvx_store_stat(&st, s) == 0)
+        cli_fmt_size(cap, capsz, st.capacity_bytes);
     else snprintf(cap, capsz, "default");
     kvx_store_close(s);
     return CLI_OK;
@@ -263,7 +276,7 @@ static int create_keyed(const cli_cmd *self, const char *dir, const kvx_store_op
         return cli_usage(self, "--page-bytes makes a keyed store: give no --layers, --kv-heads, --head-dim, "
                                "--block-tokens, --quant or --model-signature with it");
     char cap[32];
-    int rc = create_store(self, dir, o, cap, sizeof cap);
+    int rc = create_store(self, dir, o, cap, sizeof cap, NULL, 0);
     if (rc != CLI_OK) return rc;
     printf("created keyed store %s: pages of 1..%" PRIu64 " bytes, capacity %s\n", dir, o->page_bytes, cap);
     return CLI_OK;
@@ -351,13 +364,13 @@ static int run_create(const cli_cmd *self, int argc, char **argv)
     if (pb == 0 || pb > UINT32_MAX)
         return cli_usage(self, "a block's page (2*L*Hkv*B*D*%zu bytes) must fit in 4 GiB",
                          kvx_quant_elem_size(o.geometry.quant));
-    char cap[32];
-    int rc = create_store(self, dir, &o, cap, sizeof cap);
+    char cap[32], tier[1024];
+    int rc = create_store(self, dir, &o, cap, sizeof cap, tier, sizeof tier);
     if (rc != CLI_OK) return rc;
     printf("created store %s: L=%u Hkv=%u D=%u B=%u %s, capacity %s\n", dir, o.geometry.num_layers,
            o.geometry.kv_heads, o.geometry.head_dim, o.geometry.block_tokens,
            kvx_quant_name(o.geometry.quant), cap);
-    if (o.tier_url) printf("shared tier %s (in %s/TIER)\n", o.tier_url, dir);
+    if (*tier) printf("shared tier %s (in %s/TIER)\n", tier, dir); /* the password as *** */
     return CLI_OK;
 }
 

@@ -844,8 +844,7 @@ int kvx_tier_ping(kvx_tier *t)
 void kvx_tier_set_total_ms(kvx_tier *t, uint32_t total_ms)
 {
     pthread_mutex_lock(&t->mu);
-    t->lim.total_ms = total_ms ? total_ms : 1;
-    if (t->lim.command_ms > t->lim.total_ms) t->lim.command_ms = t->lim.total_ms;
+    t->lim.total_ms = total_ms ? total_ms : 1; /* every read and write is cut at the call's deadline (io_tmo) */
     pthread_mutex_unlock(&t->mu);
 }
 

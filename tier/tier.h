@@ -147,8 +147,9 @@ int kvx_tier_set_nx(kvx_tier *t, const char *const *keys, const uint8_t *const *
  * 0 replaced, KVX_ENOTFOUND the value changed meanwhile, else an error. */
 int kvx_tier_cas(kvx_tier *t, const char *key, const char *old_sha1hex, const uint8_t *val, size_t len,
                  uint64_t ttl_ms, kvx_tier_io *io);
-/* Lowers (or restores) the whole-call budget of the calls that start
- * from now on (the write-behind while its store closes). */
+/* Sets the whole-call budget of the calls that start from now on (the
+ * write-behind: what is left of its batch's budget, or of a closing
+ * store's wait). */
 void kvx_tier_set_total_ms(kvx_tier *t, uint32_t total_ms);
 /* PING the first reachable node: 0, or KVX_EUNAVAILABLE with the reason. */
 int kvx_tier_ping(kvx_tier *t);
