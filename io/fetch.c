@@ -54,6 +54,7 @@ struct kvx_fetch {
     size_t n_runs;
     size_t done;
     size_t outstanding; /* runs pushed, not yet absorbed (by us or a peer) */
+    int direct;         /* the last batch read some file with O_DIRECT */
 };
 
 int kvx_fetch_create(kvx_fetch **out, kvx_pool *pool, const kvx_fetch_options *opts)
@@ -113,7 +114,7 @@ int kvx_fetch_create_peer(kvx_fetch **out, kvx_fetch *peer)
 }
 
 int kvx_fetch_mode(const kvx_fetch *f) { return f ? kvx_ioq_mode(f->q) : KVX_IO_AUTO; }
-int kvx_fetch_direct(const kvx_fetch *f) { return f ? kvx_ioq_used_direct(f->q) : 0; }
+int kvx_fetch_direct(const kvx_fetch *f) { return f ? f->direct : 0; }
 
 static int absorb(kvx_fetch *f, int timeout_ms);
 
@@ -167,6 +168,7 @@ int kvx_fetch_submit(kvx_fetch *f, const kvx_fetch_req *reqs, size_t n)
     if (n > UINT32_MAX) return kvx_fail(KVX_EINVALID, "kvx_fetch_submit: n %zu is too large", n);
     kvx_fetch_release(f);
     f->active = 1;
+    f->direct = 0;
     f->n = n;
     f->refs = calloc(n ? n : 1, sizeof *f->refs);
     f->res = calloc(n ? n : 1, sizeof *f->res);
@@ -200,6 +202,7 @@ int kvx_fetch_submit(kvx_fetch *f, const kvx_fetch_req *reqs, size_t n)
         rc = kvx_ioq_file(&file, f->q, kvx_shard_fd(reqs[i].shard));
         if (rc) goto fail;
         f->refs[i] = kvx_shard_ref(reqs[i].shard);
+        f->direct |= file->direct;
         r->bytes = e.bytes;
         items[n_items++] = (item){reqs[i].shard, file, e.offset, e.bytes, e.crc32, (uint32_t)i};
     }

@@ -45,6 +45,12 @@
  *    (host sink) failed in turn (EIO, EINVAL, EMFILE, EAGAIN, short):
  *    an error, or pages that are right or named failed; no slot or
  *    descriptor leaked (fault.h);
+ *  - bytes of eight pages toggled by another thread while fetches and
+ *    warmups (host sink) run: a page reported 0 or delivered is whole;
+ *  - slow reads (pread seam, 100 ms each): wait(10 ms), cancel, release,
+ *    destroy, kvx_warmup_wait(20 ms), warmup cancel and destroy return
+ *    within generous bounds;
+ *  - kvx_fetch_direct after a batch whose file refuses O_DIRECT;
  *  - a store whose shard file is replaced by a FIFO, a directory, a
  *    0-byte file, a 1 TiB sparse file or half itself: kvx_warmup_collect
  *    and warmup answer (error or consistent report) within a deadline.
@@ -53,6 +59,11 @@
  *  - test_request_lists: a request for an entry the shard does not have
  *    ended KVX_EINVALID, the NULL shard's code, where kvx.h (and the Go
  *    binding's Err) promise KVX_ENOTFOUND. Fixed in io/fetch.c.
+ *  - test_direct_of_last_batch: kvx_fetch_direct answered whether any
+ *    file the queue ever opened used O_DIRECT, not (as kvx.h says)
+ *    whether the last batch did: a batch of files that cannot be read
+ *    O_DIRECT after one that could still said 1. Fixed in io/fetch.c
+ *    (the handle records it at submit).
  *  - test_pool_free_not_a_slot (under KVX_ATTACK11_BREAKS, not fixed):
  *    kvx_pool_free accepts a range that is not an allocated slot when it
  *    overlaps no free extent (two adjacent live slots freed as one, or
@@ -74,6 +85,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,6 +94,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <linux/capability.h>
@@ -401,6 +414,115 @@ static void test_flip_each_page(void **state)
     kvx_shard_close(s);
 }
 
+/* ---- bytes flipping in the file while reads are in flight ---- */
+
+typedef struct flipper {
+    const char *path;
+    kvx_shard *s;
+    atomic_int stop;
+    long flips;
+} flipper;
+
+/* Toggles one byte in each of a few pages, and back, as fast as it can:
+ * a read sees the page whole or damaged, never a mix reported good. */
+static void *flip_main(void *arg)
+{
+    flipper *fl = arg;
+    int fd = open(fl->path, O_RDWR);
+    if (fd < 0) return NULL;
+    uint64_t offs[8];
+    for (uint32_t k = 0; k < 8; k++) {
+        kvx_entry e;
+        kvx_shard_entry(&e, fl->s, k * 5);
+        offs[k] = e.offset + (e.bytes * (k + 1)) / 9;
+    }
+    while (!atomic_load(&fl->stop)) {
+        for (int k = 0; k < 8; k++) {
+            uint8_t b;
+            if (pread(fd, &b, 1, (off_t)offs[k]) != 1) continue;
+            b ^= 0x80;
+            if (pwrite(fd, &b, 1, (off_t)offs[k]) != 1) continue;
+            b ^= 0x80;
+            if (pwrite(fd, &b, 1, (off_t)offs[k]) != 1) continue;
+            fl->flips++;
+        }
+    }
+    close(fd);
+    return NULL;
+}
+
+static void test_flips_while_in_flight(void **state)
+{
+    (void)state;
+    char path[512];
+    kvx_shard *s = fresh(path, sizeof path);
+    flipper fl = {path, s, 0, 0};
+    pthread_t tid;
+    assert_int_equal(pthread_create(&tid, NULL, flip_main, &fl), 0);
+    kvx_pool *p = pool_of(8 << 20);
+    kvx_fetch_req r[N1];
+    kvx_fetch_result res[N1];
+    size_t n = every_page(r, s);
+    size_t bad = 0;
+    for (int m = 0; m < 3; m++) {
+        kvx_fetch *f = fetch_of(p, modes[m], 4, mode_flags[m], (m == 2) ? 8192 : 0);
+        for (int k = 0; k < 150; k++) {
+            assert_int_equal(kvx_fetch_submit(f, r, n), 0);
+            assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
+            check_trust(r, res, n, NULL);
+            for (size_t i = 0; i < n; i++) {
+                if (res[i].status == KVX_EPAGECRC) {
+                    bad++;
+                    assert_int_equal(i % 5, 0); /* only the flipped pages */
+                } else {
+                    assert_int_equal(res[i].status, 0);
+                }
+            }
+        }
+        kvx_fetch_destroy(f);
+    }
+    /* warmup, host sink: a page that failed never reaches the sink */
+    uint64_t need;
+    assert_int_equal(kvx_warmup_sink_bytes(&need, &s, 1), 0);
+    uint8_t *buf = malloc(need);
+    assert_non_null(buf);
+    for (int k = 0; k < 60; k++) {
+        kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
+        o.io_mode = k % 3;
+        o.flags = k % 2 ? KVX_WARMUP_BUFFERED : 0;
+        o.chunk_bytes = k % 4 < 2 ? 16384 : 0;
+        o.sink = KVX_SINK_HOST;
+        o.host_buf = buf;
+        o.host_buf_bytes = need;
+        memset(buf, 0xA5, need);
+        kvx_warmup_report rep;
+        assert_int_equal(kvx_warmup_run(&rep, &s, 1, &o), 0);
+        assert_int_equal(rep.pages + rep.crc_failures, N1);
+        uint64_t off = 0;
+        for (uint32_t i = 0; i < N1; i++) {
+            kvx_entry e;
+            assert_int_equal(kvx_shard_entry(&e, s, i), 0);
+            off = (off + 255) & ~(uint64_t)255;
+            int failed = 0;
+            for (size_t q = 0; q < rep.n_failures; q++) failed |= rep.failures[q].entry == i;
+            if (failed) {
+                for (uint64_t b = 0; b < e.bytes; b++)
+                    if (buf[off + b] != 0xA5) fail_msg("warmup %d: failed entry %u reached the sink", k, i);
+            } else if (!io_page_ok(buf + off, 7, i, e.bytes)) {
+                fail_msg("warmup %d: entry %u delivered with wrong bytes", k, i);
+            }
+            off += e.bytes;
+        }
+        kvx_warmup_report_free(&rep);
+    }
+    atomic_store(&fl.stop, 1);
+    pthread_join(tid, NULL);
+    print_message("flips: %ld toggles, %zu pages caught by CRC\n", fl.flips, bad);
+    free(buf);
+    kvx_pool_destroy(p);
+    kvx_shard_close(s);
+}
+
 /* ---- the completion filter at every position ---- */
 
 static int filt_at, filt_calls, filt_kind;
@@ -637,6 +759,25 @@ static void test_request_lists(void **state)
         assert_int_equal(done, 0);
         assert_int_equal(kvx_fetch_cancel(f), 0);
         kvx_fetch_release(f);
+        /* NULL list, counts past UINT32_MAX: refused before anything is read */
+        assert_int_equal(kvx_fetch_submit(f, NULL, 3), KVX_EINVALID);
+        kvx_fetch_req one = {s, 0};
+        assert_int_equal(kvx_fetch_submit(f, &one, (size_t)UINT32_MAX + 1), KVX_EINVALID);
+        assert_int_equal(kvx_fetch_submit(NULL, &one, 1), KVX_EINVALID);
+        assert_int_equal(kvx_fetch_wait(NULL, res, 1, 0), KVX_EINVALID);
+        assert_int_equal(kvx_fetch_poll(NULL, &done), KVX_EINVALID);
+        assert_int_equal(kvx_fetch_cancel(NULL), KVX_EINVALID);
+        kvx_fetch_release(NULL);
+        /* 100000 copies of one page: more slots than the pool has */
+        {
+            size_t big = 100000;
+            kvx_fetch_req *br = malloc(big * sizeof *br);
+            assert_non_null(br);
+            for (size_t i = 0; i < big; i++) br[i] = (kvx_fetch_req){s, (uint32_t)(i % N1)};
+            assert_int_equal(kvx_fetch_submit(f, br, big), KVX_ECAPACITY);
+            assert_int_equal(pool_free_bytes(p), free0);
+            free(br);
+        }
         /* zero count: done at once, timeout 0 is fine */
         assert_int_equal(kvx_fetch_submit(f, NULL, 0), 0);
         assert_int_equal(kvx_fetch_wait(f, NULL, 0, 0), 0);
@@ -646,6 +787,7 @@ static void test_request_lists(void **state)
                                {s, 3}, {s, 2}, {s, 4}, {s, N1 - 1}, {s, N1 - 1}, {s, 0}};
         assert_int_equal(kvx_fetch_submit(f, r, 12), 0);
         assert_int_equal(kvx_fetch_wait(f, res, 11, -1), KVX_EINVALID);
+        assert_int_equal(kvx_fetch_wait(f, NULL, 12, -1), KVX_EINVALID);
         assert_int_equal(kvx_fetch_wait(f, res, 12, -1), 0);
         check_trust(r, res, 12, NULL);
         for (int i = 0; i < 12; i++) {
@@ -713,6 +855,136 @@ static void test_shard_closed_inflight(void **state)
         kvx_fetch_destroy(f);
     }
     kvx_pool_destroy(p);
+}
+
+/* ---- slow reads: wait, cancel, release and destroy stay bounded ---- */
+
+static ssize_t slow_pread(int fd, void *buf, size_t len, off_t off)
+{
+    usleep(100 * 1000);
+    return pread(fd, buf, len, off);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void test_slow_reads_bounded(void **state)
+{
+    (void)state;
+    char path[512];
+    kvx_shard *s = fresh(path, sizeof path);
+    kvx_pool *p = pool_of(4 << 20);
+    kvx_fetch *f = fetch_of(p, KVX_IO_PREAD, 4, 0, 4096); /* 40 reads of 100 ms on 2 workers */
+    kvx_fetch_req r[N1];
+    kvx_fetch_result res[N1];
+    size_t n = every_page(r, s);
+    kvx_os.pread = slow_pread;
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(kvx_fetch_submit(f, r, n), 0);
+        double t0 = now_s();
+        assert_int_equal(kvx_fetch_wait(f, res, n, 10), -ETIMEDOUT);
+        assert_int_equal(kvx_fetch_wait(f, res, n, 0), -ETIMEDOUT);
+        double t1 = now_s();
+        if (t1 - t0 > 1.0) fail_msg("wait(10 ms) took %.2f s", t1 - t0);
+        if (k == 0) {
+            assert_int_equal(kvx_fetch_cancel(f), 0);
+            assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
+            check_trust(r, res, n, NULL);
+        } else if (k == 1) {
+            kvx_fetch_release(f);
+        }
+        double t2 = now_s();
+        /* generous: two reads in flight end within 0.2 s */
+        if (t2 - t1 > 2.0) fail_msg("round %d: cancel or release took %.2f s", k, t2 - t1);
+    }
+    kvx_fetch_destroy(f); /* k == 2: destroy with the batch in flight */
+    double t3 = now_s();
+    kvx_os_reset();
+    assert_int_equal(pool_free_bytes(p), 4 << 20);
+    kvx_pool_destroy(p);
+    /* warmup on the pread workers */
+    kvx_os.pread = slow_pread;
+    kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
+    o.io_mode = KVX_IO_PREAD;
+    o.chunk_bytes = 4096;
+    o.queue_depth = 2;
+    kvx_warmup *w = NULL;
+    assert_int_equal(kvx_warmup_start(&w, &s, 1, &o), 0);
+    kvx_warmup_report rep;
+    double t4 = now_s();
+    assert_int_equal(kvx_warmup_wait(&rep, w, 20), -ETIMEDOUT);
+    assert_int_equal(kvx_warmup_wait(&rep, w, 0), -ETIMEDOUT);
+    if (now_s() - t4 > 1.0) fail_msg("kvx_warmup_wait(20 ms) took %.2f s", now_s() - t4);
+    assert_int_equal(kvx_warmup_cancel(w), 0);
+    double t5 = now_s();
+    assert_int_equal(kvx_warmup_wait(&rep, w, -1), 0);
+    if (now_s() - t5 > 3.0) fail_msg("cancelled warmup took %.2f s to end", now_s() - t5);
+    assert_int_equal(rep.canceled, 1);
+    assert_true(rep.pages < N1);
+    kvx_warmup_report_free(&rep);
+    kvx_warmup_destroy(w);
+    assert_int_equal(kvx_warmup_start(&w, &s, 1, &o), 0);
+    double t6 = now_s();
+    kvx_warmup_destroy(w);
+    if (now_s() - t6 > 3.0) fail_msg("kvx_warmup_destroy of a running warmup took %.2f s", now_s() - t6);
+    kvx_os_reset();
+    (void)t3;
+    kvx_shard_close(s);
+}
+
+/* ---- kvx_fetch_direct says what the last batch did ---- */
+
+static int no_direct_open(const char *path, int flags, mode_t mode)
+{
+    if (flags & O_DIRECT) {
+        errno = EINVAL; /* as tmpfs and friends answer */
+        return -1;
+    }
+    return open(path, flags, mode);
+}
+
+static void test_direct_of_last_batch(void **state)
+{
+    (void)state;
+    char pa[512], pb[512];
+    kvx_shard *a = fresh(pa, sizeof pa), *b = fresh(pb, sizeof pb);
+    kvx_pool *p = pool_of(4 << 20);
+    kvx_fetch *f = fetch_of(p, KVX_IO_URING, 4, 0, 0);
+    kvx_fetch_req r[N1];
+    kvx_fetch_result res[N1];
+    size_t n = every_page(r, a);
+    assert_int_equal(kvx_fetch_submit(f, r, n), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
+    check_trust(r, res, n, NULL);
+    if (!kvx_fetch_direct(f)) { /* no O_DIRECT on this file system */
+        kvx_fetch_destroy(f);
+        kvx_pool_destroy(p);
+        kvx_shard_close(a);
+        kvx_shard_close(b);
+        skip();
+    }
+    /* b cannot be opened O_DIRECT: its batch is buffered */
+    kvx_os.open = no_direct_open;
+    n = every_page(r, b);
+    assert_int_equal(kvx_fetch_submit(f, r, n), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
+    kvx_os_reset();
+    check_trust(r, res, n, NULL);
+    for (size_t i = 0; i < n; i++) assert_int_equal(res[i].status, 0);
+    /* kvx.h: "1 when O_DIRECT reads were used for at least one file of the last batch" */
+    assert_int_equal(kvx_fetch_direct(f), 0);
+    n = every_page(r, a);
+    assert_int_equal(kvx_fetch_submit(f, r, n), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
+    assert_int_equal(kvx_fetch_direct(f), 1);
+    kvx_fetch_destroy(f);
+    kvx_pool_destroy(p);
+    kvx_shard_close(a);
+    kvx_shard_close(b);
 }
 
 /* ---- the pool ---- */
@@ -1353,12 +1625,15 @@ int main(void)
         cmocka_unit_test_setup(test_file_changed_inflight, reset),
         cmocka_unit_test_setup(test_os_faults_every_call, reset),
         cmocka_unit_test_setup(test_flip_each_page, reset),
+        cmocka_unit_test_setup(test_flips_while_in_flight, reset),
         cmocka_unit_test_setup(test_filter_every_position, reset),
         cmocka_unit_test_setup(test_filter_always, reset),
         cmocka_unit_test_setup(test_cold_buffered_uring, reset),
         cmocka_unit_test_setup(test_many_files, reset),
         cmocka_unit_test_setup(test_request_lists, reset),
         cmocka_unit_test_setup(test_shard_closed_inflight, reset),
+        cmocka_unit_test_setup(test_slow_reads_bounded, reset),
+        cmocka_unit_test_setup(test_direct_of_last_batch, reset),
         cmocka_unit_test_setup(test_pool_exhausted, reset),
 #ifdef KVX_ATTACK11_BREAKS
         cmocka_unit_test_setup(test_pool_free_not_a_slot, reset),
