@@ -130,9 +130,15 @@ static int st_tier_start(kvx_store *s, const kvx_tier_conf *c, int from_file)
     t->conf = *c;
     t->from_file = from_file;
     t->ns = kvx_tier_ns(&s->g, c->tenant);
+    /* one reply holds at most one value (a page, its tokens and scales,
+     * under 2 pages + 1 MiB) or a slot map (16 MiB is 16384 nodes with
+     * room): a server streaming more is cut there, not buffered */
+    uint64_t reply = 2 * s->page_bytes + 4ull * s->g.block_tokens + (1u << 20);
+    if (reply < (16u << 20)) reply = 16u << 20;
+    kvx_tier_limits rl = {250, 1000, 5000, reply};
     /* the write-behind's calls are bounded tighter: close waits for them */
-    kvx_tier_limits wl = {250, 1000, ST_TIER_WB_TOTAL_MS};
-    int rc = kvx_tier_open(&t->rd, c->url, NULL);
+    kvx_tier_limits wl = {250, 1000, ST_TIER_WB_TOTAL_MS, reply};
+    int rc = kvx_tier_open(&t->rd, c->url, &rl);
     if (!rc && s->writer) rc = kvx_tier_open(&t->wr, c->url, &wl);
     if (rc) {
         kvx_tier_close(t->rd);

@@ -122,10 +122,15 @@
  * The node table holds 16384 nodes with the seeds: a map naming more is
  * refused whole (every key a miss), not truncated.
  *
- * Not tested: a reply streamed fast and huge (hiredis 0.14 buffers a bulk
- * of any length until it is complete; within the 5 s deadline a loopback
- * server can push gigabytes: the tier does not cap a reply's size); host
- * names that resolve slowly (getaddrinfo is outside the connect timeout).
+ *  - test_flood_reply: a reply streamed fast and huge (a bulk of 2^40
+ *    bytes, an array of 10^9 integers): hiredis 0.14 buffers a reply
+ *    until it is complete, so within the 5 s deadline a loopback server
+ *    pushed gigabytes into the process. A reply is now cut at
+ *    kvx_tier_limits.max_reply_bytes (64 MiB; a store's clients: two
+ *    pages + 1 MiB, at least 16 MiB).
+ *
+ * Not tested: host names that resolve slowly (getaddrinfo is outside the
+ * connect timeout).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -188,6 +193,8 @@ enum {
     M_SLOW_READ,  /* M_ECHO, reading 16 KiB every 300 ms */
     M_KV,         /* a tiny Redis: SET [NX] [PX], GET */
     M_KV_EXTRA,   /* M_KV, each GET's value followed by another key's value */
+    M_FLOOD,      /* GET: a bulk of 2^40 bytes (limit 0) or an array of 10^9 integers (limit 1), streamed as fast
+                     as the client reads, raw_len bytes at most */
 };
 
 typedef struct fk {
@@ -201,6 +208,7 @@ typedef struct fk {
     int limit;
     int drip_ms;
     atomic_int conns, cmds, gets, sets, evals, stale_sent;
+    atomic_ullong flood_sent;
     char auth[256];
     pthread_mutex_t mu;
     pthread_t cth[256];
@@ -351,6 +359,17 @@ static int fk_handle(fk *s, int fd, int argc, char **argv, const size_t *lens, i
     case M_RAW: return fk_send(fd, s->raw, s->raw_len);
     case M_REDIRECT: return fk_sendf(fd, "-%.*s\r\n", (int)s->raw_len, s->raw);
     case M_DRIP_GET: return fk_drip(s, fd);
+    case M_FLOOD: {
+        static char chunk[65536];
+        if (!chunk[0])
+            for (size_t i = 0; i < sizeof chunk; i += 4) memcpy(chunk + i, s->limit ? ":1\r\n" : "xxxx", 4);
+        if (fk_sendf(fd, s->limit ? "*1000000000\r\n" : "$1099511627776\r\n")) return -1;
+        while (atomic_load(&s->flood_sent) < s->raw_len && !atomic_load(&s->stop)) {
+            if (fk_send(fd, chunk, sizeof chunk)) return -1;
+            atomic_fetch_add(&s->flood_sent, sizeof chunk);
+        }
+        return -1;
+    }
     case M_DRIP_SET: return fk_sendf(fd, "$-1\r\n");
     case M_CAS_SLOW: return fk_sendf(fd, "$8\r\ngarbage!\r\n");
     case M_EXTRA: return fk_sendf(fd, "$%zu\r\nV:%s\r\n$5\r\nSTALE\r\n", strlen(k) + 2, k);
@@ -982,6 +1001,53 @@ static void test_desync_never_wrong(void **state)
 
 /* ------------------------------------------------------------------ drips */
 
+/* A server streaming one endless reply as fast as the client reads: a
+ * bulk declaring 2^40 bytes, or an array declaring 10^9 integers. hiredis
+ * keeps every byte of an incomplete reply (and an object per array
+ * element) until it is whole, so for the whole 5 s call a loopback server
+ * could push gigabytes into the process. A reply is now cut at
+ * max_reply_bytes (64 MiB by default; a store's own clients: 16 MiB here,
+ * one value or a slot map): the client drops the connection and the key
+ * is a miss. The fake counts what it managed to send (socket buffers add a
+ * few MiB); without the cut it sends all it may (768 MiB, an array 96 MiB). */
+static void test_flood_reply(void **state)
+{
+    (void)state;
+    for (int array = 0; array < 2; array++) {
+        fk *f = fk_start(M_FLOOD);
+        f->limit = array;
+        f->raw_len = array ? (size_t)96 << 20 : (size_t)768 << 20;
+        if (!array) {
+            kvx_tier *t = tier_to(f->port, NULL);
+            uint8_t st[1];
+            double secs;
+            assert_int_equal(get_n(t, 1, "f", st, &secs), 0);
+            assert_int_not_equal(st[0], KVX_TIER_OK);
+            kvx_tier_close(t);
+            unsigned long long sent = atomic_load(&f->flood_sent);
+            if (sent >= (96ull << 20)) fail_msg("a bulk flood: %llu MiB taken in (cut at 64 MiB)", sent >> 20);
+            atomic_store(&f->flood_sent, 0);
+        }
+        /* through a store's lookup: its clients cut at 16 MiB */
+        char dir[512], url[64];
+        snprintf(dir, sizeof dir, "%s/flood%d", su_root, array);
+        snprintf(url, sizeof url, "redis://127.0.0.1:%d", f->port);
+        kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+        o.geometry = su_geometry();
+        o.capacity_bytes = 64ull << 20;
+        o.tier_url = url;
+        kvx_store *s = NULL;
+        assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+        assert_int_equal(su_served_prefix(s, 78, 2), 0);
+        kvx_store_close(s);
+        unsigned long long sent = atomic_load(&f->flood_sent);
+        if (sent >= (48ull << 20))
+            fail_msg("a%s flood through a store: %llu MiB taken in (cut at 16 MiB)", array ? "n array" : " bulk",
+                     sent >> 20);
+        fk_stop(f);
+    }
+}
+
 static void test_drip_get_lookup(void **state)
 {
     (void)state;
@@ -1494,6 +1560,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_extra_reply_late),
         cmocka_unit_test(test_desync_never_wrong),
         cmocka_unit_test(test_drip_get_lookup),
+        cmocka_unit_test(test_flood_reply),
         cmocka_unit_test(test_drip_cluster_slots),
         cmocka_unit_test(test_drip_auth),
         cmocka_unit_test(test_drip_set_close),

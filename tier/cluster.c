@@ -301,11 +301,23 @@ static int io_read(kvx_tier *t, tnode *nd, void **out, uint64_t deadline)
 {
     int waited = 0;
     *out = NULL;
+    uint64_t got = 0; /* bytes read for this reply (hiredis compacts its buffer only in GetReply) */
     if (nd->c->err || redisGetReplyFromReader(nd->c, out) != REDIS_OK) return IO_FAIL;
     while (!*out) {
         if (io_tmo(t, nd, deadline)) return waited ? IO_FAIL : IO_LATE;
         waited = 1;
-        if (redisBufferRead(nd->c) != REDIS_OK || redisGetReplyFromReader(nd->c, out) != REDIS_OK) return IO_FAIL;
+        size_t before = nd->c->reader->len;
+        if (redisBufferRead(nd->c) != REDIS_OK) return IO_FAIL;
+        got += nd->c->reader->len - before;
+        if (got > t->lim.max_reply_bytes) {
+            /* a bulk of 2^40 bytes or an array of 10^9 elements, streamed:
+             * hiredis would hold it all (test_attack10 test_flood_reply) */
+            nd->c->err = REDIS_ERR_PROTOCOL;
+            snprintf(nd->c->errstr, sizeof nd->c->errstr, "a reply of over %llu bytes",
+                     (unsigned long long)t->lim.max_reply_bytes);
+            return IO_FAIL;
+        }
+        if (redisGetReplyFromReader(nd->c, out) != REDIS_OK) return IO_FAIL;
     }
     return IO_OK;
 }
@@ -635,10 +647,12 @@ int kvx_tier_open(kvx_tier **out, const char *url, const kvx_tier_limits *limits
     t->lim.connect_ms = 250;
     t->lim.command_ms = 1000;
     t->lim.total_ms = 5000;
+    t->lim.max_reply_bytes = (uint64_t)64 << 20;
     if (limits) {
         if (limits->connect_ms) t->lim.connect_ms = limits->connect_ms;
         if (limits->command_ms) t->lim.command_ms = limits->command_ms;
         if (limits->total_ms) t->lim.total_ms = limits->total_ms;
+        if (limits->max_reply_bytes) t->lim.max_reply_bytes = limits->max_reply_bytes;
     }
     for (int i = 0; i < NSLOTS; i++) t->slots[i] = -1;
     t->cluster = -1;

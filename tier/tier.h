@@ -105,6 +105,10 @@ typedef struct kvx_tier_limits {
     uint32_t connect_ms; /* 250 */
     uint32_t command_ms; /* 1000 */
     uint32_t total_ms;   /* 5000: one call's whole budget */
+    uint64_t max_reply_bytes; /* 0: 64 MiB. One reply's bytes at most: a
+                                 server streaming a huge bulk or array is
+                                 dropped there, not buffered for the
+                                 whole call */
 } kvx_tier_limits;
 
 /* Redis Cluster key slot (CRC16-XMODEM mod 16384, hash tags honoured). */
