@@ -26,6 +26,16 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+/* The pool with its record of live slots: slot_units[off / 4096] is the
+ * length in 4096-byte units of the slot that starts at off, 0 where none
+ * does, so kvx_pool_free can refuse a range that is not one slot (a free
+ * naming a slot and its neighbour would hand the live neighbour out
+ * again). 4 bytes per 4096 of pool. */
+typedef struct pool_impl {
+    struct kvx_pool p; /* first: a kvx_pool * is a pool_impl * */
+    uint32_t *slot_units;
+} pool_impl;
+
 const char *kvx_io_mode_name(int mode)
 {
     switch (mode) {
@@ -119,7 +129,8 @@ int kvx_pool_create(kvx_pool **out, const kvx_pool_options *opts)
             }
         }
     }
-    kvx_pool *p = calloc(1, sizeof *p);
+    pool_impl *pi = calloc(1, sizeof *pi);
+    kvx_pool *p = pi ? &pi->p : NULL;
     if (!p) {
         munmap(base, bytes);
         return kvx_fail(-ENOMEM, "pinned pool: out of memory");
@@ -159,6 +170,11 @@ int kvx_pool_create(kvx_pool **out, const kvx_pool_options *opts)
         return kvx_fail(-ENOMEM, "pinned pool: out of memory");
     }
     p->cap_ext = nchunks + 1;
+    pi->slot_units = calloc((size_t)(bytes / KVX_IO_SLOT_ALIGN), sizeof *pi->slot_units);
+    if (!pi->slot_units) {
+        kvx_pool_destroy(p);
+        return kvx_fail(-ENOMEM, "pinned pool: out of memory");
+    }
     for (size_t i = 0; i < nchunks; i++) {
         uint64_t off = (uint64_t)i * KVX_IO_REG_CHUNK;
         p->ext[i].off = off;
@@ -178,6 +194,7 @@ void kvx_pool_destroy(kvx_pool *p)
     munmap(p->base, p->bytes);
     pthread_mutex_destroy(&p->mu);
     free(p->ext);
+    free(((pool_impl *)p)->slot_units);
     free(p);
 }
 
@@ -208,6 +225,7 @@ int kvx_pool_alloc(void **out, kvx_pool *p, uint64_t bytes)
     for (size_t i = 0; i < p->n_ext; i++) {
         if (p->ext[i].len < bytes) continue;
         *out = p->base + p->ext[i].off;
+        ((pool_impl *)p)->slot_units[p->ext[i].off / KVX_IO_SLOT_ALIGN] = (uint32_t)(bytes / KVX_IO_SLOT_ALIGN);
         p->ext[i].off += bytes;
         p->ext[i].len -= bytes;
         if (p->ext[i].len == 0) {
@@ -238,6 +256,16 @@ int kvx_pool_free(kvx_pool *p, void *ptr, uint64_t bytes)
         return kvx_fail(KVX_EINVALID, "kvx_pool_free: %" PRIu64 " bytes at offset %" PRIu64
                         " is not a slot of this pool", bytes, off);
     pthread_mutex_lock(&p->mu);
+    uint32_t *units = &((pool_impl *)p)->slot_units[off / KVX_IO_SLOT_ALIGN];
+    if (*units != bytes / KVX_IO_SLOT_ALIGN) {
+        uint32_t have = *units;
+        pthread_mutex_unlock(&p->mu);
+        if (!have)
+            return kvx_fail(KVX_EINVALID, "kvx_pool_free: no slot starts at offset %" PRIu64
+                            " (free already, or inside another slot)", off);
+        return kvx_fail(KVX_EINVALID, "kvx_pool_free: the slot at offset %" PRIu64 " has %" PRIu64
+                        " bytes, not %" PRIu64, off, (uint64_t)have * KVX_IO_SLOT_ALIGN, bytes);
+    }
     size_t i = 0;
     while (i < p->n_ext && p->ext[i].off < off) i++;
     /* [off, off+bytes) must not overlap a free extent: a double free. */
@@ -277,6 +305,7 @@ int kvx_pool_free(kvx_pool *p, void *ptr, uint64_t bytes)
         p->ext[i].len = bytes;
         p->n_ext++;
     }
+    *units = 0;
     p->free_bytes += bytes;
     pthread_mutex_unlock(&p->mu);
     return 0;
