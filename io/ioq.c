@@ -528,6 +528,18 @@ static void redo_buffered(kvx_io_run *r)
         r->got += got;
 }
 
+/* A read brought nothing new: the end of the file, unless the file has
+ * bytes past what the run got (a short read mid-file), which is read
+ * again, boundedly. Without this, two short O_DIRECT reads in a row ended
+ * an intact file's pages KVX_ETRUNC. */
+static int file_goes_on(kvx_io_run *r)
+{
+    struct stat st;
+    uint64_t have = r->hwm > r->got ? r->hwm : r->got;
+    if (have >= r->want || ++r->retries >= MAX_RETRIES) return 0;
+    return kvx_os.fstat(r->file->bfd, &st) == 0 && (uint64_t)st.st_size > r->off + have;
+}
+
 static void complete(kvx_ioq *q, kvx_io_run *r, int kres)
 {
     q->inflight--;
@@ -557,9 +569,17 @@ static void complete(kvx_ioq *q, kvx_io_run *r, int kres)
                 r->state = RUN_QUEUED;
                 return;
             }
+        } else if (file_goes_on(r)) {
+            q_prepend(&q->qhead, &q->qtail, r); /* a short read again, mid-file */
+            r->state = RUN_QUEUED;
+            return;
         } else {
             r->got = r->hwm; /* nothing new: end of file */
         }
+    } else if (file_goes_on(r)) {
+        q_prepend(&q->qhead, &q->qtail, r); /* 0 where the file has bytes: read again */
+        r->state = RUN_QUEUED;
+        return;
     } else {
         if (r->hwm > r->got) r->got = r->hwm; /* end of file */
     }

@@ -19,6 +19,12 @@
  *    error named (ASan: no write outside a slot);
  *  - a filter that always says -EAGAIN (bounded retries, a distinct
  *    error, not a hang); one that always says 0 (end of file: KVX_ETRUNC);
+ *  - faults drawn at random (-EAGAIN, -EINTR, short reads, aligned short
+ *    reads) on 10..70% of completions over 300 batches of two peers with
+ *    duplicates and cancels: every page 0 and right, or cancelled, or the
+ *    retries' error; never KVX_ETRUNC on the intact file;
+ *  - the shard cut and grown back (a hole) in flight: KVX_EPAGECRC or
+ *    KVX_ETRUNC, never the zeros;
  *  - pages cold in the page cache (POSIX_FADV_DONTNEED) read buffered
  *    through io_uring, the shard descriptor being O_NONBLOCK;
  *  - request lists with duplicates, pages out of range, NULL shards, a
@@ -64,6 +70,14 @@
  *    whether the last batch did: a batch of files that cannot be read
  *    O_DIRECT after one that could still said 1. Fixed in io/fetch.c
  *    (the handle records it at submit).
+ *  - test_filter_random, test_filter_every_position (0 once),
+ *    test_warmup_truncated_and_faults: under O_DIRECT a short read
+ *    restarts at the aligned point below, and a re-read that brought
+ *    nothing new (or a single 0 result) was taken for the end of the
+ *    file, so two short reads in a row mid-file ended an intact file's
+ *    pages KVX_ETRUNC ("truncated after open") in fetch and warmup. Fixed
+ *    in io/ioq.c: the end of file is checked with fstat; where the file
+ *    has bytes past what the run got, the read is tried again (bounded).
  *  - test_pool_free_not_a_slot: kvx_pool_free accepted a range that is
  *    not an allocated slot when it overlapped no free extent (two
  *    adjacent live slots freed as one, part of a slot), though kvx.h
@@ -218,7 +232,7 @@ static int count_fds(void)
 
 /* ---- files changed between submit and wait ---- */
 
-enum change { CH_TRUNC, CH_EXTEND, CH_RENAME, CH_UNLINK_NEW };
+enum change { CH_TRUNC, CH_EXTEND, CH_RENAME, CH_UNLINK_NEW, CH_REGROW };
 
 static void change_case(int m, enum change ch)
 {
@@ -244,6 +258,12 @@ static void change_case(int m, enum change ch)
         char tmp[512];
         assert_int_equal(io_make_shard(tmp, sizeof tmp, io_tmpdir, "rn_src.kvx", 9, N1, 0), 0);
         assert_int_equal(rename(tmp, path), 0);
+    } else if (ch == CH_REGROW) {
+        /* cut, then grown back to its size: the tail is a hole of zeros */
+        struct stat sb;
+        assert_int_equal(stat(path, &sb), 0);
+        assert_int_equal(truncate(path, (off_t)mid.offset), 0);
+        assert_int_equal(truncate(path, sb.st_size), 0);
     } else {
         assert_int_equal(unlink(path), 0);
         char tmp[512];
@@ -255,10 +275,14 @@ static void change_case(int m, enum change ch)
     check_trust(r, res, n, &ok);
     for (size_t i = 0; i < n; i++) {
         if (res[i].status == 0) continue;
+        if (ch == CH_REGROW) {
+            assert_true(res[i].status == KVX_EPAGECRC || res[i].status == KVX_ETRUNC);
+            continue;
+        }
         if (ch != CH_TRUNC) fail_msg("change %d mode %d: page %zu status %d", ch, m, i, res[i].status);
         assert_int_equal(res[i].status, KVX_ETRUNC);
     }
-    if (ch == CH_TRUNC)
+    if (ch == CH_TRUNC || ch == CH_REGROW)
         assert_true(ok >= N1 / 2 - 1 && ok < N1);
     else
         assert_int_equal(ok, N1);
@@ -276,7 +300,7 @@ static void test_file_changed_inflight(void **state)
 {
     (void)state;
     for (int m = 0; m < 3; m++)
-        for (int ch = CH_TRUNC; ch <= CH_UNLINK_NEW; ch++) change_case(m, (enum change)ch);
+        for (int ch = CH_TRUNC; ch <= CH_REGROW; ch++) change_case(m, (enum change)ch);
 }
 
 /* ---- every OS call of a fetch and of a warmup failed in turn ---- */
@@ -584,13 +608,87 @@ static void test_filter_every_position(void **state)
                     else
                         fail_msg("kind %d at %d mode %d: page %zu status %d", kind, at, m, i, st);
                 }
-                /* transient faults and short reads lose nothing */
-                if (kind <= 2 || (kind == 5 && m == 0)) assert_int_equal(ok, n);
+                /* transient faults, short reads and a lone 0 mid-file lose nothing */
+                if (kind <= 3 || (kind == 5 && m == 0)) assert_int_equal(ok, n);
             }
         kvx_os_reset();
         kvx_fetch_destroy(f);
     }
     assert_int_equal(pool_free_bytes(p), 4 << 20);
+    kvx_pool_destroy(p);
+    kvx_shard_close(s);
+}
+
+static uint64_t rnd_state;
+static int rnd_pct;
+static uint32_t rnd(void)
+{
+    rnd_state = rnd_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rnd_state >> 33);
+}
+/* Faults drawn at random on a share of completions. */
+static int random_filter(int res, size_t requested)
+{
+    if ((int)(rnd() % 100) >= rnd_pct) return res;
+    switch (rnd() % 5) {
+    case 0: return -EAGAIN;
+    case 1: return -EINTR;
+    case 2: return res > 1 ? (int)(1 + rnd() % (uint32_t)(res - 1)) : res;
+    case 3: return res > 4096 ? (int)(4096 * (1 + rnd() % (uint32_t)(res / 4096))) - 1 : res;
+    default: return (int)requested; /* all of it, as asked */
+    }
+}
+
+static void test_filter_random(void **state)
+{
+    (void)state;
+    long n_trunc = 0;
+    char path[512];
+    kvx_shard *s = fresh(path, sizeof path);
+    kvx_pool *p = pool_of(4 << 20);
+    kvx_fetch_req r[N1 * 2];
+    kvx_fetch_result res[N1 * 2];
+    alarm(300);
+    for (int m = 0; m < 2; m++) {
+        kvx_fetch *f = fetch_of(p, modes[m], 5, mode_flags[m], 0);
+        kvx_fetch *g = NULL;
+        assert_int_equal(kvx_fetch_create_peer(&g, f), 0);
+        rnd_state = 7 + (uint64_t)m;
+        kvx_os.uring_result = random_filter;
+        for (int it = 0; it < 300; it++) {
+            rnd_pct = 10 + it % 60;
+            size_t n = 0;
+            uint32_t k = rnd() % 3;
+            for (uint32_t i = 0; i < N1; i++) {
+                if (rnd() % 4 == 0) continue;
+                r[n++] = (kvx_fetch_req){s, i};
+                if (rnd() % 7 == 0) r[n++] = (kvx_fetch_req){s, (i + k) % N1};
+            }
+            kvx_fetch *h = it % 2 ? g : f;
+            assert_int_equal(kvx_fetch_submit(h, r, n), 0);
+            if (it % 11 == 0) assert_int_equal(kvx_fetch_cancel(h), 0);
+            assert_int_equal(kvx_fetch_wait(h, res, n, -1), 0);
+            check_trust(r, res, n, NULL);
+            for (size_t i = 0; i < n; i++) {
+                int st = res[i].status;
+                if (st == 0 || st == KVX_ECANCELED) continue;
+                /* the file is intact: never "truncated" (two short O_DIRECT reads in
+                 * a row used to end the run as if at the end of the file) */
+                if (st == KVX_ETRUNC) {
+                    n_trunc++;
+                    continue;
+                }
+                if (st == -EAGAIN || st == -EINTR) continue; /* retries ran out */
+                fail_msg("mode %d it %d: page %zu status %d", m, it, i, st);
+            }
+        }
+        kvx_os_reset();
+        kvx_fetch_destroy(g);
+        kvx_fetch_destroy(f);
+        assert_int_equal(pool_free_bytes(p), 4 << 20);
+    }
+    alarm(0);
+    if (n_trunc) fail_msg("random filter: %ld pages KVX_ETRUNC on an intact file", n_trunc);
     kvx_pool_destroy(p);
     kvx_shard_close(s);
 }
@@ -1313,7 +1411,7 @@ static void test_warmup_truncated_and_faults(void **state)
             kvx_os_reset();
             assert_int_equal(rc, 0);
             assert_int_equal(rep.pages + rep.io_failures + rep.crc_failures, N1);
-            if (kind <= 2) assert_int_equal(rep.pages, N1);
+            if (kind <= 3) assert_int_equal(rep.pages, N1); /* a lone 0 mid-file is not the end */
             for (size_t i = 0; i < rep.n_failures; i++) {
                 int c = rep.failures[i].code;
                 assert_true(c == KVX_ETRUNC || c == -EIO || c == KVX_EPAGECRC || c == -EINVAL);
@@ -1801,6 +1899,7 @@ int main(void)
         cmocka_unit_test_setup(test_flip_each_page, reset),
         cmocka_unit_test_setup(test_flips_while_in_flight, reset),
         cmocka_unit_test_setup(test_filter_every_position, reset),
+        cmocka_unit_test_setup(test_filter_random, reset),
         cmocka_unit_test_setup(test_filter_always, reset),
         cmocka_unit_test_setup(test_cold_buffered_uring, reset),
         cmocka_unit_test_setup(test_many_files, reset),
