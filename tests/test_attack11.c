@@ -57,6 +57,11 @@
  *    destroy, kvx_warmup_wait(20 ms), warmup cancel and destroy return
  *    within generous bounds;
  *  - kvx_fetch_direct after a batch whose file refuses O_DIRECT;
+ *  - the pool's bytes past a batch's slots stay untouched, with and
+ *    without random completion faults (the kernel's writes into fixed
+ *    buffers are invisible to ASan);
+ *  - a GPU sink without CUDA, with no kvx_gpu or a bogus pointer:
+ *    KVX_ENOCUDA from run and start, the pointer never touched;
  *  - a store whose shard file is replaced by a FIFO, a directory, a
  *    0-byte file, a 1 TiB sparse file or half itself: kvx_warmup_collect
  *    and warmup answer (error or consistent report) within a deadline.
@@ -1035,6 +1040,59 @@ static void test_slow_reads_bounded(void **state)
     kvx_shard_close(s);
 }
 
+/* ---- nothing lands past the batch's slots (the kernel's writes are
+ * invisible to ASan: check the pool's bytes) ---- */
+
+static void test_no_write_past_slots(void **state)
+{
+    (void)state;
+    char path[512];
+    kvx_shard *s = fresh(path, sizeof path);
+    kvx_entry last;
+    assert_int_equal(kvx_shard_entry(&last, s, N1 - 1), 0);
+    kvx_pool *p = pool_of(2 << 20);
+    kvx_pool_info info;
+    assert_int_equal(kvx_pool_get_info(&info, p), 0);
+    uint8_t *base = info.base;
+    for (int m = 0; m < 3; m++)
+        for (int faults = 0; faults < 2; faults++) {
+            kvx_fetch *f = fetch_of(p, modes[m], 4, mode_flags[m], m == 1 ? 4096 : 0);
+            memset(base, 0xCD, info.bytes);
+            /* the last page alone, then every page: a slot of exactly its length */
+            kvx_fetch_req one = {s, N1 - 1};
+            kvx_fetch_result r1;
+            rnd_state = 3;
+            rnd_pct = 40;
+            if (faults) kvx_os.uring_result = random_filter;
+            assert_int_equal(kvx_fetch_submit(f, &one, 1), 0);
+            assert_int_equal(kvx_fetch_wait(f, &r1, 1, -1), 0);
+            assert_int_equal(r1.status, 0);
+            assert_ptr_equal(r1.page, base);
+            uint64_t end = (last.bytes + 4095) & ~(uint64_t)4095;
+            for (uint64_t k = end; k < info.bytes; k++)
+                if (base[k] != 0xCD) fail_msg("mode %d: byte %llu past the slot written", m, (unsigned long long)k);
+            kvx_fetch_req r[N1];
+            kvx_fetch_result res[N1];
+            size_t n = every_page(r, s);
+            memset(base, 0xCD, info.bytes);
+            assert_int_equal(kvx_fetch_submit(f, r, n), 0);
+            assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
+            kvx_os_reset();
+            check_trust(r, res, n, NULL);
+            uint64_t hi = 0;
+            for (size_t i = 0; i < n; i++) {
+                uint64_t e = (uint64_t)((uint8_t *)res[i].page - base) + res[i].bytes;
+                e = (e + 4095) & ~(uint64_t)4095;
+                if (e > hi) hi = e;
+            }
+            for (uint64_t k = hi; k < info.bytes; k++)
+                if (base[k] != 0xCD) fail_msg("mode %d: byte %llu past the slots written", m, (unsigned long long)k);
+            kvx_fetch_destroy(f);
+        }
+    kvx_pool_destroy(p);
+    kvx_shard_close(s);
+}
+
 /* ---- kvx_fetch_direct says what the last batch did ---- */
 
 static int no_direct_open(const char *path, int flags, mode_t mode)
@@ -1879,6 +1937,19 @@ static void test_gpu_nocuda_answers(void **state)
     char b[8];
     assert_int_equal(kvx_gpu_copy_back(b, NULL, 0, 8), KVX_ENOCUDA);
     assert_int_equal(kvx_gpu_copy_back(NULL, NULL, 0, 0), KVX_ENOCUDA);
+    /* a GPU sink, with no kvx_gpu or a pointer that is not one: KVX_ENOCUDA, never touched */
+    char path[512];
+    kvx_shard *s = fresh(path, sizeof path);
+    kvx_warmup_options wo = KVX_WARMUP_OPTIONS_INIT;
+    wo.sink = KVX_SINK_GPU;
+    kvx_warmup_report rep;
+    kvx_warmup *w = NULL;
+    assert_int_equal(kvx_warmup_run(&rep, &s, 1, &wo), KVX_ENOCUDA);
+    assert_int_equal(kvx_warmup_start(&w, &s, 1, &wo), KVX_ENOCUDA);
+    wo.gpu = (kvx_gpu *)(uintptr_t)0xdead0000;
+    assert_int_equal(kvx_warmup_run(&rep, &s, 1, &wo), KVX_ENOCUDA);
+    assert_int_equal(kvx_warmup_start(&w, &s, 1, &wo), KVX_ENOCUDA);
+    kvx_shard_close(s);
     /* a pool asking for a GPU still works without CUDA */
     kvx_pool_options po = KVX_POOL_OPTIONS_INIT;
     po.bytes = 1 << 20;
@@ -1906,6 +1977,7 @@ int main(void)
         cmocka_unit_test_setup(test_request_lists, reset),
         cmocka_unit_test_setup(test_shard_closed_inflight, reset),
         cmocka_unit_test_setup(test_slow_reads_bounded, reset),
+        cmocka_unit_test_setup(test_no_write_past_slots, reset),
         cmocka_unit_test_setup(test_direct_of_last_batch, reset),
         cmocka_unit_test_setup(test_pool_exhausted, reset),
         cmocka_unit_test_setup(test_pool_free_not_a_slot, reset),
