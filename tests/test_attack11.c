@@ -34,7 +34,9 @@
  *  - the caller's shard handle closed while its fetch is in flight;
  *  - the pool exhausted (every slot held): KVX_ECAPACITY, and every slot
  *    back after release; kvx_pool_free of ranges that are not slots;
- *  - two threads, each with a fetch, sharing one pool;
+ *  - two threads, each with a fetch, sharing one pool; two warmups (host
+ *    sinks) on two threads and a fetch on a third, over the same shards;
+ *  - a batch driven by kvx_fetch_poll alone;
  *  - kvx_fetch_create_peer misuse (NULL arguments, the first handle
  *    destroyed while the peer's batch is in flight);
  *  - descriptors: many create / fetch / destroy cycles leak none;
@@ -223,6 +225,13 @@ static size_t every_page(kvx_fetch_req *r, kvx_shard *s)
 {
     for (uint32_t i = 0; i < N1; i++) r[i] = (kvx_fetch_req){s, i};
     return N1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int count_fds(void)
@@ -951,7 +960,14 @@ static void test_shard_closed_inflight(void **state)
         assert_int_equal(kvx_fetch_submit(f, r, n), 0);
         kvx_shard_close(s); /* the batch holds its own references */
         assert_int_equal(unlink(path), 0);
-        assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
+        /* driven by poll alone, then wait(0) */
+        size_t done = 0;
+        double t0 = now_s();
+        while (done < n) {
+            assert_int_equal(kvx_fetch_poll(f, &done), 0);
+            if (now_s() - t0 > 30) fail_msg("mode %d: poll made no progress (%zu of %zu)", m, done, n);
+        }
+        assert_int_equal(kvx_fetch_wait(f, res, n, 0), 0);
         for (size_t i = 0; i < n; i++) {
             assert_int_equal(res[i].status, 0);
             assert_true(io_page_ok(res[i].page, 7, (uint32_t)i, res[i].bytes));
@@ -969,12 +985,6 @@ static ssize_t slow_pread(int fd, void *buf, size_t len, off_t off)
     return pread(fd, buf, len, off);
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void test_slow_reads_bounded(void **state)
 {
@@ -1286,6 +1296,70 @@ static void test_two_threads_one_pool(void **state)
     assert_int_equal(pool_free_bytes(p), 2 << 20);
     kvx_pool_destroy(p);
     kvx_shard_close(s);
+}
+
+/* ---- two warmups and a fetch at once, on the same shards ---- */
+
+typedef struct wthr {
+    kvx_shard *s[2];
+    int mode, fails;
+} wthr;
+
+static void *warm_main(void *arg)
+{
+    wthr *t = arg;
+    uint64_t need;
+    if (kvx_warmup_sink_bytes(&need, t->s, 2)) {
+        t->fails = -1;
+        return NULL;
+    }
+    uint8_t *buf = malloc(need);
+    for (int k = 0; k < 8 && buf; k++) {
+        kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
+        o.io_mode = (t->mode + k) % 3;
+        o.chunk_bytes = k % 2 ? 8192 : 0;
+        o.sink = KVX_SINK_HOST;
+        o.host_buf = buf;
+        o.host_buf_bytes = need;
+        kvx_warmup_report rep;
+        if (kvx_warmup_run(&rep, t->s, 2, &o) || rep.pages != 2 * N1) {
+            t->fails++;
+            continue;
+        }
+        uint64_t off = 0;
+        for (int q = 0; q < 2; q++)
+            for (uint32_t i = 0; i < N1; i++) {
+                kvx_entry e;
+                kvx_shard_entry(&e, t->s[q], i);
+                off = (off + 255) & ~(uint64_t)255;
+                if (!io_page_ok(buf + off, 7, i, e.bytes)) t->fails++;
+                off += e.bytes;
+            }
+        kvx_warmup_report_free(&rep);
+    }
+    free(buf);
+    return NULL;
+}
+
+static void test_concurrent_warmups_and_fetch(void **state)
+{
+    (void)state;
+    char pa[512], pb[512];
+    kvx_shard *a = fresh(pa, sizeof pa), *b = fresh(pb, sizeof pb);
+    wthr t[2] = {{{a, b}, 0, 0}, {{b, a}, 1, 0}};
+    pthread_t tid[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&tid[i], NULL, warm_main, &t[i]), 0);
+    kvx_pool *p = pool_of(4 << 20);
+    thr ft = {p, a, KVX_IO_URING, 0};
+    thr_main(&ft);
+    for (int i = 0; i < 2; i++) pthread_join(tid[i], NULL);
+    assert_int_equal(ft.fails, 0);
+    assert_int_equal(t[0].fails, 0);
+    assert_int_equal(t[1].fails, 0);
+    assert_int_equal(pool_free_bytes(p), 4 << 20);
+    kvx_pool_destroy(p);
+    kvx_shard_close(a);
+    kvx_shard_close(b);
 }
 
 /* ---- peers ---- */
@@ -1982,6 +2056,7 @@ int main(void)
         cmocka_unit_test_setup(test_pool_exhausted, reset),
         cmocka_unit_test_setup(test_pool_free_not_a_slot, reset),
         cmocka_unit_test_setup(test_two_threads_one_pool, reset),
+        cmocka_unit_test_setup(test_concurrent_warmups_and_fetch, reset),
         cmocka_unit_test_setup(test_peer_misuse, reset),
         cmocka_unit_test_setup(test_no_fd_leak, reset),
         cmocka_unit_test_setup(test_warmup_flip_host_sink, reset),
