@@ -45,8 +45,10 @@
  *    sink too small; queue_depth / chunk limits;
  *  - RLIMIT_MEMLOCK tiny without CAP_IPC_LOCK (child process): the pool
  *    says KVX_EMEMLOCK, warmup carries on unlocked;
- *  - the gpu_nocuda API: every call KVX_ENOCUDA (or a no-op), no crash.
- *
+ *  - the gpu_nocuda API: every call KVX_ENOCUDA (or a no-op), no crash;
+ *  - warmup at the deepest queue (62 reads, 64 staging buffers) with
+ *    4096-byte runs; the report (bytes, checksum) and the progress
+ *    callback (monotonic, one finished call) agree with the files;
  *  - more files than the registered-file table (64) and the file cache
  *    keep, over two peers: every page from its own file;
  *  - every OS call of a fetch (create, submit, wait) and of a warmup
@@ -94,7 +96,10 @@
  *    the slot starting at each 4096 (4 bytes per 4096 of pool) and a free
  *    must name one slot exactly.
  *
- * White-box: kvx_os.uring_result (common/os.h).
+ * Held (no defect): every trust check above; no hang, leak or write
+ * outside a slot (ASan, and TSan on the data path).
+ *
+ * White-box: kvx_os.uring_result and the OS seam (common/os.h, fault.h).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -1613,6 +1618,18 @@ static void test_warmup_report_consistent(void **state)
         kvx_warmup_report_free(&rep); /* twice is fine */
     }
     kvx_warmup_report_free(NULL);
+    /* the deepest queue (62 reads, 64 staging buffers) with the smallest runs */
+    for (int m = 0; m < 3; m++) {
+        kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
+        o.io_mode = m;
+        o.queue_depth = 62;
+        o.chunk_bytes = 4096;
+        kvx_warmup_report rep;
+        assert_int_equal(kvx_warmup_run(&rep, in, 3, &o), 0);
+        assert_int_equal(rep.pages, 3 * N1);
+        assert_int_equal(rep.checksum, want_sum);
+        kvx_warmup_report_free(&rep);
+    }
     /* option and argument errors, each its own code */
     kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
     kvx_warmup_report rep;
