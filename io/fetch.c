@@ -22,6 +22,7 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdlib.h>
 
 typedef struct item {
@@ -121,13 +122,21 @@ static int absorb(kvx_fetch *f, int timeout_ms);
 void kvx_fetch_release(kvx_fetch *f)
 {
     if (!f || !f->active) return;
+    int drained = 1;
     if (f->outstanding > 0) {
         /* The kernel may still write into our slots: drain first. */
         kvx_ioq_cancel_owner(f->q, f);
         while (f->outstanding > 0)
-            if (absorb(f, -1) < 0) break;
+            if (absorb(f, -1) < 0) {
+                drained = 0;
+                break;
+            }
     }
-    for (size_t i = 0; i < f->n_runs; i++)
+    /* A wait that failed for good (not EINTR: reap retries that) leaves
+     * reads the kernel may still land: their slots are never given back,
+     * or a late read would overwrite pages another batch verified. They
+     * are lost until the pool is destroyed. */
+    for (size_t i = 0; drained && i < f->n_runs; i++)
         if (f->runs[i].buf) kvx_pool_free(f->pool, f->runs[i].buf, f->runs[i].len);
     for (size_t i = 0; i < f->n; i++) kvx_shard_close(f->refs[i]);
     if (kvx_ioq_pending(f->q) == 0) kvx_ioq_files_trim(f->q); /* a peer's reads may use them */
@@ -291,7 +300,8 @@ int kvx_fetch_wait(kvx_fetch *f, kvx_fetch_result *out, size_t n, int timeout_ms
         } else if (timeout_ms > 0) {
             double s = deadline - kvx_io_now();
             if (s <= 0) return -ETIMEDOUT;
-            left = (int)(s * 1000) + 1;
+            double ms = s * 1000 + 1; /* rounding may put a timeout near INT_MAX just past it */
+            left = ms >= (double)INT_MAX ? INT_MAX : (int)ms;
         }
         int rc = absorb(f, left);
         if (rc) return rc;

@@ -145,6 +145,10 @@ int kvx_gpu_reserve(uint64_t *out_dev, kvx_gpu *g, uint64_t bytes)
 {
     if (!out_dev || !g) return kvx_fail(KVX_EINVALID, "kvx_gpu_reserve: out_dev or gpu is NULL");
     *out_dev = 0;
+    if (bytes > g->arena_bytes - g->used) /* before rounding: near 2^64 it would wrap to 0 */
+        return kvx_fail(KVX_ECAPACITY, "GPU arena: %" PRIu64 " bytes wanted, %" PRIu64 " of %" PRIu64
+                        " free; use a larger kvx_gpu_options.arena_bytes",
+                        bytes, g->arena_bytes - g->used, g->arena_bytes);
     uint64_t need = kvx_align_up(bytes ? bytes : 1, KVX_GPU_ALIGN);
     if (need > g->arena_bytes - g->used)
         return kvx_fail(KVX_ECAPACITY, "GPU arena: %" PRIu64 " bytes wanted, %" PRIu64 " of %" PRIu64

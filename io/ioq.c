@@ -332,7 +332,9 @@ void kvx_ioq_destroy(kvx_ioq *q)
     if (q->ring_ok) {
         while (q->inflight > 0) {
             struct io_uring_cqe *cqe;
-            if (io_uring_wait_cqe(&q->ring, &cqe) < 0) break;
+            int rc = io_uring_wait_cqe(&q->ring, &cqe);
+            if (rc == -EINTR || rc == -EAGAIN) continue; /* a signal (Go's preemption, a handler): wait on */
+            if (rc < 0) break;
             if (io_uring_cqe_get_data(cqe) != EFD_TAG) q->inflight--;
             io_uring_cqe_seen(&q->ring, cqe);
         }

@@ -110,6 +110,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -1011,7 +1012,9 @@ static void test_slow_reads_bounded(void **state)
         if (t1 - t0 > 1.0) fail_msg("wait(10 ms) took %.2f s", t1 - t0);
         if (k == 0) {
             assert_int_equal(kvx_fetch_cancel(f), 0);
-            assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
+            /* the longest timeout: its milliseconds left once rounded up
+             * past INT_MAX (an int overflow; UBSan) */
+            assert_int_equal(kvx_fetch_wait(f, res, n, INT_MAX), 0);
             check_trust(r, res, n, NULL);
         } else if (k == 1) {
             kvx_fetch_release(f);
@@ -1783,8 +1786,9 @@ static void test_warmup_odd_inputs(void **state)
     o.chunk_bytes = 0;
     o.sink = 7;
     assert_int_equal(kvx_warmup_run(&rep, &s, 1, &o), KVX_EINVALID);
-    o.sink = KVX_SINK_GPU;
-    assert_int_equal(kvx_warmup_run(&rep, &s, 1, &o), KVX_ENOCUDA);
+    o.sink = KVX_SINK_GPU; /* and no kvx_gpu given */
+    int ngpu = 0;
+    assert_int_equal(kvx_warmup_run(&rep, &s, 1, &o), kvx_gpu_count(&ngpu) == KVX_ENOCUDA ? KVX_ENOCUDA : KVX_EINVALID);
     kvx_shard_close(s);
     alarm(0);
 }
@@ -2011,7 +2015,6 @@ static void test_gpu_nocuda_answers(void **state)
     int node = 5;
     rc = kvx_gpu_numa_node(&node, 0);
     assert_true(rc == KVX_ENOCUDA || (rc == 0 && node == -1));
-    assert_true(kvx_gpu_numa_node(NULL, -1) != 0 || 1);
     kvx_gpu *g = (kvx_gpu *)0x1;
     kvx_gpu_options go = KVX_GPU_OPTIONS_INIT;
     assert_int_equal(kvx_gpu_create(&g, &go), KVX_ENOCUDA);

@@ -97,6 +97,8 @@ static void test_upload(void **state)
     assert_int_equal(kvx_gpu_copy_back(back_table, g, dev[0] - 4096, 8), KVX_EINVALID);
     uint64_t big;
     assert_int_equal(kvx_gpu_reserve(&big, g, 1ull << 40), KVX_ECAPACITY);
+    /* near 2^64 the rounding to KVX_GPU_ALIGN wrapped to 0: "reserved" */
+    assert_int_equal(kvx_gpu_reserve(&big, g, UINT64_MAX - 100), KVX_ECAPACITY);
     kvx_gpu_destroy(g);
     kvx_fetch_destroy(f);
     kvx_pool_destroy(p);
