@@ -14,6 +14,7 @@
 package transfer
 
 import (
+	"container/list"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -43,8 +44,17 @@ type ServerOptions struct {
 	LeaseTTL       time.Duration // a lease lapses this long after HasBlocks; 0 = 30s
 	MaxStreams     int           // PushKv streams at once; more: RESOURCE_EXHAUSTED; 0 = 64
 	MaxStreamBytes uint64        // payload bytes of one stream; more: RESOURCE_EXHAUSTED; 0 = no limit
-	Sink           Sink          // nil = none
-	Metrics        *Metrics      // nil = none
+	// StreamIdle cuts a PushKv stream (DEADLINE_EXCEEDED, nothing of it
+	// published) that brought no whole chunk for this long, so streams
+	// opened and left idle, or trickling bytes, cannot hold the
+	// MaxStreams slots for good; 0 = 30s
+	StreamIdle time.Duration
+	// MaxLeases caps the live leases; a HasBlocks past it releases the
+	// oldest lease first (its push still works: a block gone answers
+	// ABORTED); 0 = 4096
+	MaxLeases int
+	Sink      Sink     // nil = none
+	Metrics   *Metrics // nil = none
 }
 
 // Block is one accepted chunk as a Sink sees it.
@@ -80,6 +90,7 @@ type Server struct {
 
 	mu      sync.Mutex
 	leases  map[string]*lease
+	order   *list.List // of lease ids, oldest first
 	closed  bool
 	streams sync.WaitGroup
 }
@@ -87,6 +98,7 @@ type Server struct {
 type lease struct {
 	c     cLease
 	timer *time.Timer
+	el    *list.Element // in Server.order
 }
 
 // NewServer serves store (opened read-write: it keeps the writer lock).
@@ -97,7 +109,14 @@ func NewServer(store *kvx.Store, opts ServerOptions) *Server {
 	if opts.MaxStreams <= 0 {
 		opts.MaxStreams = 64
 	}
-	return &Server{store: store, opts: opts, sem: make(chan struct{}, opts.MaxStreams), leases: map[string]*lease{}}
+	if opts.StreamIdle <= 0 {
+		opts.StreamIdle = 30 * time.Second
+	}
+	if opts.MaxLeases <= 0 {
+		opts.MaxLeases = 4096
+	}
+	return &Server{store: store, opts: opts, sem: make(chan struct{}, opts.MaxStreams), leases: map[string]*lease{},
+		order: list.New()}
 }
 
 // GRPCServerOptions are the options a grpc.Server serving tl.kv.v1 needs
@@ -120,6 +139,7 @@ func (s *Server) Close() {
 		destroyLease(l.c)
 		delete(s.leases, id)
 	}
+	s.order.Init()
 	s.mu.Unlock()
 	s.opts.Metrics.leases(0)
 }
@@ -171,7 +191,11 @@ func (s *Server) HasBlocks(ctx context.Context, req *tlkvpb.HasBlocksRequest) (r
 		destroyLease(cl)
 		return nil, status.Error(codes.Unavailable, "kvxd is shutting down")
 	}
-	s.leases[id] = &lease{c: cl, timer: time.AfterFunc(s.opts.LeaseTTL, func() { s.release(id) })}
+	for len(s.leases) >= s.opts.MaxLeases { // the oldest goes first
+		s.drop(s.order.Front().Value.(string))
+	}
+	s.leases[id] = &lease{c: cl, timer: time.AfterFunc(s.opts.LeaseTTL, func() { s.release(id) }),
+		el: s.order.PushBack(id)}
 	n := len(s.leases)
 	s.mu.Unlock()
 	s.opts.Metrics.leases(n)
@@ -185,15 +209,20 @@ func (s *Server) release(id string) {
 		return
 	}
 	s.mu.Lock()
-	l := s.leases[id]
-	if l != nil {
-		delete(s.leases, id)
-		l.timer.Stop()
-		destroyLease(l.c)
-	}
+	s.drop(id)
 	n := len(s.leases)
 	s.mu.Unlock()
 	s.opts.Metrics.leases(n)
+}
+
+// drop destroys lease id if it is live. Under mu.
+func (s *Server) drop(id string) {
+	if l := s.leases[id]; l != nil {
+		delete(s.leases, id)
+		s.order.Remove(l.el)
+		l.timer.Stop()
+		destroyLease(l.c)
+	}
 }
 
 func newLeaseID() string {
@@ -283,8 +312,23 @@ func (s *Server) receive(ctx context.Context, stream chunkReceiver) (Result, err
 	// C call and the network overlap (a few chunks of at most 4 MiB each)
 	next, stop := readAhead(stream, readAheadChunks)
 	defer stop()
+	idle := time.NewTimer(s.opts.StreamIdle)
+	defer idle.Stop()
 	for {
-		rc := <-next
+		var rc received
+		select {
+		case rc = <-next:
+		case <-idle.C:
+			return cs.progress(), status.Errorf(codes.DeadlineExceeded,
+				"kvxd: no chunk for %v (--stream-idle): the stream is cut", s.opts.StreamIdle)
+		}
+		if !idle.Stop() {
+			select { // a tick that came with the chunk
+			case <-idle.C:
+			default:
+			}
+		}
+		idle.Reset(s.opts.StreamIdle)
 		ch, err := rc.ch, rc.err
 		if err == io.EOF {
 			break

@@ -42,7 +42,7 @@ acknowledged (docs/TRANSFER.md).
 commands:
   serve --store DIR [--listen ADDR] [--tls-cert F --tls-key F [--client-ca F]]
         [--insecure] [--lease-ttl D] [--max-streams N] [--max-stream-bytes N]
-        [--metrics ADDR] [--drain D]
+        [--stream-idle D] [--max-leases N] [--metrics ADDR] [--drain D]
       Receive pushes into the store DIR (created with kvx store create),
       holding its writer lock; kvx store prefix/get/stat/verify work beside
       it. --listen defaults to 127.0.0.1:7450; a non-loopback address needs
@@ -50,7 +50,10 @@ commands:
       signed by that CA: mTLS) or --insecure. --lease-ttl (default 30s):
       how long blocks HasBlocks reported held stay pinned for the push.
       --max-streams (64): PushKv streams at once. --max-stream-bytes (0, no
-      limit): payload bytes of one stream. --metrics ADDR serves Prometheus
+      limit): payload bytes of one stream. --stream-idle (30s): a PushKv
+      stream that brings no whole chunk for D is cut (DEADLINE_EXCEEDED,
+      nothing of it published). --max-leases (4096): live HasBlocks
+      leases; past it the oldest is released first. --metrics ADDR serves Prometheus
       metrics on http://ADDR/metrics (a bare :PORT binds 127.0.0.1).
       SIGTERM or SIGINT: stop accepting, let streams in flight finish for
       --drain (10s), abort the rest (nothing of them is published), flush,
@@ -137,6 +140,8 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	ttl := fs.Duration("lease-ttl", 30*time.Second, "")
 	maxStreams := fs.Int("max-streams", 64, "")
 	maxBytes := fs.Uint64("max-stream-bytes", 0, "")
+	streamIdle := fs.Duration("stream-idle", 30*time.Second, "")
+	maxLeases := fs.Int("max-leases", 4096, "")
 	metricsAddr := fs.String("metrics", "", "")
 	drain := fs.Duration("drain", 10*time.Second, "")
 	if rc, ok := parse(fs, args, stdout, stderr); !ok {
@@ -155,8 +160,8 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	if *clientCA != "" && *cert == "" {
 		return fail(2, "--client-ca needs --tls-cert and --tls-key")
 	}
-	if *ttl <= 0 || *maxStreams <= 0 {
-		return fail(2, "--lease-ttl and --max-streams must be positive")
+	if *ttl <= 0 || *maxStreams <= 0 || *streamIdle <= 0 || *maxLeases <= 0 {
+		return fail(2, "--lease-ttl, --max-streams, --stream-idle and --max-leases must be positive")
 	}
 	if !isLoopback(*listen) && *cert == "" && !*insecure {
 		return fail(2, "%s is not a loopback address: give --tls-cert and --tls-key (and --client-ca for mTLS), or --insecure", *listen)
@@ -194,7 +199,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	srv := transfer.NewServer(st, transfer.ServerOptions{LeaseTTL: *ttl, MaxStreams: *maxStreams,
-		MaxStreamBytes: *maxBytes, Metrics: m})
+		MaxStreamBytes: *maxBytes, StreamIdle: *streamIdle, MaxLeases: *maxLeases, Metrics: m})
 	gs := grpc.NewServer(append(transfer.GRPCServerOptions(), gopts...)...)
 	tlkvpb.RegisterKvTransferServer(gs, srv)
 
