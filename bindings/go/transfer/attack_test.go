@@ -217,6 +217,26 @@ func TestAttackIdleStreamsCut(t *testing.T) {
 	}
 }
 
+type slowSink struct{ d time.Duration }
+
+func (k slowSink) Block(ctx context.Context, b Block) error      { time.Sleep(k.d); return nil }
+func (k slowSink) Done(ctx context.Context, r Result, err error) {}
+
+// The idle clock runs only while the stream waits for a chunk: a sink (or
+// a write) slower than StreamIdle never cuts a sender whose chunks are
+// already there.
+func TestAttackSlowSinkNotIdle(t *testing.T) {
+	a, _ := createStore(t, testGeom, 0)
+	b, _ := createStore(t, testGeom, 0)
+	tokens := tokensOf(46, 6*B)
+	putPrompt(t, a, tokens)
+	ts := startServer(t, b, ServerOptions{StreamIdle: 100 * time.Millisecond, Sink: slowSink{250 * time.Millisecond}})
+	r, err := NewClient(dial(t, ts.addr)).Push(context.Background(), a, tokens, nil)
+	if err != nil || !r.Durable || served(t, b, tokens) != 6 {
+		t.Fatalf("a push through a sink slower than --stream-idle: %v", err)
+	}
+}
+
 // kvxd cuts an idle stream too (--stream-idle), so one silent client on
 // --max-streams 1 holds it only that long; a non-positive --stream-idle or
 // --max-leases is a usage error.

@@ -312,23 +312,29 @@ func (s *Server) receive(ctx context.Context, stream chunkReceiver) (Result, err
 	// C call and the network overlap (a few chunks of at most 4 MiB each)
 	next, stop := readAhead(stream, readAheadChunks)
 	defer stop()
+	// the idle clock runs only while waiting for a chunk (not while one is
+	// written or seen by the sink), and a chunk already read wins
 	idle := time.NewTimer(s.opts.StreamIdle)
-	defer idle.Stop()
+	idle.Stop()
 	for {
 		var rc received
 		select {
 		case rc = <-next:
-		case <-idle.C:
-			return cs.progress(), status.Errorf(codes.DeadlineExceeded,
-				"kvxd: no chunk for %v (--stream-idle): the stream is cut", s.opts.StreamIdle)
-		}
-		if !idle.Stop() {
-			select { // a tick that came with the chunk
+		default:
+			idle.Reset(s.opts.StreamIdle)
+			select {
+			case rc = <-next:
 			case <-idle.C:
-			default:
+				return cs.progress(), status.Errorf(codes.DeadlineExceeded,
+					"kvxd: no chunk for %v (--stream-idle): the stream is cut", s.opts.StreamIdle)
+			}
+			if !idle.Stop() {
+				select { // it fired as the chunk came
+				case <-idle.C:
+				default:
+				}
 			}
 		}
-		idle.Reset(s.opts.StreamIdle)
 		ch, err := rc.ch, rc.err
 		if err == io.EOF {
 			break
