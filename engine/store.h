@@ -149,6 +149,14 @@ struct kvx_store_batch {
                             published before the caller's flush; a put that
                             would need an early flush fails instead */
     int no_tier;         /* blocks copied from the shared tier: not written back */
+    /* a tl.kv.v1 lease (kvx_xfer_has_blocks, kvx_st_lease_begin): its pins
+     * and every other lease's share a budget (kvx_st_lease_budget), so
+     * leases renewed for ever cannot keep the store over its capacity;
+     * lease_union: the slots some lease pins, lease_union_bytes their
+     * files' bytes, as this lease's HasBlocks found them and added */
+    int lease;
+    uint8_t lease_union[ST_SLOTS];
+    uint64_t lease_union_bytes;
 };
 
 struct st_tier; /* store_tier.c */
@@ -487,7 +495,22 @@ static inline uint64_t st_unpublished_bytes(const kvx_store *s)
         for (size_t i = 0; i < x->nsealed; i++) n += x->sealed[i].bytes;
     return n;
 }
+/* Pins shard b (generation gen) in x; a lease pins it only within the
+ * leases' budget (else nothing: a lease never guarantees a push). */
 void kvx_st_pin(kvx_store_batch *x, uint32_t b, uint64_t gen);
+/* Makes x a lease and takes the union of what the other leases pin. Under
+ * wmu. (HasBlocks calls running at once each see the others' pins as they
+ * were at their start, so together they may take up to their number of
+ * times what was left of the budget, for as long as they live.) */
+void kvx_st_lease_begin(kvx_store_batch *x);
+/* The bytes of shard files all leases together may pin: half the
+ * capacity, at least two shards (so a small store's lease still pins a
+ * prompt). */
+static inline uint64_t kvx_st_lease_budget(const kvx_store *s)
+{
+    uint64_t half = s->capacity / 2, two = 2 * s->target;
+    return half > two ? half : two;
+}
 /* Pins the shard v was served from (its current generation) in x. Under wmu. */
 void kvx_st_pin_view(kvx_store_batch *x, const kvx_view *v);
 /* The transfer core's block calls (they take wmu). kvx_st_ref_block: is

@@ -112,10 +112,39 @@ static int st_pending_add(const kvx_store *s, kvx_store_batch *x, const st_query
 
 static void st_pins_clear(kvx_store_batch *x) { memset(x->pinned, 0, sizeof x->pinned); }
 
+/* Is there room in the leases' budget for lease x to pin shard b? */
+static int st_lease_room(kvx_store_batch *x, uint32_t b)
+{
+    kvx_store *s = x->s;
+    if (x->lease_union[b]) return 1; /* pinned by some lease already: costs nothing more */
+    uint64_t bytes = s && s->reg->live[b] ? s->reg->rec[b].file_bytes : 0;
+    if (!s || x->lease_union_bytes + bytes > kvx_st_lease_budget(s)) return 0;
+    x->lease_union[b] = 1;
+    x->lease_union_bytes += bytes;
+    return 1;
+}
+
 void kvx_st_pin(kvx_store_batch *x, uint32_t b, uint64_t gen)
 {
+    if (x->lease && !x->pinned[b] && !st_lease_room(x, b)) return;
     x->pinned[b] = 1;
     x->pin_gen[b] = gen;
+}
+
+void kvx_st_lease_begin(kvx_store_batch *x)
+{
+    kvx_store *s = x->s;
+    x->lease = 1;
+    memset(x->lease_union, 0, sizeof x->lease_union);
+    x->lease_union_bytes = 0;
+    for (const kvx_store_batch *y = s ? s->batches : NULL; y; y = y->next) {
+        if (y == x || !y->lease) continue;
+        for (uint32_t b = 0; b < ST_SLOTS; b++) {
+            if (!y->pinned[b] || x->lease_union[b]) continue;
+            x->lease_union[b] = 1;
+            if (s->reg->live[b]) x->lease_union_bytes += s->reg->rec[b].file_bytes;
+        }
+    }
 }
 
 /* The pending set emptied (its blocks were published or dropped). */

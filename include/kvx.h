@@ -916,7 +916,10 @@ KVX_API int kvx_xfer_grpc_code(int rc);
 
 /* A lease: the shards holding the blocks one HasBlocks reported held stay
  * pinned (no eviction, compaction or gc drops them) until
- * kvx_xfer_lease_destroy. The caller keeps the clock: it destroys the
+ * kvx_xfer_lease_destroy, within a budget all leases of the store share
+ * (their shard files' bytes: half the capacity, at least two shards);
+ * past it a block is still reported held but its shard is not pinned, so
+ * leases cannot keep the store over its capacity. The caller keeps the clock: it destroys the
  * lease when the push naming it ends or its ttl passes. Destroy every
  * lease before kvx_store_close. A lease never guarantees a push: a block
  * that is gone anyway (damaged, reindexed) answers KVX_ENOTHELD there. */

@@ -171,6 +171,10 @@ KVX_API int kvx_xfer_has_blocks(uint8_t *out_held, kvx_xfer_lease **out_lease, k
         else if ((rc = kvx_store_batch_create(&lease->pins, s))) {
             free(lease);
             lease = NULL;
+        } else {
+            pthread_mutex_lock(&s->wmu);
+            kvx_st_lease_begin(lease->pins);
+            pthread_mutex_unlock(&s->wmu);
         }
     }
     kvx_cat_snap *snap = NULL;
