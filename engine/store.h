@@ -36,6 +36,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sys/types.h>
 
 #define ST_SLOTS 256
 #define ST_KIND_LINEAGE 0 /* blocks put with their tokens */
@@ -238,6 +239,12 @@ void kvx_st_sizes(kvx_store *s);
 /* A keyed call (keyed 1) on a block store, or a block call on a keyed
  * store: KVX_EINVALID naming the store. */
 int kvx_st_kind_check(const kvx_store *s, int keyed, const char *fn);
+/* A file of the store directory (STORE, LOCK, TIER and their temporary
+ * names), opened at s->dirfd without following a symlink or blocking on a
+ * FIFO, and only when it is a regular file (a FIFO planted as STORE hung
+ * every open): 0 with *out_fd, KVX_EPATH naming the file and its type, or
+ * -errno with a message (store_open.c). */
+int kvx_st_open_file(kvx_store *s, const char *name, int flags, mode_t mode, int *out_fd);
 int kvx_st_writer_check(kvx_store *s, const char *fn);
 
 /* store_names.c */

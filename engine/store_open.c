@@ -82,11 +82,7 @@ static int st_check_not_link(int dirfd, const char *dir, const char *name)
     return 0;
 }
 
-/* A file of the store directory (STORE, LOCK, STORE.tmp): opened without
- * following a symlink or blocking on a FIFO, and only when it is a regular
- * file (a FIFO planted as STORE hung every open). 0 with *out_fd, a
- * KVX_EPATH naming the file's type, or -errno. */
-static int st_open_file(kvx_store *s, const char *name, int flags, mode_t mode, int *out_fd)
+int kvx_st_open_file(kvx_store *s, const char *name, int flags, mode_t mode, int *out_fd)
 {
     unsigned type;
     int rc = kvx_os_openat_regular(s->dirfd, name, flags, mode, out_fd, &type);
@@ -100,7 +96,7 @@ static int st_open_file(kvx_store *s, const char *name, int flags, mode_t mode, 
 static int st_lock(kvx_store *s, uint32_t flags, int try_only)
 {
     int fd;
-    int rc = st_open_file(s, "LOCK", O_RDWR | O_CREAT, 0600, &fd);
+    int rc = kvx_st_open_file(s, "LOCK", O_RDWR | O_CREAT, 0600, &fd);
     if (rc) return rc;
     int op = LOCK_EX | ((flags & KVX_STORE_NOWAIT) || try_only ? LOCK_NB : 0);
     while (kvx_os.flock(fd, op) != 0) {
@@ -122,7 +118,7 @@ static int st_lock(kvx_store *s, uint32_t flags, int try_only)
 static int st_read_config(kvx_store *s)
 {
     int fd;
-    int rc = st_open_file(s, "STORE", O_RDONLY, 0, &fd);
+    int rc = kvx_st_open_file(s, "STORE", O_RDONLY, 0, &fd);
     if (rc == -ENOENT)
         return kvx_fail(KVX_ENOTFOUND, "store: %s is not a kvx store (STORE: %s)", s->dir, strerror(ENOENT));
     if (rc) return rc;
@@ -292,7 +288,7 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     uint8_t cfg[ST_CONFIG_BYTES];
     kvx_st_config_encode(cfg, &s->g, s->capacity, s->target);
     int fd;
-    if ((rc = st_open_file(s, "STORE.tmp", O_WRONLY | O_CREAT | O_TRUNC, 0600, &fd))) goto fail;
+    if ((rc = kvx_st_open_file(s, "STORE.tmp", O_WRONLY | O_CREAT | O_TRUNC, 0600, &fd))) goto fail;
     rc = kvx_os_pwrite_all(fd, cfg, sizeof cfg, 0);
     if (!rc && kvx_os.fsync(fd) != 0) rc = -errno;
     kvx_os.close(fd);

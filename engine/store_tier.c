@@ -74,13 +74,12 @@ struct st_tier {
 static int st_tier_read_file(kvx_store *s, kvx_tier_conf *c)
 {
     int fd;
-    unsigned type;
-    int rc = kvx_os_openat_regular(s->dirfd, "TIER", O_RDONLY, 0, &fd, &type);
-    if (rc == -ENOENT) return KVX_ENOTFOUND;
-    if (rc == 1) /* a FIFO here hung every open */
-        return kvx_fail(KVX_EPATH, "store: %s/TIER is a %s, not a regular file", s->dir,
-                        type ? kvx_file_type_name(type) : "FIFO, socket or device");
-    if (rc) return kvx_fail(rc, "store: %s/TIER: %s", s->dir, strerror(-rc));
+    int rc = kvx_st_open_file(s, "TIER", O_RDONLY, 0, &fd);
+    if (rc == -ENOENT) {
+        kvx_clear_error();
+        return KVX_ENOTFOUND;
+    }
+    if (rc) return rc;
     char buf[2048];
     size_t got = 0;
     rc = kvx_os_pread_all(fd, buf, sizeof buf - 1, 0, &got);
@@ -103,12 +102,7 @@ static int st_tier_write_file(kvx_store *s, const kvx_tier_conf *c)
         size_t n = kvx_tier_conf_format(buf, sizeof buf, c);
         if (!n) return kvx_fail(KVX_EINVALID, "store: the tier setting is too long");
         int fd;
-        unsigned type;
-        rc = kvx_os_openat_regular(s->dirfd, "TIER.tmp", O_WRONLY | O_CREAT | O_TRUNC, 0600, &fd, &type);
-        if (rc == 1)
-            return kvx_fail(KVX_EPATH, "store: %s/TIER.tmp is a %s, not a regular file", s->dir,
-                            type ? kvx_file_type_name(type) : "FIFO, socket or device");
-        if (rc) return kvx_fail(rc, "store: create %s/TIER.tmp: %s", s->dir, strerror(-rc));
+        if ((rc = kvx_st_open_file(s, "TIER.tmp", O_WRONLY | O_CREAT | O_TRUNC, 0600, &fd))) return rc;
         rc = kvx_os_pwrite_all(fd, buf, n, 0);
         if (!rc && kvx_os.fsync(fd) != 0) rc = -errno;
         kvx_os.close(fd);
