@@ -561,6 +561,22 @@ static kvx_tier *tier_to(int port, const char *cred)
     return t;
 }
 
+/* A writer store su_root/<name> (su_geometry, 64 MiB) whose tier is the
+ * fake on port. */
+static kvx_store *tier_store(const char *name, int port)
+{
+    char dir[512], url[64];
+    snprintf(dir, sizeof dir, "%s/%s", su_root, name);
+    snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = 64ull << 20;
+    o.tier_url = url;
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    return s;
+}
+
 /* GETs keys k0..k{n-1} ("kNNN<tag>"); every OK answer must be "V:" and
  * its own key (the fakes' echo). Returns how many were OK; st filled. */
 static size_t get_n(kvx_tier *t, size_t n, const char *tag, uint8_t *st, double *secs)
@@ -1029,15 +1045,9 @@ static void test_flood_reply(void **state)
             atomic_store(&f->flood_sent, 0);
         }
         /* through a store's lookup: its clients cut at 16 MiB */
-        char dir[512], url[64];
-        snprintf(dir, sizeof dir, "%s/flood%d", su_root, array);
-        snprintf(url, sizeof url, "redis://127.0.0.1:%d", f->port);
-        kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-        o.geometry = su_geometry();
-        o.capacity_bytes = 64ull << 20;
-        o.tier_url = url;
-        kvx_store *s = NULL;
-        assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+        char name[32];
+        snprintf(name, sizeof name, "flood%d", array);
+        kvx_store *s = tier_store(name, f->port);
         assert_int_equal(su_served_prefix(s, 78, 2), 0);
         kvx_store_close(s);
         unsigned long long sent = atomic_load(&f->flood_sent);
@@ -1059,15 +1069,7 @@ static void test_drip_get_lookup(void **state)
     assert_true(secs < 5.0 + 3.0);
     kvx_tier_close(t);
     /* through a store's lookup */
-    char dir[512], url[64];
-    snprintf(dir, sizeof dir, "%s/drip", su_root);
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d", f->port);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = 64ull << 20;
-    o.tier_url = url;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    kvx_store *s = tier_store("drip", f->port);
     double t0 = now_s();
     assert_int_equal(su_served_prefix(s, 77, 4), 0);
     assert_true(now_s() - t0 < 5.0 + 3.0);
@@ -1110,15 +1112,7 @@ static void test_drip_set_close(void **state)
 {
     (void)state;
     fk *f = fk_start(M_DRIP_SET);
-    char dir[512], url[64];
-    snprintf(dir, sizeof dir, "%s/dripset", su_root);
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d", f->port);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = 64ull << 20;
-    o.tier_url = url;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    kvx_store *s = tier_store("dripset", f->port);
     for (int r = 0; r < 3; r++) assert_int_equal(su_put_seq(s, 300 + (uint64_t)r, 8), 0);
     for (int w = 0; w < 300 && !atomic_load(&f->sets); w++) sleep_ms(10); /* a batch is being answered */
     assert_true(atomic_load(&f->sets) > 0);
@@ -1188,15 +1182,7 @@ static void test_silent_close(void **state)
 {
     (void)state;
     fk *f = fk_start(M_SILENT);
-    char dir[512], url[64];
-    snprintf(dir, sizeof dir, "%s/silent", su_root);
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d", f->port);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = 64ull << 20;
-    o.tier_url = url;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    kvx_store *s = tier_store("silent", f->port);
     for (int r = 0; r < 3; r++) assert_int_equal(su_put_seq(s, 400 + (uint64_t)r, 64), 0);
     double t0 = now_s();
     kvx_store_close(s);
@@ -1241,15 +1227,7 @@ static void test_cas_close_bounded(void **state)
 {
     (void)state;
     fk *f = fk_start(M_CAS_SLOW);
-    char dir[512], url[64];
-    snprintf(dir, sizeof dir, "%s/cas", su_root);
-    snprintf(url, sizeof url, "redis://127.0.0.1:%d", f->port);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = 64ull << 20;
-    o.tier_url = url;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    kvx_store *s = tier_store("cas", f->port);
     for (uint64_t q = 0; q < 16; q++) assert_int_equal(su_served_prefix(s, 500 + q, 1), 0);
     for (uint64_t q = 0; q < 16; q++) assert_int_equal(su_put_seq(s, 500 + q, 1), 0);
     for (int w = 0; w < 300 && !atomic_load(&f->evals); w++) sleep_ms(10);
