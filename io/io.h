@@ -41,6 +41,11 @@ struct kvx_pool {
     struct kvx_extent { uint64_t off, len; } *ext;
     size_t n_ext, cap_ext;
     uint64_t free_bytes;
+    /* slot_units[off / KVX_IO_SLOT_ALIGN]: the length, in those units, of
+     * the live slot that starts at off, 0 where none does, so
+     * kvx_pool_free refuses a range that is not one slot (a free naming a
+     * slot and its neighbour handed the live neighbour out again) */
+    uint32_t *slot_units;
 };
 /* Index of the registered buffer holding [ptr, ptr+len), or -1. */
 int kvx_pool_buf_index(const kvx_pool *p, const void *ptr, uint64_t len);

@@ -26,16 +26,6 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-/* The pool with its record of live slots: slot_units[off / 4096] is the
- * length in 4096-byte units of the slot that starts at off, 0 where none
- * does, so kvx_pool_free can refuse a range that is not one slot (a free
- * naming a slot and its neighbour would hand the live neighbour out
- * again). 4 bytes per 4096 of pool. */
-typedef struct pool_impl {
-    struct kvx_pool p; /* first: a kvx_pool * is a pool_impl * */
-    uint32_t *slot_units;
-} pool_impl;
-
 const char *kvx_io_mode_name(int mode)
 {
     switch (mode) {
@@ -129,8 +119,7 @@ int kvx_pool_create(kvx_pool **out, const kvx_pool_options *opts)
             }
         }
     }
-    pool_impl *pi = calloc(1, sizeof *pi);
-    kvx_pool *p = pi ? &pi->p : NULL;
+    kvx_pool *p = calloc(1, sizeof *p);
     if (!p) {
         munmap(base, bytes);
         return kvx_fail(-ENOMEM, "pinned pool: out of memory");
@@ -170,8 +159,8 @@ int kvx_pool_create(kvx_pool **out, const kvx_pool_options *opts)
         return kvx_fail(-ENOMEM, "pinned pool: out of memory");
     }
     p->cap_ext = nchunks + 1;
-    pi->slot_units = calloc((size_t)(bytes / KVX_IO_SLOT_ALIGN), sizeof *pi->slot_units);
-    if (!pi->slot_units) {
+    p->slot_units = calloc((size_t)(bytes / KVX_IO_SLOT_ALIGN), sizeof *p->slot_units);
+    if (!p->slot_units) {
         kvx_pool_destroy(p);
         return kvx_fail(-ENOMEM, "pinned pool: out of memory");
     }
@@ -194,7 +183,7 @@ void kvx_pool_destroy(kvx_pool *p)
     munmap(p->base, p->bytes);
     pthread_mutex_destroy(&p->mu);
     free(p->ext);
-    free(((pool_impl *)p)->slot_units);
+    free(p->slot_units);
     free(p);
 }
 
@@ -225,7 +214,7 @@ int kvx_pool_alloc(void **out, kvx_pool *p, uint64_t bytes)
     for (size_t i = 0; i < p->n_ext; i++) {
         if (p->ext[i].len < bytes) continue;
         *out = p->base + p->ext[i].off;
-        ((pool_impl *)p)->slot_units[p->ext[i].off / KVX_IO_SLOT_ALIGN] = (uint32_t)(bytes / KVX_IO_SLOT_ALIGN);
+        p->slot_units[p->ext[i].off / KVX_IO_SLOT_ALIGN] = (uint32_t)(bytes / KVX_IO_SLOT_ALIGN);
         p->ext[i].off += bytes;
         p->ext[i].len -= bytes;
         if (p->ext[i].len == 0) {
@@ -256,7 +245,7 @@ int kvx_pool_free(kvx_pool *p, void *ptr, uint64_t bytes)
         return kvx_fail(KVX_EINVALID, "kvx_pool_free: %" PRIu64 " bytes at offset %" PRIu64
                         " is not a slot of this pool", bytes, off);
     pthread_mutex_lock(&p->mu);
-    uint32_t *units = &((pool_impl *)p)->slot_units[off / KVX_IO_SLOT_ALIGN];
+    uint32_t *units = &p->slot_units[off / KVX_IO_SLOT_ALIGN];
     if (*units != bytes / KVX_IO_SLOT_ALIGN) {
         uint32_t have = *units;
         pthread_mutex_unlock(&p->mu);
