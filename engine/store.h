@@ -243,7 +243,7 @@ int kvx_st_kind_check(const kvx_store *s, int keyed, const char *fn);
  * names), opened at s->dirfd without following a symlink or blocking on a
  * FIFO, and only when it is a regular file (a FIFO planted as STORE hung
  * every open): 0 with *out_fd, KVX_EPATH naming the file and its type, or
- * -errno with a message (store_open.c). */
+ * -errno with a message (store_names.c). */
 int kvx_st_open_file(kvx_store *s, const char *name, int flags, mode_t mode, int *out_fd);
 int kvx_st_writer_check(kvx_store *s, const char *fn);
 

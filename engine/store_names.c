@@ -208,3 +208,15 @@ int kvx_st_gen_floor(kvx_store *s)
     if (max + 1 > s->next_gen) s->next_gen = max + 1;
     return 0;
 }
+
+/* A file of the store directory, only when it is a regular file (store.h). */
+int kvx_st_open_file(kvx_store *s, const char *name, int flags, mode_t mode, int *out_fd)
+{
+    unsigned type;
+    int rc = kvx_os_openat_regular(s->dirfd, name, flags, mode, out_fd, &type);
+    if (rc == 1)
+        return kvx_fail(KVX_EPATH, "store: %s/%s is a %s, not a regular file", s->dir, name,
+                        type ? kvx_file_type_name(type) : "FIFO, socket or device");
+    if (rc) return kvx_fail(rc, "store: open %s/%s: %s", s->dir, name, strerror(-rc));
+    return 0;
+}

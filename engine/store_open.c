@@ -82,17 +82,6 @@ static int st_check_not_link(int dirfd, const char *dir, const char *name)
     return 0;
 }
 
-int kvx_st_open_file(kvx_store *s, const char *name, int flags, mode_t mode, int *out_fd)
-{
-    unsigned type;
-    int rc = kvx_os_openat_regular(s->dirfd, name, flags, mode, out_fd, &type);
-    if (rc == 1)
-        return kvx_fail(KVX_EPATH, "store: %s/%s is a %s, not a regular file", s->dir, name,
-                        type ? kvx_file_type_name(type) : "FIFO, socket or device");
-    if (rc) return kvx_fail(rc, "store: open %s/%s: %s", s->dir, name, strerror(-rc));
-    return 0;
-}
-
 static int st_lock(kvx_store *s, uint32_t flags, int try_only)
 {
     int fd;
