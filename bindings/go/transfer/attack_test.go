@@ -27,6 +27,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	kvx "kvx.dev/kvx"
 	"kvx.dev/transfer/tlkvpb"
@@ -47,8 +48,8 @@ func eventually(limit time.Duration, cond func() bool) bool {
 	}
 }
 
-// trickler is a raw HTTP/2 client that opens PushKv and sends one gRPC
-// message a byte at a time, as a slowloris would: the message never
+// trickler is a raw HTTP/2 client that opens a call (PushKv unless
+// named) and sends one gRPC message a byte at a time, as a slowloris would: the message never
 // completes, so gRPC never hands the handler a chunk.
 type trickler struct {
 	conn   net.Conn
@@ -58,6 +59,11 @@ type trickler struct {
 }
 
 func startTrickle(t *testing.T, addr string) *trickler {
+	t.Helper()
+	return startTrickleCall(t, addr, "/tl.kv.v1.KvTransfer/PushKv")
+}
+
+func startTrickleCall(t *testing.T, addr, path string) *trickler {
 	t.Helper()
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -71,7 +77,7 @@ func startTrickle(t *testing.T, addr string) *trickler {
 	}
 	var hb bytes.Buffer
 	enc := hpack.NewEncoder(&hb)
-	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/tl.kv.v1.KvTransfer/PushKv"},
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", path},
 		{":authority", addr}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
 		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}) //nolint:errcheck
 	}
@@ -806,18 +812,14 @@ func TestAttackKvxdSigtermDuringFlood(t *testing.T) {
 	t.Logf("%d pushes acknowledged before SIGTERM, %d more published whole without an answer", nacked.Load(), extra)
 }
 
-// KNOWN DEFECT (skipped): HasBlocks has no concurrency limit, and gRPC
-// reads each request (up to MaxRecvMsgSize) into memory before the handler
-// runs, so one client with 100 concurrent HasBlocks of 4 MiB on one
-// connection takes kvxd's resident memory past 700 MiB, and more calls or
-// connections take it further. A Go semaphore in the handler comes too
-// late (the bytes are read); a bound needs gRPC's tap handle or a
-// per-connection stream cap plus a connection cap. KVX_ATTACK_KNOWN=1
-// runs it.
+// 100 concurrent HasBlocks of 4 MiB on one connection took kvxd's peak
+// resident memory past 700 MiB (1.3 GiB seen): gRPC reads each unary
+// request whole before the handler runs, and nothing capped the calls in
+// flight, so more calls or connections took it further. kvxd's tap now
+// refuses a HasBlocks past --max-has-blocks (8) as it opens, before its
+// request is read: the peak stays under 256 MiB, the refused calls get
+// UNAVAILABLE, some are answered, and HasBlocks works after the storm.
 func TestAttackConcurrentHugeHasBlocksMemory(t *testing.T) {
-	if os.Getenv("KVX_ATTACK_KNOWN") == "" {
-		t.Skip("KNOWN DEFECT: concurrent huge HasBlocks grow kvxd's memory without bound (KVX_ATTACK_KNOWN=1 runs it)")
-	}
 	b, bdir := createStore(t, testGeom, 0)
 	b.Close()
 	p := startKvxd(t, bdir)
@@ -828,14 +830,34 @@ func TestAttackConcurrentHugeHasBlocksMemory(t *testing.T) {
 		hashes[i] = uint64(i+1) * 0x9E3779B97F4A7C15
 	}
 	var wg sync.WaitGroup
+	var answered, refused atomic.Int64
 	for i := 0; i < 100; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			kc.HasBlocks(context.Background(), &tlkvpb.HasBlocksRequest{BlockHashes: hashes, BlockTokens: B}) //nolint:errcheck
+			_, err := kc.HasBlocks(context.Background(), &tlkvpb.HasBlocksRequest{BlockHashes: hashes, BlockTokens: B})
+			switch status.Code(err) {
+			case codes.OK:
+				answered.Add(1)
+			case codes.Unavailable:
+				refused.Add(1)
+			default:
+				t.Errorf("a concurrent HasBlocks: %v", err)
+			}
 		}()
 	}
 	wg.Wait()
+	t.Logf("100 concurrent 4 MiB HasBlocks: %d answered, %d refused", answered.Load(), refused.Load())
+	if answered.Load() == 0 {
+		t.Fatal("no HasBlocks of the storm was answered")
+	}
+	// the slots come back: a small HasBlocks after the storm is answered
+	if !eventually(10*time.Second, func() bool {
+		_, err := kc.HasBlocks(context.Background(), &tlkvpb.HasBlocksRequest{BlockHashes: hashes[:1], BlockTokens: B})
+		return err == nil
+	}) {
+		t.Fatal("HasBlocks refused for good after the storm")
+	}
 	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
 	if err != nil {
 		t.Skip("no /proc")
@@ -846,7 +868,149 @@ func TestAttackConcurrentHugeHasBlocksMemory(t *testing.T) {
 			fmt.Sscan(strings.TrimPrefix(line, "VmHWM:"), &hwm) //nolint:errcheck
 		}
 	}
+	t.Logf("kvxd's peak resident memory: %d MiB", hwm>>10)
 	if hwm > 256<<10 {
 		t.Fatalf("kvxd's peak resident memory after 100 concurrent 4 MiB HasBlocks: %d MiB (bound 256 MiB)", hwm>>10)
+	}
+}
+
+// The HasBlocks cap must not be a way to shut HasBlocks off: calls that
+// open and never finish their request (a message trickled a byte every
+// 50 ms) take the slots, and while they hold them another HasBlocks is
+// refused (UNAVAILABLE, the process keeps serving pushes), but each is
+// cut at StreamIdle (DEADLINE_EXCEEDED or a reset) and its slot comes
+// back, so HasBlocks is answered again within about that time.
+func TestAttackHasBlocksSlotsHeld(t *testing.T) {
+	a, _ := createStore(t, testGeom, 0)
+	b, _ := createStore(t, testGeom, 0)
+	tokens := tokensOf(90, 3*B)
+	putPrompt(t, a, tokens)
+	ts := startServer(t, b, ServerOptions{MaxHasBlocks: 2, StreamIdle: 2 * time.Second})
+	conn := dial(t, ts.addr)
+	kc := tlkvpb.NewKvTransferClient(conn)
+	t0 := time.Now()
+	tr1 := startTrickleCall(t, ts.addr, hasBlocksMethod)
+	tr2 := startTrickleCall(t, ts.addr, hasBlocksMethod)
+	if !eventually(5*time.Second, func() bool { return len(ts.hasSem) == 2 }) {
+		t.Fatalf("two trickled HasBlocks did not take both slots: %d", len(ts.hasSem))
+	}
+	hashes := kvx.BlockHashes(tokens, B)
+	_, err := kc.HasBlocks(context.Background(), &tlkvpb.HasBlocksRequest{BlockHashes: hashes, Tokens: tokens,
+		BlockTokens: B})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("a HasBlocks past --max-has-blocks while two are held: %v, want UNAVAILABLE", err)
+	}
+	if elapsed := time.Since(t0); elapsed < 2*time.Second {
+		// a push (no HasBlocks) still goes through meanwhile
+		if r, err := NewClient(conn).Push(context.Background(), a, tokens, &PushOptions{NoHasBlocks: true}); err != nil ||
+			r.BlocksSent != 3 {
+			t.Fatalf("a push while HasBlocks is saturated: %v %+v", err, r)
+		}
+	}
+	for name, tr := range map[string]*trickler{"first": tr1, "second": tr2} {
+		select {
+		case s := <-tr.status:
+			if s != "grpc-status=4" && s != "rst" {
+				t.Fatalf("the %s trickled HasBlocks ended with %q, want grpc-status=4 (DEADLINE_EXCEEDED)", name, s)
+			}
+		case <-time.After(20 * time.Second):
+			t.Fatalf("the %s trickled HasBlocks was never cut: it holds its slot for good", name)
+		}
+	}
+	if !eventually(5*time.Second, func() bool { return len(ts.hasSem) == 0 }) {
+		t.Fatalf("the cut calls kept their slots: %d held", len(ts.hasSem))
+	}
+	r, err := kc.HasBlocks(context.Background(), &tlkvpb.HasBlocksRequest{BlockHashes: hashes, Tokens: tokens,
+		BlockTokens: B})
+	if err != nil || len(r.Held) != 3 {
+		t.Fatalf("HasBlocks after the held calls were cut: %v", err)
+	}
+	ts.release(r.LeaseId)
+}
+
+// The tap frees a slot however a call ends, including the transport's
+// own refusals after the tap let it in (a call past the connection's
+// stream limit, a connection closing): gRPC cancels the call's context on
+// every path, and the slot follows it. A call that reached its handler
+// frees the slot as the handler returns, once.
+func TestHasBlocksTapFreesOnCancel(t *testing.T) {
+	b, _ := createStore(t, testGeom, 0)
+	s := NewServer(b, ServerOptions{MaxHasBlocks: 1, StreamIdle: time.Hour})
+	defer s.Close()
+	info := &tap.Info{FullMethodName: hasBlocksMethod}
+	ctx, cancel := context.WithCancel(context.Background())
+	bounded, err := s.tapHasBlocks(ctx, info)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dl, ok := bounded.Deadline(); !ok || time.Until(dl) < 59*time.Minute {
+		t.Fatalf("the call's context has no StreamIdle deadline: %v %v", dl, ok)
+	}
+	if _, err := s.tapHasBlocks(context.Background(), info); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a second HasBlocks past MaxHasBlocks 1: %v", err)
+	}
+	if _, err := s.tapHasBlocks(context.Background(), &tap.Info{FullMethodName: "/tl.kv.v1.KvTransfer/PushKv"}); err != nil {
+		t.Fatalf("PushKv went through the HasBlocks cap: %v", err)
+	}
+	cancel()
+	if !eventually(5*time.Second, func() bool { return len(s.hasSem) == 0 }) {
+		t.Fatal("a canceled call kept its slot")
+	}
+	if bounded.Err() == nil {
+		t.Fatal("the bounded context outlived the call's")
+	}
+	// the interceptor frees the slot as the handler returns, before the
+	// call's context ends (the answer is still to be written) ...
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	bounded2, err := s.tapHasBlocks(ctx2, info)
+	if err != nil {
+		t.Fatalf("HasBlocks after the slot came back: %v", err)
+	}
+	if _, err := releaseHasBlocksSlot(bounded2, nil, nil, func(ctx context.Context, req interface{}) (interface{}, error) {
+		if len(s.hasSem) != 1 {
+			t.Error("the slot was not held while the handler ran")
+		}
+		return nil, nil
+	}); err != nil || len(s.hasSem) != 0 || bounded2.Err() != nil {
+		t.Fatalf("after the handler: %v, %d slots held, call context %v", err, len(s.hasSem), bounded2.Err())
+	}
+	// ... and the call's end then frees nothing more: another call's slot
+	// stays held
+	ctx3, cancel3 := context.WithCancel(context.Background())
+	defer cancel3()
+	if _, err := s.tapHasBlocks(ctx3, info); err != nil {
+		t.Fatal(err)
+	}
+	cancel2()
+	time.Sleep(100 * time.Millisecond)
+	if len(s.hasSem) != 1 {
+		t.Fatalf("a call's end freed another call's slot: %d held", len(s.hasSem))
+	}
+}
+
+// transfer.Client.Push retries a HasBlocks refused as busy: with the one
+// slot of --max-has-blocks 1 held by a call that never finishes its
+// request, a push with NoRetry fails UNAVAILABLE at once, and a plain
+// push waits out the held call (cut at the 1 s idle limit) and succeeds.
+func TestClientRetriesBusyHasBlocks(t *testing.T) {
+	a, _ := createStore(t, testGeom, 0)
+	b, _ := createStore(t, testGeom, 0)
+	tokens := tokensOf(91, 3*B)
+	putPrompt(t, a, tokens)
+	ts := startServer(t, b, ServerOptions{MaxHasBlocks: 1, StreamIdle: time.Second})
+	conn := dial(t, ts.addr)
+	startTrickleCall(t, ts.addr, hasBlocksMethod)
+	if !eventually(5*time.Second, func() bool { return len(ts.hasSem) == 1 }) {
+		t.Fatal("the trickled HasBlocks did not take the slot")
+	}
+	if _, err := NewClient(conn).Push(context.Background(), a, tokens, &PushOptions{NoRetry: true}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("a push with NoRetry while HasBlocks is busy: %v, want UNAVAILABLE", err)
+	}
+	r, err := NewClient(conn).Push(context.Background(), a, tokens, nil)
+	if err != nil || !r.Durable || r.BlocksSent != 3 {
+		t.Fatalf("a push retrying a busy HasBlocks: %v %+v", err, r)
+	}
+	if served(t, b, tokens) != 3 {
+		t.Fatal("the retried push is not served")
 	}
 }

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	mrand "math/rand"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -47,9 +49,14 @@ type PushOptions struct {
 	Format      uint16 // envelope version; 0 = PickFormat's rule for the store
 	Tail        *Tail  // nil: full blocks only
 	NoHasBlocks bool   // send every block's payload (what dedup saves is measured against this)
-	NoRetry     bool   // on ABORTED (a block reported held is gone) fail instead of resending with payloads
+	NoRetry     bool   // on ABORTED (a block reported held is gone) fail instead of resending with payloads; on a busy HasBlocks fail instead of retrying
 	MaxBlocks   int    // 0 = every cached block of the prompt
 }
+
+// hasBlocksRetry is the first wait before a HasBlocks refused as busy is
+// sent again; each retry doubles it (plus up to as much jitter) while it
+// is at most a second: 8 retries, 2 to 4 s of waiting in all.
+const hasBlocksRetry = 8 * time.Millisecond
 
 // PushResult says what a push moved; the receiver's counts are Response.
 type PushResult struct {
@@ -68,7 +75,10 @@ type PushResult struct {
 // block the receiver holds and a one-block envelope with its CRC-32C for
 // every other. It returns once the receiver answered (its blocks durable).
 // An ABORTED answer (a block reported held was evicted meanwhile) is
-// retried once with every payload unless opts.NoRetry.
+// retried once with every payload unless opts.NoRetry. A HasBlocks the
+// receiver refused as busy (UNAVAILABLE: kvxd's --max-has-blocks) is
+// retried with backoff for 2 to 4 s (hasBlocksRetry) unless
+// opts.NoRetry.
 func (c *Client) Push(ctx context.Context, store *kvx.Store, tokens []uint32, opts *PushOptions) (PushResult, error) {
 	var o PushOptions
 	if opts != nil {
@@ -111,8 +121,17 @@ func (c *Client) Push(ctx context.Context, store *kvx.Store, tokens []uint32, op
 	held := make([]bool, n)
 	var leaseID string
 	if !o.NoHasBlocks && n > 0 {
-		resp, err := c.c.HasBlocks(ctx, &tlkvpb.HasBlocksRequest{BlockHashes: hashes, Tokens: tokens[:n*B],
-			BlockTokens: uint32(B), ModelSignature: g.ModelSignature})
+		req := &tlkvpb.HasBlocksRequest{BlockHashes: hashes, Tokens: tokens[:n*B], BlockTokens: uint32(B),
+			ModelSignature: g.ModelSignature}
+		resp, err := c.c.HasBlocks(ctx, req)
+		for wait := hasBlocksRetry; status.Code(err) == codes.Unavailable && !o.NoRetry && wait <= time.Second; wait *= 2 {
+			select {
+			case <-ctx.Done():
+				return PushResult{}, status.FromContextError(ctx.Err()).Err()
+			case <-time.After(wait + time.Duration(mrand.Int63n(int64(wait)))):
+			}
+			resp, err = c.c.HasBlocks(ctx, req)
+		}
 		if err != nil {
 			return PushResult{}, err
 		}

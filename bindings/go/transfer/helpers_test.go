@@ -192,7 +192,7 @@ func startServer(t testing.TB, store *kvx.Store, opts ServerOptions, gopts ...gr
 		t.Fatal(err)
 	}
 	srv := NewServer(store, opts)
-	gs := grpc.NewServer(append(GRPCServerOptions(), gopts...)...)
+	gs := grpc.NewServer(append(srv.GRPCOptions(), gopts...)...)
 	tlkvpb.RegisterKvTransferServer(gs, srv)
 	go gs.Serve(lis) //nolint:errcheck
 	ts := &testServer{Server: srv, addr: lis.Addr().String(), gs: gs}

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	kvx "kvx.dev/kvx"
 	"kvx.dev/transfer/tlkvpb"
@@ -53,8 +54,16 @@ type ServerOptions struct {
 	// oldest lease first (its push still works: a block gone answers
 	// ABORTED); 0 = 4096
 	MaxLeases int
-	Sink      Sink     // nil = none
-	Metrics   *Metrics // nil = none
+	// MaxHasBlocks caps the HasBlocks calls in flight across every
+	// connection; gRPC reads a unary request (up to MaxRecvMsgSize) into
+	// memory before the handler runs, so only a cap checked as the call
+	// opens (Server.GRPCOptions' tap) bounds that memory. A call past it
+	// is refused before its request is read (REFUSED_STREAM: the client
+	// sees UNAVAILABLE), and a call must bring its request and be answered
+	// within StreamIdle, so a silent one frees its slot; 0 = 8
+	MaxHasBlocks int
+	Sink         Sink     // nil = none
+	Metrics      *Metrics // nil = none
 }
 
 // Block is one accepted chunk as a Sink sees it.
@@ -80,13 +89,14 @@ type Sink interface {
 }
 
 // Server is the tl.kv.v1 receiver over an open writer store. Register it
-// on a grpc.Server built with GRPCServerOptions; Close it before closing
+// on a grpc.Server built with its GRPCOptions; Close it before closing
 // the store.
 type Server struct {
 	tlkvpb.UnimplementedKvTransferServer
-	store *kvx.Store
-	opts  ServerOptions
-	sem   chan struct{}
+	store  *kvx.Store
+	opts   ServerOptions
+	sem    chan struct{}
+	hasSem chan struct{} // HasBlocks calls in flight (tapHasBlocks)
 
 	mu      sync.Mutex
 	leases  map[string]*lease
@@ -115,14 +125,84 @@ func NewServer(store *kvx.Store, opts ServerOptions) *Server {
 	if opts.MaxLeases <= 0 {
 		opts.MaxLeases = 4096
 	}
-	return &Server{store: store, opts: opts, sem: make(chan struct{}, opts.MaxStreams), leases: map[string]*lease{},
-		order: list.New()}
+	if opts.MaxHasBlocks <= 0 {
+		opts.MaxHasBlocks = 8
+	}
+	return &Server{store: store, opts: opts, sem: make(chan struct{}, opts.MaxStreams),
+		hasSem: make(chan struct{}, opts.MaxHasBlocks), leases: map[string]*lease{}, order: list.New()}
 }
 
-// GRPCServerOptions are the options a grpc.Server serving tl.kv.v1 needs
-// (the receive limit); add credentials and the like after them.
+// GRPCServerOptions are the options any grpc.Server serving tl.kv.v1
+// needs (the receive limit); add credentials and the like after them.
+// A Server's own GRPCOptions add its HasBlocks cap: use those for a
+// server facing untrusted clients.
 func GRPCServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRecvMsgSize)}
+}
+
+// GRPCOptions are GRPCServerOptions plus s's HasBlocks cap
+// (ServerOptions.MaxHasBlocks), checked by a tap as each call opens and
+// released by an interceptor as the handler returns; one grpc.Server per
+// Server.
+func (s *Server) GRPCOptions() []grpc.ServerOption {
+	return append(GRPCServerOptions(), grpc.InTapHandle(s.tapHasBlocks),
+		grpc.ChainUnaryInterceptor(releaseHasBlocksSlot))
+}
+
+const hasBlocksMethod = "/tl.kv.v1.KvTransfer/HasBlocks"
+
+// hasBlocksSlot is one of MaxHasBlocks, held by a call from its tap on.
+type hasBlocksSlot struct {
+	once sync.Once
+	sem  chan struct{}
+}
+
+// release frees the slot once. It must not cancel the call's context:
+// that is also the stream's, and the answer is still to be written.
+func (h *hasBlocksSlot) release() { h.once.Do(func() { <-h.sem }) }
+
+type hasBlocksSlotKey struct{}
+
+// tapHasBlocks runs on the connection's reader as a call opens, before
+// its request is read: a HasBlocks past MaxHasBlocks in flight is refused
+// (it must not block: the reader also carries the calls in flight). The
+// slot is freed as the handler returns (releaseHasBlocksSlot, so a client
+// calling again right after its answer finds it free) or, failing that,
+// when gRPC cancels the call's context, which it does as every call
+// ends, however it ends (the request never read, the transport refusing
+// the stream after the tap, the connection lost). StreamIdle bounds the
+// call, so a client that opens calls and never sends their requests
+// cannot hold the slots for good.
+func (s *Server) tapHasBlocks(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if info.FullMethodName != hasBlocksMethod {
+		return ctx, nil
+	}
+	select {
+	case s.hasSem <- struct{}{}:
+	default:
+		err := status.Errorf(codes.ResourceExhausted, "kvxd: %d HasBlocks already in flight (--max-has-blocks)",
+			s.opts.MaxHasBlocks)
+		s.opts.Metrics.call("HasBlocks", err)
+		return nil, err
+	}
+	bounded, cancel := context.WithTimeout(ctx, s.opts.StreamIdle)
+	slot := &hasBlocksSlot{sem: s.hasSem}
+	go func() {
+		<-ctx.Done()
+		cancel()
+		slot.release()
+	}()
+	return context.WithValue(bounded, hasBlocksSlotKey{}, slot), nil
+}
+
+// releaseHasBlocksSlot frees the call's HasBlocks slot as its handler
+// returns, before the answer is written.
+func releaseHasBlocksSlot(ctx context.Context, req interface{}, info *grpc.UnaryServerInfo,
+	handler grpc.UnaryHandler) (interface{}, error) {
+	if slot, ok := ctx.Value(hasBlocksSlotKey{}).(*hasBlocksSlot); ok {
+		defer slot.release()
+	}
+	return handler(ctx, req)
 }
 
 // Close refuses new calls (UNAVAILABLE), waits for the PushKv streams in

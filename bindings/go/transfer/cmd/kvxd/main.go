@@ -42,7 +42,8 @@ acknowledged (docs/TRANSFER.md).
 commands:
   serve --store DIR [--listen ADDR] [--tls-cert F --tls-key F [--client-ca F]]
         [--insecure] [--lease-ttl D] [--max-streams N] [--max-stream-bytes N]
-        [--stream-idle D] [--max-leases N] [--metrics ADDR] [--drain D]
+        [--stream-idle D] [--max-leases N] [--max-has-blocks N]
+        [--metrics ADDR] [--drain D]
       Receive pushes into the store DIR (created with kvx store create),
       holding its writer lock; kvx store prefix/get/stat/verify work beside
       it. --listen defaults to 127.0.0.1:7450; a non-loopback address needs
@@ -53,7 +54,10 @@ commands:
       limit): payload bytes of one stream. --stream-idle (30s): a PushKv
       stream that brings no whole chunk for D is cut (DEADLINE_EXCEEDED,
       nothing of it published). --max-leases (4096): live HasBlocks
-      leases; past it the oldest is released first. --metrics ADDR serves Prometheus
+      leases; past it the oldest is released first. --max-has-blocks (8):
+      HasBlocks calls in flight; past it a call is refused before its
+      request is read (UNAVAILABLE), and each must be answered within
+      --stream-idle. --metrics ADDR serves Prometheus
       metrics on http://ADDR/metrics (a bare :PORT binds 127.0.0.1).
       SIGTERM or SIGINT: stop accepting, let streams in flight finish for
       --drain (10s), abort the rest (nothing of them is published), flush,
@@ -142,6 +146,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	maxBytes := fs.Uint64("max-stream-bytes", 0, "")
 	streamIdle := fs.Duration("stream-idle", 30*time.Second, "")
 	maxLeases := fs.Int("max-leases", 4096, "")
+	maxHas := fs.Int("max-has-blocks", 8, "")
 	metricsAddr := fs.String("metrics", "", "")
 	drain := fs.Duration("drain", 10*time.Second, "")
 	if rc, ok := parse(fs, args, stdout, stderr); !ok {
@@ -160,8 +165,8 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	if *clientCA != "" && *cert == "" {
 		return fail(2, "--client-ca needs --tls-cert and --tls-key")
 	}
-	if *ttl <= 0 || *maxStreams <= 0 || *streamIdle <= 0 || *maxLeases <= 0 {
-		return fail(2, "--lease-ttl, --max-streams, --stream-idle and --max-leases must be positive")
+	if *ttl <= 0 || *maxStreams <= 0 || *streamIdle <= 0 || *maxLeases <= 0 || *maxHas <= 0 {
+		return fail(2, "--lease-ttl, --max-streams, --stream-idle, --max-leases and --max-has-blocks must be positive")
 	}
 	if !isLoopback(*listen) && *cert == "" && !*insecure {
 		return fail(2, "%s is not a loopback address: give --tls-cert and --tls-key (and --client-ca for mTLS), or --insecure", *listen)
@@ -199,8 +204,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	srv := transfer.NewServer(st, transfer.ServerOptions{LeaseTTL: *ttl, MaxStreams: *maxStreams,
-		MaxStreamBytes: *maxBytes, StreamIdle: *streamIdle, MaxLeases: *maxLeases, Metrics: m})
-	gs := grpc.NewServer(append(transfer.GRPCServerOptions(), gopts...)...)
+		MaxStreamBytes: *maxBytes, StreamIdle: *streamIdle, MaxLeases: *maxLeases, MaxHasBlocks: *maxHas,
+		Metrics: m})
+	gs := grpc.NewServer(append(srv.GRPCOptions(), gopts...)...)
 	tlkvpb.RegisterKvTransferServer(gs, srv)
 
 	lis, err := net.Listen("tcp", *listen)
