@@ -582,3 +582,146 @@ func TestAttackFIFOInStoreDir(t *testing.T) {
 		t.Fatalf("a FIFO as STORE: %v, want ErrPath", err)
 	}
 }
+
+// openedCopy opens dir and returns a copy of the Store value: the *Store
+// Open returned is unreachable once it returns.
+func openedCopy(t *testing.T, dir string) Store {
+	t.Helper()
+	s, err := Open(dir, &OpenOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return *s
+}
+
+// A handle copied by value (`c := *s`) was a second owner of the same C
+// handle: closing the copy and then the original closed the C store
+// twice (a double free), and the finalizer on the *Store Open returned
+// closed the C store under a copy still in use once that pointer was
+// dropped. Every handle type is now one shared state behind a pointer,
+// as os.File does: a copy is the same handle, closed once for all, and
+// the finalizer is on the shared state. The same holds for Shard, Batch,
+// Views, Pool, Fetcher, Fetched and WarmupResult (and GPU, which needs a
+// GPU to make).
+func TestAttackCopiedHandles(t *testing.T) {
+	s, dir := newTestStore(t, 2, 4)
+	toks := seqTokens(0, 4*16+5)
+
+	// the finalizer follows the shared state: a copy keeps the store open
+	kept := openedCopy(t, dir)
+	for i := 0; i < 5; i++ {
+		runtime.GC()
+	}
+	v, err := kept.Prefix(toks)
+	if err != nil || v.Len() != 4 || !bytes.Equal(v.At(3).Page(), pageOf(testGeom, toks, 3)) {
+		t.Fatalf("a copy of a Store after its original was collected: %v", err)
+	}
+	v.Release()
+
+	// Views: Release on a copy releases both, once
+	v, err = s.Prefix(toks)
+	if err != nil || v.Len() != 4 {
+		t.Fatal(err)
+	}
+	vc := *v
+	vc.Release()
+	if !v.Released() || v.At(0).Page() != nil || v.At(0).Found() {
+		t.Fatal("the views still serve pages after a copy was released")
+	}
+	v.Release()
+
+	// Shard: closing a copy closes the original
+	shards, err := s.Shards()
+	if err != nil || len(shards) == 0 {
+		t.Fatal(err)
+	}
+	sc := *shards[0]
+	sc.Close()
+	if _, err := shards[0].Page(0, true); !errors.Is(err, ErrClosed) {
+		t.Fatalf("a Shard after its copy was closed: %v, want ErrClosed", err)
+	}
+	for _, sh := range shards {
+		sh.Close()
+	}
+
+	// Fetched: a copy of a released batch serves no page from the pool
+	p := testPool(t)
+	f, err := p.NewFetcher(&FetchOptions{IOMode: IOPread})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err = s.Prefix(toks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := f.Fetch(context.Background(), []View{v.At(0)})
+	v.Release()
+	if err != nil || !bytes.Equal(r.Page(0), pageOf(testGeom, toks, 0)) {
+		t.Fatalf("Fetch: %v", err)
+	}
+	rc := *r
+	r.Release()
+	if rc.Page(0) != nil {
+		t.Fatal("a copy of a released Fetched still serves pool memory")
+	}
+	rc.Release()
+	fc := *f
+	if err := fc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Fetch(context.Background(), nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("a Fetcher after its copy was closed: %v", err)
+	}
+	f.Close()
+	pc := *p
+	if err := pc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Info(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("a Pool after its copy was closed: %v", err)
+	}
+
+	// WarmupResult: Release on a copy frees the host sink once
+	o := DefaultWarmupOptions()
+	o.Sink = SinkHost
+	o.IOMode = IOPread
+	res, err := s.Warmup(context.Background(), &o, nil)
+	if err != nil || res.NumPages() == 0 {
+		t.Fatalf("host warmup: %v", err)
+	}
+	resc := *res
+	resc.Release()
+	if res.HostPage(0) != nil {
+		t.Fatal("a warmup's host page after a copy of its result was released")
+	}
+	res.Release()
+
+	// Batch: closing a copy closes the original
+	b, err := s.NewBatch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bc := *b
+	bc.Close()
+	if _, err := b.Put(toks, pagesFor(testGeom, toks), nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("a Batch after its copy was closed: %v", err)
+	}
+	b.Close()
+
+	// Store: closing a copy closes the original, once
+	c := *s
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for name, call := range storeCalls(s) {
+		if err := call(); !errors.Is(err, ErrClosed) {
+			t.Errorf("%s on a Store whose copy was closed: %v, want ErrClosed", name, err)
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := kept.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

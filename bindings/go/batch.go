@@ -18,7 +18,12 @@ import (
 // goroutine its own Batch; calls on one Batch serialize. Close drops the
 // unflushed blocks. After Store.Close every call but Close returns
 // ErrClosed (the store dropped the batch's unflushed blocks).
-type Batch struct {
+//
+// A copy of a Batch value is the same batch: closing either closes both.
+type Batch struct{ *batchHandle }
+
+// batchHandle is shared by copies of a Batch, and carries the finalizer.
+type batchHandle struct {
 	s  *Store
 	mu sync.Mutex
 	c  *C.kvx_store_batch
@@ -36,15 +41,15 @@ func (s *Store) NewBatch() (*Batch, error) {
 	if err := check(C.gokvx_batch_create(&cb, cs)); err != nil {
 		return nil, err
 	}
-	b := &Batch{s: s, c: cb}
-	runtime.SetFinalizer(b, (*Batch).Close)
+	b := &Batch{&batchHandle{s: s, c: cb}}
+	runtime.SetFinalizer(b.batchHandle, func(h *batchHandle) { (&Batch{h}).Close() })
 	return b, nil
 }
 
 // use holds the store open (its read lock) and the batch for one call;
 // the caller unlocks both with b.done().
 func (b *Batch) use() (*C.kvx_store_batch, error) {
-	if b == nil {
+	if b == nil || b.batchHandle == nil {
 		return nil, ErrClosed
 	}
 	if _, err := b.s.acquire(); err != nil {
@@ -67,7 +72,7 @@ func (b *Batch) done() {
 // Put is Store.Put into this batch: nothing it writes is visible or
 // durable until this batch's Flush returns nil.
 func (b *Batch) Put(tokens []uint32, pages []byte, scales []float32) (int, error) {
-	if b == nil {
+	if b == nil || b.batchHandle == nil {
 		return 0, ErrClosed
 	}
 	n, err := b.s.pageCount("Batch.Put", pages, scales)
@@ -125,7 +130,7 @@ func (b *Batch) Flush() error {
 // Close drops the batch's unflushed blocks (never acknowledged) and frees
 // it. Safe to call more than once, and after Store.Close.
 func (b *Batch) Close() error {
-	if b == nil {
+	if b == nil || b.batchHandle == nil {
 		return nil
 	}
 	open := false
@@ -136,7 +141,7 @@ func (b *Batch) Close() error {
 	if b.c != nil {
 		C.kvx_store_batch_destroy(b.c)
 		b.c = nil
-		runtime.SetFinalizer(b, nil)
+		runtime.SetFinalizer(b.batchHandle, nil)
 	}
 	b.mu.Unlock()
 	if open {

@@ -54,8 +54,12 @@ type PoolInfo struct {
 }
 
 // Pool is a pinned, NUMA-placed buffer pool that fetches land in. Close it
-// after its Fetchers (Close refuses with ErrBusy while any is open).
-type Pool struct {
+// after its Fetchers (Close refuses with ErrBusy while any is open). A
+// copy of a Pool value is the same pool.
+type Pool struct{ *poolHandle }
+
+// poolHandle is shared by copies of a Pool, and carries the finalizer.
+type poolHandle struct {
 	mu       sync.Mutex
 	c        *C.kvx_pool
 	fetchers int
@@ -87,13 +91,16 @@ func NewPool(opts *PoolOptions) (*Pool, error) {
 	if err := check(C.gokvx_pool_create(&cp, &co)); err != nil {
 		return nil, err
 	}
-	p := &Pool{c: cp}
-	runtime.SetFinalizer(p, func(p *Pool) { p.Close() })
+	p := &Pool{&poolHandle{c: cp}}
+	runtime.SetFinalizer(p.poolHandle, func(h *poolHandle) { (&Pool{h}).Close() }) //nolint:errcheck
 	return p, nil
 }
 
 // Info describes the pool.
 func (p *Pool) Info() (PoolInfo, error) {
+	if p == nil || p.poolHandle == nil {
+		return PoolInfo{}, ErrClosed
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.c == nil {
@@ -110,7 +117,7 @@ func (p *Pool) Info() (PoolInfo, error) {
 // Close frees the pool: ErrBusy while Fetchers created on it are open.
 // Idempotent.
 func (p *Pool) Close() error {
-	if p == nil {
+	if p == nil || p.poolHandle == nil {
 		return nil
 	}
 	p.mu.Lock()
@@ -123,7 +130,7 @@ func (p *Pool) Close() error {
 	}
 	C.kvx_pool_destroy(p.c)
 	p.c = nil
-	runtime.SetFinalizer(p, nil)
+	runtime.SetFinalizer(p.poolHandle, nil)
 	return nil
 }
 
@@ -152,12 +159,16 @@ type FetchOptions struct {
 // Fetcher reads batches of pages into its pool. One batch at a time: a
 // Fetch while the previous *Fetched is not released fails with ErrBusy
 // (use several Fetchers on one pool to pipeline). Safe for concurrent use
-// (calls are serialized).
-type Fetcher struct {
+// (calls are serialized). A copy of a Fetcher value is the same fetcher.
+type Fetcher struct{ *fetcherHandle }
+
+// fetcherHandle is shared by copies of a Fetcher, and carries the
+// finalizer.
+type fetcherHandle struct {
 	mu   sync.Mutex
 	c    *C.kvx_fetch
 	pool *Pool
-	cur  *Fetched
+	cur  *fetchedBatch // the batch not yet released
 }
 
 // NewFetcher creates a fetcher on the pool.
@@ -188,13 +199,16 @@ func (p *Pool) NewFetcher(opts *FetchOptions) (*Fetcher, error) {
 		return nil, err
 	}
 	p.fetchers++
-	f := &Fetcher{c: cf, pool: p}
-	runtime.SetFinalizer(f, (*Fetcher).Close)
+	f := &Fetcher{&fetcherHandle{c: cf, pool: p}}
+	runtime.SetFinalizer(f.fetcherHandle, func(h *fetcherHandle) { (&Fetcher{h}).Close() }) //nolint:errcheck
 	return f, nil
 }
 
 // Mode is the read path in use (IOUring or IOPread).
 func (f *Fetcher) Mode() IOMode {
+	if f == nil || f.fetcherHandle == nil {
+		return IOAuto
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.c == nil {
@@ -206,7 +220,7 @@ func (f *Fetcher) Mode() IOMode {
 // Close releases the current batch (if any) and frees the fetcher.
 // Idempotent.
 func (f *Fetcher) Close() error {
-	if f == nil {
+	if f == nil || f.fetcherHandle == nil {
 		return nil
 	}
 	f.mu.Lock()
@@ -220,7 +234,7 @@ func (f *Fetcher) Close() error {
 	}
 	C.kvx_fetch_destroy(f.c)
 	f.c = nil
-	runtime.SetFinalizer(f, nil)
+	runtime.SetFinalizer(f.fetcherHandle, nil)
 	f.pool.mu.Lock()
 	f.pool.fetchers--
 	f.pool.mu.Unlock()
@@ -238,6 +252,9 @@ const pollMs = 5
 // ctx.Err(). Views may be released once Fetch returns (the batch holds
 // its own shard references).
 func (f *Fetcher) Fetch(ctx context.Context, blocks []View) (*Fetched, error) {
+	if f == nil || f.fetcherHandle == nil {
+		return nil, ErrClosed
+	}
 	reqs := make([]C.kvx_fetch_req, len(blocks))
 	for i, b := range blocks {
 		c := b.cv()
@@ -258,8 +275,8 @@ func (f *Fetcher) Fetch(ctx context.Context, blocks []View) (*Fetched, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, canceled(err, "Fetch")
 		}
-		r := &Fetched{f: f}
-		f.cur = r
+		r := &Fetched{&fetchedBatch{f: f.fetcherHandle}}
+		f.cur = r.fetchedBatch
 		return r, nil
 	}
 	if err := check(C.gokvx_fetch_submit(f.c, &reqs[0], C.size_t(len(reqs)))); err != nil {
@@ -292,16 +309,20 @@ func (f *Fetcher) Fetch(ctx context.Context, blocks []View) (*Fetched, error) {
 		C.kvx_fetch_release(f.c)
 		return nil, canceled(cause, "Fetch")
 	}
-	out := &Fetched{f: f, res: res}
-	f.cur = out
+	out := &Fetched{&fetchedBatch{f: f.fetcherHandle, res: res}}
+	f.cur = out.fetchedBatch
 	return out, nil
 }
 
 // Fetched is a batch of pages in pinned pool memory, valid until Release
 // (or the Fetcher's Close). Read it from one goroutine at a time, or
-// from several with Release after all of them.
-type Fetched struct {
-	f        *Fetcher
+// from several with Release after all of them. A copy of a Fetched value
+// is the same batch: after Release on either, neither serves a page.
+type Fetched struct{ *fetchedBatch }
+
+// fetchedBatch is shared by copies of a Fetched.
+type fetchedBatch struct {
+	f        *fetcherHandle
 	res      []C.kvx_fetch_result
 	released bool // guarded by f.mu
 }
@@ -352,7 +373,7 @@ func (r *Fetched) CopyTo(i int, dst []byte) int { return copy(dst, r.Page(i)) }
 // Release returns the pages to the pool; their slices become invalid and
 // the Fetcher takes its next batch. Idempotent.
 func (r *Fetched) Release() {
-	if r == nil {
+	if r == nil || r.fetchedBatch == nil {
 		return
 	}
 	f := r.f
@@ -362,7 +383,7 @@ func (r *Fetched) Release() {
 		return
 	}
 	r.released = true
-	if f.cur == r {
+	if f.cur == r.fetchedBatch {
 		f.cur = nil
 		if f.c != nil && len(r.res) > 0 {
 			C.kvx_fetch_release(f.c)
@@ -378,7 +399,11 @@ func GPUCount() (int, error) {
 }
 
 // GPU is a device arena that a warmup can upload into (CUDA builds).
-type GPU struct {
+// A copy of a GPU value is the same arena.
+type GPU struct{ *gpuHandle }
+
+// gpuHandle is shared by copies of a GPU, and carries the finalizer.
+type gpuHandle struct {
 	mu sync.Mutex
 	c  *C.kvx_gpu
 }
@@ -394,13 +419,16 @@ func NewGPU(device int, arenaBytes uint64) (*GPU, error) {
 	if err := check(C.gokvx_gpu_create(&cg, &co)); err != nil {
 		return nil, err
 	}
-	g := &GPU{c: cg}
-	runtime.SetFinalizer(g, (*GPU).Close)
+	g := &GPU{&gpuHandle{c: cg}}
+	runtime.SetFinalizer(g.gpuHandle, func(h *gpuHandle) { (&GPU{h}).Close() }) //nolint:errcheck
 	return g, nil
 }
 
 // CopyBack copies bytes at device address dev into dst (verification).
 func (g *GPU) CopyBack(dst []byte, dev uint64) error {
+	if g == nil || g.gpuHandle == nil {
+		return ErrClosed
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.c == nil {
@@ -415,7 +443,7 @@ func (g *GPU) CopyBack(dst []byte, dev uint64) error {
 
 // Close frees the arena. Idempotent.
 func (g *GPU) Close() error {
-	if g == nil {
+	if g == nil || g.gpuHandle == nil {
 		return nil
 	}
 	g.mu.Lock()
@@ -423,7 +451,7 @@ func (g *GPU) Close() error {
 	if g.c != nil {
 		C.kvx_gpu_destroy(g.c)
 		g.c = nil
-		runtime.SetFinalizer(g, nil)
+		runtime.SetFinalizer(g.gpuHandle, nil)
 	}
 	return nil
 }

@@ -57,8 +57,12 @@ type Entry struct {
 }
 
 // Shard is an open, validated shard file. Safe for concurrent use; pages
-// it returns are valid until Close.
-type Shard struct {
+// it returns are valid until Close. A copy of a Shard value is the same
+// handle: closing either closes both, once.
+type Shard struct{ *shardHandle }
+
+// shardHandle is shared by copies of a Shard, and carries the finalizer.
+type shardHandle struct {
 	mu sync.RWMutex
 	c  *C.kvx_shard
 }
@@ -84,8 +88,8 @@ func OpenShard(path string, verifyPages bool) (*Shard, error) {
 }
 
 func newShard(cs *C.kvx_shard) *Shard {
-	s := &Shard{c: cs}
-	runtime.SetFinalizer(s, (*Shard).Close)
+	s := &Shard{&shardHandle{c: cs}}
+	runtime.SetFinalizer(s.shardHandle, (*shardHandle).close)
 	return s
 }
 
@@ -105,21 +109,25 @@ func adoptShards(arr **C.kvx_shard, n int) []*Shard {
 // Close drops the handle's reference (pages taken from it become invalid).
 // Idempotent.
 func (s *Shard) Close() error {
-	if s == nil {
+	if s == nil || s.shardHandle == nil {
 		return nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.c != nil {
-		C.kvx_shard_close(s.c)
-		s.c = nil
-		runtime.SetFinalizer(s, nil)
-	}
+	s.shardHandle.close()
 	return nil
 }
 
+func (h *shardHandle) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.c != nil {
+		C.kvx_shard_close(h.c)
+		h.c = nil
+		runtime.SetFinalizer(h, nil)
+	}
+}
+
 func (s *Shard) acquire() (*C.kvx_shard, error) {
-	if s == nil {
+	if s == nil || s.shardHandle == nil {
 		return nil, ErrClosed
 	}
 	s.mu.RLock()

@@ -86,12 +86,20 @@ type OpenOptions struct {
 	TierTTL    time.Duration
 }
 
-// Store is an open store directory. Safe for concurrent use.
+// Store is an open store directory. Safe for concurrent use. A copy of a
+// Store value is the same open store (the handle is shared, as with
+// os.File): closing either closes both, once.
 type Store struct {
-	mu   sync.RWMutex // read: any call on c; write: Close
-	wmu  sync.Mutex   // serializes writers
-	c    *C.kvx_store
+	*storeHandle
 	geom Geometry
+}
+
+// storeHandle is the C store and its locks, shared by copies of a Store;
+// the finalizer is on it, so a copy still in use keeps the store open.
+type storeHandle struct {
+	mu  sync.RWMutex // read: any call on c; write: Close
+	wmu sync.Mutex   // serializes writers
+	c   *C.kvx_store
 }
 
 // Stats are a store's counters.
@@ -193,30 +201,34 @@ func Open(dir string, opts *OpenOptions) (*Store, error) {
 }
 
 func newStore(cs *C.kvx_store) *Store {
-	s := &Store{c: cs}
+	s := &Store{storeHandle: &storeHandle{c: cs}}
 	var g C.kvx_geometry
 	C.kvx_store_get_geometry(&g, cs)
 	s.geom = geometryFromC(&g)
-	runtime.SetFinalizer(s, (*Store).Close)
+	runtime.SetFinalizer(s.storeHandle, (*storeHandle).close)
 	return s
 }
 
 // Close closes the store; unflushed puts are dropped. Views and shards
 // taken from the store stay valid (they hold their own references). Safe
-// to call more than once, and on a nil *Store (every other call on one
-// returns ErrClosed).
+// to call more than once, on any copy of the Store, and on a nil or zero
+// *Store (every other call on one returns ErrClosed).
 func (s *Store) Close() error {
-	if s == nil {
+	if s == nil || s.storeHandle == nil {
 		return nil
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.c != nil {
-		C.kvx_store_close(s.c)
-		s.c = nil
-		runtime.SetFinalizer(s, nil)
-	}
+	s.storeHandle.close()
 	return nil
+}
+
+func (h *storeHandle) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.c != nil {
+		C.kvx_store_close(h.c)
+		h.c = nil
+		runtime.SetFinalizer(h, nil)
+	}
 }
 
 // Geometry is the store's fixed geometry.
@@ -229,7 +241,7 @@ func (s *Store) Geometry() Geometry {
 
 // acquire read-locks the store; the caller must call s.mu.RUnlock().
 func (s *Store) acquire() (*C.kvx_store, error) {
-	if s == nil {
+	if s == nil || s.storeHandle == nil {
 		return nil, ErrClosed
 	}
 	s.mu.RLock()
@@ -604,7 +616,14 @@ func (s *Store) Shards() ([]*Shard, error) {
 // may be read by several goroutines; Release it once, after all of them
 // are done. A finalizer releases a forgotten Views, so keep it reachable
 // while you use its pages (runtime.KeepAlive, or simply call Release).
-type Views struct {
+//
+// A copy of a Views value is the same views: Release on either releases
+// both, once.
+type Views struct{ *viewSet }
+
+// viewSet is shared by copies of a Views and by its View values, and
+// carries the finalizer.
+type viewSet struct {
 	c        []C.kvx_view // C memory (gokvx_views_alloc); nil when empty or released
 	n        int          // blocks served
 	stopped  *Error       // Prefix: the damage that ended the prefix
@@ -613,21 +632,21 @@ type Views struct {
 
 func newViews(n int) *Views {
 	if n == 0 {
-		return &Views{}
+		return &Views{&viewSet{}}
 	}
-	return &Views{c: unsafe.Slice(C.gokvx_views_alloc(C.size_t(n)), n), n: n}
+	return &Views{&viewSet{c: unsafe.Slice(C.gokvx_views_alloc(C.size_t(n)), n), n: n}}
 }
 
 // arm sets the safety-net finalizer (also for an empty result: the C
 // array must be freed).
 func (v *Views) arm() {
 	if cap(v.c) > 0 {
-		runtime.SetFinalizer(v, (*Views).Release)
+		runtime.SetFinalizer(v.viewSet, (*viewSet).release)
 	}
 }
 
 // free releases the first n views and frees the C array.
-func (v *Views) free(n int) {
+func (v *viewSet) free(n int) {
 	if cap(v.c) > 0 {
 		C.gokvx_views_free(&v.c[:1][0], C.size_t(n))
 	}
@@ -636,7 +655,7 @@ func (v *Views) free(n int) {
 
 // Len is the number of blocks.
 func (v *Views) Len() int {
-	if v == nil {
+	if v == nil || v.viewSet == nil {
 		return 0
 	}
 	return v.n
@@ -653,7 +672,13 @@ func (v *Views) At(i int) View {
 // Release drops the views' shard references. Every page slice taken from
 // them becomes invalid; the package never reads them again. Idempotent.
 func (v *Views) Release() {
-	if v == nil || v.released.Swap(true) {
+	if v != nil && v.viewSet != nil {
+		v.viewSet.release()
+	}
+}
+
+func (v *viewSet) release() {
+	if v.released.Swap(true) {
 		return
 	}
 	runtime.SetFinalizer(v, nil)
@@ -667,14 +692,14 @@ func (v *Views) Release() {
 // or an unverified block, or served every full block (and for every other
 // lookup, whose damage is its error). It stays readable after Release.
 func (v *Views) StoppedAt() error {
-	if v == nil || v.stopped == nil {
+	if v == nil || v.viewSet == nil || v.stopped == nil {
 		return nil
 	}
 	return v.stopped
 }
 
 // Released reports whether Release was called.
-func (v *Views) Released() bool { return v != nil && v.released.Load() }
+func (v *Views) Released() bool { return v != nil && v.viewSet != nil && v.released.Load() }
 
 // View is one block of a Views. Its accessors return zero values after
 // the Views is released.
@@ -684,7 +709,7 @@ type View struct {
 }
 
 func (b View) cv() *C.kvx_view {
-	if b.v == nil || b.v.released.Load() { // the zero View: a miss
+	if b.v == nil || b.v.viewSet == nil || b.v.released.Load() { // the zero View: a miss
 		return nil
 	}
 	return &b.v.c[b.i]

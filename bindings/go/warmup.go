@@ -86,6 +86,12 @@ type WarmupResult struct {
 	DevicePages             []uint64 // SinkGPU: per-page device pointers (0 = failed)
 	Failures                []WarmupFailure
 
+	*warmupSink // shared by copies of the result: Release frees it once
+}
+
+// warmupSink is a SinkHost warmup's host buffer; it carries the
+// finalizer, so a copy of the result still in use keeps it.
+type warmupSink struct {
 	mu      sync.Mutex
 	host    unsafe.Pointer // C memory
 	hostLen uint64
@@ -96,6 +102,9 @@ type WarmupResult struct {
 // SinkHost warmup, zero-copy; valid until Release, nil after it. A page
 // that failed is left zero.
 func (r *WarmupResult) HostPage(k int) []byte {
+	if r == nil || r.warmupSink == nil {
+		return nil
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.host == nil || k < 0 || k >= len(r.pages) {
@@ -105,19 +114,27 @@ func (r *WarmupResult) HostPage(k int) []byte {
 }
 
 // NumPages is the number of pages of the inputs.
-func (r *WarmupResult) NumPages() int { return len(r.pages) }
+func (r *WarmupResult) NumPages() int {
+	if r == nil || r.warmupSink == nil {
+		return 0
+	}
+	return len(r.pages)
+}
 
 // Release frees the host sink. Idempotent.
 func (r *WarmupResult) Release() {
-	if r == nil {
-		return
+	if r != nil && r.warmupSink != nil {
+		r.warmupSink.release()
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.host != nil {
-		C.free(r.host)
-		r.host = nil
-		runtime.SetFinalizer(r, nil)
+}
+
+func (w *warmupSink) release() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.host != nil {
+		C.free(w.host)
+		w.host = nil
+		runtime.SetFinalizer(w, nil)
 	}
 }
 
@@ -196,7 +213,7 @@ func WarmupShards(ctx context.Context, shards []*Shard, opts *WarmupOptions, pro
 			sh.mu.RUnlock()
 		}
 	}
-	res := &WarmupResult{}
+	res := &WarmupResult{warmupSink: &warmupSink{}}
 	var co C.kvx_warmup_options
 	C.kvx_warmup_options_init(&co) // the version, and fields this package does not set
 	co.io_mode = C.int(o.IOMode)
@@ -243,11 +260,11 @@ func WarmupShards(ctx context.Context, shards []*Shard, opts *WarmupOptions, pro
 			return nil, newError(-int(C.ENOMEM), "Warmup: host sink of "+u64s(uint64(r.n))+" bytes")
 		}
 		res.hostLen = uint64(r.n)
-		runtime.SetFinalizer(res, (*WarmupResult).Release)
+		runtime.SetFinalizer(res.warmupSink, (*warmupSink).release)
 		co.host_buf = res.host
 		co.host_buf_bytes = r.n
 	case SinkGPU:
-		if o.GPU == nil {
+		if o.GPU == nil || o.GPU.gpuHandle == nil {
 			unlock()
 			return nil, newError(CodeInvalid, "Warmup: SinkGPU needs WarmupOptions.GPU")
 		}
