@@ -28,6 +28,7 @@
  */
 #include "tier.h"
 
+#include <arpa/inet.h>
 #include <hiredis/hiredis.h>
 #include <pthread.h>
 #include <signal.h>
@@ -357,7 +358,18 @@ static redisContext *node_conn(kvx_tier *t, int i, uint64_t deadline)
     if (now_ms() >= deadline || !brk_allow(nd->host, nd->port)) return NULL;
     uint64_t left = deadline > now_ms() ? deadline - now_ms() : 1;
     uint64_t cms = t->lim.connect_ms < left ? t->lim.connect_ms : left;
-    redisContext *c = redisConnectWithTimeout(nd->host, nd->port, tv_ms(cms));
+    /* the name is resolved within the connect timeout, not before it
+     * (hiredis's getaddrinfo would wait on the resolver for as long as it
+     * takes); hiredis gets the address */
+    char addr[INET6_ADDRSTRLEN], why[160];
+    uint64_t t0 = now_ms();
+    if (kvx_tier_resolve(nd->host, (uint32_t)cms, addr, sizeof addr, why, sizeof why)) {
+        brk_result(nd->host, nd->port, 0, why);
+        return NULL;
+    }
+    uint64_t spent = now_ms() - t0;
+    cms = spent < cms ? cms - spent : 1;
+    redisContext *c = redisConnectWithTimeout(addr, nd->port, tv_ms(cms));
     if (!c || c->err) {
         brk_result(nd->host, nd->port, 0, c ? c->errstr : "out of memory");
         if (c) redisFree(c);

@@ -97,6 +97,13 @@ int kvx_tier_conf_parse(kvx_tier_conf *out, const char *text);
 /* KVX_EINVALID unless name is 1..127 bytes of [A-Za-z0-9._-]. */
 int kvx_tier_tenant_check(const char *name);
 
+/* ---- resolve.c ---------------------------------------------------------- */
+
+/* host (a name or a numeric address) as a numeric address in out, within
+ * timeout_ms; -1 with why set when it is not resolved in time, has no
+ * address, or too many earlier lookups are still running. */
+int kvx_tier_resolve(const char *host, uint32_t timeout_ms, char *out, size_t cap, char *why, size_t why_cap);
+
 /* ---- cluster.c ---------------------------------------------------------- */
 
 typedef struct kvx_tier kvx_tier;
