@@ -133,8 +133,8 @@
  *    answers: hiredis resolved it with getaddrinfo before its connect
  *    timeout started, so each connect waited on the resolver (glibc: 5 s
  *    a try, two tries) and one lookup took 10 s where 5 s is documented.
- *    A name is now resolved within the connect timeout (tier/resolve.c,
- *    getaddrinfo_a) and hiredis gets the address.
+ *    A name is now resolved within the connect timeout (tier/resolve.c, a
+ *    thread of its own per lookup) and hiredis gets the address.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -151,6 +151,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -1528,8 +1530,9 @@ static void test_many_nodes_and_breaker_table_full(void **state)
 }
 
 /* Names and addresses: a numeric address is taken as it is, localhost
- * (from /etc/hosts) resolves, a tier named by localhost serves, a name
- * too long or not resolving is refused with a reason. */
+ * (from /etc/hosts) resolves to its IPv4 address, a tier named by
+ * localhost serves, a name too long or not resolving is refused with a
+ * reason. */
 static void test_resolve_names(void **state)
 {
     (void)state;
@@ -1547,21 +1550,20 @@ static void test_resolve_names(void **state)
     why[0] = 0;
     assert_int_equal(kvx_tier_resolve("no-such-host.invalid", 300, addr, sizeof addr, why, sizeof why), -1);
     assert_true(why[0] != 0);
-    /* localhost from /etc/hosts; the fake listens on 127.0.0.1, so the
-     * tier round trip is checked where localhost is that address */
+    /* localhost from /etc/hosts (Debian's names it 127.0.0.1 and ::1, and
+     * glibc sorts ::1 first): IPv4 first, as hiredis tries, so a server
+     * listening on 127.0.0.1 only (the fake here) is reached */
     assert_int_equal(kvx_tier_resolve("localhost", 2000, addr, sizeof addr, why, sizeof why), 0);
-    assert_true(!strcmp(addr, "127.0.0.1") || !strcmp(addr, "::1"));
-    if (!strcmp(addr, "127.0.0.1")) {
-        fk *f = fk_start(M_ECHO);
-        char url[64];
-        snprintf(url, sizeof url, "redis://localhost:%d", f->port);
-        kvx_tier *t = NULL;
-        assert_int_equal(kvx_tier_open(&t, url, NULL), 0);
-        uint8_t st[4];
-        assert_int_equal(get_n(t, 4, "lh", st, NULL), 4);
-        kvx_tier_close(t);
-        fk_stop(f);
-    }
+    assert_string_equal(addr, "127.0.0.1");
+    fk *f = fk_start(M_ECHO);
+    char url[64];
+    snprintf(url, sizeof url, "redis://localhost:%d", f->port);
+    kvx_tier *t = NULL;
+    assert_int_equal(kvx_tier_open(&t, url, NULL), 0);
+    uint8_t st[4];
+    assert_int_equal(get_n(t, 4, "lh", st, NULL), 4);
+    kvx_tier_close(t);
+    fk_stop(f);
 }
 
 /* The child of test_slow_resolver, in its own mount namespace: no cmocka
@@ -1569,11 +1571,21 @@ static void test_resolve_names(void **state)
  * passed, 77 cannot run here, other codes failed. */
 static int slow_resolver_child(const char *conf)
 {
-    if (unshare(CLONE_NEWNS) || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
+    /* a network namespace of its own too, so the fake name server below
+     * takes 127.0.0.1:53 of this child's loopback, not the host's */
+    if (unshare(CLONE_NEWNS | CLONE_NEWNET) || mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) ||
         mount(conf, "/etc/resolv.conf", NULL, MS_BIND, NULL)) {
-        fprintf(stderr, "test_slow_resolver: no mount namespace here (%s): skipped\n", strerror(errno));
+        fprintf(stderr, "test_slow_resolver: no mount and network namespace here (%s): skipped\n", strerror(errno));
         return 77;
     }
+    int ls = socket(AF_INET, SOCK_DGRAM, 0);
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
+    if (ls < 0 || ioctl(ls, SIOCGIFFLAGS, &ifr)) return 7;
+    ifr.ifr_flags |= IFF_UP;
+    if (ioctl(ls, SIOCSIFFLAGS, &ifr)) return 7;
+    close(ls);
     /* the name server: takes the queries, never answers */
     int u = socket(AF_INET, SOCK_DGRAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(53)};
@@ -1600,18 +1612,47 @@ static int slow_resolver_child(const char *conf)
         }
         usleep(300 * 1000); /* past the breaker's first 250 ms: the next call resolves again */
     }
-    /* many lookups while the resolver hangs: each cut at its timeout */
+    /* the lookups did reach the name server (and were cut, not skipped) */
+    char q[512];
+    if (recv(u, q, sizeof q, MSG_DONTWAIT) <= 0) {
+        fprintf(stderr, "test_slow_resolver: the name server was never asked\n");
+        return 8;
+    }
+    /* many lookups while the resolver hangs: each cut at its timeout, and
+     * past 64 still running, refused at once (no more threads piled on) */
     double t0 = now_s();
+    char why[160] = "";
     for (int i = 0; i < 100; i++) {
-        char addr[64], why[160];
+        char addr[64];
         if (kvx_tier_resolve("kvx-tier-node.example.com", 5, addr, sizeof addr, why, sizeof why) != -1) return 5;
     }
     if (now_s() - t0 > 3.0) {
         fprintf(stderr, "test_slow_resolver: 100 lookups of 5 ms took %.2f s\n", now_s() - t0);
         return 6;
     }
+    if (!strstr(why, "have not finished")) {
+        fprintf(stderr, "test_slow_resolver: the 100th lookup: %s\n", why);
+        return 9;
+    }
     kvx_tier_close(t);
     return 0;
+}
+
+/* A child forked right after a lookup resolves names too (glibc's
+ * getaddrinfo_a, used at first, kept its idle-thread count across fork
+ * and never ran a child's lookup). */
+static void test_resolve_after_fork(void **state)
+{
+    (void)state;
+    char addr[64], why[160];
+    assert_int_equal(kvx_tier_resolve("localhost", 2000, addr, sizeof addr, why, sizeof why), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) _exit(kvx_tier_resolve("localhost", 2000, addr, sizeof addr, why, sizeof why) == 0 ? 0 : 1);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
 }
 
 /* A node whose name's server never answers: every lookup is a miss within
@@ -1669,6 +1710,7 @@ int main(int argc, char **argv)
         /* last: it fills the process-wide breaker table */
         cmocka_unit_test(test_many_nodes_and_breaker_table_full),
         cmocka_unit_test(test_resolve_names),
+        cmocka_unit_test(test_resolve_after_fork),
         cmocka_unit_test(test_slow_resolver),
     };
     return cmocka_run_group_tests_name("attack10", tests, su_setup, su_teardown);
