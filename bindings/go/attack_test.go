@@ -10,9 +10,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -122,6 +124,47 @@ func TestAttackNilAndZeroStore(t *testing.T) {
 	if zv.Found() || zv.Page() != nil || zv.Bytes() != nil || zv.Hash() != 0 || zv.Scales() != nil ||
 		zv.CopyTo(make([]byte, 4)) != 0 {
 		t.Fatal("the zero View is not a miss")
+	}
+	// zero values of the other handles (never made by a constructor): each
+	// is a closed handle, none panics
+	zb, zs, zp, zf, zg, zr, zw, zvs := &Batch{}, &Shard{}, &Pool{}, &Fetcher{}, &GPU{}, &Fetched{}, &WarmupResult{}, &Views{}
+	if _, err := zb.Put(toks, make([]byte, 1024), nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("zero Batch Put: %v", err)
+	}
+	if _, err := zs.Page(0, false); !errors.Is(err, ErrClosed) || zs.Path() != "" || zs.Info().NumBlocks != 0 {
+		t.Fatalf("zero Shard: %v", err)
+	}
+	if _, err := zp.Info(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("zero Pool Info: %v", err)
+	}
+	if _, err := zp.NewFetcher(nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("zero Pool NewFetcher: %v", err)
+	}
+	if _, err := zf.Fetch(context.Background(), nil); !errors.Is(err, ErrClosed) || zf.Mode() != IOAuto {
+		t.Fatalf("zero Fetcher Fetch: %v", err)
+	}
+	if err := zg.CopyBack(make([]byte, 4), 0); !errors.Is(err, ErrClosed) {
+		t.Fatalf("zero GPU CopyBack: %v", err)
+	}
+	if zr.Len() != 0 || zw.NumPages() != 0 || zw.HostPage(0) != nil || zvs.Len() != 0 || zvs.Released() ||
+		zvs.StoppedAt() != nil {
+		t.Fatal("a zero Fetched, WarmupResult or Views is not empty")
+	}
+	func() {
+		defer func() {
+			if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "out of range") {
+				t.Fatalf("zero Views At(0): %v, want an index-out-of-range panic", r)
+			}
+		}()
+		zvs.At(0)
+	}()
+	zvs.Release()
+	zr.Release()
+	zw.Release()
+	for _, c := range []func() error{zb.Close, zs.Close, zp.Close, zf.Close, zg.Close} {
+		if err := c(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 

@@ -173,6 +173,9 @@ type fetcherHandle struct {
 
 // NewFetcher creates a fetcher on the pool.
 func (p *Pool) NewFetcher(opts *FetchOptions) (*Fetcher, error) {
+	if p == nil || p.poolHandle == nil {
+		return nil, ErrClosed
+	}
 	var co C.kvx_fetch_options
 	C.kvx_fetch_options_init(&co) // nil opts: the library's defaults as they are
 	if opts != nil {
@@ -328,7 +331,12 @@ type fetchedBatch struct {
 }
 
 // Len is the number of pages.
-func (r *Fetched) Len() int { return len(r.res) }
+func (r *Fetched) Len() int {
+	if r == nil || r.fetchedBatch == nil {
+		return 0
+	}
+	return len(r.res)
+}
 
 func (r *Fetched) live() bool {
 	r.f.mu.Lock()

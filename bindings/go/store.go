@@ -663,8 +663,8 @@ func (v *Views) Len() int {
 
 // At is block i (0 <= i < Len()).
 func (v *Views) At(i int) View {
-	if uint(i) >= uint(v.n) {
-		panic("kvx: Views.At: index " + strconv.Itoa(i) + " out of range [0, " + strconv.Itoa(v.n) + ")")
+	if uint(i) >= uint(v.Len()) {
+		panic("kvx: Views.At: index " + strconv.Itoa(i) + " out of range [0, " + strconv.Itoa(v.Len()) + ")")
 	}
 	return View{v: v, i: i}
 }

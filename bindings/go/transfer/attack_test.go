@@ -889,8 +889,8 @@ func TestAttackHasBlocksSlotsHeld(t *testing.T) {
 	conn := dial(t, ts.addr)
 	kc := tlkvpb.NewKvTransferClient(conn)
 	t0 := time.Now()
-	tr1 := startTrickleCall(t, ts.addr, hasBlocksMethod)
-	tr2 := startTrickleCall(t, ts.addr, hasBlocksMethod)
+	tr1 := startTrickleCall(t, ts.addr, "/"+hasBlocksMethod)
+	tr2 := startTrickleCall(t, ts.addr, "/"+hasBlocksMethod)
 	if !eventually(5*time.Second, func() bool { return len(ts.hasSem) == 2 }) {
 		t.Fatalf("two trickled HasBlocks did not take both slots: %d", len(ts.hasSem))
 	}
@@ -937,19 +937,19 @@ func TestHasBlocksTapFreesOnCancel(t *testing.T) {
 	b, _ := createStore(t, testGeom, 0)
 	s := NewServer(b, ServerOptions{MaxHasBlocks: 1, StreamIdle: time.Hour})
 	defer s.Close()
-	info := &tap.Info{FullMethodName: hasBlocksMethod}
+	info := &tap.Info{FullMethodName: "/" + hasBlocksMethod}
 	ctx, cancel := context.WithCancel(context.Background())
-	bounded, err := s.tapHasBlocks(ctx, info)
+	bounded, err := s.InTapHandle(ctx, info)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if dl, ok := bounded.Deadline(); !ok || time.Until(dl) < 59*time.Minute {
 		t.Fatalf("the call's context has no StreamIdle deadline: %v %v", dl, ok)
 	}
-	if _, err := s.tapHasBlocks(context.Background(), info); status.Code(err) != codes.ResourceExhausted {
+	if _, err := s.InTapHandle(context.Background(), info); status.Code(err) != codes.Unavailable {
 		t.Fatalf("a second HasBlocks past MaxHasBlocks 1: %v", err)
 	}
-	if _, err := s.tapHasBlocks(context.Background(), &tap.Info{FullMethodName: "/tl.kv.v1.KvTransfer/PushKv"}); err != nil {
+	if _, err := s.InTapHandle(context.Background(), &tap.Info{FullMethodName: "/tl.kv.v1.KvTransfer/PushKv"}); err != nil {
 		t.Fatalf("PushKv went through the HasBlocks cap: %v", err)
 	}
 	cancel()
@@ -962,11 +962,11 @@ func TestHasBlocksTapFreesOnCancel(t *testing.T) {
 	// the interceptor frees the slot as the handler returns, before the
 	// call's context ends (the answer is still to be written) ...
 	ctx2, cancel2 := context.WithCancel(context.Background())
-	bounded2, err := s.tapHasBlocks(ctx2, info)
+	bounded2, err := s.InTapHandle(ctx2, info)
 	if err != nil {
 		t.Fatalf("HasBlocks after the slot came back: %v", err)
 	}
-	if _, err := releaseHasBlocksSlot(bounded2, nil, nil, func(ctx context.Context, req interface{}) (interface{}, error) {
+	if _, err := s.UnaryInterceptor(bounded2, nil, nil, func(ctx context.Context, req interface{}) (interface{}, error) {
 		if len(s.hasSem) != 1 {
 			t.Error("the slot was not held while the handler ran")
 		}
@@ -978,7 +978,7 @@ func TestHasBlocksTapFreesOnCancel(t *testing.T) {
 	// stays held
 	ctx3, cancel3 := context.WithCancel(context.Background())
 	defer cancel3()
-	if _, err := s.tapHasBlocks(ctx3, info); err != nil {
+	if _, err := s.InTapHandle(ctx3, info); err != nil {
 		t.Fatal(err)
 	}
 	cancel2()
@@ -991,15 +991,17 @@ func TestHasBlocksTapFreesOnCancel(t *testing.T) {
 // transfer.Client.Push retries a HasBlocks refused as busy: with the one
 // slot of --max-has-blocks 1 held by a call that never finishes its
 // request, a push with NoRetry fails UNAVAILABLE at once, and a plain
-// push waits out the held call (cut at the 1 s idle limit) and succeeds.
+// push waits out the held call (cut at the 1 s idle limit): its HasBlocks
+// is answered (the receiver holds the prompt: every block referenced).
 func TestClientRetriesBusyHasBlocks(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
 	tokens := tokensOf(91, 3*B)
 	putPrompt(t, a, tokens)
+	putPrompt(t, b, tokens)
 	ts := startServer(t, b, ServerOptions{MaxHasBlocks: 1, StreamIdle: time.Second})
 	conn := dial(t, ts.addr)
-	startTrickleCall(t, ts.addr, hasBlocksMethod)
+	startTrickleCall(t, ts.addr, "/"+hasBlocksMethod)
 	if !eventually(5*time.Second, func() bool { return len(ts.hasSem) == 1 }) {
 		t.Fatal("the trickled HasBlocks did not take the slot")
 	}
@@ -1007,10 +1009,56 @@ func TestClientRetriesBusyHasBlocks(t *testing.T) {
 		t.Fatalf("a push with NoRetry while HasBlocks is busy: %v, want UNAVAILABLE", err)
 	}
 	r, err := NewClient(conn).Push(context.Background(), a, tokens, nil)
-	if err != nil || !r.Durable || r.BlocksSent != 3 {
+	if err != nil || !r.Durable || r.BlocksReferenced != 3 || r.BlocksSent != 0 || r.HasBlocksBusy {
 		t.Fatalf("a push retrying a busy HasBlocks: %v %+v", err, r)
 	}
+}
+
+// A HasBlocks that stays busy (a slowloris holds the only slot for the
+// 30 s idle limit) does not fail the push: after its retries (2 to 4 s)
+// it sends every payload, as with NoHasBlocks.
+func TestPushFallsBackWhenHasBlocksBusy(t *testing.T) {
+	a, _ := createStore(t, testGeom, 0)
+	b, _ := createStore(t, testGeom, 0)
+	tokens := tokensOf(92, 3*B)
+	putPrompt(t, a, tokens)
+	ts := startServer(t, b, ServerOptions{MaxHasBlocks: 1, StreamIdle: 30 * time.Second})
+	startTrickleCall(t, ts.addr, "/"+hasBlocksMethod)
+	if !eventually(5*time.Second, func() bool { return len(ts.hasSem) == 1 }) {
+		t.Fatal("the trickled HasBlocks did not take the slot")
+	}
+	r, err := NewClient(dial(t, ts.addr)).Push(context.Background(), a, tokens, nil)
+	if err != nil || !r.Durable || r.BlocksSent != 3 || !r.HasBlocksBusy {
+		t.Fatalf("a push while HasBlocks is held by a slowloris: %v %+v", err, r)
+	}
 	if served(t, b, tokens) != 3 {
-		t.Fatal("the retried push is not served")
+		t.Fatal("the push that fell back is not served")
+	}
+}
+
+// gRPC routes a :path with or without its leading '/' ("tl.kv.v1.KvTransfer
+// /HasBlocks" reaches HasBlocks too); the tap compared the raw path, so
+// the unslashed spelling went past the cap and the memory attack worked
+// again. Both spellings count now.
+func TestAttackHasBlocksTapPathAlias(t *testing.T) {
+	b, _ := createStore(t, testGeom, 0)
+	ts := startServer(t, b, ServerOptions{MaxHasBlocks: 1, StreamIdle: 5 * time.Second})
+	first := startTrickleCall(t, ts.addr, hasBlocksMethod) // no leading '/'
+	if !eventually(5*time.Second, func() bool { return len(ts.hasSem) == 1 }) {
+		t.Fatalf("an unslashed HasBlocks took no slot: %d held", len(ts.hasSem))
+	}
+	second := startTrickleCall(t, ts.addr, hasBlocksMethod)
+	select {
+	case st := <-second.status:
+		if st != "rst" {
+			t.Fatalf("a second unslashed HasBlocks past the cap of 1: %q, want a refused stream", st)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a second unslashed HasBlocks past the cap of 1 was let in")
+	}
+	select {
+	case st := <-first.status:
+		t.Fatalf("the first call ended early: %q", st)
+	default:
 	}
 }

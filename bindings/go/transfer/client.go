@@ -53,10 +53,13 @@ type PushOptions struct {
 	MaxBlocks   int    // 0 = every cached block of the prompt
 }
 
-// hasBlocksRetry is the first wait before a HasBlocks refused as busy is
-// sent again; each retry doubles it (plus up to as much jitter) while it
-// is at most a second: 8 retries, 2 to 4 s of waiting in all.
-const hasBlocksRetry = 8 * time.Millisecond
+// A HasBlocks refused as busy is sent again hasBlocksRetries times, first
+// after hasBlocksRetry, each wait twice the last plus up to as much
+// jitter: 8 ms to 1,024 ms, 2.04 to 4.08 s in all.
+const (
+	hasBlocksRetry   = 8 * time.Millisecond
+	hasBlocksRetries = 8
+)
 
 // PushResult says what a push moved; the receiver's counts are Response.
 type PushResult struct {
@@ -66,6 +69,7 @@ type PushResult struct {
 	TailTokens       uint32
 	Durable          bool
 	Retried          bool // an ABORTED push was sent again with every payload
+	HasBlocksBusy    bool // HasBlocks stayed refused as busy: every payload was sent
 	Response         *tlkvpb.PushKvResponse
 }
 
@@ -77,8 +81,9 @@ type PushResult struct {
 // An ABORTED answer (a block reported held was evicted meanwhile) is
 // retried once with every payload unless opts.NoRetry. A HasBlocks the
 // receiver refused as busy (UNAVAILABLE: kvxd's --max-has-blocks) is
-// retried with backoff for 2 to 4 s (hasBlocksRetry) unless
-// opts.NoRetry.
+// retried with backoff (hasBlocksRetries, 2 to 4 s in all); if it stays
+// refused, the push sends every payload (PushResult.HasBlocksBusy), as
+// with NoHasBlocks. With opts.NoRetry the refusal is the push's error.
 func (c *Client) Push(ctx context.Context, store *kvx.Store, tokens []uint32, opts *PushOptions) (PushResult, error) {
 	var o PushOptions
 	if opts != nil {
@@ -120,31 +125,38 @@ func (c *Client) Push(ctx context.Context, store *kvx.Store, tokens []uint32, op
 	}
 	held := make([]bool, n)
 	var leaseID string
+	busy := false
 	if !o.NoHasBlocks && n > 0 {
 		req := &tlkvpb.HasBlocksRequest{BlockHashes: hashes, Tokens: tokens[:n*B], BlockTokens: uint32(B),
 			ModelSignature: g.ModelSignature}
 		resp, err := c.c.HasBlocks(ctx, req)
-		for wait := hasBlocksRetry; status.Code(err) == codes.Unavailable && !o.NoRetry && wait <= time.Second; wait *= 2 {
+		wait := hasBlocksRetry
+		for i := 0; i < hasBlocksRetries && status.Code(err) == codes.Unavailable && !o.NoRetry; i++ {
 			select {
 			case <-ctx.Done():
 				return PushResult{}, status.FromContextError(ctx.Err()).Err()
 			case <-time.After(wait + time.Duration(mrand.Int63n(int64(wait)))):
 			}
+			wait *= 2
 			resp, err = c.c.HasBlocks(ctx, req)
 		}
-		if err != nil {
+		switch {
+		case status.Code(err) == codes.Unavailable && !o.NoRetry:
+			busy = true // every payload goes, as with NoHasBlocks
+		case err != nil:
 			return PushResult{}, err
-		}
-		if len(resp.Held) != n {
+		case len(resp.Held) != n:
 			return PushResult{}, fmt.Errorf("kvx transfer: HasBlocks answered %d held flags for %d blocks", len(resp.Held), n)
+		default:
+			held, leaseID = resp.Held, resp.LeaseId
 		}
-		held, leaseID = resp.Held, resp.LeaseId
 	}
 	r, err := c.stream(ctx, store, tokens, hashes, held, leaseID, version, o.Tail)
 	if status.Code(err) == codes.Aborted && !o.NoRetry {
 		r, err = c.stream(ctx, store, tokens, hashes, make([]bool, n), "", version, o.Tail)
 		r.Retried = true
 	}
+	r.HasBlocksBusy = busy
 	return r, err
 }
 

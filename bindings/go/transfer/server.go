@@ -20,6 +20,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -57,10 +58,11 @@ type ServerOptions struct {
 	// MaxHasBlocks caps the HasBlocks calls in flight across every
 	// connection; gRPC reads a unary request (up to MaxRecvMsgSize) into
 	// memory before the handler runs, so only a cap checked as the call
-	// opens (Server.GRPCOptions' tap) bounds that memory. A call past it
-	// is refused before its request is read (REFUSED_STREAM: the client
-	// sees UNAVAILABLE), and a call must bring its request and be answered
-	// within StreamIdle, so a silent one frees its slot; 0 = 8
+	// opens (Server.InTapHandle) bounds that memory. A call past it is
+	// refused before its request is read (REFUSED_STREAM: the client sees
+	// UNAVAILABLE), and a call must bring its request and be answered
+	// within StreamIdle (4 MiB in 30 s: about 1.1 Mbit/s), so a silent
+	// one frees its slot; 0 = 8
 	MaxHasBlocks int
 	Sink         Sink     // nil = none
 	Metrics      *Metrics // nil = none
@@ -96,7 +98,7 @@ type Server struct {
 	store  *kvx.Store
 	opts   ServerOptions
 	sem    chan struct{}
-	hasSem chan struct{} // HasBlocks calls in flight (tapHasBlocks)
+	hasSem chan struct{} // HasBlocks calls in flight (InTapHandle)
 
 	mu      sync.Mutex
 	leases  map[string]*lease
@@ -141,15 +143,20 @@ func GRPCServerOptions() []grpc.ServerOption {
 }
 
 // GRPCOptions are GRPCServerOptions plus s's HasBlocks cap
-// (ServerOptions.MaxHasBlocks), checked by a tap as each call opens and
-// released by an interceptor as the handler returns; one grpc.Server per
-// Server.
+// (ServerOptions.MaxHasBlocks): InTapHandle checks it as each call opens,
+// UnaryInterceptor releases it as the handler returns; one grpc.Server
+// per Server. An embedder with a tap of its own calls s.InTapHandle from
+// it (gRPC takes one tap). grpc.Server.ServeHTTP runs no tap: served that
+// way, the cap does not hold.
 func (s *Server) GRPCOptions() []grpc.ServerOption {
-	return append(GRPCServerOptions(), grpc.InTapHandle(s.tapHasBlocks),
-		grpc.ChainUnaryInterceptor(releaseHasBlocksSlot))
+	return append(GRPCServerOptions(), grpc.InTapHandle(s.InTapHandle),
+		grpc.ChainUnaryInterceptor(s.UnaryInterceptor))
 }
 
-const hasBlocksMethod = "/tl.kv.v1.KvTransfer/HasBlocks"
+// hasBlocksMethod is HasBlocks's method name as gRPC routes it: with one
+// leading '/' stripped (grpc.Server.handleStream), so a :path of
+// "tl.kv.v1.KvTransfer/HasBlocks" reaches HasBlocks as well.
+const hasBlocksMethod = "tl.kv.v1.KvTransfer/HasBlocks"
 
 // hasBlocksSlot is one of MaxHasBlocks, held by a call from its tap on.
 type hasBlocksSlot struct {
@@ -163,26 +170,30 @@ func (h *hasBlocksSlot) release() { h.once.Do(func() { <-h.sem }) }
 
 type hasBlocksSlotKey struct{}
 
-// tapHasBlocks runs on the connection's reader as a call opens, before
-// its request is read: a HasBlocks past MaxHasBlocks in flight is refused
-// (it must not block: the reader also carries the calls in flight). The
-// slot is freed as the handler returns (releaseHasBlocksSlot, so a client
-// calling again right after its answer finds it free) or, failing that,
-// when gRPC cancels the call's context, which it does as every call
-// ends, however it ends (the request never read, the transport refusing
-// the stream after the tap, the connection lost). StreamIdle bounds the
-// call, so a client that opens calls and never sends their requests
-// cannot hold the slots for good.
-func (s *Server) tapHasBlocks(ctx context.Context, info *tap.Info) (context.Context, error) {
-	if info.FullMethodName != hasBlocksMethod {
+// InTapHandle is the HasBlocks cap, for grpc.InTapHandle (GRPCOptions
+// installs it). It runs on the connection's reader as a call opens,
+// before its request is read, and refuses a call past MaxHasBlocks in
+// flight (it must not block: the reader also carries the calls in
+// flight). A HasBlocks is recognized as gRPC routes it (with or without
+// the leading '/'), so no spelling of the path slips past the cap; other
+// calls, an embedder's own services included, are not counted. The slot is freed as the handler returns (UnaryInterceptor,
+// so a client calling again right after its answer finds it free) or,
+// failing that, when gRPC cancels the call's context, which it does as
+// every call ends, however it ends (the request never read, the
+// transport refusing the stream after the tap, the connection lost).
+// StreamIdle bounds the whole call, request upload included, so a
+// client that opens calls and never sends their requests cannot hold the
+// slots for good.
+func (s *Server) InTapHandle(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if strings.TrimPrefix(info.FullMethodName, "/") != hasBlocksMethod {
 		return ctx, nil
 	}
 	select {
 	case s.hasSem <- struct{}{}:
 	default:
-		err := status.Errorf(codes.ResourceExhausted, "kvxd: %d HasBlocks already in flight (--max-has-blocks)",
+		err := status.Errorf(codes.Unavailable, "kvxd: %d HasBlocks already in flight (--max-has-blocks)",
 			s.opts.MaxHasBlocks)
-		s.opts.Metrics.call("HasBlocks", err)
+		s.opts.Metrics.call("HasBlocks", err) // the client sees UNAVAILABLE (a refused stream)
 		return nil, err
 	}
 	bounded, cancel := context.WithTimeout(ctx, s.opts.StreamIdle)
@@ -195,9 +206,9 @@ func (s *Server) tapHasBlocks(ctx context.Context, info *tap.Info) (context.Cont
 	return context.WithValue(bounded, hasBlocksSlotKey{}, slot), nil
 }
 
-// releaseHasBlocksSlot frees the call's HasBlocks slot as its handler
-// returns, before the answer is written.
-func releaseHasBlocksSlot(ctx context.Context, req interface{}, info *grpc.UnaryServerInfo,
+// UnaryInterceptor frees the call's HasBlocks slot (InTapHandle) as its
+// handler returns, before the answer is written; GRPCOptions chains it.
+func (s *Server) UnaryInterceptor(ctx context.Context, req interface{}, info *grpc.UnaryServerInfo,
 	handler grpc.UnaryHandler) (interface{}, error) {
 	if slot, ok := ctx.Value(hasBlocksSlotKey{}).(*hasBlocksSlot); ok {
 		defer slot.release()
