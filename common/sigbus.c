@@ -117,7 +117,9 @@ static void on_sigbus(int sig, siginfo_t *si, void *uctx)
             void *r = mmap(page, ~page_mask + 1, PROT_READ, MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS,
                            -1, 0);
             if (r != MAP_FAILED) {
-                if (catalog) atomic_store_explicit(&slot_poisoned[i], 1u, memory_order_release);
+                /* the owner stops trusting the range (a shard checks its
+                 * pages again, the catalog is reopened) */
+                atomic_store_explicit(&slot_poisoned[i], 1u, memory_order_release);
                 atomic_fetch_add_explicit(&faults, 1, memory_order_relaxed);
                 errno = saved_errno;
                 return; /* the read is retried and sees zeros */

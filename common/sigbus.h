@@ -14,7 +14,8 @@
  *   - shard mappings (kvx_sigbus_register): the handler maps an anonymous
  *     zero page over the faulting page, so the read sees zeros and fails
  *     its page CRC. A sealed shard never grows back, so the zeros stay
- *     right.
+ *     right. The range is marked poisoned, so the shard stops handing out
+ *     pages it checked before without checking them again.
  *   - catalog mappings (kvx_sigbus_register_catalog: the LMDB map of
  *     index/data.mdb). A read run through kvx_sigbus_run() that faults in
  *     the range is abandoned (siglongjmp back into kvx_sigbus_run, which
@@ -52,8 +53,9 @@ int kvx_sigbus_register_catalog(int *out_slot, const void *base, size_t len);
 void kvx_sigbus_move(int slot, const void *base, size_t len);
 /* Forgets a slot (call before munmap). A negative slot is ignored. */
 void kvx_sigbus_unregister(int slot);
-/* Whether a fault in this catalog slot was absorbed with a zero page
- * outside a guarded body since it was registered or last moved. */
+/* Whether a fault in this slot was absorbed with a zero page (for a
+ * catalog slot: outside a guarded body) since it was registered or last
+ * moved. */
 int kvx_sigbus_poisoned(int slot);
 /* How many faults the guard has absorbed in this process (for tests and
  * diagnostics). */

@@ -11,8 +11,15 @@
  * the SIGBUS guard (sigbus.c), so a file truncated after open reads as zero
  * pages that fail their CRC instead of killing the process. The handle is
  * immutable after open except for its atomic reference count, the checked
- * bits and the read-ahead marks (all atomic), so any number of threads may
- * read through it.
+ * bits, the read-ahead marks and the cut mark (all atomic), so any number
+ * of threads may read through it.
+ *
+ * A page is CRC-checked once per handle; later lookups hand it out
+ * unchecked (kvx_shard_page_checked) only while the file is whole: its
+ * size is looked at again at most every KVX_SHARD_SIZE_CHECK_MS, and a
+ * read of the mapping that faulted marks it at once. A file cut under an
+ * open handle (its tail read as zeros: inside the last page without any
+ * fault) then has every page checked again, and the lost ones refused.
  */
 #include "shard_format.h"
 #include "format.h"
@@ -28,6 +35,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct shard_rec {
@@ -60,6 +68,12 @@ struct kvx_shard {
     /* shard_prefetch: where the last first check's page ended, and the end
      * of the file range last asked for */
     _Atomic uint64_t last_end, ra_end;
+    /* shard_whole: when the file's size was last looked at (ms), and
+     * whether it was found shorter than at open (or a read of the mapping
+     * faulted): from then on every page is checked again before it is
+     * handed out */
+    _Atomic uint64_t size_seen_ms;
+    atomic_int cut;
     uint32_t n_missing;
     uint64_t *by_coord; /* (coordinate << 32 | index), sorted */
     int has_spectral;
@@ -604,10 +618,44 @@ int kvx_shard_page(const void **out_page, const kvx_shard *s, uint32_t index, in
     return rc;
 }
 
+/* How often a lookup looks at the file's size again (a coarse clock read
+ * per lookup, an fstat per shard at most this often: an fstat costs about
+ * as much as a whole cached lookup). */
+#define KVX_SHARD_SIZE_CHECK_MS 20
+
+static uint64_t coarse_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Is the file still as long as it was at open (as far as anyone can tell
+ * within KVX_SHARD_SIZE_CHECK_MS)? Once not, never again for this handle. */
+static int shard_whole(kvx_shard *s)
+{
+    if (s->mem) return 1;
+    if (atomic_load_explicit(&s->cut, memory_order_relaxed)) return 0;
+    if (kvx_sigbus_poisoned(s->guard_slot)) { /* a read of the mapping faulted: the file is shorter */
+        atomic_store_explicit(&s->cut, 1, memory_order_relaxed);
+        return 0;
+    }
+    uint64_t now = coarse_ms(), seen = atomic_load_explicit(&s->size_seen_ms, memory_order_relaxed);
+    if (now - seen < KVX_SHARD_SIZE_CHECK_MS ||
+        !atomic_compare_exchange_strong_explicit(&s->size_seen_ms, &seen, now, memory_order_relaxed,
+                                                 memory_order_relaxed))
+        return 1; /* looked at just now (by this thread or another) */
+    struct stat st;
+    if (kvx_os.fstat(s->fd, &st) == 0 && (uint64_t)st.st_size >= s->map_len) return 1;
+    atomic_store_explicit(&s->cut, 1, memory_order_relaxed);
+    return 0;
+}
+
 int kvx_shard_page_checked(const void **out_page, const kvx_shard *s, uint32_t index)
 {
     if (index < s->n && !s->recs[index].missing &&
-        (atomic_load_explicit(&s->checked[index / 64], memory_order_relaxed) >> (index % 64) & 1)) {
+        (atomic_load_explicit(&s->checked[index / 64], memory_order_relaxed) >> (index % 64) & 1) &&
+        shard_whole((kvx_shard *)s)) { /* the handle's own, mutable marks */
         *out_page = page_at(s, index);
         return 0;
     }

@@ -365,6 +365,56 @@ static void test_missing_page(void **state)
     free(pages);
 }
 
+/* A shard file cut under an open store after its pages were checked: a
+ * page is CRC-checked once per handle, and later lookups handed it out
+ * unchecked, so a file cut inside its last page (read as zeros there, no
+ * fault) served that block's zeros as its KV. The handle now looks at the
+ * file's size again (at most every 20 ms) and, once it is short, checks
+ * every page again: the cut block is refused, the others served intact. A
+ * file cut to nothing faults on every page: nothing is served. A view
+ * taken before the cut never exports (export re-checks). */
+static void test_truncated_after_checked(void **state)
+{
+    (void)state;
+    char dir[300], shard[600];
+    kvx_store *s;
+    uint32_t t[NB * SU_B];
+    uint64_t h[NB];
+    uint8_t *pages = one_prompt_store(dir, sizeof dir, shard, sizeof shard, 8, t, h);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+    assert_int_equal(served_exact(s, t, NB, SU_B, pages), NB); /* every page checked */
+    kvx_view held[NB];
+    size_t n = 0;
+    assert_int_equal(kvx_store_prefix(held, &n, s, t, NB * SU_B, NB), 0);
+    assert_int_equal(n, NB);
+    /* which block's page holds the file's last bytes */
+    struct stat stt;
+    assert_int_equal(stat(shard, &stt), 0);
+    size_t last = 0;
+    for (size_t i = 1; i < NB; i++)
+        if (held[i].page > held[last].page) last = i;
+    assert_int_equal(last, NB - 1);
+    /* the last page starts 4096 bytes before the end (pages are 4096-aligned
+     * and the file padded to 4096): cut it after its first 32 bytes, inside
+     * the mapped page, so its tail reads as zeros without a fault */
+    assert_int_equal(truncate(shard, stt.st_size - 4096 + 32), 0);
+    usleep(60 * 1000);
+    assert_int_equal(served_exact(s, t, NB, SU_B, pages), NB - 1);
+    assert_non_null(strstr(kvx_last_error(), "page CRC mismatch"));
+    void *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(kvx_views_export(&buf, &len, s, held, n, KVX_ENVELOPE_V1), KVX_EPAGECRC);
+    assert_null(buf);
+    assert_int_equal(kvx_views_export(&buf, &len, s, held, NB - 1, KVX_ENVELOPE_V1), 0); /* the rest is intact */
+    kvx_free(buf);
+    assert_int_equal(truncate(shard, 0), 0); /* every page gone: each read faults */
+    usleep(60 * 1000);
+    assert_int_equal(served_exact(s, t, NB, SU_B, pages), 0);
+    kvx_views_release(held, n);
+    kvx_store_close(s);
+    free(pages);
+}
+
 /* A shard as a store before the digest wrote it: hashes and lineage, no
  * digest table, named and numbered as the store does. */
 static void write_old_shard(const char *dir, uint64_t gen, uint8_t byte, const uint32_t *t, size_t nb,
@@ -554,6 +604,7 @@ int main(void)
         cmocka_unit_test(test_unverified_never_served),
         cmocka_unit_test(test_rotten_page),
         cmocka_unit_test(test_missing_page),
+        cmocka_unit_test(test_truncated_after_checked),
         cmocka_unit_test(test_pre_digest_store),
         cmocka_unit_test(test_bad_scale_refused_by_every_store),
         cmocka_unit_test(test_inspect_shows_digests),
