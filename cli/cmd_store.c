@@ -83,43 +83,6 @@ static const char *open_hint(int rc, const char *dir, char *buf, size_t cap)
     return buf;
 }
 
-/* An output inside the store directory would replace a file the store
- * owns (a shard, STORE, the index): refused, whatever its type. Walks up
- * from the output's directory comparing (dev, inode) with DIR's. */
-static int out_inside_store(const cli_cmd *self, const char *out, const char *dir)
-{
-    if (!out || !strcmp(out, "-")) return 0;
-    struct stat ds;
-    if (stat(dir, &ds) != 0) return 0; /* opening the store will say why */
-    char *p = strdup(out);
-    if (!p) {
-        cli_fail(self, "out of memory");
-        return 1;
-    }
-    char *slash = strrchr(p, '/');
-    char parent[4096];
-    if (!slash) snprintf(parent, sizeof parent, ".");
-    else if (slash == p) snprintf(parent, sizeof parent, "/");
-    else {
-        *slash = 0;
-        snprintf(parent, sizeof parent, "%s", p);
-    }
-    free(p);
-    char real[PATH_MAX];
-    if (!realpath(parent, real)) return 0; /* the output's own checks report it */
-    for (;;) {
-        struct stat st;
-        if (stat(real, &st) == 0 && st.st_dev == ds.st_dev && st.st_ino == ds.st_ino) {
-            cli_fail(self, "'%s' lies inside the store '%s': an output never replaces the store's own files", out, dir);
-            return 1;
-        }
-        char *cut = strrchr(real, '/');
-        if (!cut || cut == real) break;
-        *cut = 0;
-    }
-    return 0;
-}
-
 static int open_store(const cli_cmd *self, kvx_store **out, const char *dir, uint32_t flags)
 {
     int rc = kvx_store_open(out, dir, NULL, flags);
@@ -638,7 +601,7 @@ static int run_get(const cli_cmd *self, int argc, char **argv)
     }
     /* The output first: one that will be refused fails before any work. */
     cli_out o;
-    if (out_inside_store(self, out, dir) || cli_out_open(self, &o, out, 0) != CLI_OK) {
+    if (cli_out_open(self, &o, out, 0) != CLI_OK) {
         free(toks);
         free(hashes);
         return CLI_FAIL;
@@ -806,7 +769,7 @@ static int run_prefix(const cli_cmd *self, int argc, char **argv)
         toks[i] = (uint32_t)t;
     }
     cli_out o;
-    if (out && (out_inside_store(self, out, dir) || cli_out_open(self, &o, out, 0) != CLI_OK)) {
+    if (out && cli_out_open(self, &o, out, 0) != CLI_OK) {
         free(toks);
         return CLI_FAIL;
     }
@@ -840,9 +803,12 @@ static int run_prefix(const cli_cmd *self, int argc, char **argv)
         ret = export_views(self, dir, s, views, got, version, &o);
     }
     if (ret == CLI_OK) {
-        printf("%zu of %zu full block(s) served from the store (%zu of %zu tokens)\n", got, full,
-               got * g.block_tokens, n);
-        if (fflush(stdout) != 0) ret = cli_fail(self, "cannot write to standard output");
+        /* with -o -, standard output holds the envelope alone: the count
+         * goes to standard error */
+        FILE *say = out && !strcmp(out, "-") ? stderr : stdout;
+        fprintf(say, "%zu of %zu full block(s) served from the store (%zu of %zu tokens)\n", got, full,
+                got * g.block_tokens, n);
+        if (fflush(say) != 0) ret = cli_fail(self, "cannot write to standard output");
         if (*stopped) {
             fprintf(stderr, "kvx %s: the prefix stopped at a damaged block: %s\n", self->name,
                     stopped);
@@ -877,8 +843,9 @@ static const cli_cmd cmd_prefix = {
     "                         served: a valid envelope of 0 blocks). Written\n"
     "                         like 'kvx store get -o': a regular file is\n"
     "                         replaced atomically, a FIFO or character device\n"
-    "                         written into, '-' is standard output, anything\n"
-    "                         else refused\n"
+    "                         written into, '-' is standard output (the count\n"
+    "                         then goes to standard error), anything else\n"
+    "                         refused; never a path inside a store\n"
     "  -f, --format v1|v2|v3  the envelope's version (required with -o; as for\n"
     "                         'kvx store get': v3 is bf16, and a bf16 store\n"
     "                         writes v1 only when every value fits f16)\n"

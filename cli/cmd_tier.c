@@ -113,9 +113,13 @@ static int run_tier(const cli_cmd *self, int argc, char **argv)
         kvx_store_close(s);
         return cli_usage(self, "%s", why);
     }
+    /* the URL as the store keeps it for showing: its password redacted */
+    kvx_store_tier t;
+    char shown[sizeof t.url] = "";
+    if (rc == 0 && set && kvx_store_tier_get(&t, s) == 0) snprintf(shown, sizeof shown, "%s", t.url);
     kvx_store_close(s);
     if (rc) return cli_fail_code(self, rc, "cannot write %s/TIER", dir);
-    if (set) printf("tier of %s: %s\n", dir, argv[optind + 2]);
+    if (set) printf("tier of %s: %s\n", dir, shown);
     else printf("tier of %s: off\n", dir);
     return CLI_OK;
 }

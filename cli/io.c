@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -472,6 +473,35 @@ static int open_direct(const cli_cmd *c, cli_out *o, const char *path, const str
     return CLI_OK;
 }
 
+/* An output inside a store directory (any store's, not only the one a
+ * command reads) would replace a file that store owns: a sealed shard,
+ * STORE, the index. Walks up from the output's directory looking for a
+ * STORE file; 1 (and the message) when one is found. */
+static int lands_in_store(const cli_cmd *c, const char *path)
+{
+    char parent[PATH_MAX], real[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(parent, sizeof parent, ".");
+    else if (slash == path) snprintf(parent, sizeof parent, "/");
+    else if ((size_t)(slash - path) >= sizeof parent) return 0; /* the open reports it */
+    else snprintf(parent, sizeof parent, "%.*s", (int)(slash - path), path);
+    if (!realpath(parent, real)) return 0; /* the output's own checks report it */
+    for (;;) {
+        char marker[PATH_MAX + 8];
+        struct stat st;
+        snprintf(marker, sizeof marker, "%s/STORE", strcmp(real, "/") ? real : "");
+        if (lstat(marker, &st) == 0 && S_ISREG(st.st_mode)) {
+            cli_fail(c, "'%s' lies inside the store '%s': an output never replaces a store's own files", path,
+                     real);
+            return 1;
+        }
+        if (!strcmp(real, "/")) return 0;
+        char *cut = strrchr(real, '/');
+        if (cut == real) cut[1] = 0;
+        else *cut = 0;
+    }
+}
+
 int cli_out_open(const cli_cmd *c, cli_out *o, const char *path, int for_library)
 {
     memset(o, 0, sizeof *o);
@@ -485,6 +515,7 @@ int cli_out_open(const cli_cmd *c, cli_out *o, const char *path, int for_library
         o->is_stdout = o->direct = 1;
         return CLI_OK;
     }
+    if (lands_in_store(c, path)) return CLI_FAIL;
     struct stat st;
     int exists = lstat(path, &st) == 0;
     if (!exists && errno != ENOENT) return cli_fail(c, "cannot write '%s': %s", path, strerror(errno));

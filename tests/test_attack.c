@@ -342,6 +342,30 @@ static void test_regress_cli_output_inside_store(void **state)
                  cfg_kept ? "" : "the store's STORE file", open_rc);
     assert_int_not_equal(rc_get, 0);
     assert_int_not_equal(rc_prefix, 0);
+
+    /* Any store's files, not only the one a command reads: convert (no
+     * store of its own) onto the shard, and store get from another store
+     * into this one, both exited 0 and replaced the acknowledged shard
+     * (the check was in the store commands, against their own store). */
+    char env[800], dir2[300];
+    snprintf(env, sizeof env, "%s/one.tlkv", su_root);
+    snprintf(args, sizeof args, "store get '%s' -o '%s' --format v1 %016" PRIx64, dir, env, h[0]);
+    assert_int_equal(run_cli(args), 0);
+    snprintf(args, sizeof args, "convert '%s' -o '%s'", env, shard);
+    int rc_convert = run_cli(args);
+    kvx_store *s2 = make_store_g(dir2, sizeof dir2, g);
+    kvx_store_close(s2);
+    snprintf(args, sizeof args, "store get '%s' -o '%s/shards/%s' --format v1 %016" PRIx64, dir2, dir, names[0], h[0]);
+    int rc_other = run_cli(args);
+    snprintf(args, sizeof args, "convert '%s' -o '%s/index/x'", env, dir);
+    int rc_deep = run_cli(args);
+    if (file_fp(shard) != shard_fp)
+        fail_msg("DEFECT rule 2: convert or another store's get replaced an acknowledged shard (exit %d, %d)",
+                 rc_convert, rc_other);
+    assert_int_not_equal(rc_convert, 0);
+    assert_int_not_equal(rc_other, 0);
+    assert_int_not_equal(rc_deep, 0);
+    unlink(env);
 }
 
 /* ------------------------------------------------------------------------

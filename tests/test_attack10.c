@@ -1482,6 +1482,26 @@ static void test_cli_create_hides_password(void **state)
     fk_stop(f);
 }
 
+/* `kvx store tier DIR set URL` printed the URL as given, its password in
+ * clear (create was fixed, not set); it prints the redacted URL now. */
+static void test_cli_tier_set_hides_password(void **state)
+{
+    (void)state;
+    char cmd[2048], out[4096];
+    snprintf(cmd, sizeof cmd,
+             "%s store create %s/clipw2 --layers 1 --kv-heads 1 --head-dim 4 --block-tokens 4 --quant fp16 "
+             "--model-signature 1122334455667788 --capacity 64MiB >/dev/null 2>&1 && "
+             "%s store tier %s/clipw2 set redis://alice:topsecret@127.0.0.1:1 2>&1",
+             KVX_CLI, su_root, KVX_CLI, su_root);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = '\0';
+    assert_int_equal(pclose(p), 0);
+    if (strstr(out, "topsecret")) fail_msg("printed: %s", out);
+    assert_non_null(strstr(out, "redis://alice:***@127.0.0.1:1"));
+}
+
 /* --------------------------------------------------- many nodes; breakers */
 
 /* 8192 distinct nodes in one map (every two slots their own host on
@@ -1706,6 +1726,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_idle_close_not_a_miss),
         cmocka_unit_test(test_stalled_nodes_whole_call),
         cmocka_unit_test(test_cli_create_hides_password),
+        cmocka_unit_test(test_cli_tier_set_hides_password),
         cmocka_unit_test(test_cas_close_bounded),
         /* last: it fills the process-wide breaker table */
         cmocka_unit_test(test_many_nodes_and_breaker_table_full),

@@ -586,6 +586,26 @@ static void test_prefix_output(void **state)
     assert_memory_equal(b, env, env_len);
     free(b);
 
+    /* -o -: standard output is the envelope alone (the count printed
+     * after it made a file of `> file` one that put refuses); the count
+     * goes to standard error */
+    char sh[4000], so[320], se[320];
+    path_in(so, sizeof so, "prefix.stdout");
+    path_in(se, sizeof se, "prefix.stderr");
+    int at = snprintf(sh, sizeof sh, "'%s' store prefix '%s' -o - --format v1", KVX_CLI, base);
+    for (int i = 0; i < NT; i++) at += snprintf(sh + at, sizeof sh - (size_t)at, " %u", toks[i]);
+    snprintf(sh + at, sizeof sh - (size_t)at, " >'%s' 2>'%s'", so, se);
+    assert_int_equal(system(sh), 0);
+    b = slurp_file(so, &n);
+    assert_int_equal(n, env_len);
+    assert_memory_equal(b, env, env_len);
+    free(b);
+    b = slurp_file(se, &n);
+    assert_true(n > 7 && !strncmp((char *)b, "3 of 3 ", 7));
+    free(b);
+    unlink(so);
+    unlink(se);
+
     /* Nothing served (a different first token; fewer tokens than B). */
     r = CLI(NULL, "store", "prefix", base, "-o", out, "--format", "v1", "7", "7", "7", "7");
     EXPECT_RC(r, 0);
