@@ -783,37 +783,56 @@ out:
     return list;
 }
 
-/* One C pass: get, copy each held page whose length equals its buffer's,
- * release the views. ok[i] = 1 where copied. */
-static int keyed_get_into_c(kvx_store *s, const kvx_key *k, size_t n, void *const *dst, const size_t *dst_len,
-                            kvx_view *views, int *status, uint8_t *ok)
+/* One C pass: get, copy the held pages whose lengths equal their
+ * buffers', release the views. Keys go in groups of `group` (n a multiple
+ * of it): a group is copied whole or not at all, so a page made of several
+ * keys (SGLang's K and V) whose later part is gone leaves every buffer of
+ * it untouched. The views of one lookup hold their shards, so no eviction
+ * can split a group between the check and the copy. ok[i] = 1 where
+ * copied. */
+static int keyed_get_into_c(kvx_store *s, const kvx_key *k, size_t n, size_t group, void *const *dst,
+                            const size_t *dst_len, kvx_view *views, int *status, uint8_t *ok)
 {
     int rc = kvx_store_keyed_get(views, status, s, k, n);
     if (rc) return rc;
-    for (size_t i = 0; i < n; i++) {
-        ok[i] = 0;
-        if (status[i] == 0 && views[i].page_bytes == dst_len[i]) {
-            memcpy(dst[i], views[i].page, dst_len[i]);
-            ok[i] = 1;
+    for (size_t g = 0; g < n; g += group) {
+        int whole = 1;
+        for (size_t i = g; i < g + group; i++) whole = whole && status[i] == 0 && views[i].page_bytes == dst_len[i];
+        for (size_t i = g; i < g + group; i++) {
+            ok[i] = (uint8_t)whole;
+            if (whole) memcpy(dst[i], views[i].page, dst_len[i]);
         }
     }
     kvx_views_release(views, n);
     return 0;
 }
 
-/* keyed_get_into(keys, buffers) -> [bool]: copies each held page into its
- * (writable) buffer, whose length must be the page's; a miss, or a length
- * that differs, gives False and leaves that buffer untouched. */
+/* keyed_get_into(keys, buffers, group=1) -> [bool]: copies each held page
+ * into its (writable) buffer, whose length must be the page's; a miss, or a
+ * length that differs, gives False and leaves that buffer untouched. With
+ * group > 1, each run of `group` keys is all or nothing (False for all of
+ * them, every buffer untouched, when one is missing). */
 static PyObject *store_keyed_get_into(PyObject *self, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"keys", "buffers", NULL};
+    static char *kwlist[] = {"keys", "buffers", "group", NULL};
     kvxpy_store *st = (kvxpy_store *)self;
     PyObject *keys, *bufs;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:keyed_get_into", kwlist, &keys, &bufs)) return NULL;
+    Py_ssize_t group = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|n:keyed_get_into", kwlist, &keys, &bufs, &group)) return NULL;
+    if (group < 1) {
+        PyErr_Format(PyExc_ValueError, "keyed_get_into: group %zd: must be at least 1", group);
+        return NULL;
+    }
     keyed_keys kk;
     keyed_bufs kb;
     if (keyed_keys_get(&kk, keys, "keyed_get_into") < 0) return NULL;
     if (keyed_bufs_get(&kb, bufs, kk.n, 1, "keyed_get_into") < 0) {
+        keyed_keys_release(&kk);
+        return NULL;
+    }
+    if (kk.n % (size_t)group) {
+        PyErr_Format(PyExc_ValueError, "keyed_get_into: %zu keys are not groups of %zd", kk.n, group);
+        keyed_bufs_release(&kb);
         keyed_keys_release(&kk);
         return NULL;
     }
@@ -827,7 +846,8 @@ static PyObject *store_keyed_get_into(PyObject *self, PyObject *args, PyObject *
         goto out;
     }
     int rc = 0;
-    STORE_CALL(st, rc, keyed_get_into_c(st->s, kk.k, kk.n, (void *const *)kb.p, kb.len, views, status, ok));
+    STORE_CALL(st, rc,
+               keyed_get_into_c(st->s, kk.k, kk.n, (size_t)group, (void *const *)kb.p, kb.len, views, status, ok));
     if (rc) {
         store_fail(rc);
         goto out;
@@ -1234,8 +1254,9 @@ static PyMethodDef store_methods[] = {
     {"keyed_get", store_keyed_get, METH_O,
      "keyed_get(keys) -> [View or None]: zero-copy CRC-checked pages, one C call; None where a key is not held."},
     {"keyed_get_into", (PyCFunction)(void (*)(void))store_keyed_get_into, METH_VARARGS | METH_KEYWORDS,
-     "keyed_get_into(keys, buffers) -> [bool]: copies each held page into its writable buffer (lengths must be "
-     "equal); False leaves that buffer untouched."},
+     "keyed_get_into(keys, buffers, group=1) -> [bool]: copies each held page into its writable buffer (lengths "
+     "must be equal); False leaves that buffer untouched. group > 1: each run of `group` keys is copied whole or "
+     "not at all."},
     {"keyed_exists", store_keyed_exists, METH_O,
      "keyed_exists(keys) -> ([bool], leading): which keys are held and how many leading keys are."},
     {"keyed_delete", store_keyed_delete, METH_O,

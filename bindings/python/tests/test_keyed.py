@@ -67,6 +67,22 @@ def test_get_into(ks):
         ks.keyed_get_into(["a", "b"], [bytearray(PB)])
 
 
+def test_get_into_groups(ks):
+    """group=2: each pair of keys is copied whole or not at all; a pair with one key missing leaves both
+    buffers untouched; keys that are not whole groups, or a group below 1, are refused."""
+    p = pages(3, seed=6)
+    ks.keyed_put(["a", "a/1", "b"], p)
+    ks.flush()
+    out = [bytearray(b"\xee" * PB) for _ in range(4)]
+    assert ks.keyed_get_into(["a", "a/1", "b", "b/1"], out, group=2) == [True, True, False, False]
+    assert bytes(out[0]) == bytes(p[0]) and bytes(out[1]) == bytes(p[1])
+    assert out[2] == bytearray(b"\xee" * PB) and out[3] == bytearray(b"\xee" * PB)  # b held, b/1 not: untouched
+    with pytest.raises(ValueError):
+        ks.keyed_get_into(["a", "a/1", "b"], out[:3], group=2)
+    with pytest.raises(ValueError):
+        ks.keyed_get_into(["a"], out[:1], group=0)
+
+
 def test_exists_leading_and_delete(ks, tmp_path):
     p = pages(4, seed=9)
     ks.keyed_put(["k0", "k1", "k3"], [p[0], p[1], p[3]])

@@ -101,6 +101,22 @@ def test_v1_partial_miss_leaves_pages_untouched(mha):
     assert page_get_zero_copy(b, hashes, indices(pool, (20, 21, 22))) == 1  # the controller stops at the miss
 
 
+def test_v1_half_held_page(mha):
+    """A page whose K part is held but whose V part is gone (evicted, deleted) is False and leaves both of its
+    buffers untouched: the K buffer was filled before, though the page was reported missing."""
+    b, pool = mha
+    hashes = page_hashes(prompt(2, seed=5), PAGE)
+    for p in range(2):
+        pool.fill_page(p, seed=50 + p)
+    assert b.batch_set_v1(hashes, indices(pool, (0, 1))) == [True, True]
+    first = b._keys([hashes[0]], "test")[0]
+    assert b._store.keyed_delete([first + b"/1"]) == 1
+    pool.kv_buffer[:, 10 * PAGE:12 * PAGE] = 7.0
+    assert b.batch_get_v1(hashes, indices(pool, (10, 11))) == [False, True]
+    assert (pool.kv_buffer[:, 10 * PAGE:11 * PAGE] == 7.0).all()  # K and V untouched
+    assert pool.page_bytes_of(11) == pool.page_bytes_of(1)
+
+
 def test_mla_one_buffer_per_page(tmp_path):
     pool = MLAHostPool(page_size=PAGE)
     b = create_dynamic_backend(storage_config(extra(tmp_path / "mla"), mla=True), pool)

@@ -259,8 +259,10 @@ class KvxHiCacheStorage(_Base):
         if not ks:
             return []
         parts, bufs = self._page_buffers(ks, host_indices, True)
-        ok = self._store.keyed_get_into(self._part_keys(ks, parts), bufs)
-        return [all(ok[i * parts:(i + 1) * parts]) for i in range(len(ks))]
+        # a page is all its parts or nothing: one whose K is held but whose
+        # V was evicted leaves both buffers untouched (group)
+        ok = self._store.keyed_get_into(self._part_keys(ks, parts), bufs, group=parts)
+        return [ok[i * parts] for i in range(len(ks))]
 
     def batch_set_v1(self, keys, host_indices, extra_info=None):
         """Write each page from the host pool's buffers (read in place), one put and one flush. -> [True] per
