@@ -172,6 +172,62 @@ def test_set_ok_is_durable_across_a_crash(tmp_path):
         c.close()
 
 
+def test_set_ok_only_after_its_flush(tmp_path, monkeypatch):
+    """What the crash test above cannot tell (os._exit keeps the page cache, so written and durable look the
+    same): a set's completion is posted only after its batch's flush returned, and the store is opened with
+    its syncs (nosync False) unless asked otherwise."""
+    from kvx.integrations import _common
+    opened = {}
+    real_open = _common.open_keyed_store
+
+    def spy_open(*a, **kw):
+        opened.update(kw)
+        return real_open(*a, **kw)
+
+    monkeypatch.setattr(_common, "open_keyed_store", spy_open)
+    c = KvxConnector(path=str(tmp_path / "order"), page_bytes=PB, capacity="64MiB")
+    log = []
+
+    class BatchSpy:
+        def __init__(self, b):
+            self.b = b
+
+        def keyed_put(self, *a):
+            log.append("put")
+            return self.b.keyed_put(*a)
+
+        def flush(self):
+            # nothing of this set may be completed before its flush returns
+            log.append("completion before flush" if select.select([c.event_fd()], [], [], 0)[0] else "flush")
+            time.sleep(0.2)
+            r = self.b.flush()
+            log.append("flushed")
+            return r
+
+        def __getattr__(self, name):
+            return getattr(self.b, name)
+
+    class StoreSpy:
+        def __init__(self, st):
+            self.st = st
+
+        def batch(self):
+            return BatchSpy(self.st.batch())
+
+        def __getattr__(self, name):
+            return getattr(self.st, name)
+
+    try:
+        assert opened.get("nosync") is False
+        c._store = StoreSpy(c._store)
+        data = chunks(3, seed=60)
+        f = c.submit_batch_set([f"o{i}" for i in range(3)], [memoryview(d) for d in data])
+        assert drain_until(c, [f])[f][1] is True
+        assert log == ["put", "flush", "flushed"], log
+    finally:
+        c.close()
+
+
 def test_close_with_work_in_flight(tmp_path):
     """close() while sets and gets are queued: it returns, no worker is left, nothing completes after it, no
     buffer is touched after it, the directory is free for the next process, and every page that reached the
