@@ -538,6 +538,10 @@ typedef void (*mutator)(uint8_t *b, size_t *len);
 static void m_magic(uint8_t *b, size_t *len) { (void)len; b[3] = 'Y'; }
 static void m_version(uint8_t *b, size_t *len) { (void)len; kvx_store16(b + 8, 0x0200); }
 static void m_quant(uint8_t *b, size_t *len) { (void)len; kvx_store32(b + 32, 4); }
+/* quant_format set with the meta CRC made right, so only the value decides */
+static void m_quant_bf16(uint8_t *b, size_t *len) { kvx_store32(b + 32, KVX_QUANT_BF16); fix_meta_crc(b, *len); }
+static void m_quant_5(uint8_t *b, size_t *len) { kvx_store32(b + 32, 5); fix_meta_crc(b, *len); }
+static void m_quant_255(uint8_t *b, size_t *len) { kvx_store32(b + 32, 255); fix_meta_crc(b, *len); }
 static void m_zero_layers(uint8_t *b, size_t *len) { (void)len; kvx_store16(b + 10, 0); }
 static void m_zero_dim(uint8_t *b, size_t *len) { (void)len; kvx_store16(b + 14, 0); }
 static void m_unknown_flag(uint8_t *b, size_t *len) { (void)len; kvx_store32(b + 56, kvx_load32(b + 56) | 0x100); }
@@ -693,13 +697,19 @@ static void test_validation_rules(void **state)
     (void)state;
     static const struct {
         const char *name;
-        int all_tables; /* 1: hashes+lineage+scales+spectral; 0: no tables */
+        int all_tables; /* 1: E4M3, hashes+lineage+scales+spectral; 0: E4M3, no tables;
+                           2: FP16, hashes+lineage+spectral (2-byte elements, no scale table) */
         mutator m;
         int code;
     } cases[] = {
         {"magic", 1, m_magic, KVX_EMAGIC},
         {"version", 1, m_version, KVX_EVERSION},
-        {"quant", 1, m_quant, KVX_EQUANT},
+        {"quant 4", 1, m_quant, KVX_EQUANT},
+        {"quant 5", 1, m_quant_5, KVX_EQUANT},
+        {"quant 255", 1, m_quant_255, KVX_EQUANT},
+        {"quant 5, no tables", 0, m_quant_5, KVX_EQUANT},
+        /* 3 is BF16 (the kvx extension): an FP16 file's pages are BF16's size */
+        {"quant 3 (BF16) opens", 2, m_quant_bf16, KVX_OK},
         {"zero layers", 1, m_zero_layers, KVX_EFORMAT},
         {"zero head_dim", 1, m_zero_dim, KVX_EFORMAT},
         {"unknown flag", 1, m_unknown_flag, KVX_EFORMAT},
@@ -749,8 +759,8 @@ static void test_validation_rules(void **state)
         {"spectral size past the file", 1, m_spec_size_huge, KVX_EOVERLAP},
         {"no meta flag", 1, m_no_meta_flag, 0},
     };
-    uint8_t *base[2];
-    size_t base_len[2];
+    uint8_t *base[3];
+    size_t base_len[3];
     fixture f;
     fixture_init(&f, KVX_QUANT_E4M3, 0, 0);
     assert_int_equal(write_fixture(&f, path_of("base0.kvx")), 0);
@@ -758,8 +768,12 @@ static void test_validation_rules(void **state)
     fixture_init(&f, KVX_QUANT_E4M3, ALL_FLAGS, 1);
     assert_int_equal(write_fixture(&f, path_of("base1.kvx")), 0);
     base[1] = read_file(path_of("base1.kvx"), &base_len[1]);
+    fixture_init(&f, KVX_QUANT_FP16, KVX_FLAG_HASHES | KVX_FLAG_LINEAGE, 1);
+    assert_int_equal(write_fixture(&f, path_of("base2.kvx")), 0);
+    base[2] = read_file(path_of("base2.kvx"), &base_len[2]);
     assert_int_equal(open_bytes(base[0], base_len[0]), 0);
     assert_int_equal(open_bytes(base[1], base_len[1]), 0);
+    assert_int_equal(open_bytes(base[2], base_len[2]), 0);
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         int which = cases[k].all_tables;
         size_t len = base_len[which];
@@ -775,6 +789,7 @@ static void test_validation_rules(void **state)
     }
     free(base[0]);
     free(base[1]);
+    free(base[2]);
 }
 
 /* A page altered on disk: open succeeds (structure is fine), the page read
