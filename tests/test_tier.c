@@ -226,6 +226,117 @@ static void test_urls_and_conf(void **state)
     assert_int_equal(kvx_tier_tenant_check("a/b"), KVX_EINVALID);
 }
 
+/* Everything written to stderr (fd 2) between capture_begin and
+ * capture_end, through a pipe: what the library prints, and nothing else
+ * runs meanwhile. Only a few lines are expected (far below the pipe's
+ * buffer). */
+static int cap_pipe[2] = {-1, -1}, cap_saved = -1;
+
+static void capture_begin(void)
+{
+    fflush(stderr);
+    assert_int_equal(pipe(cap_pipe), 0);
+    cap_saved = dup(2);
+    assert_true(cap_saved >= 0);
+    assert_int_equal(dup2(cap_pipe[1], 2), 2);
+    close(cap_pipe[1]);
+}
+
+static void capture_end(char *out, size_t cap)
+{
+    fflush(stderr);
+    dup2(cap_saved, 2); /* the pipe's last write end goes: the read below ends */
+    close(cap_saved);
+    size_t n = 0;
+    ssize_t r;
+    while (n + 1 < cap && (r = read(cap_pipe[0], out + n, cap - 1 - n)) > 0) n += (size_t)r;
+    out[n] = '\0';
+    close(cap_pipe[0]);
+}
+
+static void write_whole(const char *path, const void *b, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* TIER.md "Configuration": a damaged DIR/TIER file is one line on stderr
+ * and no tier for that handle, never a failed open, for a writer and for
+ * a reader: binary garbage, text that is no setting, a valid setting with
+ * CRLF line ends, a version this reader does not know ("kvx-tier 2") and
+ * an empty file. Each open returns 0, the handle has no tier, the store's
+ * own blocks are served, and the open, the lookup and the close together
+ * print exactly one line, naming TIER. A reader leaves the file as it is.
+ * (The URLs name port 1 on loopback: a parser that took the file would
+ * give the handle that tier, which tier_get shows.) No redis-server. */
+static void test_damaged_tier_file(void **state)
+{
+    (void)state;
+#define TXT(s) s, sizeof(s) - 1
+    static const struct {
+        const char *name, *text;
+        size_t len;
+    } files[] = {
+        {"binary garbage", TXT("\x89PNG\r\n\x1a\n\0\xff\xfe garbage\n")},
+        {"text garbage", TXT("hello world\n")},
+        {"CRLF line ends", TXT("kvx-tier 1\r\nurl redis://127.0.0.1:1\r\n")},
+        {"version 2", TXT("kvx-tier 2\nurl redis://127.0.0.1:1\n")},
+        {"empty", TXT("")},
+    };
+#undef TXT
+    char root[] = "/tmp/kvx-tier-damaged-XXXXXX", dir[300], tier[320];
+    assert_non_null(mkdtemp(root));
+    snprintf(dir, sizeof dir, "%s/store", root);
+    snprintf(tier, sizeof tier, "%s/TIER", dir);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = 64ull << 20;
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    assert_int_equal(su_put_seq(s, 77, 4), 0);
+    kvx_store_close(s);
+    for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
+        for (int reader = 0; reader < 2; reader++) {
+            write_whole(tier, files[k].text, files[k].len);
+            char err[4096], url[1024] = "?";
+            size_t served = 0;
+            int trc = -1;
+            s = NULL;
+            capture_begin();
+            int rc = kvx_store_open(&s, dir, NULL, reader ? KVX_STORE_READONLY : 0);
+            if (rc == 0) {
+                kvx_store_tier ti;
+                trc = kvx_store_tier_get(&ti, s);
+                if (trc == 0) snprintf(url, sizeof url, "%s", ti.url);
+                served = su_served_prefix(s, 77, 4);
+                kvx_store_close(s);
+            }
+            capture_end(err, sizeof err);
+            size_t lines = 0;
+            for (const char *c = err; *c; c++) lines += *c == '\n';
+            if (rc || trc || url[0] || served != 4 || lines != 1 || !strstr(err, "TIER"))
+                fail_msg("TIER %s, %s: open %s, tier_get %d, url \"%s\", %zu of 4 blocks served, stderr (%zu "
+                         "lines): %s",
+                         files[k].name, reader ? "reader" : "writer", kvx_err_name(rc), trc, url, served, lines, err);
+            if (reader) { /* readers never repair (DESIGN.md rule 3) */
+                size_t len = 0;
+                uint8_t *back = NULL;
+                FILE *f = fopen(tier, "rb");
+                assert_non_null(f);
+                back = malloc(files[k].len + 1);
+                len = fread(back, 1, files[k].len + 1, f);
+                fclose(f);
+                assert_int_equal(len, files[k].len);
+                assert_memory_equal(back, files[k].text, len);
+                free(back);
+            }
+        }
+    }
+    su_rm_rf(root);
+}
+
 /* ------------------------------------------------------------ one server */
 
 /* Calls of one command since the server started, from INFO commandstats
@@ -924,6 +1035,7 @@ int main(void)
         cmocka_unit_test(test_value_roundtrip_and_refusals),
         cmocka_unit_test(test_slots),
         cmocka_unit_test(test_urls_and_conf),
+        cmocka_unit_test(test_damaged_tier_file),
     };
     int rc = cmocka_run_group_tests_name("tier_pure", pure, NULL, NULL);
     if (rc) return rc;
