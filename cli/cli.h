@@ -76,8 +76,13 @@ int cli_parse_hex64(const char *s, uint64_t *out);
  * (K/Ki/KiB = 1024; KB = 1000). Returns 0 or -1. */
 int cli_parse_size(const char *s, uint64_t *out);
 /* Parses a duration into milliseconds: 3600 (seconds), 250ms, 90s, 30m,
- * 12h, 7d. Returns 0 or -1. */
+ * 12h, 7d: digits, then the unit (no blank, no sign). Returns 0, -1 (not
+ * such a duration) or -2 (above CLI_DURATION_MAX_MS). */
+#define CLI_DURATION_MAX_MS (1ull << 62)
 int cli_parse_duration_ms(const char *s, uint64_t *out_ms);
+/* --tier-ttl's value: CLI_OK, or CLI_USAGE after a message naming the
+ * option (one message for what is no duration, one for what is too long). */
+int cli_parse_tier_ttl(const cli_cmd *c, const char *arg, uint64_t *out_ms);
 /* Formats bytes as "4.00 GiB" ("512 B" below 1 KiB). Returns buf. */
 char *cli_fmt_size(char *buf, size_t cap, uint64_t bytes);
 /* Formats a rate in decimal units: "1.20 GB/s", "850 MB/s". Returns buf. */

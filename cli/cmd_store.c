@@ -307,9 +307,7 @@ static int run_create(const cli_cmd *self, int argc, char **argv)
         case 'T': o.tier_url = optarg; break;
         case 'n': o.tier_tenant = optarg; break;
         case 't':
-            if (cli_parse_duration_ms(optarg, &o.tier_ttl_ms) != 0)
-                return cli_usage(self, "--tier-ttl must be a duration such as 3600, 90s, 30m, 12h or 7d, not '%s'",
-                                 optarg);
+            if (cli_parse_tier_ttl(self, optarg, &o.tier_ttl_ms) != CLI_OK) return CLI_USAGE;
             break;
         case 'h': cli_print_help(self); return CLI_OK;
         default: return cli_getopt_error(self, ch, argv);
@@ -368,8 +366,9 @@ static const cli_cmd cmd_create = {
     "                             in DIR/TIER: redis://[user[:pass]@]host:port,...\n"
     "                             (docs/TIER.md); not contacted here\n"
     "      --tenant NAME          the tier namespace's salt ([A-Za-z0-9._-])\n"
-    "      --tier-ttl DURATION    TTL of the values written to the tier (3600,\n"
-    "                             90s, 30m, 12h, 7d; default none)\n"
+    "      --tier-ttl DURATION    TTL of the values written to the tier: digits\n"
+    "                             and a unit (3600, 250ms, 90s, 30m, 12h, 7d), at\n"
+    "                             most 2^62 ms; default none\n"
     "  -h, --help                 show this help\n"
     "\n"
     "A geometry or capacity no store can have (a dimension out of range, a\n"

@@ -78,9 +78,7 @@ static int run_tier(const cli_cmd *self, int argc, char **argv)
         switch (ch) {
         case 'n': tenant = optarg; break;
         case 't':
-            if (cli_parse_duration_ms(optarg, &ttl) != 0)
-                return cli_usage(self, "--tier-ttl must be a duration such as 3600, 90s, 30m, 12h or 7d, not '%s'",
-                                 optarg);
+            if (cli_parse_tier_ttl(self, optarg, &ttl) != CLI_OK) return CLI_USAGE;
             have_ttl = 1;
             break;
         case 'j': json = 1; break;
@@ -145,8 +143,9 @@ const cli_cmd cli_cmd_store_tier = {
     "Options:\n"
     "      --tenant NAME      namespace salt ([A-Za-z0-9._-]): stores of other\n"
     "                         tenants never see these blocks\n"
-    "      --tier-ttl DURATION  TTL of the values written (3600, 90s, 30m,\n"
-    "                         12h, 7d; default none)\n"
+    "      --tier-ttl DURATION  TTL of the values written: digits and a unit\n"
+    "                         (3600, 250ms, 90s, 30m, 12h, 7d), at most\n"
+    "                         2^62 ms; default none\n"
     "  -j, --json             show: one JSON object: url, tenant, ttl_ms,\n"
     "                         namespace, kind (cluster|single|unknown), up\n"
     "      --wait SECONDS     give up (exit 1) when another writer still holds\n"

@@ -171,11 +171,13 @@ int cli_parse_hex64(const char *s, uint64_t *out)
 
 int cli_parse_duration_ms(const char *s, uint64_t *out_ms)
 {
+    /* Digits first: strtoull alone would take leading blanks and a sign
+     * (" -1ms" was 2^64 - 1 ms). */
+    if (!s || !isdigit((unsigned char)*s)) return -1;
     char *end;
     errno = 0;
-    if (!s || !*s || *s == '-') return -1;
     unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s) return -1;
+    if (end == s) return -1;
     uint64_t mul;
     if (!*end || !strcmp(end, "s")) mul = 1000;
     else if (!strcmp(end, "ms")) mul = 1;
@@ -183,9 +185,21 @@ int cli_parse_duration_ms(const char *s, uint64_t *out_ms)
     else if (!strcmp(end, "h")) mul = 3600000;
     else if (!strcmp(end, "d")) mul = 86400000;
     else return -1;
-    if (v > UINT64_MAX / mul) return -1;
+    if (errno == ERANGE || v > CLI_DURATION_MAX_MS / mul) return -2;
     *out_ms = (uint64_t)v * mul;
     return 0;
+}
+
+int cli_parse_tier_ttl(const cli_cmd *c, const char *arg, uint64_t *out_ms)
+{
+    int rc = cli_parse_duration_ms(arg, out_ms);
+    if (rc == -2)
+        return cli_usage(c, "--tier-ttl '%s' is longer than the longest TTL kvx sets (2^62 ms, "
+                            "about 146 million years)", arg);
+    if (rc != 0)
+        return cli_usage(c, "--tier-ttl must be digits and a unit, such as 3600, 250ms, 90s, 30m, "
+                            "12h or 7d, not '%s'", arg);
+    return CLI_OK;
 }
 
 int cli_parse_size(const char *s, uint64_t *out)

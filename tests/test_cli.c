@@ -193,6 +193,49 @@ static void test_main_usage_errors(void **state)
     cli_run_free(&r);
 }
 
+/* --tier-ttl takes digits and a unit only: strtoull took leading blanks
+ * and a sign (" -1ms" was 2^64 - 1 ms) and any value up to 2^64 - 1 ms;
+ * above 2^62 ms is its own message. Both name the option. */
+static void test_tier_ttl_digits_only(void **state)
+{
+    (void)state;
+    uint64_t v;
+    assert_int_equal(cli_parse_duration_ms("90s", &v), 0);
+    assert_true(v == 90000);
+    assert_int_equal(cli_parse_duration_ms("3600", &v), 0);
+    assert_true(v == 3600000);
+    assert_int_equal(cli_parse_duration_ms("250ms", &v), 0);
+    assert_true(v == 250);
+    assert_int_equal(cli_parse_duration_ms("4611686018427387904ms", &v), 0); /* 2^62 */
+    assert_true(v == 1ull << 62);
+    const char *bad[] = {" -1ms", "-1ms", "+5s", " 5s", "\t5", "5 s", "", "s", "5x", "0x10"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(cli_parse_duration_ms(bad[i], &v), -1);
+    const char *big[] = {"4611686018427387905ms", "18446744073709551615ms", "99999999999999999999",
+                         "53375995584d", "9223372036854775807ms"};
+    for (size_t i = 0; i < sizeof big / sizeof big[0]; i++)
+        assert_int_equal(cli_parse_duration_ms(big[i], &v), -2);
+
+    /* On the command line: usage errors naming --tier-ttl, before any
+     * store is touched. */
+    const char *vals[] = {" -1ms", "18446744073709551615ms"};
+    const char *words[] = {"digits and a unit", "longer than"};
+    for (size_t i = 0; i < 2; i++) {
+        cli_run r = CLI(NULL, "store", "create", "/nonexistent/kvx-ttl", "-L", "1", "-H", "1", "-D", "8",
+                        "-B", "4", "-q", "fp16", "--tier", "redis://127.0.0.1:1", "--tier-ttl", vals[i]);
+        EXPECT_RC(r, 2);
+        assert_non_null(strstr(r.err, "--tier-ttl"));
+        assert_non_null(strstr(r.err, words[i]));
+        cli_run_free(&r);
+        r = CLI(NULL, "store", "tier", "/nonexistent/kvx-ttl", "set", "redis://127.0.0.1:1", "--tier-ttl",
+                vals[i]);
+        EXPECT_RC(r, 2);
+        assert_non_null(strstr(r.err, "--tier-ttl"));
+        assert_non_null(strstr(r.err, words[i]));
+        cli_run_free(&r);
+    }
+}
+
 static void test_units(void **state)
 {
     (void)state;
@@ -313,6 +356,7 @@ int main(void)
         cmocka_unit_test(test_every_subcommand_has_help),
         cmocka_unit_test(test_main_usage_errors),
         cmocka_unit_test(test_units),
+        cmocka_unit_test(test_tier_ttl_digits_only),
         cmocka_unit_test(test_json_emitter),
         cmocka_unit_test(test_docs_match_help),
     };
