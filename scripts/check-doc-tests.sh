@@ -3,13 +3,18 @@
 #
 # docs/ promise behaviour and name the test that proves it; a renamed or
 # deleted test leaves a promise without proof. This lists every
-# backticked test name in docs/*.md, README.md, fuzz/README.md and
-# bench/RESULTS.md - C `test_*` (a cmocka test function, or a tests/*.c
-# file), Go `Test*` / `Fuzz*`, Python `test_*` - and fails naming each one
-# no test source defines.
+# backticked test name in docs/*.md, README.md, fuzz/README.md,
+# bench/RESULTS.md and every README.md under bindings/ (bindings/go,
+# bindings/python; not vendored code) - C `test_*` (a cmocka test
+# function, or a tests/*.c file), Go `Test*` / `Fuzz*`, Python `test_*`
+# (a function, or a test_*.py file) - and fails naming each one no test
+# source defines. A pair `test_x.c` `test_fn` (or `test_x.py` `test_fn`)
+# must name a function of that very file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 docs=(docs/*.md README.md fuzz/README.md bench/RESULTS.md)
+while IFS= read -r f; do docs+=("$f"); done < <(find bindings -name vendor -prune -o -name '.*' -prune -o \
+  -name README.md -type f -print 2>/dev/null | sort)
 srcs=$(ls tests/*.c 2>/dev/null; find bindings -name '*_test.go' -not -path '*/vendor/*'; \
        find bindings -path '*/vendor' -prune -o -name 'test_*.py' -print)
 defined=$(mktemp)
@@ -49,6 +54,22 @@ for d in "${docs[@]}"; do
     [ -f "tests/$f" ] || continue # the missing file is reported above
     if ! grep -qE "^(static )?(void|int) $fn\(" "tests/$f"; then
       echo "$d: names \`$f\` \`$fn\`, but $fn is not in tests/$f"
+      echo x >> "$defined.missing"
+    fi
+  done
+done
+# `test_x.py` `test_fn`: test_fn is a def of that file (any test_x.py
+# under bindings/ holding it)
+for d in "${docs[@]}"; do
+  [ -f "$d" ] || continue
+  { grep -oE '`([A-Za-z0-9_./-]*/)?test_[a-z0-9_]+\.py` `test_[A-Za-z0-9_]+`' "$d" || true; } | sort -u |
+  while read -r pair; do
+    f=$(echo "$pair" | sed -E 's/^`([A-Za-z0-9_./-]*\/)?(test_[a-z0-9_]+\.py)`.*/\2/')
+    fn=$(echo "$pair" | sed -E 's/.*` `(test_[A-Za-z0-9_]+)`$/\1/')
+    files=$(echo "$srcs" | grep -E "(^|/)$f\$" || true)
+    [ -n "$files" ] || continue # the missing file is reported above
+    if ! grep -qE "^\s*def $fn\(" $files; then
+      echo "$d: names \`$f\` \`$fn\`, but $fn is not in $(echo $files)"
       echo x >> "$defined.missing"
     fi
   done
