@@ -15,6 +15,7 @@
 
 #include "kvx.h"
 
+#include <getopt.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -62,10 +63,12 @@ const char *cli_hint(int code);
 
 /* getopt_long, the same way in every command: call cli_getopt_reset()
  * before the loop, use an optstring that starts with ':' (so a missing
- * value is reported as ':'), and hand '?' and ':' to cli_getopt_error(),
- * which prints a usage error naming the option and returns CLI_USAGE. */
+ * value is reported as ':'), and hand '?' and ':' to cli_getopt_error()
+ * with the loop's long options, which prints a usage error naming the
+ * option as given ("--json=1": '--json' takes no value; "--t": ambiguous,
+ * naming the candidates) and returns CLI_USAGE. */
 void cli_getopt_reset(void);
-int cli_getopt_error(const cli_cmd *c, int ch, char **argv);
+int cli_getopt_error(const cli_cmd *c, int ch, char **argv, const struct option *opts);
 
 /* Parses a non-negative integer (decimal or 0x hex) that fits max.
  * Returns 0 or -1. */

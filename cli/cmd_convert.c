@@ -52,7 +52,7 @@ static int run_convert(const cli_cmd *self, int argc, char **argv)
             have_sig = 1;
             break;
         case 'h': cli_print_help(self); return CLI_OK;
-        default: return cli_getopt_error(self, ch, argv);
+        default: return cli_getopt_error(self, ch, argv, opts);
         }
     }
     if (argc - optind != 1) return cli_usage(self, "expected one input file");

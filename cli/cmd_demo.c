@@ -520,7 +520,7 @@ static int run_demo(const cli_cmd *self, int argc, char **argv)
                 return cli_usage(self, "--requests must be a count (0 = all), not '%s'", optarg);
             break;
         case 'h': cli_print_help(self); return CLI_OK;
-        default: return cli_getopt_error(self, ch, argv);
+        default: return cli_getopt_error(self, ch, argv, opts);
         }
     }
     if (optind < argc) return cli_usage(self, "unexpected argument '%s'", argv[optind]);

@@ -29,7 +29,7 @@ static int run_hash(const cli_cmd *self, int argc, char **argv)
             have_b = 1;
             break;
         case 'h': cli_print_help(self); return CLI_OK;
-        default: return cli_getopt_error(self, ch, argv);
+        default: return cli_getopt_error(self, ch, argv, opts);
         }
     }
     if (!have_b) return cli_usage(self, "--block-tokens B is required (the engine uses 16)");

@@ -54,7 +54,7 @@ static int run_inspect(const cli_cmd *self, int argc, char **argv)
         switch (ch) {
         case 'j': json = 1; break;
         case 'h': cli_print_help(self); return CLI_OK;
-        default: return cli_getopt_error(self, ch, argv);
+        default: return cli_getopt_error(self, ch, argv, opts);
         }
     }
     if (argc - optind != 1) return cli_usage(self, "expected one FILE.kvx");
@@ -271,7 +271,7 @@ static int run_verify(const cli_cmd *self, int argc, char **argv)
         switch (ch) {
         case 'q': quiet = 1; break;
         case 'h': cli_print_help(self); return CLI_OK;
-        default: return cli_getopt_error(self, ch, argv);
+        default: return cli_getopt_error(self, ch, argv, opts);
         }
     }
     if (optind >= argc) return cli_usage(self, "expected at least one FILE.kvx");

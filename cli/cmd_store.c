@@ -49,7 +49,7 @@ static int simple_opts(const cli_cmd *self, int argc, char **argv, int *json, in
         switch (ch) {
         case 'j': *json = 1; break;
         case 'h': cli_print_help(self); *rc = CLI_OK; return 1;
-        default: *rc = cli_getopt_error(self, ch, argv); return 1;
+        default: *rc = cli_getopt_error(self, ch, argv, o); return 1;
         }
     }
     return 0;
@@ -310,7 +310,7 @@ static int run_create(const cli_cmd *self, int argc, char **argv)
             if (cli_parse_tier_ttl(self, optarg, &o.tier_ttl_ms) != CLI_OK) return CLI_USAGE;
             break;
         case 'h': cli_print_help(self); return CLI_OK;
-        default: return cli_getopt_error(self, ch, argv);
+        default: return cli_getopt_error(self, ch, argv, opts);
         }
     }
     if (argc - optind != 1) return cli_usage(self, "expected one DIR");
@@ -402,7 +402,7 @@ static int run_put(const cli_cmd *self, int argc, char **argv)
             if (parse_wait(self, ch, optarg, &wait) != CLI_OK) return CLI_USAGE;
             break;
         case 'h': cli_print_help(self); return CLI_OK;
-        default: return cli_getopt_error(self, ch, argv);
+        default: return cli_getopt_error(self, ch, argv, opts);
         }
     }
     if (argc - optind != 2) return cli_usage(self, "expected DIR and ENVELOPE");
@@ -575,7 +575,7 @@ static int run_get(const cli_cmd *self, int argc, char **argv)
             break;
         case 't': tokfile = optarg; break;
         case 'h': cli_print_help(self); return CLI_OK;
-        default: return cli_getopt_error(self, ch, argv);
+        default: return cli_getopt_error(self, ch, argv, opts);
         }
     }
     if (argc - optind < 2) return cli_usage(self, "expected DIR and at least one HASH");
@@ -748,7 +748,7 @@ static int run_prefix(const cli_cmd *self, int argc, char **argv)
             if (parse_format(self, optarg, &version) != CLI_OK) return CLI_USAGE;
             break;
         case 'h': cli_print_help(self); return CLI_OK;
-        default: return cli_getopt_error(self, ch, argv);
+        default: return cli_getopt_error(self, ch, argv, opts);
         }
     }
     if (argc - optind < 1) return cli_usage(self, "expected DIR and TOKEN...");
@@ -1016,7 +1016,7 @@ static int writer_opts(const cli_cmd *self, int argc, char **argv, double *wait,
             }
             break;
         case 'h': cli_print_help(self); *rc = CLI_OK; return 1;
-        default: *rc = cli_getopt_error(self, ch, argv); return 1;
+        default: *rc = cli_getopt_error(self, ch, argv, opts); return 1;
         }
     }
     return 0;

@@ -87,7 +87,7 @@ static int run_tier(const cli_cmd *self, int argc, char **argv)
             if (cli_store_parse_wait(self, ch, optarg, &wait) != CLI_OK) return CLI_USAGE;
             break;
         case 'h': cli_print_help(self); return CLI_OK;
-        default: return cli_getopt_error(self, ch, argv);
+        default: return cli_getopt_error(self, ch, argv, opts);
         }
     }
     int nargs = argc - optind;

@@ -211,7 +211,7 @@ static int run_warmup(const cli_cmd *self, int argc, char **argv)
         case 'b': flags |= KVX_WARMUP_BUFFERED; break;
         case 'j': json = 1; break;
         case 'h': cli_print_help(self); return CLI_OK;
-        default: return cli_getopt_error(self, ch, argv);
+        default: return cli_getopt_error(self, ch, argv, opts);
         }
     }
     if (optind >= argc) return cli_usage(self, "expected at least one DIR or FILE.kvx");

@@ -37,6 +37,8 @@ static void print_main_help(FILE *f)
           "\n"
           "Sizes are accepted in human units (4096, 64KiB, 4GiB, 2GB) and printed\n"
           "the same way. Progress bars are drawn only on a terminal, never with --json.\n"
+          "A long option may be abbreviated while it names one option (--conv for\n"
+          "--conversations); one that takes no value refuses one (--json=1).\n"
           "Exit status: 0 success, 1 failure or bad data, 2 usage error.\n"
           "Run 'kvx COMMAND --help' for the options of a command.\n",
           f);

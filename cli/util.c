@@ -121,10 +121,54 @@ void cli_getopt_reset(void)
     opterr = 0; /* we print our own messages */
 }
 
-int cli_getopt_error(const cli_cmd *c, int ch, char **argv)
+/* The long option "--name[=value]" names in opts: the exact name, else the
+ * only option it abbreviates (glibc takes several prefix matches for one
+ * when they mean the same: same has_arg, flag and val). *ambiguous is set
+ * when it abbreviates options that differ. */
+static const struct option *long_match(const struct option *opts, const char *name, size_t len,
+                                       int *ambiguous)
+{
+    const struct option *hit = NULL;
+    *ambiguous = 0;
+    for (const struct option *o = opts; o && o->name; o++) {
+        if (strncmp(o->name, name, len) != 0) continue;
+        if (strlen(o->name) == len) {
+            *ambiguous = 0;
+            return o;
+        }
+        if (!hit) hit = o;
+        else if (hit->has_arg != o->has_arg || hit->flag != o->flag || hit->val != o->val)
+            *ambiguous = 1;
+    }
+    return hit;
+}
+
+int cli_getopt_error(const cli_cmd *c, int ch, char **argv, const struct option *opts)
 {
     const char *arg = optind > 0 ? argv[optind - 1] : "?";
     if (ch == ':') return cli_usage(c, "option '%s' needs a value", arg);
+    /* glibc puts in optopt the letter of a short option it does not know,
+     * the val of a long option given a value it takes none of ("--json=1"
+     * is no '-j'), and 0 for a long option unknown or ambiguous; argv's
+     * last element read is the long option itself. */
+    if (!strncmp(arg, "--", 2) && arg[2]) {
+        const char *name = arg + 2, *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        int ambiguous = 0;
+        const struct option *o = long_match(opts, name, len, &ambiguous);
+        if (optopt && o && !ambiguous && eq && o->has_arg == no_argument && o->val == optopt)
+            return cli_usage(c, "option '--%s' takes no value (given '%s')", o->name, arg);
+        if (!optopt && o && ambiguous) {
+            char list[512];
+            size_t at = 0;
+            list[0] = '\0';
+            for (const struct option *p = opts; p->name && at < sizeof list; p++)
+                if (!strncmp(p->name, name, len))
+                    at += (size_t)snprintf(list + at, sizeof list - at, "%s--%s", at ? ", " : "", p->name);
+            return cli_usage(c, "option '%.*s' is ambiguous: it may be %s", (int)(len + 2), arg, list);
+        }
+        if (!optopt) return cli_usage(c, "unknown option '%.*s'", (int)(len + 2), arg);
+    }
     if (optopt) return cli_usage(c, "unknown option '-%c'", optopt);
     return cli_usage(c, "unknown option '%s'", arg);
 }

@@ -236,6 +236,41 @@ static void test_tier_ttl_digits_only(void **state)
     }
 }
 
+/* A value given to an option that takes none names the option as given
+ * (glibc's optopt made "--json=1" an unknown '-j'); an abbreviation of
+ * several options says it is ambiguous and names them. */
+static void test_option_value_messages(void **state)
+{
+    (void)state;
+    cli_run r = CLI(NULL, "store", "stat", "--json=1", "/nonexistent");
+    EXPECT_RC(r, 2);
+    assert_non_null(strstr(r.err, "'--json' takes no value"));
+    assert_null(strstr(r.err, "'-j'"));
+    cli_run_free(&r);
+    r = CLI(NULL, "inspect", "--js=yes", "/nonexistent");
+    EXPECT_RC(r, 2);
+    assert_non_null(strstr(r.err, "'--json' takes no value"));
+    cli_run_free(&r);
+    r = CLI(NULL, "demo", "--t", "x");
+    EXPECT_RC(r, 2);
+    assert_non_null(strstr(r.err, "'--t' is ambiguous"));
+    assert_non_null(strstr(r.err, "--trace"));
+    assert_non_null(strstr(r.err, "--turns"));
+    cli_run_free(&r);
+    r = CLI(NULL, "hash", "--bogus=1");
+    EXPECT_RC(r, 2);
+    assert_non_null(strstr(r.err, "unknown option '--bogus'"));
+    cli_run_free(&r);
+    r = CLI(NULL, "hash", "-b", "2", "-q", "1");
+    EXPECT_RC(r, 2);
+    assert_non_null(strstr(r.err, "unknown option '-q'"));
+    cli_run_free(&r);
+    r = CLI(NULL, "hash", "--block-tokens");
+    EXPECT_RC(r, 2);
+    assert_non_null(strstr(r.err, "'--block-tokens' needs a value"));
+    cli_run_free(&r);
+}
+
 static void test_units(void **state)
 {
     (void)state;
@@ -357,6 +392,7 @@ int main(void)
         cmocka_unit_test(test_main_usage_errors),
         cmocka_unit_test(test_units),
         cmocka_unit_test(test_tier_ttl_digits_only),
+        cmocka_unit_test(test_option_value_messages),
         cmocka_unit_test(test_json_emitter),
         cmocka_unit_test(test_docs_match_help),
     };
