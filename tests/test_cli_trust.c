@@ -20,6 +20,9 @@
  *   store, the default waits and says so once;
  * - hints fitted to the problem (lost index: reindex), out-of-range
  *   geometry is a usage error, warmup names every shard it cannot open.
+ *
+ * And defects once found in the command, each kept fixed:
+ * - A report standard output cannot take is exit 1.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -1304,6 +1307,35 @@ static void test_hints_fit_the_problem(void **state)
     cli_run_free(&r);
 }
 
+/* ---------------------------------------------- 8: outputs, standard out */
+
+/* A report that standard output cannot take (a full disk) is exit 1 with
+ * a message, not 0. */
+static void test_stdout_write_error(void **state)
+{
+    (void)state;
+    if (access("/dev/full", W_OK) != 0) skip();
+    cli_run r = run_t(NULL, -1, "/dev/full", 20, (const char *const[]){"store", "stat", "--json", base, NULL});
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "standard output"));
+    cli_run_free(&r);
+    r = run_t(NULL, -1, "/dev/full", 20, (const char *const[]){"store", "stat", base, NULL});
+    EXPECT_RC(r, 1);
+    cli_run_free(&r);
+    r = run_t(NULL, -1, "/dev/full", 20, (const char *const[]){"hash", "-b", "2", "1", "2", NULL});
+    EXPECT_RC(r, 1);
+    cli_run_free(&r);
+    r = run_t(NULL, -1, "/dev/full", 20, (const char *const[]){"store", "--help", NULL});
+    EXPECT_RC(r, 1);
+    cli_run_free(&r);
+    /* The same to a file: 0. */
+    char okp[320];
+    path_in(okp, sizeof okp, "stat.out");
+    r = RUN_TO(okp, "store", "stat", "--json", base);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1315,6 +1347,7 @@ int main(void)
         cmocka_unit_test(test_inputs_are_bounded),
         cmocka_unit_test(test_writers_wait_or_not),
         cmocka_unit_test(test_hints_fit_the_problem),
+        cmocka_unit_test(test_stdout_write_error),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
