@@ -131,16 +131,19 @@ int cli_read_tokens_fd(const cli_cmd *c, const char *name, int fd, int bad_rc, u
 /* --------------------------------------------------------- outputs (io.c)
  * The named output is replaced only when it is a regular file or absent
  * (O_TMPFILE in its directory, fsync, rename: a killed command leaves
- * nothing); a FIFO or character device is written into directly (a FIFO
- * without a reader is refused); a symlink, directory, block device or
- * socket is refused and left alone. "-" is standard output. */
+ * nothing; the new file keeps the replaced one's permission bits); a FIFO
+ * or character device is written into directly (a FIFO without a reader
+ * is refused); a symlink, directory, block device or socket is refused
+ * and left alone. "-" is standard output. */
 typedef struct cli_out {
     const char *path;
     int fd;       /* where cli_out_write goes; -1 when the library writes */
     int dirfd;    /* the target's directory (or TMPDIR for a library file) */
     int direct;   /* writing into the target itself (FIFO, device, stdout) */
     int is_stdout;
-    int named;    /* tmpname exists in dirfd */
+    int named;     /* tmpname exists in dirfd */
+    int keep_mode; /* replacing a regular file: the new one takes mode */
+    unsigned mode; /* the replaced file's permission bits */
     char *dir, *base, *tmpname;
     char *lib_path; /* for_library: the path the library writes its file to */
 } cli_out;

@@ -20,6 +20,10 @@
  * character device is written into directly, never renamed over (a FIFO
  * without a reader is refused at once); a symlink, a directory, a block
  * device or a socket is refused and left as it is. "-" is standard output.
+ *
+ * A replaced file keeps its permission bits: the temporary takes them
+ * before any byte is written to it (or, for a shard the library writes,
+ * before the rename).
  */
 #include "cli.h"
 
@@ -551,6 +555,8 @@ int cli_out_open(const cli_cmd *c, cli_out *o, const char *path, int for_library
         if (!S_ISREG(st.st_mode))
             return cli_fail(c, "'%s' is %s: kvx writes only regular files, FIFOs and character "
                                "devices", path, cli_file_type(st.st_mode));
+        o->keep_mode = 1; /* the replacement keeps the permission bits */
+        o->mode = st.st_mode & 0777;
     }
     if (set_names(o, path) != 0) {
         cli_out_abort(o);
@@ -597,6 +603,14 @@ int cli_out_open(const cli_cmd *c, cli_out *o, const char *path, int for_library
         o->named = 1;
     }
     o->fd = fd;
+    /* Before the first byte: a 0600 file's bytes are never readable by
+     * others, not even in the temporary. */
+    if (o->keep_mode && fchmod(fd, o->mode) != 0) {
+        int e = errno;
+        cli_out_abort(o);
+        return cli_fail(c, "cannot write '%s': cannot give the new file the mode %04o of the one "
+                           "it replaces: %s", path, o->mode, strerror(e));
+    }
     return CLI_OK;
 }
 
@@ -625,6 +639,18 @@ int cli_out_write(const cli_cmd *c, cli_out *o, const void *data, size_t len)
  * name: only over a regular file or nothing, checked again now. */
 static int publish(const cli_cmd *c, cli_out *o)
 {
+    if (o->keep_mode && o->lib_path) {
+        /* The library made its file 0600: it takes the replaced file's
+         * mode now, before it has the target's name. */
+        int fd = openat(o->dirfd, o->tmpname, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        struct stat st;
+        int ok = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && fchmod(fd, o->mode) == 0;
+        int e = errno;
+        if (fd >= 0) close(fd);
+        if (!ok)
+            return cli_fail(c, "cannot write '%s': cannot give the new file the mode %04o of the "
+                               "one it replaces: %s", o->path, o->mode, strerror(e));
+    }
     for (int tries = 0;; tries++) {
         struct stat st;
         if (fstatat(o->dirfd, o->base, &st, AT_SYMLINK_NOFOLLOW) != 0) {

@@ -22,6 +22,7 @@
  *   geometry is a usage error, warmup names every shard it cannot open.
  *
  * And defects once found in the command, each kept fixed:
+ * - A replaced output keeps its permission bits.
  * - A report standard output cannot take is exit 1.
  */
 #include <setjmp.h>
@@ -1309,6 +1310,54 @@ static void test_hints_fit_the_problem(void **state)
 
 /* ---------------------------------------------- 8: outputs, standard out */
 
+static mode_t mode_of(const char *path)
+{
+    struct stat st;
+    assert_int_equal(lstat(path, &st), 0);
+    return st.st_mode & 07777;
+}
+
+/* The replaced file's mode is kept: 0600 stays 0600 (the temporary was
+ * 0644, the shard writer's 0600, whatever the target's). */
+static void test_outputs_keep_mode(void **state)
+{
+    (void)state;
+    char envo[320], shardo[320], envback[320], h0[24];
+    path_in(envo, sizeof envo, "mode.env");
+    path_in(shardo, sizeof shardo, "mode.kvx");
+    path_in(envback, sizeof envback, "mode-back.env");
+    hexs(h0, sizeof h0, hashes[0]);
+    const mode_t modes[] = {0600, 0640};
+    for (size_t i = 0; i < 2; i++) {
+        mode_t m = modes[i];
+        write_bytes(envo, "old", 3);
+        write_bytes(shardo, "old", 3);
+        write_bytes(envback, "old", 3);
+        assert_int_equal(chmod(envo, m), 0);
+        assert_int_equal(chmod(shardo, m), 0);
+        assert_int_equal(chmod(envback, m), 0);
+        cli_run r = CLI(NULL, "store", "get", base, "-o", envo, "--format", "v1", h0);
+        EXPECT_RC(r, 0);
+        cli_run_free(&r);
+        assert_int_equal(mode_of(envo), m);
+        r = CLI(NULL, "convert", envp, "-o", shardo); /* the library writes the shard */
+        EXPECT_RC(r, 0);
+        cli_run_free(&r);
+        assert_int_equal(mode_of(shardo), m);
+        r = CLI(NULL, "convert", shardo, "-o", envback, "--format", "v1");
+        EXPECT_RC(r, 0);
+        cli_run_free(&r);
+        assert_int_equal(mode_of(envback), m);
+        size_t n;
+        uint8_t *b = slurp_file(envback, &n);
+        assert_int_equal(n, env_len);
+        assert_memory_equal(b, env, env_len);
+        free(b);
+    }
+    assert_int_equal(names_with(tmpdir, "kvx-tmp"), 0);
+}
+
+
 /* A report that standard output cannot take (a full disk) is exit 1 with
  * a message, not 0. */
 static void test_stdout_write_error(void **state)
@@ -1347,6 +1396,7 @@ int main(void)
         cmocka_unit_test(test_inputs_are_bounded),
         cmocka_unit_test(test_writers_wait_or_not),
         cmocka_unit_test(test_hints_fit_the_problem),
+        cmocka_unit_test(test_outputs_keep_mode),
         cmocka_unit_test(test_stdout_write_error),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
