@@ -13,13 +13,16 @@
  *
  * Outputs. The named output is replaced only when it is a regular file
  * (or absent): the bytes go to an unnamed O_TMPFILE in its directory,
- * which is fsynced, linked as ".<name>.kvx-tmp.<pid>" and renamed over the
- * target at once, so a killed command leaves nothing (a named temporary
- * only where O_TMPFILE is missing; any such file whose pid is dead is
- * removed by the next command writing into that directory). A FIFO or a
- * character device is written into directly, never renamed over (a FIFO
- * without a reader is refused at once); a symlink, a directory, a block
- * device or a socket is refused and left as it is. "-" is standard output.
+ * which is fsynced, linked as ".kvx-tmp.<pid>.<16 hex digits of the
+ * name's hash>" and renamed over the target at once, so a killed command
+ * leaves nothing (a named temporary only where O_TMPFILE is missing; any
+ * such file whose pid is dead is removed by the next command writing into
+ * that directory). The temporary's name has a fixed length whatever the
+ * target's, so any name the file system takes can be written (one of 250
+ * bytes plus a suffix could not). A FIFO or a character device is written
+ * into directly, never renamed over (a FIFO without a reader is refused
+ * at once); a symlink, a directory, a block device or a socket is refused
+ * and left as it is. "-" is standard output.
  *
  * A replaced file keeps its permission bits: the temporary takes them
  * before any byte is written to it (or, for a shard the library writes,
@@ -374,9 +377,20 @@ int cli_read_tokens(const cli_cmd *c, const char *path, uint32_t **out, size_t *
 
 #define TMP_MARK ".kvx-tmp."
 
+/* 1 when p starts with "." and 16 lowercase hex digits. */
+static int dot_hex16(const char *p)
+{
+    if (*p != '.') return 0;
+    for (int i = 1; i <= 16; i++)
+        if (!((p[i] >= '0' && p[i] <= '9') || (p[i] >= 'a' && p[i] <= 'f'))) return 0;
+    return 1;
+}
+
 /* Removes the temporary files of dead kvx commands from dirfd: names
- * ".<name>.kvx-tmp.<pid>", and the shard writer's own temporary of such a
- * name (".<that>.tmp.<pid>.<hex>"), whose <pid> no longer runs. */
+ * ".kvx-tmp.<pid>.<hex>" (and ".<name>.kvx-tmp.<pid>", which kvx wrote
+ * before its temporaries had a fixed length), and the shard writer's own
+ * temporary of such a name (".<that>.tmp.<pid>.<hex>"), whose <pid> no
+ * longer runs. */
 static void clean_stale(int dirfd)
 {
     int dfd = dup(dirfd);
@@ -392,13 +406,14 @@ static void clean_stale(int dirfd)
         const char *nm = de->d_name;
         if (nm[0] != '.') continue;
         const char *m = strstr(nm, TMP_MARK);
-        if (!m || m == nm) continue;
+        if (!m) continue;
         const char *p = m + strlen(TMP_MARK);
         if (*p < '1' || *p > '9') continue;
         char *end;
         errno = 0;
         long pid = strtol(p, &end, 10);
         if (errno || pid <= 0 || pid > 0x3fffffff) continue;
+        if (dot_hex16(end)) end += 17;
         if (*end && strncmp(end, ".tmp.", 5) != 0) continue;
         if (pid != (long)getpid() && (kill((pid_t)pid, 0) == 0 || errno != ESRCH)) continue;
         struct stat st;
@@ -410,6 +425,8 @@ static void clean_stale(int dirfd)
     closedir(d);
 }
 
+#define TMPNAME_CAP 64
+
 static int set_names(cli_out *o, const char *path)
 {
     const char *slash = strrchr(path, '/');
@@ -417,7 +434,7 @@ static int set_names(cli_out *o, const char *path)
     size_t dl = slash ? (size_t)(slash - path) : 1;
     o->dir = malloc(dl + 1);
     o->base = strdup(base);
-    o->tmpname = malloc(strlen(base) + 64);
+    o->tmpname = malloc(TMPNAME_CAP);
     if (!o->dir || !o->base || !o->tmpname) return -ENOMEM;
     if (slash) {
         memcpy(o->dir, path, dl);
@@ -426,7 +443,13 @@ static int set_names(cli_out *o, const char *path)
     } else {
         strcpy(o->dir, ".");
     }
-    snprintf(o->tmpname, strlen(base) + 64, ".%s" TMP_MARK "%ld", base, (long)getpid());
+    /* A fixed length (at most 36 bytes, and the shard writer's temporary
+     * of it at most 69): the target's name, up to the file system's 255
+     * bytes, is not part of it, only its FNV-1a hash, so two outputs of
+     * one process in one directory still differ. */
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)base; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
+    snprintf(o->tmpname, TMPNAME_CAP, TMP_MARK "%ld.%016llx", (long)getpid(), (unsigned long long)h);
     return 0;
 }
 

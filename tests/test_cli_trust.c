@@ -23,6 +23,7 @@
  *
  * And defects once found in the command, each kept fixed:
  * - A replaced output keeps its permission bits.
+ * - A 250-byte output name is written.
  * - A report standard output cannot take is exit 1.
  */
 #include <setjmp.h>
@@ -1357,6 +1358,58 @@ static void test_outputs_keep_mode(void **state)
     assert_int_equal(names_with(tmpdir, "kvx-tmp"), 0);
 }
 
+/* A name of 250 bytes (the file system takes 255) is written: the
+ * temporary's name no longer grows with the target's. A stale temporary
+ * of the fixed-length form is still removed. */
+static void test_output_name_250_bytes(void **state)
+{
+    (void)state;
+    char ld[320], envo[640], shardo[640], stale[2][512], h0[24];
+    path_in(ld, sizeof ld, "long");
+    assert_int_equal(mkdir(ld, 0700), 0);
+    char name[251];
+    memset(name, 'n', 246);
+    memcpy(name + 246, ".kvx", 5); /* 250 bytes and the NUL */
+    snprintf(shardo, sizeof shardo, "%s/%s", ld, name);
+    name[0] = 'e';
+    snprintf(envo, sizeof envo, "%s/%s", ld, name);
+    hexs(h0, sizeof h0, hashes[0]);
+    cli_run r = CLI(NULL, "store", "get", base, "-o", envo, "--format", "v1", h0);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    assert_true(is_type(envo, S_IFREG));
+    r = CLI(NULL, "convert", envp, "-o", shardo);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    jval *v = inspect_json(shardo);
+    assert_int_equal(jget(v, "entries")->n, NB);
+    jfree(v);
+    /* Replaced, both ways. */
+    r = CLI(NULL, "convert", shardo, "-o", envo, "--format", "v1");
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    size_t n;
+    uint8_t *b = slurp_file(envo, &n);
+    assert_int_equal(n, env_len);
+    assert_memory_equal(b, env, env_len);
+    free(b);
+    r = CLI(NULL, "convert", envp, "-o", shardo);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    /* Leftovers of a dead process, in the fixed-length form. */
+    pid_t dead = dead_pid();
+    snprintf(stale[0], sizeof stale[0], "%s/.kvx-tmp.%ld.0123456789abcdef", ld, (long)dead);
+    snprintf(stale[1], sizeof stale[1], "%s/..kvx-tmp.%ld.0123456789abcdef.tmp.%ld.00000000deadbeef",
+             ld, (long)dead, (long)dead);
+    for (int i = 0; i < 2; i++) write_bytes(stale[i], "x", 1);
+    r = CLI(NULL, "convert", envp, "-o", shardo);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    assert_false(file_exists(stale[0]));
+    assert_false(file_exists(stale[1]));
+    assert_int_equal(names_with(ld, "kvx-tmp"), 0);
+    assert_int_equal(names_with(ld, ".tmp."), 0);
+}
 
 /* A report that standard output cannot take (a full disk) is exit 1 with
  * a message, not 0. */
@@ -1397,6 +1450,7 @@ int main(void)
         cmocka_unit_test(test_writers_wait_or_not),
         cmocka_unit_test(test_hints_fit_the_problem),
         cmocka_unit_test(test_outputs_keep_mode),
+        cmocka_unit_test(test_output_name_250_bytes),
         cmocka_unit_test(test_stdout_write_error),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
