@@ -304,14 +304,22 @@ int cli_read_tokens_fd(const cli_cmd *c, const char *name, int fd, int bad_rc, u
     *out = NULL;
     *out_n = 0;
     uint64_t limit = cli_text_cap();
-    size_t cap = 1 << 16, len = 0;
+    size_t cap = limit < ((uint64_t)1 << 16) ? (size_t)limit : (size_t)1 << 16, len = 0;
     char *text = malloc(cap + 1);
     if (!text) return cli_fail(c, "out of memory");
     int stop = 0;
     while (!stop) {
         if (len == cap) {
             if ((uint64_t)len >= limit) {
+                /* Exactly the limit is taken: only a byte past it is too
+                 * much (a text of exactly 1 GiB was refused). */
+                char extra;
+                ssize_t r = read(fd, &extra, 1);
+                if (r < 0 && errno == EINTR) continue;
+                if (r == 0) break;
+                int e = errno;
                 free(text);
+                if (r < 0) return cli_fail(c, "cannot read '%s': %s", name, strerror(e));
                 char a[32];
                 return cli_fail(c, "'%s' holds more than %s of token text (the input limit)",
                                 name, cli_fmt_size(a, sizeof a, limit));

@@ -25,6 +25,7 @@
  * - A replaced output keeps its permission bits.
  * - A 250-byte output name is written.
  * - A report standard output cannot take is exit 1.
+ * - Token text of exactly the cap is taken.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -1438,6 +1439,28 @@ static void test_stdout_write_error(void **state)
     cli_run_free(&r);
 }
 
+/* Token text of exactly the cap is taken; one byte more is refused (the
+ * cap refused exactly 1 GiB, and a lowered cap bit only at 64 KiB). */
+static void test_text_cap_exact(void **state)
+{
+    (void)state;
+    char text[4098];
+    for (int i = 0; i < 1024; i++) memcpy(text + 4 * i, "1 2 ", 4);
+    text[4096] = '\0';
+    setenv("KVX_CLI_TEXT_CAP", "4KiB", 1);
+    cli_run r = CLI(text, "hash", "-b", "2");
+    EXPECT_RC(r, 0);
+    assert_int_equal(count_substr(r.out, "\n"), 1024);
+    cli_run_free(&r);
+    text[4096] = '3';
+    text[4097] = '\0';
+    r = CLI(text, "hash", "-b", "2");
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "more than 4.00 KiB"));
+    cli_run_free(&r);
+    unsetenv("KVX_CLI_TEXT_CAP");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1452,6 +1475,7 @@ int main(void)
         cmocka_unit_test(test_outputs_keep_mode),
         cmocka_unit_test(test_output_name_250_bytes),
         cmocka_unit_test(test_stdout_write_error),
+        cmocka_unit_test(test_text_cap_exact),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
