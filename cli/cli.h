@@ -121,6 +121,11 @@ int cli_read_input_head(const cli_cmd *c, const char *path, int *out_fd, int *ou
 int cli_read_envelope_fd(const cli_cmd *c, const char *name, int fd, int regular, uint64_t size,
                          const uint8_t *head, size_t head_len, void **out, size_t *out_len);
 void cli_close_input(int fd);
+/* Opens a text input read line by line (a trace): a regular file, a FIFO
+ * (opened without blocking: one no process writes to reads as empty) or
+ * "-" (standard input); anything else is refused by type before it is
+ * opened. Close it with cli_close_input. */
+int cli_open_input(const cli_cmd *c, const char *path, int *out_fd);
 /* Token ids as text from path ("-": standard input) or fd, capped; stops
  * reading at the first byte token text cannot hold. Bad content (a NUL, a
  * word that is no token id) returns bad_rc (CLI_FAIL or CLI_USAGE). */

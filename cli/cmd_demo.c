@@ -232,23 +232,96 @@ static int run_builtin(demo *d, uint32_t convs, uint32_t turns, uint32_t restart
 /* Each request is acknowledged (flushed) before the next arrives, as an
  * engine would; the store's compaction keeps the shard count bounded. */
 #define FLUSH_EVERY 1
+
+/* A trace line holds one request: a few KiB for the longest prompts of a
+ * real trace (a 128K-token prompt has 250 hash ids). A longer line is
+ * refused before it is parsed, so no line (an endless stream without a
+ * newline) grows memory, and one request's pages and tokens stay bounded. */
+#define TRACE_LINE_CAP ((size_t)64 << 10)
+
+/* Lines of at most TRACE_LINE_CAP bytes, read from fd into one buffer;
+ * all of them together at most limit bytes. */
+typedef struct line_reader {
+    int fd;
+    char *buf;         /* TRACE_LINE_CAP + 1 bytes */
+    size_t start, end; /* unread bytes: buf[start, end) */
+    uint64_t total;    /* bytes read */
+    uint64_t limit;    /* cli_text_cap() */
+    int eof;
+} line_reader;
+
+/* The next line, without its newline and NUL-terminated in place: 1; 0 at
+ * the end of input; -1 a line longer than TRACE_LINE_CAP; -2 the input is
+ * longer than the limit; -3 a read error (errno). */
+static int next_line(line_reader *lr, char **line, size_t *len)
+{
+    for (;;) {
+        char *p = lr->buf + lr->start;
+        size_t have = lr->end - lr->start;
+        char *nl = memchr(p, '\n', have);
+        if (nl || (lr->eof && have)) {
+            size_t n = nl ? (size_t)(nl - p) : have;
+            p[n] = '\0';
+            *line = p;
+            *len = n;
+            lr->start += nl ? n + 1 : n;
+            return 1;
+        }
+        if (lr->eof) return 0;
+        if (have >= TRACE_LINE_CAP) return -1;
+        if (lr->start) {
+            memmove(lr->buf, p, have);
+            lr->start = 0;
+            lr->end = have;
+        }
+        /* at most one byte past the limit: exactly the limit is taken */
+        size_t want = TRACE_LINE_CAP - lr->end;
+        if (want > lr->limit + 1 - lr->total) want = (size_t)(lr->limit + 1 - lr->total);
+        ssize_t r = read(lr->fd, lr->buf + lr->end, want);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return -3;
+        if (r == 0) lr->eof = 1;
+        lr->end += (size_t)r;
+        lr->total += (uint64_t)r;
+        if (lr->total > lr->limit) return -2;
+    }
+}
+
 static int run_trace(demo *d, const char *path, uint64_t max_requests, int want_bar,
                      phase_stats *before, phase_stats *after)
 {
-    FILE *f = fopen(path, "r");
-    if (!f) return cli_fail(d->self, "cannot open the trace '%s': %s", path, strerror(errno));
+    /* A request larger than the store could never be held whole: refused
+     * at its line, before its pages or tokens are made. */
+    kvx_store_stats ss;
+    int src = kvx_store_stat(&ss, d->store);
+    if (src != 0) return cli_fail_code(d->self, src, "cannot read the store's capacity");
+    line_reader lr = {-1, NULL, 0, 0, 0, cli_text_cap(), 0};
+    if (cli_open_input(d->self, path, &lr.fd) != CLI_OK) return CLI_FAIL;
+    const char *name = strcmp(path, "-") ? path : "standard input";
     /* Read the requests first, so the restart falls at the middle. */
     trace_req *reqs = NULL;
     size_t n = 0, cap = 0, lineno = 0;
     char *line = NULL;
-    size_t lcap = 0;
-    ssize_t len;
-    int rc = 0;
+    size_t len = 0;
+    int rc = 0, got = 0;
     json_tokener *tok = json_tokener_new();
-    if (!tok) rc = cli_fail(d->self, "out of memory");
+    lr.buf = malloc(TRACE_LINE_CAP + 1);
+    if (!tok || !lr.buf) rc = cli_fail(d->self, "out of memory");
     else json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
-    while (!rc && (len = getline(&line, &lcap, f)) > 0 && (max_requests == 0 || n < max_requests)) {
+    while (!rc && (max_requests == 0 || n < max_requests) && (got = next_line(&lr, &line, &len)) != 0) {
         lineno++;
+        if (got < 0) {
+            char a[32];
+            if (got == -1)
+                rc = cli_fail(d->self, "%s:%zu: the line is longer than %s: a trace line holds one "
+                              "request (a JSON object)", name, lineno, cli_fmt_size(a, sizeof a, TRACE_LINE_CAP));
+            else if (got == -2)
+                rc = cli_fail(d->self, "'%s' holds more than %s of trace (the input limit)", name,
+                              cli_fmt_size(a, sizeof a, lr.limit));
+            else
+                rc = cli_fail(d->self, "cannot read '%s': %s", name, strerror(errno));
+            break;
+        }
         if (cli_trace_blank_line(line)) continue;
         if (n == cap) {
             cap = cap ? cap * 2 : 256;
@@ -260,20 +333,30 @@ static int run_trace(demo *d, const char *path, uint64_t max_requests, int want_
             reqs = nr;
         }
         const char *why = "";
-        if (cli_trace_parse_line(&reqs[n], tok, line, (size_t)len, &why) != 0) {
+        if (cli_trace_parse_line(&reqs[n], tok, line, len, &why) != 0) {
             enum json_tokener_error je = json_tokener_get_error(tok);
             rc = cli_fail(d->self, "%s:%zu: not a Mooncake trace line (%s%s%s; needs \"input_length\" and "
-                          "\"hash_ids\": [...])", path, lineno, why,
+                          "\"hash_ids\": [...])", name, lineno, why,
                           strcmp(why, "not JSON") ? "" : ": ",
                           strcmp(why, "not JSON") ? "" : json_tokener_error_desc(je));
             break;
         }
-        n++;
+        trace_req *r = &reqs[n++];
+        uint64_t blocks = r->input_length / d->g.block_tokens;
+        if (blocks > r->n_ids) blocks = r->n_ids;
+        if (blocks > ss.capacity_bytes / d->page_bytes) {
+            char a[32], b[32];
+            rc = cli_fail(d->self, "%s:%zu: the request's %" PRIu64 " blocks (%s) are more than the "
+                          "store's capacity (%s)", name, lineno, blocks,
+                          cli_fmt_size(a, sizeof a, blocks * d->page_bytes),
+                          cli_fmt_size(b, sizeof b, ss.capacity_bytes));
+            break;
+        }
     }
     if (tok) json_tokener_free(tok);
-    free(line);
-    fclose(f);
-    if (!rc && n == 0) rc = cli_fail(d->self, "the trace '%s' holds no requests", path);
+    free(lr.buf);
+    cli_close_input(lr.fd);
+    if (!rc && n == 0) rc = cli_fail(d->self, "the trace '%s' holds no requests", name);
     uint32_t B = d->g.block_tokens;
     uint32_t *toks = NULL;
     size_t tcap = 0;
@@ -755,7 +838,12 @@ const cli_cmd cli_cmd_demo = {
     "  -t, --trace FILE        replay a Mooncake trace (JSON lines with\n"
     "                          input_length and hash_ids of 512-token blocks;\n"
     "                          token ids derived from the hash ids) instead,\n"
-    "                          on a model of L=1, Hkv=1, D=4, B=512\n"
+    "                          on a model of L=1, Hkv=1, D=4, B=512. FILE is a\n"
+    "                          file, a FIFO or '-' (standard input), anything\n"
+    "                          else is refused by type; a line longer than\n"
+    "                          64 KiB, a trace over 1 GiB and a request with\n"
+    "                          more blocks than the store's capacity are\n"
+    "                          refused, naming FILE:LINE\n"
     "  -r, --requests N        trace requests to replay (default 1000; 0 = all);\n"
     "                          the restart falls at the middle\n"
     "  -c, --conversations N   conversations of the built-in workload (default 48)\n"

@@ -108,15 +108,17 @@ static ssize_t read_full(int fd, void *buf, size_t n)
 /* Opens an input: "-" is standard input (not closed later). Never blocks:
  * a FIFO is opened O_NONBLOCK (a FIFO no process writes to reads as
  * empty), then switched back to blocking reads. A directory, a socket or
- * a block device is refused by type. */
-static int open_input(const cli_cmd *c, const char *path, int *out_fd, struct stat *st)
+ * a block device is refused by type, and a character device (by name)
+ * unless devices is set. */
+static int open_input_as(const cli_cmd *c, const char *path, int devices, int *out_fd,
+                         struct stat *st)
 {
     int fd;
     if (!strcmp(path, "-")) {
         fd = STDIN_FILENO;
     } else {
         if (stat(path, st) != 0) return fail_open(c, path, errno);
-        if (!S_ISREG(st->st_mode) && !S_ISFIFO(st->st_mode) && !S_ISCHR(st->st_mode))
+        if (!S_ISREG(st->st_mode) && !S_ISFIFO(st->st_mode) && !(devices && S_ISCHR(st->st_mode)))
             return cli_fail(c, "'%s' is %s: give a file, a FIFO or '-' (standard input)", path,
                             cli_file_type(st->st_mode));
         fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
@@ -134,8 +136,24 @@ static int open_input(const cli_cmd *c, const char *path, int *out_fd, struct st
         return cli_fail(c, "'%s' is %s: give a file, a FIFO or '-' (standard input)", path,
                         cli_file_type(st->st_mode));
     }
+    if (!devices && fd != STDIN_FILENO && !S_ISREG(st->st_mode) && !S_ISFIFO(st->st_mode)) {
+        close(fd); /* another file took the name meanwhile */
+        return cli_fail(c, "'%s' is %s: give a file, a FIFO or '-' (standard input)", path,
+                        cli_file_type(st->st_mode));
+    }
     *out_fd = fd;
     return CLI_OK;
+}
+
+static int open_input(const cli_cmd *c, const char *path, int *out_fd, struct stat *st)
+{
+    return open_input_as(c, path, 1, out_fd, st);
+}
+
+int cli_open_input(const cli_cmd *c, const char *path, int *out_fd)
+{
+    struct stat st;
+    return open_input_as(c, path, 0, out_fd, &st);
 }
 
 static void close_input(int fd)

@@ -22,6 +22,9 @@
  *   geometry is a usage error, warmup names every shard it cannot open.
  *
  * And defects once found in the command, each kept fixed:
+ * - demo --trace under a memory limit: a device, a FIFO without writer,
+ *   an endless line, a huge line and a request larger than the store end
+ *   promptly with exit 1, naming file:line.
  * - A replaced output keeps its permission bits.
  * - A 250-byte output name is written.
  * - A report standard output cannot take is exit 1.
@@ -36,6 +39,7 @@
 
 #include <dirent.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/sysmacros.h>
 #include <sys/un.h>
@@ -1310,6 +1314,134 @@ static void test_hints_fit_the_problem(void **state)
     cli_run_free(&r);
 }
 
+/* ------------------------------------------------- 7: demo --trace */
+
+/* Runs KVX_CLI with stdin from in_fd (-1: /dev/null) under a memory limit
+ * of 2 GiB of address space (not under AddressSanitizer, whose shadow
+ * needs terabytes of it) and an alarm of secs seconds, kept across exec:
+ * a command that blocks dies of SIGALRM (rc 128 + 14). */
+static cli_run run_limited(int in_fd, unsigned secs, const char *const *args)
+{
+    char tmpl_o[] = "/tmp/kvx-trust-out-XXXXXX", tmpl_e[] = "/tmp/kvx-trust-err-XXXXXX";
+    int fo = mkstemp(tmpl_o), fe = mkstemp(tmpl_e);
+    unlink(tmpl_o);
+    unlink(tmpl_e);
+    assert_true(fo >= 0 && fe >= 0);
+    const char *argv[64];
+    int n = 0;
+    argv[n++] = KVX_CLI;
+    for (; args[n - 1] && n < 63; n++) argv[n] = args[n - 1];
+    argv[n] = NULL;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int fi = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY);
+        dup2(fi, 0);
+        dup2(fo, 1);
+        dup2(fe, 2);
+#if !defined(__SANITIZE_ADDRESS__)
+        struct rlimit rl = {(rlim_t)2 << 30, (rlim_t)2 << 30};
+        setrlimit(RLIMIT_AS, &rl);
+#endif
+        alarm(secs);
+        execv(KVX_CLI, (char *const *)argv);
+        _exit(127);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    cli_run r;
+    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    r.out = harness_slurp(fo);
+    r.err = harness_slurp(fe);
+    close(fo);
+    close(fe);
+    if (r.rc != 1) fprintf(stderr, "exit %d; stderr:\n%s\n", r.rc, r.err);
+    return r;
+}
+#define RUN_LIMITED(in_fd, ...) run_limited((in_fd), 30, (const char *const[]){__VA_ARGS__, NULL})
+
+/* A trace line of n hash ids 0..n-1, whole blocks. */
+static void write_trace_line(FILE *f, size_t n)
+{
+    fprintf(f, "{\"timestamp\": 0, \"input_length\": %zu, \"hash_ids\": [", n * 512);
+    for (size_t i = 0; i < n; i++) fprintf(f, "%s%zu", i ? ", " : "", i);
+    fputs("]}\n", f);
+}
+
+static void test_demo_trace_bounded(void **state)
+{
+    (void)state;
+    char fifo[320], huge[320], capd[320], capt[320];
+    path_in(fifo, sizeof fifo, "trace.fifo");
+    path_in(huge, sizeof huge, "huge.jsonl");
+    path_in(capd, sizeof capd, "small-store");
+    path_in(capt, sizeof capt, "cap.jsonl");
+
+    /* A device is refused by type (getline grew one line of /dev/zero
+     * until memory ran out, then said the trace held no requests). */
+    cli_run r = RUN_LIMITED(-1, "demo", "--trace", "/dev/zero");
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "/dev/zero"));
+    assert_non_null(strstr(r.err, "character device"));
+    cli_run_free(&r);
+
+    /* A FIFO no process writes to reads as empty (fopen waited forever). */
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    r = RUN_LIMITED(-1, "demo", "--trace", fifo);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "no requests"));
+    cli_run_free(&r);
+
+    /* An endless line from a pipe ends at the line cap, naming the line. */
+    int p[2];
+    assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+    pid_t f = feeder(p[1], NULL, 0, "0", p[0]);
+    close(p[1]);
+    r = RUN_LIMITED(p[0], "demo", "--trace", "-");
+    close(p[0]);
+    reap(f);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "standard input:1"));
+    assert_non_null(strstr(r.err, "longer than"));
+    cli_run_free(&r);
+
+    /* One line of 600,000 hash ids (4.7 GiB of pages): refused by its
+     * length before it is parsed. */
+    FILE *t = fopen(huge, "w");
+    assert_non_null(t);
+    write_trace_line(t, 2);
+    write_trace_line(t, 600000);
+    fclose(t);
+    r = RUN_LIMITED(-1, "demo", "--trace", huge);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "huge.jsonl:2"));
+    assert_non_null(strstr(r.err, "longer than"));
+    cli_run_free(&r);
+
+    /* A request larger than the store (600 blocks of 8 KiB, 4 MiB): refused
+     * at its line, before its pages are made or anything is put. */
+    r = CLI(NULL, "store", "create", capd, "-L", "1", "-H", "1", "-D", "4", "-B", "512", "-q",
+            "fp16", "--capacity", "4MiB", "--model-signature", "6b76782d74726163");
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    t = fopen(capt, "w");
+    assert_non_null(t);
+    write_trace_line(t, 3);
+    write_trace_line(t, 600);
+    fclose(t);
+    r = RUN_LIMITED(-1, "demo", "--dir", capd, "--trace", capt);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "cap.jsonl:2"));
+    assert_non_null(strstr(r.err, "capacity"));
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "stat", "--json", capd);
+    jval *v = run_json(&r, 0);
+    assert_int_equal((int)jget(v, "blocks")->num, 0); /* nothing was put */
+    jfree(v);
+    cli_run_free(&r);
+}
+
 /* ---------------------------------------------- 8: outputs, standard out */
 
 static mode_t mode_of(const char *path)
@@ -1472,6 +1604,7 @@ int main(void)
         cmocka_unit_test(test_inputs_are_bounded),
         cmocka_unit_test(test_writers_wait_or_not),
         cmocka_unit_test(test_hints_fit_the_problem),
+        cmocka_unit_test(test_demo_trace_bounded),
         cmocka_unit_test(test_outputs_keep_mode),
         cmocka_unit_test(test_output_name_250_bytes),
         cmocka_unit_test(test_stdout_write_error),
