@@ -40,6 +40,10 @@ extern const cli_cmd cli_cmd_store_tier; /* cmd_tier.c: `kvx store tier` */
  * / --no-wait (ch 'W' / 'N'), and opens that print their own failure. */
 int cli_store_parse_wait(const cli_cmd *self, int ch, const char *arg, double *wait);
 int cli_store_open_writer(const cli_cmd *self, kvx_store **out, const char *dir, double wait);
+/* The same for a store of geometry g (its mismatch fails as the open
+ * does: KVX_ESHAPE, KVX_EMODEL), for cmd_demo.c. */
+int cli_store_open_writer_g(const cli_cmd *self, kvx_store **out, const char *dir,
+                            const kvx_geometry *g, double wait);
 int cli_store_open_reader(const cli_cmd *self, kvx_store **out, const char *dir);
 extern const cli_cmd cli_cmd_warmup;
 extern const cli_cmd cli_cmd_demo;

@@ -71,6 +71,7 @@ typedef struct demo {
     kvx_geometry g;
     uint64_t page_bytes;
     kvx_store *store;
+    double wait; /* --wait SECONDS / --no-wait: < 0 forever, 0 not at all */
     char dir[4096];
     /* scratch */
     uint8_t *pages;
@@ -142,6 +143,25 @@ static int serve_prompt(demo *d, const uint32_t *toks, size_t n)
     return 0;
 }
 
+/* Opens the store as its writer: 0, a kvx code not reported yet, or
+ * CLI_FAIL after a message. Another writer holding it is waited for as
+ * 'kvx store put' does: saying once which pid holds it, at most --wait
+ * seconds, not at all with --no-wait. */
+static int open_store(demo *d)
+{
+    int rc = kvx_store_open(&d->store, d->dir, &d->g, KVX_STORE_NOWAIT);
+    if (rc != KVX_EBUSY) return rc;
+    return cli_store_open_writer_g(d->self, &d->store, d->dir, &d->g, d->wait) == CLI_OK ? 0 : CLI_FAIL;
+}
+
+/* The restart's open, after the demo's own close. */
+static int reopen(demo *d)
+{
+    int rc = open_store(d);
+    if (rc < 0) cli_fail_code(d->self, rc, "cannot reopen the store after the restart");
+    return rc ? CLI_FAIL : 0;
+}
+
 static int flush(demo *d)
 {
     int rc = kvx_store_flush(d->store);
@@ -203,11 +223,8 @@ static int run_builtin(demo *d, uint32_t convs, uint32_t turns, uint32_t restart
             /* The restart: every acknowledged block must come back. */
             kvx_store_close(d->store);
             d->store = NULL;
-            rc = kvx_store_open(&d->store, d->dir, &d->g, 0);
-            if (rc != 0) {
-                rc = cli_fail_code(d->self, rc, "cannot reopen the store after the restart");
-                break;
-            }
+            rc = reopen(d);
+            if (rc != 0) break;
             cli_progress_begin(&bar, "replay", (uint64_t)convs * (turns - restart_turn), 0, want_bar);
         }
         for (uint32_t c = 0; c < convs && !rc; c++) {
@@ -371,11 +388,8 @@ static int run_trace(demo *d, const char *path, uint64_t max_requests, int want_
             *before = take_phase(d);
             kvx_store_close(d->store);
             d->store = NULL;
-            rc = kvx_store_open(&d->store, d->dir, &d->g, 0);
-            if (rc != 0) {
-                rc = cli_fail_code(d->self, rc, "cannot reopen the store after the restart");
-                break;
-            }
+            rc = reopen(d);
+            if (rc != 0) break;
             cli_progress_begin(&bar, "replay", n - half, 0, want_bar);
         }
         trace_req *r = &reqs[i];
@@ -577,12 +591,15 @@ static int run_demo(const cli_cmd *self, int argc, char **argv)
         {"conversations", required_argument, NULL, 'c'},
         {"turns", required_argument, NULL, 'T'},
         {"requests", required_argument, NULL, 'r'},
+        {"wait", required_argument, NULL, 'W'},
+        {"no-wait", no_argument, NULL, 'N'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *dir = NULL, *trace = NULL;
     int gpu = 0, json = 0, ch;
     uint64_t convs = 48, turns = 6, requests = 1000;
+    double wait = -1;
     cli_getopt_reset();
     while ((ch = getopt_long(argc, argv, ":d:t:gjc:T:r:h", opts, NULL)) != -1) {
         switch (ch) {
@@ -601,6 +618,10 @@ static int run_demo(const cli_cmd *self, int argc, char **argv)
         case 'r':
             if (cli_parse_u64(optarg, UINT32_MAX, &requests) != 0)
                 return cli_usage(self, "--requests must be a count (0 = all), not '%s'", optarg);
+            break;
+        case 'W':
+        case 'N':
+            if (cli_store_parse_wait(self, ch, optarg, &wait) != CLI_OK) return CLI_USAGE;
             break;
         case 'h': cli_print_help(self); return CLI_OK;
         default: return cli_getopt_error(self, ch, argv, opts);
@@ -622,6 +643,7 @@ static int run_demo(const cli_cmd *self, int argc, char **argv)
     demo d;
     memset(&d, 0, sizeof d);
     d.self = self;
+    d.wait = wait;
     /* A small model: L=4, Hkv=2, D=64, B=16, fp16 (32 KiB per block). The
      * trace's blocks are 512 tokens, so its model is tinier still (8 KiB). */
     kvx_geometry g = {4, 2, 64, 16, KVX_QUANT_FP16, 0x6b76782d64656d6full};
@@ -653,7 +675,8 @@ static int run_demo(const cli_cmd *self, int argc, char **argv)
     struct stat st;
     int rc;
     if (stat(d.dir, &st) == 0 && S_ISDIR(st.st_mode) && !dir_is_empty(d.dir)) {
-        rc = kvx_store_open(&d.store, d.dir, &g, 0);
+        rc = open_store(&d);
+        if (rc == CLI_FAIL) goto fail;
         if (rc != 0) {
             cli_fail_code(self, rc, "'%s' is not a store this demo can use", d.dir);
             fprintf(stderr, "  hint: give --dir a new or empty directory, or one a previous "
@@ -819,6 +842,7 @@ const cli_cmd cli_cmd_demo = {
     "see kvx do its job end to end: persist, restart, serve prefixes, warm up",
     "Usage: kvx demo [--dir DIR] [--trace FILE [--requests N]]\n"
     "                [--conversations N] [--turns N] [--gpu] [--json]\n"
+    "                [--wait SECONDS | --no-wait]\n"
     "\n"
     "Plays an inference engine serving a multi-turn chat workload (a few\n"
     "system prompts shared by many growing conversations) on a small model\n"
@@ -850,6 +874,10 @@ const cli_cmd cli_cmd_demo = {
     "  -T, --turns N           turns per conversation (default 6); the restart\n"
     "                          falls at the middle\n"
     "  -g, --gpu               warm up into GPU memory instead of host memory\n"
+    "      --wait SECONDS      give up (exit 1) when another writer still holds\n"
+    "                          the --dir store after SECONDS (default: wait as\n"
+    "                          long as it takes, saying once which pid holds it)\n"
+    "      --no-wait           fail at once (exit 1) when another writer holds it\n"
     "  -j, --json              one JSON object: blocks_written, bytes_written,\n"
     "                          restart_prefix_hit_ratio, blocks_served,\n"
     "                          blocks_recomputed, warmup_gbps, pages_verified,\n"

@@ -143,14 +143,16 @@ static int parse_wait(const cli_cmd *self, int ch, const char *arg, double *wait
     return CLI_OK;
 }
 
-/* Opens dir as its writer: tries without waiting, every 100 ms, while
- * another writer holds it (KVX_EBUSY). */
-static int open_writer(const cli_cmd *self, kvx_store **out, const char *dir, double wait)
+/* Opens dir as its writer (of geometry g when g is non-NULL): tries
+ * without waiting, every 100 ms, while another writer holds it
+ * (KVX_EBUSY). */
+static int open_writer_g(const cli_cmd *self, kvx_store **out, const char *dir,
+                         const kvx_geometry *g, double wait)
 {
     double start = cli_now();
     int said = 0;
     for (;;) {
-        int rc = kvx_store_open(out, dir, NULL, KVX_STORE_NOWAIT);
+        int rc = kvx_store_open(out, dir, g, KVX_STORE_NOWAIT);
         if (rc != KVX_EBUSY) {
             if (rc == 0) return CLI_OK;
             char hint[512];
@@ -184,6 +186,11 @@ static int open_writer(const cli_cmd *self, kvx_store **out, const char *dir, do
     }
 }
 
+static int open_writer(const cli_cmd *self, kvx_store **out, const char *dir, double wait)
+{
+    return open_writer_g(self, out, dir, NULL, wait);
+}
+
 /* For the other store command files (cmd_tier.c). */
 int cli_store_parse_wait(const cli_cmd *self, int ch, const char *arg, double *wait)
 {
@@ -192,6 +199,11 @@ int cli_store_parse_wait(const cli_cmd *self, int ch, const char *arg, double *w
 int cli_store_open_writer(const cli_cmd *self, kvx_store **out, const char *dir, double wait)
 {
     return open_writer(self, out, dir, wait);
+}
+int cli_store_open_writer_g(const cli_cmd *self, kvx_store **out, const char *dir,
+                            const kvx_geometry *g, double wait)
+{
+    return open_writer_g(self, out, dir, g, wait);
 }
 int cli_store_open_reader(const cli_cmd *self, kvx_store **out, const char *dir)
 {

@@ -39,7 +39,7 @@ _kvx() {
         "store gc") words="--help --no-wait --wait" ;;
         "store tier") words="--help --json --no-wait --tenant --tier-ttl --wait" ;;
         "warmup") words="--buffered --help --io --json --no-verify --sink" ;;
-        "demo") words="--conversations --dir --gpu --help --json --requests --trace --turns" ;;
+        "demo") words="--conversations --dir --gpu --help --json --no-wait --requests --trace --turns --wait" ;;
     esac
     # a subcommand or an option where one is expected; else files
     if [[ $cur == -* || -z $cmd || $cmd == store ]]; then

@@ -28,6 +28,7 @@
  * - A replaced output keeps its permission bits.
  * - A 250-byte output name is written.
  * - A report standard output cannot take is exit 1.
+ * - demo waits for another writer as put does (--wait, --no-wait).
  * - Token text of exactly the cap is taken.
  */
 #include <setjmp.h>
@@ -1571,6 +1572,59 @@ static void test_stdout_write_error(void **state)
     cli_run_free(&r);
 }
 
+/* demo opens its --dir store as a writer like put does: --no-wait and
+ * --wait N give up naming the holder (it waited forever, saying nothing). */
+static void test_demo_waits_or_not(void **state)
+{
+    (void)state;
+    char dd[320], prog[512];
+    path_in(dd, sizeof dd, "demo-held");
+    cli_run r = CLI(NULL, "demo", "--json", "--dir", dd, "--conversations", "1", "--turns", "2");
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    snprintf(prog, sizeof prog, "%s/prog_hold_writer", KVX_TEST_BINARY_DIR);
+    int to_child[2], from_child[2];
+    assert_int_equal(pipe2(to_child, O_CLOEXEC), 0);
+    assert_int_equal(pipe2(from_child, O_CLOEXEC), 0);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t holder = fork();
+    if (holder == 0) {
+        dup2(to_child[0], 0);
+        dup2(from_child[1], 1);
+        execl(prog, prog, dd, (char *)NULL);
+        _exit(127);
+    }
+    close(to_child[0]);
+    close(from_child[1]);
+    char line[64] = {0};
+    ssize_t k = read(from_child[0], line, sizeof line - 1);
+    assert_true(k > 6 && !strncmp(line, "ready ", 6));
+    char want[48];
+    snprintf(want, sizeof want, "pid %ld", (long)holder);
+    double t0 = now_s();
+    r = RUN_T(-1, 20, "demo", "--dir", dd, "--no-wait", "--conversations", "1", "--turns", "2");
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, want));
+    assert_true(now_s() - t0 < 5);
+    cli_run_free(&r);
+    r = RUN_T(-1, 20, "demo", "--dir", dd, "--wait", "0.5", "--conversations", "1", "--turns", "2");
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "gave up"));
+    assert_non_null(strstr(r.err, want));
+    cli_run_free(&r);
+    close(to_child[1]);
+    int st = 0;
+    assert_int_equal(waitpid(holder, &st, 0), holder);
+    close(from_child[0]);
+    r = RUN_T(-1, 60, "demo", "--dir", dd, "--no-wait", "--conversations", "1", "--turns", "2");
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    r = CLI(NULL, "demo", "--wait", "soon");
+    EXPECT_RC(r, 2);
+    cli_run_free(&r);
+}
+
 /* Token text of exactly the cap is taken; one byte more is refused (the
  * cap refused exactly 1 GiB, and a lowered cap bit only at 64 KiB). */
 static void test_text_cap_exact(void **state)
@@ -1608,6 +1662,7 @@ int main(void)
         cmocka_unit_test(test_outputs_keep_mode),
         cmocka_unit_test(test_output_name_250_bytes),
         cmocka_unit_test(test_stdout_write_error),
+        cmocka_unit_test(test_demo_waits_or_not),
         cmocka_unit_test(test_text_cap_exact),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
