@@ -95,11 +95,19 @@ void kvx_sha256(uint8_t out[KVX_DIGEST_BYTES], const void *data, size_t len)
 #endif
 }
 
+uint64_t (*kvx_key_name_hook)(const void *key, size_t len, uint64_t name);
+
+uint64_t kvx_key_name(const uint8_t digest[KVX_DIGEST_BYTES], const void *key, size_t len)
+{
+    uint64_t name = kvx_load64(digest);
+    return kvx_key_name_hook ? kvx_key_name_hook(key, len, name) : name;
+}
+
 KVX_API uint64_t kvx_key_hash(const void *key, size_t len)
 {
     uint8_t d[KVX_DIGEST_BYTES];
     kvx_sha256(d, key, len);
-    return kvx_load64(d);
+    return kvx_key_name(d, key, len);
 }
 
 int kvx_digest_is_zero(const uint8_t *d)

@@ -20,6 +20,18 @@ void kvx_digest_step(kvx_digest_ctx *c, uint8_t out[KVX_DIGEST_BYTES], const uin
                      uint32_t B);
 /* out = SHA-256(data) (all ones if OpenSSL failed: matches nothing). */
 void kvx_sha256(uint8_t out[KVX_DIGEST_BYTES], const void *data, size_t len);
+/* A key's name in a keyed store's index, from its SHA-256 digest: the
+ * first 8 bytes, LE (what kvx_key_hash answers). Every name the store gives
+ * a key (put, get, exists, delete, and the shard reader's table) comes from
+ * here. */
+uint64_t kvx_key_name(const uint8_t digest[KVX_DIGEST_BYTES], const void *key, size_t len);
+/* Test seam, like kvx_os (common/os.h): NULL except in a test, which may
+ * set it to answer another name for a key (given the real one), so two keys
+ * can share a 64-bit name: a collision no search for SHA-256 finds
+ * (tests/test_attack12.c test_keyed_name_collision). Internal, not in
+ * kvx.h, not exported by the shared library. Set it before opening a
+ * keyed store and reset it (NULL) after closing it. */
+extern uint64_t (*kvx_key_name_hook)(const void *key, size_t len, uint64_t name);
 /* 1 when the 32 bytes are all zero (an unverified or partial entry). */
 int kvx_digest_is_zero(const uint8_t *d);
 

@@ -590,8 +590,8 @@ int kvx_st_put_keyed(kvx_store *s, kvx_store_batch *x, const kvx_key *keys, cons
     }
     for (size_t i = 0; i < n; i++) kvx_sha256(d[i], keys[i].bytes, keys[i].len);
 #define ST_KEYED_Q(i)                                                                                          \
-    {.hash = kvx_load64(d[i]), .digest = d[i], .key = keys[i].bytes, .key_len = (uint32_t)keys[i].len,         \
-     .page_len = (uint32_t)page_lens[i]}
+    {.hash = kvx_key_name(d[i], keys[i].bytes, keys[i].len), .digest = d[i], .key = keys[i].bytes,             \
+     .key_len = (uint32_t)keys[i].len, .page_len = (uint32_t)page_lens[i]}
     pthread_mutex_lock(&s->wmu);
     int rc = st_fits(s, x, n, "kvx_store_keyed_put");
     kvx_cat_snap *snap;

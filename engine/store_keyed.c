@@ -34,7 +34,7 @@ static void sk_query(st_query *q, uint8_t digest[KVX_DIGEST_BYTES], const kvx_ke
 {
     kvx_sha256(digest, k->bytes, k->len);
     memset(q, 0, sizeof *q);
-    q->hash = kvx_load64(digest);
+    q->hash = kvx_key_name(digest, k->bytes, k->len);
     q->digest = digest;
     q->key = k->bytes;
     q->key_len = (uint32_t)k->len;

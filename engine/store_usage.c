@@ -164,7 +164,9 @@ void kvx_st_usage_free(st_usage_view *uv)
 /* Per-entry recency of every live shard (ns): the writer's per-entry last
  * use where it has one (its own lookups, carried and merged blocks), else
  * the shard's last use for an entry whose referenced bit is set (lookups
- * of other processes, or before a restart), else the shard's creation. */
+ * of other processes, or before a restart), else the shard's creation. A
+ * shard's last use newer than every per-entry time the writer holds for it
+ * is another process's, and wins for the entries whose bit is set. */
 int kvx_st_recency_build(kvx_store *s, const st_usage_view *uv, uint64_t **r)
 {
     int rc = 0;
@@ -180,11 +182,18 @@ int kvx_st_recency_build(kvx_store *s, const st_usage_view *uv, uint64_t **r)
         }
         const st_rec *rec = &s->rec[b];
         int have = rec->gen == s->reg->rec[b].gen && rec->last && rec->n == n;
+        /* the writer's own latest use of the shard: a later last use in the
+         * usage record is another process's (a reader's lookups), which the
+         * writer's older per-block times must not hide */
+        uint64_t own = 0;
+        for (uint32_t i = 0; have && i < n; i++)
+            if (rec->last[i] > own) own = rec->last[i];
+        int foreign = uv[b].bits && uv[b].last_use > own;
         for (uint32_t i = 0; i < n; i++) {
             uint64_t x = s->reg->rec[b].created_ns;
-            if (uv[b].bits && i < uv[b].nbits && (uv[b].bits[i / 8] & (1u << (i % 8))) && uv[b].last_use > x)
-                x = uv[b].last_use;
-            if (have && rec->last[i]) x = rec->last[i];
+            int used = uv[b].bits && i < uv[b].nbits && (uv[b].bits[i / 8] & (1u << (i % 8)));
+            if (used && uv[b].last_use > x) x = uv[b].last_use;
+            if (have && rec->last[i] && !(used && foreign)) x = rec->last[i];
             r[b][i] = x;
         }
     }
