@@ -1018,7 +1018,10 @@ static void test_desync_never_wrong(void **state)
     for (int r = 0; r < 4; r++) {
         size_t got = su_served_prefix(b, 600, 16);
         assert_true(got != SIZE_MAX); /* never a wrong block */
-        assert_int_equal(got, 1);
+        /* at most the first: every later reply is out of step. 0 when the
+         * last round's stray replies arrive after the reuse check (a
+         * loaded machine): the first reply read is then a stale one */
+        assert_true(got <= 1);
     }
     kvx_store_close(b);
     fk_stop(f);
