@@ -49,7 +49,8 @@ typedef struct tnode {
     char host[256];
     int port;
     redisContext *c;
-    uint64_t tmo; /* the socket timeout set on c (ms) */
+    uint64_t tmo;    /* the socket timeout set on c (ms) */
+    int unconfirmed; /* c is new and nothing was read on it yet: the breaker waits for a reply */
 } tnode;
 
 struct kvx_tier {
@@ -142,6 +143,7 @@ typedef struct tbrk {
     int port;
     uint64_t open_until; /* 0: closed */
     uint64_t backoff;
+    int probing; /* a caller was let through after the window: its failure doubles the backoff */
 } tbrk;
 static tbrk g_brk[BRK_MAX];
 static int g_nbrk;
@@ -177,6 +179,7 @@ static tbrk *brk_find(const char *host, int port, int create)
     b->port = port;
     b->open_until = 0;
     b->backoff = 0;
+    b->probing = 0;
     return b;
 }
 
@@ -190,7 +193,10 @@ static int brk_allow(const char *host, int port)
     if (b && b->open_until) {
         uint64_t t = now_ms();
         if (t < b->open_until) ok = 0;
-        else b->open_until = t + b->backoff; /* this caller probes */
+        else {
+            b->open_until = t + b->backoff; /* this caller probes */
+            b->probing = 1;
+        }
     }
     pthread_mutex_unlock(&g_brk_mu);
     return ok;
@@ -201,13 +207,19 @@ static void brk_result(const char *host, int port, int ok, const char *why)
     pthread_mutex_lock(&g_brk_mu);
     tbrk *b = brk_find(host, port, !ok);
     if (b) {
+        uint64_t t = now_ms();
         if (ok) {
             b->open_until = 0;
             b->backoff = 0;
+        } else if (b->open_until && t < b->open_until && !b->probing) {
+            /* a call let through before the breaker opened failed too: the
+             * same news, not another doubling (callers at once would take
+             * the first window from 250 ms to seconds) */
         } else {
             b->backoff = b->backoff ? (b->backoff * 2 > 5000 ? 5000 : b->backoff * 2) : 250;
-            b->open_until = now_ms() + b->backoff;
+            b->open_until = t + b->backoff;
         }
+        b->probing = 0;
     }
     pthread_mutex_unlock(&g_brk_mu);
     if (!ok && !atomic_exchange(&g_said, 1))
@@ -249,6 +261,7 @@ static void node_drop(tnode *nd)
 {
     if (nd->c) redisFree(nd->c);
     nd->c = NULL;
+    nd->unconfirmed = 0;
 }
 
 static struct timeval tv_ms(uint64_t ms)
@@ -320,6 +333,14 @@ static int io_read(kvx_tier *t, tnode *nd, void **out, uint64_t deadline)
         }
         if (redisGetReplyFromReader(nd->c, out) != REDIS_OK) return IO_FAIL;
     }
+    if (nd->unconfirmed) {
+        /* the first reply on a new connection: the node answers, so its
+         * breaker closes (a connect alone proves nothing: the kernel
+         * completes it for a stalled server, or one that closes every
+         * connection; test_attack10 test_breaker_probe_windows) */
+        nd->unconfirmed = 0;
+        brk_result(nd->host, nd->port, 1, NULL);
+    }
     return IO_OK;
 }
 
@@ -378,6 +399,7 @@ static redisContext *node_conn(kvx_tier *t, int i, uint64_t deadline)
     redisSetTimeout(c, tv_ms(t->lim.command_ms));
     nd->c = c;
     nd->tmo = t->lim.command_ms;
+    nd->unconfirmed = 1; /* the breaker's verdict waits for the first reply (io_read) */
     if (t->url.pass[0]) {
         const char *a[3] = {"AUTH", t->url.user[0] ? t->url.user : t->url.pass, t->url.pass};
         size_t l[3] = {4, strlen(a[1]), strlen(a[2])};
@@ -397,7 +419,6 @@ static redisContext *node_conn(kvx_tier *t, int i, uint64_t deadline)
             return NULL;
         }
     }
-    brk_result(nd->host, nd->port, 1, NULL);
     return c;
 }
 
