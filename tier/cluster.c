@@ -17,11 +17,9 @@
  *
  * Limits: connect 250 ms, each command (socket send/receive) 1 s, a whole
  * call 5 s by default. A process-wide circuit breaker per node (host,
- * port): a failed connect or a timeout opens it for 250 ms, doubling to
- * 5 s while it keeps failing; while open, keys of that node are not asked
- * (KVX_TIER_DOWN, no wait); once the time is up one call probes it (the
- * others still skip), and a success closes it. The first failure of the
- * process prints one line on stderr; nothing else is ever printed.
+ * port; tier/breaker.c) keeps keys of a failing node from being asked
+ * (KVX_TIER_DOWN, no wait) and lets one call probe it back; a node's first
+ * reply on a new connection closes it.
  *
  * A kvx_tier is used by one thread at a time (its mutex); the store gives
  * its write-behind thread a client of its own.
@@ -69,12 +67,6 @@ struct kvx_tier {
     struct tcmd *cmd_base;
 };
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
 /* ---- SIGPIPE ------------------------------------------------------------ */
 
@@ -135,106 +127,6 @@ uint16_t kvx_tier_slot(const char *key, size_t len)
     return crc16(key, len) & (NSLOTS - 1);
 }
 
-/* ---- the process-wide circuit breaker ----------------------------------- */
-
-#define BRK_MAX 256
-typedef struct tbrk {
-    char host[256];
-    int port;
-    uint64_t open_until; /* 0: closed */
-    uint64_t backoff;
-    int probing; /* a caller was let through after the window: its failure doubles the backoff */
-} tbrk;
-static tbrk g_brk[BRK_MAX];
-static int g_nbrk;
-static pthread_mutex_t g_brk_mu = PTHREAD_MUTEX_INITIALIZER;
-static atomic_int g_said; /* the one stderr line was printed */
-
-static tbrk *brk_find(const char *host, int port, int create)
-{
-    for (int i = 0; i < g_nbrk; i++)
-        if (g_brk[i].port == port && !strcmp(g_brk[i].host, host)) return &g_brk[i];
-    if (!create) return NULL;
-    tbrk *b = NULL;
-    if (g_nbrk < BRK_MAX) {
-        b = &g_brk[g_nbrk++];
-    } else {
-        /* full (a long-lived process meets more nodes than that: nodes that
-         * moved, a map naming many): reuse a closed breaker, else the one
-         * whose time ran out first; without this, no node met later would
-         * ever be skipped (test_attack10
-         * test_many_nodes_and_breaker_table_full) */
-        uint64_t t = now_ms();
-        for (int i = 0; i < g_nbrk; i++) {
-            tbrk *c = &g_brk[i];
-            if (!c->open_until) {
-                b = c;
-                break;
-            }
-            if (c->open_until <= t && (!b || c->open_until < b->open_until)) b = c;
-        }
-        if (!b) return NULL;
-    }
-    snprintf(b->host, sizeof b->host, "%s", host);
-    b->port = port;
-    b->open_until = 0;
-    b->backoff = 0;
-    b->probing = 0;
-    return b;
-}
-
-/* May this node be asked now? Half-open: the first caller after the
- * timeout probes; the others wait for its verdict (skip). */
-static int brk_allow(const char *host, int port)
-{
-    pthread_mutex_lock(&g_brk_mu);
-    tbrk *b = brk_find(host, port, 0);
-    int ok = 1;
-    if (b && b->open_until) {
-        uint64_t t = now_ms();
-        if (t < b->open_until) ok = 0;
-        else {
-            b->open_until = t + b->backoff; /* this caller probes */
-            b->probing = 1;
-        }
-    }
-    pthread_mutex_unlock(&g_brk_mu);
-    return ok;
-}
-
-static void brk_result(const char *host, int port, int ok, const char *why)
-{
-    pthread_mutex_lock(&g_brk_mu);
-    tbrk *b = brk_find(host, port, !ok);
-    if (b) {
-        uint64_t t = now_ms();
-        if (ok) {
-            b->open_until = 0;
-            b->backoff = 0;
-        } else if (b->open_until && t < b->open_until && !b->probing) {
-            /* a call let through before the breaker opened failed too: the
-             * same news, not another doubling (callers at once would take
-             * the first window from 250 ms to seconds) */
-        } else {
-            b->backoff = b->backoff ? (b->backoff * 2 > 5000 ? 5000 : b->backoff * 2) : 250;
-            b->open_until = t + b->backoff;
-        }
-        b->probing = 0;
-    }
-    pthread_mutex_unlock(&g_brk_mu);
-    if (!ok && !atomic_exchange(&g_said, 1))
-        fprintf(stderr, "kvx: shared tier node %s:%d unreachable (%s): its blocks are misses until it answers again\n",
-                host, port, why);
-}
-
-static int brk_closed(const char *host, int port)
-{
-    pthread_mutex_lock(&g_brk_mu);
-    tbrk *b = brk_find(host, port, 0);
-    int ok = !b || !b->open_until;
-    pthread_mutex_unlock(&g_brk_mu);
-    return ok;
-}
 
 /* ---- nodes and connections ---------------------------------------------- */
 
@@ -284,7 +176,7 @@ static struct timeval tv_ms(uint64_t ms)
 
 static int io_tmo(kvx_tier *t, tnode *nd, uint64_t deadline)
 {
-    uint64_t now = now_ms();
+    uint64_t now = kvx_tier_now_ms();
     if (now >= deadline) {
         nd->c->err = REDIS_ERR_IO;
         snprintf(nd->c->errstr, sizeof nd->c->errstr, "the call's deadline passed");
@@ -339,7 +231,7 @@ static int io_read(kvx_tier *t, tnode *nd, void **out, uint64_t deadline)
          * completes it for a stalled server, or one that closes every
          * connection; test_attack10 test_breaker_probe_windows) */
         nd->unconfirmed = 0;
-        brk_result(nd->host, nd->port, 1, NULL);
+        kvx_tier_brk_result(nd->host, nd->port, 1, NULL);
     }
     return IO_OK;
 }
@@ -376,23 +268,23 @@ static redisContext *node_conn(kvx_tier *t, int i, uint64_t deadline)
     tnode *nd = &t->nodes[i];
     if (nd->c && !nd->c->err && !conn_dirty(nd->c)) return nd->c;
     node_drop(nd);
-    if (now_ms() >= deadline || !brk_allow(nd->host, nd->port)) return NULL;
-    uint64_t left = deadline > now_ms() ? deadline - now_ms() : 1;
+    if (kvx_tier_now_ms() >= deadline || !kvx_tier_brk_allow(nd->host, nd->port)) return NULL;
+    uint64_t left = deadline > kvx_tier_now_ms() ? deadline - kvx_tier_now_ms() : 1;
     uint64_t cms = t->lim.connect_ms < left ? t->lim.connect_ms : left;
     /* the name is resolved within the connect timeout, not before it
      * (hiredis's getaddrinfo would wait on the resolver for as long as it
      * takes); hiredis gets the address */
     char addr[INET6_ADDRSTRLEN], why[160];
-    uint64_t t0 = now_ms();
+    uint64_t t0 = kvx_tier_now_ms();
     if (kvx_tier_resolve(nd->host, (uint32_t)cms, addr, sizeof addr, why, sizeof why)) {
-        brk_result(nd->host, nd->port, 0, why);
+        kvx_tier_brk_result(nd->host, nd->port, 0, why);
         return NULL;
     }
-    uint64_t spent = now_ms() - t0;
+    uint64_t spent = kvx_tier_now_ms() - t0;
     cms = spent < cms ? cms - spent : 1;
     redisContext *c = redisConnectWithTimeout(addr, nd->port, tv_ms(cms));
     if (!c || c->err) {
-        brk_result(nd->host, nd->port, 0, c ? c->errstr : "out of memory");
+        kvx_tier_brk_result(nd->host, nd->port, 0, c ? c->errstr : "out of memory");
         if (c) redisFree(c);
         return NULL;
     }
@@ -407,8 +299,8 @@ static redisContext *node_conn(kvx_tier *t, int i, uint64_t deadline)
         redisReply *r = io_command(t, nd, t->url.user[0] ? 3 : 2, a, l, deadline, &why);
         int bad = !r || r->type == REDIS_REPLY_ERROR;
         if (!r) {
-            if (why != IO_LATE) brk_result(nd->host, nd->port, 0, c->errstr);
-        } else if (bad && !atomic_exchange(&g_said, 1)) {
+            if (why != IO_LATE) kvx_tier_brk_result(nd->host, nd->port, 0, c->errstr);
+        } else if (bad && kvx_tier_say_once()) {
             /* the node is up (no breaker): the credentials are wrong */
             fprintf(stderr, "kvx: shared tier node %s:%d refused AUTH (%s): its blocks are misses\n", nd->host,
                     nd->port, r->str ? r->str : "?");
@@ -466,7 +358,7 @@ static int refresh(kvx_tier *t, uint64_t deadline, kvx_tier_io *io)
     /* seeds first, then every node known */
     for (int pass = 0; pass < 2; pass++) {
         int n = t->nnodes;
-        for (int i = 0; i < n && now_ms() < deadline; i++) {
+        for (int i = 0; i < n && kvx_tier_now_ms() < deadline; i++) {
             int is_seed = 0;
             for (int k = 0; k < t->url.n; k++)
                 if (t->nodes[i].port == t->url.port[k] && !strcmp(t->nodes[i].host, t->url.host[k])) is_seed = 1;
@@ -478,7 +370,7 @@ static int refresh(kvx_tier *t, uint64_t deadline, kvx_tier_io *io)
             int why;
             redisReply *r = io_command(t, &t->nodes[i], 2, a, l, deadline, &why);
             if (!r) {
-                if (why != IO_LATE) brk_result(t->nodes[i].host, t->nodes[i].port, 0, c->errstr);
+                if (why != IO_LATE) kvx_tier_brk_result(t->nodes[i].host, t->nodes[i].port, 0, c->errstr);
                 node_drop(&t->nodes[i]);
                 continue;
             }
@@ -554,14 +446,14 @@ static void finish(kvx_tier *t, tcmd *c, uint8_t st, redisReply *r)
 /* Runs the commands to their answers within the call's deadline. */
 static void run_batch(kvx_tier *t, tcmd *cmds, size_t n, kvx_tier_io *io)
 {
-    uint64_t deadline = now_ms() + t->lim.total_ms;
+    uint64_t deadline = kvx_tier_now_ms() + t->lim.total_ms;
     for (size_t i = 0; i < n; i++) cmds[i].ask = -1;
     if ((!t->map_ok || t->map_stale) && refresh(t, deadline, io) && !t->map_ok) {
         for (size_t i = 0; i < n; i++) finish(t, &cmds[i], KVX_TIER_DOWN, NULL);
         return;
     }
     size_t left = n;
-    while (left && now_ms() < deadline) {
+    while (left && kvx_tier_now_ms() < deadline) {
         /* route */
         for (size_t i = 0; i < n; i++) {
             tcmd *c = &cmds[i];
@@ -650,7 +542,7 @@ static void run_batch(kvx_tier *t, tcmd *cmds, size_t n, kvx_tier_io *io)
             if (broken && rc) {
                 /* replies still to come: the connection goes either way */
                 if (broken == 1)
-                    brk_result(t->nodes[nd].host, t->nodes[nd].port, 0, rc->errstr[0] ? rc->errstr : "no answer");
+                    kvx_tier_brk_result(t->nodes[nd].host, t->nodes[nd].port, 0, rc->errstr[0] ? rc->errstr : "no answer");
                 node_drop(&t->nodes[nd]);
                 t->map_stale = 1;
             }
@@ -870,7 +762,7 @@ int kvx_tier_ping(kvx_tier *t)
     sigpipe_guard sg;
     sigpipe_block(&sg);
     pthread_mutex_lock(&t->mu);
-    uint64_t deadline = now_ms() + t->lim.total_ms;
+    uint64_t deadline = kvx_tier_now_ms() + t->lim.total_ms;
     int rc = KVX_EUNAVAILABLE;
     if (!t->map_ok || t->map_stale) refresh(t, deadline, NULL);
     for (int k = 0; k < t->url.n; k++) node_add(t, t->url.host[k], t->url.port[k]);
@@ -900,7 +792,7 @@ int kvx_tier_up(kvx_tier *t)
     pthread_mutex_lock(&t->mu);
     int up = 0;
     for (int k = 0; k < t->url.n; k++) node_add(t, t->url.host[k], t->url.port[k]);
-    for (int i = 0; i < t->nnodes && !up; i++) up = brk_closed(t->nodes[i].host, t->nodes[i].port);
+    for (int i = 0; i < t->nnodes && !up; i++) up = kvx_tier_brk_closed(t->nodes[i].host, t->nodes[i].port);
     up = up && t->last_ok;
     pthread_mutex_unlock(&t->mu);
     return up;

@@ -97,6 +97,21 @@ int kvx_tier_conf_parse(kvx_tier_conf *out, const char *text);
 /* KVX_EINVALID unless name is 1..127 bytes of [A-Za-z0-9._-]. */
 int kvx_tier_tenant_check(const char *name);
 
+/* ---- breaker.c ---------------------------------------------------------- */
+
+/* CLOCK_MONOTONIC in ms. */
+uint64_t kvx_tier_now_ms(void);
+/* May node (host, port) be asked now? 0 while its breaker is open; past
+ * the window, the first caller is let through to probe it. */
+int kvx_tier_brk_allow(const char *host, int port);
+/* The verdict on a node: ok 1 on its first reply over a new connection,
+ * ok 0 on a failure (why: for the one stderr line of the process). */
+void kvx_tier_brk_result(const char *host, int port, int ok, const char *why);
+/* 1 when the node's breaker is closed (or it has none). */
+int kvx_tier_brk_closed(const char *host, int port);
+/* 1 for the first caller of the process (the one stderr line), then 0. */
+int kvx_tier_say_once(void);
+
 /* ---- resolve.c ---------------------------------------------------------- */
 
 /* host (a name or a numeric address) as a numeric address in out, within
