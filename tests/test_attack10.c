@@ -1470,6 +1470,19 @@ static void test_url_password_with_at(void **state)
     assert_string_equal(u.user, "");
 }
 
+/* Runs the shell command cmd (exit 0), its output in out: the password
+ * "topsecret" never in it, the URL shown redacted as `shown`. */
+static void cli_shows_redacted(const char *cmd, char *out, size_t cap, const char *shown)
+{
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    assert_int_equal(pclose(p), 0);
+    if (strstr(out, "topsecret")) fail_msg("printed: %s", out);
+    assert_non_null(strstr(out, shown));
+}
+
 /* `kvx store create --tier redis://user:pass@...` printed the URL as given,
  * password and all (cli/cmd_store.c); `store tier show` redacts it. And
  * create never contacts the tier (docs/TIER.md): it asked for the
@@ -1484,13 +1497,7 @@ static void test_cli_create_hides_password(void **state)
              "%s store create %s/clipw --layers 1 --kv-heads 1 --head-dim 4 --block-tokens 4 --quant fp16 "
              "--model-signature 1122334455667788 --capacity 64MiB --tier redis://alice:topsecret@127.0.0.1:%d 2>&1",
              KVX_CLI, su_root, f->port);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = '\0';
-    assert_int_equal(pclose(p), 0);
-    if (strstr(out, "topsecret")) fail_msg("printed: %s", out);
-    assert_non_null(strstr(out, "shared tier redis://alice:***@127.0.0.1:"));
+    cli_shows_redacted(cmd, out, sizeof out, "shared tier redis://alice:***@127.0.0.1:");
     assert_non_null(strstr(out, "capacity 64.0 MiB"));
     sleep_ms(100);
     assert_int_equal(atomic_load(&f->conns), 0);
@@ -1508,13 +1515,7 @@ static void test_cli_tier_set_hides_password(void **state)
              "--model-signature 1122334455667788 --capacity 64MiB >/dev/null 2>&1 && "
              "%s store tier %s/clipw2 set redis://alice:topsecret@127.0.0.1:1 2>&1",
              KVX_CLI, su_root, KVX_CLI, su_root);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = '\0';
-    assert_int_equal(pclose(p), 0);
-    if (strstr(out, "topsecret")) fail_msg("printed: %s", out);
-    assert_non_null(strstr(out, "redis://alice:***@127.0.0.1:1"));
+    cli_shows_redacted(cmd, out, sizeof out, "redis://alice:***@127.0.0.1:1");
 }
 
 /* --------------------------------------------------- many nodes; breakers */

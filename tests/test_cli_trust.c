@@ -165,6 +165,9 @@ static int teardown(void **state)
 
 #define TIMED_OUT 999
 
+/* The child's address-space limit in run_t (0: none; run_limited). */
+static rlim_t child_as_limit;
+
 /* Runs KVX_CLI (or prog when given) with stdin from in_fd (-1: /dev/null),
  * stdout into out_path (NULL: captured), for at most secs seconds: then it
  * is killed and rc is TIMED_OUT. */
@@ -191,6 +194,10 @@ static cli_run run_t(const char *prog, int in_fd, const char *out_path, double s
         dup2(fo, 1);
         dup2(fe, 2);
         signal(SIGPIPE, SIG_DFL);
+        if (child_as_limit) {
+            struct rlimit rl = {child_as_limit, child_as_limit};
+            setrlimit(RLIMIT_AS, &rl);
+        }
         execv(argv[0], (char *const *)argv);
         _exit(127);
     }
@@ -1112,14 +1119,17 @@ static void test_inputs_are_bounded(void **state)
     close(sfd);
 }
 
-/* ------------------------------------------------- 5: --wait, --no-wait */
+/* A writer holding dir (prog_hold_writer) until release is closed. */
+typedef struct held_writer {
+    pid_t pid;
+    int release, ready; /* the holder's stdin (close: it closes the store and exits); its stdout */
+    char want[48];      /* "pid N": how a refused writer names the holder */
+} held_writer;
 
-static void test_writers_wait_or_not(void **state)
+/* Starts the holder and waits until it says it holds dir. */
+static held_writer hold_writer(const char *dir)
 {
-    (void)state;
-    char ws[320], prog[512];
-    path_in(ws, sizeof ws, "held");
-    make_store(ws, 0);
+    char prog[512];
     snprintf(prog, sizeof prog, "%s/prog_hold_writer", KVX_TEST_BINARY_DIR);
     int to_child[2], from_child[2];
     /* Close-on-exec: no other child may keep the holder's stdin open. */
@@ -1127,33 +1137,45 @@ static void test_writers_wait_or_not(void **state)
     assert_int_equal(pipe2(from_child, O_CLOEXEC), 0);
     fflush(stdout);
     fflush(stderr);
-    pid_t holder = fork();
-    if (holder == 0) {
+    held_writer h;
+    h.pid = fork();
+    if (h.pid == 0) {
         dup2(to_child[0], 0);
         dup2(from_child[1], 1);
-        close(to_child[1]);
-        close(from_child[0]);
-        execl(prog, prog, ws, (char *)NULL);
+        execl(prog, prog, dir, (char *)NULL);
         _exit(127);
     }
     close(to_child[0]);
     close(from_child[1]);
+    h.release = to_child[1];
+    h.ready = from_child[0];
     char line[64] = {0};
-    ssize_t k = read(from_child[0], line, sizeof line - 1);
+    ssize_t k = read(h.ready, line, sizeof line - 1);
     assert_true(k > 6 && !strncmp(line, "ready ", 6));
-    char want[48];
-    snprintf(want, sizeof want, "pid %ld", (long)holder);
+    snprintf(h.want, sizeof h.want, "pid %ld", (long)h.pid);
+    return h;
+}
+
+/* ------------------------------------------------- 5: --wait, --no-wait */
+
+static void test_writers_wait_or_not(void **state)
+{
+    (void)state;
+    char ws[320];
+    path_in(ws, sizeof ws, "held");
+    make_store(ws, 0);
+    held_writer h = hold_writer(ws);
 
     /* --no-wait: at once, naming the holder. */
     double t0 = now_s();
     cli_run r = RUN_T(-1, 20, "store", "put", "--no-wait", ws, envp, "--tokens", tokp);
     EXPECT_RC(r, 1);
-    assert_non_null(strstr(r.err, want));
+    assert_non_null(strstr(r.err, h.want));
     assert_true(now_s() - t0 < 5);
     cli_run_free(&r);
     r = RUN_T(-1, 20, "store", "reindex", ws, "--no-wait");
     EXPECT_RC(r, 1);
-    assert_non_null(strstr(r.err, want));
+    assert_non_null(strstr(r.err, h.want));
     cli_run_free(&r);
     /* --wait N: gives up after N seconds. */
     t0 = now_s();
@@ -1161,7 +1183,7 @@ static void test_writers_wait_or_not(void **state)
     EXPECT_RC(r, 1);
     double took = now_s() - t0;
     assert_true(took >= 0.55 && took < 10);
-    assert_non_null(strstr(r.err, want));
+    assert_non_null(strstr(r.err, h.want));
     assert_non_null(strstr(r.err, "gave up"));
     cli_run_free(&r);
 
@@ -1188,11 +1210,11 @@ static void test_writers_wait_or_not(void **state)
     char *msg = (char *)read_bytes(errp, &n);
     msg[n] = '\0';
     assert_int_equal(count_substr(msg, "waiting for"), 1);
-    assert_non_null(strstr(msg, want));
+    assert_non_null(strstr(msg, h.want));
     free(msg);
-    close(to_child[1]); /* the holder closes the store and exits */
+    close(h.release); /* the holder closes the store and exits */
     int st = 0;
-    assert_int_equal(waitpid(holder, &st, 0), holder);
+    assert_int_equal(waitpid(h.pid, &st, 0), h.pid);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     for (int i = 0; i < 2000 && waitpid(put, &st, WNOHANG) == 0; i++) {
         struct timespec t = {0, 10 * 1000 * 1000};
@@ -1203,7 +1225,7 @@ static void test_writers_wait_or_not(void **state)
     msg[n] = '\0';
     assert_int_equal(count_substr(msg, "waiting for"), 1);
     free(msg);
-    close(from_child[0]);
+    close(h.ready);
 
     /* Usage. */
     const char *const bad[][7] = {
@@ -1317,47 +1339,15 @@ static void test_hints_fit_the_problem(void **state)
 
 /* ------------------------------------------------- 7: demo --trace */
 
-/* Runs KVX_CLI with stdin from in_fd (-1: /dev/null) under a memory limit
- * of 2 GiB of address space (not under AddressSanitizer, whose shadow
- * needs terabytes of it) and an alarm of secs seconds, kept across exec:
- * a command that blocks dies of SIGALRM (rc 128 + 14). */
-static cli_run run_limited(int in_fd, unsigned secs, const char *const *args)
+/* run_t with the child's address space limited to 2 GiB (not under
+ * AddressSanitizer, whose shadow needs terabytes of it). */
+static cli_run run_limited(int in_fd, double secs, const char *const *args)
 {
-    char tmpl_o[] = "/tmp/kvx-trust-out-XXXXXX", tmpl_e[] = "/tmp/kvx-trust-err-XXXXXX";
-    int fo = mkstemp(tmpl_o), fe = mkstemp(tmpl_e);
-    unlink(tmpl_o);
-    unlink(tmpl_e);
-    assert_true(fo >= 0 && fe >= 0);
-    const char *argv[64];
-    int n = 0;
-    argv[n++] = KVX_CLI;
-    for (; args[n - 1] && n < 63; n++) argv[n] = args[n - 1];
-    argv[n] = NULL;
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fi = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY);
-        dup2(fi, 0);
-        dup2(fo, 1);
-        dup2(fe, 2);
 #if !defined(__SANITIZE_ADDRESS__)
-        struct rlimit rl = {(rlim_t)2 << 30, (rlim_t)2 << 30};
-        setrlimit(RLIMIT_AS, &rl);
+    child_as_limit = (rlim_t)2 << 30;
 #endif
-        alarm(secs);
-        execv(KVX_CLI, (char *const *)argv);
-        _exit(127);
-    }
-    int st = 0;
-    assert_int_equal(waitpid(pid, &st, 0), pid);
-    cli_run r;
-    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    r.out = harness_slurp(fo);
-    r.err = harness_slurp(fe);
-    close(fo);
-    close(fe);
-    if (r.rc != 1) fprintf(stderr, "exit %d; stderr:\n%s\n", r.rc, r.err);
+    cli_run r = run_t(NULL, in_fd, NULL, secs, args);
+    child_as_limit = 0;
     return r;
 }
 #define RUN_LIMITED(in_fd, ...) run_limited((in_fd), 30, (const char *const[]){__VA_ARGS__, NULL})
@@ -1577,46 +1567,27 @@ static void test_stdout_write_error(void **state)
 static void test_demo_waits_or_not(void **state)
 {
     (void)state;
-    char dd[320], prog[512];
+    char dd[320];
     path_in(dd, sizeof dd, "demo-held");
     cli_run r = CLI(NULL, "demo", "--json", "--dir", dd, "--conversations", "1", "--turns", "2");
     EXPECT_RC(r, 0);
     cli_run_free(&r);
-    snprintf(prog, sizeof prog, "%s/prog_hold_writer", KVX_TEST_BINARY_DIR);
-    int to_child[2], from_child[2];
-    assert_int_equal(pipe2(to_child, O_CLOEXEC), 0);
-    assert_int_equal(pipe2(from_child, O_CLOEXEC), 0);
-    fflush(stdout);
-    fflush(stderr);
-    pid_t holder = fork();
-    if (holder == 0) {
-        dup2(to_child[0], 0);
-        dup2(from_child[1], 1);
-        execl(prog, prog, dd, (char *)NULL);
-        _exit(127);
-    }
-    close(to_child[0]);
-    close(from_child[1]);
-    char line[64] = {0};
-    ssize_t k = read(from_child[0], line, sizeof line - 1);
-    assert_true(k > 6 && !strncmp(line, "ready ", 6));
-    char want[48];
-    snprintf(want, sizeof want, "pid %ld", (long)holder);
+    held_writer h = hold_writer(dd);
     double t0 = now_s();
     r = RUN_T(-1, 20, "demo", "--dir", dd, "--no-wait", "--conversations", "1", "--turns", "2");
     EXPECT_RC(r, 1);
-    assert_non_null(strstr(r.err, want));
+    assert_non_null(strstr(r.err, h.want));
     assert_true(now_s() - t0 < 5);
     cli_run_free(&r);
     r = RUN_T(-1, 20, "demo", "--dir", dd, "--wait", "0.5", "--conversations", "1", "--turns", "2");
     EXPECT_RC(r, 1);
     assert_non_null(strstr(r.err, "gave up"));
-    assert_non_null(strstr(r.err, want));
+    assert_non_null(strstr(r.err, h.want));
     cli_run_free(&r);
-    close(to_child[1]);
+    close(h.release);
     int st = 0;
-    assert_int_equal(waitpid(holder, &st, 0), holder);
-    close(from_child[0]);
+    assert_int_equal(waitpid(h.pid, &st, 0), h.pid);
+    close(h.ready);
     r = RUN_T(-1, 60, "demo", "--dir", dd, "--no-wait", "--conversations", "1", "--turns", "2");
     EXPECT_RC(r, 0);
     cli_run_free(&r);
