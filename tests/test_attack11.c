@@ -302,14 +302,19 @@ static void change_case(int m, enum change ch)
         if (ch != CH_TRUNC) fail_msg("change %d mode %d: page %zu status %d", ch, m, i, res[i].status);
         assert_int_equal(res[i].status, KVX_ETRUNC);
     }
+    /* the first batch raced the change: reads done before it are whole
+     * (all of them when the workers were quick: CI saw that once) */
     if (ch == CH_TRUNC || ch == CH_REGROW)
-        assert_true(ok >= N1 / 2 - 1 && ok < N1);
+        assert_true(ok >= N1 / 2 - 1 && ok <= N1);
     else
         assert_int_equal(ok, N1);
-    /* a second batch on the changed file: the same rules */
+    /* a second batch on the changed file: the same rules, and now the cut
+     * half is refused whatever the timing */
     assert_int_equal(kvx_fetch_submit(f, r, n), 0);
     assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
-    check_trust(r, res, n, NULL);
+    size_t ok2 = 0;
+    check_trust(r, res, n, &ok2);
+    if (ch == CH_TRUNC || ch == CH_REGROW) assert_true(ok2 >= N1 / 2 - 1 && ok2 < N1);
     kvx_fetch_destroy(f);
     assert_int_equal(pool_free_bytes(p), free0);
     kvx_pool_destroy(p);
