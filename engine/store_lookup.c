@@ -83,7 +83,8 @@ static int st_try_loc(kvx_store *s, const kvx_cat_loc *loc, const st_query *q, k
         return 0;
     }
     const void *page;
-    rc = kvx_shard_page_checked(&page, sh, idx);
+    /* KVX_STORE_VERIFY (kvx.h): every served page's CRC, not once per handle */
+    rc = s->flags & KVX_STORE_VERIFY ? kvx_shard_page(&page, sh, idx, 1) : kvx_shard_page_checked(&page, sh, idx);
     if (rc) {
         kvx_shard_close(sh);
         if (rc == KVX_EPAGECRC || rc == KVX_ETRUNC)

@@ -16,10 +16,13 @@
  *
  * A page is CRC-checked once per handle; later lookups hand it out
  * unchecked (kvx_shard_page_checked) only while the file is whole: its
- * size is looked at again at most every KVX_SHARD_SIZE_CHECK_MS, and a
- * read of the mapping that faulted marks it at once. A file cut under an
- * open handle (its tail read as zeros: inside the last page without any
- * fault) then has every page checked again, and the lost ones refused.
+ * size and modification time are looked at again at most every
+ * KVX_SHARD_SIZE_CHECK_MS, and a read of the mapping that faulted marks it
+ * at once. A file cut under an open handle (its tail read as zeros: inside
+ * the last page without any fault), or written at all since the open (a
+ * write, a truncate, a hole punch all move st_mtim; kvx never writes a
+ * sealed shard, and the links and renames that publish one do not move
+ * it), then has every page checked again, and the bad ones refused.
  */
 #include "shard_format.h"
 #include "format.h"
@@ -68,12 +71,13 @@ struct kvx_shard {
     /* shard_prefetch: where the last first check's page ended, and the end
      * of the file range last asked for */
     _Atomic uint64_t last_end, ra_end;
-    /* shard_whole: when the file's size was last looked at (ms), and
-     * whether it was found shorter than at open (or a read of the mapping
-     * faulted): from then on every page is checked again before it is
-     * handed out */
+    /* shard_whole: when the file's size and mtime were last looked at
+     * (ms), and whether it was found shorter than at open or modified
+     * since (or a read of the mapping faulted): from then on every page is
+     * checked again before it is handed out */
     _Atomic uint64_t size_seen_ms;
     atomic_int cut;
+    struct timespec mtime; /* st_mtim at open */
     uint32_t n_missing;
     uint64_t *by_coord; /* (coordinate << 32 | index), sorted */
     int has_spectral;
@@ -470,6 +474,7 @@ int kvx_shard_open(kvx_shard **out, const char *path, unsigned flags)
     if (!rc) rc = open_validated(s, (uint64_t)st.st_size);
     if (!rc) {
         s->map_len = (size_t)st.st_size;
+        s->mtime = st.st_mtim;
         void *m = kvx_os.mmap(NULL, s->map_len, PROT_READ, MAP_SHARED, s->fd, 0);
         if (m == MAP_FAILED) {
             int e = errno;
@@ -618,9 +623,9 @@ int kvx_shard_page(const void **out_page, const kvx_shard *s, uint32_t index, in
     return rc;
 }
 
-/* How often a lookup looks at the file's size again (a coarse clock read
- * per lookup, an fstat per shard at most this often: an fstat costs about
- * as much as a whole cached lookup). */
+/* How often a lookup looks at the file's size and mtime again (a coarse
+ * clock read per lookup, an fstat per shard at most this often: an fstat
+ * costs about as much as a whole cached lookup). */
 #define KVX_SHARD_SIZE_CHECK_MS 20
 
 static uint64_t coarse_ms(void)
@@ -630,8 +635,11 @@ static uint64_t coarse_ms(void)
     return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* Is the file still as long as it was at open (as far as anyone can tell
- * within KVX_SHARD_SIZE_CHECK_MS)? Once not, never again for this handle. */
+/* Is the file still as long as it was at open, and unmodified since (as
+ * far as anyone can tell within KVX_SHARD_SIZE_CHECK_MS)? Once not, never
+ * again for this handle. What this cannot see: bytes that change with
+ * neither (a disk or a server returning other bytes, a write that sets the
+ * old mtime back); KVX_STORE_VERIFY checks every served page for those. */
 static int shard_whole(kvx_shard *s)
 {
     if (s->mem) return 1;
@@ -646,7 +654,9 @@ static int shard_whole(kvx_shard *s)
                                                  memory_order_relaxed))
         return 1; /* looked at just now (by this thread or another) */
     struct stat st;
-    if (kvx_os.fstat(s->fd, &st) == 0 && (uint64_t)st.st_size >= s->map_len) return 1;
+    if (kvx_os.fstat(s->fd, &st) == 0 && (uint64_t)st.st_size >= s->map_len &&
+        st.st_mtim.tv_sec == s->mtime.tv_sec && st.st_mtim.tv_nsec == s->mtime.tv_nsec)
+        return 1;
     atomic_store_explicit(&s->cut, 1, memory_order_relaxed);
     return 0;
 }

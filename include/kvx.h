@@ -573,7 +573,9 @@ typedef struct kvx_store kvx_store;
 #define KVX_STORE_NOWAIT 0x2u   /* a second writer gets KVX_EBUSY at once */
 #define KVX_STORE_VERIFY 0x4u   /* open: check every shard's meta CRC now (else
                                    at first use); lookups: check each served
-                                   page's CRC (KVX_EPAGECRC) */
+                                   page's CRC every time it is served
+                                   (KVX_EPAGECRC), not once per shard handle:
+                                   see "Trust" at kvx_store_get */
 #define KVX_STORE_NOSYNC 0x8u   /* benchmarks and tests only: LMDB commits
                                    without fsync (shards are still fsynced) */
 
@@ -729,7 +731,15 @@ KVX_API void kvx_store_batch_destroy(kvx_store_batch *b);
  * Trust (DESIGN.md rule 1): every page a view points at has passed its
  * CRC-32 at least once since its shard was opened (KVX_EPAGECRC otherwise);
  * blocks stored without tokens are "unverified" and never served by a
- * prefix or token lookup. */
+ * prefix or token lookup. Without KVX_STORE_VERIFY a page is checked once
+ * per shard handle and handed out again unchecked while the file keeps
+ * its size and st_mtime (looked at every 20 ms at most): a file cut,
+ * rewritten, hole-punched or regrown since has every page checked again.
+ * What that cannot catch: bytes that change with neither (a disk or a
+ * network file system returning other bytes for a cached-out page, a
+ * same-size rewrite that sets the old mtime back); KVX_STORE_VERIFY checks
+ * each page every time it is served (docs/FORMAT.md, "Truncation after
+ * open"). */
 KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate);
 /* By hash alone: answers only when exactly one verified block holds hash.
  * Several verified blocks (an FNV collision): KVX_EAMBIGUOUS; only
