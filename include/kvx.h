@@ -437,7 +437,10 @@ KVX_API const kvx_shard_info *kvx_shard_get_info(const kvx_shard *s);
  * holds a reference to s. NULL for NULL. */
 KVX_API const char *kvx_shard_path(const kvx_shard *s);
 /* The open file descriptor (read-only; owned by the shard: valid while s is
- * held, never to be closed by the caller). */
+ * held, never to be closed by the caller). -1 for NULL and for the shard of
+ * a view served from the shared tier (KVX_COORD_TIER: its pages are in
+ * memory, there is no file); kvx_fetch_submit and kvx_warmup_* take such a
+ * shard all the same (they copy its pages). */
 KVX_API int kvx_shard_fd(const kvx_shard *s);
 /* O(1). An index >= num_blocks is KVX_EINVALID. */
 KVX_API int kvx_shard_entry(kvx_entry *out, const kvx_shard *s, uint32_t index);
@@ -1168,7 +1171,10 @@ KVX_API int kvx_fetch_mode(const kvx_fetch *f);
 KVX_API int kvx_fetch_direct(const kvx_fetch *f);
 /* Starts a batch (releasing the previous one). The whole batch's slots are
  * taken from the pool at once: KVX_ECAPACITY when they do not fit. Bad
- * requests (NULL shard, entry out of range) only fail their own page. */
+ * requests (NULL shard, entry out of range) only fail their own page. A
+ * page of a view served from the shared tier (its shard has no file,
+ * kvx_shard_fd -1) is copied into its slot and checked there at submit, no
+ * read: done, status 0, before any wait. */
 KVX_API int kvx_fetch_submit(kvx_fetch *f, const kvx_fetch_req *reqs, size_t n);
 /* Makes progress without blocking; *out_done (nullable) = pages finished. */
 KVX_API int kvx_fetch_poll(kvx_fetch *f, size_t *out_done);
@@ -1238,7 +1244,10 @@ KVX_API int kvx_gpu_copy_back(void *dst, kvx_gpu *g, uint64_t dev, uint64_t byte
  *
  * Sink layout (host buffer and GPU arena alike): pages in input order
  * (shards in the order given, entries by index), each at the next multiple
- * of 256 bytes; kvx_warmup_sink_bytes gives the size needed. */
+ * of 256 bytes; kvx_warmup_sink_bytes gives the size needed. An input
+ * without a file (a shared-tier view's shard) has its pages copied from
+ * memory into staging, checked and delivered the same way (not counted in
+ * bytes_read). */
 
 typedef enum kvx_sink_kind {
     KVX_SINK_DISCARD = 0, /* read and verify only (a checksum of the bytes is reported) */

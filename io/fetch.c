@@ -12,6 +12,10 @@
  * references) is C memory, released by kvx_fetch_release: a cgo caller
  * passes Go arrays only for the duration of submit and wait.
  *
+ * A shared-tier view's shard (kvx_shard_mem: pages on the heap, no file)
+ * needs no read: its pages are copied into their slots at submit and
+ * checked there like a page that landed (status 0 before any wait).
+ *
  * Handles made with kvx_fetch_create_peer share one executor (ring,
  * depth, files): whichever handle is driven reaps every finished read and
  * routes it to its owner (run->owner), so the next batch's reads fill the
@@ -32,6 +36,7 @@ typedef struct item {
     uint64_t bytes;
     uint32_t crc;
     uint32_t req;
+    uint32_t entry;
 } item;
 
 typedef struct fshared {
@@ -171,6 +176,23 @@ static int item_cmp(const void *a, const void *b)
     return x->req < y->req ? -1 : x->req > y->req;
 }
 
+/* A page of a shard without a file (a shared-tier view's, kvx_shard_mem:
+ * its pages were checked when the tier's value was): copied into its slot
+ * and checked there as a read page would be, done at once. */
+static void copy_mem_page(kvx_fetch *f, kvx_io_run *run, kvx_shard *shard, uint32_t entry)
+{
+    kvx_io_page *pg = &run->pages[0];
+    const void *src = NULL;
+    if (kvx_shard_page(&src, shard, entry, 0) == 0) {
+        memcpy(run->buf + pg->rel, src, pg->bytes);
+        run->got = run->want;
+    }
+    kvx_io_run_finish(run); /* the CRC of the copy; KVX_ETRUNC had there been no page */
+    f->res[pg->tag].status = pg->status;
+    f->res[pg->tag].crc32 = pg->crc_got;
+    f->done++;
+}
+
 int kvx_fetch_submit(kvx_fetch *f, const kvx_fetch_req *reqs, size_t n)
 {
     if (!f || (n && !reqs)) return kvx_fail(KVX_EINVALID, "kvx_fetch_submit: fetch or reqs is NULL");
@@ -207,23 +229,26 @@ int kvx_fetch_submit(kvx_fetch *f, const kvx_fetch_req *reqs, size_t n)
             f->done++;
             continue;
         }
-        kvx_io_file *file;
-        rc = kvx_ioq_file(&file, f->q, kvx_shard_fd(reqs[i].shard));
-        if (rc) goto fail;
+        kvx_io_file *file = NULL; /* none: a shared-tier view's shard (no file) */
+        if (kvx_shard_fd(reqs[i].shard) >= 0) {
+            rc = kvx_ioq_file(&file, f->q, kvx_shard_fd(reqs[i].shard));
+            if (rc) goto fail;
+            f->direct |= file->direct;
+        }
         f->refs[i] = kvx_shard_ref(reqs[i].shard);
-        f->direct |= file->direct;
         r->bytes = e.bytes;
-        items[n_items++] = (item){reqs[i].shard, file, e.offset, e.bytes, e.crc32, (uint32_t)i};
+        items[n_items++] = (item){reqs[i].shard, file, e.offset, e.bytes, e.crc32, (uint32_t)i, reqs[i].entry};
     }
-    qsort(items, n_items, sizeof *items, item_cmp);
-    /* Coalesce: back-to-back pages of one file, up to max_read per read. */
+    qsort(items, n_items, sizeof *items, item_cmp); /* file-less pages first (NULL) */
+    /* Coalesce: back-to-back pages of one file, up to max_read per read; a
+     * file-less page is a run of its own (its offset is notional). */
     for (size_t i = 0; i < n_items;) {
         kvx_io_run *run = &f->runs[f->n_runs++];
         kvx_io_file *file = items[i].file;
-        uint64_t start = items[i].off - items[i].off % file->align;
+        uint64_t start = file ? items[i].off - items[i].off % file->align : items[i].off;
         uint64_t end = items[i].off + items[i].bytes;
         size_t j = i + 1;
-        while (j < n_items && items[j].file == file && items[j].off == kvx_align_up(end, 4096) &&
+        while (file && j < n_items && items[j].file == file && items[j].off == kvx_align_up(end, 4096) &&
                items[j].off + items[j].bytes - start <= f->max_read) {
             end = items[j].off + items[j].bytes;
             j++;
@@ -231,7 +256,7 @@ int kvx_fetch_submit(kvx_fetch *f, const kvx_fetch_req *reqs, size_t n)
         run->file = file;
         run->off = start;
         run->want = end - start;
-        run->len = kvx_align_up(run->want, file->align);
+        run->len = kvx_align_up(run->want, file ? file->align : 1);
         run->verify = f->verify;
         run->pages = &f->pages[i];
         run->n_pages = (uint32_t)(j - i);
@@ -246,11 +271,16 @@ int kvx_fetch_submit(kvx_fetch *f, const kvx_fetch_req *reqs, size_t n)
             pg->tag = items[k].req;
             f->res[items[k].req].page = run->buf + pg->rel;
         }
+        if (!file) copy_mem_page(f, run, items[i].shard, items[i].entry);
         i = j;
     }
     free(items);
-    f->outstanding = f->n_runs;
-    for (size_t i = 0; i < f->n_runs; i++) kvx_ioq_push(f->q, &f->runs[i]);
+    f->outstanding = 0;
+    for (size_t i = 0; i < f->n_runs; i++)
+        if (f->runs[i].file) {
+            f->outstanding++;
+            kvx_ioq_push(f->q, &f->runs[i]);
+        }
     kvx_ioq_kick(f->q);
     return 0;
 fail:

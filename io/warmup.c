@@ -21,6 +21,10 @@
  * runs and 2 per CPU in flight, so staging stays cache-resident. Cold
  * data keeps io_uring, O_DIRECT, 4 MiB runs at queue_depth.
  *
+ * A shared-tier view's shard (kvx_shard_mem: pages on the heap, no file)
+ * has runs without a file: each is copied into its staging buffer on the
+ * driving thread, checked as a landed run, and delivered the same way.
+ *
  * kvx_warmup_start runs the same loop on a background thread and exposes
  * progress through atomics, for callers (cgo) that poll instead of taking
  * a callback.
@@ -150,7 +154,7 @@ static double resident_fraction(kvx_shard *const *shards, size_t n)
     for (size_t s = 0; s < n; s++) {
         const kvx_shard_info *info = kvx_shard_get_info(shards[s]);
         uint64_t lo = info->kv_data_offset & ~(uint64_t)4095, hi = info->file_size;
-        if (hi <= lo) continue;
+        if (hi <= lo || kvx_shard_fd(shards[s]) < 0) continue; /* no file: in memory */
         void *m = kvx_os.mmap(NULL, hi, PROT_READ, MAP_SHARED, kvx_shard_fd(shards[s]), 0);
         if (m == MAP_FAILED) return -1;
         uint64_t span = hi - lo, step = span / per > win ? span / per & ~(uint64_t)4095 : win;
@@ -361,18 +365,22 @@ static int warmup_new(kvx_warmup **out, kvx_shard *const *shards, size_t n, cons
     /* runs: back-to-back pages of one shard, up to chunk bytes */
     for (size_t i = 0; i < w->n_pages;) {
         wpage *first = order[i];
-        kvx_io_file *file;
-        rc = kvx_ioq_file(&file, w->q, kvx_shard_fd(w->shards[first->shard]));
-        if (rc) {
-            free(order);
-            warmup_free(w);
-            return rc;
+        kvx_io_file *file = NULL; /* none: a shared-tier view's shard (no file) */
+        uint32_t align = 1;
+        if (kvx_shard_fd(w->shards[first->shard]) >= 0) {
+            rc = kvx_ioq_file(&file, w->q, kvx_shard_fd(w->shards[first->shard]));
+            if (rc) {
+                free(order);
+                warmup_free(w);
+                return rc;
+            }
+            align = file->align;
         }
-        uint64_t start = first->off - first->off % file->align;
+        uint64_t start = first->off - first->off % align;
         uint64_t end = first->off + first->bytes;
         size_t j = i + 1;
         while (j < w->n_pages && order[j]->shard == first->shard && order[j]->off == kvx_align_up(end, 4096) &&
-               kvx_align_up(order[j]->off + order[j]->bytes - start, file->align) <= w->chunk) {
+               kvx_align_up(order[j]->off + order[j]->bytes - start, align) <= w->chunk) {
             end = order[j]->off + order[j]->bytes;
             j++;
         }
@@ -380,7 +388,7 @@ static int warmup_new(kvx_warmup **out, kvx_shard *const *shards, size_t n, cons
         r->file = file;
         r->off = start;
         r->want = end - start;
-        r->len = kvx_align_up(r->want, file->align);
+        r->len = kvx_align_up(r->want, align);
         r->verify = !(opts->flags & KVX_WARMUP_NO_VERIFY);
         r->pages = &w->rpages[i];
         r->n_pages = (uint32_t)(j - i);
@@ -429,7 +437,7 @@ static int add_fail(kvx_warmup *w, const wpage *p, int code)
 /* A run landed in staging buffer b: deliver its good pages, name the bad. */
 static int deliver(kvx_warmup *w, kvx_io_run *r, unsigned b)
 {
-    w->bytes_read += r->got;
+    if (r->file) w->bytes_read += r->got; /* a file-less run read nothing */
     int gpu_used = 0;
     for (uint32_t k = 0; k < r->n_pages; k++) {
         const kvx_io_page *pg = &r->pages[k];
@@ -463,6 +471,27 @@ static int deliver(kvx_warmup *w, kvx_io_run *r, unsigned b)
     return 0;
 }
 
+/* A run of a shard without a file (kvx_shard_mem): its pages copied into
+ * the run's staging buffer, then checked and (host sink) copied out as a
+ * run that landed (not in bytes_read: no file was read). */
+static void copy_mem_run(kvx_warmup *w, kvx_io_run *r)
+{
+    int whole = 1;
+    for (uint32_t k = 0; k < r->n_pages; k++) {
+        const kvx_io_page *pg = &r->pages[k];
+        const wpage *p = &w->pages[pg->tag];
+        const void *src = NULL;
+        if (kvx_shard_page(&src, w->shards[p->shard], p->entry, 0) == 0)
+            memcpy(r->buf + pg->rel, src, pg->bytes);
+        else
+            whole = 0;
+    }
+    r->status = whole ? 0 : KVX_ETRUNC;
+    r->got = whole ? r->want : 0;
+    kvx_io_run_finish(r);
+    if (r->on_done) r->on_done(r, r->on_done_ctx);
+}
+
 static void progress_now(kvx_warmup_progress *out, kvx_warmup *w)
 {
     out->bytes_done = atomic_load(&w->a_bytes);
@@ -494,6 +523,13 @@ static int exec(kvx_warmup *w, void (*cb)(void *, const kvx_warmup_progress *), 
             kvx_io_run *r = &w->runs[next++];
             r->buf = w->bufs[b];
             r->owner = (void *)(uintptr_t)b;
+            if (!r->file) { /* in memory: no read, delivered now */
+                copy_mem_run(w, r);
+                rc = deliver(w, r, b);
+                free_bufs[n_free++] = b;
+                if (rc) goto out;
+                continue;
+            }
             kvx_ioq_push(w->q, r);
             pushed++;
         }

@@ -10,6 +10,10 @@
  *    written again to its old size between two lookups (one byte flipped)
  *    has its pages checked again once the new mtime is seen (20 ms); the
  *    handle used to watch the size only, and served the new bytes;
+ *  - test_fetch_tier_view / test_warmup_tier_view: a view served from
+ *    the shared tier (its shard has no file) is fetched and warmed up, its
+ *    pages copied and checked; one such request failed the whole batch
+ *    (-EBADF, fstat of -1), and the whole warmup;
  *
  * White-box without kvx_internal: the OS seam's header by its path from
  * here, and kvx_shard_mem (format/format.h, not API: the shard of a view
@@ -222,11 +226,194 @@ static void test_rewrite_same_size_mtime(void **state)
     free(pages);
 }
 
+/* ---- finding 2: a view served from the shared tier in fetch and warmup ---- */
+
+enum { MEM_N = 5 };
+
+/* A shard as a shared-tier lookup makes it (kvx_shard_mem: pages on the
+ * heap, no file), of io_geometry, its pages io_fill(tag, entry). */
+static kvx_shard *mem_shard(uint32_t tag)
+{
+    kvx_geometry g = io_geometry();
+    uint64_t pb = kvx_page_bytes(&g, g.block_tokens);
+    void **pages = calloc(MEM_N, sizeof *pages);
+    uint32_t *tokens = calloc((size_t)MEM_N * g.block_tokens, sizeof *tokens);
+    uint64_t hashes[MEM_N], parents[MEM_N];
+    uint8_t digests[MEM_N * 32];
+    assert_non_null(pages);
+    assert_non_null(tokens);
+    memset(digests, 0x5a, sizeof digests);
+    for (uint32_t i = 0; i < MEM_N; i++) {
+        pages[i] = malloc(pb);
+        assert_non_null(pages[i]);
+        io_fill(pages[i], tag, i, pb);
+        hashes[i] = 0x1000 + tag * 16 + i;
+        parents[i] = i ? hashes[i - 1] : 0;
+    }
+    kvx_shard *s = NULL;
+    assert_int_equal(kvx_shard_mem(&s, &g, MEM_N, pages, hashes, parents, tokens, digests, NULL), 0);
+    free(tokens);
+    assert_int_equal(kvx_shard_fd(s), -1);
+    return s;
+}
+
+static kvx_pool *pool_of(uint64_t bytes)
+{
+    kvx_pool_options o = KVX_POOL_OPTIONS_INIT;
+    o.bytes = bytes;
+    kvx_pool *p = NULL;
+    int rc = kvx_pool_create(&p, &o);
+    if (rc == KVX_EMEMLOCK) {
+        o.flags = KVX_POOL_NO_MLOCK | KVX_POOL_NO_REGISTER;
+        rc = kvx_pool_create(&p, &o);
+    }
+    assert_int_equal(rc, 0);
+    return p;
+}
+
+/* The io_fill tag of a shard of this test: its shard byte for a file
+ * (io_make_shard), 9 or 10 for the two in-memory shards. */
+static uint32_t tag_of(kvx_shard *s, kvx_shard *m9)
+{
+    return kvx_shard_fd(s) >= 0 ? kvx_shard_get_info(s)->shard_id : s == m9 ? 9u : 10u;
+}
+
+/* Finding 2: kvx_fetch_submit took every request's file (fstat of its
+ * descriptor); a shared-tier view's shard has none (-1), so one such
+ * request failed the whole batch with -EBADF. Now its page is copied into
+ * its slot and checked at submit: status 0, the bytes, the CRC. */
+static void test_fetch_tier_view(void **state)
+{
+    (void)state;
+    char path[512];
+    assert_int_equal(io_make_shard(path, sizeof path, io_tmpdir, "fetch.kvx", 1, 6, 0), 0);
+    kvx_shard *fs, *m9 = mem_shard(9), *m10 = mem_shard(10);
+    assert_int_equal(kvx_shard_open(&fs, path, 0), 0);
+    const kvx_fetch_req reqs[] = {{fs, 0}, {m9, 1}, {fs, 1}, {m9, 4}, {m10, 0}, {m10, 1},
+                                  {m9, 0}, {NULL, 0}, {m9, 99}, {fs, 5}};
+    enum { N = sizeof reqs / sizeof reqs[0] };
+    const int modes[] = {KVX_IO_AUTO, KVX_IO_PREAD};
+    for (size_t m = 0; m < 2; m++)
+        for (uint32_t flags = 0; flags <= KVX_FETCH_NO_VERIFY; flags += KVX_FETCH_NO_VERIFY) {
+            kvx_pool *p = pool_of(8u << 20);
+            kvx_fetch_options o = KVX_FETCH_OPTIONS_INIT;
+            o.io_mode = modes[m];
+            o.flags = flags;
+            kvx_fetch *f = NULL;
+            assert_int_equal(kvx_fetch_create(&f, p, &o), 0);
+            assert_int_equal(kvx_fetch_submit(f, reqs, N), 0);
+            kvx_fetch_result res[N];
+            assert_int_equal(kvx_fetch_wait(f, res, N, 10000), 0);
+            for (size_t i = 0; i < N; i++) {
+                if (!reqs[i].shard) {
+                    assert_int_equal(res[i].status, KVX_EINVALID);
+                    continue;
+                }
+                if (reqs[i].entry == 99) {
+                    assert_int_equal(res[i].status, KVX_ENOTFOUND);
+                    continue;
+                }
+                kvx_entry e;
+                assert_int_equal(kvx_shard_entry(&e, reqs[i].shard, reqs[i].entry), 0);
+                assert_int_equal(res[i].status, 0);
+                assert_int_equal(res[i].bytes, e.bytes);
+                assert_int_equal((uintptr_t)res[i].page % 4096, 0);
+                assert_true(io_page_ok(res[i].page, tag_of(reqs[i].shard, m9), reqs[i].entry, e.bytes));
+                assert_int_equal(res[i].crc32, flags ? 0 : e.crc32);
+            }
+            /* a batch of tier pages alone: done at submit */
+            const kvx_fetch_req only[] = {{m10, 3}, {m9, 2}};
+            assert_int_equal(kvx_fetch_submit(f, only, 2), 0);
+            size_t done = 0;
+            assert_int_equal(kvx_fetch_poll(f, &done), 0);
+            assert_int_equal(done, 2);
+            assert_int_equal(kvx_fetch_wait(f, res, 2, 0), 0);
+            assert_true(io_page_ok(res[0].page, 10, 3, res[0].bytes));
+            assert_true(io_page_ok(res[1].page, 9, 2, res[1].bytes));
+            kvx_fetch_destroy(f);
+            kvx_pool_destroy(p);
+        }
+    kvx_shard_close(fs);
+    kvx_shard_close(m9);
+    kvx_shard_close(m10);
+}
+
+/* Finding 2, warmup: a shared-tier view's shard failed the whole warmup
+ * the same way (kvx_ioq_file of -1). Now its pages are copied into staging
+ * and delivered as landed runs: every sink, every executor, and
+ * kvx_warmup_start's thread. */
+static void test_warmup_tier_view(void **state)
+{
+    (void)state;
+    char path[512];
+    assert_int_equal(io_make_shard(path, sizeof path, io_tmpdir, "warm.kvx", 2, 7, 0), 0);
+    kvx_shard *fs, *m9 = mem_shard(9);
+    assert_int_equal(kvx_shard_open(&fs, path, 0), 0);
+    kvx_shard *in[3] = {m9, fs, m9};
+    uint64_t need = 0;
+    assert_int_equal(kvx_warmup_sink_bytes(&need, in, 3), 0);
+    uint8_t *buf = malloc(need);
+    assert_non_null(buf);
+    uint64_t crc_sum = 0, pages = 0;
+    for (size_t k = 0; k < 3; k++)
+        for (uint32_t i = 0; i < kvx_shard_get_info(in[k])->num_blocks; i++) {
+            kvx_entry e;
+            assert_int_equal(kvx_shard_entry(&e, in[k], i), 0);
+            crc_sum += e.crc32;
+            pages++;
+        }
+    const int modes[] = {KVX_IO_AUTO, KVX_IO_PREAD, KVX_IO_URING};
+    for (size_t m = 0; m < 3; m++) {
+        kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
+        o.io_mode = modes[m];
+        o.sink = KVX_SINK_HOST;
+        o.host_buf = buf;
+        o.host_buf_bytes = need;
+        memset(buf, 0, need);
+        kvx_warmup_report r;
+        int rc = kvx_warmup_run(&r, in, 3, &o);
+        if (modes[m] == KVX_IO_URING && (rc == -EPERM || rc == -ENOSYS)) continue; /* io_uring refused here */
+        assert_int_equal(rc, 0);
+        assert_int_equal(r.pages, pages);
+        assert_int_equal(r.n_failures, 0);
+        kvx_warmup_report_free(&r);
+        uint64_t off = 0;
+        for (size_t k = 0; k < 3; k++)
+            for (uint32_t i = 0; i < kvx_shard_get_info(in[k])->num_blocks; i++) {
+                kvx_entry e;
+                assert_int_equal(kvx_shard_entry(&e, in[k], i), 0);
+                off = (off + 255) / 256 * 256;
+                assert_true(io_page_ok(buf + off, tag_of(in[k], m9), i, e.bytes));
+                off += e.bytes;
+            }
+        /* the discard sink's checksum counts the tier pages too */
+        o.sink = KVX_SINK_DISCARD;
+        o.host_buf = NULL;
+        o.host_buf_bytes = 0;
+        assert_int_equal(kvx_warmup_run(&r, in, 3, &o), 0);
+        assert_int_equal(r.pages, pages);
+        assert_int_equal(r.checksum, crc_sum);
+        kvx_warmup_report_free(&r);
+        /* and on kvx_warmup_start's thread */
+        kvx_warmup *w = NULL;
+        assert_int_equal(kvx_warmup_start(&w, in, 3, &o), 0);
+        assert_int_equal(kvx_warmup_wait(&r, w, -1), 0);
+        assert_int_equal(r.pages, pages);
+        kvx_warmup_report_free(&r);
+        kvx_warmup_destroy(w);
+    }
+    free(buf);
+    kvx_shard_close(fs);
+    kvx_shard_close(m9);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_verify_every_served_page, reset),
         cmocka_unit_test_setup(test_rewrite_same_size_mtime, reset),
+        cmocka_unit_test_setup(test_fetch_tier_view, reset),
+        cmocka_unit_test_setup(test_warmup_tier_view, reset),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
