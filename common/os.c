@@ -27,6 +27,7 @@ static int os_fstatat(int dirfd, const char *path, struct stat *st, int flags)
     return fstatat(dirfd, path, st, flags);
 }
 static int os_uring_result(int res, size_t requested) { (void)requested; return res; }
+static int os_uring_wait(int rc) { return rc; }
 
 /* The directory walk: a kvx_os_dir is the DIR itself. Opening by name
  * (not by fdopendir on the caller's descriptor) gives the walk its own
@@ -102,7 +103,8 @@ static int os_rename_noreplace(const char *from, const char *to)
     .dir_open = os_dir_open, \
     .dir_next = os_dir_next, \
     .dir_close = os_dir_close, \
-    .uring_result = os_uring_result \
+    .uring_result = os_uring_result, \
+    .uring_wait = os_uring_wait \
 }
 
 const char *kvx_file_type_name(unsigned int mode)

@@ -18,7 +18,7 @@
  * fdatasync, ftruncate, fstat, fstatat, statx, flock, mmap, munmap), names
  * (rename, rename_noreplace, renameat, linkat, unlink, unlinkat, mkdir,
  * mkdirat), a directory walk (dir_open, dir_next, dir_close) and the
- * io_uring completion filter. Members follow the libc convention (-1 or
+ * io_uring completion and wait filters. Members follow the libc convention (-1 or
  * NULL or MAP_FAILED, and errno); the kvx_os_* helpers below turn that
  * into kvx's "0 or -errno" and loop over short transfers and EINTR.
  *
@@ -29,7 +29,8 @@
  * purpose: LMDB's own I/O
  * inside index/ (its commit is atomic; tests/powercut.h copies index/ as it
  * is), the io_uring ring itself (set up, submitted and waited on in io/;
- * its results pass through uring_result), the eventfd that wakes ring
+ * its results pass through uring_result, a reap's waits through
+ * uring_wait), the eventfd that wakes ring
  * waiters, and anonymous memory (the pinned pool's mmap, the SIGBUS
  * guard's replacement page, mapped inside a signal handler where a test's
  * wrapper must not run).
@@ -101,6 +102,9 @@ typedef struct kvx_os_ops {
      * through it, so tests can turn a result into -EAGAIN, -EINTR or a
      * short read. Identity by default. */
     int (*uring_result)(int res, size_t requested);
+    /* the result of each io_uring wait of a reap (0 or -errno), so tests
+     * can fail a wait for good (-EBUSY): identity by default */
+    int (*uring_wait)(int rc);
 } kvx_os_ops;
 
 /* The table in use. Tests may replace entries; restore with kvx_os_reset. */

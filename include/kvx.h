@@ -1183,7 +1183,11 @@ KVX_API int kvx_fetch_poll(kvx_fetch *f, size_t *out_done);
 KVX_API int kvx_fetch_wait(kvx_fetch *f, kvx_fetch_result *out, size_t n, int timeout_ms);
 /* No new reads start; pages not read end KVX_ECANCELED. Wait still needed. */
 KVX_API int kvx_fetch_cancel(kvx_fetch *f);
-/* Returns the batch's slots to the pool and drops its shard references. */
+/* Returns the batch's slots to the pool and drops its shard references.
+ * It first waits for the batch's reads in flight; if that wait fails for
+ * good, those reads may still land: their slots stay taken until the pool
+ * is destroyed, and every later submit on the queue (this handle's and its
+ * peers') fails with -EIO naming the failed wait. */
 KVX_API void kvx_fetch_release(kvx_fetch *f);
 
 /* --- GPU upload (CUDA) ------------------------------------------------------

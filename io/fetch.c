@@ -42,6 +42,13 @@ typedef struct item {
 typedef struct fshared {
     kvx_ioq *q;
     unsigned refs;
+    /* A wait failed for good while a batch had reads in flight (its
+     * -errno): the kernel may still complete them, so the run and page
+     * arrays they point at are parked here until the queue is destroyed,
+     * and no new batch starts on the queue. */
+    int broken;
+    void **parked;
+    size_t n_parked, cap_parked;
 } fshared;
 
 struct kvx_fetch {
@@ -124,6 +131,24 @@ int kvx_fetch_direct(const kvx_fetch *f) { return f ? f->direct : 0; }
 
 static int absorb(kvx_fetch *f, int timeout_ms);
 
+/* Parks f's runs and pages on its queue (see fshared), their owner
+ * cleared. Without memory to note them they are leaked: never freed under
+ * a read either way. */
+static void park(kvx_fetch *f)
+{
+    fshared *sh = f->sh;
+    for (size_t i = 0; i < f->n_runs; i++) f->runs[i].owner = NULL;
+    if (sh->cap_parked - sh->n_parked < 2) {
+        size_t nc = sh->cap_parked ? 2 * sh->cap_parked : 8;
+        void **np = realloc(sh->parked, nc * sizeof *np);
+        if (!np) return;
+        sh->parked = np;
+        sh->cap_parked = nc;
+    }
+    sh->parked[sh->n_parked++] = f->runs;
+    sh->parked[sh->n_parked++] = f->pages;
+}
+
 void kvx_fetch_release(kvx_fetch *f)
 {
     if (!f || !f->active) return;
@@ -131,24 +156,35 @@ void kvx_fetch_release(kvx_fetch *f)
     if (f->outstanding > 0) {
         /* The kernel may still write into our slots: drain first. */
         kvx_ioq_cancel_owner(f->q, f);
-        while (f->outstanding > 0)
-            if (absorb(f, -1) < 0) {
+        while (f->outstanding > 0) {
+            int rc = absorb(f, -1);
+            if (rc < 0) {
                 drained = 0;
+                if (!f->sh->broken) f->sh->broken = rc;
                 break;
             }
+        }
     }
     /* A wait that failed for good (not EINTR: reap retries that) leaves
      * reads the kernel may still land: their slots are never given back,
      * or a late read would overwrite pages another batch verified. They
-     * are lost until the pool is destroyed. */
+     * are lost until the pool is destroyed. The runs and their pages stay
+     * too (a completion names its run, whose pages it fills in), parked
+     * without an owner, so a later reap by any handle of the queue skips
+     * them; the queue takes no new batch. */
     for (size_t i = 0; drained && i < f->n_runs; i++)
         if (f->runs[i].buf) kvx_pool_free(f->pool, f->runs[i].buf, f->runs[i].len);
     for (size_t i = 0; i < f->n; i++) kvx_shard_close(f->refs[i]);
     if (kvx_ioq_pending(f->q) == 0) kvx_ioq_files_trim(f->q); /* a peer's reads may use them */
     free(f->refs);
     free(f->res);
-    free(f->pages);
-    free(f->runs);
+    if (drained) {
+        free(f->pages);
+        free(f->runs);
+    } else {
+        park(f);
+    }
+    f->outstanding = 0;
     f->refs = NULL;
     f->res = NULL;
     f->pages = NULL;
@@ -162,7 +198,9 @@ void kvx_fetch_destroy(kvx_fetch *f)
     if (!f) return;
     kvx_fetch_release(f);
     if (--f->sh->refs == 0) {
-        kvx_ioq_destroy(f->sh->q);
+        kvx_ioq_destroy(f->sh->q); /* after it, no completion names a parked run */
+        for (size_t i = 0; i < f->sh->n_parked; i++) free(f->sh->parked[i]);
+        free(f->sh->parked);
         free(f->sh);
     }
     free(f);
@@ -198,6 +236,11 @@ int kvx_fetch_submit(kvx_fetch *f, const kvx_fetch_req *reqs, size_t n)
     if (!f || (n && !reqs)) return kvx_fail(KVX_EINVALID, "kvx_fetch_submit: fetch or reqs is NULL");
     if (n > UINT32_MAX) return kvx_fail(KVX_EINVALID, "kvx_fetch_submit: n %zu is too large", n);
     kvx_fetch_release(f);
+    if (f->sh->broken)
+        return kvx_fail(-EIO,
+                        "kvx_fetch_submit: the fetch queue is unusable: an io_uring wait failed (%s) while reads "
+                        "were in flight, which the kernel may still complete; destroy this handle and its peers",
+                        strerror(-f->sh->broken));
     f->active = 1;
     f->direct = 0;
     f->n = n;
@@ -297,6 +340,7 @@ static int absorb(kvx_fetch *f, int timeout_ms)
     for (int i = 0; i < got; i++) {
         kvx_io_run *r = got_runs[i];
         kvx_fetch *o = r->owner; /* f, or a peer sharing the queue */
+        if (!o) continue;        /* parked: its batch was released after a failed wait */
         for (uint32_t k = 0; k < r->n_pages; k++) {
             kvx_fetch_result *res = &o->res[r->pages[k].tag];
             res->status = r->pages[k].status;

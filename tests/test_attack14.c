@@ -14,6 +14,10 @@
  *    the shared tier (its shard has no file) is fetched and warmed up, its
  *    pages copied and checked; one such request failed the whole batch
  *    (-EBADF, fstat of -1), and the whole warmup;
+ *  - test_failed_wait_parks_runs: a release whose wait fails for good
+ *    parks the run records completions still name (they were freed under
+ *    the ring: a peer's next reap wrote into freed memory) and the queue
+ *    refuses new batches with -EIO;
  *
  * White-box without kvx_internal: the OS seam's header by its path from
  * here, and kvx_shard_mem (format/format.h, not API: the shard of a view
@@ -407,6 +411,81 @@ static void test_warmup_tier_view(void **state)
     kvx_shard_close(m9);
 }
 
+/* ---- finding 6: a release whose wait fails ---- */
+
+static int waits_failed;
+static int always_eagain(int res, size_t requested)
+{
+    (void)res;
+    (void)requested;
+    return -EAGAIN;
+}
+static int wait_busy(int rc)
+{
+    (void)rc;
+    waits_failed++;
+    return -EBUSY;
+}
+
+/* Finding 6: when kvx_fetch_release's wait for reads in flight failed for
+ * good, it kept the slots but freed the run and page records the ring's
+ * completions name; the next reap (here the peer's wait) wrote into freed
+ * memory (ASan: heap-use-after-free; without it, a write through the
+ * released batch's NULL results). Now they are parked on the queue, the
+ * peer's batch completes, and every later submit on the queue is -EIO. */
+static void test_failed_wait_parks_runs(void **state)
+{
+    (void)state;
+    char path[512];
+    kvx_shard *sh;
+    assert_int_equal(io_make_shard(path, sizeof path, io_tmpdir, "wait.kvx", 3, 24, 0), 0);
+    assert_int_equal(kvx_shard_open(&sh, path, 0), 0);
+    kvx_pool *p = pool_of(16u << 20);
+    kvx_fetch_options o = KVX_FETCH_OPTIONS_INIT;
+    o.io_mode = KVX_IO_URING;
+    o.max_read_bytes = 4096; /* a read per page: many in flight */
+    kvx_fetch *f1 = NULL, *f2 = NULL;
+    int rc = kvx_fetch_create(&f1, p, &o);
+    if (rc == -EPERM || rc == -ENOSYS || rc == KVX_EMEMLOCK) {
+        kvx_pool_destroy(p);
+        kvx_shard_close(sh);
+        skip(); /* io_uring refused on this machine */
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(kvx_fetch_create_peer(&f2, f1), 0);
+    kvx_fetch_req r1[12], r2[12];
+    for (uint32_t i = 0; i < 12; i++) {
+        r1[i] = (kvx_fetch_req){sh, i};
+        r2[i] = (kvx_fetch_req){sh, 12 + i};
+    }
+    assert_int_equal(kvx_fetch_submit(f1, r1, 12), 0);
+    assert_int_equal(kvx_fetch_submit(f2, r2, 12), 0);
+    /* every read lands -EAGAIN and is read again, so reads stay in flight;
+     * the release's wait for them then fails for good */
+    waits_failed = 0;
+    kvx_os.uring_result = always_eagain;
+    kvx_os.uring_wait = wait_busy;
+    kvx_fetch_release(f1);
+    kvx_os_reset();
+    assert_true(waits_failed > 0);
+    /* the peer reaps f1's late completions with its own */
+    kvx_fetch_result res[12];
+    assert_int_equal(kvx_fetch_wait(f2, res, 12, 10000), 0);
+    for (uint32_t i = 0; i < 12; i++) {
+        assert_int_equal(res[i].status, 0);
+        assert_true(io_page_ok(res[i].page, 3, 12 + i, res[i].bytes));
+    }
+    /* the queue takes no new batch, on either handle */
+    assert_int_equal(kvx_fetch_submit(f1, r1, 12), -EIO);
+    assert_non_null(strstr(kvx_last_error(), "unusable"));
+    assert_non_null(strstr(kvx_last_error(), "Device or resource busy"));
+    assert_int_equal(kvx_fetch_submit(f2, r2, 12), -EIO);
+    kvx_fetch_destroy(f1);
+    kvx_fetch_destroy(f2);
+    kvx_pool_destroy(p);
+    kvx_shard_close(sh);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -414,6 +493,7 @@ int main(void)
         cmocka_unit_test_setup(test_rewrite_same_size_mtime, reset),
         cmocka_unit_test_setup(test_fetch_tier_view, reset),
         cmocka_unit_test_setup(test_warmup_tier_view, reset),
+        cmocka_unit_test_setup(test_failed_wait_parks_runs, reset),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
