@@ -19,6 +19,7 @@
  * the first one that is not is named (KVX_ELOSSY) and nothing is written.
  */
 #include "shard_format.h"
+#include "format.h"
 
 #include <errno.h>
 #include <math.h>
@@ -361,6 +362,9 @@ int kvx_shard_to_envelope(void **out_buf, size_t *out_len, const kvx_shard *s, u
         return kvx_fail(KVX_EINVALID, "shard to envelope: %s has no block_tokens", kvx_shard_path(s));
     if (info->flags & KVX_FLAG_KEYS)
         return kvx_fail(KVX_EINVALID, "shard to envelope: %s holds keyed pages, not KV blocks", kvx_shard_path(s));
+    if (kvx_shard_missing(s))
+        return kvx_fail(KVX_ETRUNC, "shard to envelope: %s: %u of its %u pages lie past the end of the file (missing)",
+                        kvx_shard_path(s), kvx_shard_missing(s), info->num_blocks);
     uint32_t n = info->num_blocks;
     for (uint32_t i = 0; i < n; i++) {
         kvx_entry e;
@@ -381,14 +385,26 @@ int kvx_shard_to_envelope(void **out_buf, size_t *out_len, const kvx_shard *s, u
     /* bounded by the input (DESIGN.md rule 5): an envelope pads each block
      * to B tokens and widens FP8 to f16, so it may outgrow its shard, but
      * not by more than that; a header declaring a huge B in a small file
-     * does not get gigabytes */
-    uint64_t page_sum = 0;
+     * does not get gigabytes. The shard's size is what holds data: header
+     * and tables of n entries, the spectral bundle, each page padded to
+     * 4096, as the writer lays them back to back. Not the file's size: a
+     * sparse tail, or holes between tables and pages, are not input (a
+     * small file truncated up to 1 TiB got a 64 TiB cap). */
+    uint64_t page_sum = 0, held = 0;
+    kvx_shard_layout lay;
+    if (kvx_shard_layout_for(&lay, n, info->flags, g->block_tokens, g->num_layers, g->kv_heads) == 0)
+        held = lay.tables_end;
+    kvx_spectral sp;
+    if (info->spectral_offset && kvx_shard_spectral(&sp, s) == 0)
+        held += kvx_spectral_bundle_bytes(sp.n_cartridges, sp.n_layers, sp.dim, sp.rank);
     for (uint32_t i = 0; i < n; i++) {
         kvx_entry e;
         kvx_shard_entry(&e, s, i);
         page_sum += e.bytes;
+        held += kvx_align_up(e.bytes, 4096);
     }
-    uint64_t cap = 64 * (page_sum > info->file_size ? page_sum : info->file_size) + ((uint64_t)1 << 20);
+    if (held > info->file_size) held = info->file_size; /* never more than today's cap */
+    uint64_t cap = 64 * (page_sum > held ? page_sum : held) + ((uint64_t)1 << 20);
     if ((uint64_t)total > cap)
         return kvx_fail(KVX_ECAPACITY,
                         "shard to envelope: %s would make a %zu-byte envelope from %llu bytes of pages (block_tokens %u)",

@@ -560,7 +560,9 @@ KVX_API int kvx_shard_from_envelope(const char *path, const void *env, size_t le
 /* Every entry of a shard becomes one block of a version envelope, written
  * into a malloc'd buffer the caller frees with kvx_free. Needs block_tokens
  * and every token_count <= B. An envelope that would pass the input bound
- * (DESIGN.md rule 5): KVX_ECAPACITY; a BF16 shard to v1 with a value f16
+ * (DESIGN.md rule 5: 64 times the shard's data bytes, holes and a sparse
+ * tail not counted, plus 1 MiB): KVX_ECAPACITY; a page missing (past the
+ * end of the file): KVX_ETRUNC; a BF16 shard to v1 with a value f16
  * cannot hold: KVX_ELOSSY naming it. */
 KVX_API int kvx_shard_to_envelope(void **out_buf, size_t *out_len, const kvx_shard *s,
                                   uint16_t version);

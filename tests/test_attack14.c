@@ -18,6 +18,11 @@
  *    parks the run records completions still name (they were freed under
  *    the ring: a peer's next reap wrote into freed memory) and the queue
  *    refuses new batches with -EIO;
+ *  - test_to_envelope_sparse_bound / test_to_envelope_missing_pages:
+ *    kvx_shard_to_envelope is bounded by the shard's data bytes, not its
+ *    file size (a sparse 1 TiB tail got a 64 TiB bound and a 4 GiB
+ *    malloc), and a shard with missing pages is refused before any
+ *    allocation;
  *
  * White-box without kvx_internal: the OS seam's header by its path from
  * here, and kvx_shard_mem (format/format.h, not API: the shard of a view
@@ -486,6 +491,84 @@ static void test_failed_wait_parks_runs(void **state)
     kvx_shard_close(sh);
 }
 
+/* ---- finding 4: kvx_shard_to_envelope bounded by the shard's data ---- */
+
+/* Finding 4: the envelope's bound was 64 times the file's size, holes
+ * included: a 5 MiB shard of 1024 one-token blocks with block_tokens 2^20
+ * truncated up to 1 TiB (sparse) was allowed a 4 GiB envelope, malloc'd
+ * and written 4 MiB a block. Now the data bytes count (tables, pages
+ * padded to 4096): KVX_ECAPACITY before any allocation, here under a
+ * 512 MiB address-space limit (which the 4 GiB malloc failed: -ENOMEM). */
+static void test_to_envelope_sparse_bound(void **state)
+{
+    (void)state;
+    char path[512];
+    snprintf(path, sizeof path, "%s/sparse.kvx", io_tmpdir);
+    kvx_shard_writer_options o = KVX_SHARD_WRITER_OPTIONS_INIT;
+    o.geometry = (kvx_geometry){1, 1, 1, 1u << 20, KVX_QUANT_FP16, 7};
+    o.shard_id = 4;
+    o.max_entries = 1024;
+    kvx_shard_writer *w = NULL;
+    assert_int_equal(kvx_shard_writer_create(&w, path, &o), 0);
+    uint8_t page[4] = {1, 2, 3, 4};
+    for (uint32_t i = 0; i < 1024; i++) {
+        kvx_entry_in e;
+        memset(&e, 0, sizeof e);
+        e.radix_block = (uint16_t)i;
+        e.token_count = 1;
+        e.page = page;
+        assert_int_equal(kvx_shard_writer_add(w, &e), 0);
+    }
+    assert_int_equal(kvx_shard_writer_seal(w), 0);
+    assert_int_equal(truncate(path, (off_t)1 << 40), 0);
+    kvx_shard *s;
+    assert_int_equal(kvx_shard_open(&s, path, KVX_OPEN_VERIFY_PAGES), 0); /* its 1 TiB mapping: before the limit */
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+#if !defined(__SANITIZE_ADDRESS__) /* its shadow memory needs terabytes of address space */
+        struct rlimit rl = {512u << 20, 512u << 20};
+        if (setrlimit(RLIMIT_AS, &rl) != 0) _exit(5);
+#endif
+        void *out = NULL;
+        size_t len = 0;
+        int rc = kvx_shard_to_envelope(&out, &len, s, KVX_ENVELOPE_V1);
+        _exit(rc == KVX_ECAPACITY && !out && strstr(kvx_last_error(), "block_tokens 1048576") ? 0
+              : rc == -ENOMEM                                                                ? 3
+                                                                                             : 4);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    kvx_shard_close(s);
+    unlink(path);
+}
+
+/* Finding 4: a shard with a missing page (cut inside its last page) is
+ * refused before the envelope is allocated; it was allocated whole, and
+ * the copy then stopped at the missing page. */
+static void test_to_envelope_missing_pages(void **state)
+{
+    (void)state;
+    char path[512];
+    assert_int_equal(io_make_shard(path, sizeof path, io_tmpdir, "cut.kvx", 5, 9, 0), 0);
+    kvx_shard *s;
+    assert_int_equal(kvx_shard_open(&s, path, 0), 0);
+    kvx_entry e;
+    assert_int_equal(kvx_shard_entry(&e, s, 8), 0);
+    kvx_shard_close(s);
+    assert_int_equal(truncate(path, (off_t)(e.offset + 1)), 0);
+    assert_int_equal(kvx_shard_open(&s, path, 0), 0);
+    void *out = NULL;
+    size_t len = 0;
+    assert_int_equal(kvx_shard_to_envelope(&out, &len, s, KVX_ENVELOPE_V1), KVX_ETRUNC);
+    assert_null(out);
+    assert_non_null(strstr(kvx_last_error(), "1 of its 9 pages lie past the end of the file (missing)"));
+    kvx_shard_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -494,6 +577,8 @@ int main(void)
         cmocka_unit_test_setup(test_fetch_tier_view, reset),
         cmocka_unit_test_setup(test_warmup_tier_view, reset),
         cmocka_unit_test_setup(test_failed_wait_parks_runs, reset),
+        cmocka_unit_test_setup(test_to_envelope_sparse_bound, reset),
+        cmocka_unit_test_setup(test_to_envelope_missing_pages, reset),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
