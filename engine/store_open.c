@@ -82,19 +82,56 @@ static int st_check_not_link(int dirfd, const char *dir, const char *name)
     return 0;
 }
 
-static int st_lock(kvx_store *s, uint32_t flags, int try_only)
+/* One flock (op) on fd, EINTR retried: 0, or the store's error. */
+static int st_flock(kvx_store *s, int fd, int op, const char *what)
 {
-    int fd;
-    int rc = kvx_st_open_file(s, "LOCK", O_RDWR | O_CREAT, 0600, &fd);
-    if (rc) return rc;
-    int op = LOCK_EX | ((flags & KVX_STORE_NOWAIT) || try_only ? LOCK_NB : 0);
     while (kvx_os.flock(fd, op) != 0) {
         if (errno == EINTR) continue;
         int e = errno;
-        kvx_os.close(fd);
-        if (e == EWOULDBLOCK)
-            return kvx_fail(KVX_EBUSY, "store: %s: another writer holds the store", s->dir);
-        return kvx_fail(-e, "store: flock %s/LOCK: %s", s->dir, strerror(e));
+        if (e == EWOULDBLOCK) return kvx_fail(KVX_EBUSY, "store: %s: another writer holds the store", s->dir);
+        return kvx_fail(-e, "store: flock %s%s: %s", s->dir, what, strerror(e));
+    }
+    return 0;
+}
+
+/* The writer lock: flock(LOCK_EX) on DIR/LOCK, and only on the file that
+ * is DIR/LOCK once the lock is held (a LOCK removed or replaced meanwhile,
+ * by a "stale lock" cleanup, is opened again: at most 8 tries). LOCK alone
+ * cannot see a writer that holds a LOCK someone removed since (the next
+ * opener creates a new one), so the writer also flocks DIR itself; a file
+ * system that takes no flock on a directory (NFS: EBADF) relies on LOCK
+ * alone. */
+static int st_lock(kvx_store *s, uint32_t flags, int try_only)
+{
+    int op = LOCK_EX | ((flags & KVX_STORE_NOWAIT) || try_only ? LOCK_NB : 0);
+    int fd = -1, rc = 0;
+    for (int tries = 0;; tries++) {
+        if ((rc = kvx_st_open_file(s, "LOCK", O_RDWR | O_CREAT, 0600, &fd))) return rc;
+        if ((rc = st_flock(s, fd, op, "/LOCK"))) {
+            kvx_os.close(fd);
+            return rc;
+        }
+        struct stat a, b;
+        if (kvx_os.fstat(fd, &a) != 0) {
+            rc = kvx_fail(-errno, "store: fstat %s/LOCK: %s", s->dir, strerror(errno));
+            kvx_os.close(fd);
+            return rc;
+        }
+        if (kvx_os.fstatat(s->dirfd, "LOCK", &b, AT_SYMLINK_NOFOLLOW) == 0 && a.st_dev == b.st_dev &&
+            a.st_ino == b.st_ino)
+            break;
+        kvx_os.close(fd); /* a lock on a file that is no longer DIR/LOCK locks nothing */
+        if (tries == 7)
+            return kvx_fail(KVX_EBUSY, "store: %s: LOCK keeps being replaced: another process is at the store", s->dir);
+    }
+    /* DIR itself: held until s->dirfd closes (st_free) */
+    if (s->dirfd >= 0 && kvx_os.flock(s->dirfd, op) != 0) {
+        int e = errno;
+        if (e == EINTR || e == EWOULDBLOCK) rc = st_flock(s, s->dirfd, op, "");
+        if (rc) {
+            kvx_os.close(fd);
+            return rc;
+        }
     }
     /* the holder's pid, for a waiting writer to name (advisory text) */
     char pid[24];
@@ -204,6 +241,17 @@ static int st_create_catalog(kvx_store *s)
     return rc;
 }
 
+/* fsync of the directory that holds dir (trailing slashes ignored). */
+static int st_fsync_parent(const char *dir)
+{
+    char p[4096];
+    size_t n = strlen(dir);
+    if (n >= sizeof p) return -ENAMETOOLONG;
+    memcpy(p, dir, n + 1);
+    while (n > 1 && p[n - 1] == '/') p[--n] = '\0';
+    return kvx_os_fsync_parent(p);
+}
+
 KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_options *opts)
 {
     if (!out) return kvx_fail(KVX_EINVALID, "kvx_store_create: out is NULL");
@@ -285,6 +333,12 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     if (!rc && kvx_os.fsync(s->dirfd) != 0) rc = -errno;
     if (rc) {
         kvx_fail(rc, "kvx_store_create: write %s/STORE: %s", dir, strerror(-rc));
+        goto fail;
+    }
+    /* DIR's own entry in its parent: without this fsync a power cut may
+     * lose the whole directory, and every block acknowledged in it */
+    if ((rc = st_fsync_parent(dir))) {
+        kvx_fail(rc, "kvx_store_create: fsync the directory holding %s: %s", dir, strerror(-rc));
         goto fail;
     }
     kvx_os.close(s->dirfd);
