@@ -5,14 +5,22 @@
  * Rule (DESIGN.md rule 2): files the catalog stops naming are unlinked only
  * after its commit, and only when sound; a damaged one moves to
  * quarantine/. Shards pinned by an unflushed put of any batch are never
- * taken.
+ * taken. Before the commit each victim gets a durable second name in
+ * staging/ (its drop mark): a crash that keeps the victim in shards/ after
+ * the commit leaves the mark beside it, and recovery then moves the file to
+ * quarantine/ instead of adopting it again (which would bring back a keyed
+ * page its owner deleted or replaced). The mark goes once the victim left
+ * shards/ durably.
  */
 #include "store.h"
+#include "common/os.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 void kvx_st_pshards(st_pshard *out, const kvx_store *s, uint64_t *const *r)
 {
@@ -25,6 +33,53 @@ void kvx_st_pshards(st_pshard *out, const kvx_store *s, uint64_t *const *r)
         p->file_bytes = s->reg->rec[b].file_bytes;
         p->recency = r && p->live ? r[b] : NULL;
     }
+}
+
+/* A victim's drop mark: staging/.<gen>.kvx.tmp.drop (recovery reads the
+ * generation of any ".<gen>.kvx.tmp." name in staging/). */
+static void st_mark_name(char *buf, size_t cap, uint64_t gen)
+{
+    char name[32];
+    kvx_st_shard_name(name, gen);
+    snprintf(buf, cap, ".%s.tmp.drop", name);
+}
+
+static void st_unmark_victims(kvx_store *s, const uint8_t *victims)
+{
+    for (int b = 0; b < ST_SLOTS; b++) {
+        if (!victims[b]) continue;
+        char mark[64];
+        st_mark_name(mark, sizeof mark, s->reg->rec[b].gen);
+        kvx_os.unlinkat(s->stagingfd, mark, 0);
+    }
+}
+
+/* Before a drop's commit: each victim that is a regular file in shards/
+ * gets its mark (a hard link in staging/), then one fsync of staging/ (its
+ * failure fails the drop, before anything is committed). A link that
+ * fails (a file system without hard links, a full disk) leaves that
+ * victim unmarked: a drop cut after its commit then adopts it again, as
+ * before the marks (STORE.md). */
+static int st_mark_victims(kvx_store *s, const uint8_t *victims)
+{
+    int rc = 0, n = 0;
+    for (int b = 0; b < ST_SLOTS && !rc; b++) {
+        if (!victims[b]) continue;
+        char name[32], mark[64];
+        uint64_t gen = s->reg->rec[b].gen;
+        kvx_st_shard_name(name, gen);
+        st_mark_name(mark, sizeof mark, gen);
+        struct stat st;
+        if (kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
+        int r = kvx_os.linkat(s->shardsfd, name, s->stagingfd, mark, 0);
+        if (r != 0 && errno == EEXIST && kvx_os.unlinkat(s->stagingfd, mark, 0) == 0) /* a stale mark */
+            r = kvx_os.linkat(s->shardsfd, name, s->stagingfd, mark, 0);
+        n += r == 0; /* else (a full disk, no hard links) unmarked: an eviction must not wait for room */
+    }
+    if (!rc && n && (rc = kvx_os_fsync_dir(s->staging_path)))
+        rc = kvx_fail(rc, "store %s: fsync of staging/ after marking %d shard(s): %s", s->dir, n, strerror(-rc));
+    if (rc) st_unmark_victims(s, victims); /* nothing committed: nothing to mark */
+    return rc;
 }
 
 /* One edit: the added shards registered, each carried block moved (a
@@ -60,7 +115,11 @@ int kvx_st_drop_write(kvx_store *s, st_drop *d)
     for (kvx_store_batch *x = s->batches; x; x = x->next, nb++)
         for (uint32_t b = 0; nb < sizeof carry_pins && b < ST_SLOTS; b++)
             if (d->victims[b] && x->pinned[b] && x->pin_gen[b] == s->reg->rec[b].gen) carry_pins[nb] = 1;
-    int rc = kvx_cat_apply(s->cat, &e); /* builder failures come back here */
+    /* the victims' marks durable before the commit; a failed commit keeps
+     * them (it may have happened after all: a mark beside a file the
+     * catalog still names only goes at the next recovery) */
+    int rc = st_mark_victims(s, d->victims);
+    if (!rc) rc = kvx_cat_apply(s->cat, &e); /* builder failures come back here */
     kvx_cat_edit_free(&e);
     nb = 0;
     for (kvx_store_batch *x = s->batches; !rc && x; x = x->next, nb++) {
@@ -77,10 +136,15 @@ int kvx_st_drop_write(kvx_store *s, st_drop *d)
  * slot keeps its last record): caches, files. Evicted and compacted
  * shards are deleted only when sound; a damaged one (and every shard
  * dropped as damaged) moves to quarantine/ instead; one that cannot be
- * judged now stays in shards/, unregistered: the next writer's recovery
- * adopts or quarantines it. */
+ * judged now stays in shards/, unregistered, beside its mark: the next
+ * writer's recovery moves it to quarantine/. Anything but a regular file
+ * at a victim's name (a FIFO, a directory planted there) is left alone.
+ * The unlinks are made durable (one fsync of shards/) before the marks
+ * go, so a power cut cannot bring back a victim without its mark. */
 void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const char *damaged)
 {
+    uint8_t gone[ST_SLOTS] = {0}; /* out of shards/: its mark may go */
+    int unlinked = 0;
     for (int b = 0; b < ST_SLOTS; b++) {
         if (!victims[b]) continue;
         uint64_t gen = s->reg->rec[b].gen;
@@ -88,9 +152,28 @@ void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const char *damaged
         char name[32], why[600];
         snprintf(why, sizeof why, "%s", damaged ? damaged : "");
         kvx_st_shard_name(name, gen);
+        struct stat st;
+        if (kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+            gone[b] = errno == ENOENT;
+            continue;
+        }
+        if (!S_ISREG(st.st_mode)) continue; /* never followed, never moved (DESIGN.md rule 5) */
         int sound = damaged ? 0 : kvx_st_shard_sound(s, (uint32_t)b, gen, why, sizeof why);
-        if (sound == 1) kvx_st_unlink_shard(s, gen); /* views keep their mapping alive */
-        else if (sound == 0 && kvx_st_quarantine(s, name, why) != 0) kvx_clear_error();
+        if (sound == 1 && kvx_os.unlinkat(s->shardsfd, name, 0) == 0) { /* views keep their mapping alive */
+            gone[b] = 1;
+            unlinked++;
+        } else if (sound == 0) {
+            int q = kvx_st_quarantine(s, name, why); /* it fsyncs shards/ */
+            gone[b] = q == 0;
+            if (q) kvx_clear_error();
+        }
+    }
+    if (unlinked && kvx_os_fsync_dir(s->shards_path) != 0) return; /* the marks stay: recovery sorts it out */
+    for (int b = 0; b < ST_SLOTS; b++) {
+        if (!gone[b]) continue;
+        char mark[64];
+        st_mark_name(mark, sizeof mark, s->reg->rec[b].gen);
+        kvx_os.unlinkat(s->stagingfd, mark, 0); /* no fsync: recovery removes a mark whose file is gone */
     }
 }
 

@@ -74,11 +74,15 @@ int kvx_st_each_file(kvx_store *s, int fd, st_dir_fn fn, void *ctx)
     return rc;
 }
 
+/* Failure paths only (a rewrite's or a flush's files that no commit
+ * named): the unlink is made durable at once, so a power cut cannot bring
+ * back a file for the next writer's recovery to adopt after later commits
+ * (a keyed page deleted since, say). */
 void kvx_st_unlink_shard(kvx_store *s, uint64_t gen)
 {
     char name[32];
     kvx_st_shard_name(name, gen);
-    kvx_os.unlinkat(s->shardsfd, name, 0);
+    if (kvx_os.unlinkat(s->shardsfd, name, 0) == 0) kvx_os_fsync_dir(s->shards_path);
 }
 
 static int st_qdir_path(kvx_store *s, char *buf, size_t cap)

@@ -6,7 +6,10 @@
  * live. Recovery judges a shard by its own structure and meta CRC, never by
  * the catalog's record of it, and deletes nothing on the word of a check:
  *  - staging/ holds shard writers' temporary files, never acknowledged:
- *    removed (anything else there is left alone);
+ *    removed (anything else there is left alone); one that is the same
+ *    file as a shards/ name the catalog does not name (a flush cut before
+ *    its commit, a drop cut after its commit) first sends that shards/
+ *    name to quarantine/;
  *  - a registered shard that is gone loses its records; one whose size
  *    differs from its record is opened: valid, its record is corrected and
  *    it is served; invalid, it moves to quarantine/;
@@ -29,9 +32,26 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* st_unpublished_twin's tally (below): twins whose shards/ name could not
+ * be moved aside stay, both names, and that generation is not adopted. */
+typedef struct st_twins {
+    uint64_t moved;
+    size_t nkept;
+    uint64_t kept[ST_SLOTS];
+} st_twins;
+
+static int st_twin_kept(const st_twins *t, uint64_t gen)
+{
+    for (size_t i = 0; t && i < t->nkept; i++)
+        if (t->kept[i] == gen) return 1;
+    return 0;
+}
+
 static int st_rm_staging(kvx_store *s, int fd, const char *name, void *ctx)
 {
-    (void)ctx;
+    uint64_t gen;
+    if (name[0] == '.' && strstr(name, ".kvx.tmp.") && kvx_st_name_prefix_gen(name + 1, &gen) && st_twin_kept(ctx, gen))
+        return 0; /* its shards/ twin could not be moved aside: both stay for the next recovery */
     struct stat st;
     if (kvx_os.fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return 0;
     /* a writer's temporary file was never acknowledged; a directory or
@@ -162,6 +182,7 @@ static int st_check_registered(kvx_store *s, st_fix *f, char (*why)[512])
 typedef struct st_adopt_ctx {
     st_fix *f;
     char (*why)[512];
+    const st_twins *tw; /* twins left in place: never adopted */
 } st_adopt_ctx;
 
 static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
@@ -176,7 +197,7 @@ static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
         if (kvx_os.fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode)) kvx_os.unlinkat(fd, name, 0);
         return 0;
     }
-    if (!kvx_st_parse_name(name, &gen)) return 0; /* not ours: left alone */
+    if (!kvx_st_parse_name(name, &gen) || st_twin_kept(c->tw, gen)) return 0; /* not ours, or kept: left alone */
     for (int b = 0; b < ST_SLOTS; b++)
         if (s->reg->live[b] && s->reg->rec[b].gen == gen) return 0;
     struct stat st;
@@ -514,15 +535,17 @@ KVX_API int kvx_store_reindex(kvx_store *s)
 }
 
 /* A staging/ file whose generation also names a file in shards/, the same
- * inode, is a batch's shard linked by a flush (kvx_st_link_files) that
- * was cut before or after its commit: when the catalog names that
- * generation the commit happened (the staging/ name only goes), else it
- * did not and the shards/ name goes too, never adopted, so no part of an
- * unpublished batch appears. removed: shards/ names removed. */
-typedef struct st_twins {
-    uint64_t removed;
-} st_twins;
-
+ * inode, is either a batch's shard linked by a flush (kvx_st_link_files)
+ * cut before or after its commit, or a shard's drop mark
+ * (".<gen>.kvx.tmp.drop", store_maint.c) left by an eviction, compaction
+ * or gc cut before or after its commit. When the catalog names that
+ * generation the edit did not happen or the flush did (the staging/ name
+ * only goes). Else the flush did not commit, or the drop did, or the index
+ * is older than the shards: the shards/ name moves to quarantine/ (never
+ * unlinked on this inference, never adopted: no part of an unpublished
+ * batch and nothing a committed edit dropped is served). A move that
+ * fails keeps both names (kept: the staging/ name stays, the file is not
+ * adopted) for the next writer's recovery. */
 static int st_unpublished_twin(kvx_store *s, int fd, const char *name, void *vctx)
 {
     st_twins *t = vctx;
@@ -536,10 +559,23 @@ static int st_unpublished_twin(kvx_store *s, int fd, const char *name, void *vct
     if (kvx_os.fstatat(fd, name, &a, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(a.st_mode)) return 0;
     if (kvx_os.fstatat(s->shardsfd, sname, &b, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(b.st_mode)) return 0;
     if (a.st_ino != b.st_ino || a.st_dev != b.st_dev) return 0; /* another file: judged as any other */
-    if (kvx_os.unlinkat(s->shardsfd, sname, 0) != 0 && errno != ENOENT)
-        return kvx_fail(-errno, "store %s: recovery: unlink shards/%s (a flush cut before its commit): %s", s->dir,
-                        sname, strerror(errno));
-    t->removed++;
+    size_t len = strlen(name);
+    int drop = len > 5 && strcmp(name + len - 5, ".drop") == 0;
+    const char *why = drop ? "dropped by a committed eviction, compaction or gc whose unlink a crash cut (its drop "
+                             "mark staging/.<name>.tmp.drop was beside it): not served again"
+                           : "a flush cut before its commit (its staging/ twin was the same file), or an index older "
+                             "than the shards: not served (put back in shards/, the next writer adopts it)";
+    if (kvx_st_quarantine(s, sname, why) == 0) {
+        t->moved++;
+        return 0;
+    }
+    if (kvx_os.fstatat(s->shardsfd, sname, &b, AT_SYMLINK_NOFOLLOW) != 0) { /* moved; only an fsync failed */
+        kvx_clear_error();
+        return 0;
+    }
+    if (t->nkept == ST_SLOTS) return -EIO; /* the failure's message stands */
+    kvx_clear_error();
+    t->kept[t->nkept++] = gen;
     return 0;
 }
 
@@ -560,27 +596,29 @@ int kvx_st_recover(kvx_store *s)
         kvx_cat_edit_free(&e);
         if (rc) return rc;
     }
-    if (s->index_live) {
-        /* a flush cut before its commit: its shards/ names go first (and
-         * durably), then the staging/ names below. With the index lost,
-         * the catalog cannot say which commits happened: reindex adopts
-         * them (rule 2: nothing acknowledged is deleted on a guess). */
-        st_twins tw = {0};
-        if ((rc = kvx_st_each_file(s, s->stagingfd, st_unpublished_twin, &tw))) return rc;
-        if (tw.removed && (rc = kvx_os_fsync_dir(s->shards_path)))
-            return kvx_fail(rc, "store %s: recovery: fsync of shards/: %s", s->dir, strerror(-rc));
+    st_twins *tw = calloc(1, sizeof *tw);
+    if (!tw) return kvx_fail(-ENOMEM, "store: out of memory");
+    /* a flush cut before its commit, a drop cut after its commit: the
+     * shards/ names go to quarantine/ first (durably), then the staging/
+     * names below. With the index lost, the catalog cannot say which
+     * commits happened: reindex adopts them (rule 2: nothing acknowledged
+     * is deleted on a guess). */
+    if (s->index_live) rc = kvx_st_each_file(s, s->stagingfd, st_unpublished_twin, tw);
+    if (!rc) rc = kvx_st_each_file(s, s->stagingfd, st_rm_staging, tw);
+    if (rc || !s->index_live) {
+        free(tw);
+        return rc ? rc : kvx_st_reindex_locked(s); /* index lost: rebuild it from the shards */
     }
-    if ((rc = kvx_st_each_file(s, s->stagingfd, st_rm_staging, NULL))) return rc;
-    if (!s->index_live) return kvx_st_reindex_locked(s); /* index lost: rebuild it from the shards */
     st_fix *f = calloc(1, sizeof *f);
     char(*why)[512] = calloc(ST_SLOTS, sizeof *why);
     if (!f || !why) {
         free(f);
         free(why);
+        free(tw);
         return kvx_fail(-ENOMEM, "store: out of memory");
     }
     st_check_registered(s, f, why);
-    st_adopt_ctx ac = {f, why};
+    st_adopt_ctx ac = {f, why, tw};
     rc = kvx_st_each_file(s, s->shardsfd, st_adopt_file, &ac);
     int any = 0;
     for (int b = 0; b < ST_SLOTS; b++) {
@@ -606,6 +644,7 @@ int kvx_st_recover(kvx_store *s)
     for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(f->adopt_sh[b]);
     free(f);
     free(why);
+    free(tw);
     if (!rc && any) rc = kvx_st_registry_load(s);
     if (rc) return rc;
     /* shards found bad at first use are quarantined at the next flush or
