@@ -110,7 +110,11 @@ int kvxpy_tokens_get(kvxpy_tokens *t, PyObject *obj)
         if (PyObject_GetBuffer(obj, &t->buf, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) return -1;
         t->have_buf = 1;
         int sgn = 0;
-        if (!int_format(t->buf.format, &sgn) || t->buf.itemsize <= 0 || t->buf.itemsize > 8 ||
+        Py_ssize_t isz = t->buf.itemsize;
+        /* 1, 2, 4 or 8 bytes an item only: a C exporter may report an
+         * integer format with itemsize 3, 5, 6 or 7, whose items the loop
+         * below would read 8 bytes at a time past the buffer's end */
+        if (!int_format(t->buf.format, &sgn) || (isz != 1 && isz != 2 && isz != 4 && isz != 8) ||
             (PyBytes_Check(obj) || PyByteArray_Check(obj))) {
             kvxpy_tokens_release(t);
             return tokens_bad();
@@ -140,7 +144,10 @@ int kvxpy_tokens_get(kvxpy_tokens *t, PyObject *obj)
             switch (t->buf.itemsize) {
             case 1: uv = b[i]; sv = (int8_t)b[i]; break;
             case 2: { uint16_t x; memcpy(&x, b + 2 * i, 2); uv = x; sv = (int16_t)x; break; }
-            default: { uint64_t x; memcpy(&x, b + 8 * i, 8); uv = x; sv = (int64_t)x; break; }
+            case 8: { uint64_t x; memcpy(&x, b + 8 * i, 8); uv = x; sv = (int64_t)x; break; }
+            default: /* refused above; never read with a size it is not */
+                kvxpy_tokens_release(t);
+                return tokens_bad();
             }
             if ((sgn && (sv < 0 || sv > (int64_t)UINT32_MAX)) || (!sgn && uv > UINT32_MAX)) {
                 PyErr_Format(PyExc_ValueError, "kvx: tokens[%zu] is not a token id (0..2^32-1)", i);

@@ -3,7 +3,9 @@ does with handles, views, buffers, tokens, paths, threads and fork. Every
 check asserts the binding's answer (an exception naming the problem, or
 the right data); checks that could kill the interpreter run in a child
 process so the suite survives and reports them."""
+import array
 import copy
+import ctypes
 import gc
 import os
 import pickle
@@ -300,6 +302,56 @@ def test_tokens_wrong_type_rejected(filled, bad):
     st, _, _ = filled
     with pytest.raises(TypeError, match="tokens"):
         st.prefix(bad)
+
+
+def _lying_memoryview(data, itemsize):
+    """(memoryview of bytearray data, format 'b', whose own Py_buffer says itemsize bytes an item, the address
+    of that itemsize field), or None where this interpreter's layout is not found. A C exporter may report an
+    integer format with itemsize 3, 5, 6 or 7; pure Python cannot make one (memoryview.cast, numpy, array and
+    ctypes keep format and itemsize consistent), so the view's Py_buffer is patched through ctypes: its
+    fields buf, obj, len, itemsize follow each other (Include/pybuffer.h)."""
+    m = memoryview(data).cast("b")
+    pin = (ctypes.c_char * len(data)).from_buffer(data)
+    buf = ctypes.addressof(pin)
+    del pin
+    w = ctypes.sizeof(ctypes.c_size_t)
+    for off in range(0, min(m.__sizeof__(), 512) - 4 * w + 1, w):
+        f = (ctypes.c_size_t * 4).from_address(id(m) + off)
+        if f[0] == buf and f[2] == len(data) and f[3] == 1:
+            ctypes.c_ssize_t.from_address(id(m) + off + 3 * w).value = itemsize
+            return m, id(m) + off + 3 * w
+    m.release()
+    return None
+
+
+@pytest.mark.parametrize("itemsize", [3, 5, 6, 7])
+def test_tokens_odd_integer_item_size_refused(filled, itemsize):
+    # an integer buffer of itemsize 3/5/6/7 was read 8 bytes an item: n = len/itemsize items, 8*n bytes, past
+    # the buffer's end (an ASan heap-buffer-overflow). Only sizes 1, 2, 4 and 8 are read.
+    st, _, _ = filled
+    got = _lying_memoryview(bytearray(24), itemsize)
+    if got is None:
+        pytest.skip("this interpreter's memoryview layout was not found")
+    m, field = got
+    try:
+        assert m.itemsize == itemsize and m.format == "b"
+        with pytest.raises(TypeError, match="tokens"):
+            st.prefix(m)
+        with pytest.raises(TypeError, match="tokens"):
+            kvx.block_hashes(m, B)
+    finally:
+        ctypes.c_ssize_t.from_address(field).value = 1
+        m.release()
+
+
+@pytest.mark.parametrize("form", [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64,
+                                  "b", "B", "h", "H", "i", "I", "l", "L", "q", "Q"])
+def test_tokens_every_integer_item_size(form):
+    # item sizes 1, 2, 4 and 8 (numpy dtypes, array module codes) all read as the same token ids
+    want = kvx.block_hashes(np.arange(2 * B, dtype=np.uint32), B)
+    toks = array.array(form, range(2 * B)) if isinstance(form, str) else np.arange(2 * B, dtype=form)
+    assert kvx.block_hashes(toks, B) == want
+    assert kvx.block_hashes(memoryview(toks), B) == want
 
 
 def test_tokens_non_contiguous_and_odd_forms(filled):
