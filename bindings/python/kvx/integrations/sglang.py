@@ -26,9 +26,14 @@ Keys are SGLang's page hashes (get_hash_str: a SHA-256 hex chain); pages are
 kvx keyed pages. The zero-copy v1 calls take the host pool's page pointers
 from ``mem_pool_host.get_page_buffer_meta(host_indices)``: one or more
 buffers per page (MHA page_first: K and V; MLA: one), stored as keyed pages
-``key`` (the first buffer) and ``key/1``, ``key/2``, ... (the others), read in place and
-written in place. A page is reported got only when all of its buffers were;
-a missing one leaves its buffers untouched.
+``key`` (the first buffer) and ``key + b"\\x00%d" % j`` (buffer j >= 1), read
+in place and written in place. A caller's key holding a NUL byte is refused,
+so no key of the generic interface names another page's buffer. A page is
+reported got only when all of its buffers were; a missing one leaves its
+buffers untouched. The number of buffers per page (the host pool's once a v1
+call has shown it, else 1) is recorded in the store with every set (the
+keyed page ``b"\\x00kvx-sglang-parts"``), so ``exists`` and ``batch_exists``
+check every buffer of a page from the start, after a restart too.
 
 Each (model, tp, pp, cp, dp) rank runs in its own process with its own store
 directory, ``<path>/<model>_tp<r>of<n>[_pp..][_cp..][_dp..]``, unless
@@ -37,6 +42,7 @@ path holds ``{rank}``. Failures raise (kvx.Error and its subclasses), never
 return None: SGLang's prefetch and backup threads are not restarted.
 """
 import ctypes
+import threading
 
 import kvx
 
@@ -50,6 +56,9 @@ except Exception:  # ImportError, or SGLang's own imports (torch) failing
     from ._hicache_standin import HiCacheStorage as _Base
 
 __all__ = ["KvxHiCacheStorage", "HAVE_SGLANG"]
+
+_SEP = b"\x00"  # part keys: key + NUL + j; a caller's key holding a NUL is refused
+_PARTS_KEY = b"\x00kvx-sglang-parts"  # the buffers per page of the pages set last (decimal), in the store
 
 
 def rank_tag(cfg):
@@ -125,6 +134,13 @@ class KvxHiCacheStorage(_Base):
                                                verify=bool(extra.get("verify", False)))
         self.page_bytes = self._store.page_bytes
         self.mem_pool_host = (kwargs or {}).get("mem_pool_host")
+        self._parts_mu = threading.Lock()
+        self._parts_seen = None  # the host pool's buffers per page, once a v1 call has seen it
+        try:
+            self._parts_stored = self._read_parts()  # None: no record (a new store, or one of an older kvx)
+        except BaseException:
+            self._store.close()
+            raise
 
     # ---- life cycle -----------------------------------------------------------
 
@@ -144,24 +160,50 @@ class KvxHiCacheStorage(_Base):
     def _keys(keys, what):
         if isinstance(keys, (str, bytes)):
             _common.raise_kvx(kvx.InvalidError, kvx.EINVALID, f"{what}: keys is a list of keys, not one key")
-        return [_common.key_bytes(k, i) for i, k in enumerate(keys)]
+        out = [_common.key_bytes(k, i) for i, k in enumerate(keys)]
+        for i, k in enumerate(out):
+            if _SEP in k:  # the part separator: such a key could name another page's buffer
+                _common.raise_kvx(kvx.InvalidError, kvx.EINVALID,
+                                  f"{what}: keys[{i}] holds a NUL byte (kvx's SGLang adapter keeps NUL for the "
+                                  "keys of a page's buffers)")
+        return out
 
     @staticmethod
     def _part_keys(keys, parts):
-        """Buffer j of a page: key itself for j 0, key/j after (so a page's first buffer answers for it
-        before the pool's shape is known, e.g. batch_exists right after a restart)."""
+        """Buffer j of a page: key itself for j 0 (a one-buffer page is stored under its key alone), then
+        key + NUL + j, which no caller's key can be (_keys refuses a NUL)."""
         if parts == 1:
             return keys
-        return [k if j == 0 else k + b"/%d" % j for k in keys for j in range(parts)]
+        return [k if j == 0 else k + _SEP + b"%d" % j for k in keys for j in range(parts)]
 
-    def _put(self, keys, bufs):
-        """One keyed put of every page, then a flush: durable when this returns."""
+    def _read_parts(self):
+        """The buffers per page recorded in the store, or None (no record, or an unreadable one)."""
+        (v,) = self._store.keyed_get([_PARTS_KEY])
+        if v is None:
+            return None
+        with v:
+            rec = bytes(v.page)
+        return int(rec) if rec.isdigit() and 1 <= int(rec) <= 4096 else None
+
+    def _parts(self):
+        """Buffers per page for exists/batch_exists: the host pool's once a v1 call has seen it, else the
+        store's record (the pages set last, by this process or one before it), else 1."""
+        return self._parts_seen or self._parts_stored or 1
+
+    def _put(self, keys, bufs, parts):
+        """One keyed put of every page, with the record of parts (the buffers per page exists and
+        batch_exists check: the pool's, or 1 before any v1 call), then a flush: durable when this returns."""
         for i, b in enumerate(bufs):
             if not 1 <= b.nbytes <= self.page_bytes:
                 _common.raise_kvx(kvx.InvalidError, kvx.EINVALID,
                                   f"page {i} holds {b.nbytes} bytes (a page is 1..{self.page_bytes})")
+        with self._parts_mu:
+            if self._parts_stored not in (None, parts):  # another shape than recorded: the record is replaced
+                self._store.keyed_delete([_PARTS_KEY])
+            self._parts_stored = parts
+        # the record goes with every put: a held record is skipped, an evicted one is written again
         with self._store.batch() as b:  # flushes on exit: 0 = durable; an exception drops only these pages
-            b.keyed_put(keys, bufs)
+            b.keyed_put(list(keys) + [_PARTS_KEY], list(bufs) + [b"%d" % parts])
 
     # ---- the generic (copying) interface -----------------------------------
 
@@ -200,7 +242,7 @@ class KvxHiCacheStorage(_Base):
     def set(self, key, value=None, target_location=None, target_sizes=None):
         """Store value (any buffer or CPU tensor) under key; True once durable (a key already held is kept)."""
         src = value if value is not None else target_location
-        self._put(self._keys([key], "set"), [_as_buffer(src, False, "set")])
+        self._put(self._keys([key], "set"), [_as_buffer(src, False, "set")], self._parts_seen or 1)
         return True
 
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None):
@@ -211,18 +253,21 @@ class KvxHiCacheStorage(_Base):
             _common.raise_kvx(kvx.InvalidError, kvx.EINVALID, f"batch_set: {len(ks)} keys but "
                               f"{0 if src is None else len(src)} values")
         if ks:
-            self._put(ks, [_as_buffer(v, False, f"batch_set value {i}") for i, v in enumerate(src)])
+            self._put(ks, [_as_buffer(v, False, f"batch_set value {i}") for i, v in enumerate(src)],
+                      self._parts_seen or 1)
         return True
 
     def exists(self, key):
-        return self._store.keyed_exists(self._keys([key], "exists"))[0][0]
+        """Whether key's page is held (every one of its buffers, for multi-buffer pages)."""
+        return self.batch_exists([key]) == 1
 
     def batch_exists(self, keys, extra_info=None):
-        """How many leading keys are held (all of their page buffers, for multi-buffer pages)."""
+        """How many leading keys are held (all of their page buffers, for multi-buffer pages: as many as the
+        host pool gives, or as the store recorded before the pool was seen, e.g. right after a restart)."""
         ks = self._keys(keys, "batch_exists")
         if not ks:
             return 0
-        parts = getattr(self, "_parts_seen", 1)
+        parts = self._parts()
         if parts == 1:
             return self._store.keyed_exists(ks)[1]
         held = self._store.keyed_exists(self._part_keys(ks, parts))[0]
@@ -271,7 +316,7 @@ class KvxHiCacheStorage(_Base):
         if not ks:
             return []
         parts, bufs = self._page_buffers(ks, host_indices, False)
-        self._put(self._part_keys(ks, parts), bufs)
+        self._put(self._part_keys(ks, parts), bufs, parts)
         return [True] * len(ks)
 
     def clear(self):
