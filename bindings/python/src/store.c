@@ -892,19 +892,66 @@ done:
     return out;
 }
 
-/* keyed_delete(keys) -> pages deleted (the owner's delete: one catalog
- * edit, durable on return; keys not held are ignored). */
-static PyObject *store_keyed_delete(PyObject *self, PyObject *arg)
+/* One C pass under the store's lock: which keys the index names a copy of
+ * (sound, or damaged: KVX_EPAGECRC / KVX_ETRUNC, which the delete removes
+ * too), then the delete. had[i] = 1 where key i had one. */
+static int keyed_delete_each_c(kvx_store *s, const kvx_key *k, size_t n, kvx_view *views, int *status,
+                               uint8_t *had, size_t *n_del)
 {
+    int rc = kvx_store_keyed_get(views, status, s, k, n);
+    if (rc) return rc;
+    kvx_views_release(views, n);
+    for (size_t i = 0; i < n; i++)
+        had[i] = (uint8_t)(status[i] == 0 || status[i] == KVX_EPAGECRC || status[i] == KVX_ETRUNC);
+    return kvx_store_keyed_delete(s, k, n, n_del);
+}
+
+/* keyed_delete(keys, each=False) -> pages deleted (the owner's delete: one
+ * catalog edit, durable on return; keys not held are ignored). each=True:
+ * [bool] per key instead, True where a copy of it (sound or damaged) was
+ * there just before the delete, which removes every such copy. kvx's C
+ * delete counts pages, not keys, so this is read in the same call just
+ * before: exact unless another thread puts, flushes or deletes that key
+ * in between. */
+static PyObject *store_keyed_delete(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"keys", "each", NULL};
     kvxpy_store *st = (kvxpy_store *)self;
+    PyObject *keys;
+    int each = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|p:keyed_delete", kwlist, &keys, &each)) return NULL;
     keyed_keys kk;
-    if (keyed_keys_get(&kk, arg, "keyed_delete") < 0) return NULL;
+    if (keyed_keys_get(&kk, keys, "keyed_delete") < 0) return NULL;
     size_t n_del = 0;
     int rc = 0;
-    STORE_CALL(st, rc, kvx_store_keyed_delete(st->s, kk.k, kk.n, &n_del));
+    if (!each) {
+        STORE_CALL(st, rc, kvx_store_keyed_delete(st->s, kk.k, kk.n, &n_del));
+        keyed_keys_release(&kk);
+        if (rc) return store_fail(rc);
+        return PyLong_FromSize_t(n_del);
+    }
+    size_t m = kk.n ? kk.n : 1;
+    kvx_view *views = PyMem_Calloc(m, sizeof *views);
+    int *status = PyMem_Malloc(m * sizeof *status);
+    uint8_t *had = PyMem_Calloc(m, 1);
+    PyObject *list = NULL;
+    if (!views || !status || !had) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    STORE_CALL(st, rc, keyed_delete_each_c(st->s, kk.k, kk.n, views, status, had, &n_del));
+    if (rc) {
+        store_fail(rc);
+        goto out;
+    }
+    if ((list = PyList_New((Py_ssize_t)kk.n)))
+        for (size_t i = 0; i < kk.n; i++) PyList_SET_ITEM(list, (Py_ssize_t)i, PyBool_FromLong(had[i]));
+out:
     keyed_keys_release(&kk);
-    if (rc) return store_fail(rc);
-    return PyLong_FromSize_t(n_del);
+    PyMem_Free(views);
+    PyMem_Free(status);
+    PyMem_Free(had);
+    return list;
 }
 
 /* ---- stat, verify --------------------------------------------------------- */
@@ -1259,8 +1306,9 @@ static PyMethodDef store_methods[] = {
      "not at all."},
     {"keyed_exists", store_keyed_exists, METH_O,
      "keyed_exists(keys) -> ([bool], leading): which keys are held and how many leading keys are."},
-    {"keyed_delete", store_keyed_delete, METH_O,
-     "keyed_delete(keys) -> pages deleted (durable on return; keys not held are ignored)."},
+    {"keyed_delete", (PyCFunction)(void (*)(void))store_keyed_delete, METH_VARARGS | METH_KEYWORDS,
+     "keyed_delete(keys, each=False) -> pages deleted (durable on return; keys not held are ignored). each=True: "
+     "[bool] per key, True where a copy of it (sound or damaged) was there and is deleted."},
     {"stat", store_stat, METH_NOARGS, "stat() -> dict of the store's counters."},
     {"verify", store_verify, METH_NOARGS,
      "verify() -> [{'what', 'code', 'name'}]: every problem found ([] when intact)."},

@@ -99,6 +99,21 @@ def test_exists_leading_and_delete(ks, tmp_path):
         assert again.keyed_exists(["k0", "k1", "k3"])[0] == [True, False, True]
 
 
+def test_delete_each_says_which_keys_were_deleted(ks):
+    """keyed_delete(keys, each=True): [bool] per key, True where a copy was there and is deleted (a key named
+    twice: True both times); the count form is unchanged."""
+    p = pages(3, seed=11)
+    ks.keyed_put(["a", "b", "c"], p)
+    ks.flush()
+    assert ks.keyed_delete(["a", "x", "a", "b"], each=True) == [True, False, True, True]
+    assert ks.keyed_delete(["a", "b"], each=True) == [False, False]
+    assert ks.keyed_delete([], each=True) == []
+    assert ks.keyed_exists(["a", "b", "c"])[0] == [False, False, True]
+    assert ks.keyed_delete(keys=["c"], each=False) == 1
+    with pytest.raises(kvx.InvalidError):
+        ks.keyed_delete(["c", ""], each=True)
+
+
 def test_restart_keeps_flushed_drops_unflushed(tmp_path):
     d = str(tmp_path / "r")
     p = pages(2, seed=11)

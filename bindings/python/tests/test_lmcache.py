@@ -4,6 +4,7 @@ LMCache's native_plugin loader and NativeConnectorL2Adapter at the commits
 docs/ENGINES.md names) and by the raw protocol: submit, wait on the eventfd,
 drain, per-key masks."""
 import os
+import pathlib
 import select
 import subprocess
 import sys
@@ -405,6 +406,45 @@ def test_delete_through_adapter(adapter):
     adapter.delete(keys[:2])
     t = adapter.submit_lookup_and_lock_task(keys)
     assert wait_result(adapter.lookup_efd, adapter.query_lookup_and_lock_result, t) == [False, False, True, True]
+
+
+def damage_page(store_dir, page):
+    """Flips one byte of page's copy in the closed store's shard files; the number of copies damaged."""
+    n = 0
+    for sh in sorted((pathlib.Path(store_dir) / "shards").iterdir()):
+        data = sh.read_bytes()
+        at = data.find(page)
+        if at >= 0:
+            with open(sh, "r+b") as f:
+                f.seek(at + 100)
+                f.write(bytes([data[at + 100] ^ 0xFF]))
+            n += 1
+    return n
+
+
+def test_delete_reports_damaged_pages_deleted(tmp_path):
+    """submit_batch_delete's bools mean "deleted" (connector_base.h): a key whose only page fails its CRC is
+    not held (exists: False) but the owner's delete removes it, so it is reported True (it was False: the
+    answer was "held and sound", an exists before the delete). A key never stored is False."""
+    keys, data = ["damaged", "sound", "never"], chunks(2, seed=70)
+    c = KvxConnector(path=str(tmp_path / "del"), page_bytes=PB, capacity="64MiB", nosync=True)
+    f = c.submit_batch_set(keys[:2], [memoryview(d) for d in data])
+    assert drain_until(c, [f])[f] == (f, True, "", None)
+    d = c.dir
+    c.close()
+    assert damage_page(d, data[0].tobytes()) == 1
+    c = KvxConnector(path=str(tmp_path / "del"), page_bytes=PB, capacity="64MiB", nosync=True)
+    try:
+        f = c.submit_batch_exists(keys)
+        assert drain_until(c, [f])[f] == (f, True, "", [False, True, False])  # damaged: not held
+        f = c.submit_batch_delete(keys)
+        assert drain_until(c, [f])[f] == (f, True, "", [True, True, False])
+        f = c.submit_batch_delete(keys)  # nothing left to delete
+        assert drain_until(c, [f])[f] == (f, True, "", [False, False, False])
+    finally:
+        c.close()
+    with kvx.Store.open(d) as st:  # the damaged copy is gone from the index too
+        assert st.keyed_delete(keys) == 0
 
 
 def test_eventfd_wakes_a_blocked_poller(tmp_path):

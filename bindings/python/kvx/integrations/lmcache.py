@@ -245,10 +245,8 @@ class KvxConnector:
                         res = (fid, True, "", None)
                     elif op == _EXISTS:
                         res = (fid, True, "", self._store.keyed_exists(keys)[0])
-                    else:  # delete: per-key "was held", then the owner's delete
-                        held = self._store.keyed_exists(keys)[0]
-                        self._store.keyed_delete(keys)
-                        res = (fid, True, "", held)
+                    else:  # delete: per key, was a copy (sound or damaged) deleted (one locked C pass)
+                        res = (fid, True, "", self._store.keyed_delete(keys, each=True))
                 except Exception as e:  # any failure is this batch's failed completion, never a dead worker
                     bools = [False] * len(keys) if op != _SET else None
                     res = (fid, False, str(e) or type(e).__name__, bools)
