@@ -235,6 +235,36 @@ static void put_args_release(put_args *a)
     if (a->have_scales) PyBuffer_Release(&a->scales);
 }
 
+/* A float format of pages must be the store's quant: float16 ('e') KV
+ * given to a bf16 store has the right element size but other bits (fp16
+ * 1.0, 0x3C00, reads as bf16 0.0078125), and was stored as garbage.
+ * Integer formats and raw bytes still pass as the store's bits (numpy has
+ * no bfloat16: bf16 KV comes as uint16 or int16, torch's .view(torch.int16)).
+ * -1 with ValueError naming the field and both formats. */
+static int pages_float_refused(const kvxpy_store *st, const char *format)
+{
+    const char *f = format;
+    if (!f) return 0; /* raw bytes */
+    int big = *f == '>' || *f == '!';
+    if (*f == '@' || *f == '=' || *f == '<' || big) f++;
+    const char *what = *f == 'e' ? "float16" : *f == 'f' ? "float32" : *f == 'd' ? "float64"
+                     : *f == 'Z' ? "complex" : NULL;
+    if (!what) return 0; /* an integer (or another non-float) format: bits */
+    if (st->geom.quant == KVX_QUANT_FP16 && strcmp(f, "e") == 0 && !big) return 0;
+    const char *q = kvx_quant_name(st->geom.quant);
+    char qn[32];
+    if (!q) {
+        snprintf(qn, sizeof qn, "quant %u", (unsigned)st->geom.quant);
+        q = qn;
+    }
+    PyErr_Format(PyExc_ValueError,
+                 "kvx: put: pages has format '%s' (%s%s), the store's quant is %s: give the KV in %s, or its "
+                 "bits as an integer array of the same item size (numpy uint16, torch .view(torch.int16)) or raw "
+                 "bytes",
+                 format, big ? "big-endian " : "", what, q, q);
+    return -1;
+}
+
 static int put_args_get(put_args *a, kvxpy_store *st, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"tokens", "pages", "scales", NULL};
@@ -254,6 +284,7 @@ static int put_args_get(put_args *a, kvxpy_store *st, PyObject *args, PyObject *
                      a->pages.format ? a->pages.format : "B", (unsigned long long)esz);
         goto fail;
     }
+    if (esz && pages_float_refused(st, a->pages.format) < 0) goto fail;
     uint64_t pb = st->page_bytes;
     if (pb == 0 || (uint64_t)a->pages.len % pb) {
         PyErr_Format(PyExc_ValueError, "kvx: put: pages holds %zd bytes, not a whole number of %llu-byte pages",
@@ -1279,7 +1310,8 @@ static PyMethodDef store_methods[] = {
     {"__exit__", store_exit, METH_VARARGS, NULL},
     {"put", (PyCFunction)(void (*)(void))store_put, METH_VARARGS | METH_KEYWORDS,
      "put(tokens, pages, scales=None) -> blocks written. pages: any C-contiguous buffer of whole pages "
-     "(page_bytes each, layout [K|V][L][Hkv][B][D]); visible and durable after flush()."},
+     "(page_bytes each, layout [K|V][L][Hkv][B][D]): raw bytes, integers of the store's element size (its "
+     "bits), or floats of the store's quant only (float16 for fp16); visible and durable after flush()."},
     {"put_envelope", (PyCFunction)(void (*)(void))store_put_envelope, METH_VARARGS | METH_KEYWORDS,
      "put_envelope(envelope, tokens=None) -> blocks written: every full block of a TLKV envelope."},
     {"flush", store_flush, METH_NOARGS, "Make every block put so far durable and visible."},

@@ -462,7 +462,12 @@ def test_page_buffers_misuse(store):
         store.put(long_toks, pages.astype(np.float32))
     assert store.prefix(long_toks) == []
     assert store.put(toks, b"") == 0
-    assert store.put(toks, pages.view(np.uint16)) == 4  # the store's element size, any dtype
+    # a float format must be the store's quant ('e' for fp16, little-endian): big-endian float16 has other
+    # bytes (bf16 and the reverse: test_bf16.py test_float16_kv_refused_by_a_bf16_store)
+    with pytest.raises(ValueError, match=r"format '>e' \(big-endian float16\), the store's quant is fp16"):
+        store.put(toks, pages.astype(">f2"))
+    assert store.prefix(toks) == []
+    assert store.put(toks, pages.view(np.uint16)) == 4  # the store's element size as integer bits: passes
     store.flush()
     assert store.put(toks, memoryview(raw)) == 0  # raw bytes, read-only: fine (held already)
     store.flush()

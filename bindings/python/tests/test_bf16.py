@@ -40,3 +40,30 @@ def test_bf16_round_trip_and_v3(tmp_path):
         assert other.put_envelope(env, toks) == n
         other.flush()
         assert b"".join(bytes(v) for v in other.prefix(toks)) == bits.tobytes()
+
+
+def test_float16_kv_refused_by_a_bf16_store(tmp_path):
+    """float16 KV (format 'e') given to a bf16 store has the right element size but other bits (fp16 1.0,
+    0x3C00, reads back as bf16 0.0078125): refused, naming the field and both formats, in Store.put and
+    Batch.put. The bits as integers (uint16, int16, uint8) or raw bytes still go in."""
+    with kvx.Store.create(str(tmp_path / "c"), **GEOM, quant="bf16", nosync=True) as st:
+        n = 2
+        toks = seq_tokens(12, n)
+        f16 = np.ones(n * st.page_bytes // 2, np.float16)
+        msg = r"pages has format '.?e' \(float16\), the store's quant is bf16"
+        with pytest.raises(ValueError, match=msg):
+            st.put(toks, f16)
+        with pytest.raises(ValueError, match=msg):
+            st.put(toks, f16.astype("<f2"))
+        with st.batch() as b:
+            with pytest.raises(ValueError, match=msg):
+                b.put(toks, f16)
+        st.flush()
+        assert st.prefix(toks) == []
+        bits = to_bf16_bits(f16.astype(np.float32))  # 0x3F80 each
+        for k, ok in enumerate((bits, bits.view(np.int16), bits.view(np.uint8), bits.tobytes())):
+            t = seq_tokens(20 + k, n)
+            assert st.put(t, ok) == n
+            st.flush()
+            got = np.concatenate([np.frombuffer(v, dtype=np.uint16) for v in st.prefix(t)])
+            assert (from_bf16_bits(got) == 1.0).all()
