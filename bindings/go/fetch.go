@@ -345,7 +345,9 @@ func (r *Fetched) live() bool {
 }
 
 // Page is page i, zero-copy in pinned memory (nil if it failed or after
-// Release).
+// Release). Keep r reachable while the page is used (Release it after, or
+// runtime.KeepAlive): a Fetcher left unreachable with it is closed by its
+// finalizer. Bytes and CopyTo need no such care.
 func (r *Fetched) Page(i int) []byte {
 	x := &r.res[i]
 	if !r.live() || x.status != 0 {
@@ -367,16 +369,33 @@ func (r *Fetched) Err(i int) error {
 func (r *Fetched) CRC32(i int) uint32 { return uint32(r.res[i].crc32) }
 
 // Bytes is a copy of page i (nil if it failed or after Release).
+//
+// r is kept reachable to the end of the copy (runtime.KeepAlive): it holds
+// the Fetcher, whose finalizer would otherwise close it, returning the
+// pages to the pool, while they are copied.
 func (r *Fetched) Bytes(i int) []byte {
 	p := r.Page(i)
 	if p == nil {
 		return nil
 	}
-	return append([]byte(nil), p...)
+	if testHookCopy != nil {
+		testHookCopy()
+	}
+	out := append([]byte(nil), p...)
+	runtime.KeepAlive(r)
+	return out
 }
 
 // CopyTo copies page i into dst; returns the bytes copied.
-func (r *Fetched) CopyTo(i int, dst []byte) int { return copy(dst, r.Page(i)) }
+func (r *Fetched) CopyTo(i int, dst []byte) int {
+	p := r.Page(i)
+	if testHookCopy != nil {
+		testHookCopy()
+	}
+	n := copy(dst, p)
+	runtime.KeepAlive(r)
+	return n
+}
 
 // Release returns the pages to the pool; their slices become invalid and
 // the Fetcher takes its next batch. Idempotent.

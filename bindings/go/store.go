@@ -703,11 +703,20 @@ func (v *Views) Released() bool { return v != nil && v.viewSet != nil && v.relea
 
 // View is one block of a Views. Its accessors return zero values after
 // the Views is released.
+//
+// Every accessor reads the C view array (and Bytes, CopyTo and Scales the
+// mapping it points into) and then keeps b.v reachable to its end
+// (runtime.KeepAlive): a View's Views may be otherwise unreachable (as in
+// s.GetHash(h) chained into .At(0).Bytes()), and without it the Views'
+// finalizer could free the array and drop the shard reference, unmapping
+// the page, in the middle of the read.
 type View struct {
 	v *Views
 	i int
 }
 
+// cv is the C view, valid while b.v is reachable: callers end with
+// runtime.KeepAlive(b.v).
 func (b View) cv() *C.kvx_view {
 	if b.v == nil || b.v.viewSet == nil || b.v.released.Load() { // the zero View: a miss
 		return nil
@@ -716,59 +725,86 @@ func (b View) cv() *C.kvx_view {
 }
 
 // Found is false for a miss of GetHashes (and after Release).
-func (b View) Found() bool { c := b.cv(); return c != nil && c.shard != nil }
+func (b View) Found() bool {
+	c := b.cv()
+	found := c != nil && c.shard != nil
+	runtime.KeepAlive(b.v)
+	return found
+}
 
 // Coordinate of the block.
 func (b View) Coordinate() Coord {
+	var out Coord
 	if c := b.cv(); c != nil {
-		return Coord(c.coordinate)
+		out = Coord(c.coordinate)
 	}
-	return 0
+	runtime.KeepAlive(b.v)
+	return out
 }
 
 // Tokens is the block's token count.
 func (b View) Tokens() uint32 {
+	var out uint32
 	if c := b.cv(); c != nil {
-		return uint32(c.token_count)
+		out = uint32(c.token_count)
 	}
-	return 0
+	runtime.KeepAlive(b.v)
+	return out
 }
 
 // Hash is the block's chained hash.
 func (b View) Hash() uint64 {
+	var out uint64
 	if c := b.cv(); c != nil {
-		return uint64(c.hash)
+		out = uint64(c.hash)
 	}
-	return 0
+	runtime.KeepAlive(b.v)
+	return out
 }
 
 // Entry is the block's index within its shard.
 func (b View) Entry() uint32 {
+	var out uint32
 	if c := b.cv(); c != nil {
-		return uint32(c.entry)
+		out = uint32(c.entry)
 	}
-	return 0
+	runtime.KeepAlive(b.v)
+	return out
 }
 
 // Page is the zero-copy page (the shard mapping), valid until Release;
-// nil after it.
+// nil after it. The Views must stay reachable while the page is used
+// (Release it after, or runtime.KeepAlive): its finalizer releases a
+// forgotten Views. Bytes and CopyTo need no such care.
 func (b View) Page() []byte {
+	var out []byte
 	if c := b.cv(); c != nil {
-		return cbytes(c.page, uint64(c.page_bytes))
+		out = cbytes(c.page, uint64(c.page_bytes))
 	}
-	return nil
+	runtime.KeepAlive(b.v)
+	return out
 }
 
 // Scales are the block's FP8 scales (L*2*Hkv), zero-copy; nil when every
-// scale is 1.0 or after Release.
+// scale is 1.0 or after Release. Like Page, valid while the Views is
+// reachable and not released.
 func (b View) Scales() []float32 {
 	c := b.cv()
 	if c == nil || c.scales == nil {
+		runtime.KeepAlive(b.v)
 		return nil
 	}
 	g := C.kvx_shard_get_info(c.shard).geometry
-	return unsafe.Slice((*float32)(unsafe.Pointer(c.scales)), int(C.kvx_scale_count(&g)))
+	out := unsafe.Slice((*float32)(unsafe.Pointer(c.scales)), int(C.kvx_scale_count(&g)))
+	runtime.KeepAlive(b.v)
+	return out
 }
+
+// testHookCopy, set by tests only, runs in the copying accessors (View
+// and Fetched Bytes and CopyTo) between taking the page and copying it,
+// where a garbage collection may run (the copy's allocation): a test runs
+// collections there and checks the page is still mapped.
+var testHookCopy func()
 
 // Bytes is a copy of the page (nil after Release).
 func (b View) Bytes() []byte {
@@ -776,13 +812,25 @@ func (b View) Bytes() []byte {
 	if p == nil {
 		return nil
 	}
-	out := make([]byte, len(p))
+	if testHookCopy != nil {
+		testHookCopy()
+	}
+	out := make([]byte, len(p)) // may run a GC: b.v must still be reachable
 	copy(out, p)
+	runtime.KeepAlive(b.v)
 	return out
 }
 
 // CopyTo copies the page into dst and returns the bytes copied (0 after
 // Release).
-func (b View) CopyTo(dst []byte) int { return copy(dst, b.Page()) }
+func (b View) CopyTo(dst []byte) int {
+	p := b.Page()
+	if testHookCopy != nil {
+		testHookCopy()
+	}
+	n := copy(dst, p)
+	runtime.KeepAlive(b.v)
+	return n
+}
 
 func u64s(v uint64) string { return strconv.FormatUint(v, 10) }
