@@ -158,7 +158,8 @@ func PickFormat(g kvx.Geometry, requested uint16) (uint16, error) {
 // tail (hash 0; a full block's hash is its chained FNV-1a 64). scales: nil
 // or L*2*Hkv FP8 scales.
 func BlockEnvelope(g kvx.Geometry, version uint16, hash uint64, page []byte, nTokens uint32, scales []float32) ([]byte, error) {
-	if nTokens == 0 || nTokens > g.BlockTokens || uint64(len(page)) != g.PageBytes(nTokens) {
+	// len(page) 0: a geometry with a zero dimension (its pages are 0 bytes)
+	if nTokens == 0 || nTokens > g.BlockTokens || len(page) == 0 || uint64(len(page)) != g.PageBytes(nTokens) {
 		return nil, &Error{Code: int(kvx.CodeTokens), GRPC: codes.InvalidArgument,
 			Message: "BlockEnvelope: the page is not one block of n tokens (1..B) of this geometry"}
 	}
@@ -171,7 +172,7 @@ func BlockEnvelope(g kvx.Geometry, version uint16, hash uint64, page []byte, nTo
 	size := 28 + 12 + P + 4
 	buf := make([]byte, size)
 	var sp *C.float
-	if scales != nil {
+	if len(scales) > 0 {
 		sp = (*C.float)(unsafe.Pointer(&scales[0]))
 	}
 	if err := fromC(C.xfer_block_envelope(unsafe.Pointer(&buf[0]), C.size_t(size), C.uint16_t(version), &cg,

@@ -77,7 +77,9 @@ type PushResult struct {
 // blocks, kvx.Store.Prefix) and opts.Tail: HasBlocks with the prompt's
 // tokens, then one PushKv stream, block 0 first, an empty payload for each
 // block the receiver holds and a one-block envelope with its CRC-32C for
-// every other. It returns once the receiver answered (its blocks durable).
+// every other. It returns nil once the receiver acknowledged the push: it
+// answered durable=true with counts matching what was sent (otherwise an
+// *AckError, errors.Is ErrNotAcknowledged, naming the field).
 // An ABORTED answer (a block reported held was evicted meanwhile) is
 // retried once with every payload unless opts.NoRetry. A HasBlocks the
 // receiver refused as busy (UNAVAILABLE: kvxd's --max-has-blocks) is
@@ -251,10 +253,69 @@ func (c *Client) stream(ctx context.Context, store *kvx.Store, tokens []uint32, 
 	r.Response = resp
 	r.TailTokens = resp.TailTokens
 	r.Durable = resp.Durable
-	if resp.BlocksReferenced != r.BlocksReferenced {
-		return r, fmt.Errorf("kvx transfer: the receiver referenced %d blocks, %d were sent empty", resp.BlocksReferenced, r.BlocksReferenced)
+	tailTokens := 0
+	if tail != nil {
+		tailTokens = len(tail.Tokens)
 	}
-	return r, nil
+	return r, checkAck(resp, len(hashes), r.BlocksReferenced, r.BytesSent, tailTokens)
+}
+
+// ErrNotAcknowledged matches (errors.Is) every *AckError: the receiver
+// answered the push, but its answer does not acknowledge what was sent.
+var ErrNotAcknowledged = errors.New("kvx transfer: the receiver's answer does not acknowledge the push")
+
+// AckError is Push's error when the receiver answered without error but
+// its PushKvResponse does not acknowledge the push as sent: durable false
+// (the blocks may not survive a crash), or a count that differs from what
+// was sent. Nothing of the push may be taken as delivered: a sender must
+// not free the KV it pushed. Field is the PushKvResponse field at fault
+// (the first checked: "durable", "blocks_referenced", "bytes_received",
+// "tail_tokens", "blocks_stored"); Got is the receiver's value, Want what
+// the sender expected (for blocks_stored, the most it may be).
+type AckError struct {
+	Field     string
+	Got, Want uint64
+	Response  *tlkvpb.PushKvResponse
+}
+
+func (e *AckError) Error() string {
+	if e.Field == "durable" {
+		return "kvx transfer: the receiver answered durable=false: the push is not acknowledged"
+	}
+	if e.Field == "blocks_stored" {
+		return fmt.Sprintf("kvx transfer: the receiver answered blocks_stored=%d, more than the %d full blocks sent with a payload: the push is not acknowledged",
+			e.Got, e.Want)
+	}
+	return fmt.Sprintf("kvx transfer: the receiver answered %s=%d, the sender sent %d: the push is not acknowledged",
+		e.Field, e.Got, e.Want)
+}
+
+// Is makes errors.Is(err, ErrNotAcknowledged) true.
+func (e *AckError) Is(target error) bool { return target == ErrNotAcknowledged }
+
+// checkAck is nil when resp acknowledges a stream of fullBlocks full
+// blocks, referenced of them sent empty, bytesSent payload bytes and a
+// tail of tailTokens tokens (0: none). A block sent with its payload that
+// the receiver already held counts in neither blocks_stored nor
+// blocks_referenced, so blocks_stored may be less than the blocks sent
+// with a payload, never more.
+func checkAck(resp *tlkvpb.PushKvResponse, fullBlocks int, referenced uint32, bytesSent uint64, tailTokens int) error {
+	fail := func(field string, got, want uint64) error {
+		return &AckError{Field: field, Got: got, Want: want, Response: resp}
+	}
+	switch {
+	case !resp.Durable:
+		return fail("durable", 0, 1)
+	case resp.BlocksReferenced != referenced:
+		return fail("blocks_referenced", uint64(resp.BlocksReferenced), uint64(referenced))
+	case resp.BytesReceived != bytesSent:
+		return fail("bytes_received", resp.BytesReceived, bytesSent)
+	case uint64(resp.TailTokens) != uint64(tailTokens):
+		return fail("tail_tokens", uint64(resp.TailTokens), uint64(tailTokens))
+	case uint64(resp.BlocksStored)+uint64(resp.BlocksReferenced) > uint64(fullBlocks):
+		return fail("blocks_stored", uint64(resp.BlocksStored), uint64(fullBlocks)-uint64(referenced))
+	}
+	return nil
 }
 
 // blockEnvelope is the one-block envelope of the block ending at the last

@@ -26,6 +26,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 
@@ -64,8 +65,30 @@ type ServerOptions struct {
 	// within StreamIdle (4 MiB in 30 s: about 1.1 Mbit/s), so a silent
 	// one frees its slot; 0 = 8
 	MaxHasBlocks int
-	Sink         Sink     // nil = none
-	Metrics      *Metrics // nil = none
+	// MaxHeaderListBytes caps a call's HTTP/2 header list, as decoded
+	// (grpc.MaxHeaderListSize, advertised in SETTINGS): a call past it is
+	// reset (RST_STREAM) before its handler or the HasBlocks tap runs, and
+	// gRPC stops storing its headers at the cap. gRPC's own default, 16 MiB,
+	// lets a client pin about 12 MiB of decoded metadata per call with a few
+	// KB of HPACK-indexed wire; 0 = 16 KiB (a tl.kv.v1 call sends well
+	// under 1 KiB)
+	MaxHeaderListBytes uint32
+	// MaxConnStreams caps the calls open at once on one connection
+	// (grpc.MaxConcurrentStreams, advertised in SETTINGS: gRPC clients
+	// queue past it, a stream over it is refused); 0 = MaxStreams +
+	// MaxHasBlocks + 8
+	MaxConnStreams uint32
+	// ConnIdle closes a connection with no call open for this long
+	// (keepalive.ServerParameters.MaxConnectionIdle: a GOAWAY, then the
+	// close once the client acknowledges it, or a minute after; gRPC
+	// clients reconnect on their next call). Without it, connections that
+	// open no call are kept for good; 0 = 60s
+	ConnIdle time.Duration
+	// HandshakeTimeout bounds a new connection's TLS handshake and HTTP/2
+	// preface (grpc.ConnectionTimeout, 120 s by default in gRPC); 0 = 10s
+	HandshakeTimeout time.Duration
+	Sink             Sink     // nil = none
+	Metrics          *Metrics // nil = none
 }
 
 // Block is one accepted chunk as a Sink sees it.
@@ -130,14 +153,33 @@ func NewServer(store *kvx.Store, opts ServerOptions) *Server {
 	if opts.MaxHasBlocks <= 0 {
 		opts.MaxHasBlocks = 8
 	}
+	if opts.MaxHeaderListBytes == 0 {
+		opts.MaxHeaderListBytes = DefaultMaxHeaderListBytes
+	}
+	if opts.MaxConnStreams == 0 {
+		opts.MaxConnStreams = uint32(opts.MaxStreams + opts.MaxHasBlocks + 8)
+	}
+	if opts.ConnIdle <= 0 {
+		opts.ConnIdle = DefaultConnIdle
+	}
+	if opts.HandshakeTimeout <= 0 {
+		opts.HandshakeTimeout = DefaultHandshakeTimeout
+	}
 	return &Server{store: store, opts: opts, sem: make(chan struct{}, opts.MaxStreams),
 		hasSem: make(chan struct{}, opts.MaxHasBlocks), leases: map[string]*lease{}, order: list.New()}
 }
 
+// The defaults of ServerOptions' connection bounds (kvxd's flags).
+const (
+	DefaultMaxHeaderListBytes = 16 << 10
+	DefaultConnIdle           = 60 * time.Second
+	DefaultHandshakeTimeout   = 10 * time.Second
+)
+
 // GRPCServerOptions are the options any grpc.Server serving tl.kv.v1
 // needs (the receive limit); add credentials and the like after them.
-// A Server's own GRPCOptions add its HasBlocks cap: use those for a
-// server facing untrusted clients.
+// A Server's own GRPCOptions add its HasBlocks cap and the connection
+// bounds: use those for a server facing untrusted clients.
 func GRPCServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxRecvMsgSize)}
 }
@@ -147,10 +189,16 @@ func GRPCServerOptions() []grpc.ServerOption {
 // UnaryInterceptor releases it as the handler returns; one grpc.Server
 // per Server. An embedder with a tap of its own calls s.InTapHandle from
 // it (gRPC takes one tap). grpc.Server.ServeHTTP runs no tap: served that
-// way, the cap does not hold.
+// way, the cap does not hold. They also bound each connection
+// (ServerOptions.MaxHeaderListBytes, MaxConnStreams, ConnIdle,
+// HandshakeTimeout); an option given after them overrides theirs.
 func (s *Server) GRPCOptions() []grpc.ServerOption {
 	return append(GRPCServerOptions(), grpc.InTapHandle(s.InTapHandle),
-		grpc.ChainUnaryInterceptor(s.UnaryInterceptor))
+		grpc.ChainUnaryInterceptor(s.UnaryInterceptor),
+		grpc.MaxHeaderListSize(s.opts.MaxHeaderListBytes),
+		grpc.MaxConcurrentStreams(s.opts.MaxConnStreams),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: s.opts.ConnIdle}),
+		grpc.ConnectionTimeout(s.opts.HandshakeTimeout))
 }
 
 // hasBlocksMethod is HasBlocks's method name as gRPC routes it: with one

@@ -600,6 +600,13 @@ func TestPickFormat(t *testing.T) {
 	if _, err := BlockEnvelope(testGeom, 1, 0, make([]byte, 3), 2, nil); err == nil {
 		t.Error("a short page accepted")
 	}
+	// a geometry with a zero dimension has 0-byte pages: an error, not a
+	// panic indexing the empty page
+	zero := testGeom
+	zero.HeadDim = 0
+	if _, err := BlockEnvelope(zero, 1, 0, nil, 2, []float32{}); err == nil {
+		t.Error("an empty page of a zero geometry accepted")
+	}
 	env, err := BlockEnvelope(testGeom, 1, 0, make([]byte, testGeom.PageBytes(2)), 2, nil)
 	if err != nil || len(env) != envSize(1) {
 		t.Fatalf("tail envelope: %d %v", len(env), err)

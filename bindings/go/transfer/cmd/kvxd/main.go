@@ -43,7 +43,8 @@ commands:
   serve --store DIR [--listen ADDR] [--tls-cert F --tls-key F [--client-ca F]]
         [--insecure] [--lease-ttl D] [--max-streams N] [--max-stream-bytes N]
         [--stream-idle D] [--max-leases N] [--max-has-blocks N]
-        [--metrics ADDR] [--drain D]
+        [--max-header-list-bytes N] [--max-conn-streams N] [--conn-idle D]
+        [--handshake-timeout D] [--metrics ADDR] [--drain D]
       Receive pushes into the store DIR (created with kvx store create),
       holding its writer lock; kvx store prefix/get/stat/verify work beside
       it. --listen defaults to 127.0.0.1:7450; a non-loopback address needs
@@ -57,8 +58,16 @@ commands:
       leases; past it the oldest is released first. --max-has-blocks (8):
       HasBlocks calls in flight; past it a call is refused before its
       request is read (UNAVAILABLE), and each must be answered within
-      --stream-idle. --metrics ADDR serves Prometheus
-      metrics on http://ADDR/metrics (a bare :PORT binds 127.0.0.1).
+      --stream-idle. Each connection: --max-header-list-bytes (16384): a
+      call whose HTTP/2 header list, decoded, is larger is reset before it
+      runs; --max-conn-streams (--max-streams + --max-has-blocks + 8):
+      calls open at once on it; --conn-idle (60s): closed after D with no
+      call open; --handshake-timeout (10s): its TLS handshake and HTTP/2
+      preface must be done within D. --metrics ADDR serves Prometheus
+      metrics on http://ADDR/metrics (a bare :PORT binds 127.0.0.1; a
+      request's headers must arrive within --handshake-timeout, its answer
+      be read within 30s, and an idle connection is closed after
+      --conn-idle).
       SIGTERM or SIGINT: stop accepting, let streams in flight finish for
       --drain (10s), abort the rest (nothing of them is published), flush,
       exit 0. Prints "kvxd: listening on ADDR" once it serves.
@@ -74,10 +83,13 @@ commands:
       Prints "blocks sent N, referenced N, bytes sent N, tail tokens N,
       durable true"; --json: {"blocks_sent", "blocks_referenced",
       "bytes_sent", "tail_tokens", "durable"}. --timeout (none): give up
-      after D.
+      after D. Exit 0 only when the receiver answered durable=true with the
+      counts of what was sent; any other answer is a failure (exit 1, the
+      field at fault on stderr).
 
 exit status: 0 ok; 1 failed (the gRPC status and the receiver's message on
-stderr); 2 usage.
+stderr, or the field of the receiver's answer that does not acknowledge
+the push); 2 usage.
 `
 
 func main() {
@@ -147,6 +159,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	streamIdle := fs.Duration("stream-idle", 30*time.Second, "")
 	maxLeases := fs.Int("max-leases", 4096, "")
 	maxHas := fs.Int("max-has-blocks", 8, "")
+	maxHeader := fs.Uint("max-header-list-bytes", transfer.DefaultMaxHeaderListBytes, "")
+	maxConnStreams := fs.Uint("max-conn-streams", 0, "")
+	connIdle := fs.Duration("conn-idle", transfer.DefaultConnIdle, "")
+	handshake := fs.Duration("handshake-timeout", transfer.DefaultHandshakeTimeout, "")
 	metricsAddr := fs.String("metrics", "", "")
 	drain := fs.Duration("drain", 10*time.Second, "")
 	if rc, ok := parse(fs, args, stdout, stderr); !ok {
@@ -167,6 +183,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	}
 	if *ttl <= 0 || *maxStreams <= 0 || *streamIdle <= 0 || *maxLeases <= 0 || *maxHas <= 0 {
 		return fail(2, "--lease-ttl, --max-streams, --stream-idle, --max-leases and --max-has-blocks must be positive")
+	}
+	if *maxHeader < 1024 || *maxHeader > 1<<24 || *maxConnStreams > 1<<20 || *connIdle <= 0 || *handshake <= 0 {
+		return fail(2, "--max-header-list-bytes must be 1024..16777216, --max-conn-streams at most 1048576 (0: the default), --conn-idle and --handshake-timeout positive")
 	}
 	if !isLoopback(*listen) && *cert == "" && !*insecure {
 		return fail(2, "%s is not a loopback address: give --tls-cert and --tls-key (and --client-ca for mTLS), or --insecure", *listen)
@@ -205,7 +224,8 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	}
 	srv := transfer.NewServer(st, transfer.ServerOptions{LeaseTTL: *ttl, MaxStreams: *maxStreams,
 		MaxStreamBytes: *maxBytes, StreamIdle: *streamIdle, MaxLeases: *maxLeases, MaxHasBlocks: *maxHas,
-		Metrics: m})
+		MaxHeaderListBytes: uint32(*maxHeader), MaxConnStreams: uint32(*maxConnStreams), ConnIdle: *connIdle,
+		HandshakeTimeout: *handshake, Metrics: m})
 	gs := grpc.NewServer(append(srv.GRPCOptions(), gopts...)...)
 	tlkvpb.RegisterKvTransferServer(gs, srv)
 
@@ -224,7 +244,12 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		go http.Serve(ml, mux) //nolint:errcheck // ends with the process
+		// bounded like the gRPC connections: a client that never finishes
+		// its request, never reads the answer or keeps an idle connection
+		// holds nothing for good
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: *handshake, ReadTimeout: *handshake,
+			WriteTimeout: metricsWriteTimeout, IdleTimeout: *connIdle, MaxHeaderBytes: int(*maxHeader)}
+		go hs.Serve(ml) //nolint:errcheck // ends with the process
 		fmt.Fprintf(stdout, "kvxd: metrics on http://%s/metrics\n", ml.Addr())
 	}
 	sigs := make(chan os.Signal, 1)
@@ -260,6 +285,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintln(stderr, "kvxd: stopped")
 	return 0
 }
+
+// metricsWriteTimeout bounds the writing of one /metrics answer.
+const metricsWriteTimeout = 30 * time.Second
 
 func loadPool(path string) (*x509.CertPool, error) {
 	pem, err := os.ReadFile(path)
@@ -367,6 +395,9 @@ func push(args []string, stdout, stderr io.Writer) int {
 	defer conn.Close()
 	r, err := transfer.NewClient(conn).Push(ctx, st, tokens, &transfer.PushOptions{Format: version})
 	if err != nil {
+		if errors.Is(err, transfer.ErrNotAcknowledged) { // answered, but not durable or not what was sent
+			return fail(1, "%s: %v", *to, err)
+		}
 		if s, ok := status.FromError(err); ok {
 			return fail(1, "%s: %s: %s", *to, codeName(s.Code().String()), s.Message())
 		}

@@ -1,0 +1,274 @@
+// limits_test.go - the connection bounds of a receiver (ServerOptions'
+// MaxHeaderListBytes, MaxConnStreams, ConnIdle, HandshakeTimeout; kvxd's
+// flags of the same names) and of kvxd's metrics server, against raw
+// HTTP/2 and TCP clients.
+package transfer
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"kvx.dev/transfer/tlkvpb"
+)
+
+// rawH2 is a raw HTTP/2 client connection: it answers the server's
+// SETTINGS and PINGs and reports what the server does as events: "rst N"
+// (stream N reset), "status N CODE" (stream N ended with grpc-status),
+// "goaway", "eof" (the connection ended).
+type rawH2 struct {
+	conn     net.Conn
+	mu       sync.Mutex // the framer's writes
+	fr       *http2.Framer
+	enc      *hpack.Encoder // the connection's HPACK state, under mu
+	hb       bytes.Buffer
+	settings chan map[http2.SettingID]uint32 // the server's first SETTINGS
+	events   chan string
+}
+
+func dialRawH2(t *testing.T, addr string) *rawH2 {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	r := &rawH2{conn: c, fr: http2.NewFramer(c, c), settings: make(chan map[http2.SettingID]uint32, 1),
+		events: make(chan string, 64)}
+	r.enc = hpack.NewEncoder(&r.hb)
+	r.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
+		t.Fatal(err)
+	}
+	r.mu.Lock()
+	err = r.fr.WriteSettings()
+	r.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		first := true
+		for {
+			f, err := r.fr.ReadFrame()
+			if err != nil {
+				r.events <- "eof"
+				return
+			}
+			switch f := f.(type) {
+			case *http2.SettingsFrame:
+				if f.IsAck() {
+					continue
+				}
+				if first {
+					m := map[http2.SettingID]uint32{}
+					f.ForeachSetting(func(s http2.Setting) error { m[s.ID] = s.Val; return nil }) //nolint:errcheck
+					r.settings <- m
+					first = false
+				}
+				r.mu.Lock()
+				r.fr.WriteSettingsAck() //nolint:errcheck
+				r.mu.Unlock()
+			case *http2.PingFrame:
+				if !f.IsAck() {
+					r.mu.Lock()
+					r.fr.WritePing(true, f.Data) //nolint:errcheck
+					r.mu.Unlock()
+				}
+			case *http2.GoAwayFrame:
+				r.events <- "goaway"
+			case *http2.RSTStreamFrame:
+				r.events <- fmt.Sprintf("rst %d", f.StreamID)
+			case *http2.MetaHeadersFrame:
+				if f.StreamEnded() {
+					r.events <- fmt.Sprintf("status %d %s", f.StreamID, grpcStatusOf(f))
+				}
+			}
+		}
+	}()
+	return r
+}
+
+// call opens stream id on path with the gRPC headers and extra fields
+// (each encoded with HPACK indexing, so a field repeated costs a byte or
+// two of wire), ended at once (an empty DATA frame) when end.
+func (r *rawH2) call(t *testing.T, id uint32, path string, end bool, extra ...hpack.HeaderField) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.hb.Reset()
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", path},
+		{":authority", "kvx"}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+		r.enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}) //nolint:errcheck
+	}
+	for _, f := range extra {
+		r.enc.WriteField(f) //nolint:errcheck
+	}
+	if r.hb.Len() > 16000 {
+		t.Fatalf("a header block of %d bytes does not fit one frame", r.hb.Len())
+	}
+	if err := r.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: r.hb.Bytes(),
+		EndHeaders: true}); err != nil {
+		t.Fatal(err)
+	}
+	if end { // an empty DATA frame ends it, as gRPC clients do (grpc-go 1.33's
+		// server never hands its handler the end of a stream ended by HEADERS)
+		if err := r.fr.WriteData(id, true, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// wait waits up to limit for event want, skipping others; false if it
+// did not come.
+func (r *rawH2) wait(want string, limit time.Duration) bool {
+	deadline := time.After(limit)
+	for {
+		select {
+		case e := <-r.events:
+			if e == want {
+				return true
+			}
+			if e == "eof" && want != "eof" {
+				return false
+			}
+		case <-deadline:
+			return false
+		}
+	}
+}
+
+// padHeaders are n copies of one 3,000-byte field: the first is indexed
+// into the HPACK table, the others are one-byte references to it, so
+// about 3 KB of wire decode to n x 3 KB of header list.
+func padHeaders(n int) []hpack.HeaderField {
+	f := hpack.HeaderField{Name: "x-pad", Value: strings.Repeat("p", 3000)}
+	out := make([]hpack.HeaderField, n)
+	for i := range out {
+		out[i] = f
+	}
+	return out
+}
+
+// gRPC's default header list limit is 16 MiB: a call with 60 KB of
+// indexed headers (about 3 KB of wire; 4 KB of wire reach 12 MiB) was
+// decoded whole, kept in the call's context, and ran its handler or the
+// HasBlocks tap. Now a call whose decoded header list passes
+// MaxHeaderListBytes (16 KiB by default, advertised in SETTINGS with
+// MaxConnStreams) is reset before either runs; a call within it runs.
+func TestAttackHeaderListFlood(t *testing.T) {
+	b, _ := createStore(t, testGeom, 0)
+	ts := startServer(t, b, ServerOptions{})
+	r := dialRawH2(t, ts.addr)
+	select {
+	case s := <-r.settings:
+		if s[http2.SettingMaxHeaderListSize] != DefaultMaxHeaderListBytes || s[http2.SettingMaxConcurrentStreams] != 64+8+8 {
+			t.Fatalf("the server's SETTINGS: %v", s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no SETTINGS from the server")
+	}
+	r.call(t, 1, "/tl.kv.v1.KvTransfer/PushKv", false, padHeaders(20)...)
+	if !r.wait("rst 1", 5*time.Second) {
+		t.Fatal("a PushKv with 60 KB of headers was not reset")
+	}
+	r.call(t, 3, "/"+hasBlocksMethod, false, padHeaders(20)...)
+	if !r.wait("rst 3", 5*time.Second) {
+		t.Fatal("a HasBlocks with 60 KB of headers was not reset")
+	}
+	if n := len(ts.hasSem); n != 0 {
+		t.Fatalf("a HasBlocks reset for its headers took a slot: %d held", n)
+	}
+	// 3 KB of headers is a call like any other: an empty push, answered
+	r.call(t, 5, "/tl.kv.v1.KvTransfer/PushKv", true, padHeaders(1)...)
+	if !r.wait("status 5 0", 5*time.Second) {
+		t.Fatal("a PushKv with 3 KB of headers was not answered OK")
+	}
+	// and the connection still serves gRPC calls
+	conn := dial(t, ts.addr)
+	if _, err := tlkvpb.NewKvTransferClient(conn).HasBlocks(context.Background(),
+		&tlkvpb.HasBlocksRequest{BlockTokens: B}); err != nil {
+		t.Fatalf("HasBlocks after the flood: %v", err)
+	}
+}
+
+// kvxd kept a connection that opened no call for good (gRPC's
+// MaxConnectionIdle is infinite), gave a connection 120 s to finish its
+// handshake, and its metrics server had no timeout at all (a request
+// left unfinished held its connection for good). With short flag values:
+// an idle HTTP/2 connection gets a GOAWAY and is closed, a TCP connection
+// that sends nothing is closed, a metrics request whose headers never end
+// is closed; the flags reach the SETTINGS; a call past
+// --max-header-list-bytes is reset and a gRPC call within it answered.
+func TestKvxdConnectionBounds(t *testing.T) {
+	b, bdir := createStore(t, testGeom, 0)
+	b.Close()
+	if _, errOut, code := runKvxd(t, "serve", "--store", bdir, "--max-header-list-bytes", "100"); code != 2 {
+		t.Fatalf("--max-header-list-bytes 100: exit %d (%s)", code, errOut)
+	}
+	p := startKvxd(t, bdir, "--conn-idle", "1s", "--handshake-timeout", "1s", "--max-header-list-bytes", "4096",
+		"--max-conn-streams", "5", "--metrics", "127.0.0.1:0")
+	t0 := time.Now()
+	idle := dialRawH2(t, p.addr)
+	select {
+	case s := <-idle.settings:
+		if s[http2.SettingMaxHeaderListSize] != 4096 || s[http2.SettingMaxConcurrentStreams] != 5 {
+			t.Fatalf("kvxd's SETTINGS: %v", s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no SETTINGS from kvxd")
+	}
+	closed := func(c net.Conn) bool { // the peer closes c within 10 s
+		c.SetReadDeadline(time.Now().Add(10 * time.Second)) //nolint:errcheck
+		var buf [512]byte
+		for {
+			if _, err := c.Read(buf[:]); err != nil {
+				ne, ok := err.(net.Error)
+				return !ok || !ne.Timeout()
+			}
+		}
+	}
+	silent, err := net.Dial("tcp", p.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	slow, err := net.Dial("tcp", p.metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	if _, err := slow.Write([]byte("GET /metrics HTTP/1.1\r\nHost: kvx\r\n")); err != nil {
+		t.Fatal(err)
+	}
+
+	big := dialRawH2(t, p.addr)
+	big.call(t, 1, "/tl.kv.v1.KvTransfer/PushKv", false, padHeaders(2)...)
+	if !big.wait("rst 1", 5*time.Second) {
+		t.Fatal("a call with 6 KB of headers past --max-header-list-bytes 4096 was not reset")
+	}
+	if _, err := tlkvpb.NewKvTransferClient(dial(t, p.addr)).HasBlocks(context.Background(),
+		&tlkvpb.HasBlocksRequest{BlockTokens: B}); err != nil {
+		t.Fatalf("a gRPC call within --max-header-list-bytes 4096: %v", err)
+	}
+
+	if !idle.wait("goaway", 10*time.Second) || !idle.wait("eof", 10*time.Second) {
+		t.Fatal("an HTTP/2 connection idle past --conn-idle 1s was not closed")
+	}
+	if d := time.Since(t0); d < 900*time.Millisecond {
+		t.Fatalf("the idle connection was closed after %v, before --conn-idle 1s", d)
+	}
+	if !closed(silent) {
+		t.Fatal("a connection that sent nothing was kept past --handshake-timeout 1s")
+	}
+	if !closed(slow) {
+		t.Fatal("a metrics request whose headers never end was kept past --handshake-timeout 1s")
+	}
+}
