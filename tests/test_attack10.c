@@ -129,6 +129,13 @@
  *    kvx_tier_limits.max_reply_bytes (64 MiB; a store's clients: two
  *    pages + 1 MiB, at least 16 MiB).
  *
+ *  - test_reply_memory_bounded: the wire cut bounded bytes read, not
+ *    what hiredis built from them: an array declaring 2^31-1 elements
+ *    (a 16 GiB calloc) filled with 3-byte empty statuses took gigabytes
+ *    of heap within 64 MiB of wire, and nested such headers cost seconds
+ *    freeing after the deadline. Replies are built by tier/reply.c within
+ *    twice the wire cap.
+ *
  *  - test_slow_resolver: a node named by a host whose name server never
  *    answers: hiredis resolved it with getaddrinfo before its connect
  *    timeout started, so each connect waited on the resolver (glibc: 5 s
@@ -205,6 +212,8 @@ enum {
     M_FLOOD,      /* GET: a bulk of 2^40 bytes (limit 0) or an array of 10^9 integers (limit 1), streamed as fast
                      as the client reads, raw_len bytes at most */
     M_SHUT,       /* every connection closed as it is accepted, the time of each noted (accept_ms) */
+    M_HEAP,       /* GET: an array declaring 2^31-1 elements, then empty statuses ("+\r\n") up to raw_len bytes
+                     (limit 0), or seven such headers nested and then silence (limit 1) */
 };
 
 typedef struct fk {
@@ -380,6 +389,19 @@ static int fk_handle(fk *s, int fd, int argc, char **argv, const size_t *lens, i
             if (fk_send(fd, chunk, sizeof chunk)) return -1;
             atomic_fetch_add(&s->flood_sent, sizeof chunk);
         }
+        return -1;
+    }
+    case M_HEAP: {
+        static char plus[65535]; /* 21845 empty statuses */
+        if (!plus[0])
+            for (size_t i = 0; i < sizeof plus; i += 3) memcpy(plus + i, "+\r\n", 3);
+        for (int d = 0; d < (s->limit ? 7 : 1); d++)
+            if (fk_sendf(fd, "*2147483647\r\n")) return -1;
+        while (!s->limit && atomic_load(&s->flood_sent) < s->raw_len && !atomic_load(&s->stop)) {
+            if (fk_send(fd, plus, sizeof plus)) return -1;
+            atomic_fetch_add(&s->flood_sent, sizeof plus);
+        }
+        while (s->limit && !atomic_load(&s->stop)) sleep_ms(20);
         return -1;
     }
     case M_DRIP_SET: return fk_sendf(fd, "$-1\r\n");
@@ -782,6 +804,8 @@ static void test_redirects_hostile(void **state)
     snprintf(red[nr++], 600, "MOVED 5 127.0.0.1:-%d", f2->port);
     snprintf(red[nr++], 600, "MOVED 5 127.0.0.1\tx:%d", f2->port); /* getaddrinfo refuses it */
     snprintf(red[nr++], 600, "MOVED 5 \033[2J127.0.0.1:%d", f2->port);
+    snprintf(red[nr++], 600, "MOVED 5 127.0.0.1:%dx", f2->port); /* strtol's prefix was taken: followed */
+    snprintf(red[nr++], 600, "MOVED 5 127.0.0.1:+%d", f2->port);
     snprintf(red[nr++], 600, "MOVED");
     snprintf(red[nr++], 600, "ASK ");
     snprintf(red[nr++], 600, "ASK 5 %0300d:%d", 1, f2->port);
@@ -1079,6 +1103,80 @@ static void test_flood_reply(void **state)
             fail_msg("a%s flood through a store: %llu MiB taken in (cut at 16 MiB)", array ? "n array" : " bulk",
                      sent >> 20);
         fk_stop(f);
+    }
+}
+
+/* kB of this process's peak resident memory (VmHWM), 0 if unknown. */
+static unsigned long long peak_rss_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return kb;
+}
+
+/* What a reply costs in memory and time, not only on the wire. hiredis
+ * 0.14 builds what a reply declares: "*2147483647" is a 16 GiB calloc
+ * before one element arrives, each element a 48-byte object and a slot
+ * (about 30 times an empty status's 3 bytes), and freeing the array
+ * walks every declared slot. Under the 64 MiB wire cut, 60 MiB of empty
+ * statuses took a lookup to gigabytes of heap; seven nested headers and
+ * silence cost seconds of CPU after the 5 s deadline (seven 2^31-slot
+ * walks, the tier's lock held). Replies are now built by tier/reply.c
+ * within twice the wire cap: the header alone is refused. Each case runs
+ * in a child whose peak resident memory (VmHWM) is compared before and
+ * after the call. */
+static void test_reply_memory_bounded(void **state)
+{
+    (void)state;
+    for (int nested = 0; nested < 2; nested++) {
+        fk *f = fk_start(M_HEAP);
+        f->limit = nested;
+        f->raw_len = (size_t)60 << 20;
+        int pfd[2];
+        assert_int_equal(pipe(pfd), 0);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            close(pfd[0]);
+            unsigned long long before = peak_rss_kb();
+            kvx_tier *t = tier_to(f->port, NULL);
+            uint8_t st[1];
+            double secs = 0;
+            size_t ok = get_n(t, 1, "h", st, &secs);
+            kvx_tier_close(t); /* the reply's objects are freed here at the latest */
+            char msg[128];
+            int n = snprintf(msg, sizeof msg, "%zu %d %llu %.3f", ok, st[0], peak_rss_kb() - before, secs);
+            ssize_t w = write(pfd[1], msg, (size_t)n);
+            _exit(w == n ? 0 : 1);
+        }
+        close(pfd[1]);
+        double t0 = now_s();
+        char msg[128] = {0};
+        ssize_t got = 0, r;
+        while ((r = read(pfd[0], msg + got, sizeof msg - 1 - (size_t)got)) > 0) got += r;
+        close(pfd[0]);
+        int status = 0;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        double took = now_s() - t0;
+        fk_stop(f);
+        assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        size_t ok = 9;
+        int st = -1;
+        unsigned long long grew_kb = 0;
+        double secs = 0;
+        assert_int_equal(sscanf(msg, "%zu %d %llu %lf", &ok, &st, &grew_kb, &secs), 4);
+        assert_int_equal(ok, 0);
+        assert_true(st == KVX_TIER_FAILED || st == KVX_TIER_DOWN); /* a miss; the breaker may have opened */
+        if (grew_kb > (128ull << 10))
+            fail_msg("%s: the lookup grew the peak resident memory by %llu MiB (wire cut 64 MiB)",
+                     nested ? "nested headers" : "60 MiB of empty statuses", grew_kb >> 10);
+        if (took > 6.5)
+            fail_msg("%s: the lookup and its close took %.1f s (the call's limit is 5 s)",
+                     nested ? "nested headers" : "60 MiB of empty statuses", took);
     }
 }
 
@@ -1826,6 +1924,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_desync_never_wrong),
         cmocka_unit_test(test_drip_get_lookup),
         cmocka_unit_test(test_flood_reply),
+        cmocka_unit_test(test_reply_memory_bounded),
         cmocka_unit_test(test_drip_cluster_slots),
         cmocka_unit_test(test_drip_auth),
         cmocka_unit_test(test_drip_set_close),

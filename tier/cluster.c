@@ -61,6 +61,7 @@ struct kvx_tier {
     int cluster;           /* 1 cluster, 0 single server, -1 not known */
     int map_ok, map_stale;
     int last_ok; /* the last call reached the tier */
+    kvx_tier_reply_budget budget; /* the reply being read (one at a time: mu) */
     /* the call in progress: told of each command's final answer */
     void (*on_done)(void *ctx, size_t i, struct tcmd *c);
     void *on_ctx;
@@ -202,13 +203,28 @@ static int io_write(kvx_tier *t, tnode *nd, uint64_t deadline)
     return IO_OK;
 }
 
+/* A reply hiredis could not parse: one whose objects would pass the cap in
+ * memory (reply.c: an array declaring 2^31 elements, a flood of small
+ * ones) is named as such, not as hiredis's "out of memory"
+ * (test_attack10 test_reply_memory_bounded). */
+static int io_refused(kvx_tier *t, tnode *nd)
+{
+    if (t->budget.over)
+        snprintf(nd->c->errstr, sizeof nd->c->errstr, "a reply taking over %llu bytes in memory",
+                 (unsigned long long)t->budget.cap);
+    return IO_FAIL;
+}
+
 /* Reads one reply from nd's connection into *out. */
 static int io_read(kvx_tier *t, tnode *nd, void **out, uint64_t deadline)
 {
     int waited = 0;
     *out = NULL;
     uint64_t got = 0; /* bytes read for this reply (hiredis compacts its buffer only in GetReply) */
-    if (nd->c->err || redisGetReplyFromReader(nd->c, out) != REDIS_OK) return IO_FAIL;
+    /* its objects: twice the wire cap (a slot map of 16384 ranges with two
+     * replicas each takes about 4 MiB on the wire, 16 MiB in objects) */
+    t->budget = (kvx_tier_reply_budget){2 * t->lim.max_reply_bytes, 0, 0};
+    if (nd->c->err || redisGetReplyFromReader(nd->c, out) != REDIS_OK) return io_refused(t, nd);
     while (!*out) {
         if (io_tmo(t, nd, deadline)) return waited ? IO_FAIL : IO_LATE;
         waited = 1;
@@ -223,7 +239,7 @@ static int io_read(kvx_tier *t, tnode *nd, void **out, uint64_t deadline)
                      (unsigned long long)t->lim.max_reply_bytes);
             return IO_FAIL;
         }
-        if (redisGetReplyFromReader(nd->c, out) != REDIS_OK) return IO_FAIL;
+        if (redisGetReplyFromReader(nd->c, out) != REDIS_OK) return io_refused(t, nd);
     }
     if (nd->unconfirmed) {
         /* the first reply on a new connection: the node answers, so its
@@ -289,6 +305,7 @@ static redisContext *node_conn(kvx_tier *t, int i, uint64_t deadline)
         return NULL;
     }
     redisSetTimeout(c, tv_ms(t->lim.command_ms));
+    kvx_tier_reply_budget_attach(c, &t->budget);
     nd->c = c;
     nd->tmo = t->lim.command_ms;
     nd->unconfirmed = 1; /* the breaker's verdict waits for the first reply (io_read) */
@@ -301,9 +318,15 @@ static redisContext *node_conn(kvx_tier *t, int i, uint64_t deadline)
         if (!r) {
             if (why != IO_LATE) kvx_tier_brk_result(nd->host, nd->port, 0, c->errstr);
         } else if (bad && kvx_tier_say_once()) {
-            /* the node is up (no breaker): the credentials are wrong */
+            /* the node is up (no breaker): the credentials are wrong. Its
+             * text is the server's: control bytes (a terminal's escape
+             * sequences) are printed as '?' */
+            char said[128];
+            snprintf(said, sizeof said, "%s", r->str ? r->str : "?");
+            for (char *p = said; *p; p++)
+                if ((unsigned char)*p < ' ' || *p == 0x7f) *p = '?';
             fprintf(stderr, "kvx: shared tier node %s:%d refused AUTH (%s): its blocks are misses\n", nd->host,
-                    nd->port, r->str ? r->str : "?");
+                    nd->port, said);
         }
         if (r) freeReplyObject(r);
         if (bad) {
@@ -315,6 +338,16 @@ static redisContext *node_conn(kvx_tier *t, int i, uint64_t deadline)
 }
 
 /* ---- the slot map ------------------------------------------------------- */
+
+/* A host name a node may be named by: 1..255 bytes, no NUL, space,
+ * control byte or DEL (they would reach the resolver and stderr). */
+static int host_ok(const char *host, size_t len)
+{
+    if (len == 0 || len >= sizeof(((tnode *)0)->host)) return 0;
+    for (size_t j = 0; j < len; j++)
+        if ((unsigned char)host[j] <= ' ' || host[j] == 0x7f) return 0;
+    return 1;
+}
 
 static int load_slots(kvx_tier *t, int from, const redisReply *r)
 {
@@ -334,9 +367,7 @@ static int load_slots(kvx_tier *t, int from, const redisReply *r)
         /* a port as the URL's (1..65535: (int) of 2^32 + p was p) and a
          * host name that fits, without a NUL or control byte
          * (test_attack10 test_slots_map_refused) */
-        if (port < 1 || port > 65535 || hr->len >= sizeof t->nodes[0].host) return -1;
-        for (size_t j = 0; j < hr->len; j++)
-            if ((unsigned char)host[j] <= ' ' || host[j] == 0x7f) return -1;
+        if (port < 1 || port > 65535 || (hr->len && !host_ok(host, hr->len))) return -1;
         char asked[sizeof t->nodes[0].host];
         if (!host[0] || !strcmp(host, "?")) {
             /* "the node you asked": a copy, as node_add may move t->nodes
@@ -426,11 +457,15 @@ static int parse_redirect(kvx_tier *t, const char *msg, int *slot)
     if (!colon || colon == hp) return -1;
     char host[256];
     size_t hl = (size_t)(colon - hp);
-    if (hl >= sizeof host) return -1;
+    /* the host as CLUSTER SLOTS's (a redirect naming one with an escape
+     * sequence or a space is refused, never added, resolved or printed:
+     * test_attack10 test_redirects_hostile), the port digits to the end */
+    if (!host_ok(hp, hl)) return -1;
     memcpy(host, hp, hl);
     host[hl] = '\0';
+    if (colon[1] < '0' || colon[1] > '9') return -1;
     long port = strtol(colon + 1, &end, 10);
-    if (port < 1 || port > 65535) return -1;
+    if (*end || port < 1 || port > 65535) return -1;
     *slot = (int)s;
     return node_add(t, host, (int)port);
 }

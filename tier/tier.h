@@ -133,6 +133,20 @@ typedef struct kvx_tier_limits {
                                  whole call */
 } kvx_tier_limits;
 
+/* ---- reply.c ------------------------------------------------------------ */
+
+/* What one reply's objects may take in memory (its cap: the limits'
+ * max_reply_bytes): reset before each reply is read; over is set when an
+ * object was refused. */
+typedef struct kvx_tier_reply_budget {
+    uint64_t cap, used;
+    int over;
+} kvx_tier_reply_budget;
+
+struct redisContext;
+/* c's replies are built by reply.c's builders, charged against b. */
+void kvx_tier_reply_budget_attach(struct redisContext *c, kvx_tier_reply_budget *b);
+
 /* Redis Cluster key slot (CRC16-XMODEM mod 16384, hash tags honoured). */
 uint16_t kvx_tier_slot(const char *key, size_t len);
 
