@@ -152,12 +152,8 @@ struct kvx_store_batch {
     int no_tier;         /* blocks copied from the shared tier: not written back */
     /* a tl.kv.v1 lease (kvx_xfer_has_blocks, kvx_st_lease_begin): its pins
      * and every other lease's share a budget (kvx_st_lease_budget), so
-     * leases renewed for ever cannot keep the store over its capacity;
-     * lease_union: the slots some lease pins, lease_union_bytes their
-     * files' bytes, as this lease's HasBlocks found them and added */
+     * leases renewed for ever cannot keep the store over its capacity */
     int lease;
-    uint8_t lease_union[ST_SLOTS];
-    uint64_t lease_union_bytes;
 };
 
 struct st_tier; /* store_tier.c */
@@ -505,10 +501,8 @@ static inline uint64_t st_unpublished_bytes(const kvx_store *s)
 /* Pins shard b (generation gen) in x; a lease pins it only within the
  * leases' budget (else nothing: a lease never guarantees a push). */
 void kvx_st_pin(kvx_store_batch *x, uint32_t b, uint64_t gen);
-/* Makes x a lease and takes the union of what the other leases pin. Under
- * wmu. (HasBlocks calls running at once each see the others' pins as they
- * were at their start, so together they may take up to their number of
- * times what was left of the budget, for as long as they live.) */
+/* Makes x a lease: its pins count against the leases' budget, with every
+ * other lease's as they are at each pin (under wmu). */
 void kvx_st_lease_begin(kvx_store_batch *x);
 /* The bytes of shard files all leases together may pin: half the
  * capacity, at least two shards (so a small store's lease still pins a
