@@ -38,6 +38,37 @@ static int cuda_fail(int code, cudaError_t e, const char *what)
     return kvx_fail(code, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
+/* CUDA's current device belongs to the calling thread: a warmup's own
+ * thread starts on device 0 (its events were made there and recorded on
+ * another device's streams: cudaEventRecord failed, and GPU 0 got a
+ * context), and an engine's thread works on its own GPU. Every call
+ * switches to the handle's device for its CUDA work and back before it
+ * returns, so kvx never leaves a caller's thread on another GPU. Checked
+ * by reading: the one-GPU machines here cannot show two devices. */
+typedef struct dev_scope {
+    int prev;
+    int switched;
+} dev_scope;
+
+static int dev_enter(dev_scope *sc, int device)
+{
+    sc->switched = 0;
+    if (cudaGetDevice(&sc->prev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        sc->prev = -1;
+    }
+    if (sc->prev == device) return 0;
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) return cuda_fail(KVX_ENOGPU, e, "cudaSetDevice");
+    sc->switched = 1;
+    return 0;
+}
+
+static void dev_leave(const dev_scope *sc)
+{
+    if (sc->switched && sc->prev >= 0) cudaSetDevice(sc->prev);
+}
+
 int kvx_gpu_count(int *out)
 {
     if (!out) return kvx_fail(KVX_EINVALID, "kvx_gpu_count: out is NULL");
@@ -62,8 +93,6 @@ static int need_device(int device)
     if (n == 0) return kvx_fail(KVX_ENOGPU, "no usable GPU: cudaGetDeviceCount found none");
     if (device < 0 || device >= n)
         return kvx_fail(KVX_ENOGPU, "no usable GPU: device %d does not exist (%d visible)", device, n);
-    e = cudaSetDevice(device);
-    if (e != cudaSuccess) return cuda_fail(KVX_ENOGPU, e, "cudaSetDevice");
     return 0;
 }
 
@@ -90,6 +119,8 @@ int kvx_gpu_numa_node(int *out_node, int device)
     return 0;
 }
 
+static int gpu_make(kvx_gpu **out, const kvx_gpu_options *opts);
+
 int kvx_gpu_create(kvx_gpu **out, const kvx_gpu_options *opts)
 {
     if (!out) return kvx_fail(KVX_EINVALID, "kvx_gpu_create: out is NULL");
@@ -104,6 +135,16 @@ int kvx_gpu_create(kvx_gpu **out, const kvx_gpu_options *opts)
                         KVX_GPU_MAX_STREAMS);
     int rc = need_device(opts->device);
     if (rc) return rc;
+    dev_scope sc;
+    if ((rc = dev_enter(&sc, opts->device))) return rc;
+    rc = gpu_make(out, opts);
+    dev_leave(&sc);
+    return rc;
+}
+
+/* kvx_gpu_create's allocations, on opts->device. */
+static int gpu_make(kvx_gpu **out, const kvx_gpu_options *opts)
+{
     kvx_gpu *g = calloc(1, sizeof *g);
     if (!g) return kvx_fail(-ENOMEM, "kvx_gpu_create: out of memory");
     g->device = opts->device;
@@ -130,7 +171,8 @@ int kvx_gpu_create(kvx_gpu **out, const kvx_gpu_options *opts)
 void kvx_gpu_destroy(kvx_gpu *g)
 {
     if (!g) return;
-    cudaSetDevice(g->device);
+    dev_scope sc;
+    int entered = dev_enter(&sc, g->device) == 0;
     for (unsigned i = 0; i < g->n_streams; i++) {
         cudaStreamSynchronize(g->streams[i]);
         cudaStreamDestroy(g->streams[i]);
@@ -138,6 +180,7 @@ void kvx_gpu_destroy(kvx_gpu *g)
     for (unsigned i = 0; i < KVX_GPU_MAX_LANES; i++)
         if (g->lanes[i]) cudaEventDestroy(g->lanes[i]);
     cudaFree(g->arena);
+    if (entered) dev_leave(&sc);
     free(g);
 }
 
@@ -177,17 +220,25 @@ int kvx_gpu_copy_lane(kvx_gpu *g, unsigned lane, uint64_t dev, const void *src, 
     if (!in_arena(g, dev, bytes))
         return kvx_fail(KVX_EINVALID, "GPU upload: device range 0x%" PRIx64 "+%" PRIu64
                         " is outside the arena", dev, bytes);
+    dev_scope sc;
+    int rc = dev_enter(&sc, g->device);
+    if (rc) return rc;
     cudaError_t e = cudaMemcpyAsync((void *)(uintptr_t)dev, src, bytes, cudaMemcpyHostToDevice,
                                     g->streams[lane % g->n_streams]);
+    dev_leave(&sc);
     return e == cudaSuccess ? 0 : cuda_fail(-EIO, e, "cudaMemcpyAsync");
 }
 
 int kvx_gpu_lane_record(kvx_gpu *g, unsigned lane)
 {
     if (lane >= KVX_GPU_MAX_LANES) return kvx_fail(KVX_EINVALID, "GPU lane %u out of range", lane);
+    dev_scope sc;
+    int rc = dev_enter(&sc, g->device); /* an event is made on its stream's device */
+    if (rc) return rc;
     cudaError_t e = cudaSuccess;
     if (!g->lanes[lane]) e = cudaEventCreateWithFlags(&g->lanes[lane], cudaEventDisableTiming);
     if (e == cudaSuccess) e = cudaEventRecord(g->lanes[lane], g->streams[lane % g->n_streams]);
+    dev_leave(&sc);
     return e == cudaSuccess ? 0 : cuda_fail(-EIO, e, "cudaEventRecord");
 }
 
@@ -203,7 +254,6 @@ int kvx_gpu_upload(kvx_gpu *g, const uint64_t *dev, const void *const *src, cons
 {
     if (!g || (n && (!dev || !src || !bytes)))
         return kvx_fail(KVX_EINVALID, "kvx_gpu_upload: a NULL argument");
-    cudaSetDevice(g->device);
     for (size_t i = 0; i < n; i++) {
         int rc = kvx_gpu_copy_lane(g, (unsigned)i, dev[i], src[i], bytes[i]);
         if (rc) return rc;
@@ -214,12 +264,15 @@ int kvx_gpu_upload(kvx_gpu *g, const uint64_t *dev, const void *const *src, cons
 int kvx_gpu_sync(kvx_gpu *g)
 {
     if (!g) return kvx_fail(KVX_EINVALID, "kvx_gpu_sync: gpu is NULL");
-    cudaSetDevice(g->device);
-    for (unsigned i = 0; i < g->n_streams; i++) {
+    dev_scope sc;
+    int rc = dev_enter(&sc, g->device);
+    if (rc) return rc;
+    for (unsigned i = 0; !rc && i < g->n_streams; i++) {
         cudaError_t e = cudaStreamSynchronize(g->streams[i]);
-        if (e != cudaSuccess) return cuda_fail(-EIO, e, "cudaStreamSynchronize");
+        if (e != cudaSuccess) rc = cuda_fail(-EIO, e, "cudaStreamSynchronize");
     }
-    return 0;
+    dev_leave(&sc);
+    return rc;
 }
 
 int kvx_gpu_page_table(uint64_t *out_table, kvx_gpu *g, const uint64_t *dev_ptrs, size_t n)
@@ -231,8 +284,10 @@ int kvx_gpu_page_table(uint64_t *out_table, kvx_gpu *g, const uint64_t *dev_ptrs
     uint64_t t;
     int rc = kvx_gpu_reserve(&t, g, n * 8);
     if (rc) return rc;
-    cudaSetDevice(g->device);
+    dev_scope sc;
+    if ((rc = dev_enter(&sc, g->device))) return rc;
     cudaError_t e = cudaMemcpy((void *)(uintptr_t)t, dev_ptrs, n * 8, cudaMemcpyHostToDevice);
+    dev_leave(&sc);
     if (e != cudaSuccess) return cuda_fail(-EIO, e, "cudaMemcpy of the page table");
     *out_table = t;
     return 0;
@@ -243,8 +298,11 @@ int kvx_gpu_copy_back(void *dst, kvx_gpu *g, uint64_t dev, uint64_t bytes)
     if (!dst || !g) return kvx_fail(KVX_EINVALID, "kvx_gpu_copy_back: dst or gpu is NULL");
     if (!in_arena(g, dev, bytes))
         return kvx_fail(KVX_EINVALID, "kvx_gpu_copy_back: range is outside the arena");
-    cudaSetDevice(g->device);
+    dev_scope sc;
+    int rc = dev_enter(&sc, g->device);
+    if (rc) return rc;
     cudaError_t e = cudaMemcpy(dst, (const void *)(uintptr_t)dev, bytes, cudaMemcpyDeviceToHost);
+    dev_leave(&sc);
     return e == cudaSuccess ? 0 : cuda_fail(-EIO, e, "cudaMemcpy device to host");
 }
 
@@ -252,7 +310,10 @@ int kvx_gpu_host_register(void *p, uint64_t bytes, int device)
 {
     int rc = need_device(device);
     if (rc) return rc;
+    dev_scope sc;
+    if ((rc = dev_enter(&sc, device))) return rc;
     cudaError_t e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+    dev_leave(&sc);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         return kvx_fail(KVX_EMEMLOCK, "pinned pool: cudaHostRegister of %" PRIu64 " bytes refused: %s",
