@@ -320,7 +320,7 @@ static void st_tier_write(kvx_store *s, struct st_tier *t, st_job *jobs, size_t 
         kvx_entry e;
         const void *page;
         if (!kvx_shard_entry(&e, sh, idx) && e.coordinate == j->coord && e.hash == j->hash &&
-            !kvx_shard_page_checked(&page, sh, idx) &&
+            !kvx_shard_page(&page, sh, idx, 1) && /* CRC again before a copy to another tier (DESIGN rule 1) */
             !kvx_tier_value_encode(&vals[m], &lens[m], t->ns, &s->g, j->hash, j->toks, page, e.scales)) {
             kvx_tier_key(keys[m], t->ns, j->hash, j->digest);
             kp[m] = keys[m];
