@@ -40,6 +40,19 @@ KVX_API int kvx_views_export(void **out_buf, size_t *out_len, kvx_store *s, cons
         if ((rc = kvx_shard_page(&page, views[i].shard, views[i].entry, 1)))
             return kvx_fail(rc, "export: block %016llx (coordinate 0x%08x): %s", (unsigned long long)views[i].hash,
                             views[i].coordinate, rc == KVX_EPAGECRC ? "page CRC mismatch" : kvx_strerror(rc));
+        /* what is exported is what was checked: a view whose page, hash or
+         * token count is not its (shard, entry)'s would export other bytes
+         * under a label the check never saw (test_attack15
+         * test_export_view_must_match_entry) */
+        kvx_entry e;
+        if ((rc = kvx_shard_entry(&e, views[i].shard, views[i].entry))) return rc;
+        const char *bad = views[i].page != page                ? "page"
+                          : views[i].hash != e.hash             ? "hash"
+                          : views[i].token_count != e.token_count ? "token_count"
+                                                                 : NULL;
+        if (bad)
+            return kvx_fail(KVX_EINVALID, "kvx_views_export: views[%zu].%s is not that of its shard's entry %u", i,
+                            bad, views[i].entry);
     }
     uint8_t *payloads = malloc(n * P + 1);
     kvx_envelope_block_in *bin = calloc(n + 1, sizeof *bin);

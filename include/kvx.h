@@ -768,8 +768,9 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s,
                              const uint32_t *tokens, size_t n_tokens, size_t max_views);
 /* Exports views (in order) as one envelope of version into a malloc'd
  * buffer (kvx_free). Every page's CRC-32 is checked again first, whatever
- * was checked before (KVX_EPAGECRC naming the block; nothing is built).
- * n may be 0: a valid envelope with n_blocks = 0. version 1, 2 or 3; a
+ * was checked before (KVX_EPAGECRC naming the block; nothing is built),
+ * and a view whose page, hash or token_count is not its (shard, entry)'s
+ * is KVX_EINVALID naming the field. n may be 0: a valid envelope with n_blocks = 0. version 1, 2 or 3; a
  * BF16 store's views go to v1 only when every value is exact in f16
  * (KVX_ELOSSY naming the first that is not; v2 and v3 always work). */
 KVX_API int kvx_views_export(void **out_buf, size_t *out_len, kvx_store *s, const kvx_view *views,

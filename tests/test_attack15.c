@@ -100,10 +100,54 @@ static void test_concurrent_leases_share_budget(void **state)
     kvx_store_close(s);
 }
 
+/* kvx_views_export checked the CRC of each view's (shard, entry) and then
+ * exported the caller's view.page, hash and token count: a view whose
+ * page pointed at another block exported that block's bytes under the
+ * first one's hash (found by a hostile review). Now refused, naming the
+ * field. */
+static void test_export_view_must_match_entry(void **state)
+{
+    (void)state;
+    char d[256];
+    kvx_store *s = new_store(d, sizeof d, 0, 0, KVX_QUANT_FP16);
+    uint32_t *t = prompt(s, 700, 4, 4);
+    kvx_view v[4];
+    size_t n = 0;
+    assert_int_equal(kvx_store_prefix(v, &n, s, t, 4 * SU_B, 4), 0);
+    assert_int_equal(n, 4);
+    void *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(kvx_views_export(&buf, &len, s, v, 4, KVX_ENVELOPE_V1), 0); /* as they are: exported */
+    kvx_free(buf);
+    const char *field[3] = {"page", "hash", "token_count"};
+    for (int k = 0; k < 3; k++) {
+        kvx_view bad[4];
+        memcpy(bad, v, sizeof bad);
+        if (k == 0) bad[1].page = v[2].page;
+        if (k == 1) bad[1].hash = v[2].hash;
+        if (k == 2) {
+            kvx_geometry g;
+            kvx_store_get_geometry(&g, s);
+            bad[1].token_count = SU_B - 1;
+            bad[1].page_bytes = kvx_page_bytes(&g, SU_B - 1); /* past the shape check */
+        }
+        buf = NULL;
+        assert_int_equal(kvx_views_export(&buf, &len, s, bad, 4, KVX_ENVELOPE_V1), KVX_EINVALID);
+        assert_null(buf);
+        char want[64];
+        snprintf(want, sizeof want, "views[1].%s", field[k]);
+        if (!strstr(kvx_last_error(), want)) fail_msg("k=%d: \"%s\" does not name %s", k, kvx_last_error(), want);
+    }
+    kvx_views_release(v, n);
+    free(t);
+    kvx_store_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_concurrent_leases_share_budget),
+        cmocka_unit_test(test_export_view_must_match_entry),
     };
     return cmocka_run_group_tests_name("attack15", tests, su_setup, su_teardown);
 }
