@@ -1,21 +1,27 @@
 // limits_test.go - the connection bounds of a receiver (ServerOptions'
 // MaxHeaderListBytes, MaxConnStreams, ConnIdle, HandshakeTimeout; kvxd's
-// flags of the same names) and of kvxd's metrics server, against raw
-// HTTP/2 and TCP clients.
+// flags of the same names; LimitListener, kvxd's --max-conns) and of
+// kvxd's metrics server, against raw HTTP/2 and TCP clients.
 package transfer
 
 import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"kvx.dev/transfer/tlkvpb"
 )
@@ -270,5 +276,185 @@ func TestKvxdConnectionBounds(t *testing.T) {
 	}
 	if !closed(slow) {
 		t.Fatal("a metrics request whose headers never end was kept past --handshake-timeout 1s")
+	}
+}
+
+// LimitListener (kvxd's --max-conns): Accept waits while n of the
+// connections it returned are open; a connection's first Close frees its
+// place and a second frees nothing more; closing the listener ends an
+// Accept waiting at a full cap (grpc.Server.Stop waits for its Serve
+// loop); kvx_transfer_connections_open follows.
+func TestLimitListenerReleasesOnce(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := LimitListener(inner, 2, m)
+	defer l.Close()
+	open := func() float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "kvx_transfer_connections_open" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		t.Fatal("no kvx_transfer_connections_open")
+		return -1
+	}
+	dialOne := func() {
+		t.Helper()
+		c, err := net.Dial("tcp", inner.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+	}
+	type accepted struct {
+		c   net.Conn
+		err error
+	}
+	accept := func() chan accepted {
+		ch := make(chan accepted, 1)
+		go func() {
+			c, err := l.Accept()
+			ch <- accepted{c, err}
+		}()
+		return ch
+	}
+	take := func(ch chan accepted, what string) net.Conn {
+		t.Helper()
+		select {
+		case a := <-ch:
+			if a.err != nil {
+				t.Fatalf("%s: Accept: %v", what, a.err)
+			}
+			return a.c
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: Accept still waits", what)
+		}
+		return nil
+	}
+	waits := func(ch chan accepted, what string) {
+		t.Helper()
+		select {
+		case a := <-ch:
+			t.Fatalf("%s: Accept returned past the cap of 2 (%v)", what, a.err)
+		case <-time.After(300 * time.Millisecond):
+		}
+	}
+
+	dialOne()
+	a1 := take(accept(), "the 1st")
+	dialOne()
+	a2 := take(accept(), "the 2nd")
+	dialOne()
+	pending := accept()
+	waits(pending, "the 3rd, 2 open")
+	if v := open(); v != 2 {
+		t.Fatalf("connections_open %v with 2 open", v)
+	}
+	a1.Close()
+	a1.Close() //nolint:errcheck // the second Close: must free nothing more
+	a3 := take(pending, "the 3rd, one closed")
+	dialOne()
+	pending = accept()
+	waits(pending, "the 4th, after one connection closed twice")
+	if v := open(); v != 2 {
+		t.Fatalf("connections_open %v with 2 open (one closed twice)", v)
+	}
+	a2.Close()
+	a4 := take(pending, "the 4th, a second one closed")
+	dialOne()
+	pending = accept()
+	waits(pending, "the 5th, 2 open")
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-pending:
+		if a.err == nil {
+			t.Fatal("an Accept waiting at the cap returned a connection after the listener closed")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("closing the listener did not end an Accept waiting at the cap")
+	}
+	a3.Close()
+	a4.Close()
+	a4.Close() //nolint:errcheck
+	if v := open(); v != 0 {
+		t.Fatalf("connections_open %v with none open", v)
+	}
+}
+
+// kvxd accepted every connection, each kept until --handshake-timeout or
+// --conn-idle closed it: a client opening thousands ran it out of file
+// descriptors and memory. With --max-conns 3 and three connections held
+// open (HTTP/2 preface done), a fourth client is not accepted (it waits in
+// the kernel's queue: its HasBlocks is not answered within 1 s), and is
+// served once one of the three closes; kvx_transfer_connections_open
+// counts 3 throughout; 0, -1 and 2^20+1 are usage errors.
+func TestKvxdMaxConns(t *testing.T) {
+	b, bdir := createStore(t, testGeom, 0)
+	b.Close()
+	for _, v := range []string{"0", "-1", "1048577"} {
+		if _, errOut, code := runKvxd(t, "serve", "--store", bdir, "--max-conns", v); code != 2 ||
+			!strings.Contains(errOut, "--max-conns") {
+			t.Fatalf("--max-conns %s: exit %d (%s)", v, code, errOut)
+		}
+	}
+	p := startKvxd(t, bdir, "--max-conns", "3", "--metrics", "127.0.0.1:0")
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	gauge := func() string {
+		t.Helper()
+		resp, err := hc.Get("http://" + p.metrics + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, line := range strings.Split(string(body), "\n") {
+			if v := strings.TrimPrefix(line, "kvx_transfer_connections_open "); v != line {
+				return v
+			}
+		}
+		t.Fatalf("no kvx_transfer_connections_open in the metrics:\n%s", body)
+		return ""
+	}
+	held := make([]*rawH2, 3)
+	for i := range held {
+		held[i] = dialRawH2(t, p.addr)
+		select {
+		case <-held[i].settings:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("held connection %d: no SETTINGS from kvxd under --max-conns 3", i)
+		}
+	}
+	if g := gauge(); g != "3" {
+		t.Fatalf("kvx_transfer_connections_open %s with 3 held", g)
+	}
+	kc := tlkvpb.NewKvTransferClient(dial(t, p.addr))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_, err := kc.HasBlocks(ctx, &tlkvpb.HasBlocksRequest{BlockTokens: B})
+	cancel()
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("a 4th connection's HasBlocks with 3 held under --max-conns 3: %v (want DEADLINE_EXCEEDED: not accepted)", err)
+	}
+	held[0].conn.Close()
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := kc.HasBlocks(ctx, &tlkvpb.HasBlocksRequest{BlockTokens: B}, grpc.WaitForReady(true)); err != nil {
+		t.Fatalf("the 4th connection's HasBlocks once one of the 3 closed: %v", err)
+	}
+	if g := gauge(); g != "3" {
+		t.Fatalf("kvx_transfer_connections_open %s with 2 held and the 4th served", g)
 	}
 }

@@ -18,6 +18,7 @@ type Metrics struct {
 	tailTokens       prometheus.Counter
 	streamsActive    prometheus.Gauge
 	leasesActive     prometheus.Gauge
+	connsOpen        prometheus.Gauge
 }
 
 // NewMetrics registers the collectors on reg:
@@ -30,6 +31,7 @@ type Metrics struct {
 //	kvx_transfer_tail_tokens_total         tail tokens of acknowledged pushes
 //	kvx_transfer_streams_active            PushKv streams in flight
 //	kvx_transfer_leases_active             leases not yet released
+//	kvx_transfer_connections_open          connections open (LimitListener)
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	c := func(name, help string) prometheus.Counter {
 		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvx", Subsystem: "transfer", Name: name, Help: help})
@@ -47,9 +49,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		tailTokens:       c("tail_tokens_total", "Partial-tail tokens of acknowledged pushes."),
 		streamsActive:    g("streams_active", "PushKv streams in flight."),
 		leasesActive:     g("leases_active", "HasBlocks leases not yet released."),
+		connsOpen:        g("connections_open", "Connections accepted and not yet closed (LimitListener, --max-conns)."),
 	}
 	for _, col := range []prometheus.Collector{m.calls, m.pushes, m.blocksStored, m.blocksReferenced,
-		m.bytesReceived, m.tailTokens, m.streamsActive, m.leasesActive} {
+		m.bytesReceived, m.tailTokens, m.streamsActive, m.leasesActive, m.connsOpen} {
 		if err := reg.Register(col); err != nil {
 			return nil, err
 		}
@@ -93,5 +96,11 @@ func (m *Metrics) stream(d int) {
 func (m *Metrics) leases(n int) {
 	if m != nil {
 		m.leasesActive.Set(float64(n))
+	}
+}
+
+func (m *Metrics) conns(d int) {
+	if m != nil {
+		m.connsOpen.Add(float64(d))
 	}
 }

@@ -44,7 +44,7 @@ commands:
         [--insecure] [--lease-ttl D] [--max-streams N] [--max-stream-bytes N]
         [--stream-idle D] [--max-leases N] [--max-has-blocks N]
         [--max-header-list-bytes N] [--max-conn-streams N] [--conn-idle D]
-        [--handshake-timeout D] [--metrics ADDR] [--drain D]
+        [--handshake-timeout D] [--max-conns N] [--metrics ADDR] [--drain D]
       Receive pushes into the store DIR (created with kvx store create),
       holding its writer lock; kvx store prefix/get/stat/verify work beside
       it. --listen defaults to 127.0.0.1:7450; a non-loopback address needs
@@ -63,11 +63,14 @@ commands:
       runs; --max-conn-streams (--max-streams + --max-has-blocks + 8):
       calls open at once on it; --conn-idle (60s): closed after D with no
       call open; --handshake-timeout (10s): its TLS handshake and HTTP/2
-      preface must be done within D. --metrics ADDR serves Prometheus
-      metrics on http://ADDR/metrics (a bare :PORT binds 127.0.0.1; a
-      request's headers must arrive within --handshake-timeout, its answer
-      be read within 30s, and an idle connection is closed after
-      --conn-idle).
+      preface must be done within D. --max-conns (256, at most 1048576):
+      connections open at once; past it kvxd accepts the next only as one
+      closes (the others wait in the kernel's queue). --metrics ADDR serves
+      Prometheus metrics on http://ADDR/metrics (a bare :PORT binds
+      127.0.0.1; a request's headers must arrive within
+      --handshake-timeout, its answer be read within 30s, an idle
+      connection is closed after --conn-idle, and --max-conns caps its
+      connections apart).
       SIGTERM or SIGINT: stop accepting, let streams in flight finish for
       --drain (10s), abort the rest (nothing of them is published), flush,
       exit 0. Prints "kvxd: listening on ADDR" once it serves.
@@ -163,6 +166,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	maxConnStreams := fs.Uint("max-conn-streams", 0, "")
 	connIdle := fs.Duration("conn-idle", transfer.DefaultConnIdle, "")
 	handshake := fs.Duration("handshake-timeout", transfer.DefaultHandshakeTimeout, "")
+	maxConns := fs.Int("max-conns", transfer.DefaultMaxConns, "")
 	metricsAddr := fs.String("metrics", "", "")
 	drain := fs.Duration("drain", 10*time.Second, "")
 	if rc, ok := parse(fs, args, stdout, stderr); !ok {
@@ -186,6 +190,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	}
 	if *maxHeader < 1024 || *maxHeader > 1<<24 || *maxConnStreams > 1<<20 || *connIdle <= 0 || *handshake <= 0 {
 		return fail(2, "--max-header-list-bytes must be 1024..16777216, --max-conn-streams at most 1048576 (0: the default), --conn-idle and --handshake-timeout positive")
+	}
+	if *maxConns <= 0 || *maxConns > 1<<20 {
+		return fail(2, "--max-conns must be 1..1048576")
 	}
 	if !isLoopback(*listen) && *cert == "" && !*insecure {
 		return fail(2, "%s is not a loopback address: give --tls-cert and --tls-key (and --client-ca for mTLS), or --insecure", *listen)
@@ -233,6 +240,10 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return fail(1, "%v", err)
 	}
+	// past --max-conns, Accept waits for a connection to close: a client
+	// opening connections by the thousand cannot run kvxd out of file
+	// descriptors and memory
+	lis = transfer.LimitListener(lis, *maxConns, m)
 	if *metricsAddr != "" {
 		ma := *metricsAddr
 		if strings.HasPrefix(ma, ":") {
@@ -242,6 +253,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		if err != nil {
 			return fail(1, "metrics: %v", err)
 		}
+		ml = transfer.LimitListener(ml, *maxConns, nil) // its own --max-conns, not in the gauge
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		// bounded like the gRPC connections: a client that never finishes
