@@ -77,19 +77,24 @@ static int st_lin_gather(kvx_store *s, kvx_shard **sh, st_lin **out, size_t *out
     return rc;
 }
 
-/* The parent of e: 1 and its digest when every entry with hash ==
- * e->parent that has a digest agrees (one candidate block), 0 when none is
- * known yet, -1 when candidates disagree or some are undecidable. */
-static int st_parent_digest(const st_lin *all, size_t n, uint64_t parent, const uint8_t **out)
+/* The parent digest of child c: 1 and the digest when every entry with
+ * hash == c->parent that has a digest agrees and one of them sits in c's
+ * own shard before it (the same put wrote both: the parent is known, not
+ * inferred from a 64-bit hash, which a crafted FNV collision matches when
+ * the true parent is gone and another prompt's block is held); 0 when a
+ * candidate is not known yet; -1 otherwise (c stays unverified: a miss,
+ * never a wrong block). */
+static int st_parent_digest(const st_lin *all, size_t n, const st_lin *c, const uint8_t **out)
 {
-    st_lin key = {.hash = parent};
+    st_lin key = {.hash = c->parent};
     const st_lin *p = bsearch(&key, all, n, sizeof *all, st_cmp_lin);
     if (!p) return -1; /* no parent held: the chain has no block-0 root here */
-    while (p > all && p[-1].hash == parent) p--;
+    while (p > all && p[-1].hash == c->parent) p--;
     const uint8_t *d = NULL;
-    int unknown = 0;
-    for (; p < all + n && p->hash == parent; p++) {
+    int unknown = 0, same_put = 0;
+    for (; p < all + n && p->hash == c->parent; p++) {
         if (p->state == 2) return -1;
+        same_put |= p->b == c->b && p->idx < c->idx;
         if (p->state == 0) {
             unknown = 1;
             continue;
@@ -97,6 +102,7 @@ static int st_parent_digest(const st_lin *all, size_t n, uint64_t parent, const 
         if (d && memcmp(d, p->digest, KVX_DIGEST_BYTES) != 0) return -1; /* two candidate parents */
         d = p->digest;
     }
+    if (!same_put) return -1;
     if (unknown) return 0;
     *out = d;
     return d ? 1 : -1;
@@ -105,7 +111,7 @@ static int st_parent_digest(const st_lin *all, size_t n, uint64_t parent, const 
 /* Shards written before the digest existed have lineage but no digest
  * table: their blocks are unverified. Walk lineage from blocks whose
  * parent is 0, derive each block's digest where it has exactly one
- * candidate parent, and rewrite those shards into digest shards (a sound
+ * candidate parent and that parent is in its shard before it, and rewrite those shards into digest shards (a sound
  * shard only: a damaged one stays as it is, unverified). */
 int kvx_st_derive_digests(kvx_store *s)
 {
@@ -136,7 +142,7 @@ int kvx_st_derive_digests(kvx_store *s)
             for (size_t i = 0; i < n; i++) {
                 if (all[i].state) continue;
                 const uint8_t *pd = NULL;
-                int r = st_parent_digest(all, n, all[i].parent, &pd);
+                int r = st_parent_digest(all, n, &all[i], &pd);
                 if (r == 0) continue;
                 if (r < 0) all[i].state = 2;
                 else {

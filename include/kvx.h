@@ -582,7 +582,10 @@ typedef struct kvx_store kvx_store;
                                    (KVX_EPAGECRC), not once per shard handle:
                                    see "Trust" at kvx_store_get */
 #define KVX_STORE_NOSYNC 0x8u   /* benchmarks and tests only: LMDB commits
-                                   without fsync (shards are still fsynced) */
+                                   without fsync (shards are still fsynced).
+                                   The process's handles of a store share
+                                   one LMDB environment: it syncs again once
+                                   a handle without the flag joins it */
 
 typedef struct kvx_store_options {
     uint32_t version; /* KVX_STORE_OPTIONS_VERSION */

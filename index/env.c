@@ -243,6 +243,7 @@ static int idx_open_new(kvx_index *ix, const char *path, int create, int nosync)
     /* DESIGN.md rule 4: the meta pages are checked before LMDB trusts them */
     if ((rc = kvx_idx_check_file(path, ix->store, create))) return rc;
     unsigned flags = MDB_NOTLS | (nosync ? MDB_NOSYNC : 0);
+    ix->nosync = nosync != 0;
     rc = idx_env_open(ix, path, flags);
     if ((rc == EACCES || rc == EROFS || rc == EPERM) && !create) {
         /* a reader without write permission (or on a read-only mount):
@@ -284,6 +285,18 @@ int kvx_idx_open(kvx_index **out, const char *path, int create, int nosync)
     int have_db = kvx_os.fstatat(AT_FDCWD, dbpath, &dbst, 0) == 0;
     pthread_mutex_lock(&registry_mu);
     kvx_index *ix = idx_registered(&st, have_db ? &dbst : NULL);
+    if (ix && !nosync && ix->nosync) {
+        /* an earlier handle asked for NOSYNC, this one did not: the shared
+         * environment syncs from now on, or this handle would acknowledge
+         * commits a power cut takes back */
+        int e = mdb_env_set_flags(ix->env, MDB_NOSYNC, 0);
+        if (e) {
+            ix->refs--;
+            pthread_mutex_unlock(&registry_mu);
+            return kvx_idx_errp(ix, e, "turn syncing back on");
+        }
+        ix->nosync = 0;
+    }
     if (ix) {
         pthread_mutex_unlock(&registry_mu);
         *out = ix;

@@ -134,6 +134,7 @@ typedef struct kvx_index {
     MDB_dbi meta, shards, coord, hash, usage;
     int rdonly_env; /* opened MDB_RDONLY (directory not writable) */
     int nolock;     /* ... and MDB_NOLOCK (lock.mdb cannot be opened) */
+    int nosync;     /* MDB_NOSYNC now: every handle of it asked for it */
     int guard_slot; /* the LMDB map's catalog slot (sigbus.h), -1: none */
     char *path;     /* the index directory */
     char *store;    /* the store directory (its parent), for messages */
@@ -175,7 +176,10 @@ int kvx_idx_damaged(const kvx_index *ix, const char *fmt, ...) KVX_PRINTF(2, 3);
 int kvx_idx_check_file(const char *path, const char *store_dir, int create);
 
 /* Opens (or joins) the environment in directory path; create makes the
- * databases. nosync: MDB_NOSYNC (benchmarks only). A new environment of
+ * databases. nosync: MDB_NOSYNC (benchmarks only); one environment is
+ * shared by the process's handles of a store, and syncs from the moment
+ * one handle did not ask for nosync (its commits are durable when it
+ * acknowledges them), for as long as it lives. A new environment of
  * this process is checked first (1. to 3. above): KVX_ECORRUPT naming
  * reindex when damaged, KVX_EBUSY when a writer kept committing through
  * the walk. */

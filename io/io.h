@@ -116,7 +116,8 @@ void kvx_ioq_destroy(kvx_ioq *q);
 int kvx_ioq_mode(const kvx_ioq *q);
 /* Our own descriptor for the file behind fd (cached by device and inode). */
 int kvx_ioq_file(kvx_io_file **out, kvx_ioq *q, int fd);
-/* Done with a batch: files with no users may be closed (LRU beyond a cap). */
+/* Done with a batch: files with no users may be closed (LRU beyond a cap;
+ * files deleted since, every FILE_CACHE_KEEP lookups). */
 void kvx_ioq_files_trim(kvx_ioq *q);
 /* Queues a run (state RUN_QUEUED); it is started as the depth allows. */
 void kvx_ioq_push(kvx_ioq *q, kvx_io_run *r);

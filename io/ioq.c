@@ -55,6 +55,7 @@ struct kvx_ioq {
     kvx_io_file **files;
     size_t n_files, cap_files;
     uint64_t clock;
+    uint64_t swept_at; /* clock at the last look for deleted files */
     int files_registered;
     unsigned char reg_used[FILE_REG_SLOTS];
     int used_direct;
@@ -443,6 +444,21 @@ int kvx_ioq_file(kvx_io_file **out, kvx_ioq *q, int fd)
 void kvx_ioq_files_trim(kvx_ioq *q)
 {
     for (size_t i = 0; i < q->n_files; i++) q->files[i]->users = 0;
+    /* A shard deleted since (eviction, gc) keeps its disk space while we
+     * hold it open: let it go. One fstat per cached file every
+     * FILE_CACHE_KEEP lookups, at most one per lookup on average. */
+    if (q->clock - q->swept_at >= FILE_CACHE_KEEP) {
+        q->swept_at = q->clock;
+        for (size_t i = 0; i < q->n_files;) {
+            struct stat st;
+            if (kvx_os.fstat(q->files[i]->bfd, &st) == 0 && st.st_nlink == 0) {
+                file_close(q, q->files[i]);
+                q->files[i] = q->files[--q->n_files];
+            } else {
+                i++;
+            }
+        }
+    }
     while (q->n_files > FILE_CACHE_KEEP) {
         size_t lru = 0;
         for (size_t i = 1; i < q->n_files; i++)

@@ -1,0 +1,416 @@
+/*
+ * test_attack16.c - four findings of the hostile reviews of 2026-12-01
+ * (engine M4, L1 and H1 (d), read-path #5), each a test that failed on the code
+ * before its fix:
+ *  - test_legacy_child_of_collided_parent: reindex derived a digest for a
+ *    block written before digests from ANY held block whose hash is its
+ *    parent hash. With the true parent gone and another prompt's block
+ *    held under the same chained FNV hash (a crafted collision), the
+ *    child was verified under that other prompt and served as its KV. A
+ *    digest is derived now only from a parent in the child's own shard,
+ *    before it (the same put wrote both); the rest stay unverified;
+ *  - test_nosync_handle_does_not_unsync_writer: one LMDB environment is
+ *    shared by the process's handles of a store; the first opener's
+ *    KVX_STORE_NOSYNC applied to every later handle, so a writer opened
+ *    after a READONLY|NOSYNC reader acknowledged commits never synced;
+ *  - test_keyed_newest_copy_served: a key with two copies (a dropped
+ *    shard back from a backup, or from a drop a crash cut before its
+ *    unlink was durable, adopted) was served the copy first in coordinate
+ *    byte order, its deleted older page as often as not; the newest
+ *    generation answers now (review H1 (d));
+ *  - test_fetch_lets_go_of_deleted_shards: a long-lived kvx_fetch kept up
+ *    to 64 shard files open after they were deleted (their disk space
+ *    held until the handle was destroyed); they are closed at a release.
+ *
+ * White-box: the index's environment (index/index.h) for the flag.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <dirent.h>
+#include <inttypes.h>
+#include <lmdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "io_fixture.h"
+#include "store_util.h"
+#include "index/index.h"
+
+enum { PB = 64 }; /* su_geometry's page of SU_B tokens */
+
+static int dir_n;
+
+static int group_setup(void **state)
+{
+    unsetenv("KVX_IO_FORCE_NO_URING");
+    if (io_mkdtemp("test_attack16")) return -1;
+    return su_setup(state);
+}
+
+static int group_teardown(void **state)
+{
+    io_rm_rf(io_tmpdir);
+    return su_teardown(state);
+}
+
+static kvx_store *new_store(char *dir, size_t cap)
+{
+    snprintf(dir, cap, "%s/s%d", su_root, dir_n++);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = 16 << 20;
+    o.shard_bytes = 256 << 10;
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    return s;
+}
+
+/* A shard as a store before the digest wrote it (hashes and lineage, no
+ * digest table): nb blocks of tokens t chained from parent0. */
+static void write_old_shard(const char *dir, uint64_t gen, uint8_t byte, const uint32_t *t, size_t nb,
+                            const uint8_t *pages, uint64_t parent0)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/shards/%016" PRIx64 ".kvx", dir, gen);
+    kvx_shard_writer_options o = KVX_SHARD_WRITER_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.shard_id = byte;
+    o.max_entries = 16;
+    o.flags = KVX_FLAG_HASHES | KVX_FLAG_LINEAGE;
+    kvx_shard_writer *w;
+    assert_int_equal(kvx_shard_writer_create(&w, path, &o), 0);
+    uint64_t parent = parent0;
+    for (size_t i = 0; i < nb; i++) {
+        kvx_entry_in e;
+        memset(&e, 0, sizeof e);
+        e.radix_block = (uint16_t)i;
+        e.token_count = SU_B;
+        e.page = pages + i * PB;
+        e.tokens = t + i * SU_B;
+        e.parent = parent;
+        e.hash = kvx_block_hash(parent, e.tokens, SU_B);
+        parent = e.hash;
+        assert_int_equal(kvx_shard_writer_add(w, &e), 0);
+    }
+    assert_int_equal(kvx_shard_writer_seal(w), 0);
+}
+
+/* Leading blocks served for t (nb blocks), each checked against pages. */
+static size_t served_exact(kvx_store *s, const uint32_t *t, size_t nb, const uint8_t *pages)
+{
+    kvx_view v[8];
+    size_t n = 0;
+    assert_true(nb <= 8);
+    assert_int_equal(kvx_store_prefix(v, &n, s, t, nb * SU_B, nb), 0);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(v[i].page_bytes, PB);
+        assert_memory_equal(v[i].page, pages + i * PB, PB);
+    }
+    kvx_views_release(v, n);
+    return n;
+}
+
+/* M4. An old store held prompt P1 = a || c: block C (tokens c) with
+ * parent hash H(a). P1's first block is gone (evicted, lost); prompt
+ * P2 = b is held, put with its tokens (verified), and H(b) == H(a): what
+ * a crafted FNV-1a collision gives (collide.h finds one in seconds; here
+ * the legacy shard simply records the parent hash H(b), which is all the
+ * store can see of such a collision). Reindex had one candidate parent
+ * for C, P2's block, derived C's digest from it and served C's KV
+ * (computed under a) as the continuation of b. A block of the same
+ * legacy shard whose parent precedes it is still derived and served. */
+static void test_legacy_child_of_collided_parent(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = new_store(dir, sizeof dir);
+    enum { NC = 3 };
+    uint32_t b[SU_B], c[SU_B], x[NC * SU_B], bc[2 * SU_B];
+    uint64_t hb[1], hx[NC], hbc[2];
+    su_tokens(b, 501, 1, 0);
+    su_tokens(c, 502, 1, 0);
+    su_tokens(x, 503, NC, 0);
+    uint8_t *pb = su_pages(b, 1, hb, PB), *px = su_pages(x, NC, hx, PB);
+    assert_int_equal(kvx_store_put(s, b, SU_B, pb, 1, NULL, NULL), 0);
+    assert_int_equal(kvx_store_flush(s), 0);
+    kvx_store_close(s);
+    /* C's KV: bytes of another prompt (a || c), not of b || c */
+    uint8_t pc[PB];
+    su_page(pc, PB, 0xa11ce);
+    write_old_shard(dir, 100, 200, c, 1, pc, hb[0]);
+    write_old_shard(dir, 101, 201, x, NC, px, 0); /* a legacy prompt, whole in its shard */
+
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_int_equal(st.unverified, 1 + NC);
+    assert_int_equal(kvx_store_reindex(s), 0);
+    memcpy(bc, b, sizeof b);
+    memcpy(bc + SU_B, c, sizeof c);
+    kvx_block_hashes(hbc, bc, 2 * SU_B, SU_B);
+    kvx_view v[2];
+    size_t n = 0;
+    assert_int_equal(kvx_store_prefix(v, &n, s, bc, 2 * SU_B, 2), 0);
+    if (n == 2 && memcmp(v[1].page, pc, PB) == 0)
+        fail_msg("DEFECT rule 1: reindex verified a legacy block under another prompt's colliding parent; "
+                 "b || c was served a || c's KV");
+    assert_int_equal(n, 1);
+    assert_memory_equal(v[0].page, pb, PB);
+    kvx_views_release(v, n);
+    kvx_view one;
+    assert_int_equal(kvx_store_get_hash(&one, s, hbc[1]), KVX_EUNVERIFIED);
+    /* the whole legacy prompt is derived from its block 0 and served */
+    assert_int_equal(served_exact(s, x, NC, px), NC);
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_int_equal(st.unverified, 1);
+    kvx_store_close(s);
+    /* and after a reopen, nothing changed its mind */
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+    assert_int_equal(kvx_store_prefix(v, &n, s, bc, 2 * SU_B, 2), 0);
+    assert_int_equal(n, 1);
+    kvx_views_release(v, n);
+    kvx_store_close(s);
+    free(pb);
+    free(px);
+}
+
+static int env_nosync(kvx_index *ix)
+{
+    unsigned fl = 0;
+    assert_int_equal(mdb_env_get_flags(ix->env, &fl), 0);
+    return (fl & MDB_NOSYNC) != 0;
+}
+
+/* L1. The environment is the process's, keyed by the index directory: a
+ * READONLY|NOSYNC handle opened first made the writer opened after it
+ * commit without syncing, and acknowledge those commits. */
+static void test_nosync_handle_does_not_unsync_writer(void **state)
+{
+    (void)state;
+    char dir[300], index[400];
+    kvx_store *s = new_store(dir, sizeof dir);
+    kvx_store_close(s);
+    snprintf(index, sizeof index, "%s/index", dir);
+
+    /* the environment, as the store's handles share it */
+    kvx_index *fast = NULL, *durable = NULL;
+    assert_int_equal(kvx_idx_open(&fast, index, 0, 1), 0);
+    assert_true(env_nosync(fast));
+    assert_int_equal(kvx_idx_open(&durable, index, 0, 0), 0);
+    assert_ptr_equal(fast, durable); /* one environment */
+    if (env_nosync(durable)) fail_msg("DEFECT: a handle without NOSYNC joined a NOSYNC environment and stays unsynced");
+    kvx_index *fast2 = NULL;
+    assert_int_equal(kvx_idx_open(&fast2, index, 0, 1), 0);
+    assert_false(env_nosync(fast2)); /* a later NOSYNC handle does not undo it */
+    kvx_idx_close(fast2);
+    kvx_idx_close(durable);
+    kvx_idx_close(fast);
+
+    /* through the API: a READONLY|NOSYNC reader, then the writer, which
+     * flushes and reopens what it acknowledged */
+    kvx_store *reader = NULL, *writer = NULL;
+    assert_int_equal(kvx_store_open(&reader, dir, NULL, KVX_STORE_READONLY | KVX_STORE_NOSYNC), 0);
+    assert_int_equal(kvx_store_open(&writer, dir, NULL, 0), 0);
+    assert_int_equal(kvx_idx_open(&durable, index, 0, 0), 0);
+    assert_false(env_nosync(durable));
+    kvx_idx_close(durable);
+    assert_int_equal(su_put_seq(writer, 77, 3), 0);
+    assert_int_equal(kvx_store_flush(writer), 0);
+    assert_int_equal(su_served_prefix(reader, 77, 3), 3);
+    kvx_store_close(writer);
+    kvx_store_close(reader);
+}
+
+/* The page of key k at version ver: a function of both. */
+static void key_page(uint8_t *p, size_t n, const char *k, uint64_t ver)
+{
+    su_page(p, n, kvx_key_hash(k, strlen(k)) ^ (ver * 0x9E3779B97F4A7C15ull));
+}
+
+static void keyed_put(kvx_store *s, const char *k, uint64_t ver)
+{
+    uint8_t p[PB];
+    key_page(p, PB, k, ver);
+    kvx_key key = {k, strlen(k)};
+    const void *pages[1] = {p};
+    size_t lens[1] = {PB};
+    assert_int_equal(kvx_store_keyed_put(s, NULL, &key, pages, lens, 1, NULL), 0);
+}
+
+/* The version of k's page served (0: another page; -1: not served). */
+static int keyed_version(kvx_store *s, const char *k, uint64_t max_ver)
+{
+    kvx_key key = {k, strlen(k)};
+    kvx_view v;
+    int st = 0;
+    if (kvx_store_keyed_get(&v, &st, s, &key, 1) || st) return -1;
+    int ver = 0;
+    for (uint64_t i = 1; i <= max_ver && !ver; i++) {
+        uint8_t want[PB];
+        key_page(want, PB, k, i);
+        if (v.page_bytes == PB && memcmp(v.page, want, PB) == 0) ver = (int)i;
+    }
+    kvx_view_release(&v);
+    return ver;
+}
+
+/* H1 (d). A keyed store's shard O holds K = v1; K is deleted and put
+ * again as v2 (shard P); gc drops O (no key of it is live). O comes back
+ * (a backup restored, or a drop whose unlink a crash undid before it was
+ * durable) and the next writer adopts it: K has two copies. The get
+ * served the first in coordinate byte order, O's (shard byte 0): the
+ * deleted v1. The newest generation answers now. */
+static void test_keyed_newest_copy_served(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/s%d", su_root, dir_n++);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.page_bytes = PB;
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    keyed_put(s, "K", 1);
+    assert_int_equal(kvx_store_flush(s), 0);
+    char names[8][64];
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
+    char old[600], aside[600];
+    snprintf(old, sizeof old, "%s/shards/%s", dir, names[0]);
+    snprintf(aside, sizeof aside, "%s/aside.kvx", su_root);
+    assert_int_equal(link(old, aside), 0);
+    kvx_key k = {"K", 1};
+    size_t n = 0;
+    assert_int_equal(kvx_store_keyed_delete(s, &k, 1, &n), 0);
+    assert_int_equal(n, 1);
+    keyed_put(s, "K", 2);
+    assert_int_equal(kvx_store_flush(s), 0);
+    assert_int_equal(kvx_store_gc(s), 0);
+    assert_int_equal(keyed_version(s, "K", 2), 2);
+    kvx_store_close(s);
+    assert_true(access(old, F_OK) != 0); /* gc dropped O */
+    assert_int_equal(rename(aside, old), 0);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_int_equal(st.shards, 2); /* O adopted beside P */
+    int ver = keyed_version(s, "K", 2);
+    if (ver == 1) fail_msg("DEFECT rule 1: a key with two copies was served its deleted, older page");
+    assert_int_equal(ver, 2);
+    kvx_store_close(s);
+    /* a reader agrees */
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+    assert_int_equal(keyed_version(s, "K", 2), 2);
+    kvx_store_close(s);
+    /* the newest copy's page damaged: an error naming it, not v1 */
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 2);
+    char newer[600];
+    snprintf(newer, sizeof newer, "%s/shards/%s", dir, strcmp(names[0], strrchr(old, '/') + 1) ? names[0] : names[1]);
+    assert_int_equal(su_flip_page_byte(newer, 0), 0);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+    kvx_view v;
+    int status = 0;
+    assert_int_equal(kvx_store_keyed_get(&v, &status, s, &k, 1), 0);
+    assert_int_equal(status, KVX_EPAGECRC); /* the batch call keeps no message of a key's status */
+    kvx_store_close(s);
+}
+
+/* Open descriptors of this process naming a deleted file under dir. */
+static int deleted_fds_under(const char *dir)
+{
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char p[300], link[1024];
+        snprintf(p, sizeof p, "/proc/self/fd/%s", e->d_name);
+        ssize_t len = readlink(p, link, sizeof link - 1);
+        if (len <= 0) continue;
+        link[len] = 0;
+        n += strncmp(link, dir, strlen(dir)) == 0 && strstr(link, " (deleted)") != NULL;
+    }
+    closedir(d);
+    return n;
+}
+
+/* One request of shard sh (entry 0) through f, checked, released. */
+static void fetch_one(kvx_fetch *f, kvx_shard *sh)
+{
+    const kvx_fetch_req r = {sh, 0};
+    kvx_fetch_result res;
+    assert_int_equal(kvx_fetch_submit(f, &r, 1), 0);
+    assert_int_equal(kvx_fetch_wait(f, &res, 1, 10000), 0);
+    assert_int_equal(res.status, 0);
+    assert_true(io_page_ok(res.page, kvx_shard_get_info(sh)->shard_id, 0, res.bytes));
+    kvx_fetch_release(f);
+}
+
+/* #5. Eviction and gc delete shard files; a reader's kvx_fetch kept its
+ * own descriptors of them (one, two with O_DIRECT) in its file cache,
+ * which is trimmed only beyond 64 files: the disk space of up to 64
+ * deleted shards stayed held for the life of the handle. */
+static void test_fetch_lets_go_of_deleted_shards(void **state)
+{
+    (void)state;
+    enum { GONE = 4 };
+    char paths[GONE + 1][512];
+    kvx_shard *sh[GONE + 1];
+    for (int i = 0; i <= GONE; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "del%d.kvx", i);
+        assert_int_equal(io_make_shard(paths[i], sizeof paths[i], io_tmpdir, name, (uint8_t)(i + 1), 3, 0), 0);
+        assert_int_equal(kvx_shard_open(&sh[i], paths[i], 0), 0);
+    }
+    kvx_pool_options po = KVX_POOL_OPTIONS_INIT;
+    po.bytes = 4u << 20;
+    kvx_pool *p = NULL;
+    int rc = kvx_pool_create(&p, &po);
+    if (rc == KVX_EMEMLOCK) {
+        po.flags = KVX_POOL_NO_MLOCK | KVX_POOL_NO_REGISTER;
+        rc = kvx_pool_create(&p, &po);
+    }
+    assert_int_equal(rc, 0);
+    const int modes[] = {KVX_IO_AUTO, KVX_IO_PREAD};
+    for (size_t m = 0; m < 2; m++) {
+        kvx_fetch_options o = KVX_FETCH_OPTIONS_INIT;
+        o.io_mode = modes[m];
+        kvx_fetch *f = NULL;
+        assert_int_equal(kvx_fetch_create(&f, p, &o), 0);
+        for (int i = 0; i <= GONE; i++) fetch_one(f, sh[i]);
+        assert_int_equal(deleted_fds_under(io_tmpdir), 0);
+        /* deleted as eviction does: the name goes, the reader's shard closes */
+        for (int i = 0; i < GONE; i++) {
+            kvx_shard_close(sh[i]);
+            sh[i] = NULL;
+            assert_int_equal(unlink(paths[i]), 0);
+        }
+        /* the reader goes on with the live shard */
+        for (int k = 0; k < 80; k++) fetch_one(f, sh[GONE]);
+        int held = deleted_fds_under(io_tmpdir);
+        if (held) fail_msg("DEFECT: a live kvx_fetch still holds %d descriptors of deleted shards", held);
+        kvx_fetch_destroy(f);
+        for (int i = 0; i < GONE; i++) { /* their successors, for the next mode */
+            char name[32];
+            snprintf(name, sizeof name, "del%d.kvx", i);
+            assert_int_equal(io_make_shard(paths[i], sizeof paths[i], io_tmpdir, name, (uint8_t)(i + 1), 3, 0), 0);
+            assert_int_equal(kvx_shard_open(&sh[i], paths[i], 0), 0);
+        }
+    }
+    for (int i = 0; i <= GONE; i++) kvx_shard_close(sh[i]);
+    kvx_pool_destroy(p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_legacy_child_of_collided_parent),
+        cmocka_unit_test(test_nosync_handle_does_not_unsync_writer),
+        cmocka_unit_test(test_keyed_newest_copy_served),
+        cmocka_unit_test(test_fetch_lets_go_of_deleted_shards),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
