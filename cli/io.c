@@ -16,9 +16,10 @@
  * which is fsynced, linked as ".kvx-tmp.<pid>.<16 hex digits of the
  * name's hash>" and renamed over the target at once, so a killed command
  * leaves nothing (a named temporary only where O_TMPFILE is missing; any
- * such file whose pid is dead is removed by the next command writing into
- * that directory). The temporary's name has a fixed length whatever the
- * target's, so any name the file system takes can be written (one of 250
+ * such file whose pid is dead and which is 10 minutes old is removed by
+ * the next command writing into that directory). The temporary's name
+ * has a fixed length whatever the target's, so any name the file system
+ * takes can be written (one of 250
  * bytes plus a suffix could not). A FIFO or a character device is written
  * into directly, never renamed over (a FIFO without a reader is refused
  * at once); a symlink, a directory, a block device or a socket is refused
@@ -39,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------------ caps */
@@ -416,7 +418,10 @@ static int dot_hex16(const char *p)
  * ".kvx-tmp.<pid>.<hex>" (and ".<name>.kvx-tmp.<pid>", which kvx wrote
  * before its temporaries had a fixed length), and the shard writer's own
  * temporary of such a name (".<that>.tmp.<pid>.<hex>"), whose <pid> no
- * longer runs. */
+ * longer runs and which nobody has written for STALE_TMP_AGE_S: a kvx in
+ * another PID namespace (a sibling container on a shared volume) or on
+ * another host (NFS) is "no such process" here while it writes. */
+#define STALE_TMP_AGE_S 600
 static void clean_stale(int dirfd)
 {
     int dfd = dup(dirfd);
@@ -446,6 +451,7 @@ static void clean_stale(int dirfd)
         if (fstatat(dirfd, nm, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
             st.st_uid != me)
             continue;
+        if (pid != (long)getpid() && time(NULL) - st.st_mtime < STALE_TMP_AGE_S) continue;
         unlinkat(dirfd, nm, 0);
     }
     closedir(d);

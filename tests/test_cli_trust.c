@@ -299,6 +299,16 @@ static pid_t dead_pid(void)
     return p;
 }
 
+/* Sets path's access and modification times secs into the past. */
+static void age_file(const char *path, long secs)
+{
+    struct timespec t[2];
+    assert_int_equal(clock_gettime(CLOCK_REALTIME, &t[0]), 0);
+    t[0].tv_sec -= secs;
+    t[1] = t[0];
+    assert_int_equal(utimensat(AT_FDCWD, path, t, 0), 0);
+}
+
 static size_t count_substr(const char *s, const char *needle)
 {
     size_t n = 0;
@@ -922,7 +932,7 @@ static int run_and_kill(const char *const *args, const char *dir)
 static void test_kill9_leaves_no_temporary(void **state)
 {
     (void)state;
-    char kd[320], big[400], bigk[400], big2[400], small[400], stale[3][400];
+    char kd[320], big[400], bigk[400], big2[400], small[400], stale[4][400];
     path_in(kd, sizeof kd, "kill");
     assert_int_equal(mkdir(kd, 0700), 0);
     snprintf(big, sizeof big, "%s/big.env", tmpdir); /* outside kd */
@@ -952,19 +962,30 @@ static void test_kill9_leaves_no_temporary(void **state)
     caught = run_and_kill((const char *const[]){"convert", big, "-o", bigk, NULL}, kd);
     if (!caught) fprintf(stderr, "note: no kill landed during the shard write\n");
     assert_false(file_exists(bigk));
-    /* Planted leftovers: two of a dead process, one of a live one. */
+    /* Planted leftovers: two of a dead process, an hour old; one of a live
+     * one; one of a dead pid written a moment ago (a kvx in another PID
+     * namespace or on another host sharing the directory looks dead here
+     * while it writes). */
     pid_t dead = dead_pid();
     snprintf(stale[0], sizeof stale[0], "%s/.x.kvx.kvx-tmp.%ld", kd, (long)dead);
     snprintf(stale[1], sizeof stale[1], "%s/..x.kvx.kvx-tmp.%ld.tmp.%ld.00000000deadbeef", kd,
              (long)dead, (long)dead);
     snprintf(stale[2], sizeof stale[2], "%s/.y.env.kvx-tmp.%ld", kd, (long)getpid());
-    for (int i = 0; i < 3; i++) write_bytes(stale[i], "x", 1);
+    snprintf(stale[3], sizeof stale[3], "%s/.kvx-tmp.%ld.00000000c0ffee00", kd, (long)dead);
+    for (int i = 0; i < 4; i++) write_bytes(stale[i], "x", 1);
+    for (int i = 0; i < 2; i++) age_file(stale[i], 3600);
     r = CLI(NULL, "convert", envp, "-o", small);
     EXPECT_RC(r, 0);
     cli_run_free(&r);
     assert_false(file_exists(stale[0]));
     assert_false(file_exists(stale[1]));
     assert_true(file_exists(stale[2])); /* its process still runs */
+    assert_true(file_exists(stale[3])); /* written 10 minutes ago or less */
+    age_file(stale[3], 11 * 60);
+    r = CLI(NULL, "convert", envp, "-o", small);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    assert_false(file_exists(stale[3]));
     unlink(stale[2]);
     assert_int_equal(names_with(kd, "kvx-tmp"), 0);
     assert_int_equal(names_with(kd, ".tmp."), 0);
@@ -1525,7 +1546,10 @@ static void test_output_name_250_bytes(void **state)
     snprintf(stale[0], sizeof stale[0], "%s/.kvx-tmp.%ld.0123456789abcdef", ld, (long)dead);
     snprintf(stale[1], sizeof stale[1], "%s/..kvx-tmp.%ld.0123456789abcdef.tmp.%ld.00000000deadbeef",
              ld, (long)dead, (long)dead);
-    for (int i = 0; i < 2; i++) write_bytes(stale[i], "x", 1);
+    for (int i = 0; i < 2; i++) {
+        write_bytes(stale[i], "x", 1);
+        age_file(stale[i], 3600);
+    }
     r = CLI(NULL, "convert", envp, "-o", shardo);
     EXPECT_RC(r, 0);
     cli_run_free(&r);
