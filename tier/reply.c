@@ -99,5 +99,6 @@ static redisReplyObjectFunctions budgeted = {make_string, make_array, make_integ
 void kvx_tier_reply_budget_attach(redisContext *c, kvx_tier_reply_budget *b)
 {
     c->reader->fn = &budgeted;
-    redisReaderSetPrivdata(c->reader, b);
+    /* not redisReaderSetPrivdata: its (int) cast of a pointer warns (clang) */
+    c->reader->privdata = b;
 }
