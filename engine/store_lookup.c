@@ -131,6 +131,29 @@ static int st_loc_sig(kvx_store *s, const kvx_cat_loc *loc, uint32_t *bytes, uin
     return 0;
 }
 
+/* Is keyed entry e of generation gen superseded: another copy of its key
+ * in a newer generation, of another page? Such a copy is what its owner
+ * deleted and put again, back in an adopted shard; lookups answer the
+ * newer one, and a rewrite must not carry the old one into a new (newest)
+ * generation. 1 yes, 0 no, <0 a catalog error. */
+int kvx_st_keyed_superseded(kvx_store *s, kvx_cat_snap *snap, const kvx_entry *e, uint64_t gen)
+{
+    kvx_cat_loc loc;
+    int rc;
+    for (size_t i = 0; (rc = kvx_cat_loc_at(snap, e->hash, i, &loc)) == 0; i++) {
+        if (loc.gen <= gen) continue;
+        kvx_shard *sh = kvx_st_shard_get(s, KVX_COORD_SHARD(loc.coord), loc.gen);
+        if (!sh) continue;
+        kvx_entry o;
+        int newer = kvx_shard_entry(&o, sh, KVX_COORD_BLOCK(loc.coord)) == 0 && o.coordinate == loc.coord &&
+                    o.key && o.key_len == e->key_len && memcmp(o.key, e->key, e->key_len) == 0 &&
+                    (o.bytes != e->bytes || o.crc32 != e->crc32);
+        kvx_shard_close(sh);
+        if (newer) return 1;
+    }
+    return rc == KVX_ENOTFOUND ? 0 : rc;
+}
+
 /* A keyed page: every copy of the key is looked at and the newest
  * generation answers. Two copies exist once a dropped shard comes back (a
  * restored backup, a drop cut before its unlink was durable) and is

@@ -1,7 +1,7 @@
 /*
- * test_attack16.c - four findings of the hostile reviews of 2026-12-01
- * (engine M4, L1 and H1 (d), read-path #5), each a test that failed on the code
- * before its fix:
+ * test_attack16.c - findings of the hostile reviews of 2026-12-01 (engine
+ * M4, L1 and H1 (d), read-path #5) and of the fix of H1 (d), each a test
+ * that failed on the code before its fix:
  *  - test_legacy_child_of_collided_parent: reindex derived a digest for a
  *    block written before digests from ANY held block whose hash is its
  *    parent hash. With the true parent gone and another prompt's block
@@ -18,6 +18,9 @@
  *    unlink was durable, adopted) was served the copy first in coordinate
  *    byte order, its deleted older page as often as not; the newest
  *    generation answers now (review H1 (d));
+ *  - test_keyed_rewrite_skips_replaced_copy: a rewrite of such an adopted
+ *    shard (gc, half its pages deleted) carried the replaced copy into a
+ *    new shard, the newest generation, which then answered for the key;
  *  - test_fetch_lets_go_of_deleted_shards: a long-lived kvx_fetch kept up
  *    to 64 shard files open after they were deleted (their disk space
  *    held until the handle was destroyed); they are closed at a release.
@@ -35,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "io_fixture.h"
@@ -318,6 +322,66 @@ static void test_keyed_newest_copy_served(void **state)
     kvx_store_close(s);
 }
 
+static void keyed_del(kvx_store *s, const char *k)
+{
+    kvx_key key = {k, strlen(k)};
+    size_t n = 0;
+    assert_int_equal(kvx_store_keyed_delete(s, &key, 1, &n), 0);
+    assert_int_equal(n, 1);
+}
+
+/* A rewrite of an adopted old shard must not carry a replaced copy: O
+ * holds K = v1 and J; K is deleted and put again as v2 (P), J deleted, gc
+ * drops O. O comes back and is adopted (K twice, J again); the owner
+ * deletes J once more, so gc rewrites O (half its pages deleted) and
+ * copied K = v1 into a new shard, the newest generation: v1 answered. */
+static void test_keyed_rewrite_skips_replaced_copy(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/s%d", su_root, dir_n++);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.page_bytes = PB;
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    keyed_put(s, "K", 1);
+    keyed_put(s, "J", 1);
+    assert_int_equal(kvx_store_flush(s), 0);
+    char names[8][64];
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
+    char old[600], aside[600];
+    snprintf(old, sizeof old, "%s/shards/%s", dir, names[0]);
+    snprintf(aside, sizeof aside, "%s/aside16.kvx", su_root);
+    assert_int_equal(link(old, aside), 0);
+    keyed_del(s, "K");
+    keyed_put(s, "K", 2);
+    assert_int_equal(kvx_store_flush(s), 0);
+    keyed_del(s, "J");
+    assert_int_equal(kvx_store_gc(s), 0);
+    kvx_store_close(s);
+    assert_true(access(old, F_OK) != 0); /* gc dropped O */
+    assert_int_equal(rename(aside, old), 0);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    assert_int_equal(keyed_version(s, "K", 2), 2);
+    assert_int_equal(keyed_version(s, "J", 1), 1); /* adopted again */
+    keyed_del(s, "J");
+    assert_int_equal(kvx_store_gc(s), 0);
+    int ver = keyed_version(s, "K", 2);
+    if (ver == 1) fail_msg("DEFECT rule 1: gc carried a replaced copy of a key into the newest shard and served it");
+    assert_int_equal(ver, 2);
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_int_equal(st.shards, 1); /* O had nothing left to carry */
+    kvx_store_close(s);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    assert_int_equal(keyed_version(s, "K", 2), 2);
+    assert_int_equal(kvx_store_reindex(s), 0); /* one copy a key, the newest generation's */
+    if (keyed_version(s, "K", 2) == 1) fail_msg("DEFECT rule 1: the replaced copy, carried, is the newest after reindex");
+    assert_int_equal(keyed_version(s, "K", 2), 2);
+    assert_int_equal(keyed_version(s, "J", 1), -1);
+    kvx_store_close(s);
+}
+
 /* Open descriptors of this process naming a deleted file under dir. */
 static int deleted_fds_under(const char *dir)
 {
@@ -410,6 +474,7 @@ int main(void)
         cmocka_unit_test(test_legacy_child_of_collided_parent),
         cmocka_unit_test(test_nosync_handle_does_not_unsync_writer),
         cmocka_unit_test(test_keyed_newest_copy_served),
+        cmocka_unit_test(test_keyed_rewrite_skips_replaced_copy),
         cmocka_unit_test(test_fetch_lets_go_of_deleted_shards),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
