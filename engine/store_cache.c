@@ -72,7 +72,7 @@ kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
     int sr = kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW);
     if (sr == 0 && S_ISREG(st.st_mode)) {
         char *path = kvx_st_join(s->shards_path, name);
-        int rc = path ? kvx_shard_open(&sh, path, 0) : -ENOMEM;
+        int rc = path ? kvx_shard_open_at(&sh, s->shardsfd, name, path, 0) : -ENOMEM;
         free(path);
         if (rc == 0) {
             char why[300];
@@ -134,7 +134,7 @@ int kvx_st_shard_sound(kvx_store *s, uint32_t b, uint64_t gen, char *why, size_t
     kvx_st_shard_name(name, gen);
     snprintf(path, sizeof path, "%s/%s", s->shards_path, name);
     kvx_shard *sh = NULL;
-    int rc = kvx_shard_open(&sh, path, 0);
+    int rc = kvx_shard_open_at(&sh, s->shardsfd, name, path, 0);
     if (rc == -ENOENT) return 1; /* nothing left to delete */
     if (rc && st_open_transient(rc)) return -1;
     if (rc) {

@@ -231,7 +231,7 @@ KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(voi
         }
         char *path = kvx_st_join(s->shards_path, name);
         kvx_shard *sh = NULL;
-        int e = path ? kvx_shard_open(&sh, path, 0) : -ENOMEM;
+        int e = path ? kvx_shard_open_at(&sh, s->shardsfd, name, path, 0) : -ENOMEM;
         free(path);
         if (e) {
             st_vreport(&v, e, "shards/%s (shard %u): %s", name, b, kvx_last_error());

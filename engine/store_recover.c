@@ -121,7 +121,7 @@ static int st_judge(kvx_store *s, const char *name, kvx_shard **out, char *why, 
     if (snprintf(path, sizeof path, "%s/%s", s->shards_path, name) >= (int)sizeof path)
         return kvx_fail(-ENAMETOOLONG, "store: path too long");
     kvx_shard *sh = NULL;
-    int rc = kvx_shard_open(&sh, path, 0);
+    int rc = kvx_shard_open_at(&sh, s->shardsfd, name, path, 0);
     if (rc && st_open_transient(rc)) return rc;
     if (rc) {
         snprintf(why, cap, "cannot be validated: %s (%s)", kvx_last_error(), kvx_err_name(rc));
@@ -288,7 +288,7 @@ static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
     if (!path) return kvx_fail(-ENOMEM, "store: out of memory");
     snprintf(path, len, "%s/%s", s->shards_path, name);
     kvx_shard *sh = NULL;
-    int rc = kvx_shard_open(&sh, path, 0);
+    int rc = kvx_shard_open_at(&sh, s->shardsfd, name, path, 0);
     free(path);
     if (rc && st_open_transient(rc)) {
         /* not a verdict on the file: stop, leave the index as it was */

@@ -11,6 +11,11 @@
  * it (a per-page bit, set on the first pass): what every view of the store
  * goes through. KVX_EPAGECRC, or KVX_ETRUNC for a missing page. */
 int kvx_shard_page_checked(const void **out_page, const kvx_shard *s, uint32_t index);
+/* kvx_shard_open of name under directory dirfd, never through a symlink
+ * (KVX_EPATH: a symlink put where the store checked a file); path is the
+ * name messages and kvx_shard_path give. dirfd AT_FDCWD: path, as
+ * kvx_shard_open. */
+int kvx_shard_open_at(kvx_shard **out, int dirfd, const char *name, const char *path, unsigned flags);
 /* Entries whose page lies (partly) past the end of the file. */
 uint32_t kvx_shard_missing(const kvx_shard *s);
 

@@ -445,7 +445,12 @@ static int open_validated(kvx_shard *s, uint64_t file_size)
 
 int kvx_shard_open(kvx_shard **out, const char *path, unsigned flags)
 {
-    if (!out || !path) return kvx_fail(KVX_EINVALID, "kvx_shard_open: out and path must not be NULL");
+    return kvx_shard_open_at(out, AT_FDCWD, path, path, flags);
+}
+
+int kvx_shard_open_at(kvx_shard **out, int dirfd, const char *name, const char *path, unsigned flags)
+{
+    if (!out || !path || !name) return kvx_fail(KVX_EINVALID, "kvx_shard_open: out and path must not be NULL");
     *out = NULL;
     if (flags & ~KVX_OPEN_VERIFY_PAGES)
         return kvx_fail(KVX_EINVALID, "kvx_shard_open: unknown flags 0x%x", flags);
@@ -456,11 +461,15 @@ int kvx_shard_open(kvx_shard **out, const char *path, unsigned flags)
     }
     s->guard_slot = -1;
     atomic_init(&s->refs, 1);
-    /* O_NONBLOCK: a FIFO given as a shard must not block the open */
-    s->fd = kvx_os.open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0);
+    /* O_NONBLOCK: a FIFO given as a shard must not block the open. Under a
+     * directory, never through a symlink: what was checked to be a file
+     * may have been replaced since */
+    s->fd = dirfd == AT_FDCWD ? kvx_os.open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0)
+                              : kvx_os.openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW, 0);
     if (s->fd < 0) {
         int e = -errno;
         shard_free(s);
+        if (e == -ELOOP && dirfd != AT_FDCWD) return kvx_fail(KVX_EPATH, "%s: a symlink, not a shard file", path);
         return kvx_fail(e, "%s: cannot open: %s", path, strerror(-e));
     }
     struct stat st;

@@ -33,6 +33,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <lmdb.h>
 #include <stdio.h>
@@ -43,6 +44,8 @@
 
 #include "io_fixture.h"
 #include "store_util.h"
+#include "common/os.h"
+#include "format/format.h"
 #include "index/index.h"
 
 enum { PB = 64 }; /* su_geometry's page of SU_B tokens */
@@ -382,6 +385,69 @@ static void test_keyed_rewrite_skips_replaced_copy(void **state)
     kvx_store_close(s);
 }
 
+/* The store's check of a shard's name, then the file swapped for a
+ * symlink before the open (the race an attacker with a foothold in
+ * shards/ or a careless restore script can win). */
+static kvx_os_ops real_os;
+static char swap_name[64], swap_path[600], swap_target[600];
+static int swap_fstatat(int dirfd, const char *name, struct stat *st, int flags)
+{
+    int r = real_os.fstatat(dirfd, name, st, flags);
+    if (swap_name[0] && strcmp(name, swap_name) == 0) {
+        swap_name[0] = 0;
+        char tmp[700];
+        snprintf(tmp, sizeof tmp, "%s.link", swap_path);
+        assert_int_equal(symlink(swap_target, tmp), 0);
+        assert_int_equal(rename(tmp, swap_path), 0);
+    }
+    return r;
+}
+
+/* L5. Every shard is opened under the store's shards/ descriptor with
+ * O_NOFOLLOW: a shard replaced by a symlink after its name was checked
+ * (here to a byte-for-byte copy outside the store) was opened through it
+ * by path and served. */
+static void test_shard_swapped_for_symlink(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = new_store(dir, sizeof dir);
+    assert_int_equal(su_put_seq(s, 91, 3), 0);
+    assert_int_equal(kvx_store_flush(s), 0);
+    kvx_store_close(s);
+    char names[8][64];
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
+    snprintf(swap_path, sizeof swap_path, "%s/shards/%s", dir, names[0]);
+    snprintf(swap_target, sizeof swap_target, "%s/outside16.kvx", su_root);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", swap_path, swap_target);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+    real_os = kvx_os;
+    kvx_os.fstatat = swap_fstatat;
+    snprintf(swap_name, sizeof swap_name, "%s", names[0]);
+    size_t n = su_served_prefix(s, 91, 3);
+    kvx_os = real_os;
+    assert_int_equal(swap_name[0], 0); /* the swap happened at the store's check */
+    if (n) fail_msg("DEFECT: the store served %zu blocks through a symlink put in place of its shard", n);
+    struct stat st;
+    assert_int_equal(lstat(swap_path, &st), 0);
+    assert_true(S_ISLNK(st.st_mode)); /* left as it is */
+    kvx_store_close(s);
+    /* the format call itself: a symlink under a directory is KVX_EPATH */
+    int dfd = open(su_root, O_RDONLY | O_DIRECTORY);
+    assert_true(dfd >= 0);
+    char lnk[400];
+    snprintf(lnk, sizeof lnk, "%s/lnk16.kvx", su_root);
+    assert_int_equal(symlink(swap_target, lnk), 0);
+    kvx_shard *sh = NULL;
+    assert_int_equal(kvx_shard_open_at(&sh, dfd, "lnk16.kvx", lnk, 0), KVX_EPATH);
+    assert_non_null(strstr(kvx_last_error(), "a symlink"));
+    assert_int_equal(kvx_shard_open_at(&sh, dfd, "outside16.kvx", swap_target, 0), 0);
+    kvx_shard_close(sh);
+    close(dfd);
+}
+
 /* Open descriptors of this process naming a deleted file under dir. */
 static int deleted_fds_under(const char *dir)
 {
@@ -476,6 +542,7 @@ int main(void)
         cmocka_unit_test(test_keyed_newest_copy_served),
         cmocka_unit_test(test_keyed_rewrite_skips_replaced_copy),
         cmocka_unit_test(test_fetch_lets_go_of_deleted_shards),
+        cmocka_unit_test(test_shard_swapped_for_symlink),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
