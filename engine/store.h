@@ -344,9 +344,6 @@ int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const 
  * error (a damaged catalog record, an LMDB failure). Every block holding
  * the hash is tried. */
 int kvx_st_lookup(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx_view *out);
-/* A keyed entry of generation gen whose key a newer generation holds with
- * another page (store_lookup.c): 1, 0, or a catalog error. */
-int kvx_st_keyed_superseded(kvx_store *s, kvx_cat_snap *snap, const kvx_entry *e, uint64_t gen);
 
 /* store_writers.c */
 /* The header flags of a shard of kind (ST_KIND_*). */

@@ -22,6 +22,7 @@ typedef struct st_lin {
     uint8_t digest[KVX_DIGEST_BYTES];
     int state; /* 0 unknown, 1 known, 2 ambiguous (stays unverified) */
     int stored; /* the shard holds the digest already */
+    int legacy; /* its shard was written without a digest table (pre-digest kvx) */
 } st_lin;
 
 static int st_cmp_lin(const void *a, const void *b)
@@ -66,6 +67,7 @@ static int st_lin_gather(kvx_store *s, kvx_shard **sh, st_lin **out, size_t *out
             l->b = b;
             l->idx = i;
             l->toks = e.tokens;
+            l->legacy = !(s->reg->rec[b].flags & KVX_FLAG_DIGEST);
             if (e.digest) {
                 memcpy(l->digest, e.digest, KVX_DIGEST_BYTES);
                 l->stored = 1;
@@ -77,15 +79,19 @@ static int st_lin_gather(kvx_store *s, kvx_shard **sh, st_lin **out, size_t *out
     return rc;
 }
 
-/* The parent digest of child c: 1 and the digest when every entry with
- * hash == c->parent that has a digest agrees and one of them sits in c's
- * own shard before it (the same put wrote both: the parent is known, not
- * inferred from a 64-bit hash, which a crafted FNV collision matches when
- * the true parent is gone and another prompt's block is held); 0 when a
- * candidate is not known yet; -1 otherwise (c stays unverified: a miss,
- * never a wrong block). */
+/* The parent digest of child c: 1 and the digest when c's shard was
+ * written by pre-digest kvx, every entry with hash == c->parent that has
+ * a digest agrees and one of them sits in c's own shard before it (pre-
+ * digest kvx wrote a put's blocks in order into its shard: the parent is
+ * known, not inferred from a 64-bit hash, which a crafted FNV collision
+ * matches when the true parent is gone and another prompt's block is
+ * held); 0 when a candidate is not known yet; -1 otherwise (c stays
+ * unverified: a miss, never a wrong block). A child without a digest in
+ * a digest shard was carried there by a rewrite (eviction, compaction),
+ * which puts blocks of different shards side by side: never derived. */
 static int st_parent_digest(const st_lin *all, size_t n, const st_lin *c, const uint8_t **out)
 {
+    if (!c->legacy) return -1;
     st_lin key = {.hash = c->parent};
     const st_lin *p = bsearch(&key, all, n, sizeof *all, st_cmp_lin);
     if (!p) return -1; /* no parent held: the chain has no block-0 root here */
@@ -111,8 +117,9 @@ static int st_parent_digest(const st_lin *all, size_t n, const st_lin *c, const 
 /* Shards written before the digest existed have lineage but no digest
  * table: their blocks are unverified. Walk lineage from blocks whose
  * parent is 0, derive each block's digest where it has exactly one
- * candidate parent and that parent is in its shard before it, and rewrite those shards into digest shards (a sound
- * shard only: a damaged one stays as it is, unverified). */
+ * candidate parent and that parent is in its own pre-digest shard before
+ * it (st_parent_digest), and rewrite those shards into digest shards (a
+ * sound shard only: a damaged one stays as it is, unverified). */
 int kvx_st_derive_digests(kvx_store *s)
 {
     /* shards written before the digest, and digest shards holding blocks
@@ -222,8 +229,11 @@ static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, size_
     size_t nadded = 0;
     uint8_t busy[ST_SLOTS] = {0}, victims[ST_SLOTS] = {0};
     victims[b] = 1;
-    uint32_t flags = s->reg->rec[b].flags & (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_KEYS);
-    if (flags & KVX_FLAG_LINEAGE) flags |= KVX_FLAG_DIGEST;
+    uint32_t src = s->reg->rec[b].flags;
+    uint32_t flags = src & (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_KEYS | KVX_FLAG_DIGEST);
+    /* a pre-digest shard stays one (its blocks in their order): reindex
+     * derives a digest only from a parent before the block in such a
+     * shard (st_parent_digest), never in a digest shard */
     if (nmv) rc = kvx_st_rewrite(s, mv, nmv, flags, busy, &added, &nadded); /* bad pages are not copied */
     if (!rc) {
         st_drop d = {s, victims, added, nadded, mv, nmv, 0, 1, damaged};

@@ -17,7 +17,6 @@
 #include "common/digest.h"
 
 #include <errno.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -108,120 +107,6 @@ miss:
     return KVX_ENOTFOUND;
 }
 
-/* A copy of a keyed page: its generation, what its entry recorded of the
- * page (length and CRC-32), and the view or damage of the lookup. */
-typedef struct st_copy {
-    uint64_t gen;
-    uint32_t bytes, crc;
-    int status; /* 0 (view held), KVX_EPAGECRC or KVX_ETRUNC */
-    kvx_view v;
-} st_copy;
-
-/* The page length and CRC-32 that loc's entry recorded. */
-static int st_loc_sig(kvx_store *s, const kvx_cat_loc *loc, uint32_t *bytes, uint32_t *crc)
-{
-    kvx_shard *sh = kvx_st_shard_get(s, KVX_COORD_SHARD(loc->coord), loc->gen);
-    if (!sh) return KVX_ENOTFOUND;
-    kvx_entry e;
-    int rc = kvx_shard_entry(&e, sh, KVX_COORD_BLOCK(loc->coord));
-    kvx_shard_close(sh);
-    if (rc) return rc;
-    *bytes = e.bytes;
-    *crc = e.crc32;
-    return 0;
-}
-
-/* Is keyed entry e of generation gen superseded: another copy of its key
- * in a newer generation, of another page? Such a copy is what its owner
- * deleted and put again, back in an adopted shard; lookups answer the
- * newer one, and a rewrite must not carry the old one into a new (newest)
- * generation. 1 yes, 0 no, <0 a catalog error. */
-int kvx_st_keyed_superseded(kvx_store *s, kvx_cat_snap *snap, const kvx_entry *e, uint64_t gen)
-{
-    kvx_cat_loc loc;
-    int rc;
-    for (size_t i = 0; (rc = kvx_cat_loc_at(snap, e->hash, i, &loc)) == 0; i++) {
-        if (loc.gen <= gen) continue;
-        kvx_shard *sh = kvx_st_shard_get(s, KVX_COORD_SHARD(loc.coord), loc.gen);
-        if (!sh) continue;
-        kvx_entry o;
-        int newer = kvx_shard_entry(&o, sh, KVX_COORD_BLOCK(loc.coord)) == 0 && o.coordinate == loc.coord &&
-                    o.key && o.key_len == e->key_len && memcmp(o.key, e->key, e->key_len) == 0 &&
-                    (o.bytes != e->bytes || o.crc32 != e->crc32);
-        kvx_shard_close(sh);
-        if (newer) return 1;
-    }
-    return rc == KVX_ENOTFOUND ? 0 : rc;
-}
-
-/* A keyed page: every copy of the key is looked at and the newest
- * generation answers. Two copies exist once a dropped shard comes back (a
- * restored backup, a drop cut before its unlink was durable) and is
- * adopted: the first in coordinate byte order would serve whichever
- * sorts first, the replaced bytes as often as not. When the newest copy
- * is damaged, an older sound copy of the very same page (length and
- * stored CRC-32, the rule reindex keeps copies by) answers: two batches
- * that put the same page each acknowledged it. Otherwise the damage is
- * the answer, never an older page's bytes. A catalog error ends it, since
- * a newer copy may be behind it. More than KEYED_COPIES copies: the
- * newest are kept. */
-enum { KEYED_COPIES = 8 };
-static int st_lookup_keyed(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx_view *out, st_hc *hc)
-{
-    st_copy c[KEYED_COPIES];
-    size_t n = 0, top = 0;
-    char why[512] = ""; /* the newest copy's damage: later tries overwrite the message */
-    kvx_cat_loc loc;
-    int rc;
-    for (size_t i = 0; (rc = kvx_cat_loc_at(snap, q->hash, i, &loc)) == 0; i++) {
-        st_copy x = {.gen = loc.gen};
-        x.status = st_try_loc(s, &loc, q, &x.v, hc, NULL, 1);
-        if (x.status == KVX_ENOTFOUND) continue; /* another key under the same name, or gone */
-        if (x.status && x.status != KVX_EPAGECRC && x.status != KVX_ETRUNC) {
-            rc = x.status;
-            break;
-        }
-        int sr = st_loc_sig(s, &loc, &x.bytes, &x.crc);
-        if (sr) {
-            if (!x.status) kvx_view_release(&x.v);
-            if (sr == KVX_ENOTFOUND) continue;
-            rc = sr;
-            break;
-        }
-        if (n == KEYED_COPIES) { /* drop the oldest kept, or this one */
-            size_t old = 0;
-            for (size_t j = 1; j < n; j++)
-                if (c[j].gen < c[old].gen) old = j;
-            if (c[old].gen >= x.gen) {
-                if (!x.status) kvx_view_release(&x.v);
-                continue;
-            }
-            if (!c[old].status) kvx_view_release(&c[old].v);
-            c[old] = c[--n];
-            if (top == n) top = old;
-        }
-        if (!n || x.gen > c[top].gen) {
-            top = n;
-            if (x.status) snprintf(why, sizeof why, "%s", kvx_last_error());
-        }
-        c[n++] = x;
-    }
-    int ans = rc != KVX_ENOTFOUND ? rc : !n ? KVX_ENOTFOUND : c[top].status;
-    size_t pick = top;
-    if (ans == KVX_EPAGECRC || ans == KVX_ETRUNC) { /* the newest sound copy of the same page */
-        for (size_t j = 0; j < n; j++)
-            if (!c[j].status && c[j].bytes == c[top].bytes && c[j].crc == c[top].crc &&
-                (pick == top || c[j].gen > c[pick].gen))
-                pick = j;
-        if (pick != top) ans = 0;
-    }
-    for (size_t j = 0; j < n; j++)
-        if (!c[j].status && (ans || j != pick)) kvx_view_release(&c[j].v);
-    if (ans == KVX_EPAGECRC || ans == KVX_ETRUNC) return kvx_fail(ans, "%s", why);
-    if (!ans) *out = c[pick].v;
-    return ans;
-}
-
 /* Every location of q->hash, in order, until one answers. A damaged
  * copy does not end the search (a good copy may follow: a put stores the
  * block again when its only copy is damaged); when none answers, the
@@ -229,7 +114,6 @@ static int st_lookup_keyed(kvx_store *s, kvx_cat_snap *snap, const st_query *q, 
  * a failed read ends it with that error. */
 static int st_lookup_hc(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx_view *out, st_hc *hc)
 {
-    if (s->keyed || q->key) return st_lookup_keyed(s, snap, q, out, hc);
     kvx_cat_loc loc;
     int rc = kvx_cat_loc_at(snap, q->hash, 0, &loc);
     if (rc) return rc; /* KVX_ENOTFOUND (no message) or the catalog's error */

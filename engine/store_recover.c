@@ -85,21 +85,79 @@ static int st_edit_add_file(kvx_cat_edit *e, const st_sealed *x, const kvx_shard
     return rc;
 }
 
+/* Does the catalog index key en (a keyed page) in a shard this recovery
+ * keeps (drop[byte] 0)? 1 yes, 0 no, <0 a catalog error. A shard that
+ * cannot be opened now answers no: the adoptee's copy is indexed rather
+ * than the key lost. */
+static int st_key_indexed(kvx_store *s, kvx_cat_snap *snap, const kvx_entry *en, const uint8_t *drop)
+{
+    kvx_cat_loc loc;
+    int rc;
+    for (size_t i = 0; (rc = kvx_cat_loc_at(snap, en->hash, i, &loc)) == 0; i++) {
+        uint32_t b = KVX_COORD_SHARD(loc.coord);
+        if (drop[b] || !s->reg->live[b] || s->reg->rec[b].gen != loc.gen) continue;
+        kvx_shard *sh = kvx_st_shard_get(s, b, loc.gen);
+        if (!sh) continue;
+        kvx_entry o;
+        int same = kvx_shard_entry(&o, sh, KVX_COORD_BLOCK(loc.coord)) == 0 && o.coordinate == loc.coord && o.key &&
+                   o.key_len == en->key_len && memcmp(o.key, en->key, en->key_len) == 0;
+        kvx_shard_close(sh);
+        if (same) return 1;
+    }
+    return rc == KVX_ENOTFOUND ? 0 : rc;
+}
+
+/* An adopted keyed shard (a backup put back, a drop whose unlink a crash
+ * undid): a key the catalog already indexes is not indexed again from it.
+ * The catalog's copy is the acknowledged one; the adoptee's is the same
+ * page or one its owner deleted and put again since, which would then be
+ * served (or carried into a new, newest shard by a rewrite). A key the
+ * catalog does not name comes back, as everything in an adopted shard
+ * does (DESIGN.md rule 2). */
+static int st_edit_add_keyed_file(kvx_store *s, kvx_cat_snap *snap, const uint8_t *drop, kvx_cat_edit *e,
+                                  const st_sealed *x, const kvx_shard *sh)
+{
+    int rc = kvx_st_register(e, x);
+    const kvx_shard_info *in = kvx_shard_get_info(sh);
+    for (uint32_t i = 0; !rc && i < in->num_blocks; i++) {
+        kvx_entry en;
+        if (kvx_shard_entry(&en, sh, i) || !en.hash) continue;
+        int held = en.key ? st_key_indexed(s, snap, &en, drop) : 0;
+        if (held < 0) rc = held;
+        else if (!held) rc = kvx_cat_edit_add_block(e, en.coordinate, en.hash, x->gen);
+    }
+    return rc;
+}
+
 /* Recovery's one edit: records of gone or invalid shards dropped, wrong
  * sizes corrected, unregistered valid files adopted (for one byte in that
  * order: a drop, then the adoptee's record wins), the drops counted. */
 static int st_fix_write(kvx_store *s, const st_fix *f)
 {
+    kvx_cat_snap *snap = NULL;
+    int rc = 0;
+    for (uint32_t b = 0; b < ST_SLOTS && !snap && !rc; b++)
+        if (f->adopt[b] && (f->adopted[b].flags & KVX_FLAG_KEYS)) rc = kvx_cat_snap_begin(s->cat, &snap);
+    if (rc) return rc;
     kvx_cat_edit e;
     kvx_cat_edit_init(&e);
-    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
         if (f->drop[b]) kvx_cat_edit_drop_shard(&e, b);
         if (f->resize[b]) {
             kvx_cat_shard rec = s->reg->rec[b];
             rec.file_bytes = f->size[b];
             kvx_cat_edit_put_shard(&e, b, &rec);
         }
-        if (f->adopt[b]) st_edit_add_file(&e, &f->adopted[b], f->adopt_sh[b]);
+        if (!f->adopt[b]) continue;
+        if (f->adopted[b].flags & KVX_FLAG_KEYS)
+            rc = st_edit_add_keyed_file(s, snap, f->drop, &e, &f->adopted[b], f->adopt_sh[b]);
+        else
+            st_edit_add_file(&e, &f->adopted[b], f->adopt_sh[b]); /* builder failures come back at apply */
+    }
+    if (snap) kvx_cat_snap_end(snap);
+    if (rc) {
+        kvx_cat_edit_free(&e);
+        return rc;
     }
     if (f->ndrop) {
         kvx_cat_stats d = {0};
@@ -107,7 +165,7 @@ static int st_fix_write(kvx_store *s, const st_fix *f)
         kvx_cat_edit_stats(&e, &d, 0);
     }
     kvx_cat_edit_next_gen(&e, s->next_gen);
-    int rc = kvx_cat_apply(s->cat, &e); /* builder failures come back here */
+    rc = kvx_cat_apply(s->cat, &e); /* builder failures come back here */
     kvx_cat_edit_free(&e);
     return rc;
 }
@@ -370,12 +428,23 @@ static int st_same_page(const st_scan *sc, const st_kpage *a, const st_kpage *b)
     return x.bytes == y.bytes && x.crc32 == y.crc32;
 }
 
-/* A keyed store's pages: one copy per key, the newest (and older copies
- * of the very same page, so a damaged newest copy does not hide a sound
- * one). The shards may hold
- * older copies of a key its owner deleted and put again (the bytes stay
- * until gc rewrites their shard): indexing those would serve the old page
- * for the key. Generations only grow, so the newest copy is the last put. */
+/* Does copy a's page pass its CRC? */
+static int st_page_sound(const st_scan *sc, const st_kpage *a)
+{
+    const void *page;
+    return kvx_shard_page(&page, sc->f[a->b].sh, a->idx, 1) == 0;
+}
+
+/* A keyed store's pages: one copy per key, the newest, and older copies
+ * of the very same page (so a damaged newest copy does not hide a sound
+ * one). The shards may hold older copies of a key its owner deleted and
+ * put again (the bytes stay until gc rewrites their shard): indexing
+ * those would serve the old page for the key. But a generation is taken
+ * when a batch starts writing, not when it flushes, so an acknowledged
+ * later put can sit below a damaged copy (a damaged copy is not "held",
+ * the put writes the key again): an older copy of another page is
+ * indexed too when no newer copy of the key is sound (the shards cannot
+ * tell it from a replaced page; losing the acknowledged one is worse). */
 static int st_edit_add_keyed(kvx_cat_edit *e, const st_scan *sc)
 {
     size_t n = 0;
@@ -397,9 +466,14 @@ static int st_edit_add_keyed(kvx_cat_edit *e, const st_scan *sc)
     int rc = 0;
     for (size_t i = 0; !rc && i < k; i++) {
         size_t newest = i; /* the newest copy of this key came first */
+        int sound_newer = 0;
         for (size_t j = i; j-- > 0 && all[j].hash == all[i].hash;)
-            if (st_same_key(sc, &all[j], &all[i])) newest = j;
-        if (newest != i && !st_same_page(sc, &all[newest], &all[i])) continue; /* stale: deleted, put again */
+            if (st_same_key(sc, &all[j], &all[i])) {
+                newest = j;
+                sound_newer = sound_newer || st_page_sound(sc, &all[j]);
+            }
+        if (newest != i && !st_same_page(sc, &all[newest], &all[i]) && sound_newer)
+            continue; /* stale: deleted, put again */
         rc = kvx_cat_edit_add_block(e, KVX_COORD(all[i].b, all[i].idx, 0), all[i].hash, all[i].gen);
     }
     free(all);

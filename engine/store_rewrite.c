@@ -114,8 +114,7 @@ int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, ui
     if (!sh) return kvx_fail(-EIO, "store: shard %u cannot be opened to copy its blocks", b);
     uint32_t cnt = kvx_shard_get_info(sh)->num_blocks;
     /* a keyed page its owner deleted is no longer indexed: never copied
-     * (a copy would bring it back); nor one a newer generation replaced
-     * (an adopted old shard's copy: carried, it would be the newest) */
+     * (a copy would bring it back) */
     kvx_cat_snap *snap = NULL;
     int rc = (kvx_shard_get_info(sh)->flags & KVX_FLAG_KEYS) ? kvx_cat_snap_begin(s->cat, &snap) : 0;
     if (rc) {
@@ -129,10 +128,6 @@ int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, ui
         if (kvx_shard_entry(&e, sh, i) || !e.hash) continue;
         if (snap) {
             int has = kvx_cat_has_loc(snap, e.hash, e.coordinate, s->reg->rec[b].gen);
-            if (has > 0) {
-                int sup = kvx_st_keyed_superseded(s, snap, &e, s->reg->rec[b].gen);
-                has = sup < 0 ? sup : !sup;
-            }
             if (has < 0) {
                 kvx_cat_snap_end(snap);
                 kvx_shard_close(sh);

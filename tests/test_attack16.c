@@ -13,14 +13,19 @@
  *    shared by the process's handles of a store; the first opener's
  *    KVX_STORE_NOSYNC applied to every later handle, so a writer opened
  *    after a READONLY|NOSYNC reader acknowledged commits never synced;
+ *  - test_carried_child_of_collided_parent: the same, after a rewrite put
+ *    the colliding block right before the child in one digest shard;
  *  - test_keyed_newest_copy_served: a key with two copies (a dropped
  *    shard back from a backup, or from a drop a crash cut before its
  *    unlink was durable, adopted) was served the copy first in coordinate
- *    byte order, its deleted older page as often as not; the newest
- *    generation answers now (review H1 (d));
+ *    byte order, its deleted older page as often as not; an adopted shard
+ *    no longer indexes a key the catalog indexes (review H1 (d));
  *  - test_keyed_rewrite_skips_replaced_copy: a rewrite of such an adopted
  *    shard (gc, half its pages deleted) carried the replaced copy into a
- *    new shard, the newest generation, which then answered for the key;
+ *    new shard;
+ *  - test_keyed_put_after_damage_lower_gen: a first fix (the newest
+ *    generation answers) refused an acknowledged copy at a lower
+ *    generation and let gc drop it;
  *  - test_fetch_lets_go_of_deleted_shards: a long-lived kvx_fetch kept up
  *    to 64 shard files open after they were deleted (their disk space
  *    held until the handle was destroyed); they are closed at a release.
@@ -107,6 +112,42 @@ static void write_old_shard(const char *dir, uint64_t gen, uint8_t byte, const u
     assert_int_equal(kvx_shard_writer_seal(w), 0);
 }
 
+/* A digest shard as a rewrite (eviction's carry, compaction) leaves it:
+ * block p (tokens pt, parent 0) with its digest, then block c (tokens ct,
+ * parent hash parent_c) carried without one. */
+static void write_carried_shard(const char *dir, uint64_t gen, uint8_t byte, const uint32_t *pt, const uint8_t *pp,
+                                const uint32_t *ct, const uint8_t *cp, uint64_t parent_c)
+{
+    char path[600];
+    snprintf(path, sizeof path, "%s/shards/%016" PRIx64 ".kvx", dir, gen);
+    kvx_shard_writer_options o = KVX_SHARD_WRITER_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.shard_id = byte;
+    o.max_entries = 4;
+    o.flags = KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_DIGEST;
+    kvx_shard_writer *w;
+    assert_int_equal(kvx_shard_writer_create(&w, path, &o), 0);
+    uint8_t dp[KVX_DIGEST_BYTES];
+    kvx_prefix_digest_next(dp, NULL, pt, SU_B);
+    kvx_entry_in e;
+    memset(&e, 0, sizeof e);
+    e.token_count = SU_B;
+    e.page = pp;
+    e.tokens = pt;
+    e.hash = kvx_block_hash(0, pt, SU_B);
+    e.digest = dp;
+    assert_int_equal(kvx_shard_writer_add(w, &e), 0);
+    memset(&e, 0, sizeof e);
+    e.radix_block = 1;
+    e.token_count = SU_B;
+    e.page = cp;
+    e.tokens = ct;
+    e.parent = parent_c;
+    e.hash = kvx_block_hash(parent_c, ct, SU_B);
+    assert_int_equal(kvx_shard_writer_add(w, &e), 0);
+    assert_int_equal(kvx_shard_writer_seal(w), 0);
+}
+
 /* Leading blocks served for t (nb blocks), each checked against pages. */
 static size_t served_exact(kvx_store *s, const uint32_t *t, size_t nb, const uint8_t *pages)
 {
@@ -186,6 +227,49 @@ static void test_legacy_child_of_collided_parent(void **state)
     free(px);
 }
 
+/* M4 again, through a rewrite: an eviction carry or a compaction puts the
+ * hot blocks of several shards side by side in one digest shard, so the
+ * colliding block b can land right before the legacy child C, carried
+ * without a digest. "A parent in its own shard before it" then held, and
+ * reindex verified C under b. A child in a digest shard is never derived
+ * now (only in a shard pre-digest kvx wrote). */
+static void test_carried_child_of_collided_parent(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = new_store(dir, sizeof dir);
+    uint32_t b[SU_B], c[SU_B], bc[2 * SU_B];
+    uint64_t hb[1], hbc[2];
+    su_tokens(b, 601, 1, 0);
+    su_tokens(c, 602, 1, 0);
+    uint8_t *pb = su_pages(b, 1, hb, PB);
+    assert_int_equal(kvx_store_put(s, b, SU_B, pb, 1, NULL, NULL), 0);
+    assert_int_equal(kvx_store_flush(s), 0);
+    kvx_store_close(s);
+    uint8_t pc[PB];
+    su_page(pc, PB, 0xbad5eed);
+    write_carried_shard(dir, 100, 200, b, pb, c, pc, hb[0]);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_int_equal(st.unverified, 1);
+    assert_int_equal(kvx_store_reindex(s), 0);
+    memcpy(bc, b, sizeof b);
+    memcpy(bc + SU_B, c, sizeof c);
+    kvx_block_hashes(hbc, bc, 2 * SU_B, SU_B);
+    kvx_view v[2];
+    size_t n = 0;
+    assert_int_equal(kvx_store_prefix(v, &n, s, bc, 2 * SU_B, 2), 0);
+    if (n == 2) fail_msg("DEFECT rule 1: reindex verified a carried block under the colliding block beside it");
+    assert_int_equal(n, 1);
+    assert_memory_equal(v[0].page, pb, PB);
+    kvx_views_release(v, n);
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_int_equal(st.unverified, 1);
+    kvx_store_close(s);
+    free(pb);
+}
+
 static int env_nosync(kvx_index *ix)
 {
     unsigned fl = 0;
@@ -239,15 +323,17 @@ static void key_page(uint8_t *p, size_t n, const char *k, uint64_t ver)
     su_page(p, n, kvx_key_hash(k, strlen(k)) ^ (ver * 0x9E3779B97F4A7C15ull));
 }
 
-static void keyed_put(kvx_store *s, const char *k, uint64_t ver)
+static void keyed_put_into(kvx_store *s, kvx_store_batch *b, const char *k, uint64_t ver)
 {
     uint8_t p[PB];
     key_page(p, PB, k, ver);
     kvx_key key = {k, strlen(k)};
     const void *pages[1] = {p};
     size_t lens[1] = {PB};
-    assert_int_equal(kvx_store_keyed_put(s, NULL, &key, pages, lens, 1, NULL), 0);
+    assert_int_equal(kvx_store_keyed_put(s, b, &key, pages, lens, 1, NULL), 0);
 }
+
+static void keyed_put(kvx_store *s, const char *k, uint64_t ver) { keyed_put_into(s, NULL, k, ver); }
 
 /* The version of k's page served (0: another page; -1: not served). */
 static int keyed_version(kvx_store *s, const char *k, uint64_t max_ver)
@@ -448,6 +534,51 @@ static void test_shard_swapped_for_symlink(void **state)
     close(dfd);
 }
 
+/* Generations are taken when a batch starts writing, not at its flush, so
+ * a later put can hold the lower generation: batch A starts (its shard
+ * takes generation g), K = v1 is put and flushed at g + 1, v1's page
+ * rots, and A puts K = v2 (a damaged copy is not "held") and flushes. v2
+ * is acknowledged: it is served, and gc, a reopen and a reindex keep it
+ * (a newest-generation rule would answer v1's damage and let a rewrite
+ * drop v2 as superseded). */
+static void test_keyed_put_after_damage_lower_gen(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/s%d", su_root, dir_n++);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.page_bytes = PB;
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    kvx_store_batch *a = NULL;
+    assert_int_equal(kvx_store_batch_create(&a, s), 0);
+    keyed_put_into(s, a, "X", 1);
+    keyed_put(s, "K", 1);
+    assert_int_equal(kvx_store_flush(s), 0);
+    char names[8][64];
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
+    char p1[600];
+    snprintf(p1, sizeof p1, "%s/shards/%s", dir, names[0]);
+    assert_int_equal(su_flip_page_byte(p1, 0), 0);
+    keyed_put_into(s, a, "K", 2);
+    assert_int_equal(kvx_store_batch_flush(a), 0);
+    kvx_store_batch_destroy(a);
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 2);
+    assert_true(strcmp(names[0], names[1]) != 0);
+    assert_int_equal(keyed_version(s, "K", 2), 2);
+    /* a reindex from the shards alone: the newest copy (v1, gen g + 1) is
+     * damaged, so the newest sound one is indexed too */
+    assert_int_equal(kvx_store_reindex(s), 0);
+    if (keyed_version(s, "K", 2) != 2) fail_msg("DEFECT rule 2: reindex dropped the acknowledged v2 of K");
+    assert_int_equal(kvx_store_gc(s), 0);
+    if (keyed_version(s, "K", 2) != 2) fail_msg("DEFECT rule 2: gc lost the acknowledged v2 of K");
+    assert_int_equal(keyed_version(s, "X", 1), 1);
+    kvx_store_close(s);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    assert_int_equal(keyed_version(s, "K", 2), 2);
+    kvx_store_close(s);
+}
+
 /* Open descriptors of this process naming a deleted file under dir. */
 static int deleted_fds_under(const char *dir)
 {
@@ -538,9 +669,11 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_legacy_child_of_collided_parent),
+        cmocka_unit_test(test_carried_child_of_collided_parent),
         cmocka_unit_test(test_nosync_handle_does_not_unsync_writer),
         cmocka_unit_test(test_keyed_newest_copy_served),
         cmocka_unit_test(test_keyed_rewrite_skips_replaced_copy),
+        cmocka_unit_test(test_keyed_put_after_damage_lower_gen),
         cmocka_unit_test(test_fetch_lets_go_of_deleted_shards),
         cmocka_unit_test(test_shard_swapped_for_symlink),
     };
