@@ -451,7 +451,9 @@ static void clean_stale(int dirfd)
         if (fstatat(dirfd, nm, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode) ||
             st.st_uid != me)
             continue;
-        if (pid != (long)getpid() && time(NULL) - st.st_mtime < STALE_TMP_AGE_S) continue;
+        /* our own pid too: a sibling container's kvx often has the same
+         * one (PID 1 as its entrypoint) */
+        if (time(NULL) - st.st_mtime < STALE_TMP_AGE_S) continue;
         unlinkat(dirfd, nm, 0);
     }
     closedir(d);

@@ -288,12 +288,26 @@ int kvx_idx_open(kvx_index **out, const char *path, int create, int nosync)
     if (ix && !nosync && ix->nosync) {
         /* an earlier handle asked for NOSYNC, this one did not: the shared
          * environment syncs from now on, or this handle would acknowledge
-         * commits a power cut takes back */
-        int e = mdb_env_set_flags(ix->env, MDB_NOSYNC, 0);
+         * commits a power cut takes back. Changed while holding LMDB's
+         * writer lock (a write transaction, aborted), so no commit of
+         * another thread reads the flag half way (LMDB reads it at the
+         * data sync and again at the meta write) */
+        int e = 0;
+        if (!ix->rdonly_env) {
+            pthread_rwlock_rdlock(&ix->resize);
+            MDB_txn *txn = NULL;
+            e = mdb_txn_begin(ix->env, NULL, 0, &txn);
+            if (!e) {
+                e = mdb_env_set_flags(ix->env, MDB_NOSYNC, 0);
+                mdb_txn_abort(txn);
+            }
+            pthread_rwlock_unlock(&ix->resize);
+        }
         if (e) {
+            int rc = kvx_idx_errp(ix, e, "turn syncing back on"); /* before our reference goes */
             ix->refs--;
             pthread_mutex_unlock(&registry_mu);
-            return kvx_idx_errp(ix, e, "turn syncing back on");
+            return rc;
         }
         ix->nosync = 0;
     }
