@@ -39,11 +39,14 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/sysmacros.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 
 #include "cli_harness.h"
@@ -929,6 +932,66 @@ static int run_and_kill(const char *const *args, const char *dir)
     return caught;
 }
 
+/* Runs KVX_CLI with args as PID 1 of a new PID namespace (what a kvx in a
+ * sibling container looks like); its exit status, or -1 where no
+ * namespace can be made (not root). */
+static int run_as_pid1(const char *const *args)
+{
+    pid_t p = fork();
+    assert_true(p >= 0);
+    if (p == 0) {
+        if (unshare(CLONE_NEWPID) != 0) _exit(200);
+        pid_t g = fork();
+        if (g < 0) _exit(201);
+        if (g == 0) {
+            const char *argv[16] = {KVX_CLI};
+            size_t n = 1;
+            for (; args[n - 1] && n < 15; n++) argv[n] = args[n - 1];
+            argv[n] = NULL;
+            int nul = open("/dev/null", O_RDWR);
+            dup2(nul, 1);
+            dup2(nul, 2);
+            execv(KVX_CLI, (char *const *)argv);
+            _exit(202);
+        }
+        int st;
+        if (waitpid(g, &st, 0) != g || !WIFEXITED(st)) _exit(203);
+        _exit(WEXITSTATUS(st));
+    }
+    int st;
+    assert_int_equal(waitpid(p, &st, 0), p);
+    assert_true(WIFEXITED(st));
+    return WEXITSTATUS(st) == 200 ? -1 : WEXITSTATUS(st);
+}
+
+/* A kvx that is PID 1 of its namespace (a container's entrypoint) sees a
+ * sibling container's temporary of "pid 1" as its own leftover: it was
+ * removed at once while the sibling wrote it. The 10-minute rule now
+ * holds for our own pid too. */
+static void test_stale_tmp_of_own_pid_kept_while_young(void **state)
+{
+    (void)state;
+    char kd[320], small[400], young[400], old[400];
+    path_in(kd, sizeof kd, "pid1");
+    assert_int_equal(mkdir(kd, 0700), 0);
+    snprintf(small, sizeof small, "%s/small.kvx", kd);
+    snprintf(young, sizeof young, "%s/.kvx-tmp.1.00000000c0ffee01", kd);
+    snprintf(old, sizeof old, "%s/.kvx-tmp.1.00000000c0ffee02", kd);
+    write_bytes(young, "x", 1);
+    write_bytes(old, "x", 1);
+    age_file(old, 3600);
+    int rc = run_as_pid1((const char *const[]){"convert", envp, "-o", small, NULL});
+    if (rc == -1) {
+        fprintf(stderr, "note: no PID namespace here (not root): skipped\n");
+        skip();
+    }
+    assert_int_equal(rc, 0);
+    assert_true(file_exists(small));
+    if (!file_exists(young)) fail_msg("DEFECT: a kvx of pid 1 removed a fresh temporary of another pid 1");
+    assert_false(file_exists(old)); /* an hour old: a leftover */
+    unlink(young);
+}
+
 static void test_kill9_leaves_no_temporary(void **state)
 {
     (void)state;
@@ -1650,6 +1713,7 @@ int main(void)
         cmocka_unit_test(test_prefix_output),
         cmocka_unit_test(test_outputs_never_replace_special_files),
         cmocka_unit_test(test_kill9_leaves_no_temporary),
+        cmocka_unit_test(test_stale_tmp_of_own_pid_kept_while_young),
         cmocka_unit_test(test_inputs_are_bounded),
         cmocka_unit_test(test_writers_wait_or_not),
         cmocka_unit_test(test_hints_fit_the_problem),
