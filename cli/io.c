@@ -13,9 +13,9 @@
  *
  * Outputs. The named output is replaced only when it is a regular file
  * (or absent): the bytes go to an unnamed O_TMPFILE in its directory,
- * which is fsynced, linked as ".kvx-tmp.<pid>.<16 hex digits of the
- * name's hash>" and renamed over the target at once, so a killed command
- * leaves nothing (a named temporary only where O_TMPFILE is missing; any
+ * which is fsynced, linked as ".kvx-tmp.<pid>.<16 hex digits: the
+ * name's hash and 64 random bits>" and renamed over the target at once,
+ * so a killed command leaves nothing (a named temporary only where O_TMPFILE is missing; any
  * such file whose pid is dead and which is 10 minutes old is removed by
  * the next command writing into that directory). The temporary's name
  * has a fixed length whatever the target's, so any name the file system
@@ -39,6 +39,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -480,9 +481,12 @@ static int set_names(cli_out *o, const char *path)
     /* A fixed length (at most 36 bytes, and the shard writer's temporary
      * of it at most 69): the target's name, up to the file system's 255
      * bytes, is not part of it, only its FNV-1a hash, so two outputs of
-     * one process in one directory still differ. */
-    uint64_t h = 0xcbf29ce484222325ull;
+     * one process in one directory still differ; mixed with 64 random
+     * bits, so a kvx of the same pid in another PID namespace (a sibling
+     * container on a shared volume) never has our temporary's name. */
+    uint64_t h = 0xcbf29ce484222325ull, r = 0;
     for (const unsigned char *p = (const unsigned char *)base; *p; p++) h = (h ^ *p) * 0x100000001b3ull;
+    if (getrandom(&r, sizeof r, GRND_NONBLOCK) == (ssize_t)sizeof r) h ^= r;
     snprintf(o->tmpname, TMPNAME_CAP, TMP_MARK "%ld.%016llx", (long)getpid(), (unsigned long long)h);
     return 0;
 }
@@ -598,14 +602,16 @@ int cli_out_open(const cli_cmd *c, cli_out *o, const char *path, int for_library
                 if (!t || !*t) t = "/tmp";
                 o->dirfd = open(t, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
                 char nm[64];
-                snprintf(nm, sizeof nm, ".kvx-out" TMP_MARK "%ld", (long)getpid());
+                uint64_t r = 0;
+                if (getrandom(&r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) r = 0;
+                snprintf(nm, sizeof nm, ".kvx-out" TMP_MARK "%ld.%016llx", (long)getpid(), (unsigned long long)r);
                 if (o->dirfd < 0 || !(o->lib_path = join(t, nm))) {
                     int e = errno;
                     cli_out_abort(o);
                     return cli_fail(c, "cannot use the temporary directory '%s': %s", t, strerror(e));
                 }
                 clean_stale(o->dirfd);
-                unlinkat(o->dirfd, nm, 0); /* a dead process of our pid */
+                unlinkat(o->dirfd, nm, 0); /* never another's: 64 random bits in the name */
             }
             return CLI_OK;
         }
@@ -635,7 +641,7 @@ int cli_out_open(const cli_cmd *c, cli_out *o, const char *path, int for_library
     if (for_library) {
         /* The library seals its file under the temporary name; commit
          * renames it over the target. */
-        unlinkat(o->dirfd, o->tmpname, 0); /* a dead process of our pid */
+        unlinkat(o->dirfd, o->tmpname, 0); /* never another's: 64 random bits in the name */
         if (!(o->lib_path = join(o->dir, o->tmpname))) {
             cli_out_abort(o);
             return cli_fail(c, "out of memory");
@@ -647,7 +653,7 @@ int cli_out_open(const cli_cmd *c, cli_out *o, const char *path, int for_library
         fd = openat(o->dirfd, ".", O_TMPFILE | O_WRONLY | O_CLOEXEC, 0644);
     if (fd < 0) {
         fd = openat(o->dirfd, o->tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
-        if (fd < 0 && errno == EEXIST) { /* left by a dead process with our pid */
+        if (fd < 0 && errno == EEXIST) { /* a clash of 64 random bits: ours to replace */
             unlinkat(o->dirfd, o->tmpname, 0);
             fd = openat(o->dirfd, o->tmpname, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                         0644);

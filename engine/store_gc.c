@@ -210,6 +210,53 @@ int kvx_st_derive_digests(kvx_store *s)
 /* Rewrites shard b keeping only the entries keep[0..nkeep) marks (NULL: all
  * whose page is sound), then drops it: deleted when sound, else
  * quarantined. */
+static int st_cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Would copying moves mv (the blocks of shard b that a rewrite keeps, less
+ * those whose page fails its CRC: kvx_st_rewrite leaves them out) leave
+ * out a block whose hash is the parent of a block copied? 1 yes, 0 no. */
+static int st_drops_a_parent(kvx_store *s, uint32_t b, const st_move *mv, size_t nmv)
+{
+    kvx_shard *sh = kvx_st_shard_get(s, b, s->reg->rec[b].gen);
+    if (!sh) return kvx_fail(-EIO, "store: shard %u cannot be opened to copy its blocks", b);
+    uint32_t n = kvx_shard_get_info(sh)->num_blocks;
+    uint8_t *copied = calloc(n ? n : 1, 1);
+    uint64_t *gone = malloc((n ? n : 1) * sizeof *gone);
+    if (!copied || !gone) {
+        free(copied);
+        free(gone);
+        kvx_shard_close(sh);
+        return kvx_fail(-ENOMEM, "store: out of memory");
+    }
+    for (size_t i = 0; i < nmv; i++) {
+        uint32_t idx = KVX_COORD_BLOCK(mv[i].src_coord);
+        const void *page;
+        if (idx < n && kvx_shard_page(&page, sh, idx, 1) == 0) copied[idx] = 1;
+    }
+    size_t ng = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        kvx_entry e;
+        if (!copied[i] && kvx_shard_entry(&e, sh, i) == 0 && e.hash) gone[ng++] = e.hash;
+    }
+    int hit = 0;
+    if (ng) {
+        qsort(gone, ng, sizeof *gone, st_cmp_u64);
+        for (uint32_t i = 0; i < n && !hit; i++) {
+            kvx_entry e;
+            if (copied[i] && kvx_shard_entry(&e, sh, i) == 0 && e.parent)
+                hit = bsearch(&e.parent, gone, ng, sizeof *gone, st_cmp_u64) != NULL;
+        }
+    }
+    free(copied);
+    free(gone);
+    kvx_shard_close(sh);
+    return hit;
+}
+
 static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, size_t nkeep, int damaged,
                             const char *damaged_why)
 {
@@ -233,7 +280,17 @@ static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, size_
     uint32_t flags = src & (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_KEYS | KVX_FLAG_DIGEST);
     /* a pre-digest shard stays one (its blocks in their order): reindex
      * derives a digest only from a parent before the block in such a
-     * shard (st_parent_digest), never in a digest shard */
+     * shard (st_parent_digest), never in a digest shard. Unless a block it
+     * leaves out is the parent of one it keeps: an earlier block of that
+     * hash (a collision) would then pass for the parent */
+    if ((flags & KVX_FLAG_LINEAGE) && !(flags & KVX_FLAG_DIGEST)) {
+        int r = st_drops_a_parent(s, b, mv, nmv);
+        if (r < 0) {
+            free(mv);
+            return r;
+        }
+        if (r) flags |= KVX_FLAG_DIGEST;
+    }
     if (nmv) rc = kvx_st_rewrite(s, mv, nmv, flags, busy, &added, &nadded); /* bad pages are not copied */
     if (!rc) {
         st_drop d = {s, victims, added, nadded, mv, nmv, 0, 1, damaged};

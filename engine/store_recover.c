@@ -85,60 +85,90 @@ static int st_edit_add_file(kvx_cat_edit *e, const st_sealed *x, const kvx_shard
     return rc;
 }
 
-/* Does the catalog index key en (a keyed page) in a shard this recovery
- * keeps (drop[byte] 0)? 1 yes, 0 no, <0 a catalog error. A shard that
- * cannot be opened now answers no: the adoptee's copy is indexed rather
- * than the key lost. */
+/* Does the catalog hold a sound copy of key en (a keyed page) in a shard
+ * this recovery keeps (drop[byte] 0)? 1 yes (its page passes its CRC), 0
+ * no, -EAGAIN when a kept shard under the key's name cannot be opened now,
+ * <0 a catalog error. */
 static int st_key_indexed(kvx_store *s, kvx_cat_snap *snap, const kvx_entry *en, const uint8_t *drop)
 {
     kvx_cat_loc loc;
-    int rc;
+    int rc, unknown = 0;
     for (size_t i = 0; (rc = kvx_cat_loc_at(snap, en->hash, i, &loc)) == 0; i++) {
         uint32_t b = KVX_COORD_SHARD(loc.coord);
         if (drop[b] || !s->reg->live[b] || s->reg->rec[b].gen != loc.gen) continue;
         kvx_shard *sh = kvx_st_shard_get(s, b, loc.gen);
-        if (!sh) continue;
+        if (!sh) { /* recovery judged it valid: a passing failure */
+            unknown = 1;
+            continue;
+        }
+        uint32_t idx = KVX_COORD_BLOCK(loc.coord);
         kvx_entry o;
-        int same = kvx_shard_entry(&o, sh, KVX_COORD_BLOCK(loc.coord)) == 0 && o.coordinate == loc.coord && o.key &&
-                   o.key_len == en->key_len && memcmp(o.key, en->key, en->key_len) == 0;
+        const void *page;
+        int sound = kvx_shard_entry(&o, sh, idx) == 0 && o.coordinate == loc.coord && o.key &&
+                    o.key_len == en->key_len && memcmp(o.key, en->key, en->key_len) == 0 &&
+                    kvx_shard_page(&page, sh, idx, 1) == 0;
         kvx_shard_close(sh);
-        if (same) return 1;
+        if (sound) return 1;
     }
-    return rc == KVX_ENOTFOUND ? 0 : rc;
+    if (rc != KVX_ENOTFOUND) return rc;
+    return unknown ? -EAGAIN : 0;
 }
 
 /* An adopted keyed shard (a backup put back, a drop whose unlink a crash
- * undid): a key the catalog already indexes is not indexed again from it.
- * The catalog's copy is the acknowledged one; the adoptee's is the same
- * page or one its owner deleted and put again since, which would then be
- * served (or carried into a new, newest shard by a rewrite). A key the
- * catalog does not name comes back, as everything in an adopted shard
- * does (DESIGN.md rule 2). */
-static int st_edit_add_keyed_file(kvx_store *s, kvx_cat_snap *snap, const uint8_t *drop, kvx_cat_edit *e,
-                                  const st_sealed *x, const kvx_shard *sh)
+ * undid): a key of which the catalog already holds a sound copy is not
+ * indexed again from it (skip[i] = 1). The catalog's copy is the
+ * acknowledged one; the adoptee's is the same page or one its owner
+ * deleted and put again since, which would then be served (or carried by
+ * a rewrite into a new shard). A key the catalog does not name, or names
+ * only in damaged copies, comes back, as everything in an adopted shard
+ * does (DESIGN.md rule 2). -EAGAIN: cannot tell now. */
+static int st_keyed_skips(kvx_store *s, kvx_cat_snap *snap, const uint8_t *drop, const kvx_shard *sh, uint8_t *skip)
 {
-    int rc = kvx_st_register(e, x);
     const kvx_shard_info *in = kvx_shard_get_info(sh);
-    for (uint32_t i = 0; !rc && i < in->num_blocks; i++) {
+    for (uint32_t i = 0; i < in->num_blocks; i++) {
         kvx_entry en;
-        if (kvx_shard_entry(&en, sh, i) || !en.hash) continue;
-        int held = en.key ? st_key_indexed(s, snap, &en, drop) : 0;
-        if (held < 0) rc = held;
-        else if (!held) rc = kvx_cat_edit_add_block(e, en.coordinate, en.hash, x->gen);
+        skip[i] = 0;
+        if (kvx_shard_entry(&en, sh, i) || !en.hash || !en.key) continue;
+        int held = st_key_indexed(s, snap, &en, drop);
+        if (held < 0) return held;
+        skip[i] = (uint8_t)held;
     }
-    return rc;
+    return 0;
 }
 
 /* Recovery's one edit: records of gone or invalid shards dropped, wrong
  * sizes corrected, unregistered valid files adopted (for one byte in that
- * order: a drop, then the adoptee's record wins), the drops counted. */
-static int st_fix_write(kvx_store *s, const st_fix *f)
+ * order: a drop, then the adoptee's record wins), the drops counted. A
+ * keyed adoptee that cannot be judged now (st_keyed_skips -EAGAIN) is left
+ * where it is, unregistered, for the next writer's recovery, and so is
+ * the holder it would have replaced. */
+static int st_fix_write(kvx_store *s, st_fix *f)
 {
     kvx_cat_snap *snap = NULL;
+    uint8_t *skip[ST_SLOTS] = {0};
     int rc = 0;
-    for (uint32_t b = 0; b < ST_SLOTS && !snap && !rc; b++)
-        if (f->adopt[b] && (f->adopted[b].flags & KVX_FLAG_KEYS)) rc = kvx_cat_snap_begin(s->cat, &snap);
-    if (rc) return rc;
+    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
+        if (!f->adopt[b] || !(f->adopted[b].flags & KVX_FLAG_KEYS)) continue;
+        if (!snap && (rc = kvx_cat_snap_begin(s->cat, &snap))) break;
+        uint32_t n = kvx_shard_get_info(f->adopt_sh[b])->num_blocks;
+        if (!(skip[b] = malloc(n ? n : 1))) {
+            rc = kvx_fail(-ENOMEM, "store: out of memory");
+            break;
+        }
+        rc = st_keyed_skips(s, snap, f->drop, f->adopt_sh[b], skip[b]);
+        if (rc == -EAGAIN) {
+            kvx_clear_error();
+            rc = 0;
+            kvx_shard_close(f->adopt_sh[b]);
+            f->adopt_sh[b] = NULL;
+            f->adopt[b] = 0;
+            if (f->drop[b] == 2) { /* the holder it would have replaced stays, for now */
+                f->drop[b] = 0;
+                f->ndrop--;
+            }
+        }
+    }
+    if (snap) kvx_cat_snap_end(snap);
     kvx_cat_edit e;
     kvx_cat_edit_init(&e);
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
@@ -149,12 +179,16 @@ static int st_fix_write(kvx_store *s, const st_fix *f)
             kvx_cat_edit_put_shard(&e, b, &rec);
         }
         if (!f->adopt[b]) continue;
-        if (f->adopted[b].flags & KVX_FLAG_KEYS)
-            rc = st_edit_add_keyed_file(s, snap, f->drop, &e, &f->adopted[b], f->adopt_sh[b]);
-        else
-            st_edit_add_file(&e, &f->adopted[b], f->adopt_sh[b]); /* builder failures come back at apply */
+        /* builder failures come back at apply */
+        const kvx_shard *sh = f->adopt_sh[b];
+        kvx_st_register(&e, &f->adopted[b]);
+        for (uint32_t i = 0; i < kvx_shard_get_info(sh)->num_blocks; i++) {
+            kvx_entry en;
+            if (kvx_shard_entry(&en, sh, i) || !en.hash || (skip[b] && skip[b][i])) continue;
+            kvx_cat_edit_add_block(&e, en.coordinate, en.hash, f->adopted[b].gen);
+        }
     }
-    if (snap) kvx_cat_snap_end(snap);
+    for (uint32_t b = 0; b < ST_SLOTS; b++) free(skip[b]);
     if (rc) {
         kvx_cat_edit_free(&e);
         return rc;
@@ -400,6 +434,7 @@ static int st_scan_file(kvx_store *s, int fd, const char *name, void *ctx)
 typedef struct st_kpage {
     uint64_t hash, gen;
     uint32_t b, idx;
+    uint8_t sound; /* its page's CRC: 0 not checked yet, 1 passes, 2 fails */
 } st_kpage;
 
 /* Newest first within one name: a higher generation, then a later entry. */
@@ -428,11 +463,12 @@ static int st_same_page(const st_scan *sc, const st_kpage *a, const st_kpage *b)
     return x.bytes == y.bytes && x.crc32 == y.crc32;
 }
 
-/* Does copy a's page pass its CRC? */
-static int st_page_sound(const st_scan *sc, const st_kpage *a)
+/* Does copy a's page pass its CRC? (checked once) */
+static int st_page_sound(const st_scan *sc, st_kpage *a)
 {
     const void *page;
-    return kvx_shard_page(&page, sc->f[a->b].sh, a->idx, 1) == 0;
+    if (!a->sound) a->sound = kvx_shard_page(&page, sc->f[a->b].sh, a->idx, 1) == 0 ? 1 : 2;
+    return a->sound == 1;
 }
 
 /* A keyed store's pages: one copy per key, the newest, and older copies
@@ -459,7 +495,7 @@ static int st_edit_add_keyed(kvx_cat_edit *e, const st_scan *sc)
         for (uint32_t i = 0; i < cnt; i++) {
             kvx_entry en;
             if (kvx_shard_entry(&en, sc->f[b].sh, i) || !en.hash) continue;
-            all[k++] = (st_kpage){en.hash, sc->f[b].gen, b, i};
+            all[k++] = (st_kpage){en.hash, sc->f[b].gen, b, i, 0};
         }
     }
     qsort(all, k, sizeof *all, st_cmp_kpage);

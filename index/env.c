@@ -273,6 +273,8 @@ static int idx_open_new(kvx_index *ix, const char *path, int create, int nosync)
     return 0;
 }
 
+static void idx_adopt_size(kvx_index *ix);
+
 int kvx_idx_open(kvx_index **out, const char *path, int create, int nosync)
 {
     *out = NULL;
@@ -293,7 +295,7 @@ int kvx_idx_open(kvx_index **out, const char *path, int create, int nosync)
          * another thread reads the flag half way (LMDB reads it at the
          * data sync and again at the meta write) */
         int e = 0;
-        if (!ix->rdonly_env) {
+        for (int attempt = 0; !ix->rdonly_env && attempt < 8; attempt++) {
             pthread_rwlock_rdlock(&ix->resize);
             MDB_txn *txn = NULL;
             e = mdb_txn_begin(ix->env, NULL, 0, &txn);
@@ -302,6 +304,8 @@ int kvx_idx_open(kvx_index **out, const char *path, int create, int nosync)
                 mdb_txn_abort(txn);
             }
             pthread_rwlock_unlock(&ix->resize);
+            if (e != MDB_MAP_RESIZED) break;
+            idx_adopt_size(ix); /* another process grew the map */
         }
         if (e) {
             int rc = kvx_idx_errp(ix, e, "turn syncing back on"); /* before our reference goes */

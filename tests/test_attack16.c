@@ -270,6 +270,72 @@ static void test_carried_child_of_collided_parent(void **state)
     free(pb);
 }
 
+/* A chained FNV collision at block 0 for B = 4 (tests/collide.h, seed
+ * 12345; the pair of test_attack2.c): H(0, COLL_A) == H(0, COLL_B). */
+static const uint32_t COLL_A[4] = {2849051040u, 4145281261u, 3375848879u, 1394986490u};
+static const uint32_t COLL_B[4] = {2849051040u, 4145281261u, 3465670547u, 1026208435u};
+
+/* gc keeps a pre-digest shard pre-digest when it salvages or trims it, so
+ * reindex can still derive its blocks; but not when a block it leaves out
+ * is the parent of one it keeps. The legacy shard holds X (tokens
+ * COLL_A), A (COLL_B: the same hash) and C (parent that hash, its KV
+ * computed after A). C is unverified (two candidate parents). A's page
+ * rots; gc's salvage keeps X and C, and with the shard still pre-digest
+ * the next reindex derived C from X: X || c was served A || c's KV. */
+static void test_salvage_keeps_no_collided_parent(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = new_store(dir, sizeof dir);
+    kvx_store_close(s);
+    uint32_t c[SU_B], xc[2 * SU_B];
+    su_tokens(c, 703, 1, 0);
+    uint64_t hx = kvx_block_hash(0, COLL_A, SU_B);
+    assert_true(hx == kvx_block_hash(0, COLL_B, SU_B));
+    uint8_t px[PB], pa[PB], pc[PB];
+    su_page(px, PB, 0x701);
+    su_page(pa, PB, 0x702);
+    su_page(pc, PB, 0x703);
+    char path[600];
+    snprintf(path, sizeof path, "%s/shards/%016" PRIx64 ".kvx", dir, (uint64_t)100);
+    kvx_shard_writer_options o = KVX_SHARD_WRITER_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.shard_id = 200;
+    o.max_entries = 4;
+    o.flags = KVX_FLAG_HASHES | KVX_FLAG_LINEAGE;
+    kvx_shard_writer *w;
+    assert_int_equal(kvx_shard_writer_create(&w, path, &o), 0);
+    const uint32_t *toks[3] = {COLL_A, COLL_B, c};
+    const uint8_t *pages[3] = {px, pa, pc};
+    const uint64_t parents[3] = {0, 0, hx};
+    for (int i = 0; i < 3; i++) {
+        kvx_entry_in e;
+        memset(&e, 0, sizeof e);
+        e.radix_block = (uint16_t)i;
+        e.token_count = SU_B;
+        e.page = pages[i];
+        e.tokens = toks[i];
+        e.parent = parents[i];
+        e.hash = kvx_block_hash(parents[i], toks[i], SU_B);
+        assert_int_equal(kvx_shard_writer_add(w, &e), 0);
+    }
+    assert_int_equal(kvx_shard_writer_seal(w), 0);
+    assert_int_equal(su_flip_page_byte(path, 1), 0); /* A's page */
+    memcpy(xc, COLL_A, sizeof COLL_A);
+    memcpy(xc + SU_B, c, sizeof c);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    kvx_view v[2];
+    size_t n = 0;
+    assert_int_equal(kvx_store_gc(s), 0); /* salvage: A left out */
+    assert_int_equal(kvx_store_reindex(s), 0);
+    assert_int_equal(kvx_store_prefix(v, &n, s, xc, 2 * SU_B, 2), 0);
+    if (n == 2) fail_msg("DEFECT rule 1: after gc left out a collided parent, reindex derived its child from the other");
+    assert_int_equal(n, 1);
+    assert_memory_equal(v[0].page, px, PB);
+    kvx_views_release(v, n);
+    kvx_store_close(s);
+}
+
 static int env_nosync(kvx_index *ix)
 {
     unsigned fl = 0;
@@ -357,7 +423,8 @@ static int keyed_version(kvx_store *s, const char *k, uint64_t max_ver)
  * (a backup restored, or a drop whose unlink a crash undid before it was
  * durable) and the next writer adopts it: K has two copies. The get
  * served the first in coordinate byte order, O's (shard byte 0): the
- * deleted v1. The newest generation answers now. */
+ * deleted v1. The adopted shard no longer indexes K: the catalog holds a
+ * sound copy. */
 static void test_keyed_newest_copy_served(void **state)
 {
     (void)state;
@@ -579,6 +646,50 @@ static void test_keyed_put_after_damage_lower_gen(void **state)
     kvx_store_close(s);
 }
 
+/* The adoption rule must not hide a sound copy behind a damaged one: K's
+ * only indexed copy (shard P) has a rotten page when an older shard O
+ * holding K's very page comes back (a backup); O's copy is indexed and
+ * served, and gc's salvage of P keeps K. Skipping it left K indexed
+ * nowhere once gc dropped P's bad page, and then O went as "deleted". */
+static void test_keyed_adoptee_beside_damaged_copy(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/s%d", su_root, dir_n++);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.page_bytes = PB;
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    keyed_put(s, "K", 1);
+    assert_int_equal(kvx_store_flush(s), 0);
+    char names[8][64];
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
+    char old[600], aside[600];
+    snprintf(old, sizeof old, "%s/shards/%s", dir, names[0]);
+    snprintf(aside, sizeof aside, "%s/aside16b.kvx", su_root);
+    assert_int_equal(link(old, aside), 0);
+    keyed_del(s, "K");
+    keyed_put(s, "K", 1); /* the same page again, in P */
+    assert_int_equal(kvx_store_flush(s), 0);
+    assert_int_equal(kvx_store_gc(s), 0);
+    kvx_store_close(s);
+    assert_true(access(old, F_OK) != 0); /* gc dropped O */
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
+    char p[600];
+    snprintf(p, sizeof p, "%s/shards/%s", dir, names[0]);
+    assert_int_equal(su_flip_page_byte(p, 0), 0);
+    assert_int_equal(rename(aside, old), 0);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    int ver = keyed_version(s, "K", 1);
+    if (ver != 1) fail_msg("DEFECT rule 2: a sound adopted copy was not indexed beside a damaged one (K answers %d)", ver);
+    assert_int_equal(kvx_store_gc(s), 0); /* P salvaged (its bad page left out), O kept */
+    assert_int_equal(keyed_version(s, "K", 1), 1);
+    kvx_store_close(s);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    assert_int_equal(keyed_version(s, "K", 1), 1);
+    kvx_store_close(s);
+}
+
 /* Open descriptors of this process naming a deleted file under dir. */
 static int deleted_fds_under(const char *dir)
 {
@@ -670,10 +781,12 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_legacy_child_of_collided_parent),
         cmocka_unit_test(test_carried_child_of_collided_parent),
+        cmocka_unit_test(test_salvage_keeps_no_collided_parent),
         cmocka_unit_test(test_nosync_handle_does_not_unsync_writer),
         cmocka_unit_test(test_keyed_newest_copy_served),
         cmocka_unit_test(test_keyed_rewrite_skips_replaced_copy),
         cmocka_unit_test(test_keyed_put_after_damage_lower_gen),
+        cmocka_unit_test(test_keyed_adoptee_beside_damaged_copy),
         cmocka_unit_test(test_fetch_lets_go_of_deleted_shards),
         cmocka_unit_test(test_shard_swapped_for_symlink),
     };
