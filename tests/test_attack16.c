@@ -26,6 +26,12 @@
  *  - test_keyed_put_after_damage_lower_gen: a first fix (the newest
  *    generation answers) refused an acknowledged copy at a lower
  *    generation and let gc drop it;
+ *  - test_keyed_adoptee_beside_damaged_copy: the adoption rule skipped a
+ *    sound adopted copy beside a damaged catalog copy;
+ *  - test_salvage_keeps_no_collided_parent: gc kept a salvaged pre-digest
+ *    shard pre-digest after leaving out a collided parent;
+ *  - test_shard_swapped_for_symlink: a shard swapped for a symlink after
+ *    the store checked its name was read through it (review L5);
  *  - test_fetch_lets_go_of_deleted_shards: a long-lived kvx_fetch kept up
  *    to 64 shard files open after they were deleted (their disk space
  *    held until the handle was destroyed); they are closed at a release.
