@@ -22,3 +22,20 @@ func (s *Store) WithCStore(f func(cstore unsafe.Pointer) error) error {
 	defer s.mu.RUnlock()
 	return f(unsafe.Pointer(cs))
 }
+
+// WithCloseExcluded runs f while Close cannot run (the store's read lock),
+// whether the store is open or already closed. It is for destroying C
+// objects made on the handle that may outlive it (a transfer stream, a
+// lease): kvx_store_close detaches their batches, so a destroy after it
+// only frees memory, but one running during it races the close
+// (include/kvx.h: no call on the store or its batches during close). f
+// must not call the Store's own methods.
+func (s *Store) WithCloseExcluded(f func()) {
+	if s == nil || s.storeHandle == nil {
+		f()
+		return
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	f()
+}

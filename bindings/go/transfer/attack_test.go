@@ -1062,3 +1062,56 @@ func TestAttackHasBlocksTapPathAlias(t *testing.T) {
 	default:
 	}
 }
+
+// A lease's and a stream's destroy ran outside the store's read lock, so
+// a Store.Close at the same moment ran kvx_store_close during
+// kvx_store_batch_destroy (kvx.h forbids any call on the store or its
+// batches during close: the batch list is freed under it). Close now
+// waits for a destroy in progress; a destroy after Close only frees.
+func TestAttackCloseWaitsForDestroys(t *testing.T) {
+	for _, what := range []string{"stream", "lease"} {
+		s, _ := createStore(t, testGeom, 0)
+		tokens := tokensOf(31, 2*B)
+		putPrompt(t, s, tokens)
+		var destroy func()
+		if what == "stream" {
+			cs, err := newCStream(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			destroy = cs.destroy
+		} else {
+			held, l, err := hasBlocks(s, kvx.BlockHashes(tokens, B), tokens, 0, 0)
+			if err != nil || l == nil || !held[0] {
+				t.Fatalf("HasBlocks: %v %v %v", held, l, err)
+			}
+			destroy = func() { destroyLease(s, l) }
+		}
+		closed := make(chan struct{})
+		destroyHook = func() {
+			go func() { s.Close(); close(closed) }()
+			select {
+			case <-closed:
+				t.Errorf("%s: Store.Close ran while the %s was being destroyed", what, what)
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+		destroy()
+		destroyHook = nil
+		select {
+		case <-closed:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: Store.Close did not finish after the destroy", what)
+		}
+		// after the close: only frees (the batch was detached)
+		if what == "stream" {
+			s2, _ := createStore(t, testGeom, 0)
+			cs, err := newCStream(s2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s2.Close()
+			cs.destroy()
+		}
+	}
+}

@@ -211,7 +211,19 @@ func hasBlocks(s *kvx.Store, hashes []uint64, tokens []uint32, blockTokens uint3
 	return out, l, nil
 }
 
-func destroyLease(l cLease) { C.kvx_xfer_lease_destroy(l) }
+// destroyHook, when set (tests), runs inside the destroys' critical section.
+var destroyHook func()
+
+// destroyLease unpins lease l of store s. Under the store's read lock: a
+// Close of the store waits for it (after a close it only frees).
+func destroyLease(s *kvx.Store, l cLease) {
+	s.WithCloseExcluded(func() {
+		if destroyHook != nil {
+			destroyHook()
+		}
+		C.kvx_xfer_lease_destroy(l)
+	})
+}
 
 // BlockInfo is what one accepted chunk was (kvx_xfer_block).
 type BlockInfo struct {
@@ -296,9 +308,16 @@ func (c *cStream) progress() Result {
 	return resultFromC(&r)
 }
 
+// destroy drops what an unfinished stream wrote and frees it, under the
+// store's read lock as destroyLease.
 func (c *cStream) destroy() {
 	if c.st != nil {
-		C.kvx_xfer_stream_destroy(c.st)
+		c.s.WithCloseExcluded(func() {
+			if destroyHook != nil {
+				destroyHook()
+			}
+			C.kvx_xfer_stream_destroy(c.st)
+		})
 		c.st = nil
 	}
 }

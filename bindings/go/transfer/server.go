@@ -275,7 +275,7 @@ func (s *Server) Close() {
 	s.mu.Lock()
 	for id, l := range s.leases {
 		l.timer.Stop()
-		destroyLease(l.c)
+		destroyLease(s.store, l.c)
 		delete(s.leases, id)
 	}
 	s.order.Init()
@@ -320,14 +320,14 @@ func (s *Server) HasBlocks(ctx context.Context, req *tlkvpb.HasBlocksRequest) (r
 		return resp, nil
 	}
 	if !any { // nothing pinned: no lease to keep
-		destroyLease(cl)
+		destroyLease(s.store, cl)
 		return resp, nil
 	}
 	id := newLeaseID()
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		destroyLease(cl)
+		destroyLease(s.store, cl)
 		return nil, status.Error(codes.Unavailable, "kvxd is shutting down")
 	}
 	for len(s.leases) >= s.opts.MaxLeases { // the oldest goes first
@@ -360,7 +360,7 @@ func (s *Server) drop(id string) {
 		delete(s.leases, id)
 		s.order.Remove(l.el)
 		l.timer.Stop()
-		destroyLease(l.c)
+		destroyLease(s.store, l.c)
 	}
 }
 
