@@ -424,6 +424,28 @@ static int keyed_version(kvx_store *s, const char *k, uint64_t max_ver)
     return ver;
 }
 
+/* A new keyed store of PB-byte pages. */
+static kvx_store *new_keyed_store(char *dir, size_t cap)
+{
+    snprintf(dir, cap, "%s/s%d", su_root, dir_n++);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.page_bytes = PB;
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    return s;
+}
+
+/* The store's one shard: its path in old (600 bytes), and a second name
+ * for it, su_root/name, in aside (600 bytes): a backup of it. */
+static void link_only_shard(const char *dir, char *old, char *aside, const char *name)
+{
+    char names[8][64];
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
+    snprintf(old, 600, "%s/shards/%s", dir, names[0]);
+    snprintf(aside, 600, "%s/%s", su_root, name);
+    assert_int_equal(link(old, aside), 0);
+}
+
 /* H1 (d). A keyed store's shard O holds K = v1; K is deleted and put
  * again as v2 (shard P); gc drops O (no key of it is live). O comes back
  * (a backup restored, or a drop whose unlink a crash undid before it was
@@ -435,19 +457,11 @@ static void test_keyed_newest_copy_served(void **state)
 {
     (void)state;
     char dir[300];
-    snprintf(dir, sizeof dir, "%s/s%d", su_root, dir_n++);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.page_bytes = PB;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    kvx_store *s = new_keyed_store(dir, sizeof dir);
     keyed_put(s, "K", 1);
     assert_int_equal(kvx_store_flush(s), 0);
-    char names[8][64];
-    assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
-    char old[600], aside[600];
-    snprintf(old, sizeof old, "%s/shards/%s", dir, names[0]);
-    snprintf(aside, sizeof aside, "%s/aside.kvx", su_root);
-    assert_int_equal(link(old, aside), 0);
+    char names[8][64], old[600], aside[600];
+    link_only_shard(dir, old, aside, "aside.kvx");
     kvx_key k = {"K", 1};
     size_t n = 0;
     assert_int_equal(kvx_store_keyed_delete(s, &k, 1, &n), 0);
@@ -501,20 +515,12 @@ static void test_keyed_rewrite_skips_replaced_copy(void **state)
 {
     (void)state;
     char dir[300];
-    snprintf(dir, sizeof dir, "%s/s%d", su_root, dir_n++);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.page_bytes = PB;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    kvx_store *s = new_keyed_store(dir, sizeof dir);
     keyed_put(s, "K", 1);
     keyed_put(s, "J", 1);
     assert_int_equal(kvx_store_flush(s), 0);
-    char names[8][64];
-    assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
     char old[600], aside[600];
-    snprintf(old, sizeof old, "%s/shards/%s", dir, names[0]);
-    snprintf(aside, sizeof aside, "%s/aside16.kvx", su_root);
-    assert_int_equal(link(old, aside), 0);
+    link_only_shard(dir, old, aside, "aside16.kvx");
     keyed_del(s, "K");
     keyed_put(s, "K", 2);
     assert_int_equal(kvx_store_flush(s), 0);
@@ -618,11 +624,7 @@ static void test_keyed_put_after_damage_lower_gen(void **state)
 {
     (void)state;
     char dir[300];
-    snprintf(dir, sizeof dir, "%s/s%d", su_root, dir_n++);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.page_bytes = PB;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    kvx_store *s = new_keyed_store(dir, sizeof dir);
     kvx_store_batch *a = NULL;
     assert_int_equal(kvx_store_batch_create(&a, s), 0);
     keyed_put_into(s, a, "X", 1);
@@ -661,19 +663,11 @@ static void test_keyed_adoptee_beside_damaged_copy(void **state)
 {
     (void)state;
     char dir[300];
-    snprintf(dir, sizeof dir, "%s/s%d", su_root, dir_n++);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.page_bytes = PB;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    kvx_store *s = new_keyed_store(dir, sizeof dir);
     keyed_put(s, "K", 1);
     assert_int_equal(kvx_store_flush(s), 0);
-    char names[8][64];
-    assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
-    char old[600], aside[600];
-    snprintf(old, sizeof old, "%s/shards/%s", dir, names[0]);
-    snprintf(aside, sizeof aside, "%s/aside16b.kvx", su_root);
-    assert_int_equal(link(old, aside), 0);
+    char names[8][64], old[600], aside[600];
+    link_only_shard(dir, old, aside, "aside16b.kvx");
     keyed_del(s, "K");
     keyed_put(s, "K", 1); /* the same page again, in P */
     assert_int_equal(kvx_store_flush(s), 0);
