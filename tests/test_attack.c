@@ -105,7 +105,7 @@ static void flip_page_byte(const char *path, uint32_t entry) { assert_int_equal(
  * Rule 2: gc and a shard that cannot be opened right now
  * ---------------------------------------------------------------------- */
 
-/* kvx_os.open fails with EMFILE for any path ending in fail_suffix: the
+/* kvx_os.open (and openat) fails with EMFILE for any path ending in fail_suffix: the
  * process is out of descriptors just when that shard is opened. */
 static char fail_suffix[96];
 static int (*real_open)(const char *, int, mode_t);
@@ -120,6 +120,18 @@ static int open_emfile(const char *p, int fl, mode_t m)
         return -1;
     }
     return real_open(p, fl, m);
+}
+
+/* The same for openat: the store opens its shards under shards/ by name. */
+static int (*real_openat)(int, const char *, int, mode_t);
+static int openat_emfile(int dfd, const char *name, int fl, mode_t m)
+{
+    if (fail_suffix[0] && dfd != AT_FDCWD && strcmp(name, fail_suffix + 1) == 0) {
+        fail_count++;
+        errno = EMFILE;
+        return -1;
+    }
+    return real_openat(dfd, name, fl, m);
 }
 
 /*
@@ -160,6 +172,8 @@ static void test_regress_gc_headless_transient_parent(void **state)
     kvx_os_reset();
     real_open = kvx_os.open;
     kvx_os.open = open_emfile;
+    real_openat = kvx_os.openat;
+    kvx_os.openat = openat_emfile;
     fail_count = 0;
     int rc = kvx_store_gc(s);
     kvx_os_reset();
@@ -651,6 +665,15 @@ static int open_crash(const char *p, int fl, mode_t m)
     return real_open2(p, fl, m);
 }
 
+/* The store opens shard files by name under its shards/ descriptor. */
+static int (*real_openat2)(int, const char *, int, mode_t);
+static int openat_crash(int dfd, const char *name, int fl, mode_t m)
+{
+    size_t n = strlen(name);
+    if (dfd != AT_FDCWD && n > 4 && !strcmp(name + n - 4, ".kvx") && --crash_open_after <= 0) _exit(0);
+    return real_openat2(dfd, name, fl, m);
+}
+
 static void test_reindex_dir_busy_and_crash(void **state)
 {
     (void)state;
@@ -721,11 +744,14 @@ static void test_reindex_dir_busy_and_crash(void **state)
             crash_open_after = k;
             real_open2 = kvx_os.open;
             kvx_os.open = open_crash;
+            real_openat2 = kvx_os.openat;
+            kvx_os.openat = openat_crash;
             kvx_store_reindex_dir(dir, 0);
             _exit(3);
         }
         assert_int_equal(waitpid(pid, &st, 0), pid);
         assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0); /* killed inside the scan, not after it */
         /* a writer's open alone recovers: it rebuilds an empty index */
         assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
         for (uint64_t seq = 1; seq <= 3; seq++) assert_int_equal(su_served_prefix(s, seq, 3), 3);

@@ -102,13 +102,33 @@ static int failing_open(const char *path, int flags, mode_t mode)
     return real_open(path, flags, mode);
 }
 
+/* The same for openat: the store opens its shards by name under its
+ * shards/ descriptor. */
+static int (*real_openat)(int, const char *, int, mode_t);
+static int failing_openat(int dfd, const char *name, int flags, mode_t mode)
+{
+    char fdp[64], dir[4096];
+    snprintf(fdp, sizeof fdp, "/proc/self/fd/%d", dfd);
+    ssize_t n = dfd == AT_FDCWD ? -1 : readlink(fdp, dir, sizeof dir - 1);
+    size_t len = strlen(name);
+    if (n >= 7 && !strncmp(dir + n - 7, "/shards", 7) && name[0] != '.' && !strchr(name, '/') && len > 4 &&
+        !strcmp(name + len - 4, ".kvx")) {
+        open_failed++;
+        errno = open_errno;
+        return -1;
+    }
+    return real_openat(dfd, name, flags, mode);
+}
+
 static void fail_shard_opens(int err)
 {
     kvx_os_reset();
     real_open = kvx_os.open;
+    real_openat = kvx_os.openat;
     open_errno = err;
     open_failed = 0;
     kvx_os.open = failing_open;
+    kvx_os.openat = failing_openat;
 }
 
 /* ------------------------------------------------------------------ tests */
