@@ -207,27 +207,46 @@ int kvx_st_derive_digests(kvx_store *s)
     return rc;
 }
 
-/* Rewrites shard b keeping only the entries keep[0..nkeep) marks (NULL: all
- * whose page is sound), then drops it: deleted when sound, else
- * quarantined. */
-static int st_cmp_u64(const void *a, const void *b)
+/* A block of a shard: its hash and index (st_drops_a_parent). */
+typedef struct st_hidx {
+    uint64_t hash;
+    uint32_t idx;
+} st_hidx;
+
+static int st_cmp_hidx(const void *a, const void *b)
 {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : x > y;
+    const st_hidx *x = a, *y = b;
+    if (x->hash != y->hash) return x->hash < y->hash ? -1 : 1;
+    return x->idx < y->idx ? -1 : x->idx > y->idx;
 }
 
-/* Would copying moves mv (the blocks of shard b that a rewrite keeps, less
- * those whose page fails its CRC: kvx_st_rewrite leaves them out) leave
- * out a block whose hash is the parent of a block copied? 1 yes, 0 no. */
+/* The first of sorted a[0..n) with that hash (the lowest index), or NULL. */
+static const st_hidx *st_hidx_first(const st_hidx *a, size_t n, uint64_t hash)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (a[mid].hash < hash) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n && a[lo].hash == hash ? &a[lo] : NULL;
+}
+
+/* Would copying moves mv (the blocks of pre-digest shard b a rewrite
+ * keeps, less those whose page fails its CRC: kvx_st_rewrite leaves them
+ * out) leave a block C whose parent hash names a block left out and also a
+ * block kept before C (a collision)? Reindex would then derive C from the
+ * kept one (st_parent_digest). 1 yes, 0 no, <0 an error. */
 static int st_drops_a_parent(kvx_store *s, uint32_t b, const st_move *mv, size_t nmv)
 {
     kvx_shard *sh = kvx_st_shard_get(s, b, s->reg->rec[b].gen);
     if (!sh) return kvx_fail(-EIO, "store: shard %u cannot be opened to copy its blocks", b);
     uint32_t n = kvx_shard_get_info(sh)->num_blocks;
     uint8_t *copied = calloc(n ? n : 1, 1);
-    uint64_t *gone = malloc((n ? n : 1) * sizeof *gone);
-    if (!copied || !gone) {
+    st_hidx *kept = malloc((n ? n : 1) * sizeof *kept), *gone = malloc((n ? n : 1) * sizeof *gone);
+    if (!copied || !kept || !gone) {
         free(copied);
+        free(kept);
         free(gone);
         kvx_shard_close(sh);
         return kvx_fail(-ENOMEM, "store: out of memory");
@@ -237,26 +256,34 @@ static int st_drops_a_parent(kvx_store *s, uint32_t b, const st_move *mv, size_t
         const void *page;
         if (idx < n && kvx_shard_page(&page, sh, idx, 1) == 0) copied[idx] = 1;
     }
-    size_t ng = 0;
+    size_t nk = 0, ng = 0;
     for (uint32_t i = 0; i < n; i++) {
         kvx_entry e;
-        if (!copied[i] && kvx_shard_entry(&e, sh, i) == 0 && e.hash) gone[ng++] = e.hash;
+        if (kvx_shard_entry(&e, sh, i) || !e.hash) continue;
+        if (copied[i]) kept[nk++] = (st_hidx){e.hash, i};
+        else gone[ng++] = (st_hidx){e.hash, i};
     }
     int hit = 0;
-    if (ng) {
-        qsort(gone, ng, sizeof *gone, st_cmp_u64);
-        for (uint32_t i = 0; i < n && !hit; i++) {
-            kvx_entry e;
-            if (copied[i] && kvx_shard_entry(&e, sh, i) == 0 && e.parent)
-                hit = bsearch(&e.parent, gone, ng, sizeof *gone, st_cmp_u64) != NULL;
+    if (ng && nk) {
+        qsort(kept, nk, sizeof *kept, st_cmp_hidx);
+        qsort(gone, ng, sizeof *gone, st_cmp_hidx);
+        for (size_t k = 0; k < nk && !hit; k++) {
+            kvx_entry c;
+            if (kvx_shard_entry(&c, sh, kept[k].idx) || !c.parent || !st_hidx_first(gone, ng, c.parent)) continue;
+            const st_hidx *f = st_hidx_first(kept, nk, c.parent);
+            hit = f && f->idx < kept[k].idx;
         }
     }
     free(copied);
+    free(kept);
     free(gone);
     kvx_shard_close(sh);
     return hit;
 }
 
+/* Rewrites shard b keeping only the entries keep[0..nkeep) marks (NULL: all
+ * whose page is sound), then drops it: deleted when sound, else
+ * quarantined. */
 static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, size_t nkeep, int damaged,
                             const char *damaged_why)
 {

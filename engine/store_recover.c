@@ -67,6 +67,7 @@ typedef struct st_fix {
     uint8_t resize[ST_SLOTS]; /* records whose file_bytes is corrected */
     uint64_t size[ST_SLOTS];
     uint8_t adopt[ST_SLOTS];  /* unregistered valid files to register */
+    uint8_t replaced[ST_SLOTS]; /* drop[b] 2 because adopt[b] claims the byte */
     st_sealed adopted[ST_SLOTS];
     kvx_shard *adopt_sh[ST_SLOTS];
     uint64_t ndrop;
@@ -97,8 +98,10 @@ static int st_key_indexed(kvx_store *s, kvx_cat_snap *snap, const kvx_entry *en,
         uint32_t b = KVX_COORD_SHARD(loc.coord);
         if (drop[b] || !s->reg->live[b] || s->reg->rec[b].gen != loc.gen) continue;
         kvx_shard *sh = kvx_st_shard_get(s, b, loc.gen);
-        if (!sh) { /* recovery judged it valid: a passing failure */
-            unknown = 1;
+        if (!sh) { /* judged bad (no sound copy there), or a passing failure */
+            pthread_rwlock_rdlock(&s->cache_lock);
+            unknown |= !(s->cache[b].gen == loc.gen && s->cache[b].bad);
+            pthread_rwlock_unlock(&s->cache_lock);
             continue;
         }
         uint32_t idx = KVX_COORD_BLOCK(loc.coord);
@@ -147,23 +150,30 @@ static int st_fix_write(kvx_store *s, st_fix *f)
     kvx_cat_snap *snap = NULL;
     uint8_t *skip[ST_SLOTS] = {0};
     int rc = 0;
-    for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
-        if (!f->adopt[b] || !(f->adopted[b].flags & KVX_FLAG_KEYS)) continue;
-        if (!snap && (rc = kvx_cat_snap_begin(s->cat, &snap))) break;
-        uint32_t n = kvx_shard_get_info(f->adopt_sh[b])->num_blocks;
-        if (!(skip[b] = malloc(n ? n : 1))) {
-            rc = kvx_fail(-ENOMEM, "store: out of memory");
-            break;
-        }
-        rc = st_keyed_skips(s, snap, f->drop, f->adopt_sh[b], skip[b]);
-        if (rc == -EAGAIN) {
+    /* a deferral keeps a holder registered, which changes what the others
+     * see: judged again until no new deferral (at most one per byte) */
+    for (int again = 1; again && !rc;) {
+        again = 0;
+        for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
+            if (!f->adopt[b] || !(f->adopted[b].flags & KVX_FLAG_KEYS)) continue;
+            if (!snap && (rc = kvx_cat_snap_begin(s->cat, &snap))) break;
+            uint32_t n = kvx_shard_get_info(f->adopt_sh[b])->num_blocks;
+            if (!skip[b] && !(skip[b] = malloc(n ? n : 1))) {
+                rc = kvx_fail(-ENOMEM, "store: out of memory");
+                break;
+            }
+            rc = st_keyed_skips(s, snap, f->drop, f->adopt_sh[b], skip[b]);
+            if (rc != -EAGAIN) continue;
             kvx_clear_error();
             rc = 0;
+            again = 1;
             kvx_shard_close(f->adopt_sh[b]);
             f->adopt_sh[b] = NULL;
             f->adopt[b] = 0;
-            if (f->drop[b] == 2) { /* the holder it would have replaced stays, for now */
+            s->adopt_wait[b] = 1;
+            if (f->replaced[b]) { /* the holder it would have replaced stays, for now */
                 f->drop[b] = 0;
+                f->replaced[b] = 0;
                 f->ndrop--;
             }
         }
@@ -324,6 +334,7 @@ static int st_adopt_file(kvx_store *s, int fd, const char *name, void *vctx)
                     if (kvx_st_quarantine(s, older, owhy) != 0) kvx_clear_error();
                 } else { /* the registered holder: its records go, its file aside after the commit */
                     f->drop[b] = 2;
+                    f->replaced[b] = 1;
                     snprintf(c->why[b], sizeof c->why[b], "%s", owhy);
                 }
             }

@@ -30,6 +30,9 @@
  *    sound adopted copy beside a damaged catalog copy;
  *  - test_salvage_keeps_no_collided_parent: gc kept a salvaged pre-digest
  *    shard pre-digest after leaving out a collided parent;
+ *  - test_keyed_adoptee_waits_when_unjudged: an adoptee left for the next
+ *    recovery had its shard byte taken by a flush meanwhile, and was then
+ *    quarantined as held by that newer shard;
  *  - test_shard_swapped_for_symlink: a shard swapped for a symlink after
  *    the store checked its name was read through it (review L5);
  *  - test_fetch_lets_go_of_deleted_shards: a long-lived kvx_fetch kept up
@@ -44,6 +47,7 @@
 #include <cmocka.h>
 
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <lmdb.h>
@@ -690,6 +694,60 @@ static void test_keyed_adoptee_beside_damaged_copy(void **state)
     kvx_store_close(s);
 }
 
+/* Recovery cannot judge an adoptee when the shard holding the catalog's
+ * copy of one of its keys does not open now (EMFILE): the adoptee waits
+ * for the next writer's recovery, unregistered, and no new shard takes its
+ * byte meanwhile (a flush that did would get the newer generation, and
+ * the next recovery would quarantine the adoptee as held by it). */
+static char emfile_name[64];
+static int emfile_openat(int dfd, const char *name, int fl, mode_t m)
+{
+    if (emfile_name[0] && strcmp(name, emfile_name) == 0) {
+        errno = EMFILE;
+        return -1;
+    }
+    return real_os.openat(dfd, name, fl, m);
+}
+
+static void test_keyed_adoptee_waits_when_unjudged(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = new_keyed_store(dir, sizeof dir);
+    keyed_put(s, "K", 1);
+    assert_int_equal(kvx_store_flush(s), 0);
+    char names[8][64], old[600], aside[600];
+    link_only_shard(dir, old, aside, "aside16c.kvx");
+    keyed_del(s, "K");
+    keyed_put(s, "K", 2);
+    assert_int_equal(kvx_store_flush(s), 0);
+    assert_int_equal(kvx_store_gc(s), 0);
+    kvx_store_close(s);
+    assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
+    assert_int_equal(rename(aside, old), 0);
+    /* P (the catalog's copy of K) cannot be opened during the recovery */
+    real_os = kvx_os;
+    kvx_os.openat = emfile_openat;
+    snprintf(emfile_name, sizeof emfile_name, "%s", names[0]);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    emfile_name[0] = 0;
+    kvx_os = real_os;
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_int_equal(st.shards, 1); /* O waits, unregistered */
+    assert_int_equal(keyed_version(s, "K", 2), 2);
+    keyed_put(s, "L", 1); /* a new shard: not O's byte */
+    assert_int_equal(kvx_store_flush(s), 0);
+    kvx_store_close(s);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    if (st.quarantined) fail_msg("DEFECT rule 2: the waiting adoptee was quarantined (its byte was taken)");
+    assert_int_equal(st.shards, 3); /* O adopted now */
+    assert_int_equal(keyed_version(s, "K", 2), 2); /* K not indexed from O: P holds it, sound */
+    assert_int_equal(keyed_version(s, "L", 1), 1);
+    kvx_store_close(s);
+}
+
 /* Open descriptors of this process naming a deleted file under dir. */
 static int deleted_fds_under(const char *dir)
 {
@@ -787,6 +845,7 @@ int main(void)
         cmocka_unit_test(test_keyed_rewrite_skips_replaced_copy),
         cmocka_unit_test(test_keyed_put_after_damage_lower_gen),
         cmocka_unit_test(test_keyed_adoptee_beside_damaged_copy),
+        cmocka_unit_test(test_keyed_adoptee_waits_when_unjudged),
         cmocka_unit_test(test_fetch_lets_go_of_deleted_shards),
         cmocka_unit_test(test_shard_swapped_for_symlink),
     };

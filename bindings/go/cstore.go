@@ -29,7 +29,9 @@ func (s *Store) WithCStore(f func(cstore unsafe.Pointer) error) error {
 // lease): kvx_store_close detaches their batches, so a destroy after it
 // only frees memory, but one running during it races the close
 // (include/kvx.h: no call on the store or its batches during close). f
-// must not call the Store's own methods.
+// must not call the Store's own methods, and WithCloseExcluded must not be
+// called from inside WithCStore's f (a read lock taken twice deadlocks
+// once a Close waits between the two).
 func (s *Store) WithCloseExcluded(f func()) {
 	if s == nil || s.storeHandle == nil {
 		f()

@@ -1088,7 +1088,7 @@ func TestAttackCloseWaitsForDestroys(t *testing.T) {
 			destroy = func() { destroyLease(s, l) }
 		}
 		closed := make(chan struct{})
-		destroyHook = func() {
+		hook := func() {
 			go func() { s.Close(); close(closed) }()
 			select {
 			case <-closed:
@@ -1096,8 +1096,9 @@ func TestAttackCloseWaitsForDestroys(t *testing.T) {
 			case <-time.After(200 * time.Millisecond):
 			}
 		}
+		destroyHook.Store(&hook)
 		destroy()
-		destroyHook = nil
+		destroyHook.Store(nil)
 		select {
 		case <-closed:
 		case <-time.After(10 * time.Second):

@@ -91,6 +91,7 @@ import "C"
 
 import (
 	"errors"
+	"sync/atomic"
 	"unsafe"
 
 	"google.golang.org/grpc/codes"
@@ -212,15 +213,19 @@ func hasBlocks(s *kvx.Store, hashes []uint64, tokens []uint32, blockTokens uint3
 }
 
 // destroyHook, when set (tests), runs inside the destroys' critical section.
-var destroyHook func()
+var destroyHook atomic.Pointer[func()]
+
+func runDestroyHook() {
+	if h := destroyHook.Load(); h != nil {
+		(*h)()
+	}
+}
 
 // destroyLease unpins lease l of store s. Under the store's read lock: a
 // Close of the store waits for it (after a close it only frees).
 func destroyLease(s *kvx.Store, l cLease) {
 	s.WithCloseExcluded(func() {
-		if destroyHook != nil {
-			destroyHook()
-		}
+		runDestroyHook()
 		C.kvx_xfer_lease_destroy(l)
 	})
 }
@@ -313,9 +318,7 @@ func (c *cStream) progress() Result {
 func (c *cStream) destroy() {
 	if c.st != nil {
 		c.s.WithCloseExcluded(func() {
-			if destroyHook != nil {
-				destroyHook()
-			}
+			runDestroyHook()
 			C.kvx_xfer_stream_destroy(c.st)
 		})
 		c.st = nil
