@@ -658,6 +658,23 @@ static void test_keyed_put_after_damage_lower_gen(void **state)
     kvx_store_close(s);
 }
 
+/* A closed keyed store (dir, 300 bytes) whose shard O held K = v1: O is
+ * linked aside (its path in old, the backup's in aside, su_root/name),
+ * then K deleted and put again as version ver (shard P) and gc dropped O. */
+static void replaced_with_backup(char *dir, char *old, char *aside, const char *name, uint64_t ver)
+{
+    kvx_store *s = new_keyed_store(dir, 300);
+    keyed_put(s, "K", 1);
+    assert_int_equal(kvx_store_flush(s), 0);
+    link_only_shard(dir, old, aside, name);
+    keyed_del(s, "K");
+    keyed_put(s, "K", ver);
+    assert_int_equal(kvx_store_flush(s), 0);
+    assert_int_equal(kvx_store_gc(s), 0);
+    kvx_store_close(s);
+    assert_true(access(old, F_OK) != 0); /* gc dropped O */
+}
+
 /* The adoption rule must not hide a sound copy behind a damaged one: K's
  * only indexed copy (shard P) has a rotten page when an older shard O
  * holding K's very page comes back (a backup); O's copy is indexed and
@@ -666,18 +683,9 @@ static void test_keyed_put_after_damage_lower_gen(void **state)
 static void test_keyed_adoptee_beside_damaged_copy(void **state)
 {
     (void)state;
-    char dir[300];
-    kvx_store *s = new_keyed_store(dir, sizeof dir);
-    keyed_put(s, "K", 1);
-    assert_int_equal(kvx_store_flush(s), 0);
-    char names[8][64], old[600], aside[600];
-    link_only_shard(dir, old, aside, "aside16b.kvx");
-    keyed_del(s, "K");
-    keyed_put(s, "K", 1); /* the same page again, in P */
-    assert_int_equal(kvx_store_flush(s), 0);
-    assert_int_equal(kvx_store_gc(s), 0);
-    kvx_store_close(s);
-    assert_true(access(old, F_OK) != 0); /* gc dropped O */
+    char dir[300], names[8][64], old[600], aside[600];
+    replaced_with_backup(dir, old, aside, "aside16b.kvx", 1); /* the same page again, in P */
+    kvx_store *s = NULL;
     assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
     char p[600];
     snprintf(p, sizeof p, "%s/shards/%s", dir, names[0]);
@@ -712,17 +720,9 @@ static int emfile_openat(int dfd, const char *name, int fl, mode_t m)
 static void test_keyed_adoptee_waits_when_unjudged(void **state)
 {
     (void)state;
-    char dir[300];
-    kvx_store *s = new_keyed_store(dir, sizeof dir);
-    keyed_put(s, "K", 1);
-    assert_int_equal(kvx_store_flush(s), 0);
-    char names[8][64], old[600], aside[600];
-    link_only_shard(dir, old, aside, "aside16c.kvx");
-    keyed_del(s, "K");
-    keyed_put(s, "K", 2);
-    assert_int_equal(kvx_store_flush(s), 0);
-    assert_int_equal(kvx_store_gc(s), 0);
-    kvx_store_close(s);
+    char dir[300], names[8][64], old[600], aside[600];
+    replaced_with_backup(dir, old, aside, "aside16c.kvx", 2);
+    kvx_store *s = NULL;
     assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
     assert_int_equal(rename(aside, old), 0);
     /* P (the catalog's copy of K) cannot be opened during the recovery */
