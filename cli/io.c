@@ -15,11 +15,11 @@
  * (or absent): the bytes go to an unnamed O_TMPFILE in its directory,
  * which is fsynced, linked as ".kvx-tmp.<pid>.<16 hex digits: the
  * name's hash and 64 random bits>" and renamed over the target at once,
- * so a killed command leaves nothing (a named temporary only where O_TMPFILE is missing; any
- * such file whose pid is dead and which is 10 minutes old is removed by
- * the next command writing into that directory). The temporary's name
- * has a fixed length whatever the target's, so any name the file system
- * takes can be written (one of 250
+ * so a killed command leaves nothing (a named temporary only where
+ * O_TMPFILE is missing; any such file whose pid is dead and which is 10
+ * minutes old is removed by the next command writing into that
+ * directory). The temporary's name has a fixed length whatever the
+ * target's, so any name the file system takes can be written (one of 250
  * bytes plus a suffix could not). A FIFO or a character device is written
  * into directly, never renamed over (a FIFO without a reader is refused
  * at once); a symlink, a directory, a block device or a socket is refused

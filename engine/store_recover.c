@@ -73,14 +73,15 @@ typedef struct st_fix {
     uint64_t ndrop;
 } st_fix;
 
-/* Adds shard sh (its record x and every entry with a hash) to e. */
-static int st_edit_add_file(kvx_cat_edit *e, const st_sealed *x, const kvx_shard *sh)
+/* Adds shard sh (its record x and every entry with a hash, but those
+ * skip marks; skip may be NULL) to e. */
+static int st_edit_add_file(kvx_cat_edit *e, const st_sealed *x, const kvx_shard *sh, const uint8_t *skip)
 {
     int rc = kvx_st_register(e, x);
     const kvx_shard_info *in = kvx_shard_get_info(sh);
     for (uint32_t i = 0; !rc && i < in->num_blocks; i++) {
         kvx_entry en;
-        if (kvx_shard_entry(&en, sh, i) || !en.hash) continue;
+        if (kvx_shard_entry(&en, sh, i) || !en.hash || (skip && skip[i])) continue;
         rc = kvx_cat_edit_add_block(e, en.coordinate, en.hash, x->gen);
     }
     return rc;
@@ -188,15 +189,8 @@ static int st_fix_write(kvx_store *s, st_fix *f)
             rec.file_bytes = f->size[b];
             kvx_cat_edit_put_shard(&e, b, &rec);
         }
-        if (!f->adopt[b]) continue;
-        /* builder failures come back at apply */
-        const kvx_shard *sh = f->adopt_sh[b];
-        kvx_st_register(&e, &f->adopted[b]);
-        for (uint32_t i = 0; i < kvx_shard_get_info(sh)->num_blocks; i++) {
-            kvx_entry en;
-            if (kvx_shard_entry(&en, sh, i) || !en.hash || (skip[b] && skip[b][i])) continue;
-            kvx_cat_edit_add_block(&e, en.coordinate, en.hash, f->adopted[b].gen);
-        }
+        if (f->adopt[b]) /* builder failures come back at apply */
+            st_edit_add_file(&e, &f->adopted[b], f->adopt_sh[b], skip[b]);
     }
     for (uint32_t b = 0; b < ST_SLOTS; b++) free(skip[b]);
     if (rc) {
@@ -543,7 +537,7 @@ static int st_reindex_write(kvx_store *s, const st_scan *sc, uint64_t next_gen)
         st_sealed x = {(uint8_t)b, f->gen, in->flags, in->num_blocks, f->bytes, kvx_st_now_ns(), kvx_st_count_unverified(f->sh),
                        "", 0};
         if (s->keyed) rc = rc ? rc : kvx_st_register(&e, &x);
-        else st_edit_add_file(&e, &x, f->sh);
+        else st_edit_add_file(&e, &x, f->sh, NULL);
     }
     if (s->keyed && !rc) rc = st_edit_add_keyed(&e, sc);
     if (rc) {

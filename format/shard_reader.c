@@ -464,8 +464,8 @@ int kvx_shard_open_at(kvx_shard **out, int dirfd, const char *name, const char *
     /* O_NONBLOCK: a FIFO given as a shard must not block the open. Under a
      * directory, never through a symlink: what was checked to be a file
      * may have been replaced since */
-    s->fd = dirfd == AT_FDCWD ? kvx_os.open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY, 0)
-                              : kvx_os.openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY | O_NOFOLLOW, 0);
+    int oflags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY;
+    s->fd = dirfd == AT_FDCWD ? kvx_os.open(path, oflags, 0) : kvx_os.openat(dirfd, name, oflags | O_NOFOLLOW, 0);
     if (s->fd < 0) {
         int e = -errno;
         shard_free(s);

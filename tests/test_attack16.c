@@ -339,7 +339,8 @@ static void test_salvage_keeps_no_collided_parent(void **state)
     assert_int_equal(kvx_store_gc(s), 0); /* salvage: A left out */
     assert_int_equal(kvx_store_reindex(s), 0);
     assert_int_equal(kvx_store_prefix(v, &n, s, xc, 2 * SU_B, 2), 0);
-    if (n == 2) fail_msg("DEFECT rule 1: after gc left out a collided parent, reindex derived its child from the other");
+    if (n == 2)
+        fail_msg("DEFECT rule 1: after gc left out a collided parent, reindex derived its child from the other");
     assert_int_equal(n, 1);
     assert_memory_equal(v[0].page, px, PB);
     kvx_views_release(v, n);
@@ -548,7 +549,8 @@ static void test_keyed_rewrite_skips_replaced_copy(void **state)
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
     assert_int_equal(keyed_version(s, "K", 2), 2);
     assert_int_equal(kvx_store_reindex(s), 0); /* one copy a key, the newest generation's */
-    if (keyed_version(s, "K", 2) == 1) fail_msg("DEFECT rule 1: the replaced copy, carried, is the newest after reindex");
+    if (keyed_version(s, "K", 2) == 1)
+        fail_msg("DEFECT rule 1: the replaced copy, carried, is the newest after reindex");
     assert_int_equal(keyed_version(s, "K", 2), 2);
     assert_int_equal(keyed_version(s, "J", 1), -1);
     kvx_store_close(s);
@@ -693,7 +695,8 @@ static void test_keyed_adoptee_beside_damaged_copy(void **state)
     assert_int_equal(rename(aside, old), 0);
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
     int ver = keyed_version(s, "K", 1);
-    if (ver != 1) fail_msg("DEFECT rule 2: a sound adopted copy was not indexed beside a damaged one (K answers %d)", ver);
+    if (ver != 1)
+        fail_msg("DEFECT rule 2: a sound adopted copy was not indexed beside a damaged one (K answers %d)", ver);
     assert_int_equal(kvx_store_gc(s), 0); /* P salvaged (its bad page left out), O kept */
     assert_int_equal(keyed_version(s, "K", 1), 1);
     kvx_store_close(s);
