@@ -231,8 +231,10 @@ func (f *Fetcher) Close() error {
 	if f.c == nil {
 		return nil
 	}
-	if f.cur != nil {
-		f.cur.released = true
+	if cur := f.cur; cur != nil {
+		cur.rw.Lock() // waits for the accessor calls in flight
+		cur.released = true
+		cur.rw.Unlock()
 		f.cur = nil
 	}
 	C.kvx_fetch_destroy(f.c)
@@ -258,9 +260,27 @@ func (f *Fetcher) Fetch(ctx context.Context, blocks []View) (*Fetched, error) {
 	if f == nil || f.fetcherHandle == nil {
 		return nil, ErrClosed
 	}
+	// Every Views the blocks come from is held until the batch has taken
+	// its own shard references (the submit): a concurrent Release waits.
+	var held []*viewSet
+	defer func() {
+		for _, v := range held {
+			v.mu.RUnlock()
+		}
+	}()
 	reqs := make([]C.kvx_fetch_req, len(blocks))
 	for i, b := range blocks {
-		c := b.cv()
+		var c *C.kvx_view
+		if b.v != nil && b.v.viewSet != nil {
+			set := b.v.viewSet
+			if !holding(held, set) {
+				if !set.hold() {
+					return nil, newError(CodeInvalid, "Fetch: block "+u64s(uint64(i))+" is released")
+				}
+				held = append(held, set)
+			}
+			c = &set.c[b.i]
+		}
 		if c == nil || c.shard == nil {
 			return nil, newError(CodeInvalid, "Fetch: block "+u64s(uint64(i))+" is released or a miss")
 		}
@@ -317,17 +337,35 @@ func (f *Fetcher) Fetch(ctx context.Context, blocks []View) (*Fetched, error) {
 	return out, nil
 }
 
+// holding reports whether set is among held (a batch's blocks usually
+// come from one or a few Views).
+func holding(held []*viewSet, set *viewSet) bool {
+	for i := len(held) - 1; i >= 0; i-- {
+		if held[i] == set {
+			return true
+		}
+	}
+	return false
+}
+
 // Fetched is a batch of pages in pinned pool memory, valid until Release
-// (or the Fetcher's Close). Read it from one goroutine at a time, or
-// from several with Release after all of them. A copy of a Fetched value
-// is the same batch: after Release on either, neither serves a page.
+// (or the Fetcher's Close). As for Views, every accessor call is safe
+// against a concurrent Release or Close: the call holds the batch while it
+// reads it, Release and Close wait for the calls in flight, and a call
+// after them returns nil. A zero-copy Page already returned is the
+// caller's to stop using before Release. A copy of a Fetched value is the
+// same batch: after Release on either, neither serves a page.
 type Fetched struct{ *fetchedBatch }
 
 // fetchedBatch is shared by copies of a Fetched.
 type fetchedBatch struct {
-	f        *fetcherHandle
-	res      []C.kvx_fetch_result
-	released bool // guarded by f.mu
+	f   *fetcherHandle
+	res []C.kvx_fetch_result // Go memory: status and CRC stay readable
+	// rw: accessors hold it shared while they read the pages; Release and
+	// the Fetcher's Close hold it exclusively (after f.mu: the order is
+	// always f.mu, then rw) to set released and give the pages back.
+	rw       sync.RWMutex
+	released bool
 }
 
 // Len is the number of pages.
@@ -338,22 +376,35 @@ func (r *Fetched) Len() int {
 	return len(r.res)
 }
 
-func (r *Fetched) live() bool {
-	r.f.mu.Lock()
-	defer r.f.mu.Unlock()
-	return !r.released
-}
-
-// Page is page i, zero-copy in pinned memory (nil if it failed or after
-// Release). Keep r reachable while the page is used (Release it after, or
-// runtime.KeepAlive): a Fetcher left unreachable with it is closed by its
-// finalizer. Bytes and CopyTo need no such care.
-func (r *Fetched) Page(i int) []byte {
-	x := &r.res[i]
-	if !r.live() || x.status != 0 {
+// hold is page i with the batch held (the caller ends with r.unhold()),
+// or nil, holding nothing, when it failed or after Release.
+func (r *Fetched) hold(i int) []byte {
+	x := &r.res[i] // panics out of range, before any lock
+	r.rw.RLock()
+	if r.released || x.status != 0 {
+		r.rw.RUnlock()
 		return nil
 	}
 	return cbytes(x.page, uint64(x.bytes))
+}
+
+func (r *Fetched) unhold() {
+	r.rw.RUnlock()
+	runtime.KeepAlive(r)
+}
+
+// Page is page i, zero-copy in pinned memory (nil if it failed or after
+// Release). The slice is the caller's to stop using before Release; keep r
+// reachable while the page is used (Release it after, or
+// runtime.KeepAlive): a Fetcher left unreachable with it is closed by its
+// finalizer. Bytes and CopyTo need no such care.
+func (r *Fetched) Page(i int) []byte {
+	p := r.hold(i)
+	if p == nil {
+		return nil
+	}
+	r.unhold()
+	return p
 }
 
 // Err is page i's failure: nil, ErrPageCRC, ErrTruncated, ErrNotFound, or
@@ -368,33 +419,34 @@ func (r *Fetched) Err(i int) error {
 // CRC32 is the CRC-32 computed over page i as it landed (0 with NoVerify).
 func (r *Fetched) CRC32(i int) uint32 { return uint32(r.res[i].crc32) }
 
-// Bytes is a copy of page i (nil if it failed or after Release).
-//
-// r is kept reachable to the end of the copy (runtime.KeepAlive): it holds
-// the Fetcher, whose finalizer would otherwise close it, returning the
-// pages to the pool, while they are copied.
+// Bytes is a copy of page i (nil if it failed or after Release), made with
+// the batch held: a concurrent Release or Close waits for the copy. r is
+// kept reachable to the end of the copy (runtime.KeepAlive, in unhold): it
+// holds the Fetcher, whose finalizer would otherwise close it.
 func (r *Fetched) Bytes(i int) []byte {
-	p := r.Page(i)
+	p := r.hold(i)
 	if p == nil {
 		return nil
 	}
+	defer r.unhold()
 	if testHookCopy != nil {
 		testHookCopy()
 	}
-	out := append([]byte(nil), p...)
-	runtime.KeepAlive(r)
-	return out
+	return append([]byte(nil), p...)
 }
 
-// CopyTo copies page i into dst; returns the bytes copied.
+// CopyTo copies page i into dst; returns the bytes copied (0 if it failed
+// or after Release), with the batch held as Bytes.
 func (r *Fetched) CopyTo(i int, dst []byte) int {
-	p := r.Page(i)
+	p := r.hold(i)
+	if p == nil {
+		return 0
+	}
+	defer r.unhold()
 	if testHookCopy != nil {
 		testHookCopy()
 	}
-	n := copy(dst, p)
-	runtime.KeepAlive(r)
-	return n
+	return copy(dst, p)
 }
 
 // Release returns the pages to the pool; their slices become invalid and
@@ -406,6 +458,8 @@ func (r *Fetched) Release() {
 	f := r.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	r.rw.Lock() // waits for the accessor calls in flight
+	defer r.rw.Unlock()
 	if r.released {
 		return
 	}

@@ -483,8 +483,12 @@ func (s *Store) Export(views *Views, version uint16) ([]byte, error) {
 		return nil, ErrClosed
 	}
 	n := views.Len()
-	if views != nil && views.Released() {
-		return nil, newError(CodeInvalid, "Export: the views were released")
+	if views != nil && views.viewSet != nil {
+		// held to the end of the C call: a concurrent Release waits
+		if !views.viewSet.hold() {
+			return nil, newError(CodeInvalid, "Export: the views were released")
+		}
+		defer views.mu.RUnlock()
 	}
 	size, ok := envelopeSize(version, s.geom, n)
 	if !ok {
@@ -612,10 +616,16 @@ func (s *Store) Shards() ([]*Shard, error) {
 
 // Views is a batch of blocks served by the store: zero-copy views of
 // mapped pages, each holding a reference on its shard, so they stay valid
-// until Release even if the shard is evicted or the store closed. A Views
-// may be read by several goroutines; Release it once, after all of them
-// are done. A finalizer releases a forgotten Views, so keep it reachable
-// while you use its pages (runtime.KeepAlive, or simply call Release).
+// until Release even if the shard is evicted or the store closed.
+//
+// Every accessor call is safe against a concurrent Release (or the
+// finalizer): the call holds the views (a read lock) while it reads them,
+// and Release waits for the calls in flight, then frees. A call after
+// Release returns the zero value. A zero-copy slice already returned
+// (View.Page, View.Scales) is the caller's to stop using before Release;
+// Bytes and CopyTo copy under the hold. A finalizer releases a forgotten
+// Views, so keep it reachable while you use its pages (runtime.KeepAlive,
+// or simply call Release).
 //
 // A copy of a Views value is the same views: Release on either releases
 // both, once.
@@ -624,10 +634,13 @@ type Views struct{ *viewSet }
 // viewSet is shared by copies of a Views and by its View values, and
 // carries the finalizer.
 type viewSet struct {
+	// mu: accessors hold it shared while they read c or the pages it
+	// points to; release holds it exclusively to free them.
+	mu       sync.RWMutex
 	c        []C.kvx_view // C memory (gokvx_views_alloc); nil when empty or released
 	n        int          // blocks served
 	stopped  *Error       // Prefix: the damage that ended the prefix
-	released atomic.Bool
+	released atomic.Bool  // set under mu held exclusively
 }
 
 func newViews(n int) *Views {
@@ -653,6 +666,18 @@ func (v *viewSet) free(n int) {
 	v.c = nil
 }
 
+// hold pins the set against release: true when it is live, and then the
+// caller ends with v.mu.RUnlock(). Never hold one set twice in one
+// goroutine (a Release waiting between the two would deadlock it).
+func (v *viewSet) hold() bool {
+	v.mu.RLock()
+	if v.released.Load() {
+		v.mu.RUnlock()
+		return false
+	}
+	return true
+}
+
 // Len is the number of blocks.
 func (v *Views) Len() int {
 	if v == nil || v.viewSet == nil {
@@ -669,8 +694,9 @@ func (v *Views) At(i int) View {
 	return View{v: v, i: i}
 }
 
-// Release drops the views' shard references. Every page slice taken from
-// them becomes invalid; the package never reads them again. Idempotent.
+// Release drops the views' shard references, once every accessor call in
+// flight has returned. Every page slice taken from them becomes invalid;
+// the package never reads them again. Idempotent.
 func (v *Views) Release() {
 	if v != nil && v.viewSet != nil {
 		v.viewSet.release()
@@ -678,6 +704,8 @@ func (v *Views) Release() {
 }
 
 func (v *viewSet) release() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
 	if v.released.Swap(true) {
 		return
 	}
@@ -704,100 +732,110 @@ func (v *Views) Released() bool { return v != nil && v.viewSet != nil && v.relea
 // View is one block of a Views. Its accessors return zero values after
 // the Views is released.
 //
-// Every accessor reads the C view array (and Bytes, CopyTo and Scales the
-// mapping it points into) and then keeps b.v reachable to its end
+// Every accessor holds the set (viewSet.hold) while it reads the C view
+// array (and Bytes, CopyTo and Scales the mapping it points into), so a
+// concurrent Release waits for it, and keeps b.v reachable to its end
 // (runtime.KeepAlive): a View's Views may be otherwise unreachable (as in
 // s.GetHash(h) chained into .At(0).Bytes()), and without it the Views'
-// finalizer could free the array and drop the shard reference, unmapping
-// the page, in the middle of the read.
+// finalizer could free the array in the middle of the read.
 type View struct {
 	v *Views
 	i int
 }
 
-// cv is the C view, valid while b.v is reachable: callers end with
-// runtime.KeepAlive(b.v).
-func (b View) cv() *C.kvx_view {
-	if b.v == nil || b.v.viewSet == nil || b.v.released.Load() { // the zero View: a miss
+// hold is the C view with the set held (the caller ends with b.unhold()),
+// or nil, holding nothing, for the zero View or after Release.
+func (b View) hold() *C.kvx_view {
+	if b.v == nil || b.v.viewSet == nil || !b.v.viewSet.hold() {
 		return nil
 	}
 	return &b.v.c[b.i]
 }
 
+// unhold ends a hold that returned a view.
+func (b View) unhold() {
+	b.v.mu.RUnlock()
+	runtime.KeepAlive(b.v)
+}
+
 // Found is false for a miss of GetHashes (and after Release).
 func (b View) Found() bool {
-	c := b.cv()
-	found := c != nil && c.shard != nil
-	runtime.KeepAlive(b.v)
-	return found
+	c := b.hold()
+	if c == nil {
+		return false
+	}
+	defer b.unhold()
+	return c.shard != nil
 }
 
 // Coordinate of the block.
 func (b View) Coordinate() Coord {
-	var out Coord
-	if c := b.cv(); c != nil {
-		out = Coord(c.coordinate)
+	c := b.hold()
+	if c == nil {
+		return 0
 	}
-	runtime.KeepAlive(b.v)
-	return out
+	defer b.unhold()
+	return Coord(c.coordinate)
 }
 
 // Tokens is the block's token count.
 func (b View) Tokens() uint32 {
-	var out uint32
-	if c := b.cv(); c != nil {
-		out = uint32(c.token_count)
+	c := b.hold()
+	if c == nil {
+		return 0
 	}
-	runtime.KeepAlive(b.v)
-	return out
+	defer b.unhold()
+	return uint32(c.token_count)
 }
 
 // Hash is the block's chained hash.
 func (b View) Hash() uint64 {
-	var out uint64
-	if c := b.cv(); c != nil {
-		out = uint64(c.hash)
+	c := b.hold()
+	if c == nil {
+		return 0
 	}
-	runtime.KeepAlive(b.v)
-	return out
+	defer b.unhold()
+	return uint64(c.hash)
 }
 
 // Entry is the block's index within its shard.
 func (b View) Entry() uint32 {
-	var out uint32
-	if c := b.cv(); c != nil {
-		out = uint32(c.entry)
+	c := b.hold()
+	if c == nil {
+		return 0
 	}
-	runtime.KeepAlive(b.v)
-	return out
+	defer b.unhold()
+	return uint32(c.entry)
 }
 
 // Page is the zero-copy page (the shard mapping), valid until Release;
-// nil after it. The Views must stay reachable while the page is used
-// (Release it after, or runtime.KeepAlive): its finalizer releases a
-// forgotten Views. Bytes and CopyTo need no such care.
+// nil after it. The slice is the caller's to stop using before Release,
+// and the Views must stay reachable while it is used (Release it after,
+// or runtime.KeepAlive): its finalizer releases a forgotten Views. Bytes
+// and CopyTo need no such care.
 func (b View) Page() []byte {
-	var out []byte
-	if c := b.cv(); c != nil {
-		out = cbytes(c.page, uint64(c.page_bytes))
+	c := b.hold()
+	if c == nil {
+		return nil
 	}
-	runtime.KeepAlive(b.v)
-	return out
+	defer b.unhold()
+	return cbytes(c.page, uint64(c.page_bytes))
 }
 
 // Scales are the block's FP8 scales (L*2*Hkv), zero-copy; nil when every
 // scale is 1.0 or after Release. Like Page, valid while the Views is
 // reachable and not released.
 func (b View) Scales() []float32 {
-	c := b.cv()
-	if c == nil || c.scales == nil {
-		runtime.KeepAlive(b.v)
+	c := b.hold()
+	if c == nil {
+		return nil
+	}
+	defer b.unhold()
+	if c.scales == nil {
 		return nil
 	}
 	g := C.kvx_shard_get_info(c.shard).geometry
-	out := unsafe.Slice((*float32)(unsafe.Pointer(c.scales)), int(C.kvx_scale_count(&g)))
-	runtime.KeepAlive(b.v)
-	return out
+	return unsafe.Slice((*float32)(unsafe.Pointer(c.scales)), int(C.kvx_scale_count(&g)))
 }
 
 // testHookCopy, set by tests only, runs in the copying accessors (View
@@ -806,31 +844,35 @@ func (b View) Scales() []float32 {
 // collections there and checks the page is still mapped.
 var testHookCopy func()
 
-// Bytes is a copy of the page (nil after Release).
+// Bytes is a copy of the page (nil after Release), made with the Views
+// held: a concurrent Release waits for the copy.
 func (b View) Bytes() []byte {
-	p := b.Page()
-	if p == nil {
+	c := b.hold()
+	if c == nil {
 		return nil
 	}
+	defer b.unhold()
+	p := cbytes(c.page, uint64(c.page_bytes))
 	if testHookCopy != nil {
 		testHookCopy()
 	}
-	out := make([]byte, len(p)) // may run a GC: b.v must still be reachable
+	out := make([]byte, len(p)) // may run a GC: b.v stays reachable (unhold)
 	copy(out, p)
-	runtime.KeepAlive(b.v)
 	return out
 }
 
 // CopyTo copies the page into dst and returns the bytes copied (0 after
-// Release).
+// Release), with the Views held as Bytes.
 func (b View) CopyTo(dst []byte) int {
-	p := b.Page()
+	c := b.hold()
+	if c == nil {
+		return 0
+	}
+	defer b.unhold()
 	if testHookCopy != nil {
 		testHookCopy()
 	}
-	n := copy(dst, p)
-	runtime.KeepAlive(b.v)
-	return n
+	return copy(dst, cbytes(c.page, uint64(c.page_bytes)))
 }
 
 func u64s(v uint64) string { return strconv.FormatUint(v, 10) }
