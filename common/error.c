@@ -46,11 +46,39 @@ const char *kvx_last_error(void) { return last_error; }
 
 void kvx_clear_error(void) { last_error[0] = '\0'; }
 
+/*
+ * Both format into a local buffer first and then copy: a caller may pass
+ * kvx_last_error() itself as an argument, and formatting into the buffer
+ * an argument points into is undefined (overlapping vsnprintf; it printed
+ * the prefix twice and lost the reason's start).
+ */
 int kvx_fail(int code, const char *fmt, ...)
 {
+    char msg[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    memcpy(last_error, msg, sizeof msg);
+    return code;
+}
+
+int kvx_fail_prefix(int code, const char *fmt, ...)
+{
+    char msg[sizeof last_error];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    size_t used = n < 0 ? 0 : (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1;
+    const char *parts[2] = {": ", last_error};
+    for (int i = 0; i < 2; i++) { /* appended by hand: cut at the end, never past it */
+        size_t len = strnlen(parts[i], sizeof last_error - 1), room = sizeof msg - 1 - used;
+        if (len > room) len = room;
+        memcpy(msg + used, parts[i], len);
+        used += len;
+    }
+    msg[used] = '\0';
+    memcpy(last_error, msg, sizeof msg);
     return code;
 }

@@ -21,6 +21,9 @@
 
 /* Records the message for this thread and returns code. */
 int kvx_fail(int code, const char *fmt, ...) KVX_PRINTF(2, 3);
+/* Puts "<fmt...>: " before this thread's message (the reason a callee
+ * recorded) and returns code: the one way a reason gets a prefix. */
+int kvx_fail_prefix(int code, const char *fmt, ...) KVX_PRINTF(2, 3);
 /* Clears this thread's message. */
 void kvx_clear_error(void);
 

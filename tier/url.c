@@ -177,6 +177,6 @@ int kvx_tier_conf_parse(kvx_tier_conf *out, const char *text)
     if (!line) return kvx_fail(KVX_EFORMAT, "TIER: empty");
     if (!(seen & 1)) return kvx_fail(KVX_EFORMAT, "TIER: no url line");
     kvx_tier_url u;
-    if (kvx_tier_url_parse(&u, out->url)) return kvx_fail(KVX_EFORMAT, "TIER: url: %s", kvx_last_error());
+    if (kvx_tier_url_parse(&u, out->url)) return kvx_fail_prefix(KVX_EFORMAT, "TIER: url");
     return 0;
 }

@@ -298,7 +298,7 @@ static int xf_payload(kvx_xfer_stream *st, const kvx_xfer_chunk *c, uint32_t idx
     kvx_geometry expect = s->g;
     kvx_envelope e;
     int rc = kvx_envelope_parse_nocrc(&e, c->payload, c->payload_len, &expect);
-    if (rc) return kvx_fail(rc, "PushKv: chunk %u: %s", idx, kvx_last_error());
+    if (rc) return kvx_fail_prefix(rc, "PushKv: chunk %u", idx);
     if (kvx_load32(p + body_len) != body) /* parse_nocrc checked len >= 32 */
         return kvx_fail(KVX_EFORMAT, "PushKv: chunk %u: envelope crc32c %08x, its bytes give %08x", idx,
                         kvx_load32(p + body_len), body);
