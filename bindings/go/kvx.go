@@ -14,9 +14,13 @@
 //     Release the package never reads them again and its accessors return
 //     nil; a slice you kept from before is dangling: copy with Bytes or
 //     CopyTo when a page must outlive its holder.
-//   - Every handle (Store, Shard, Pool, Fetcher, GPU) is safe for
-//     concurrent use by goroutines. Close is explicit and idempotent; a
-//     finalizer closes a forgotten handle only as a safety net.
+//   - Every handle (Store, Shard, Pool, Fetcher, GPU, Views, Fetched) is
+//     safe for concurrent use by goroutines, and every accessor call is
+//     safe against a concurrent Release or Close: it completes on live
+//     memory or returns the zero value, never reads freed memory. A
+//     zero-copy slice already returned is the caller's to stop using
+//     before Release. Close is explicit and idempotent; a finalizer
+//     closes a forgotten handle only as a safety net.
 //   - Errors are *Error values carrying the kvx code, its name and the
 //     library's message, comparable with errors.Is against the sentinels
 //     in errors.go (ErrNotFound, ErrCorrupt, ErrShape, ...).

@@ -20,6 +20,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"math"
 	"strings"
 	"sync"
 	"time"
@@ -44,7 +45,7 @@ const MaxRecvMsgSize = MaxPayload + 64<<10
 
 // ServerOptions are GRPCServerOptions' companions: see NewServer.
 type ServerOptions struct {
-	LeaseTTL       time.Duration // a lease lapses this long after HasBlocks; 0 = 30s
+	LeaseTTL       time.Duration // a lease lapses this long after HasBlocks; 0 = 30s; whole ms, 1ms..2^32-1 ms (clamped)
 	MaxStreams     int           // PushKv streams at once; more: RESOURCE_EXHAUSTED; 0 = 64
 	MaxStreamBytes uint64        // payload bytes of one stream; more: RESOURCE_EXHAUSTED; 0 = no limit
 	// StreamIdle cuts a PushKv stream (DEADLINE_EXCEEDED, nothing of it
@@ -141,6 +142,16 @@ func NewServer(store *kvx.Store, opts ServerOptions) *Server {
 	if opts.LeaseTTL <= 0 {
 		opts.LeaseTTL = 30 * time.Second
 	}
+	// HasBlocks answers the TTL as a uint32 of milliseconds: the lease
+	// lasts exactly what it answers (whole ms, 1 .. 2^32-1), never a
+	// wrapped or rounded-up figure.
+	opts.LeaseTTL = opts.LeaseTTL.Truncate(time.Millisecond)
+	if opts.LeaseTTL < time.Millisecond {
+		opts.LeaseTTL = time.Millisecond
+	}
+	if max := time.Duration(math.MaxUint32) * time.Millisecond; opts.LeaseTTL > max {
+		opts.LeaseTTL = max
+	}
 	if opts.MaxStreams <= 0 {
 		opts.MaxStreams = 64
 	}
@@ -157,7 +168,11 @@ func NewServer(store *kvx.Store, opts ServerOptions) *Server {
 		opts.MaxHeaderListBytes = DefaultMaxHeaderListBytes
 	}
 	if opts.MaxConnStreams == 0 {
-		opts.MaxConnStreams = uint32(opts.MaxStreams + opts.MaxHasBlocks + 8)
+		n := int64(opts.MaxStreams) + int64(opts.MaxHasBlocks) + 8
+		if n > math.MaxUint32 {
+			n = math.MaxUint32 // a sum that would wrap: no cap rather than a tiny one
+		}
+		opts.MaxConnStreams = uint32(n)
 	}
 	if opts.ConnIdle <= 0 {
 		opts.ConnIdle = DefaultConnIdle

@@ -12,6 +12,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -70,7 +71,13 @@ commands:
       127.0.0.1; a request's headers must arrive within
       --handshake-timeout, its answer be read within 30s, an idle
       connection is closed after --conn-idle, and --max-conns caps its
-      connections apart).
+      connections apart). Both listeners follow one rule: a non-loopback
+      address serves TLS (the metrics as https://, with the same
+      certificate and --client-ca) or needs --insecure. Ranges, checked
+      when parsed: --lease-ttl 1ms..4294967295ms in whole ms (HasBlocks
+      answers it as a uint32 of ms), --max-streams and --max-has-blocks
+      1..1048576, --max-leases 1..16777216, durations positive (--drain 0
+      or more).
       SIGTERM or SIGINT: stop accepting, let streams in flight finish for
       --drain (10s), abort the rest (nothing of them is published), flush,
       exit 0. Prints "kvxd: listening on ADDR" once it serves.
@@ -185,25 +192,47 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	if *clientCA != "" && *cert == "" {
 		return fail(2, "--client-ca needs --tls-cert and --tls-key")
 	}
-	if *ttl <= 0 || *maxStreams <= 0 || *streamIdle <= 0 || *maxLeases <= 0 || *maxHas <= 0 {
-		return fail(2, "--lease-ttl, --max-streams, --stream-idle, --max-leases and --max-has-blocks must be positive")
+	// Every value is checked here against the range of the type it is
+	// sent or stored in (HasBlocks answers lease_ttl_ms in a uint32; the
+	// per-connection stream cap is a uint32 sum of the stream caps).
+	for _, r := range []struct {
+		name      string
+		v, lo, hi int64
+		unit      string
+	}{
+		{"--lease-ttl", int64(*ttl / time.Millisecond), 1, math.MaxUint32, "ms"},
+		{"--max-streams", int64(*maxStreams), 1, 1 << 20, ""},
+		{"--max-leases", int64(*maxLeases), 1, 1 << 24, ""},
+		{"--max-has-blocks", int64(*maxHas), 1, 1 << 20, ""},
+		{"--max-header-list-bytes", int64(*maxHeader), 1024, 1 << 24, ""},
+		{"--max-conn-streams", int64(*maxConnStreams), 0, 1 << 20, " (0: --max-streams + --max-has-blocks + 8)"},
+		{"--max-conns", int64(*maxConns), 1, 1 << 20, ""},
+		{"--stream-idle", int64(*streamIdle / time.Millisecond), 1, math.MaxInt64, "ms"},
+		{"--conn-idle", int64(*connIdle / time.Millisecond), 1, math.MaxInt64, "ms"},
+		{"--handshake-timeout", int64(*handshake / time.Millisecond), 1, math.MaxInt64, "ms"},
+		{"--drain", int64(*drain / time.Millisecond), 0, math.MaxInt64, "ms"},
+	} {
+		if r.v < r.lo || r.v > r.hi {
+			unit, extra := r.unit, ""
+			if unit != "ms" {
+				unit, extra = "", r.unit
+			}
+			if r.hi == math.MaxInt64 {
+				return fail(2, "%s must be at least %d%s", r.name, r.lo, unit)
+			}
+			return fail(2, "%s must be %d%s .. %d%s%s", r.name, r.lo, unit, r.hi, unit, extra)
+		}
 	}
-	if *maxHeader < 1024 || *maxHeader > 1<<24 || *maxConnStreams > 1<<20 || *connIdle <= 0 || *handshake <= 0 {
-		return fail(2, "--max-header-list-bytes must be 1024..16777216, --max-conn-streams at most 1048576 (0: the default), --conn-idle and --handshake-timeout positive")
+	if *ttl%time.Millisecond != 0 {
+		return fail(2, "--lease-ttl must be a whole number of milliseconds (HasBlocks answers it in ms), not %v", *ttl)
 	}
-	if *maxConns <= 0 || *maxConns > 1<<20 {
-		return fail(2, "--max-conns must be 1..1048576")
-	}
-	if !isLoopback(*listen) && *cert == "" && !*insecure {
-		return fail(2, "%s is not a loopback address: give --tls-cert and --tls-key (and --client-ca for mTLS), or --insecure", *listen)
-	}
-	var gopts []grpc.ServerOption
+	var tc *tls.Config
 	if *cert != "" {
 		pair, err := tls.LoadX509KeyPair(*cert, *key)
 		if err != nil {
 			return fail(1, "%v", err)
 		}
-		tc := &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
+		tc = &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
 		if *clientCA != "" {
 			pool, err := loadPool(*clientCA)
 			if err != nil {
@@ -212,6 +241,20 @@ func serve(args []string, stdout, stderr io.Writer) int {
 			tc.ClientCAs = pool
 			tc.ClientAuth = tls.RequireAndVerifyClientCert
 		}
+	}
+	// One listener policy for both listeners: a non-loopback address
+	// serves TLS (the same certificate and client CA) or needs --insecure.
+	metricsListen := *metricsAddr
+	if strings.HasPrefix(metricsListen, ":") {
+		metricsListen = "127.0.0.1" + metricsListen
+	}
+	for _, l := range []struct{ flag, addr string }{{"--listen", *listen}, {"--metrics", metricsListen}} {
+		if l.addr != "" && !isLoopback(l.addr) && tc == nil && !*insecure {
+			return fail(2, "%s %s is not a loopback address: give --tls-cert and --tls-key (and --client-ca for mTLS), or --insecure", l.flag, l.addr)
+		}
+	}
+	var gopts []grpc.ServerOption
+	if tc != nil {
 		gopts = append(gopts, grpc.Creds(credentials.NewTLS(tc)))
 	}
 
@@ -244,16 +287,16 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	// opening connections by the thousand cannot run kvxd out of file
 	// descriptors and memory
 	lis = transfer.LimitListener(lis, *maxConns, m)
-	if *metricsAddr != "" {
-		ma := *metricsAddr
-		if strings.HasPrefix(ma, ":") {
-			ma = "127.0.0.1" + ma
-		}
-		ml, err := net.Listen("tcp", ma)
+	if metricsListen != "" {
+		ml, err := net.Listen("tcp", metricsListen)
 		if err != nil {
 			return fail(1, "metrics: %v", err)
 		}
 		ml = transfer.LimitListener(ml, *maxConns, nil) // its own --max-conns, not in the gauge
+		scheme := "http"
+		if tc != nil {
+			ml, scheme = tls.NewListener(ml, tc), "https"
+		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		// bounded like the gRPC connections: a client that never finishes
@@ -262,7 +305,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		hs := &http.Server{Handler: mux, ReadHeaderTimeout: *handshake, ReadTimeout: *handshake,
 			WriteTimeout: metricsWriteTimeout, IdleTimeout: *connIdle, MaxHeaderBytes: int(*maxHeader)}
 		go hs.Serve(ml) //nolint:errcheck // ends with the process
-		fmt.Fprintf(stdout, "kvxd: metrics on http://%s/metrics\n", ml.Addr())
+		fmt.Fprintf(stdout, "kvxd: metrics on %s://%s/metrics\n", scheme, ml.Addr())
 	}
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -364,6 +407,9 @@ func push(args []string, stdout, stderr io.Writer) int {
 	}
 	if *dir == "" || *to == "" || fs.NArg() == 0 {
 		return fail(2, "--store DIR, --to ADDR and at least one TOKEN are required (kvxd --help)")
+	}
+	if *timeout < 0 {
+		return fail(2, "--timeout must be 0 (none) or more, not %v", *timeout)
 	}
 	var version uint16
 	switch *format {
