@@ -261,13 +261,16 @@ func (f *Fetcher) Fetch(ctx context.Context, blocks []View) (*Fetched, error) {
 		return nil, ErrClosed
 	}
 	// Every Views the blocks come from is held until the batch has taken
-	// its own shard references (the submit): a concurrent Release waits.
+	// its own shard references (the submit): a concurrent Release waits
+	// for that, not for the reads.
 	var held []*viewSet
-	defer func() {
+	unhold := func() {
 		for _, v := range held {
 			v.mu.RUnlock()
 		}
-	}()
+		held = nil
+	}
+	defer unhold()
 	reqs := make([]C.kvx_fetch_req, len(blocks))
 	for i, b := range blocks {
 		var c *C.kvx_view
@@ -306,7 +309,8 @@ func (f *Fetcher) Fetch(ctx context.Context, blocks []View) (*Fetched, error) {
 		return nil, err
 	}
 	// blocks' shard references are now the batch's own; keep the views
-	// alive until here.
+	// held and alive until here.
+	unhold()
 	runtime.KeepAlive(blocks)
 	res := make([]C.kvx_fetch_result, len(reqs))
 	var cause error
