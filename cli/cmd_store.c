@@ -143,21 +143,26 @@ static int parse_wait(const cli_cmd *self, int ch, const char *arg, double *wait
     return CLI_OK;
 }
 
-/* Opens dir as its writer (of geometry g when g is non-NULL): tries
- * without waiting, every 100 ms, while another writer holds it
- * (KVX_EBUSY). */
-static int open_writer_g(const cli_cmd *self, kvx_store **out, const char *dir,
-                         const kvx_geometry *g, double wait)
+/* One attempt, as dir's writer, with KVX_STORE_NOWAIT: KVX_EBUSY while
+ * another writer holds the store. */
+typedef int (*writer_attempt)(void *ctx, const char *dir);
+
+/* Runs attempt every 100 ms while another writer holds dir, up to wait
+ * seconds (-1: as long as it takes; 0: once), saying once which pid holds
+ * it. open_hint: whether a failure may hint at reindex (never for reindex
+ * itself: the hint would name the command that just failed). */
+static int as_writer(const cli_cmd *self, const char *dir, double wait, writer_attempt attempt, void *ctx,
+                     int with_open_hint)
 {
     double start = cli_now();
     int said = 0;
     for (;;) {
-        int rc = kvx_store_open(out, dir, g, KVX_STORE_NOWAIT);
+        int rc = attempt(ctx, dir);
         if (rc != KVX_EBUSY) {
             if (rc == 0) return CLI_OK;
             char hint[512];
-            return cli_fail_code_hint(self, rc, open_hint(rc, dir, hint, sizeof hint),
-                                      "cannot open the store '%s'", dir);
+            return cli_fail_code_hint(self, rc, with_open_hint ? open_hint(rc, dir, hint, sizeof hint) : NULL,
+                                      "cannot %s the store '%s'", with_open_hint ? "open" : "reindex", dir);
         }
         long pid = lock_holder(dir);
         for (int i = 0; !pid && i < 4; i++) { /* it writes its pid just after locking */
@@ -184,6 +189,26 @@ static int open_writer_g(const cli_cmd *self, kvx_store **out, const char *dir,
         double left = wait > 0 ? wait - waited : 0.1;
         sleep_s(left < 0.1 ? left : 0.1);
     }
+}
+
+typedef struct {
+    kvx_store **out;
+    const kvx_geometry *g;
+} open_attempt_ctx;
+
+static int open_attempt(void *ctx, const char *dir)
+{
+    open_attempt_ctx *c = ctx;
+    return kvx_store_open(c->out, dir, c->g, KVX_STORE_NOWAIT);
+}
+
+/* Opens dir as its writer (of geometry g when g is non-NULL), waiting for
+ * another writer as as_writer says. */
+static int open_writer_g(const cli_cmd *self, kvx_store **out, const char *dir,
+                         const kvx_geometry *g, double wait)
+{
+    open_attempt_ctx c = {out, g};
+    return as_writer(self, dir, wait, open_attempt, &c, 1);
 }
 
 static int open_writer(const cli_cmd *self, kvx_store **out, const char *dir, double wait)
@@ -1100,6 +1125,15 @@ static const cli_cmd cmd_sverify = {
     run_sverify,
 };
 
+static int reindex_attempt(void *ctx, const char *dir)
+{
+    (void)ctx;
+    return kvx_store_reindex_dir(dir, KVX_STORE_NOWAIT);
+}
+
+/* Reindex never opens the old index: it may be missing, empty, cut short
+ * or damaged in any way (kvx_store_reindex_dir moves it aside unread and
+ * builds a fresh one from shards/). */
 static int run_reindex(const cli_cmd *self, int argc, char **argv)
 {
     int ch;
@@ -1107,13 +1141,15 @@ static int run_reindex(const cli_cmd *self, int argc, char **argv)
     if (writer_opts(self, argc, argv, &wait, &ch)) return ch;
     if (argc - optind != 1) return cli_usage(self, "expected one DIR");
     const char *dir = argv[optind];
+    if (as_writer(self, dir, wait, reindex_attempt, NULL, 0) != CLI_OK) return CLI_FAIL;
+    if (kvx_last_error()[0]) /* what reindex set aside (quarantine/), not a failure */
+        fprintf(stderr, "kvx %s: note: %s\n", self->name, kvx_last_error());
     kvx_store *s = NULL;
-    if (open_writer(self, &s, dir, wait) != CLI_OK) return CLI_FAIL;
-    int rc = kvx_store_reindex(s);
     kvx_store_stats st;
+    int rc = kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY);
     if (rc == 0) rc = kvx_store_stat(&st, s);
     kvx_store_close(s);
-    if (rc != 0) return cli_fail_code(self, rc, "cannot reindex '%s'", dir);
+    if (rc != 0) return cli_fail_code(self, rc, "reindexed '%s', but cannot read it back", dir);
     printf("reindexed %s: %" PRIu64 " blocks in %" PRIu64 " shard(s)\n", dir, st.blocks, st.shards);
     return CLI_OK;
 }
@@ -1124,7 +1160,10 @@ static const cli_cmd cmd_reindex = {
     "Usage: kvx store reindex DIR [--wait SECONDS | --no-wait]\n"
     "\n"
     "Rebuilds the LMDB index from the coordinate, hash and lineage tables of\n"
-    "the sealed shards, so a lost or damaged index loses no data. It is a\n"
+    "the sealed shards, so a lost or damaged index loses no data. The old\n"
+    "index is never read: missing, empty, cut short, damaged, or a file where\n"
+    "the directory belongs, it is moved aside and removed once the new one\n"
+    "is built (put back if the rebuild fails). It is a\n"
     "writer: while another process writes the store, it waits (saying once\n"
     "which pid holds the store) unless told otherwise.\n"
     "\n"

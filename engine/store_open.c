@@ -159,7 +159,10 @@ static int st_read_config(kvx_store *s)
     return 0;
 }
 
-static int st_open_dirs(kvx_store *s, const char *dir)
+/* index_unread: reindex, which moves index/ aside unread whatever it is
+ * (a directory, a file, a FIFO, a symlink, damaged inside): only whether
+ * it exists is asked. */
+static int st_open_dirs(kvx_store *s, const char *dir, int index_unread)
 {
     if (!(s->dir = strdup(dir)) || !(s->shards_path = kvx_st_join(dir, "shards")) ||
         !(s->staging_path = kvx_st_join(dir, "staging")) || !(s->index_path = kvx_st_join(dir, "index")))
@@ -180,6 +183,7 @@ static int st_open_dirs(kvx_store *s, const char *dir)
         s->index_missing = 1;
         return 0;
     }
+    if (index_unread) return 0;
     if ((rc = st_open_subdir(s, "index", &ifd))) return rc;
     rc = st_check_not_link(ifd, s->index_path, "data.mdb");
     if (!rc) rc = st_check_not_link(ifd, s->index_path, "lock.mdb");
@@ -343,7 +347,7 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     }
     kvx_os.close(s->dirfd);
     s->dirfd = -1;
-    if ((rc = st_open_dirs(s, dir))) goto fail;
+    if ((rc = st_open_dirs(s, dir, 0))) goto fail;
     if ((rc = st_lock(s, s->flags, 0))) goto fail;
     s->writer = 1;
     if ((rc = st_cat_open(s, 1))) goto fail;
@@ -369,7 +373,7 @@ static int st_open_dir(kvx_store **out, const char *dir, const kvx_geometry *exp
     kvx_store *s = st_alloc();
     if (!s) return kvx_fail(-ENOMEM, "store: out of memory");
     s->flags = flags;
-    int rc = st_open_dirs(s, dir);
+    int rc = st_open_dirs(s, dir, 0);
     if (!rc && expect) {
         const kvx_geometry *g = &s->g;
 #define ST_EXPECT(field)                                                                                  \
@@ -415,11 +419,16 @@ KVX_API int kvx_store_open_options(kvx_store **out, const char *dir, const kvx_s
     return st_open_dir(out, dir, opts->geometry.num_layers ? &opts->geometry : NULL, opts->flags, opts);
 }
 
-/* Removes a moved-aside index directory (its two LMDB files). */
+/* Removes a moved-aside index directory (its two LMDB files), or the
+ * file, FIFO or symlink that stood where the directory belongs (the link
+ * itself, never what it points to). */
 static void st_rm_index_dir(int dirfd, const char *name)
 {
-    int fd = kvx_os.openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (fd < 0) return;
+    int fd = kvx_os.openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0);
+    if (fd < 0) {
+        if (errno == ENOTDIR || errno == ELOOP) kvx_os.unlinkat(dirfd, name, 0);
+        return;
+    }
     kvx_os.unlinkat(fd, "data.mdb", 0);
     kvx_os.unlinkat(fd, "lock.mdb", 0);
     kvx_os.close(fd);
@@ -434,13 +443,21 @@ KVX_API int kvx_store_reindex_dir(const char *dir, uint32_t flags)
     kvx_store *s = st_alloc();
     if (!s) return kvx_fail(-ENOMEM, "store: out of memory");
     s->flags = flags;
-    int rc = st_open_dirs(s, dir);
+    int rc = st_open_dirs(s, dir, 1);
     if (!rc) rc = st_lock(s, flags, 0);
     /* the old index is never read: moved aside, removed on success */
     int aside = 0;
+    char aside_name[48] = "index.old";
     if (!rc && !s->index_missing) {
-        st_rm_index_dir(s->dirfd, "index.old"); /* a previous attempt's */
-        if (kvx_os.renameat(s->dirfd, "index", s->dirfd, "index.old") != 0)
+        st_rm_index_dir(s->dirfd, aside_name); /* a previous attempt's */
+        int moved = kvx_os.renameat(s->dirfd, "index", s->dirfd, aside_name) == 0;
+        if (!moved && (errno == ENOTEMPTY || errno == EEXIST || errno == ENOTDIR || errno == EISDIR)) {
+            /* index.old holds files not ours: leave it, use a name of our own */
+            snprintf(aside_name, sizeof aside_name, "index.old-%ld", (long)getpid());
+            st_rm_index_dir(s->dirfd, aside_name);
+            moved = kvx_os.renameat(s->dirfd, "index", s->dirfd, aside_name) == 0;
+        }
+        if (!moved)
             rc = kvx_fail(-errno, "store %s: move index/ aside: %s", dir, strerror(errno));
         else
             aside = 1;
@@ -456,11 +473,11 @@ KVX_API int kvx_store_reindex_dir(const char *dir, uint32_t flags)
     st_cat_close(s);
     if (aside) {
         if (rc == 0) {
-            st_rm_index_dir(s->dirfd, "index.old");
+            st_rm_index_dir(s->dirfd, aside_name);
         } else {
             /* put the old one back as it was */
             st_rm_index_dir(s->dirfd, "index");
-            kvx_os.renameat(s->dirfd, "index.old", s->dirfd, "index");
+            kvx_os.renameat(s->dirfd, aside_name, s->dirfd, "index");
         }
         kvx_os.fsync(s->dirfd);
     }
