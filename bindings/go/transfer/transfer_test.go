@@ -1,12 +1,14 @@
 // transfer_test.go - the protocol through a Server on loopback gRPC: dedup
 // byte counts, every status code with nothing published, leases, limits,
-// the FNV collision, concurrent pushers, the sink.
+// the FNV collision, concurrent pushers, streams cut at every point, the
+// sink.
 package transfer
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -663,5 +665,161 @@ func TestPushFormats(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Streams cut at every point (after HasBlocks, after opening, mid-stream,
+// after the last chunk before CloseSend, right after CloseSend), 30 each
+// over a reconnect storm of fresh connections: no acknowledged push is
+// lost, no cut-before-the-end stream publishes anything, none publishes
+// part of its prompt, and afterwards no lease, slot or goroutine is left.
+func TestAttackCancelEverywhere(t *testing.T) {
+	a, _ := createStore(t, testGeom, 0)
+	b, _ := createStore(t, testGeom, 0)
+	const nb = 4
+	ts := startServer(t, b, ServerOptions{MaxStreams: 4, LeaseTTL: 300 * time.Millisecond})
+	warm := tokensOf(99, nb*B)
+	putPrompt(t, a, warm)
+	if _, err := NewClient(dial(t, ts.addr)).Push(context.Background(), a, warm, nil); err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	base := runtime.NumGoroutine()
+	points := []string{"after HasBlocks", "after open", "mid-stream", "before CloseSend", "after CloseSend", "acked"}
+	type cut struct {
+		point  string
+		tokens []uint32
+		acked  bool
+	}
+	var cuts []cut
+	seq := 1000
+	for round := 0; round < 30; round++ {
+		for _, point := range points {
+			tokens := tokensOf(seq, nb*B)
+			seq++
+			putPrompt(t, a, tokens)
+			cuts = append(cuts, cut{point: point, tokens: tokens})
+		}
+	}
+	// one attempt at cut c; true: refused for want of a slot (a cut
+	// stream's handler may still be ending), try again
+	attempt := func(c *cut) bool {
+		conn := dial(t, ts.addr) // a fresh connection each time: a reconnect storm
+		defer conn.Close()
+		kc := tlkvpb.NewKvTransferClient(conn)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		hr, err := kc.HasBlocks(ctx, &tlkvpb.HasBlocksRequest{BlockHashes: kvx.BlockHashes(c.tokens, B),
+			Tokens: c.tokens, BlockTokens: B})
+		if err != nil {
+			t.Errorf("HasBlocks: %v", err)
+			return false
+		}
+		if c.point == "after HasBlocks" {
+			return false
+		}
+		st, err := kc.PushKv(ctx)
+		if err != nil {
+			t.Errorf("PushKv: %v", err)
+			return false
+		}
+		if c.point == "after open" {
+			return false
+		}
+		last := nb
+		if c.point == "mid-stream" {
+			last = 2
+		}
+		for k := 0; k < last; k++ {
+			ch := chunkOf(t, a, c.tokens, k, false)
+			if k == 0 {
+				ch.LeaseId = hr.LeaseId
+			}
+			if err := st.Send(ch); err != nil {
+				break
+			}
+		}
+		switch c.point {
+		case "mid-stream", "before CloseSend":
+			return false
+		case "after CloseSend":
+			st.CloseSend() //nolint:errcheck
+			return false
+		}
+		resp, err := st.CloseAndRecv()
+		if status.Code(err) == codes.ResourceExhausted {
+			return true
+		}
+		if err != nil || !resp.Durable || resp.BlocksStored != nb {
+			t.Errorf("a whole push: %v %+v", err, resp)
+			return false
+		}
+		c.acked = true
+		return false
+	}
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				for attempt(&cuts[i]) {
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	for i := range cuts {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	published := 0
+	for _, c := range cuts {
+		n := served(t, b, c.tokens) // also fails on a wrong block
+		switch {
+		case c.acked && n != nb:
+			t.Fatalf("an acknowledged push (%s) serves %d of %d blocks", c.point, n, nb)
+		case c.point == "after CloseSend" && n == nb:
+			published++ // the answer raced the cancel: whole, never in part
+		case !c.acked && n != 0:
+			t.Fatalf("a stream cut %s serves %d blocks", c.point, n)
+		}
+	}
+	t.Logf("%d cut streams, %d cut right after CloseSend were published whole", len(cuts), published)
+	if !eventually(20*time.Second, func() bool { return ts.Leases() == 0 }) {
+		t.Fatalf("%d leases left", ts.Leases())
+	}
+	if !eventually(20*time.Second, func() bool { runtime.GC(); return runtime.NumGoroutine() <= base+4 }) {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("goroutines: %d, %d before the cuts:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
+	}
+	// every slot is free: four streams open at once, all acknowledged
+	conn := dial(t, ts.addr)
+	kc := tlkvpb.NewKvTransferClient(conn)
+	var streams []tlkvpb.KvTransfer_PushKvClient
+	var ps [][]uint32
+	for i := 0; i < 4; i++ {
+		p := tokensOf(5000+i, nb*B)
+		putPrompt(t, a, p)
+		s, err := kc.PushKv(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams, ps = append(streams, s), append(ps, p)
+	}
+	for k := 0; k < nb; k++ {
+		for i, s := range streams {
+			s.Send(chunkOf(t, a, ps[i], k, false)) //nolint:errcheck // CloseAndRecv has the status
+		}
+	}
+	for i, s := range streams {
+		if r, err := s.CloseAndRecv(); err != nil || !r.Durable || served(t, b, ps[i]) != nb {
+			t.Fatalf("a slot was lost to the cut streams: %v", err)
+		}
 	}
 }
