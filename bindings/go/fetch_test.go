@@ -23,6 +23,7 @@ func testPool(t *testing.T) *Pool {
 	return p
 }
 
+// PROMISE: IO-3
 func TestFetchIntoPinned(t *testing.T) {
 	s, _ := newTestStore(t, 2, 4)
 	p := testPool(t)
@@ -72,6 +73,7 @@ func TestFetchIntoPinned(t *testing.T) {
 	}
 }
 
+// PROMISE: IO-3, GO-7
 func TestFetchCanceled(t *testing.T) {
 	s, _ := newTestStore(t, 1, 4)
 	p := testPool(t)
@@ -122,6 +124,7 @@ func TestPoolCapacityAndMemlock(t *testing.T) {
 	}
 }
 
+// PROMISE: IO-2
 func TestPoolMemlock(t *testing.T) {
 	// A locked pool beyond RLIMIT_MEMLOCK: ErrMemlock (with CAP_IPC_LOCK
 	// the lock may succeed; then the pool must say it is locked).
@@ -147,6 +150,7 @@ func TestPoolMemlock(t *testing.T) {
 	}
 }
 
+// PROMISE: GO-1, GO-6
 func TestAttackFetcherMisuse(t *testing.T) {
 	s, _ := newTestStore(t, 1, 2)
 	toks := seqTokens(0, 2*16+5)

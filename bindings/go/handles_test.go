@@ -41,6 +41,7 @@ func storeCalls(s *Store) map[string]func() error {
 	}
 }
 
+// PROMISE: GO-2
 func TestAttackNilAndZeroStore(t *testing.T) {
 	toks := seqTokens(0, 64)
 	// a nil *Store (Open failed, the error ignored): ErrClosed, no panic
@@ -164,6 +165,7 @@ func TestAttackNilAndZeroStore(t *testing.T) {
 	}
 }
 
+// PROMISE: GO-2
 func TestAttackCloseTwiceAndConcurrently(t *testing.T) {
 	s, _ := newTestStore(t, 1, 2)
 	var wg sync.WaitGroup
@@ -180,6 +182,7 @@ func TestAttackCloseTwiceAndConcurrently(t *testing.T) {
 	}
 }
 
+// PROMISE: GO-3
 func TestAttackFinalizersAndExplicitClose(t *testing.T) {
 	dir := t.TempDir() + "/s"
 	s, err := Create(dir, StoreOptions{Geometry: testGeom, NoSync: true})
@@ -257,6 +260,7 @@ func openedCopy(t *testing.T, dir string) Store {
 // the finalizer is on the shared state. The same holds for Shard, Batch,
 // Views, Pool, Fetcher, Fetched and WarmupResult (and GPU, which needs a
 // GPU to make).
+// PROMISE: GO-4
 func TestAttackCopiedHandles(t *testing.T) {
 	s, dir := newTestStore(t, 2, 4)
 	toks := seqTokens(0, 4*16+5)

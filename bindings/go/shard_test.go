@@ -31,6 +31,7 @@ func copyShard(t *testing.T, s *Store) (string, []byte) {
 	return p, data
 }
 
+// PROMISE: GO-10
 func TestInspectAndVerifyShard(t *testing.T) {
 	s, _ := newTestStore(t, 1, 3)
 	path, data := copyShard(t, s)
@@ -154,6 +155,7 @@ func equalU32(a, b []uint32) bool {
 	return true
 }
 
+// PROMISE: GO-1
 func TestAttackShardAfterClose(t *testing.T) {
 	s, _ := newTestStore(t, 1, 2)
 	sh, err := s.Shards()

@@ -117,6 +117,7 @@ func TestStoreGetByHashAndCoordinate(t *testing.T) {
 	vs.Release()
 }
 
+// PROMISE: DUR-1
 func TestPutValidationAndFlushVisibility(t *testing.T) {
 	s, _ := newTestStore(t, 1, 1)
 	toks := seqTokens(7, 32)
@@ -148,6 +149,7 @@ func TestPutValidationAndFlushVisibility(t *testing.T) {
 	v.Release()
 }
 
+// PROMISE: STORE-5, GO-1
 func TestViewsReleaseAndLifetime(t *testing.T) {
 	s, _ := newTestStore(t, 1, 2)
 	toks := seqTokens(0, 32)
@@ -184,6 +186,7 @@ func TestViewsReleaseAndLifetime(t *testing.T) {
 	}
 }
 
+// PROMISE: STORE-14
 func TestWriterLock(t *testing.T) {
 	s, dir := newTestStore(t, 1, 1)
 	if _, err := Open(dir, &OpenOptions{NoWait: true}); !errors.Is(err, ErrBusy) {
@@ -213,6 +216,7 @@ func TestWriterLock(t *testing.T) {
 
 // The finalizer closes a forgotten store (a safety net): its writer lock
 // is released once the Store is unreachable and collected.
+// PROMISE: GO-3
 func TestStoreFinalizer(t *testing.T) {
 	dir := t.TempDir() + "/s"
 	func() {
@@ -238,6 +242,7 @@ func TestStoreFinalizer(t *testing.T) {
 }
 
 // Readers and a writer from many goroutines (run with -race).
+// PROMISE: STORE-16, GO-5
 func TestConcurrentGoroutines(t *testing.T) {
 	s, _ := newTestStore(t, 4, 4)
 	var wg sync.WaitGroup
@@ -302,6 +307,7 @@ func TestStoreVerify(t *testing.T) {
 	}
 }
 
+// PROMISE: GO-1, GO-5
 func TestAttackCloseDuringLookupsAndBatches(t *testing.T) {
 	s, _ := newTestStore(t, 2, 4)
 	toks := seqTokens(0, 4*16+5)
@@ -388,6 +394,7 @@ func TestAttackCloseDuringLookupsAndBatches(t *testing.T) {
 	}
 }
 
+// PROMISE: GO-8
 func TestAttackSlicesOfTheWrongLength(t *testing.T) {
 	s, _ := newTestStore(t, 0, 0)
 	toks := seqTokens(3, 2*16)
@@ -446,6 +453,7 @@ func TestAttackSlicesOfTheWrongLength(t *testing.T) {
 	v.Release()
 }
 
+// PROMISE: FORMAT-11, GO-8
 func TestAttackPaths(t *testing.T) {
 	tmp := t.TempDir()
 	// C sees a path up to its NUL: tmp/a would be created, tmp/a opened
@@ -498,6 +506,7 @@ func TestAttackPaths(t *testing.T) {
 	}
 }
 
+// PROMISE: RECOVER-16
 func TestAttackFIFOInStoreDir(t *testing.T) {
 	// A FIFO planted as DIR/STORE hung Open inside the cgo call (a blocking
 	// open); now it is refused at once (tests/test_recovery.c

@@ -8,6 +8,7 @@ import (
 	"testing"
 )
 
+// PROMISE: TRUST-12, GO-2, GO-9
 func TestAttackViewsMisuse(t *testing.T) {
 	s, _ := newTestStore(t, 1, 3)
 	toks := seqTokens(0, 3*16+5)

@@ -17,6 +17,7 @@ import (
 // request, a push with NoRetry fails UNAVAILABLE at once, and a plain
 // push waits out the held call (cut at the 1 s idle limit): its HasBlocks
 // is answered (the receiver holds the prompt: every block referenced).
+// PROMISE: XFER-22
 func TestClientRetriesBusyHasBlocks(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -41,6 +42,7 @@ func TestClientRetriesBusyHasBlocks(t *testing.T) {
 // A HasBlocks that stays busy (a slowloris holds the only slot for the
 // 30 s idle limit) does not fail the push: after its retries (2 to 4 s)
 // it sends every payload, as with NoHasBlocks.
+// PROMISE: XFER-22
 func TestPushFallsBackWhenHasBlocksBusy(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)

@@ -26,6 +26,7 @@ import (
 // answered, one past the receive limit is refused by gRPC, and a request
 // naming more blocks than its tokens hold is INVALID_ARGUMENT; kvxd keeps
 // serving.
+// PROMISE: XFER-14
 func TestAttackHugeHasBlocks(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -72,6 +73,7 @@ func TestAttackHugeHasBlocks(t *testing.T) {
 // refuses a HasBlocks past --max-has-blocks (8) as it opens, before its
 // request is read: the peak stays under 256 MiB, the refused calls get
 // UNAVAILABLE, some are answered, and HasBlocks works after the storm.
+// PROMISE: XFER-13
 func TestAttackConcurrentHugeHasBlocksMemory(t *testing.T) {
 	b, bdir := createStore(t, testGeom, 0)
 	b.Close()
@@ -133,6 +135,7 @@ func TestAttackConcurrentHugeHasBlocksMemory(t *testing.T) {
 // refused (UNAVAILABLE, the process keeps serving pushes), but each is
 // cut at StreamIdle (DEADLINE_EXCEEDED or a reset) and its slot comes
 // back, so HasBlocks is answered again within about that time.
+// PROMISE: XFER-13
 func TestAttackHasBlocksSlotsHeld(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -186,6 +189,7 @@ func TestAttackHasBlocksSlotsHeld(t *testing.T) {
 // stream limit, a connection closing): gRPC cancels the call's context on
 // every path, and the slot follows it. A call that reached its handler
 // frees the slot as the handler returns, once.
+// PROMISE: XFER-13
 func TestHasBlocksTapFreesOnCancel(t *testing.T) {
 	b, _ := createStore(t, testGeom, 0)
 	s := NewServer(b, ServerOptions{MaxHasBlocks: 1, StreamIdle: time.Hour})
@@ -245,6 +249,7 @@ func TestHasBlocksTapFreesOnCancel(t *testing.T) {
 // /HasBlocks" reaches HasBlocks too); the tap compared the raw path, so
 // the unslashed spelling went past the cap and the memory attack worked
 // again. Both spellings count now.
+// PROMISE: XFER-13
 func TestAttackHasBlocksTapPathAlias(t *testing.T) {
 	b, _ := createStore(t, testGeom, 0)
 	ts := startServer(t, b, ServerOptions{MaxHasBlocks: 1, StreamIdle: 5 * time.Second})

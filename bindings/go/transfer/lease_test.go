@@ -23,6 +23,7 @@ import (
 // released first; a victim's HasBlocks still gets a lease, and a push
 // naming a lease the flood pushed out still succeeds (its blocks are
 // held, pinned by the stream from its chunk on).
+// PROMISE: XFER-19
 func TestAttackLeaseFlood(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -91,6 +92,7 @@ func TestAttackLeaseFlood(t *testing.T) {
 // capacity while the pins last (the engine's choice: pinned shards are not
 // evicted), and only until the leases lapse: then the next flush brings it
 // back under. Never for good.
+// PROMISE: XFER-20
 func TestAttackLeasesPinFullStore(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 1<<20)
@@ -164,6 +166,7 @@ func TestAttackLeasesPinFullStore(t *testing.T) {
 // only credential): the lease then ends with that stream. The harm is
 // bounded: the owner's push still references what is held, and an
 // unknown id references nothing.
+// PROMISE: XFER-19
 func TestAttackForeignLease(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -207,6 +210,7 @@ func TestAttackForeignLease(t *testing.T) {
 // kvx_store_batch_destroy (kvx.h forbids any call on the store or its
 // batches during close: the batch list is freed under it). Close now
 // waits for a destroy in progress; a destroy after Close only frees.
+// PROMISE: XFER-21
 func TestAttackCloseWaitsForDestroys(t *testing.T) {
 	for _, what := range []string{"stream", "lease"} {
 		s, _ := createStore(t, testGeom, 0)

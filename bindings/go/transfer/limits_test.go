@@ -171,6 +171,7 @@ func padHeaders(n int) []hpack.HeaderField {
 // HasBlocks tap. Now a call whose decoded header list passes
 // MaxHeaderListBytes (16 KiB by default, advertised in SETTINGS with
 // MaxConnStreams) is reset before either runs; a call within it runs.
+// PROMISE: XFER-23
 func TestAttackHeaderListFlood(t *testing.T) {
 	b, _ := createStore(t, testGeom, 0)
 	ts := startServer(t, b, ServerOptions{})
@@ -215,6 +216,7 @@ func TestAttackHeaderListFlood(t *testing.T) {
 // that sends nothing is closed, a metrics request whose headers never end
 // is closed; the flags reach the SETTINGS; a call past
 // --max-header-list-bytes is reset and a gRPC call within it answered.
+// PROMISE: XFER-23
 func TestKvxdConnectionBounds(t *testing.T) {
 	b, bdir := createStore(t, testGeom, 0)
 	b.Close()
@@ -286,6 +288,7 @@ func TestKvxdConnectionBounds(t *testing.T) {
 // place and a second frees nothing more; closing the listener ends an
 // Accept waiting at a full cap (grpc.Server.Stop waits for its Serve
 // loop); kvx_transfer_connections_open follows.
+// PROMISE: XFER-23
 func TestLimitListenerReleasesOnce(t *testing.T) {
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -404,6 +407,7 @@ func TestLimitListenerReleasesOnce(t *testing.T) {
 // the kernel's queue: its HasBlocks is not answered within 1 s), and is
 // served once one of the three closes; kvx_transfer_connections_open
 // counts 3 throughout; 0, -1 and 2^20+1 are usage errors.
+// PROMISE: XFER-23, XFER-29
 func TestKvxdMaxConns(t *testing.T) {
 	b, bdir := createStore(t, testGeom, 0)
 	b.Close()
@@ -467,6 +471,7 @@ func TestKvxdMaxConns(t *testing.T) {
 // (there was no idle timeout). Now a stream that brings no whole chunk
 // for StreamIdle is cut with DEADLINE_EXCEEDED, nothing of it published,
 // and the slots come back.
+// PROMISE: XFER-15
 func TestAttackIdleStreamsCut(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -536,6 +541,7 @@ func (k slowSink) Done(ctx context.Context, r Result, err error) {}
 // The idle clock runs only while the stream waits for a chunk: a sink (or
 // a write) slower than StreamIdle never cuts a sender whose chunks are
 // already there.
+// PROMISE: XFER-15
 func TestAttackSlowSinkNotIdle(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -550,6 +556,7 @@ func TestAttackSlowSinkNotIdle(t *testing.T) {
 
 // --max-stream-bytes at its boundary: payloads of exactly the limit are
 // accepted, one byte more is RESOURCE_EXHAUSTED with nothing published.
+// PROMISE: XFER-14
 func TestAttackStreamBytesBoundary(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	tokens := tokensOf(80, 3*B)

@@ -87,6 +87,7 @@ func helperMain() int {
 
 // A sender process killed -9 after 3 of 8 chunks: the receiver's stream
 // fails, nothing is published, and the receiver serves the next push.
+// PROMISE: XFER-16
 func TestSenderKilledMidStream(t *testing.T) {
 	a, adir := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -142,6 +143,7 @@ func TestSenderKilledMidStream(t *testing.T) {
 // kvxd push against kvxd serve, two stores, real processes: dedup counts in
 // --json, the text line, readers beside the serving writer, metrics,
 // SIGTERM exits 0 with the store released.
+// PROMISE: XFER-2, XFER-26, XFER-27
 func TestKvxdServeAndPush(t *testing.T) {
 	a, adir := createStore(t, testGeom, 0)
 	b, bdir := createStore(t, testGeom, 0)
@@ -247,6 +249,7 @@ func TestKvxdServeAndPush(t *testing.T) {
 }
 
 // Usage errors and --help.
+// PROMISE: XFER-24, XFER-26
 func TestKvxdUsage(t *testing.T) {
 	out, _, code := runKvxd(t, "--help")
 	if code != 0 || !strings.Contains(out, "push --store DIR --to ADDR") || !strings.Contains(out, "--max-stream-bytes") {
@@ -272,6 +275,7 @@ func TestKvxdUsage(t *testing.T) {
 // chunks of the cut stream seal shards before kvxd dies: those files wait
 // in staging/ until the stream's finish, and recovery removes them, so
 // nothing of the cut stream is adopted or served after the restart.
+// PROMISE: XFER-4, XFER-17
 func TestKvxdKilledMidStreamAndRestarted(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	bdir := filepath.Join(t.TempDir(), "store")
@@ -398,6 +402,7 @@ func certs(t *testing.T, dir string) {
 // (--client-ca): a client certificate signed by that CA is required; a
 // client without one, or with another CA's, is refused and publishes
 // nothing. A non-loopback listener is allowed with TLS.
+// PROMISE: XFER-25
 func TestKvxdTLSAndMTLS(t *testing.T) {
 	cd := t.TempDir()
 	certs(t, cd)
@@ -454,6 +459,7 @@ func TestKvxdTLSAndMTLS(t *testing.T) {
 
 // The checked-in kv.pb.go and kv_grpc.pb.go are what protoc makes of
 // proto/tl/kv/v1/kv.proto now (scripts/gen-proto.sh).
+// PROMISE: XFER-1
 func TestGeneratedCodeFresh(t *testing.T) {
 	for _, tool := range []string{"protoc", "protoc-gen-go", "protoc-gen-go-grpc"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -483,6 +489,7 @@ func TestGeneratedCodeFresh(t *testing.T) {
 // SIGTERM while a stream is in flight and its sender stalls: kvxd waits
 // --drain, aborts the stream (nothing of it published), flushes and exits
 // 0; a push acknowledged before is intact.
+// PROMISE: XFER-16, XFER-26
 func TestKvxdSigtermAbortsStalledStream(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, bdir := createStore(t, testGeom, 0)
@@ -525,6 +532,7 @@ func TestKvxdSigtermAbortsStalledStream(t *testing.T) {
 // kvxd cuts an idle stream too (--stream-idle), so one silent client on
 // --max-streams 1 holds it only that long; a non-positive --stream-idle or
 // --max-leases is a usage error.
+// PROMISE: XFER-15, XFER-29
 func TestAttackKvxdIdleStream(t *testing.T) {
 	a, adir := createStore(t, testGeom, 0)
 	b, bdir := createStore(t, testGeom, 0)
@@ -567,6 +575,7 @@ func TestAttackKvxdIdleStream(t *testing.T) {
 // metrics endpoint answered throughout, every acknowledged push is served
 // whole with its own bytes after a reopen, and no other push is served in
 // part.
+// PROMISE: XFER-26
 func TestAttackKvxdSigtermDuringFlood(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, bdir := createStore(t, testGeom, 0)

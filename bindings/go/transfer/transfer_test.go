@@ -24,6 +24,7 @@ import (
 // A second push of the same prompt moves only what is missing: bytes =
 // (missing full blocks + 1 tail) x envelope size, exactly; the sink sees
 // every block, the tail included (never stored).
+// PROMISE: XFER-2, XFER-4
 func TestPushDedup(t *testing.T) {
 	ctx := context.Background()
 	a, _ := createStore(t, testGeom, 0)
@@ -115,6 +116,7 @@ type statusCase struct {
 
 // Every status code of the protocol; each stream starts with a valid block
 // 0 (which would be stored) and nothing of it may be published.
+// PROMISE: XFER-8, XFER-10, XFER-11, XFER-16
 func TestStatusCodesPublishNothing(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	oddGeom := testGeom
@@ -213,6 +215,7 @@ func TestStatusCodesPublishNothing(t *testing.T) {
 // HasBlocks: hashes that are not the chain of the tokens are
 // INVALID_ARGUMENT (and pin nothing); a model_signature not the store's is
 // FAILED_PRECONDITION; B other than the store's INVALID_ARGUMENT.
+// PROMISE: XFER-8, XFER-12, XFER-18
 func TestHasBlocksStatus(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -284,6 +287,7 @@ func fill(t *testing.T, s *kvx.Store, n int) {
 // A lease pins what HasBlocks reported held until it expires; a push that
 // names an expired lease whose blocks were evicted meanwhile gets ABORTED
 // (nothing published), and Client.Push then resends with payloads.
+// PROMISE: XFER-11, XFER-18
 func TestLeaseExpiresBeforePush(t *testing.T) {
 	for _, expire := range []bool{false, true} {
 		t.Run(fmt.Sprintf("expire=%v", expire), func(t *testing.T) {
@@ -365,6 +369,7 @@ func TestLeaseExpiresBeforePush(t *testing.T) {
 
 // An empty payload for a block reported held only later evicted, with the
 // client's retry: ABORTED is answered by a resend with every payload.
+// PROMISE: XFER-18
 func TestClientRetriesAborted(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -384,6 +389,7 @@ func TestClientRetriesAborted(t *testing.T) {
 }
 
 // --max-stream-bytes and --max-streams: RESOURCE_EXHAUSTED, nothing published.
+// PROMISE: XFER-14
 func TestStreamLimits(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -432,6 +438,7 @@ func TestStreamLimits(t *testing.T) {
 // without tokens), Y sent empty is ABORTED (never a reference to X);
 // resent with its payload it is stored beside X and each prompt gets its
 // own bytes.
+// PROMISE: XFER-3, XFER-11
 func TestCollisionNeverReferencesWrongBlock(t *testing.T) {
 	collA := []uint32{2849051040, 4145281261, 3375848879, 1394986490}
 	collB := []uint32{2849051040, 4145281261, 3465670547, 1026208435}
@@ -490,6 +497,7 @@ func TestCollisionNeverReferencesWrongBlock(t *testing.T) {
 // 32 pushers at once, prompts sharing prefixes (4 families x 8 prompts, a
 // 3-block shared prefix, 3 own blocks): every push durable, every prompt
 // served whole with its own bytes.
+// PROMISE: XFER-22
 func TestConcurrentPushers(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -537,6 +545,7 @@ func TestConcurrentPushers(t *testing.T) {
 
 // The sender cuts the stream (its context canceled) after some chunks:
 // nothing published, the lease released, the receiver goes on.
+// PROMISE: XFER-16
 func TestSenderCancelsMidStream(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -584,6 +593,7 @@ func waitDone(t *testing.T, rec *recorder, n int) {
 }
 
 // PickFormat and BlockEnvelope follow the C rules.
+// PROMISE: XFER-6
 func TestPickFormat(t *testing.T) {
 	for _, c := range []struct {
 		q    kvx.Quant
@@ -622,6 +632,7 @@ func TestPickFormat(t *testing.T) {
 // v2, BF16 -> v3) and the receiver serves the sender's bytes exactly;
 // --format v1 from a BF16 store whose values f16 cannot hold fails at the
 // sender (ELOSSY), moving nothing.
+// PROMISE: XFER-6
 func TestPushFormats(t *testing.T) {
 	for _, c := range []struct {
 		q       kvx.Quant
@@ -673,6 +684,7 @@ func TestPushFormats(t *testing.T) {
 // over a reconnect storm of fresh connections: no acknowledged push is
 // lost, no cut-before-the-end stream publishes anything, none publishes
 // part of its prompt, and afterwards no lease, slot or goroutine is left.
+// PROMISE: XFER-16
 func TestAttackCancelEverywhere(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
