@@ -70,7 +70,7 @@ awk -v begin="$begin" -v end="$end" '
   }' "$promises" > "$tmp/ids"
 awk -F'\t' -v P="$promises" '{ n[$1]++; if (n[$1] == 2) printf "%s:%s: %s is listed twice\n", P, $4, $1 }' \
   "$tmp/ids" >> "$problems"
-awk -F'\t' -v P="$promises" 'FILENAME == ARGV[1] { st[$1] = $2; next }
+awk -F'\t' -v P="$promises" 'NR == FNR { st[$1] = $2; next } # the same file twice
   $2 == "retired" && ($3 == "" || st[$3] != "live") {
     printf "%s:%s: %s is retired but names no live promise replacing it (\"*retired, replaced by ID*\")\n", P, $4, $1 }' \
   "$tmp/ids" "$tmp/ids" >> "$problems"
@@ -111,7 +111,7 @@ xargs awk '
         printf "bad\t%s\t%d\t%s\n", FILENAME, FNR, "a malformed PROMISE marker (PROMISE: ID[, ID...])"; next }
       n = split(ids, a, /[ \t,]+/)
       # the first line of a body: cite the function just defined
-      if (!npend && lastdef != "" && sincedef <= 1) {
+      if (!npend && lastdef != "" && sincedef == 1) {
         for (i = 1; i <= n; i++) if (a[i] != "") printf "cite\t%s\t%s\t%d\t%s\t%s\n", lang, FILENAME, FNR, lastdef, a[i]
         next
       }
@@ -123,7 +123,8 @@ xargs awk '
       printf "def\t%s\t%s\t%d\t%s\n", lang, FILENAME, FNR, d
       for (i = 1; i <= npend; i++) printf "cite\t%s\t%s\t%d\t%s\t%s\n", lang, FILENAME, pline[i], d, pid[i]
       npend = 0; lastdef = d
-      sincedef = (line ~ /[{:][ \t]*$/) ? 1 : 0 # 1: its body is open
+      # 1: its body is open; 0: its body opens on the next line (C); 99: a one-liner
+      sincedef = line ~ /[{:][ \t]*$/ ? 1 : line ~ /\{/ ? 99 : 0
       next
     }
     if (line ~ /^[ \t]*$/) { if (npend) flush_pending("a PROMISE marker with no test function after it"); next }
