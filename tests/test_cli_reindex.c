@@ -54,7 +54,7 @@ static void run_shell(const char *fmt, const char *dir)
 
 /* Every way index/ can be lost or damaged: reindex exits 0, says so, and
  * every acknowledged block is served again. */
-/* PROMISE: RECOVER-REINDEX-1 */
+/* PROMISE: RECOVER-19 */
 static void test_reindex_repairs_any_index_damage(void **state)
 {
     (void)state;
@@ -95,7 +95,7 @@ static void test_reindex_repairs_any_index_damage(void **state)
 
 /* A reindex that fails says why, and never tells the user to run a
  * reindex; the old index is put back as it was. */
-/* PROMISE: RECOVER-REINDEX-1 */
+/* PROMISE: RECOVER-19 */
 static void test_reindex_failure_does_not_point_at_itself(void **state)
 {
     (void)state;

@@ -24,7 +24,7 @@
 #include "common/internal.h"
 #include "tier/tier.h"
 
-/* PROMISE: ERR-2 */
+/* PROMISE: XFER-30, TIER-24 */
 static void test_fail_with_own_message_as_argument(void **state)
 {
     (void)state;
@@ -38,6 +38,7 @@ static void test_fail_with_own_message_as_argument(void **state)
 }
 
 /* A long reason is cut at the buffer's end, never written past it. */
+/* PROMISE: XFER-30, TIER-24 */
 static void test_prefix_of_long_reason_is_cut(void **state)
 {
     (void)state;
@@ -51,7 +52,7 @@ static void test_prefix_of_long_reason_is_cut(void **state)
     assert_int_equal(strlen(m), 511);
 }
 
-/* PROMISE: ERR-2 */
+/* PROMISE: TIER-24 */
 static void test_tier_url_error_prefixed_once(void **state)
 {
     (void)state;
@@ -72,7 +73,7 @@ static void test_tier_url_error_prefixed_once(void **state)
 /* A chunk whose envelope is of another shape (head_dim 8): the stream's
  * DATA_LOSS text is "PushKv: chunk <i>: " and the envelope parser's own
  * reason, once. */
-/* PROMISE: ERR-2 */
+/* PROMISE: XFER-30 */
 static void test_push_chunk_error_prefixed_once(void **state)
 {
     (void)state;

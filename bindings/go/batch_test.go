@@ -19,6 +19,7 @@ func servedBlocks(t *testing.T, s *Store, toks []uint32) int {
 
 // Each Batch's Flush publishes its own blocks only; Close drops a batch's
 // unflushed blocks; after Store.Close a batch answers ErrClosed.
+// PROMISE: DUR-8
 func TestBatchesFlushTheirOwn(t *testing.T) {
 	s, dir := newTestStore(t, 0, 0)
 	a, err := s.NewBatch()
@@ -88,6 +89,7 @@ func TestBatchesFlushTheirOwn(t *testing.T) {
 }
 
 // Goroutines each with their own Batch put and flush distinct prompts.
+// PROMISE: DUR-9
 func TestBatchesConcurrentGoroutines(t *testing.T) {
 	s, _ := newTestStore(t, 0, 0)
 	defer s.Close()

@@ -29,6 +29,7 @@ func TestQuantBF16Names(t *testing.T) {
 	}
 }
 
+// PROMISE: FORMAT-15
 func TestBF16StoreEnvelopeV3(t *testing.T) {
 	g := testGeom
 	g.Quant = QuantBF16

@@ -99,6 +99,7 @@ func fetchedCopy(s *Store, tokens []uint32, copyTo bool) []byte {
 // and reaches it back, and the runtime never finalizes an object
 // reachable from itself: that half checks the bytes, and would fail only
 // if that cycle went away without the runtime.KeepAlive.
+// PROMISE: GO-3
 func TestAttackCopyKeepsHandleAlive(t *testing.T) {
 	dir := t.TempDir() + "/s"
 	s, err := Create(dir, StoreOptions{Geometry: testGeom, NoSync: true})

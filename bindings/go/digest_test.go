@@ -40,6 +40,7 @@ func goDigests(tokens []uint32, b int) [][32]byte {
 	return out
 }
 
+// PROMISE: TRUST-2
 func TestPrefixDigestsGolden(t *testing.T) {
 	for _, c := range []struct{ n, b int }{{5, 2}, {64 + 5, 16}, {16, 16}, {3 * 7, 7}, {1000, 1}} {
 		toks := seqTokens(c.n, c.n)
@@ -71,6 +72,7 @@ func TestPrefixDigestsGolden(t *testing.T) {
 	}
 }
 
+// PROMISE: TRUST-1
 func TestVerifiedPutPrefixAndGetBlock(t *testing.T) {
 	s, _ := newTestStore(t, 2, 4)
 	toks := seqTokens(1, 4*16+5)
@@ -307,6 +309,7 @@ func TestExport(t *testing.T) {
 	}
 }
 
+// PROMISE: TRUST-4
 func TestUnverifiedEnvelope(t *testing.T) {
 	s, _ := newTestStore(t, 1, 3)
 	toks := seqTokens(0, 3*16+5)
@@ -418,6 +421,7 @@ var (
 		0x9c9a98a3, 0x8ff39c6e, 0x669cb178, 0x010c89ce, 0xf4d364ea, 0x50e045cc, 0x1134bdad, 0x73ed62dc}
 )
 
+// PROMISE: TRUST-1, TRUST-3
 func TestCollisionAmbiguousAndDigestPicks(t *testing.T) {
 	if BlockHash(0, collideA) != BlockHash(0, collideB) || equalU32(collideA, collideB) {
 		t.Fatal("the golden pair does not collide")
@@ -537,6 +541,7 @@ func damagePage(t *testing.T, s *Store, h uint64, truncate bool) {
 	t.Fatalf("no entry with hash %#x", h)
 }
 
+// PROMISE: TRUST-6
 func TestPrefixStoppedAtDamage(t *testing.T) {
 	for _, truncate := range []bool{false, true} {
 		t.Run(fmt.Sprintf("truncate=%v", truncate), func(t *testing.T) {
@@ -587,6 +592,7 @@ func TestPrefixStoppedAtDamage(t *testing.T) {
 
 // Views handed out before their page was damaged: Export checks every
 // page again and refuses.
+// PROMISE: TRUST-5
 func TestExportRechecksPages(t *testing.T) {
 	s, _ := newTestStore(t, 1, 3)
 	toks := seqTokens(0, 3*16)
@@ -607,6 +613,7 @@ func TestExportRechecksPages(t *testing.T) {
 }
 
 // Prefix, GetBlock and Export from many goroutines (run with -race).
+// PROMISE: GO-5
 func TestConcurrentGetBlockExport(t *testing.T) {
 	s, _ := newTestStore(t, 4, 3)
 	var wg sync.WaitGroup

@@ -11,6 +11,7 @@ import (
 	"testing"
 )
 
+// PROMISE: GO-7
 func TestErrorClasses(t *testing.T) {
 	cases := []struct {
 		code int
@@ -62,6 +63,7 @@ func TestErrorClasses(t *testing.T) {
 	}
 }
 
+// PROMISE: GO-7
 func TestErrorsFromCalls(t *testing.T) {
 	dir := t.TempDir()
 	// Geometry without block_tokens: the store names blocks by hash.
@@ -87,6 +89,7 @@ func TestErrorsFromCalls(t *testing.T) {
 	}
 }
 
+// PROMISE: FORMAT-1
 func TestHashGolden(t *testing.T) {
 	// spec/kv-block-hash-and-envelope.txt, worked example (B = 2).
 	if h := FNV1a64([]byte("a")); h != 0xAF63DC4C8601EC8C {

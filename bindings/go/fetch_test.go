@@ -23,6 +23,7 @@ func testPool(t *testing.T) *Pool {
 	return p
 }
 
+// PROMISE: IO-3
 func TestFetchIntoPinned(t *testing.T) {
 	s, _ := newTestStore(t, 2, 4)
 	p := testPool(t)
@@ -72,6 +73,7 @@ func TestFetchIntoPinned(t *testing.T) {
 	}
 }
 
+// PROMISE: IO-3, GO-7
 func TestFetchCanceled(t *testing.T) {
 	s, _ := newTestStore(t, 1, 4)
 	p := testPool(t)
@@ -122,6 +124,7 @@ func TestPoolCapacityAndMemlock(t *testing.T) {
 	}
 }
 
+// PROMISE: IO-2
 func TestPoolMemlock(t *testing.T) {
 	// A locked pool beyond RLIMIT_MEMLOCK: ErrMemlock (with CAP_IPC_LOCK
 	// the lock may succeed; then the pool must say it is locked).
@@ -144,5 +147,58 @@ func TestPoolMemlock(t *testing.T) {
 	var ke *Error
 	if !errors.Is(err, ErrMemlock) || !errors.As(err, &ke) || !strings.Contains(strings.ToLower(ke.Message), "memlock") {
 		t.Fatalf("locked pool beyond RLIMIT_MEMLOCK: %v", err)
+	}
+}
+
+// PROMISE: GO-1, GO-6
+func TestAttackFetcherMisuse(t *testing.T) {
+	s, _ := newTestStore(t, 1, 2)
+	toks := seqTokens(0, 2*16+5)
+	p, err := NewPool(&PoolOptions{Bytes: 1 << 20, NUMANode: NodeAuto, GPU: -1, NoMlock: true, NoCUDA: true})
+	if err != nil {
+		t.Skip("NewPool:", err)
+	}
+	defer p.Close()
+	f, err := p.NewFetcher(&FetchOptions{IOMode: IOPread})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); !errors.Is(err, ErrBusy) {
+		t.Fatalf("Pool.Close with a Fetcher open: %v", err)
+	}
+	v, err := s.Prefix(toks)
+	if err != nil || v.Len() != 2 {
+		t.Fatal(err)
+	}
+	blocks := []View{v.At(0), v.At(1)}
+	r, err := f.Fetch(context.Background(), blocks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Fetch(context.Background(), blocks); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a second Fetch before Release: %v", err)
+	}
+	v.Release() // the batch holds its own references
+	s.Close()
+	if !bytes.Equal(r.Page(1), pageOf(testGeom, toks, 1)) {
+		t.Fatal("fetched page differs")
+	}
+	if _, err := f.Fetch(context.Background(), blocks); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("Fetch of released views: %v", err)
+	}
+	f.Close()
+	if r.Page(0) != nil || r.Bytes(1) != nil {
+		t.Fatal("a batch of a closed Fetcher still answers")
+	}
+	r.Release()
+	f.Close()
+	if _, err := f.Fetch(context.Background(), nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Fetch after Close: %v", err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.NewFetcher(nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("NewFetcher on a closed pool: %v", err)
 	}
 }

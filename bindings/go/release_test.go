@@ -88,7 +88,7 @@ func race[H any](iterations int, newHandle func() H, access func(H), stop func(H
 	}
 }
 
-// PROMISE: GO-1
+// PROMISE: GO-11
 func TestViewAccessorsRaceRelease(t *testing.T) {
 	dir, toks, want := bigStore(t)
 	hash := BlockHashes(toks, bigGeom.BlockTokens)[0]
@@ -144,7 +144,7 @@ func TestViewAccessorsRaceRelease(t *testing.T) {
 
 // Export and Fetch read the views' C array inside C: they hold the Views
 // across the crossing, and answer ErrInvalid once it is released.
-// PROMISE: GO-1
+// PROMISE: GO-11
 func TestViewsExportAndFetchRaceRelease(t *testing.T) {
 	dir, toks, want := bigStore(t)
 	s, err := Open(dir, &OpenOptions{ReadOnly: true})
@@ -197,7 +197,7 @@ func TestViewsExportAndFetchRaceRelease(t *testing.T) {
 // Fetched's accessors against its Release and against the Fetcher's Close
 // (which releases the batch): the README's one rule, not "one reader at a
 // time".
-// PROMISE: GO-2
+// PROMISE: GO-11, GO-12
 func TestFetchedAccessorsRaceRelease(t *testing.T) {
 	dir, toks, want := bigStore(t)
 	otherToks := seqTokens(9, 16+5)
@@ -301,7 +301,7 @@ func TestFetchedAccessorsRaceRelease(t *testing.T) {
 // accessor keeps answering the same bytes (they hold their own
 // references), and the shard's accessors answer ErrClosed once it is
 // closed.
-// PROMISE: GO-1
+// PROMISE: GO-11
 func TestCloseRacesLiveHandles(t *testing.T) {
 	dir, toks, want := bigStore(t)
 	type handles struct {

@@ -31,6 +31,7 @@ func copyShard(t *testing.T, s *Store) (string, []byte) {
 	return p, data
 }
 
+// PROMISE: GO-10
 func TestInspectAndVerifyShard(t *testing.T) {
 	s, _ := newTestStore(t, 1, 3)
 	path, data := copyShard(t, s)
@@ -152,4 +153,38 @@ func equalU32(a, b []uint32) bool {
 		}
 	}
 	return true
+}
+
+// PROMISE: GO-1
+func TestAttackShardAfterClose(t *testing.T) {
+	s, _ := newTestStore(t, 1, 2)
+	sh, err := s.Shards()
+	if err != nil || len(sh) == 0 {
+		t.Fatal(err)
+	}
+	p, err := sh[0].Page(0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append([]byte(nil), p...)
+	s.Close()
+	if q, err := sh[0].Page(0, true); err != nil || !bytes.Equal(q, want) {
+		t.Fatalf("shard page after Store.Close: %v", err)
+	}
+	if _, err := sh[0].Page(1<<30, false); err == nil {
+		t.Fatal("Page out of range")
+	}
+	if _, err := sh[0].Entry(1 << 30); err == nil {
+		t.Fatal("Entry out of range")
+	}
+	for _, x := range sh {
+		x.Close()
+		x.Close()
+	}
+	if _, err := sh[0].Page(0, false); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Page after Close: %v", err)
+	}
+	if sh[0].Path() != "" || sh[0].Info().NumBlocks != 0 {
+		t.Fatal("a closed shard answers")
+	}
 }

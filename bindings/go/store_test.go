@@ -2,9 +2,13 @@ package kvx
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"runtime"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -113,6 +117,7 @@ func TestStoreGetByHashAndCoordinate(t *testing.T) {
 	vs.Release()
 }
 
+// PROMISE: DUR-1
 func TestPutValidationAndFlushVisibility(t *testing.T) {
 	s, _ := newTestStore(t, 1, 1)
 	toks := seqTokens(7, 32)
@@ -144,6 +149,7 @@ func TestPutValidationAndFlushVisibility(t *testing.T) {
 	v.Release()
 }
 
+// PROMISE: STORE-5, GO-1
 func TestViewsReleaseAndLifetime(t *testing.T) {
 	s, _ := newTestStore(t, 1, 2)
 	toks := seqTokens(0, 32)
@@ -180,6 +186,7 @@ func TestViewsReleaseAndLifetime(t *testing.T) {
 	}
 }
 
+// PROMISE: STORE-14
 func TestWriterLock(t *testing.T) {
 	s, dir := newTestStore(t, 1, 1)
 	if _, err := Open(dir, &OpenOptions{NoWait: true}); !errors.Is(err, ErrBusy) {
@@ -209,6 +216,7 @@ func TestWriterLock(t *testing.T) {
 
 // The finalizer closes a forgotten store (a safety net): its writer lock
 // is released once the Store is unreachable and collected.
+// PROMISE: GO-3
 func TestStoreFinalizer(t *testing.T) {
 	dir := t.TempDir() + "/s"
 	func() {
@@ -234,6 +242,7 @@ func TestStoreFinalizer(t *testing.T) {
 }
 
 // Readers and a writer from many goroutines (run with -race).
+// PROMISE: STORE-16, GO-5
 func TestConcurrentGoroutines(t *testing.T) {
 	s, _ := newTestStore(t, 4, 4)
 	var wg sync.WaitGroup
@@ -295,5 +304,224 @@ func TestStoreVerify(t *testing.T) {
 	probs, err := s.Verify()
 	if err != nil || len(probs) != 0 {
 		t.Fatalf("Verify of an intact store: %v %v", probs, err)
+	}
+}
+
+// PROMISE: GO-1, GO-5
+func TestAttackCloseDuringLookupsAndBatches(t *testing.T) {
+	s, _ := newTestStore(t, 2, 4)
+	toks := seqTokens(0, 4*16+5)
+	want := pagesFor(testGeom, toks)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	errs := make(chan error, 16)
+	kept := make(chan *Views, 16)
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			var last *Views
+			for {
+				v, err := s.Prefix(toks)
+				if err != nil {
+					errs <- err
+					kept <- last
+					return
+				}
+				if last != nil {
+					last.Release()
+				}
+				last = v
+			}
+		}()
+	}
+	b, err := s.NewBatch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		<-start
+		for q := 10; ; q++ {
+			tk := seqTokens(q, 2*16)
+			if _, err := b.Put(tk, pagesFor(testGeom, tk), nil); err != nil {
+				errs <- err
+				return
+			}
+		}
+	}()
+	close(start)
+	v, err := s.Prefix(toks) // at least one lookup before the Close
+	if err != nil || v.Len() != 4 {
+		t.Fatalf("Prefix: %v", err)
+	}
+	s.Close()
+	wg.Wait()
+	close(errs)
+	close(kept)
+	for err := range errs {
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("a call racing Close: %v, want ErrClosed", err)
+		}
+	}
+	for k := range kept {
+		if k == nil {
+			continue
+		}
+		for i := 0; i < k.Len(); i++ { // views served before the Close stay readable
+			if !bytes.Equal(k.At(i).Page(), want[i*1024:(i+1)*1024]) {
+				t.Fatalf("block %d changed after Close", i)
+			}
+		}
+		k.Release()
+	}
+	for i := 0; i < v.Len(); i++ {
+		if !bytes.Equal(v.At(i).Page(), want[i*1024:(i+1)*1024]) {
+			t.Fatalf("block %d changed after Close", i)
+		}
+	}
+	v.Release()
+	if err := b.Flush(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Batch.Flush after Store.Close: %v", err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// PROMISE: GO-8
+func TestAttackSlicesOfTheWrongLength(t *testing.T) {
+	s, _ := newTestStore(t, 0, 0)
+	toks := seqTokens(3, 2*16)
+	pages := pagesFor(testGeom, toks)
+	if _, err := s.Put(toks, pages[:len(pages)-1], nil); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("short pages: %v", err)
+	}
+	if _, err := s.Put(toks, append(pages, 0), nil); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("long pages: %v", err)
+	}
+	if _, err := s.Put(toks[:16], pages, nil); !errors.Is(err, ErrTokens) {
+		t.Fatalf("pages beyond the tokens' blocks: %v", err)
+	}
+	if _, err := s.Put(nil, pages, nil); !errors.Is(err, ErrTokens) {
+		t.Fatalf("nil tokens: %v", err)
+	}
+	if _, err := s.Put(toks, pages, make([]float32, 3)); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("wrong scales: %v", err)
+	}
+	if n, err := s.Put(toks, nil, nil); n != 0 || err != nil {
+		t.Fatalf("no pages: %d %v", n, err)
+	}
+	if _, err := s.PutEnvelope(nil, nil); !errors.Is(err, ErrFormat) {
+		t.Fatalf("nil envelope: %v", err)
+	}
+	for _, env := range [][]byte{{0}, make([]byte, 32), bytes.Repeat([]byte{0xff}, 4096)} {
+		if _, err := s.PutEnvelope(env, toks); err == nil {
+			t.Fatalf("garbage envelope of %d bytes accepted", len(env))
+		}
+		if _, err := ParseEnvelope(env, nil); err == nil {
+			t.Fatalf("ParseEnvelope accepted %d garbage bytes", len(env))
+		}
+	}
+	if v, err := s.PrefixMax(toks, -5); err != nil || v.Len() != 0 {
+		t.Fatalf("PrefixMax(-5): %v", err)
+	}
+	if v, err := s.Prefix(nil); err != nil || v.Len() != 0 {
+		t.Fatalf("Prefix(nil): %v", err)
+	}
+	if _, err := s.GetBlock(toks[:15]); !errors.Is(err, ErrTokens) {
+		t.Fatalf("GetBlock of 15 tokens: %v", err)
+	}
+	if v, _, err := s.GetHashes(nil); err != nil || v.Len() != 0 {
+		t.Fatalf("GetHashes(nil): %v", err)
+	}
+	if _, err := s.Put(toks, pages, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	v, err := s.Prefix(toks)
+	if err != nil || v.Len() != 2 || !bytes.Equal(v.At(1).Page(), pages[1024:]) {
+		t.Fatalf("after the bad puts: %v", err)
+	}
+	v.Release()
+}
+
+// PROMISE: FORMAT-11, GO-8
+func TestAttackPaths(t *testing.T) {
+	tmp := t.TempDir()
+	// C sees a path up to its NUL: tmp/a would be created, tmp/a opened
+	if _, err := Create(tmp+"/a\x00b", StoreOptions{Geometry: testGeom}); !errors.Is(err, ErrPath) {
+		t.Fatalf("Create of a path with a NUL byte: %v, want ErrPath", err)
+	}
+	if _, err := os.Stat(tmp + "/a"); err == nil {
+		t.Fatal("Create with a NUL byte made the truncated path")
+	}
+	s, err := Create(tmp+"/a", StoreOptions{Geometry: testGeom, NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if _, err := Open(tmp+"/a\x00b", nil); !errors.Is(err, ErrPath) {
+		t.Fatalf("Open of a path with a NUL byte: %v, want ErrPath", err)
+	}
+	if _, err := Open(tmp+"/a", &OpenOptions{TierURL: "redis://127.0.0.1:1", TierTenant: "t1\x00t2"}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a tenant with a NUL byte: %v, want ErrInvalid", err)
+	}
+	if _, err := Create(tmp+"/b", StoreOptions{Geometry: testGeom, TierURL: "redis://h:1\x00x"}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("a tier URL with a NUL byte: %v, want ErrInvalid", err)
+	}
+	if _, err := OpenShard(tmp+"/x\x00y", false); !errors.Is(err, ErrPath) {
+		t.Fatalf("OpenShard of a path with a NUL byte: %v", err)
+	}
+	if _, err := WarmupPaths(context.Background(), []string{tmp + "/a", tmp + "/a\x00"}, nil, nil); !errors.Is(err, ErrPath) {
+		t.Fatalf("WarmupPaths with a NUL byte: %v", err)
+	}
+	fifo := filepath.Join(tmp, "fifo")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Skip("mkfifo:", err)
+	}
+	if _, err := Open(fifo, nil); err == nil {
+		t.Fatal("Open of a FIFO succeeded")
+	}
+	if _, err := OpenShard(fifo, false); err == nil {
+		t.Fatal("OpenShard of a FIFO succeeded")
+	}
+	file := filepath.Join(tmp, "file")
+	writeFile(t, file, []byte("x"))
+	if _, err := Open(file, nil); err == nil {
+		t.Fatal("Open of a file succeeded")
+	}
+	if _, err := Create(file, StoreOptions{Geometry: testGeom}); err == nil {
+		t.Fatal("Create over a file succeeded")
+	}
+	if _, err := OpenShard(tmp, false); err == nil {
+		t.Fatal("OpenShard of a directory succeeded")
+	}
+}
+
+// PROMISE: RECOVER-16
+func TestAttackFIFOInStoreDir(t *testing.T) {
+	// A FIFO planted as DIR/STORE hung Open inside the cgo call (a blocking
+	// open); now it is refused at once (tests/test_recovery.c
+	// test_fifo_where_store_files_belong).
+	dir := t.TempDir() + "/s"
+	s, err := Create(dir, StoreOptions{Geometry: testGeom, NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	os.Rename(dir+"/STORE", dir+"/STORE.old")
+	if err := syscall.Mkfifo(dir+"/STORE", 0o600); err != nil {
+		t.Skip(err)
+	}
+	if _, err := Open(dir, &OpenOptions{ReadOnly: true}); !errors.Is(err, ErrPath) {
+		t.Fatalf("a FIFO as STORE: %v, want ErrPath", err)
 	}
 }

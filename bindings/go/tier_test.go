@@ -13,6 +13,7 @@ import (
 // TestTierOptionsDown: the shared tier's options pass through (DIR/TIER
 // written with the tenant and TTL), and a tier nobody answers fails
 // nothing: put, flush, prefix and close work, Stat says it is down.
+// PROMISE: TIER-7, TIER-23
 func TestTierOptionsDown(t *testing.T) {
 	dir := t.TempDir() + "/a"
 	s, err := Create(dir, StoreOptions{Geometry: testGeom, NoSync: true, TierURL: "redis://127.0.0.1:1",
@@ -50,6 +51,7 @@ func TestTierOptionsDown(t *testing.T) {
 
 // TestTierCrossStore: with a redis-server (skipped without), a block put
 // in one store is served in another whose directory is empty.
+// PROMISE: TIER-23
 func TestTierCrossStore(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Skip("redis-server not installed")

@@ -78,6 +78,7 @@ func TestWarmupStore(t *testing.T) {
 	}
 }
 
+// PROMISE: IO-11
 func TestWarmupDamagedAndCanceled(t *testing.T) {
 	s, _ := newTestStore(t, 1, 3)
 	path, data := copyShard(t, s)

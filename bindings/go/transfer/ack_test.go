@@ -54,6 +54,7 @@ func (s *ackServer) PushKv(st tlkvpb.KvTransfer_PushKvServer) error {
 // exited 0: an engine freeing its KV on success lost blocks never made
 // durable. Now each is an *AckError naming the field, and kvxd push
 // exits 1.
+// PROMISE: XFER-5
 func TestPushRefusesUnacknowledgedAnswer(t *testing.T) {
 	ctx := context.Background()
 	a, adir := createStore(t, testGeom, 0)

@@ -22,6 +22,7 @@ func u32bytes(v []uint32) []byte {
 	return b
 }
 
+// PROMISE: XFER-3, XFER-7, XFER-16
 func FuzzChunk(f *testing.F) {
 	// the receiver holds the prompt's first 2 of 3 blocks
 	recv, _ := createStore(f, testGeom, 0)

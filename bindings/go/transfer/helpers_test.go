@@ -1,4 +1,5 @@
-// helpers_test.go - stores, prompts, servers and processes for the tests.
+// helpers_test.go - stores, prompts, servers and processes for the tests,
+// and a raw HTTP/2 client that trickles a message (a slowloris).
 //
 // Stores are real kvx stores (the core Go package over the C library);
 // servers are a Server on a real loopback gRPC listener, or the kvxd
@@ -8,6 +9,7 @@
 package transfer
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -20,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 
 	kvx "kvx.dev/kvx"
@@ -422,3 +426,126 @@ func kvxCLI() string {
 }
 
 func netListen() (net.Listener, error) { return net.Listen("tcp", "127.0.0.1:0") }
+
+// eventually polls cond every 20 ms up to limit (a generous upper bound,
+// not a timing assertion).
+func eventually(limit time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(limit)
+	for {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// trickler is a raw HTTP/2 client that opens a call (PushKv unless
+// named) and sends one gRPC message a byte at a time, as a slowloris would: the message never
+// completes, so gRPC never hands the handler a chunk.
+type trickler struct {
+	conn   net.Conn
+	mu     sync.Mutex // the framer's writes
+	fr     *http2.Framer
+	status chan string // grpc-status of stream 1 ("rst" for a reset)
+}
+
+func startTrickle(t *testing.T, addr string) *trickler {
+	t.Helper()
+	return startTrickleCall(t, addr, "/tl.kv.v1.KvTransfer/PushKv")
+}
+
+func startTrickleCall(t *testing.T, addr, path string) *trickler {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	tr := &trickler{conn: c, fr: http2.NewFramer(c, c), status: make(chan string, 1)}
+	tr.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	if _, err := c.Write([]byte(http2.ClientPreface)); err != nil {
+		t.Fatal(err)
+	}
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", path},
+		{":authority", addr}, {"content-type", "application/grpc"}, {"te", "trailers"}} {
+		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]}) //nolint:errcheck
+	}
+	tr.mu.Lock()
+	err = tr.fr.WriteSettings()
+	if err == nil {
+		err = tr.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true})
+	}
+	if err == nil { // a 4 KiB message's prefix: the rest comes a byte at a time
+		err = tr.fr.WriteData(1, false, []byte{0, 0, 0, 0x10, 0})
+	}
+	tr.mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { // the server's frames: settings and pings answered, stream 1's end noted
+		for {
+			f, err := tr.fr.ReadFrame()
+			if err != nil {
+				select {
+				case tr.status <- "conn: " + err.Error():
+				default:
+				}
+				return
+			}
+			switch f := f.(type) {
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					tr.mu.Lock()
+					tr.fr.WriteSettingsAck() //nolint:errcheck
+					tr.mu.Unlock()
+				}
+			case *http2.PingFrame:
+				if !f.IsAck() {
+					tr.mu.Lock()
+					tr.fr.WritePing(true, f.Data) //nolint:errcheck
+					tr.mu.Unlock()
+				}
+			case *http2.MetaHeadersFrame:
+				if f.StreamID == 1 && f.StreamEnded() {
+					select {
+					case tr.status <- "grpc-status=" + grpcStatusOf(f):
+					default:
+					}
+				}
+			case *http2.RSTStreamFrame:
+				if f.StreamID == 1 {
+					select {
+					case tr.status <- "rst":
+					default:
+					}
+				}
+			}
+		}
+	}()
+	go func() { // one byte every 50 ms until the connection fails
+		for i := 0; i < 1000; i++ {
+			time.Sleep(50 * time.Millisecond)
+			tr.mu.Lock()
+			err := tr.fr.WriteData(1, false, []byte{0})
+			tr.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return tr
+}
+
+func grpcStatusOf(f *http2.MetaHeadersFrame) string {
+	for _, h := range f.Fields {
+		if h.Name == "grpc-status" {
+			return h.Value
+		}
+	}
+	return "?"
+}

@@ -23,7 +23,7 @@ import (
 // Before: --lease-ttl 1200h was answered as 25,032,704 ms (the uint32 of
 // 4,320,000,000 wrapped), 4294967296ms and 500us as 0 ("already expired"),
 // while the lease lasted what was configured.
-// PROMISE: XFER-OPS-1
+// PROMISE: XFER-29
 func TestKvxdOptionRanges(t *testing.T) {
 	dir := t.TempDir()
 	for _, tc := range []struct {
@@ -70,7 +70,7 @@ func TestKvxdOptionRanges(t *testing.T) {
 
 // A library user's ServerOptions.LeaseTTL outside what HasBlocks can say
 // is clamped, so the lease lasts exactly the TTL it answers.
-// PROMISE: XFER-OPS-1
+// PROMISE: XFER-29
 func TestServerLeaseTTLClamped(t *testing.T) {
 	for _, tc := range []struct {
 		ttl  time.Duration
@@ -97,7 +97,7 @@ func TestServerLeaseTTLClamped(t *testing.T) {
 // --metrics on a non-loopback address was plain HTTP on every interface
 // with no flag; now it needs TLS (served as https with the gRPC listener's
 // certificate and client CA) or --insecure, as --listen does.
-// PROMISE: XFER-OPS-2
+// PROMISE: XFER-28
 func TestKvxdMetricsListenerPolicy(t *testing.T) {
 	dir := t.TempDir()
 	for _, addr := range []string{"0.0.0.0:0", "[::]:0", "192.0.2.1:9100"} {

@@ -1,7 +1,9 @@
-// limits_test.go - the connection bounds of a receiver (ServerOptions'
-// MaxHeaderListBytes, MaxConnStreams, ConnIdle, HandshakeTimeout; kvxd's
-// flags of the same names; LimitListener, kvxd's --max-conns) and of
-// kvxd's metrics server, against raw HTTP/2 and TCP clients.
+// limits_test.go - the bounds of a receiver: its streams (StreamIdle
+// against idle and trickling streams and slow sinks, MaxStreamBytes at its
+// boundary), its connections (ServerOptions' MaxHeaderListBytes,
+// MaxConnStreams, ConnIdle, HandshakeTimeout; kvxd's flags of the same
+// names; LimitListener, kvxd's --max-conns) and kvxd's metrics server,
+// against raw HTTP/2 and TCP clients.
 package transfer
 
 import (
@@ -169,6 +171,7 @@ func padHeaders(n int) []hpack.HeaderField {
 // HasBlocks tap. Now a call whose decoded header list passes
 // MaxHeaderListBytes (16 KiB by default, advertised in SETTINGS with
 // MaxConnStreams) is reset before either runs; a call within it runs.
+// PROMISE: XFER-23
 func TestAttackHeaderListFlood(t *testing.T) {
 	b, _ := createStore(t, testGeom, 0)
 	ts := startServer(t, b, ServerOptions{})
@@ -213,6 +216,7 @@ func TestAttackHeaderListFlood(t *testing.T) {
 // that sends nothing is closed, a metrics request whose headers never end
 // is closed; the flags reach the SETTINGS; a call past
 // --max-header-list-bytes is reset and a gRPC call within it answered.
+// PROMISE: XFER-23
 func TestKvxdConnectionBounds(t *testing.T) {
 	b, bdir := createStore(t, testGeom, 0)
 	b.Close()
@@ -284,6 +288,7 @@ func TestKvxdConnectionBounds(t *testing.T) {
 // place and a second frees nothing more; closing the listener ends an
 // Accept waiting at a full cap (grpc.Server.Stop waits for its Serve
 // loop); kvx_transfer_connections_open follows.
+// PROMISE: XFER-23
 func TestLimitListenerReleasesOnce(t *testing.T) {
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -402,6 +407,7 @@ func TestLimitListenerReleasesOnce(t *testing.T) {
 // the kernel's queue: its HasBlocks is not answered within 1 s), and is
 // served once one of the three closes; kvx_transfer_connections_open
 // counts 3 throughout; 0, -1 and 2^20+1 are usage errors.
+// PROMISE: XFER-23, XFER-29
 func TestKvxdMaxConns(t *testing.T) {
 	b, bdir := createStore(t, testGeom, 0)
 	b.Close()
@@ -456,5 +462,115 @@ func TestKvxdMaxConns(t *testing.T) {
 	}
 	if g := gauge(); g != "3" {
 		t.Fatalf("kvx_transfer_connections_open %s with 2 held and the 4th served", g)
+	}
+}
+
+// Streams opened and left idle (no chunk, or one chunk and then nothing)
+// and a stream trickling one byte every 50 ms held --max-streams for good:
+// every other sender got RESOURCE_EXHAUSTED for as long as they stayed
+// (there was no idle timeout). Now a stream that brings no whole chunk
+// for StreamIdle is cut with DEADLINE_EXCEEDED, nothing of it published,
+// and the slots come back.
+// PROMISE: XFER-15
+func TestAttackIdleStreamsCut(t *testing.T) {
+	a, _ := createStore(t, testGeom, 0)
+	b, _ := createStore(t, testGeom, 0)
+	good, stalled := tokensOf(40, 3*B), tokensOf(41, 3*B)
+	putPrompt(t, a, good)
+	putPrompt(t, a, stalled)
+	rec := &recorder{seen: make(chan struct{}, 8)}
+	ts := startServer(t, b, ServerOptions{MaxStreams: 3, StreamIdle: time.Second, Sink: rec})
+	conn := dial(t, ts.addr)
+	kc := tlkvpb.NewKvTransferClient(conn)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	silent, err := kc.PushKv(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one, err := kc.PushKv(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := one.Send(chunkOf(t, a, stalled, 0, false)); err != nil {
+		t.Fatal(err)
+	}
+	select { // the one-chunk stream's handler runs
+	case <-rec.seen:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the stalled stream's chunk was not seen")
+	}
+	tr := startTrickle(t, ts.addr)
+	// all three slots are taken now (a push would be refused: TestStreamLimits)
+	if !eventually(10*time.Second, func() bool { return len(ts.sem) == 3 }) {
+		t.Fatalf("three open streams did not fill --max-streams 3: %d", len(ts.sem))
+	}
+	// ... and once the idle ones are cut, a push goes through
+	var pushed bool
+	if !eventually(20*time.Second, func() bool {
+		_, err := NewClient(conn).Push(context.Background(), a, good, nil)
+		pushed = err == nil
+		return pushed || status.Code(err) != codes.ResourceExhausted
+	}) || !pushed {
+		t.Fatal("idle streams held --max-streams for good: no push got through in 20 s")
+	}
+	for name, st := range map[string]tlkvpb.KvTransfer_PushKvClient{"silent": silent, "one chunk": one} {
+		// the answer, without half-closing (an empty stream closed is a push)
+		if err := st.RecvMsg(new(tlkvpb.PushKvResponse)); status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("the %s stream: %v, want DEADLINE_EXCEEDED", name, err)
+		}
+	}
+	select {
+	case s := <-tr.status:
+		if s != "grpc-status=4" && s != "rst" {
+			t.Fatalf("the trickling stream ended with %q, want grpc-status=4 (DEADLINE_EXCEEDED)", s)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the trickling stream was never cut")
+	}
+	if served(t, b, stalled) != 0 || served(t, b, good) != 3 {
+		t.Fatal("a cut stream published, or the good push was lost")
+	}
+}
+
+type slowSink struct{ d time.Duration }
+
+func (k slowSink) Block(ctx context.Context, b Block) error      { time.Sleep(k.d); return nil }
+func (k slowSink) Done(ctx context.Context, r Result, err error) {}
+
+// The idle clock runs only while the stream waits for a chunk: a sink (or
+// a write) slower than StreamIdle never cuts a sender whose chunks are
+// already there.
+// PROMISE: XFER-15
+func TestAttackSlowSinkNotIdle(t *testing.T) {
+	a, _ := createStore(t, testGeom, 0)
+	b, _ := createStore(t, testGeom, 0)
+	tokens := tokensOf(46, 6*B)
+	putPrompt(t, a, tokens)
+	ts := startServer(t, b, ServerOptions{StreamIdle: 100 * time.Millisecond, Sink: slowSink{250 * time.Millisecond}})
+	r, err := NewClient(dial(t, ts.addr)).Push(context.Background(), a, tokens, nil)
+	if err != nil || !r.Durable || served(t, b, tokens) != 6 {
+		t.Fatalf("a push through a sink slower than --stream-idle: %v", err)
+	}
+}
+
+// --max-stream-bytes at its boundary: payloads of exactly the limit are
+// accepted, one byte more is RESOURCE_EXHAUSTED with nothing published.
+// PROMISE: XFER-14
+func TestAttackStreamBytesBoundary(t *testing.T) {
+	a, _ := createStore(t, testGeom, 0)
+	tokens := tokensOf(80, 3*B)
+	putPrompt(t, a, tokens)
+	for _, limit := range []int{3 * envSize(1), 3*envSize(1) - 1} {
+		b, _ := createStore(t, testGeom, 0)
+		ts := startServer(t, b, ServerOptions{MaxStreamBytes: uint64(limit)})
+		r, err := NewClient(dial(t, ts.addr)).Push(context.Background(), a, tokens, nil)
+		if limit == 3*envSize(1) {
+			if err != nil || r.BytesSent != uint64(limit) || served(t, b, tokens) != 3 {
+				t.Fatalf("payloads of exactly the limit: %v %+v", err, r)
+			}
+		} else if status.Code(err) != codes.ResourceExhausted || served(t, b, tokens) != 0 || blocksIn(t, b) != 0 {
+			t.Fatalf("one byte over the limit: %v", err)
+		}
 	}
 }

@@ -1,10 +1,12 @@
 // process_test.go - real processes on loopback: kvxd serve and kvxd push,
 // a sender process killed mid-stream, kvxd killed -9 mid-stream and
-// restarted, TLS and mTLS, metrics, SIGTERM, and the generated code.
+// restarted, TLS and mTLS, metrics, SIGTERM (also during a flood), kvxd's
+// idle-stream limit, and the generated code.
 package transfer
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -23,11 +25,15 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	kvx "kvx.dev/kvx"
 	"kvx.dev/transfer/tlkvpb"
@@ -81,6 +87,7 @@ func helperMain() int {
 
 // A sender process killed -9 after 3 of 8 chunks: the receiver's stream
 // fails, nothing is published, and the receiver serves the next push.
+// PROMISE: XFER-16
 func TestSenderKilledMidStream(t *testing.T) {
 	a, adir := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -136,6 +143,7 @@ func TestSenderKilledMidStream(t *testing.T) {
 // kvxd push against kvxd serve, two stores, real processes: dedup counts in
 // --json, the text line, readers beside the serving writer, metrics,
 // SIGTERM exits 0 with the store released.
+// PROMISE: XFER-2, XFER-26, XFER-27
 func TestKvxdServeAndPush(t *testing.T) {
 	a, adir := createStore(t, testGeom, 0)
 	b, bdir := createStore(t, testGeom, 0)
@@ -241,6 +249,7 @@ func TestKvxdServeAndPush(t *testing.T) {
 }
 
 // Usage errors and --help.
+// PROMISE: XFER-24, XFER-26
 func TestKvxdUsage(t *testing.T) {
 	out, _, code := runKvxd(t, "--help")
 	if code != 0 || !strings.Contains(out, "push --store DIR --to ADDR") || !strings.Contains(out, "--max-stream-bytes") {
@@ -266,6 +275,7 @@ func TestKvxdUsage(t *testing.T) {
 // chunks of the cut stream seal shards before kvxd dies: those files wait
 // in staging/ until the stream's finish, and recovery removes them, so
 // nothing of the cut stream is adopted or served after the restart.
+// PROMISE: XFER-4, XFER-17
 func TestKvxdKilledMidStreamAndRestarted(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	bdir := filepath.Join(t.TempDir(), "store")
@@ -392,6 +402,7 @@ func certs(t *testing.T, dir string) {
 // (--client-ca): a client certificate signed by that CA is required; a
 // client without one, or with another CA's, is refused and publishes
 // nothing. A non-loopback listener is allowed with TLS.
+// PROMISE: XFER-25
 func TestKvxdTLSAndMTLS(t *testing.T) {
 	cd := t.TempDir()
 	certs(t, cd)
@@ -448,6 +459,7 @@ func TestKvxdTLSAndMTLS(t *testing.T) {
 
 // The checked-in kv.pb.go and kv_grpc.pb.go are what protoc makes of
 // proto/tl/kv/v1/kv.proto now (scripts/gen-proto.sh).
+// PROMISE: XFER-1
 func TestGeneratedCodeFresh(t *testing.T) {
 	for _, tool := range []string{"protoc", "protoc-gen-go", "protoc-gen-go-grpc"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -477,6 +489,7 @@ func TestGeneratedCodeFresh(t *testing.T) {
 // SIGTERM while a stream is in flight and its sender stalls: kvxd waits
 // --drain, aborts the stream (nothing of it published), flushes and exits
 // 0; a push acknowledged before is intact.
+// PROMISE: XFER-16, XFER-26
 func TestKvxdSigtermAbortsStalledStream(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, bdir := createStore(t, testGeom, 0)
@@ -514,4 +527,171 @@ func TestKvxdSigtermAbortsStalledStream(t *testing.T) {
 	if served(t, r, acked) != 4 || served(t, r, stalled) != 0 {
 		t.Fatal("after SIGTERM: the acknowledged prompt lost, or the aborted one published")
 	}
+}
+
+// kvxd cuts an idle stream too (--stream-idle), so one silent client on
+// --max-streams 1 holds it only that long; a non-positive --stream-idle or
+// --max-leases is a usage error.
+// PROMISE: XFER-15, XFER-29
+func TestAttackKvxdIdleStream(t *testing.T) {
+	a, adir := createStore(t, testGeom, 0)
+	b, bdir := createStore(t, testGeom, 0)
+	tokens := tokensOf(45, 2*B)
+	putPrompt(t, a, tokens)
+	a.Close()
+	b.Close()
+	for _, bad := range [][]string{{"--stream-idle", "0s"}, {"--max-leases", "0"}} {
+		if _, errOut, code := runKvxd(t, append([]string{"serve", "--store", bdir}, bad...)...); code != 2 {
+			t.Fatalf("kvxd serve %v: exit %d: %s", bad, code, errOut)
+		}
+	}
+	p := startKvxd(t, bdir, "--max-streams", "1", "--stream-idle", "300ms", "--metrics", "127.0.0.1:0")
+	conn := dial(t, p.addr)
+	silent, err := tlkvpb.NewKvTransferClient(conn).PushKv(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !eventually(10*time.Second, func() bool { // its handler holds the slot
+		resp, err := http.Get("http://" + p.metrics + "/metrics")
+		if err != nil {
+			return false
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return bytes.Contains(body, []byte("\nkvx_transfer_streams_active 1\n"))
+	}) {
+		t.Fatal("the silent stream did not take the one slot")
+	}
+	if err := silent.RecvMsg(new(tlkvpb.PushKvResponse)); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("the silent stream: %v, want DEADLINE_EXCEEDED", err)
+	}
+	if _, errOut, code := runKvxd(t, append([]string{"push", "--store", adir, "--to", p.addr}, tokenArgs(tokens)...)...); code != 0 {
+		t.Fatalf("kvxd push after the idle stream was cut: %d %s", code, errOut)
+	}
+}
+
+// SIGTERM while 6 pushers, a HasBlocks flooder, two idle streams and a
+// metrics scraper hammer a kvxd process: it exits 0 within its drain, the
+// metrics endpoint answered throughout, every acknowledged push is served
+// whole with its own bytes after a reopen, and no other push is served in
+// part.
+// PROMISE: XFER-26
+func TestAttackKvxdSigtermDuringFlood(t *testing.T) {
+	a, _ := createStore(t, testGeom, 0)
+	b, bdir := createStore(t, testGeom, 0)
+	const nb = 4
+	var prompts [][]uint32
+	for i := 0; i < 240; i++ {
+		p := tokensOf(7000+i, nb*B)
+		putPrompt(t, a, p)
+		prompts = append(prompts, p)
+	}
+	b.Close()
+	p := startKvxd(t, bdir, "--max-streams", "4", "--drain", "500ms", "--stream-idle", "1h",
+		"--metrics", "127.0.0.1:0")
+	conn := dial(t, p.addr)
+	kc := tlkvpb.NewKvTransferClient(conn)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for i := 0; i < 2; i++ { // idle streams: cut by the drain, not waited for
+		if _, err := kc.PushKv(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var acked sync.Map
+	var nacked, scrapes, scrapeFails atomic.Int32
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := 0; w < 6; w++ {
+		w := w
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := NewClient(conn)
+			for i := w; i < len(prompts); i += 6 {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if r, err := c.Push(ctx, a, prompts[i], nil); err == nil && r.Durable {
+					acked.Store(i, true)
+					nacked.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			q := prompts[i%len(prompts)]
+			kc.HasBlocks(ctx, &tlkvpb.HasBlocksRequest{BlockHashes: kvx.BlockHashes(q, B), Tokens: q, BlockTokens: B}) //nolint:errcheck
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		hc := &http.Client{Timeout: 10 * time.Second}
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			resp, err := hc.Get("http://" + p.metrics + "/metrics")
+			if err != nil {
+				return // kvxd is gone
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			scrapes.Add(1)
+			if resp.StatusCode != 200 || !bytes.Contains(body, []byte("kvx_transfer_streams_active")) {
+				scrapeFails.Add(1)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	if !eventually(60*time.Second, func() bool { return nacked.Load() >= 20 }) {
+		t.Fatalf("only %d pushes acknowledged under the flood", nacked.Load())
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	code := p.wait(t)
+	close(stop)
+	cancel()
+	wg.Wait()
+	if code != 0 {
+		t.Fatalf("kvxd exited %d after SIGTERM: %s", code, p.out.String())
+	}
+	if scrapes.Load() == 0 || scrapeFails.Load() != 0 {
+		t.Fatalf("metrics: %d scrapes, %d bad", scrapes.Load(), scrapeFails.Load())
+	}
+	r, err := kvx.Open(bdir, &kvx.OpenOptions{NoWait: true})
+	if err != nil {
+		t.Fatalf("the store after SIGTERM: %v", err)
+	}
+	defer r.Close()
+	extra := 0
+	for i, q := range prompts {
+		n := served(t, r, q)
+		_, ok := acked.Load(i)
+		switch {
+		case ok && n != nb:
+			t.Fatalf("acknowledged prompt %d serves %d of %d blocks after SIGTERM", i, n, nb)
+		case !ok && n != 0 && n != nb:
+			t.Fatalf("unacknowledged prompt %d serves %d of %d blocks", i, n, nb)
+		case !ok && n == nb:
+			extra++
+		}
+	}
+	if probs, err := r.Verify(); err != nil || len(probs) != 0 {
+		t.Fatalf("Verify after SIGTERM: %v %v", err, probs)
+	}
+	t.Logf("%d pushes acknowledged before SIGTERM, %d more published whole without an answer", nacked.Load(), extra)
 }

@@ -1,12 +1,14 @@
 // transfer_test.go - the protocol through a Server on loopback gRPC: dedup
 // byte counts, every status code with nothing published, leases, limits,
-// the FNV collision, concurrent pushers, the sink.
+// the FNV collision, concurrent pushers, streams cut at every point, the
+// sink.
 package transfer
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -22,6 +24,7 @@ import (
 // A second push of the same prompt moves only what is missing: bytes =
 // (missing full blocks + 1 tail) x envelope size, exactly; the sink sees
 // every block, the tail included (never stored).
+// PROMISE: XFER-2, XFER-4
 func TestPushDedup(t *testing.T) {
 	ctx := context.Background()
 	a, _ := createStore(t, testGeom, 0)
@@ -113,6 +116,7 @@ type statusCase struct {
 
 // Every status code of the protocol; each stream starts with a valid block
 // 0 (which would be stored) and nothing of it may be published.
+// PROMISE: XFER-8, XFER-10, XFER-11, XFER-16
 func TestStatusCodesPublishNothing(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	oddGeom := testGeom
@@ -211,6 +215,7 @@ func TestStatusCodesPublishNothing(t *testing.T) {
 // HasBlocks: hashes that are not the chain of the tokens are
 // INVALID_ARGUMENT (and pin nothing); a model_signature not the store's is
 // FAILED_PRECONDITION; B other than the store's INVALID_ARGUMENT.
+// PROMISE: XFER-8, XFER-12, XFER-18
 func TestHasBlocksStatus(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -282,6 +287,7 @@ func fill(t *testing.T, s *kvx.Store, n int) {
 // A lease pins what HasBlocks reported held until it expires; a push that
 // names an expired lease whose blocks were evicted meanwhile gets ABORTED
 // (nothing published), and Client.Push then resends with payloads.
+// PROMISE: XFER-11, XFER-18
 func TestLeaseExpiresBeforePush(t *testing.T) {
 	for _, expire := range []bool{false, true} {
 		t.Run(fmt.Sprintf("expire=%v", expire), func(t *testing.T) {
@@ -363,6 +369,7 @@ func TestLeaseExpiresBeforePush(t *testing.T) {
 
 // An empty payload for a block reported held only later evicted, with the
 // client's retry: ABORTED is answered by a resend with every payload.
+// PROMISE: XFER-18
 func TestClientRetriesAborted(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -382,6 +389,7 @@ func TestClientRetriesAborted(t *testing.T) {
 }
 
 // --max-stream-bytes and --max-streams: RESOURCE_EXHAUSTED, nothing published.
+// PROMISE: XFER-14
 func TestStreamLimits(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -430,6 +438,7 @@ func TestStreamLimits(t *testing.T) {
 // without tokens), Y sent empty is ABORTED (never a reference to X);
 // resent with its payload it is stored beside X and each prompt gets its
 // own bytes.
+// PROMISE: XFER-3, XFER-11
 func TestCollisionNeverReferencesWrongBlock(t *testing.T) {
 	collA := []uint32{2849051040, 4145281261, 3375848879, 1394986490}
 	collB := []uint32{2849051040, 4145281261, 3465670547, 1026208435}
@@ -488,6 +497,7 @@ func TestCollisionNeverReferencesWrongBlock(t *testing.T) {
 // 32 pushers at once, prompts sharing prefixes (4 families x 8 prompts, a
 // 3-block shared prefix, 3 own blocks): every push durable, every prompt
 // served whole with its own bytes.
+// PROMISE: XFER-22
 func TestConcurrentPushers(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -535,6 +545,7 @@ func TestConcurrentPushers(t *testing.T) {
 
 // The sender cuts the stream (its context canceled) after some chunks:
 // nothing published, the lease released, the receiver goes on.
+// PROMISE: XFER-16
 func TestSenderCancelsMidStream(t *testing.T) {
 	a, _ := createStore(t, testGeom, 0)
 	b, _ := createStore(t, testGeom, 0)
@@ -582,6 +593,7 @@ func waitDone(t *testing.T, rec *recorder, n int) {
 }
 
 // PickFormat and BlockEnvelope follow the C rules.
+// PROMISE: XFER-6
 func TestPickFormat(t *testing.T) {
 	for _, c := range []struct {
 		q    kvx.Quant
@@ -620,6 +632,7 @@ func TestPickFormat(t *testing.T) {
 // v2, BF16 -> v3) and the receiver serves the sender's bytes exactly;
 // --format v1 from a BF16 store whose values f16 cannot hold fails at the
 // sender (ELOSSY), moving nothing.
+// PROMISE: XFER-6
 func TestPushFormats(t *testing.T) {
 	for _, c := range []struct {
 		q       kvx.Quant
@@ -663,5 +676,162 @@ func TestPushFormats(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Streams cut at every point (after HasBlocks, after opening, mid-stream,
+// after the last chunk before CloseSend, right after CloseSend), 30 each
+// over a reconnect storm of fresh connections: no acknowledged push is
+// lost, no cut-before-the-end stream publishes anything, none publishes
+// part of its prompt, and afterwards no lease, slot or goroutine is left.
+// PROMISE: XFER-16
+func TestAttackCancelEverywhere(t *testing.T) {
+	a, _ := createStore(t, testGeom, 0)
+	b, _ := createStore(t, testGeom, 0)
+	const nb = 4
+	ts := startServer(t, b, ServerOptions{MaxStreams: 4, LeaseTTL: 300 * time.Millisecond})
+	warm := tokensOf(99, nb*B)
+	putPrompt(t, a, warm)
+	if _, err := NewClient(dial(t, ts.addr)).Push(context.Background(), a, warm, nil); err != nil {
+		t.Fatal(err)
+	}
+	runtime.GC()
+	base := runtime.NumGoroutine()
+	points := []string{"after HasBlocks", "after open", "mid-stream", "before CloseSend", "after CloseSend", "acked"}
+	type cut struct {
+		point  string
+		tokens []uint32
+		acked  bool
+	}
+	var cuts []cut
+	seq := 1000
+	for round := 0; round < 30; round++ {
+		for _, point := range points {
+			tokens := tokensOf(seq, nb*B)
+			seq++
+			putPrompt(t, a, tokens)
+			cuts = append(cuts, cut{point: point, tokens: tokens})
+		}
+	}
+	// one attempt at cut c; true: refused for want of a slot (a cut
+	// stream's handler may still be ending), try again
+	attempt := func(c *cut) bool {
+		conn := dial(t, ts.addr) // a fresh connection each time: a reconnect storm
+		defer conn.Close()
+		kc := tlkvpb.NewKvTransferClient(conn)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		hr, err := kc.HasBlocks(ctx, &tlkvpb.HasBlocksRequest{BlockHashes: kvx.BlockHashes(c.tokens, B),
+			Tokens: c.tokens, BlockTokens: B})
+		if err != nil {
+			t.Errorf("HasBlocks: %v", err)
+			return false
+		}
+		if c.point == "after HasBlocks" {
+			return false
+		}
+		st, err := kc.PushKv(ctx)
+		if err != nil {
+			t.Errorf("PushKv: %v", err)
+			return false
+		}
+		if c.point == "after open" {
+			return false
+		}
+		last := nb
+		if c.point == "mid-stream" {
+			last = 2
+		}
+		for k := 0; k < last; k++ {
+			ch := chunkOf(t, a, c.tokens, k, false)
+			if k == 0 {
+				ch.LeaseId = hr.LeaseId
+			}
+			if err := st.Send(ch); err != nil {
+				break
+			}
+		}
+		switch c.point {
+		case "mid-stream", "before CloseSend":
+			return false
+		case "after CloseSend":
+			st.CloseSend() //nolint:errcheck
+			return false
+		}
+		resp, err := st.CloseAndRecv()
+		if status.Code(err) == codes.ResourceExhausted {
+			return true
+		}
+		if err != nil || !resp.Durable || resp.BlocksStored != nb {
+			t.Errorf("a whole push: %v %+v", err, resp)
+			return false
+		}
+		c.acked = true
+		return false
+	}
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				for attempt(&cuts[i]) {
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+		}()
+	}
+	for i := range cuts {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	published := 0
+	for _, c := range cuts {
+		n := served(t, b, c.tokens) // also fails on a wrong block
+		switch {
+		case c.acked && n != nb:
+			t.Fatalf("an acknowledged push (%s) serves %d of %d blocks", c.point, n, nb)
+		case c.point == "after CloseSend" && n == nb:
+			published++ // the answer raced the cancel: whole, never in part
+		case !c.acked && n != 0:
+			t.Fatalf("a stream cut %s serves %d blocks", c.point, n)
+		}
+	}
+	t.Logf("%d cut streams, %d cut right after CloseSend were published whole", len(cuts), published)
+	if !eventually(20*time.Second, func() bool { return ts.Leases() == 0 }) {
+		t.Fatalf("%d leases left", ts.Leases())
+	}
+	if !eventually(20*time.Second, func() bool { runtime.GC(); return runtime.NumGoroutine() <= base+4 }) {
+		buf := make([]byte, 1<<20)
+		t.Fatalf("goroutines: %d, %d before the cuts:\n%s", runtime.NumGoroutine(), base, buf[:runtime.Stack(buf, true)])
+	}
+	// every slot is free: four streams open at once, all acknowledged
+	conn := dial(t, ts.addr)
+	kc := tlkvpb.NewKvTransferClient(conn)
+	var streams []tlkvpb.KvTransfer_PushKvClient
+	var ps [][]uint32
+	for i := 0; i < 4; i++ {
+		p := tokensOf(5000+i, nb*B)
+		putPrompt(t, a, p)
+		s, err := kc.PushKv(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		streams, ps = append(streams, s), append(ps, p)
+	}
+	for k := 0; k < nb; k++ {
+		for i, s := range streams {
+			s.Send(chunkOf(t, a, ps[i], k, false)) //nolint:errcheck // CloseAndRecv has the status
+		}
+	}
+	for i, s := range streams {
+		if r, err := s.CloseAndRecv(); err != nil || !r.Durable || served(t, b, ps[i]) != nb {
+			t.Fatalf("a slot was lost to the cut streams: %v", err)
+		}
 	}
 }

@@ -46,7 +46,7 @@ def _race(access, stops):
     return errors
 
 
-# PROMISE: PY-RACE-1
+# PROMISE: PY-11
 def test_release_and_close_race_accessors(tmp_path):
     d, toks, page = _big_store(tmp_path)
     wrong = []
@@ -80,7 +80,7 @@ def test_release_and_close_race_accessors(tmp_path):
     assert not wrong, f"{len(wrong)} wrong answers, first: {wrong[0]}"
 
 
-# PROMISE: PY-RACE-1
+# PROMISE: PY-11
 def test_close_races_lookups_and_exports(tmp_path):
     d, toks, page = _big_store(tmp_path)
     for _ in range(ITERATIONS // 2):
