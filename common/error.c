@@ -71,8 +71,10 @@ int kvx_fail_prefix(int code, const char *fmt, ...)
     int n = vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     size_t used = n < 0 ? 0 : (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1;
+    /* appended by hand, cut at the end, never past it; no reason
+     * recorded: the prefix alone, not "prefix: " */
     const char *parts[2] = {": ", last_error};
-    for (int i = 0; i < 2; i++) { /* appended by hand: cut at the end, never past it */
+    for (int i = last_error[0] ? 0 : 2; i < 2; i++) {
         size_t len = strnlen(parts[i], sizeof last_error - 1), room = sizeof msg - 1 - used;
         if (len > room) len = room;
         memcpy(msg + used, parts[i], len);

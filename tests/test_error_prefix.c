@@ -35,6 +35,9 @@ static void test_fail_with_own_message_as_argument(void **state)
     assert_string_equal(kvx_last_error(), want);
     assert_int_equal(kvx_fail_prefix(-EIO, "step %d", 2), -EIO);
     assert_string_equal(kvx_last_error(), "step 2: outer: the reason: field x is 156 bytes, over 128");
+    kvx_clear_error(); /* a callee that recorded nothing: the prefix alone */
+    kvx_fail_prefix(-EIO, "step %d", 3);
+    assert_string_equal(kvx_last_error(), "step 3");
 }
 
 /* A long reason is cut at the buffer's end, never written past it. */

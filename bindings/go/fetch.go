@@ -16,6 +16,7 @@ import "C"
 import (
 	"context"
 	"runtime"
+	"sort"
 	"sync"
 	"unsafe"
 )
@@ -260,34 +261,10 @@ func (f *Fetcher) Fetch(ctx context.Context, blocks []View) (*Fetched, error) {
 	if f == nil || f.fetcherHandle == nil {
 		return nil, ErrClosed
 	}
-	// Every Views the blocks come from is held until the batch has taken
-	// its own shard references (the submit): a concurrent Release waits
-	// for that, not for the reads.
-	var held []*viewSet
-	unhold := func() {
-		for _, v := range held {
-			v.mu.RUnlock()
-		}
-		held = nil
-	}
-	defer unhold()
-	reqs := make([]C.kvx_fetch_req, len(blocks))
 	for i, b := range blocks {
-		var c *C.kvx_view
-		if b.v != nil && b.v.viewSet != nil {
-			set := b.v.viewSet
-			if !holding(held, set) {
-				if !set.hold() {
-					return nil, newError(CodeInvalid, "Fetch: block "+u64s(uint64(i))+" is released")
-				}
-				held = append(held, set)
-			}
-			c = &set.c[b.i]
-		}
-		if c == nil || c.shard == nil {
+		if b.v == nil || b.v.viewSet == nil { // the zero View: a miss
 			return nil, newError(CodeInvalid, "Fetch: block "+u64s(uint64(i))+" is released or a miss")
 		}
-		reqs[i] = C.kvx_fetch_req{shard: c.shard, entry: c.entry}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -296,6 +273,47 @@ func (f *Fetcher) Fetch(ctx context.Context, blocks []View) (*Fetched, error) {
 	}
 	if f.cur != nil {
 		return nil, newError(CodeBusy, "Fetch: the previous batch of this Fetcher is not released")
+	}
+	// Every Views the blocks come from is held until the batch has taken
+	// its own shard references (the submit): a concurrent Release waits
+	// for that, not for the reads. The sets are held in one global order
+	// (their addresses: Go does not move heap objects), so two Fetches
+	// sharing Views in opposite orders cannot each hold one and wait for
+	// the other behind a pending Release.
+	var held []*viewSet
+	for _, b := range blocks {
+		if !holding(held, b.v.viewSet) {
+			held = append(held, b.v.viewSet)
+		}
+	}
+	sort.Slice(held, func(i, j int) bool {
+		return uintptr(unsafe.Pointer(held[i])) < uintptr(unsafe.Pointer(held[j]))
+	})
+	nheld := 0
+	unhold := func() {
+		for _, v := range held[:nheld] {
+			v.mu.RUnlock()
+		}
+		nheld = 0
+	}
+	defer unhold()
+	for _, set := range held {
+		if !set.hold() {
+			for i, b := range blocks {
+				if b.v.viewSet == set {
+					return nil, newError(CodeInvalid, "Fetch: block "+u64s(uint64(i))+" is released")
+				}
+			}
+		}
+		nheld++
+	}
+	reqs := make([]C.kvx_fetch_req, len(blocks))
+	for i, b := range blocks {
+		c := &b.v.c[b.i]
+		if c.shard == nil {
+			return nil, newError(CodeInvalid, "Fetch: block "+u64s(uint64(i))+" is a miss")
+		}
+		reqs[i] = C.kvx_fetch_req{shard: c.shard, entry: c.entry}
 	}
 	if len(reqs) == 0 {
 		if err := ctx.Err(); err != nil {

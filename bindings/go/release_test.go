@@ -12,9 +12,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"runtime"
+	"runtime/pprof"
 	"sync"
 	"testing"
+	"time"
 )
 
 // bigGeom has 2 MiB pages, so a copy is long enough to overlap a Release.
@@ -300,7 +303,7 @@ func TestFetchedAccessorsRaceRelease(t *testing.T) {
 // Closing the store while views, shards and batches are read: every
 // accessor keeps answering the same bytes (they hold their own
 // references), and the shard's accessors answer ErrClosed once it is
-// closed.
+// closed. A guard: this held before the holds too.
 // PROMISE: GO-11
 func TestCloseRacesLiveHandles(t *testing.T) {
 	dir, toks, want := bigStore(t)
@@ -350,5 +353,75 @@ func TestCloseRacesLiveHandles(t *testing.T) {
 	})
 	if wrong > 0 {
 		t.Fatalf("%d wrong answers while the store and shard closed", wrong)
+	}
+}
+
+// Two Fetches sharing Views in opposite orders, while every Views is
+// released: each Fetch held the sets in its blocks' order, so each could
+// hold one and wait for the other behind a pending Release (a pending
+// writer stops new readers), for good. Fetch now holds them in one global
+// order. A watchdog turns a deadlock into a failure with the goroutines'
+// stacks.
+// PROMISE: GO-11
+func TestFetchLockOrderAgainstRelease(t *testing.T) {
+	dir, toks, _ := bigStore(t)
+	s, err := Open(dir, &OpenOptions{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	p := testPool(t)
+	f1, err := p.NewFetcher(&FetchOptions{IOMode: IOPread})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f1.Close()
+	f2, err := p.NewFetcher(&FetchOptions{IOMode: IOPread})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f2.Close()
+	const nsets = 32
+	for it := 0; it < 5000; it++ {
+		sets := make([]*Views, nsets)
+		forward := make([]View, nsets)
+		backward := make([]View, nsets)
+		for i := range sets {
+			v, err := s.Prefix(toks)
+			if err != nil || v.Len() != 1 {
+				t.Fatalf("Prefix: %v", err)
+			}
+			sets[i] = v
+			forward[i] = v.At(0)
+			backward[nsets-1-i] = v.At(0)
+		}
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		fetch := func(f *Fetcher, blocks []View) {
+			defer wg.Done()
+			<-start
+			if r, err := f.Fetch(context.Background(), blocks); err == nil {
+				r.Release()
+			}
+		}
+		wg.Add(2 + nsets)
+		go fetch(f1, forward)
+		go fetch(f2, backward)
+		for _, v := range sets {
+			go func(v *Views) {
+				defer wg.Done()
+				<-start
+				v.Release()
+			}(v)
+		}
+		done := make(chan struct{})
+		close(start)
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			pprof.Lookup("goroutine").WriteTo(os.Stderr, 1) //nolint:errcheck
+			t.Fatalf("Fetch and Release deadlocked at iteration %d", it)
+		}
 	}
 }

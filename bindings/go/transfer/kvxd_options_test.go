@@ -38,7 +38,7 @@ func TestKvxdOptionRanges(t *testing.T) {
 		{[]string{"--max-streams", "2000000"}, "--max-streams must be 1 .. 1048576"},
 		{[]string{"--max-streams", "-1"}, "--max-streams must be 1 .. 1048576"},
 		{[]string{"--max-has-blocks", "4294967296"}, "--max-has-blocks must be 1 .. 1048576"},
-		{[]string{"--max-leases", "0"}, "--max-leases must be 1 .. 16777216"},
+		{[]string{"--max-leases", "0"}, "--max-leases must be at least 1"},
 		{[]string{"--max-header-list-bytes", "100"}, "--max-header-list-bytes must be 1024 .. 16777216"},
 		{[]string{"--max-conn-streams", "1048577"}, "--max-conn-streams must be 0 .. 1048576"},
 		{[]string{"--max-conns", "0"}, "--max-conns must be 1 .. 1048576"},

@@ -76,8 +76,9 @@ commands:
       certificate and --client-ca) or needs --insecure. Ranges, checked
       when parsed: --lease-ttl 1ms..4294967295ms in whole ms (HasBlocks
       answers it as a uint32 of ms), --max-streams and --max-has-blocks
-      1..1048576, --max-leases 1..16777216, durations positive (--drain 0
-      or more).
+      1..1048576 (their sum is a uint32), --max-leases at least 1,
+      --stream-idle, --conn-idle and --handshake-timeout at least 1ms,
+      --drain 0 or more.
       SIGTERM or SIGINT: stop accepting, let streams in flight finish for
       --drain (10s), abort the rest (nothing of them is published), flush,
       exit 0. Prints "kvxd: listening on ADDR" once it serves.
@@ -202,7 +203,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	}{
 		{"--lease-ttl", int64(*ttl / time.Millisecond), 1, math.MaxUint32, "ms"},
 		{"--max-streams", int64(*maxStreams), 1, 1 << 20, ""},
-		{"--max-leases", int64(*maxLeases), 1, 1 << 24, ""},
+		{"--max-leases", int64(*maxLeases), 1, math.MaxInt64, ""},
 		{"--max-has-blocks", int64(*maxHas), 1, 1 << 20, ""},
 		{"--max-header-list-bytes", int64(*maxHeader), 1024, 1 << 24, ""},
 		{"--max-conn-streams", int64(*maxConnStreams), 0, 1 << 20, " (0: --max-streams + --max-has-blocks + 8)"},
@@ -218,7 +219,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 				unit, extra = "", r.unit
 			}
 			if r.hi == math.MaxInt64 {
-				return fail(2, "%s must be at least %d%s", r.name, r.lo, unit)
+				return fail(2, "%s must be at least %d%s%s", r.name, r.lo, unit, extra)
 			}
 			return fail(2, "%s must be %d%s .. %d%s%s", r.name, r.lo, unit, r.hi, unit, extra)
 		}
