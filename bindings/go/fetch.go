@@ -265,6 +265,9 @@ func (f *Fetcher) Fetch(ctx context.Context, blocks []View) (*Fetched, error) {
 		if b.v == nil || b.v.viewSet == nil { // the zero View: a miss
 			return nil, newError(CodeInvalid, "Fetch: block "+u64s(uint64(i))+" is released or a miss")
 		}
+		if b.v.released.Load() { // said before ErrBusy; the hold below decides
+			return nil, newError(CodeInvalid, "Fetch: block "+u64s(uint64(i))+" is released")
+		}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
