@@ -196,6 +196,13 @@ struct kvx_store {
                             is below the cut, and carries nothing (set by
                             kvx_st_evict_for_ids for its first pass) */
     uint64_t carried;      /* blocks this handle carried forward (benchmarks) */
+    /* what evictions removed, not yet taken (kvx_store_evicted): a ring
+     * of ev_n from ev_head, growing up to KVX_EVICTED_MAX; under ev_mu */
+    pthread_mutex_t ev_mu;
+    kvx_evicted *evq;
+    size_t ev_head, ev_n, ev_cap;
+    size_t ev_max; /* KVX_EVICTED_MAX (white-box tests lower it) */
+    uint64_t ev_dropped;
     int index_live;        /* the index names next_gen (not lost or empty) */
     int index_missing;     /* index/ was not there at open */
     uint64_t quarantined;  /* files this handle moved to quarantine/ */

@@ -247,6 +247,119 @@ static int st_filter_orphans(kvx_store *s, st_move *mv, size_t *io_n, const uint
     return rc;
 }
 
+/* Queues one removed block or key for kvx_store_evicted; past
+ * KVX_EVICTED_MAX waiting, the oldest goes and is counted. */
+static void st_ev_push(kvx_store *s, const kvx_entry *e)
+{
+    pthread_mutex_lock(&s->ev_mu);
+    if (s->ev_n == s->ev_cap && s->ev_cap < s->ev_max) {
+        size_t cap = s->ev_cap ? s->ev_cap * 2 : 64;
+        if (cap > s->ev_max) cap = s->ev_max;
+        kvx_evicted *q = malloc(cap * sizeof *q);
+        if (q) { /* unrolled into the new ring, oldest first */
+            for (size_t i = 0; i < s->ev_n; i++) q[i] = s->evq[(s->ev_head + i) % s->ev_cap];
+            free(s->evq);
+            s->evq = q;
+            s->ev_cap = cap;
+            s->ev_head = 0;
+        }
+    }
+    if (s->ev_cap == 0) { /* no memory for even one: counted */
+        s->ev_dropped++;
+        pthread_mutex_unlock(&s->ev_mu);
+        return;
+    }
+    if (s->ev_n == s->ev_cap) { /* full: the oldest goes */
+        s->ev_head = (s->ev_head + 1) % s->ev_cap;
+        s->ev_n--;
+        s->ev_dropped++;
+    }
+    kvx_evicted *x = &s->evq[(s->ev_head + s->ev_n) % s->ev_cap];
+    memset(x, 0, sizeof *x);
+    x->hash = e->hash;
+    if (e->key) {
+        x->key_len = e->key_len;
+        memcpy(x->key, e->key, e->key_len);
+    }
+    s->ev_n++;
+    pthread_mutex_unlock(&s->ev_mu);
+}
+
+/* Does the catalog (after the drop's commit) still hold e: a block of its
+ * hash, or, in a keyed store, a page under this very key? */
+static int st_still_held(kvx_store *s, kvx_cat_snap *snap, const kvx_entry *e)
+{
+    kvx_cat_loc loc;
+    for (size_t i = 0;; i++) {
+        int rc = kvx_cat_loc_at(snap, e->hash, i, &loc);
+        if (rc == KVX_ENOTFOUND) return 0;
+        if (rc) return 1; /* cannot tell: not reported (a report means gone) */
+        if (!e->key) return 1;
+        kvx_shard *sh = kvx_st_shard_get(s, KVX_COORD_SHARD(loc.coord), loc.gen);
+        if (!sh) return 1;
+        kvx_entry o;
+        int same = kvx_shard_entry(&o, sh, KVX_COORD_BLOCK(loc.coord)) == 0 && o.key && o.key_len == e->key_len &&
+                   memcmp(o.key, e->key, e->key_len) == 0;
+        kvx_shard_close(sh);
+        if (same) return 1;
+    }
+}
+
+/* After an eviction's commit (the registry keeps each victim's last
+ * record): queues every block or key of the victims that was not carried
+ * and that no live shard holds now. */
+static void st_note_evicted(kvx_store *s, const uint8_t *victims, const st_move *mv, size_t nmv)
+{
+    kvx_cat_snap *snap = NULL;
+    if (kvx_cat_snap_begin(s->cat, &snap) != 0) snap = NULL;
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        if (!victims[b]) continue;
+        const kvx_cat_shard *rec = &s->reg->rec[b];
+        kvx_shard *sh = snap ? kvx_st_shard_get(s, b, rec->gen) : NULL;
+        if (!sh) { /* its entries cannot be named: counted */
+            pthread_mutex_lock(&s->ev_mu);
+            s->ev_dropped += rec->n_entries;
+            pthread_mutex_unlock(&s->ev_mu);
+            continue;
+        }
+        uint32_t n = kvx_shard_get_info(sh)->num_blocks;
+        for (uint32_t i = 0; i < n; i++) {
+            kvx_entry e;
+            if (kvx_shard_entry(&e, sh, i) != 0 || (!e.hash && !e.key)) continue; /* a partial tail: no name */
+            int carried = 0;
+            for (size_t k = 0; k < nmv && !carried; k++)
+                carried = mv[k].new_gen && mv[k].src_coord == e.coordinate && mv[k].src_gen == rec->gen;
+            if (!carried && !st_still_held(s, snap, &e)) st_ev_push(s, &e);
+        }
+        kvx_shard_close(sh);
+    }
+    kvx_cat_snap_end(snap);
+    kvx_clear_error();
+}
+
+KVX_API int kvx_store_evicted(kvx_store *s, kvx_evicted *out, size_t max, size_t *out_n, uint64_t *out_dropped)
+{
+    if (out_n) *out_n = 0;
+    if (out_dropped) *out_dropped = 0;
+    if (!s) return kvx_fail(KVX_EINVALID, "kvx_store_evicted: s is NULL");
+    if (!out_n) return kvx_fail(KVX_EINVALID, "kvx_store_evicted: out_n is NULL");
+    if (max && !out) return kvx_fail(KVX_EINVALID, "kvx_store_evicted: out is NULL with max %zu", max);
+    pthread_mutex_lock(&s->ev_mu);
+    size_t n = s->ev_n < max ? s->ev_n : max;
+    for (size_t i = 0; i < n; i++) out[i] = s->evq[(s->ev_head + i) % s->ev_cap];
+    if (n) {
+        s->ev_head = (s->ev_head + n) % s->ev_cap;
+        s->ev_n -= n;
+    }
+    if (out_dropped) {
+        *out_dropped = s->ev_dropped;
+        s->ev_dropped = 0;
+    }
+    pthread_mutex_unlock(&s->ev_mu);
+    *out_n = n;
+    return 0;
+}
+
 /* When the live shard bytes exceed the capacity, evicts whole shards down
  * to 1/64 below it (the goal).
  *
@@ -341,6 +454,7 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
     if (rc) {
         kvx_st_unlink_sealed(s, added, nadded);
     } else {
+        st_note_evicted(s, victims, mv, d.nmoves);
         kvx_st_after_drop(s, victims, NULL);
         kvx_st_rec_from_moves(s, mv, d.nmoves, added, nadded);
         for (size_t i = 0; i < d.nmoves; i++) s->carried += mv[i].new_gen != 0;

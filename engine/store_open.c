@@ -31,6 +31,8 @@ static kvx_store *st_alloc(void)
     pthread_rwlock_init(&s->cache_lock, NULL);
     pthread_mutex_init(&s->use_mu, NULL);
     pthread_mutex_init(&s->wmu, NULL);
+    pthread_mutex_init(&s->ev_mu, NULL);
+    s->ev_max = KVX_EVICTED_MAX;
     kvx_st_batch_link(s, &s->own);
     return s;
 }
@@ -56,6 +58,8 @@ static void st_free(kvx_store *s)
     pthread_rwlock_destroy(&s->cache_lock);
     pthread_mutex_destroy(&s->use_mu);
     pthread_mutex_destroy(&s->wmu);
+    pthread_mutex_destroy(&s->ev_mu);
+    free(s->evq);
     free(s);
 }
 

@@ -783,6 +783,30 @@ KVX_API void kvx_views_release(kvx_view *views, size_t n);
 
 KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s);
 
+/* What eviction removed: a block store's block hash, or a keyed store's
+ * key, that no live shard holds any more. */
+typedef struct kvx_evicted {
+    uint64_t hash;    /* block stores: the block's chained hash; keyed: the
+                         first 8 bytes of SHA-256(key), LE */
+    uint32_t key_len; /* keyed stores: 1..KVX_KEY_MAX; block stores: 0 */
+    uint8_t key[255]; /* keyed stores: the key, key_len bytes */
+} kvx_evicted;
+
+/* The most a handle keeps for kvx_store_evicted between two calls. */
+#define KVX_EVICTED_MAX 65536u
+
+/* Takes, oldest first, up to max of what this handle's evictions removed
+ * since the last call: the blocks (block stores) or keys (keyed stores)
+ * that an eviction dropped and no live shard holds afterwards (a block
+ * carried forward, or a key whose newer copy lives on, is not reported).
+ * *out_n: how many were written to out. out_dropped (may be NULL): how
+ * many were removed but not kept, since the last call that asked: past
+ * KVX_EVICTED_MAX waiting the oldest are dropped (the caller lags), and a
+ * victim whose entries cannot be read back counts its entries here. Only a
+ * writer evicts: a reader handle always answers 0 and 0. Call it from any
+ * thread; it takes no store-wide lock. */
+KVX_API int kvx_store_evicted(kvx_store *s, kvx_evicted *out, size_t max, size_t *out_n, uint64_t *out_dropped);
+
 /* ------------------------------------------------------------------------
  * The shared tier (docs/TIER.md): Redis Cluster, or one Redis, under the
  * store. After a flush, its blocks are written behind (SET NX); a prefix
