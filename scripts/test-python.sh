@@ -105,7 +105,7 @@ check_ldd() { # the installed extension needs glibc and kvx.libs' files only
   [ $bad = 0 ] || fail "$ext needs a library outside glibc and kvx.libs"
 }
 
-declare -A result
+declare -A result where
 pytest_summary() { # pytest's last line, "146 passed, 28 skipped in 8.41s", or "no summary"
   local line
   line=$(grep -E '^=+ .*(passed|failed|error).* in [0-9.]+s' "$1" | tail -1 | sed 's/=//g; s/^ *//; s/ *$//') || true
@@ -133,6 +133,7 @@ for py in "${interpreters[@]}"; do
   label=$ver
   [ "$py" = "$debian" ] && label="$ver-debian"
   order+=("$label")
+  where[$label]=$py
   step "$py ($ver): venv, pip install ."
   venv=$work/venv-$label
   if [ "$py" = "$debian" ]; then
@@ -261,6 +262,7 @@ for p in "${alone[@]}"; do
   v=${p##*/}
   label="$v-chroot"
   order+=("$label")
+  where[$label]="$p/bin/python3, in the chroot"
   summary=$(pytest_summary "$root/pytest-$v.log")
   result[$label]=$summary
   grep -qE '(failed|error)' <<<"$summary" && { tail -40 "$root/pytest-$v.log"; fail "chroot $v: $summary"; }
@@ -269,8 +271,8 @@ done
 
 # ---- 5. the table -------------------------------------------------------------------------------------
 step "summary"
-printf '%-22s %s\n' "interpreter" "tests (from the installed package)"
+printf '%-16s %-42s %s\n' "version" "interpreter" "tests (from the installed package)"
 for label in "${order[@]}"; do
-  printf '%-22s %s\n' "$label" "${result[$label]}"
+  printf '%-16s %-42s %s\n' "$label" "${where[$label]}" "${result[$label]}"
 done
 echo "python packaging and tests passed in $((SECONDS - start)) s"
