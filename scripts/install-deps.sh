@@ -12,5 +12,6 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   libhiredis-dev redis-server redis-tools \
   fio golang-go gnuplot-nox ca-certificates \
   python3-dev python3-pytest python3-numpy \
+  patchelf python3-build python3-exceptiongroup python3-tomli \
   protobuf-compiler protoc-gen-go protoc-gen-go-grpc golang-google-grpc-dev golang-google-protobuf-dev \
   golang-github-golang-protobuf-1-5-dev golang-github-prometheus-client-golang-dev >/dev/null

@@ -8,10 +8,16 @@
 #     /usr/bin/python3's headers are there), install_test (cmake --install
 #     into scratch prefixes; a C program built with pkg-config alone,
 #     shared and static; import kvx from the prefix);
-#  2. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer;
-#  3. a short libFuzzer smoke run of each harness (clang; about 3 minutes
+#  2. the Python package as users install it (scripts/test-python.sh):
+#     pip install . under Debian's python3 and pyenv's 3.10, 3.11, 3.12
+#     and 3.13 (each named; a missing one fails), the abi3 and cp310 wheels
+#     and the sdist, the Python tests from the installed wheel under each,
+#     pip install -e, and the wheels tested in a chroot without the build
+#     dependencies (about 3-4 minutes on 2 cores);
+#  3. the same suite under AddressSanitizer + UndefinedBehaviorSanitizer;
+#  4. a short libFuzzer smoke run of each harness (clang; about 3 minutes
 #     in all, KVX_FUZZ_SECONDS each to change it);
-#  4. the Go package: go vet, go test, go test -race.
+#  5. the Go package: go vet, go test, go test -race.
 # Set KVX_TEST_QUICK=1 to run only step 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +32,9 @@ bash scripts/check-layers.sh build
 ctest --test-dir build --output-on-failure -j"$jobs"
 
 [ "${KVX_TEST_QUICK:-0}" = 1 ] && exit 0
+
+step "the Python package: pip install, wheels, every interpreter, standalone"
+bash scripts/test-python.sh
 
 step "AddressSanitizer + UndefinedBehaviorSanitizer build and tests"
 cmake -S . -B build-asan -DKVX_BUILD_TESTS=ON -DKVX_SANITIZE=ON -DKVX_WITH_CUDA=OFF -DKVX_BUILD_BENCH=OFF >/dev/null

@@ -8,6 +8,13 @@
  * lock shared; close takes it exclusive, so a close waits for calls in
  * flight and a call after it sees the handle gone. A Batch also holds a
  * mutex (a kvx_store_batch belongs to one thread at a time).
+ *
+ * ABI: CMake defines Py_LIMITED_API 0x030B0000 for Python 3.11 and later
+ * (one _kvx.abi3.so serves 3.11, 3.12, 3.13...), so only the stable ABI is
+ * used: the types are heap types made from PyType_Spec (the buffer slots
+ * are limited API from 3.11), no macro reaches into a list, tuple or bytes
+ * object, no PyTypeObject field is read. Python 3.10 builds the same code
+ * against the full API (its own cp310 extension).
  */
 #ifndef KVXPY_H
 #define KVXPY_H
@@ -17,6 +24,18 @@
 
 #include <pthread.h>
 #include <stdint.h>
+
+/* The headers of Python 3.12 and 3.13.0 define these as a plain return of
+ * the singleton (immortal there), whatever Py_LIMITED_API says: an abi3
+ * extension built with them took a reference from None at every return on
+ * 3.11, which died at exit (none_dealloc). Here they take the reference on
+ * every version (tests/test_refcounts.py). */
+#undef Py_RETURN_NONE
+#undef Py_RETURN_TRUE
+#undef Py_RETURN_FALSE
+#define Py_RETURN_NONE return Py_NewRef(Py_None)
+#define Py_RETURN_TRUE return Py_NewRef(Py_True)
+#define Py_RETURN_FALSE return Py_NewRef(Py_False)
 
 #include "kvx.h"
 
@@ -59,9 +78,25 @@ typedef struct {
 extern volatile unsigned long kvxpy_fork_gen;
 #define KVXPY_FORKED(st) ((st)->fork_gen != kvxpy_fork_gen)
 
-extern PyTypeObject kvxpy_store_type;
-extern PyTypeObject kvxpy_batch_type;
-extern PyTypeObject kvxpy_view_type;
+/* The heap types, made once at import (PyInit__kvx) and kept for the
+ * process (the module is single-phase: one instance). */
+extern PyTypeObject *kvxpy_store_type;
+extern PyTypeObject *kvxpy_batch_type;
+extern PyTypeObject *kvxpy_view_type;
+/* Makes kvxpy_store_type and kvxpy_batch_type (store.c). 0, or -1 with
+ * an exception set. */
+int kvxpy_store_types_init(void);
+
+/* obj as a tuple of its own (a list another thread changes while the GIL
+ * is released cannot drop an item read in C): a new reference, or NULL
+ * with an exception set (a TypeError saying msg when obj is not iterable;
+ * what the iterable raised otherwise). */
+PyObject *kvxpy_tuple(PyObject *obj, const char *msg);
+/* The name of o's type (type(o).__name__) for a message: a new reference,
+ * or NULL with an exception set. */
+PyObject *kvxpy_type_name(PyObject *o);
+/* Frees a Store, Batch or View: a heap type's instance also holds its type. */
+void kvxpy_free(PyObject *self);
 
 /* Raises the kvx.Error subclass for code with kvx_last_error()'s message
  * (or msg when not NULL); returns NULL. */

@@ -69,7 +69,7 @@ PyObject *kvxpy_raise(int code, const char *msg)
         if (err_classes[i].code == code) type = err_classes[i].type;
     PyObject *message = PyUnicode_DecodeUTF8(m, (Py_ssize_t)strlen(m), "replace");
     PyObject *text = message ? PyUnicode_FromFormat("%s: %U", name, message) : NULL;
-    PyObject *exc = text ? PyObject_CallOneArg(type, text) : NULL;
+    PyObject *exc = text ? PyObject_CallFunctionObjArgs(type, text, NULL) : NULL;
     if (exc) {
         PyObject *c = PyLong_FromLong(code), *n = PyUnicode_FromString(name);
         if (c && n && PyObject_SetAttrString(exc, "code", c) == 0 && PyObject_SetAttrString(exc, "name", n) == 0 &&
@@ -159,26 +159,26 @@ int kvxpy_tokens_get(kvxpy_tokens *t, PyObject *obj)
         t->p = t->tmp;
         return 0;
     }
-    PyObject *seq = PySequence_Fast(obj, "");
+    PyObject *seq = PySequence_Tuple(obj);
     if (!seq) {
         if (!PyErr_ExceptionMatches(PyExc_TypeError)) return -1; /* raised by the iterable itself */
         PyErr_Clear();
         return tokens_bad();
     }
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    Py_ssize_t n = PyTuple_Size(seq);
     t->tmp = PyMem_Malloc(n ? (size_t)n * sizeof(uint32_t) : 1);
     if (!t->tmp) {
         Py_DECREF(seq);
         PyErr_NoMemory();
         return -1;
     }
-    PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
         unsigned long long v;
-        if (PyLong_Check(items[i])) {
-            v = PyLong_AsUnsignedLongLong(items[i]);
+        PyObject *item = PyTuple_GetItem(seq, i); /* borrowed */
+        if (PyLong_Check(item)) {
+            v = PyLong_AsUnsignedLongLong(item);
         } else { /* numpy integer scalars (list(array)) and other __index__ types; not floats */
-            PyObject *ix = PyNumber_Index(items[i]);
+            PyObject *ix = PyNumber_Index(item);
             v = ix ? PyLong_AsUnsignedLongLong(ix) : (unsigned long long)-1;
             Py_XDECREF(ix);
         }
@@ -243,22 +243,46 @@ int kvxpy_quant_from(uint32_t *out, PyObject *obj)
             return 0;
         }
     }
-    kvxpy_raise(KVX_EQUANT, NULL);
-    PyObject *t, *v, *tb;
-    PyErr_Fetch(&t, &v, &tb); /* a clearer message naming the input */
-    Py_XDECREF(t);
-    Py_XDECREF(v);
-    Py_XDECREF(tb);
-    char msg[160];
+    char msg[160]; /* a clearer message than the library's, naming the input */
     snprintf(msg, sizeof msg, "quant \"%.60s\": not a quant this kvx knows (kvx.quant_names())", s);
     return kvxpy_raise(KVX_EQUANT, msg), -1;
 }
 
 /* ---- View --------------------------------------------------------------- */
 
+PyTypeObject *kvxpy_view_type;
+
+PyObject *kvxpy_type_name(PyObject *o)
+{
+    return PyObject_GetAttrString((PyObject *)Py_TYPE(o), "__name__");
+}
+
+PyObject *kvxpy_tuple(PyObject *obj, const char *msg)
+{
+    if (PyTuple_CheckExact(obj)) return Py_NewRef(obj); /* immutable: its own already */
+    PyObject *it = PyObject_GetIter(obj);
+    if (!it) {
+        if (PyErr_ExceptionMatches(PyExc_TypeError)) { /* not iterable */
+            PyErr_Clear();
+            PyErr_SetString(PyExc_TypeError, msg);
+        }
+        return NULL;
+    }
+    PyObject *t = PySequence_Tuple(it); /* what the iteration raises passes through */
+    Py_DECREF(it);
+    return t;
+}
+
+void kvxpy_free(PyObject *self)
+{
+    PyTypeObject *tp = Py_TYPE(self);
+    PyObject_Free(self);
+    Py_DECREF(tp);
+}
+
 PyObject *kvxpy_view_new(const kvx_view *v)
 {
-    kvxpy_view *o = PyObject_New(kvxpy_view, &kvxpy_view_type);
+    kvxpy_view *o = PyObject_New(kvxpy_view, kvxpy_view_type);
     if (!o) {
         kvx_view tmp = *v;
         kvx_view_release(&tmp);
@@ -291,7 +315,7 @@ static int view_live(kvxpy_view *o)
 static void view_dealloc(PyObject *self)
 {
     view_free_now((kvxpy_view *)self); /* no export can be left: each holds a reference */
-    PyObject_Free(self);
+    kvxpy_free(self);
 }
 
 static int view_getbuffer(PyObject *self, Py_buffer *b, int flags)
@@ -316,8 +340,6 @@ static void view_releasebuffer(PyObject *self, Py_buffer *b)
     (void)b;
     kvxpy_view_unpin((kvxpy_view *)self);
 }
-
-static PyBufferProcs view_as_buffer = {view_getbuffer, view_releasebuffer};
 
 static PyObject *view_release(PyObject *self, PyObject *unused)
 {
@@ -426,21 +448,24 @@ static PyGetSetDef view_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PySequenceMethods view_as_sequence = {.sq_length = view_len};
+static PyType_Slot view_slots[] = {
+    {Py_tp_dealloc, view_dealloc},
+    {Py_tp_repr, view_repr},
+    {Py_sq_length, view_len},
+    {Py_bf_getbuffer, view_getbuffer},
+    {Py_bf_releasebuffer, view_releasebuffer},
+    {Py_tp_doc, "A block served from the store: its page as a zero-copy read-only buffer (memoryview(v), "
+                "np.frombuffer(v, dtype)), valid until release(), the with-block's end or garbage collection. "
+                "The view holds its shard: it stays readable after the store is closed or the shard evicted."},
+    {Py_tp_methods, view_methods},
+    {Py_tp_getset, view_getset},
+    {0, NULL},
+};
 
-PyTypeObject kvxpy_view_type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvx.View",
-    .tp_basicsize = sizeof(kvxpy_view),
-    .tp_dealloc = view_dealloc,
-    .tp_repr = view_repr,
-    .tp_as_sequence = &view_as_sequence,
-    .tp_as_buffer = &view_as_buffer,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A block served from the store: its page as a zero-copy read-only buffer (memoryview(v), "
-              "np.frombuffer(v, dtype)), valid until release(), the with-block's end or garbage collection. "
-              "The view holds its shard: it stays readable after the store is closed or the shard evicted.",
-    .tp_methods = view_methods,
-    .tp_getset = view_getset,
+/* Made only by the store (no kvx.View()); its attributes are fixed. */
+static PyType_Spec view_spec = {
+    "kvx.View", sizeof(kvxpy_view), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_IMMUTABLETYPE, view_slots,
 };
 
 /* ---- module ------------------------------------------------------------- */
@@ -489,7 +514,7 @@ static PyObject *mod_block_hashes(PyObject *m, PyObject *args)
                 Py_CLEAR(list);
                 break;
             }
-            PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+            PyList_SetItem(list, (Py_ssize_t)i, v); /* steals v */
         }
     }
     PyMem_Free(h);
@@ -531,9 +556,8 @@ static struct PyModuleDef kvx_module = {
 
 PyMODINIT_FUNC PyInit__kvx(void)
 {
-    if (PyType_Ready(&kvxpy_view_type) < 0 || PyType_Ready(&kvxpy_store_type) < 0 ||
-        PyType_Ready(&kvxpy_batch_type) < 0)
-        return NULL;
+    if (!kvxpy_view_type && !(kvxpy_view_type = (PyTypeObject *)PyType_FromSpec(&view_spec))) return NULL;
+    if (kvxpy_store_types_init() < 0) return NULL;
     static int atfork_done;
     if (!atfork_done && pthread_atfork(NULL, NULL, kvxpy_atfork_child) == 0) atfork_done = 1;
     PyObject *m = PyModule_Create(&kvx_module);
@@ -560,9 +584,9 @@ PyMODINIT_FUNC PyInit__kvx(void)
     if (PyModule_AddIntConstant(m, #name, value) < 0) goto fail;
     KVX_ERROR_MAP(KVXPY_ADD_CODE_)
 #undef KVXPY_ADD_CODE_
-    if (PyModule_AddObjectRef(m, "Store", (PyObject *)&kvxpy_store_type) < 0 ||
-        PyModule_AddObjectRef(m, "Batch", (PyObject *)&kvxpy_batch_type) < 0 ||
-        PyModule_AddObjectRef(m, "View", (PyObject *)&kvxpy_view_type) < 0)
+    if (PyModule_AddObjectRef(m, "Store", (PyObject *)kvxpy_store_type) < 0 ||
+        PyModule_AddObjectRef(m, "Batch", (PyObject *)kvxpy_batch_type) < 0 ||
+        PyModule_AddObjectRef(m, "View", (PyObject *)kvxpy_view_type) < 0)
         goto fail;
     return m;
 fail:

@@ -5,6 +5,7 @@
  */
 #include "kvxpy.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -49,7 +50,7 @@ static PyObject *store_fail(int rc)
 
 static kvxpy_store *store_alloc(kvx_store *s)
 {
-    kvxpy_store *o = PyObject_New(kvxpy_store, &kvxpy_store_type);
+    kvxpy_store *o = PyObject_New(kvxpy_store, kvxpy_store_type);
     if (!o) {
         Py_BEGIN_ALLOW_THREADS;
         kvx_store_close(s);
@@ -135,7 +136,7 @@ static PyObject *store_create(PyObject *cls, PyObject *args, PyObject *kw)
     o.tier_ttl_ms = ttl;
     kvx_store *s = NULL;
     int rc;
-    const char *dir = PyBytes_AS_STRING(dirobj);
+    const char *dir = PyBytes_AsString(dirobj);
     Py_BEGIN_ALLOW_THREADS;
     rc = kvx_store_create(&s, dir, &o);
     Py_END_ALLOW_THREADS;
@@ -158,7 +159,7 @@ static PyObject *store_open(PyObject *cls, PyObject *args, PyObject *kw)
         return NULL;
     kvx_store *s = NULL;
     int rc;
-    const char *dir = PyBytes_AS_STRING(dirobj);
+    const char *dir = PyBytes_AsString(dirobj);
     kvx_store_options oo;
     kvx_store_options_init(&oo);
     oo.flags = flag_bits(nowait, verify, nosync, readonly);
@@ -202,7 +203,7 @@ static void store_dealloc(PyObject *self)
     int forked = KVXPY_FORKED(o);
     if (o->s) store_close_now(o);
     if (!forked) pthread_rwlock_destroy(&o->lock);
-    PyObject_Free(self);
+    kvxpy_free(self);
 }
 
 static PyObject *store_enter(PyObject *self, PyObject *unused)
@@ -453,7 +454,7 @@ static PyObject *store_prefix(PyObject *self, PyObject *args, PyObject *kw)
                 Py_CLEAR(list);
                 break;
             }
-            PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+            PyList_SetItem(list, (Py_ssize_t)i, v); /* steals v */
         }
     } else {
         kvx_views_release(views, n);
@@ -467,9 +468,9 @@ static PyObject *store_prefix(PyObject *self, PyObject *args, PyObject *kw)
 static PyObject *store_get_hashes(PyObject *self, PyObject *arg)
 {
     kvxpy_store *st = (kvxpy_store *)self;
-    PyObject *seq = PySequence_Fast(arg, "get_hashes: a sequence of ints");
+    PyObject *seq = kvxpy_tuple(arg, "get_hashes: a sequence of ints");
     if (!seq) return NULL;
-    size_t n = (size_t)PySequence_Fast_GET_SIZE(seq);
+    size_t n = (size_t)PyTuple_Size(seq);
     uint64_t *h = PyMem_Malloc((n ? n : 1) * sizeof *h);
     kvx_view *views = PyMem_Malloc((n ? n : 1) * sizeof *views);
     int *status = PyMem_Malloc((n ? n : 1) * sizeof *status);
@@ -479,7 +480,7 @@ static PyObject *store_get_hashes(PyObject *self, PyObject *arg)
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        h[i] = PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i));
+        h[i] = PyLong_AsUnsignedLongLong(PyTuple_GetItem(seq, (Py_ssize_t)i));
         if (h[i] == (uint64_t)-1 && PyErr_Occurred()) goto out;
     }
     int rc;
@@ -497,7 +498,7 @@ static PyObject *store_get_hashes(PyObject *self, PyObject *arg)
         } else if (list) {
             v = Py_NewRef(Py_None);
         }
-        if (list) PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+        if (list) PyList_SetItem(list, (Py_ssize_t)i, v); /* steals v */
     }
 out:
     Py_DECREF(seq);
@@ -524,7 +525,7 @@ static PyObject *store_export(PyObject *self, PyObject *args, PyObject *kw)
      * released must not drop the Views read in C */
     PyObject *seq = PySequence_Tuple(vobj);
     if (!seq) return NULL;
-    size_t n = (size_t)PySequence_Fast_GET_SIZE(seq);
+    size_t n = (size_t)PyTuple_Size(seq);
     kvx_view *views = PyMem_Malloc((n ? n : 1) * sizeof *views);
     PyObject *out = NULL;
     size_t pinned = 0;
@@ -533,8 +534,8 @@ static PyObject *store_export(PyObject *self, PyObject *args, PyObject *kw)
         goto done;
     }
     for (size_t i = 0; i < n; i++) {
-        PyObject *o = PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i);
-        if (!PyObject_TypeCheck(o, &kvxpy_view_type)) {
+        PyObject *o = PyTuple_GetItem(seq, (Py_ssize_t)i);
+        if (!PyObject_TypeCheck(o, kvxpy_view_type)) {
             PyErr_Format(PyExc_TypeError, "export: views[%zu] is not a kvx.View", i);
             goto done;
         }
@@ -547,7 +548,7 @@ static PyObject *store_export(PyObject *self, PyObject *args, PyObject *kw)
     /* Each View pinned as a buffer export for the call: a release() from
      * another thread while the GIL is released waits for it to end. */
     for (size_t i = 0; i < n; i++) {
-        kvxpy_view *v = (kvxpy_view *)PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i);
+        kvxpy_view *v = (kvxpy_view *)PyTuple_GetItem(seq, (Py_ssize_t)i);
         v->exports++;
         views[i] = v->v; /* borrowed: seq holds every View */
     }
@@ -563,7 +564,7 @@ static PyObject *store_export(PyObject *self, PyObject *args, PyObject *kw)
         kvx_free(buf);
     }
 done:
-    for (size_t i = 0; i < pinned; i++) kvxpy_view_unpin((kvxpy_view *)PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i));
+    for (size_t i = 0; i < pinned; i++) kvxpy_view_unpin((kvxpy_view *)PyTuple_GetItem(seq, (Py_ssize_t)i));
     Py_DECREF(seq);
     PyMem_Free(views);
     return out;
@@ -614,7 +615,10 @@ static PyObject *store_c_prefix_loop(PyObject *self, PyObject *args)
     } else if (rc) {
         store_fail(rc);
     } else if ((out = PyList_New(passes))) {
-        for (Py_ssize_t p = 0; p < passes; p++) PyList_SET_ITEM(out, p, PyFloat_FromDouble(secs[p]));
+        for (Py_ssize_t p = 0; out && p < passes; p++) {
+            PyObject *f = PyFloat_FromDouble(secs[p]);
+            if (!f || PyList_SetItem(out, p, f) < 0) Py_CLEAR(out);
+        }
     }
     PyMem_Free(views);
     PyMem_Free(secs);
@@ -652,7 +656,7 @@ static int keyed_keys_get(keyed_keys *kk, PyObject *obj, const char *what)
      * when another thread may change the caller's list */
     kk->seq = PySequence_Tuple(obj);
     if (!kk->seq) return -1;
-    kk->n = (size_t)PySequence_Fast_GET_SIZE(kk->seq);
+    kk->n = (size_t)PyTuple_Size(kk->seq);
     kk->k = PyMem_Malloc((kk->n ? kk->n : 1) * sizeof *kk->k);
     if (!kk->k) {
         keyed_keys_release(kk);
@@ -660,10 +664,10 @@ static int keyed_keys_get(keyed_keys *kk, PyObject *obj, const char *what)
         return -1;
     }
     for (size_t i = 0; i < kk->n; i++) {
-        PyObject *o = PySequence_Fast_GET_ITEM(kk->seq, (Py_ssize_t)i);
+        PyObject *o = PyTuple_GetItem(kk->seq, (Py_ssize_t)i);
         if (PyBytes_Check(o)) {
-            kk->k[i].bytes = PyBytes_AS_STRING(o);
-            kk->k[i].len = (size_t)PyBytes_GET_SIZE(o);
+            kk->k[i].bytes = PyBytes_AsString(o);
+            kk->k[i].len = (size_t)PyBytes_Size(o);
         } else if (PyUnicode_Check(o)) {
             Py_ssize_t len;
             const char *u = PyUnicode_AsUTF8AndSize(o, &len); /* cached in o: lives as long as o */
@@ -674,8 +678,9 @@ static int keyed_keys_get(keyed_keys *kk, PyObject *obj, const char *what)
             kk->k[i].bytes = u;
             kk->k[i].len = (size_t)len;
         } else {
-            PyErr_Format(PyExc_TypeError, "kvx: %s: keys[%zu] is %.80s, not bytes or str", what, i,
-                         Py_TYPE(o)->tp_name);
+            PyObject *tn = kvxpy_type_name(o);
+            if (tn) PyErr_Format(PyExc_TypeError, "kvx: %s: keys[%zu] is %.80U, not bytes or str", what, i, tn);
+            Py_XDECREF(tn);
             keyed_keys_release(kk);
             return -1;
         }
@@ -706,9 +711,9 @@ static void keyed_bufs_release(keyed_bufs *kb)
 static int keyed_bufs_get(keyed_bufs *kb, PyObject *obj, size_t n, int writable, const char *what)
 {
     memset(kb, 0, sizeof *kb);
-    kb->seq = PySequence_Fast(obj, "kvx: a list of buffers, one per key");
+    kb->seq = kvxpy_tuple(obj, "kvx: a list of buffers, one per key");
     if (!kb->seq) return -1;
-    kb->n = (size_t)PySequence_Fast_GET_SIZE(kb->seq);
+    kb->n = (size_t)PyTuple_Size(kb->seq);
     if (kb->n != n) {
         PyErr_Format(PyExc_ValueError, "kvx: %s: %zu keys but %zu buffers", what, n, kb->n);
         Py_CLEAR(kb->seq);
@@ -724,14 +729,15 @@ static int keyed_bufs_get(keyed_bufs *kb, PyObject *obj, size_t n, int writable,
         return -1;
     }
     for (size_t i = 0; i < n; i++) {
-        PyObject *o = PySequence_Fast_GET_ITEM(kb->seq, (Py_ssize_t)i);
+        PyObject *o = PyTuple_GetItem(kb->seq, (Py_ssize_t)i);
         /* PyBUF_SIMPLE: C-contiguous bytes, used in place (zero-copy). */
         if (PyObject_GetBuffer(o, &kb->b[i], writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) {
-            PyObject *t, *v, *tb;
-            PyErr_Fetch(&t, &v, &tb);
-            PyErr_Format(PyExc_TypeError, "kvx: %s: buffers[%zu] (%.80s) is not a contiguous%s buffer", what, i,
-                         Py_TYPE(o)->tp_name, writable ? " writable" : "");
-            Py_XDECREF(t), Py_XDECREF(v), Py_XDECREF(tb);
+            PyErr_Clear(); /* the exporter's own message, replaced by one naming the argument */
+            PyObject *tn = kvxpy_type_name(o);
+            if (tn)
+                PyErr_Format(PyExc_TypeError, "kvx: %s: buffers[%zu] (%.80U) is not a contiguous%s buffer", what, i,
+                             tn, writable ? " writable" : "");
+            Py_XDECREF(tn);
             keyed_bufs_release(kb);
             return -1;
         }
@@ -805,7 +811,7 @@ static PyObject *store_keyed_get(PyObject *self, PyObject *arg)
             kvx_view_release(&views[i]); /* zeroed: a no-op, as the API asks */
             if (list) v = Py_NewRef(Py_None);
         }
-        if (list) PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+        if (list) PyList_SetItem(list, (Py_ssize_t)i, v); /* steals v */
     }
 out:
     keyed_keys_release(&kk);
@@ -884,7 +890,7 @@ static PyObject *store_keyed_get_into(PyObject *self, PyObject *args, PyObject *
         goto out;
     }
     if ((list = PyList_New((Py_ssize_t)kk.n)))
-        for (size_t i = 0; i < kk.n; i++) PyList_SET_ITEM(list, (Py_ssize_t)i, PyBool_FromLong(ok[i]));
+        for (size_t i = 0; i < kk.n; i++) PyList_SetItem(list, (Py_ssize_t)i, PyBool_FromLong(ok[i]));
 out:
     keyed_bufs_release(&kb);
     keyed_keys_release(&kk);
@@ -915,7 +921,7 @@ static PyObject *store_keyed_exists(PyObject *self, PyObject *arg)
         goto done;
     }
     if (!(list = PyList_New((Py_ssize_t)kk.n))) goto done;
-    for (size_t i = 0; i < kk.n; i++) PyList_SET_ITEM(list, (Py_ssize_t)i, PyBool_FromLong(held[i]));
+    for (size_t i = 0; i < kk.n; i++) PyList_SetItem(list, (Py_ssize_t)i, PyBool_FromLong(held[i]));
     out = Py_BuildValue("(Nn)", list, (Py_ssize_t)leading);
 done:
     keyed_keys_release(&kk);
@@ -976,7 +982,7 @@ static PyObject *store_keyed_delete(PyObject *self, PyObject *args, PyObject *kw
         goto out;
     }
     if ((list = PyList_New((Py_ssize_t)kk.n)))
-        for (size_t i = 0; i < kk.n; i++) PyList_SET_ITEM(list, (Py_ssize_t)i, PyBool_FromLong(had[i]));
+        for (size_t i = 0; i < kk.n; i++) PyList_SetItem(list, (Py_ssize_t)i, PyBool_FromLong(had[i]));
 out:
     keyed_keys_release(&kk);
     PyMem_Free(views);
@@ -1122,7 +1128,7 @@ static PyObject *store_batch(PyObject *self, PyObject *u)
     int rc;
     STORE_CALL(st, rc, kvx_store_batch_create(&b, st->s));
     if (rc) return store_fail(rc);
-    kvxpy_batch *o = PyObject_New(kvxpy_batch, &kvxpy_batch_type);
+    kvxpy_batch *o = PyObject_New(kvxpy_batch, kvxpy_batch_type);
     if (!o) {
         kvx_store_batch_destroy(b);
         return NULL;
@@ -1213,25 +1219,29 @@ static PyObject *batch_flush(PyObject *self, PyObject *u)
     Py_RETURN_NONE;
 }
 
-static PyObject *batch_close(PyObject *self, PyObject *u)
+static void batch_close_now(kvxpy_batch *o)
 {
-    (void)u;
-    kvxpy_batch *o = (kvxpy_batch *)self;
     int rc;
     if (KVXPY_FORKED(o->store)) /* the parent's batch: destroying it would unlink its staging files */
         o->b = NULL;
     BATCH_CALL(o, rc, (kvx_store_batch_destroy(o->b), o->b = NULL, 0));
     (void)rc;
+}
+
+static PyObject *batch_close(PyObject *self, PyObject *u)
+{
+    (void)u;
+    batch_close_now((kvxpy_batch *)self);
     Py_RETURN_NONE;
 }
 
 static void batch_dealloc(PyObject *self)
 {
     kvxpy_batch *o = (kvxpy_batch *)self;
-    if (o->b) Py_XDECREF(batch_close(self, NULL));
+    if (o->b) batch_close_now(o);
     if (!KVXPY_FORKED(o->store)) pthread_mutex_destroy(&o->mu);
     Py_DECREF(o->store);
-    PyObject_Free(self);
+    kvxpy_free(self);
 }
 
 static PyObject *batch_enter(PyObject *self, PyObject *u)
@@ -1246,17 +1256,16 @@ static PyObject *batch_enter(PyObject *self, PyObject *u)
  * exception; the batch is closed either way. */
 static PyObject *batch_exit(PyObject *self, PyObject *args)
 {
-    PyObject *et = PyTuple_GET_SIZE(args) > 0 ? PyTuple_GET_ITEM(args, 0) : Py_None;
-    PyObject *r = Py_None;
-    if (et == Py_None) r = batch_flush(self, NULL);
-    PyObject *exc = NULL, *val = NULL, *tb = NULL;
-    if (!r) PyErr_Fetch(&exc, &val, &tb);
-    Py_XDECREF(batch_close(self, NULL));
-    if (!r) {
-        PyErr_Restore(exc, val, tb);
-        return NULL;
+    PyObject *et = PyTuple_Size(args) > 0 ? PyTuple_GetItem(args, 0) : Py_None;
+    if (et == Py_None) {
+        PyObject *r = batch_flush(self, NULL);
+        if (!r) {
+            batch_close_now((kvxpy_batch *)self); /* no Python call: the flush's exception stays set */
+            return NULL;
+        }
+        Py_DECREF(r);
     }
-    if (r != Py_None) Py_DECREF(r);
+    batch_close_now((kvxpy_batch *)self);
     Py_RETURN_FALSE;
 }
 
@@ -1285,15 +1294,19 @@ static PyGetSetDef batch_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-PyTypeObject kvxpy_batch_type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvx.Batch",
-    .tp_basicsize = sizeof(kvxpy_batch),
-    .tp_dealloc = batch_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A write batch (Store.batch()): one writer's unflushed blocks; its flush acknowledges exactly them. "
-              "As a context manager it flushes on a normal exit and drops its blocks on an exception.",
-    .tp_methods = batch_methods,
-    .tp_getset = batch_getset,
+static PyType_Slot batch_slots[] = {
+    {Py_tp_dealloc, batch_dealloc},
+    {Py_tp_doc, "A write batch (Store.batch()): one writer's unflushed blocks; its flush acknowledges exactly them. "
+                "As a context manager it flushes on a normal exit and drops its blocks on an exception."},
+    {Py_tp_methods, batch_methods},
+    {Py_tp_getset, batch_getset},
+    {0, NULL},
+};
+
+/* Made only by Store.batch() (no kvx.Batch()); its attributes are fixed. */
+static PyType_Spec batch_spec = {
+    "kvx.Batch", sizeof(kvxpy_batch), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_IMMUTABLETYPE, batch_slots,
 };
 
 static PyMethodDef store_methods[] = {
@@ -1357,13 +1370,27 @@ static PyGetSetDef store_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-PyTypeObject kvxpy_store_type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvx.Store",
-    .tp_basicsize = sizeof(kvxpy_store),
-    .tp_dealloc = store_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "A kvx store (Store.create / Store.open). Safe to share between threads; every call that does "
-              "I/O or loops over blocks releases the GIL. A context manager: closes on exit.",
-    .tp_methods = store_methods,
-    .tp_getset = store_getset,
+static PyType_Slot store_slots[] = {
+    {Py_tp_dealloc, store_dealloc},
+    {Py_tp_doc, "A kvx store (Store.create / Store.open). Safe to share between threads; every call that does "
+                "I/O or loops over blocks releases the GIL. A context manager: closes on exit."},
+    {Py_tp_methods, store_methods},
+    {Py_tp_getset, store_getset},
+    {0, NULL},
 };
+
+/* Made by Store.create and Store.open only (no kvx.Store()); its attributes are fixed. */
+static PyType_Spec store_spec = {
+    "kvx.Store", sizeof(kvxpy_store), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_IMMUTABLETYPE, store_slots,
+};
+
+PyTypeObject *kvxpy_store_type;
+PyTypeObject *kvxpy_batch_type;
+
+int kvxpy_store_types_init(void)
+{
+    if (!kvxpy_store_type && !(kvxpy_store_type = (PyTypeObject *)PyType_FromSpec(&store_spec))) return -1;
+    if (!kvxpy_batch_type && !(kvxpy_batch_type = (PyTypeObject *)PyType_FromSpec(&batch_spec))) return -1;
+    return 0;
+}

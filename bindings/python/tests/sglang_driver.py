@@ -1,6 +1,7 @@
 """A driver that uses a HiCache storage backend exactly as SGLang does
 (SGLang is not installed here: no PyPI, and Debian's torch is 1.13). It
-reproduces, in plain Python over numpy, what sgl-project/sglang does at the
+reproduces, in plain Python over ctypes host memory (no numpy: the tests run
+on interpreters without it), what sgl-project/sglang does at the
 commit docs/ENGINES.md names (001067ff):
 
 - python/sglang/srt/mem_cache/hicache_storage.py: HiCacheStorageConfig (the
@@ -22,12 +23,13 @@ commit docs/ENGINES.md names (001067ff):
   element size page_size * layers * heads * dim * itemsize) and for MLA (one
   pointer per page).
 """
+import array
+import ctypes
 import dataclasses
 import hashlib
 import importlib
+import random
 from typing import Optional
-
-import numpy as np
 
 STORAGE_BATCH_SIZE = 128
 
@@ -92,77 +94,97 @@ def create_dynamic_backend(cfg, mem_pool_host, **kwargs):
 
 
 class MHAHostPool:
-    """page_first MHA host pool over numpy: kv_buffer [2][size][layers][heads][dim]."""
+    """page_first MHA host pool in ctypes host memory: kv_buffer [2][size][layers][heads][dim] of itemsize-byte
+    elements (2: fp16/bf16), as SGLang's pinned host tensor."""
 
     layout = "page_first"
 
-    def __init__(self, pages=32, page_size=4, layers=2, heads=2, dim=64, dtype=np.float16):
+    def __init__(self, pages=32, page_size=4, layers=2, heads=2, dim=64, itemsize=2):
         self.page_size, self.size = page_size, pages * page_size
         self.layer_num, self.head_num, self.head_dim = layers, heads, dim
-        self.dtype = np.dtype(dtype)
-        self.kv_buffer = np.zeros((2, self.size, layers, heads, dim), dtype=self.dtype)
+        self.itemsize = itemsize
+        self.parts = 2  # K and V
+        self.kv_buffer = (ctypes.c_ubyte * (self.parts * self.size * self.per_token()))()
+        self.base = ctypes.addressof(self.kv_buffer)
 
     def per_token(self):
-        return self.layer_num * self.head_num * self.head_dim * self.dtype.itemsize
+        return self.layer_num * self.head_num * self.head_dim * self.itemsize
 
     def element_bytes(self):
         return self.page_size * self.per_token()
 
+    def _span(self, part, page):
+        """(offset, length) of page's buffer `part` (0: K, 1: V) in kv_buffer."""
+        return part * self.size * self.per_token() + page * self.element_bytes(), self.element_bytes()
+
     def get_page_buffer_meta(self, indices):
-        idx = indices.tolist()
+        idx = list(indices)
         assert len(idx) % self.page_size == 0
-        base, v_off = self.kv_buffer.ctypes.data, self.size * self.per_token()
+        v_off = self.size * self.per_token()
         ptrs = []
         for i in range(0, len(idx), self.page_size):
-            k = base + idx[i] * self.per_token()
+            k = self.base + idx[i] * self.per_token()
             ptrs += [k, k + v_off]
         return ptrs, [self.element_bytes()] * len(ptrs)
 
     def page_indices(self, page):
-        return np.arange(page * self.page_size, (page + 1) * self.page_size, dtype=np.int64)
+        return array.array("q", range(page * self.page_size, (page + 1) * self.page_size))
 
-    def fill_page(self, page, seed):
-        sl = slice(page * self.page_size, (page + 1) * self.page_size)
-        self.kv_buffer[:, sl] = np.random.default_rng(seed).standard_normal(self.kv_buffer[:, sl].shape)
+    def part_bytes_of(self, page, part):
+        off, n = self._span(part, page)
+        return ctypes.string_at(self.base + off, n)
 
     def page_bytes_of(self, page):
-        sl = slice(page * self.page_size, (page + 1) * self.page_size)
-        return self.kv_buffer[0, sl].tobytes() + self.kv_buffer[1, sl].tobytes()
+        return b"".join(self.part_bytes_of(page, j) for j in range(self.parts))
 
-    # the generic (copying) path
+    def fill_page(self, page, seed):
+        """Random bytes (fp16 bits) in every buffer of page."""
+        for j in range(self.parts):
+            off, n = self._span(j, page)
+            ctypes.memmove(self.base + off, random.Random(seed * 2 + j).randbytes(n), n)
+
+    def mark_pages(self, pages, byte):
+        """Every buffer of each page set to byte (a marker: a buffer nothing wrote still holds it)."""
+        for p in pages:
+            for j in range(self.parts):
+                off, n = self._span(j, p)
+                ctypes.memset(self.base + off, byte, n)
+
+    def page_is_marked(self, page, byte):
+        return self.page_bytes_of(page) == bytes([byte]) * (self.parts * self.element_bytes())
+
+    # the generic (copying) path: a flat page is K then V, as itemsize-byte elements
     def get_dummy_flat_data_page(self):
-        return np.zeros(2 * self.element_bytes() // self.dtype.itemsize, dtype=self.dtype)
+        return memoryview(bytearray(self.parts * self.element_bytes())).cast("H" if self.itemsize == 2 else "B")
 
     def get_data_page(self, index, flat=True):
-        sl = slice(index, index + self.page_size)
-        return np.concatenate([self.kv_buffer[0, sl].ravel(), self.kv_buffer[1, sl].ravel()])
+        assert index % self.page_size == 0
+        return memoryview(bytearray(self.page_bytes_of(index // self.page_size))).cast(
+            "H" if self.itemsize == 2 else "B")
 
     def set_from_flat_data_page(self, index, data_page):
-        sl = slice(index, index + self.page_size)
-        half = data_page.size // 2
-        self.kv_buffer[0, sl] = data_page[:half].reshape(self.kv_buffer[0, sl].shape)
-        self.kv_buffer[1, sl] = data_page[half:].reshape(self.kv_buffer[1, sl].shape)
+        assert index % self.page_size == 0
+        data = memoryview(data_page).cast("B").tobytes()
+        n = self.element_bytes()
+        assert len(data) == self.parts * n
+        for j in range(self.parts):
+            off, _ = self._span(j, index // self.page_size)
+            ctypes.memmove(self.base + off, data[j * n:(j + 1) * n], n)
 
 
 class MLAHostPool(MHAHostPool):
-    """MLA: one latent buffer, one pointer per page."""
+    """MLA: one latent buffer [size][layers][1][dim], one pointer per page."""
 
-    def __init__(self, pages=32, page_size=4, layers=2, dim=96, dtype=np.float16):
-        super().__init__(pages, page_size, layers, 1, dim, dtype)
-        self.kv_buffer = np.zeros((self.size, layers, 1, dim), dtype=self.dtype)
+    def __init__(self, pages=32, page_size=4, layers=2, dim=96, itemsize=2):
+        super().__init__(pages, page_size, layers, 1, dim, itemsize)
+        self.parts = 1
+        self.kv_buffer = (ctypes.c_ubyte * (self.size * self.per_token()))()
+        self.base = ctypes.addressof(self.kv_buffer)
 
     def get_page_buffer_meta(self, indices):
-        idx = indices.tolist()
-        base = self.kv_buffer.ctypes.data
-        ptrs = [base + idx[i] * self.per_token() for i in range(0, len(idx), self.page_size)]
+        idx = list(indices)
+        ptrs = [self.base + idx[i] * self.per_token() for i in range(0, len(idx), self.page_size)]
         return ptrs, [self.element_bytes()] * len(ptrs)
-
-    def fill_page(self, page, seed):
-        sl = slice(page * self.page_size, (page + 1) * self.page_size)
-        self.kv_buffer[sl] = np.random.default_rng(seed).standard_normal(self.kv_buffer[sl].shape)
-
-    def page_bytes_of(self, page):
-        return self.kv_buffer[page * self.page_size:(page + 1) * self.page_size].tobytes()
 
 
 def page_hashes(tokens, page_size, last_hash=None):

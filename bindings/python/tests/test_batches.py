@@ -69,3 +69,39 @@ def test_batches_in_threads(store):
     for s in range(30):
         views = store.prefix(seq_tokens(s, 2))
         assert [bytes(v) for v in views] == [p.tobytes() for p in kv_pages(store, 2, seed=s)]
+
+
+def test_batch_with_block_raising_drops_its_blocks(store):
+    toks, pages = seq_tokens(4, 2), kv_pages(store, 2)
+    with pytest.raises(RuntimeError):
+        with store.batch() as b:
+            assert b.put(toks, pages) == 2
+            raise RuntimeError("mid-batch")
+    assert b.closed
+    assert store.prefix(toks) == []
+    with pytest.raises(ValueError, match="closed"):
+        b.put(toks, pages)
+    with pytest.raises(ValueError, match="closed"):
+        b.__enter__()
+
+
+def test_one_batch_shared_by_threads(store):
+    # a kvx_store_batch belongs to one thread at a time: the binding's lock
+    # serializes the threads, every block put is flushed exactly once
+    b = store.batch()
+    seqs = list(range(10, 18))
+
+    def writer(q):
+        t = seq_tokens(q, 3)
+        assert b.put(t, kv_pages(store, 3, seed=q)) == 3
+        b.flush()
+
+    ts = [threading.Thread(target=writer, args=(q,)) for q in seqs]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    b.close()
+    for q in seqs:
+        vs = store.prefix(seq_tokens(q, 3))
+        assert [bytes(v) for v in vs] == [p.tobytes() for p in kv_pages(store, 3, seed=q)]

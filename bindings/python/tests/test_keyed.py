@@ -1,14 +1,15 @@
 """Keyed pages through the binding: a keyed store (Store.create(dir,
 page_bytes=N)), keyed_put / keyed_get / keyed_get_into / keyed_exists /
 keyed_delete, durability at flush, zero-copy views, errors."""
+import array
+import ctypes
 import gc
 import threading
 
-import numpy as np
 import pytest
 
 import kvx
-from conftest import GEOM
+from conftest import GEOM, needs_numpy, np, rand_bytes, seq_tokens
 
 PB = 8192
 
@@ -20,7 +21,7 @@ def ks(tmp_path):
 
 
 def pages(n, seed=0, size=PB):
-    return [np.random.default_rng(seed + i).integers(0, 256, size, dtype=np.uint8) for i in range(n)]
+    return [rand_bytes(seed + i, size) for i in range(n)]
 
 
 def test_create_keyed_store(ks, tmp_path):
@@ -33,32 +34,46 @@ def test_create_keyed_store(ks, tmp_path):
 
 
 def test_put_get_round_trip(ks):
-    """str and bytes keys; numpy, bytearray and bytes pages, a short last page; invisible until flush; views
-    are the stored bytes, None for a miss."""
+    """str and bytes keys; bytearray, memoryview and bytes pages, a short last page; invisible until flush;
+    views are the stored bytes (a zero-copy buffer), None for a miss."""
     p = pages(3)
     keys = ["model@1@0@abc", b"\x00binary\xffkey", "short"]
-    data = [p[0], bytearray(p[1].tobytes()), p[2][:100].tobytes()]
+    data = [p[0], memoryview(p[1]), bytes(p[2][:100])]
     assert ks.keyed_put(keys, data) == 3
     assert ks.keyed_get(keys) == [None, None, None]  # not visible before the flush
     assert ks.stat()["pending_blocks"] == 3
     ks.flush()
     views = ks.keyed_get(keys + ["absent"])
     assert views[3] is None
-    assert bytes(views[0]) == p[0].tobytes() and bytes(views[1]) == p[1].tobytes()
-    assert bytes(views[2]) == p[2][:100].tobytes() and views[2].page_bytes == 100 and len(views[2]) == 100
-    assert np.array_equal(np.frombuffer(views[0], dtype=np.uint8), p[0])  # zero-copy buffer
+    assert bytes(views[0]) == p[0] and bytes(views[1]) == p[1]
+    assert bytes(views[2]) == p[2][:100] and views[2].page_bytes == 100 and len(views[2]) == 100
+    m = memoryview(views[0])  # the buffer protocol: read-only, the page's bytes
+    assert m.readonly and m.nbytes == PB and m == memoryview(p[0])
     assert ks.keyed_put(keys[:1], [p[1]]) == 0  # a key already held is skipped, its page kept
     ks.flush()
-    assert bytes(ks.keyed_get(keys[:1])[0]) == p[0].tobytes()
+    assert bytes(ks.keyed_get(keys[:1])[0]) == p[0]
+
+
+@needs_numpy
+def test_numpy_pages_and_views(ks):
+    """numpy arrays as pages (read in place) and as zero-copy arrays over the views."""
+    a = np.frombuffer(bytes(rand_bytes(3, PB)), dtype=np.uint8)
+    assert ks.keyed_put(["np"], [a]) == 1
+    ks.flush()
+    (v,) = ks.keyed_get(["np"])
+    got = np.frombuffer(v, dtype=np.uint8)
+    assert np.array_equal(got, a) and not got.flags.writeable and not got.flags.owndata
+    out = np.zeros(PB, np.uint8)
+    assert ks.keyed_get_into(["np"], [out]) == [True] and np.array_equal(out, a)
 
 
 def test_get_into(ks):
     p = pages(2, seed=5)
     ks.keyed_put(["a", "b"], p)
     ks.flush()
-    out = [np.zeros(PB, np.uint8), bytearray(b"\xee" * PB), bytearray(b"\xee" * (PB - 1))]
+    out = [(ctypes.c_ubyte * PB)(), bytearray(b"\xee" * PB), bytearray(b"\xee" * (PB - 1))]
     assert ks.keyed_get_into(["a", "missing", "b"], out) == [True, False, False]
-    assert np.array_equal(out[0], p[0])
+    assert bytes(out[0]) == p[0]  # a ctypes array: written in place
     assert out[1] == bytearray(b"\xee" * PB)  # a miss: untouched
     assert out[2] == bytearray(b"\xee" * (PB - 1))  # a length that differs: untouched
     with pytest.raises(TypeError):
@@ -124,7 +139,7 @@ def test_restart_keeps_flushed_drops_unflushed(tmp_path):
     st.close()
     with kvx.Store.open(d) as st:
         v = st.keyed_get(["flushed", "unflushed"])
-        assert bytes(v[0]) == p[0].tobytes() and v[1] is None
+        assert bytes(v[0]) == p[0] and v[1] is None
 
 
 def test_bad_keys_and_sizes(ks):
@@ -146,7 +161,7 @@ def test_bad_keys_and_sizes(ks):
     with pytest.raises(ValueError):
         ks.keyed_put(["a", "b"], [page])
     with pytest.raises(TypeError):
-        ks.keyed_put(["a"], [np.zeros((4, 4), np.uint8)[:, ::2]])  # not contiguous
+        ks.keyed_put(["a"], [memoryview(bytearray(16))[::2]])  # not contiguous
 
 
 def test_keyed_and_block_calls_do_not_mix(ks, store):
@@ -155,7 +170,7 @@ def test_keyed_and_block_calls_do_not_mix(ks, store):
     with pytest.raises(kvx.InvalidError):
         store.keyed_get(["a"])
     with pytest.raises(kvx.InvalidError):
-        ks.prefix(np.arange(64, dtype=np.uint32))
+        ks.prefix(array.array("I", range(64)))
 
 
 def test_views_outlive_close_and_release(ks):
@@ -163,14 +178,14 @@ def test_views_outlive_close_and_release(ks):
     ks.keyed_put(["v"], p)
     ks.flush()
     (v,) = ks.keyed_get(["v"])
-    a = np.frombuffer(v, dtype=np.uint8)
+    a = memoryview(v)
     ks.close()
     gc.collect()
-    assert bytes(v) == p[0].tobytes()
+    assert bytes(v) == p[0]
     v.release()
     with pytest.raises(ValueError):
         memoryview(v)
-    assert a.tobytes() == p[0].tobytes()  # the export keeps the page mapped
+    assert a.tobytes() == p[0]  # the export keeps the page mapped
     with pytest.raises(ValueError):
         ks.keyed_get(["v"])
 
@@ -201,7 +216,7 @@ def test_threads_get_while_putting(ks):
             while not stop.is_set():
                 out = [bytearray(PB) for _ in range(8)]
                 assert ks.keyed_get_into([f"base{i}" for i in range(8)], out) == [True] * 8
-                assert all(bytes(o) == x.tobytes() for o, x in zip(out, p))
+                assert all(bytes(o) == x for o, x in zip(out, p))
         except BaseException as e:  # pragma: no cover
             errors.append(e)
 
@@ -216,3 +231,114 @@ def test_threads_get_while_putting(ks):
         t.join()
     assert not errors, errors
     assert ks.keyed_exists([f"w19-{i}" for i in range(4)])[1] == 4
+
+
+@needs_numpy
+def test_keyed_misuse(tmp_path):
+    st = kvx.Store.create(str(tmp_path / "k"), page_bytes=64, nosync=True)
+    assert st.keyed_put([b"a", "b"], [b"x" * 64, bytearray(b"y" * 10)]) == 2
+    st.flush()
+    with pytest.raises(TypeError, match="not one key"):
+        st.keyed_get(b"a")
+    with pytest.raises(TypeError, match="not bytes or str"):
+        st.keyed_get([1])
+    with pytest.raises(ValueError, match="2 keys but 1 buffers"):
+        st.keyed_put([b"c", b"d"], [b"z"])
+    with pytest.raises(kvx.InvalidError):
+        st.keyed_put([b""], [b"z"])
+    with pytest.raises(kvx.InvalidError):
+        st.keyed_put([b"k" * 256], [b"z"])
+    with pytest.raises(kvx.InvalidError):
+        st.keyed_put([b"big"], [b"z" * 65])
+    with pytest.raises(UnicodeEncodeError):
+        st.keyed_get(["\udc80"])
+    with pytest.raises(TypeError, match="writable"):
+        st.keyed_get_into([b"a"], [b"\x00" * 64])  # read-only target
+    with pytest.raises(TypeError, match="contiguous"):
+        st.keyed_get_into([b"a"], [np.zeros(128, np.uint8)[::2]])
+    dst = bytearray(63)
+    assert st.keyed_get_into([b"a"], [dst]) == [False] and dst == bytearray(63)  # wrong size: untouched
+    dst = bytearray(64)
+    assert st.keyed_get_into([b"a"], [dst]) == [True] and dst == b"x" * 64
+    with pytest.raises(kvx.InvalidError):
+        st.put(seq_tokens(0, 1), b"\x00" * 64)  # block call on a keyed store
+    v = st.keyed_get([b"a\x00", b"a"])
+    assert v[0] is None and bytes(v[1]) == b"x" * 64
+    st.close()
+    assert bytes(v[1]) == b"x" * 64
+
+
+def test_keyed_keys_list_changed_by_another_thread(tmp_path):
+    st = kvx.Store.create(str(tmp_path / "k"), page_bytes=64, nosync=True)
+    names = [f"key-{i:04d}".encode() * 8 for i in range(64)]
+    st.keyed_put(names, [n[:64] for n in names])
+    st.flush()
+    keys = list(names)
+    stop = threading.Event()
+
+    def churn():
+        while not stop.is_set():
+            keys[:] = [bytes(bytearray(n)) for n in names]  # new objects, the old ones freed
+
+    t = threading.Thread(target=churn)
+    t.start()
+    try:
+        for _ in range(200):
+            got = st.keyed_get(keys)
+            assert len(got) == 64 and all(g is not None and bytes(g) == n[:64] for g, n in zip(got, names))
+    finally:
+        stop.set()
+        t.join()
+    st.close()
+
+
+def test_keyed_view_outlives_delete_gc_and_close(tmp_path):
+    st = kvx.Store.create(str(tmp_path / "k"), page_bytes=64, nosync=True)
+    st.keyed_put([b"a", b"b"], [b"1" * 64, b"2" * 64])
+    st.flush()
+    va, vb = st.keyed_get([b"a", b"b"])
+    mv = memoryview(va)
+    assert st.keyed_delete([b"a", b"b", b"never"]) == 2
+    st.gc()
+    assert st.keyed_get([b"a"]) == [None]
+    st.close()
+    assert bytes(mv) == b"1" * 64 and bytes(vb) == b"2" * 64
+    vb.release()
+    va.release()
+    assert bytes(mv) == b"1" * 64
+
+
+
+def test_keyed_misuse_without_numpy(tmp_path):
+    """test_keyed_misuse with a strided memoryview where it takes a strided numpy array."""
+    st = kvx.Store.create(str(tmp_path / "k"), page_bytes=64, nosync=True)
+    assert st.keyed_put([b"a", "b"], [b"x" * 64, bytearray(b"y" * 10)]) == 2
+    st.flush()
+    with pytest.raises(TypeError, match="not one key"):
+        st.keyed_get(b"a")
+    with pytest.raises(TypeError, match="not bytes or str"):
+        st.keyed_get([1])
+    with pytest.raises(ValueError, match="2 keys but 1 buffers"):
+        st.keyed_put([b"c", b"d"], [b"z"])
+    with pytest.raises(kvx.InvalidError):
+        st.keyed_put([b""], [b"z"])
+    with pytest.raises(kvx.InvalidError):
+        st.keyed_put([b"k" * 256], [b"z"])
+    with pytest.raises(kvx.InvalidError):
+        st.keyed_put([b"big"], [b"z" * 65])
+    with pytest.raises(UnicodeEncodeError):
+        st.keyed_get(["\udc80"])
+    with pytest.raises(TypeError, match="writable"):
+        st.keyed_get_into([b"a"], [b"\x00" * 64])  # read-only target
+    with pytest.raises(TypeError, match="contiguous"):
+        st.keyed_get_into([b"a"], [memoryview(bytearray(128))[::2]])
+    dst = bytearray(63)
+    assert st.keyed_get_into([b"a"], [dst]) == [False] and dst == bytearray(63)  # wrong size: untouched
+    dst = bytearray(64)
+    assert st.keyed_get_into([b"a"], [dst]) == [True] and dst == b"x" * 64
+    with pytest.raises(kvx.InvalidError):
+        st.put(seq_tokens(0, 1), b"\x00" * 64)  # block call on a keyed store
+    v = st.keyed_get([b"a\x00", b"a"])
+    assert v[0] is None and bytes(v[1]) == b"x" * 64
+    st.close()
+    assert bytes(v[1]) == b"x" * 64

@@ -12,10 +12,10 @@ import textwrap
 import threading
 import time
 
-import numpy as np
 import pytest
 
 import kvx
+from conftest import needs_numpy, np, rand_bytes
 from kvx.integrations.lmcache import KvxConnector
 from lmcache_driver import ObjectKey, load_native_plugin, object_key_to_string, wait_fd, wait_result, wait_store
 
@@ -27,7 +27,7 @@ def chunk_keys(n, model="meta-llama/Llama-3.1-8B", rank=0, salt=""):
 
 
 def chunks(n, seed=0, size=PB):
-    return [np.random.default_rng(seed + i).integers(0, 256, size, dtype=np.uint8) for i in range(n)]
+    return [rand_bytes(seed + i, size) for i in range(n)]
 
 
 def config(path, **params):
@@ -91,11 +91,11 @@ def test_store_lookup_load_through_adapter(adapter):
     assert ok and nbytes == 64 * PB and err == ""
     t = adapter.submit_lookup_and_lock_task(keys)
     assert wait_result(adapter.lookup_efd, adapter.query_lookup_and_lock_result, t) == [True] * 64
-    out = [np.zeros(PB, np.uint8) for _ in range(64)]
+    out = [bytearray(PB) for _ in range(64)]
     t = adapter.submit_load_task(keys, out)
     assert wait_result(adapter.load_efd, adapter.query_load_result, t) == [True] * 64
     for a, b in zip(out, data):
-        assert np.array_equal(a, b)
+        assert a == b
     assert adapter.unknown == []
 
 
@@ -105,14 +105,14 @@ def test_partial_misses_leave_buffers_untouched(adapter):
     assert wait_store(adapter, t)[0]
     t = adapter.submit_lookup_and_lock_task(keys)
     assert wait_result(adapter.lookup_efd, adapter.query_lookup_and_lock_result, t) == [True, False] * 3
-    out = [np.full(PB, 0xA5, np.uint8) for _ in range(6)]
+    out = [bytearray(b"\xa5" * PB) for _ in range(6)]
     t = adapter.submit_load_task(keys, out)
     assert wait_result(adapter.load_efd, adapter.query_load_result, t) == [True, False] * 3
     for i in range(6):
         if i % 2 == 0:
-            assert np.array_equal(out[i], data[i])
+            assert out[i] == data[i]
         else:
-            assert (out[i] == 0xA5).all()  # a miss: its buffer untouched
+            assert out[i] == bytearray(b"\xa5" * PB)  # a miss: its buffer untouched
 
 
 def test_raw_protocol_eventfd_drain_masks(tmp_path):
@@ -135,7 +135,7 @@ def test_raw_protocol_eventfd_drain_masks(tmp_path):
         got = drain_until(c, [f2, f3])
         assert got[f2] == (f2, True, "", [True, True, False])
         assert got[f3] == (f3, True, "", [True, True, False])
-        assert bytes(out[1]) == data[1].tobytes() and out[2] == bytearray(PB)
+        assert bytes(out[1]) == bytes(data[1]) and out[2] == bytearray(PB)
         f4 = c.submit_batch_delete(["k1", "k2"])
         assert drain_until(c, [f4])[f4] == (f4, True, "", [True, False])
         f5 = c.submit_batch_exists(keys)
@@ -150,11 +150,11 @@ def test_set_ok_is_durable_across_a_crash(tmp_path):
     this process reopens the same directory and gets every page back."""
     path = str(tmp_path / "crash")
     r = run_py(f"""
-        import os, select, numpy as np
+        import os, random, select
         from kvx.integrations.lmcache import KvxConnector
         c = KvxConnector(path={path!r}, page_bytes={PB}, capacity="64MiB")
-        data = [np.random.default_rng(100 + i).integers(0, 256, {PB}, dtype=np.uint8) for i in range(8)]
-        data.append(np.arange(1000, dtype=np.uint8))   # a partial last chunk
+        data = [bytearray(random.Random(100 + i).randbytes({PB})) for i in range(8)]
+        data.append(bytearray(x % 256 for x in range(1000)))   # a partial last chunk
         f = c.submit_batch_set(["chunk%d" % i for i in range(9)], [memoryview(d) for d in data])
         select.select([c.event_fd()], [], [], 30)
         assert c.drain_completions() == [(f, True, "", None)]
@@ -167,8 +167,8 @@ def test_set_ok_is_durable_across_a_crash(tmp_path):
         f = c.submit_batch_get(["chunk%d" % i for i in range(9)], [memoryview(b) for b in out])
         assert drain_until(c, [f])[f][3] == [True] * 9
         for i in range(8):
-            assert bytes(out[i]) == np.random.default_rng(100 + i).integers(0, 256, PB, dtype=np.uint8).tobytes()
-        assert bytes(out[8]) == np.arange(1000, dtype=np.uint8).tobytes()
+            assert bytes(out[i]) == bytes(rand_bytes(100 + i, PB))
+        assert bytes(out[8]) == bytes(x % 256 for x in range(1000))
     finally:
         c.close()
 
@@ -257,7 +257,7 @@ def test_close_with_work_in_flight(tmp_path):
             held = [v is not None for v in views]
             for i, v in enumerate(views):
                 if v is not None:
-                    assert bytes(v) == data[i].tobytes()
+                    assert bytes(v) == bytes(data[i])
             assert all(held) or not any(held)  # one set is one flush: all of its pages or none
 
 
@@ -273,10 +273,10 @@ def test_concurrent_submitters(adapter):
             for rnd in range(3):
                 t = adapter.submit_store_task(keys, data)
                 assert wait_store(adapter, t)[0]
-                out = [np.zeros(PB, np.uint8) for _ in keys]
+                out = [bytearray(PB) for _ in keys]
                 t = adapter.submit_load_task(keys, out)
                 assert wait_result(adapter.load_efd, adapter.query_load_result, t) == [True] * 16
-                assert all(np.array_equal(a, b) for a, b in zip(out, data))
+                assert all(a == b for a, b in zip(out, data))
         except BaseException as e:  # pragma: no cover - reported below
             errors.append(e)
 
@@ -432,7 +432,7 @@ def test_delete_reports_damaged_pages_deleted(tmp_path):
     assert drain_until(c, [f])[f] == (f, True, "", None)
     d = c.dir
     c.close()
-    assert damage_page(d, data[0].tobytes()) == 1
+    assert damage_page(d, bytes(data[0])) == 1
     c = KvxConnector(path=str(tmp_path / "del"), page_bytes=PB, capacity="64MiB", nosync=True)
     try:
         f = c.submit_batch_exists(keys)
@@ -461,3 +461,17 @@ def test_eventfd_wakes_a_blocked_poller(tmp_path):
         assert c.drain_completions() == [(f, True, "", [False])]
     finally:
         c.close()
+
+
+
+@needs_numpy
+def test_numpy_chunks_through_adapter(adapter):
+    """numpy uint8 arrays as the chunks stored and the buffers loaded into (LMCache's memory objects reach
+    the connector as buffers; numpy is one exporter of them)."""
+    keys = chunk_keys(4, model="np")
+    data = [np.frombuffer(bytes(rand_bytes(200 + i, PB)), dtype=np.uint8) for i in range(4)]
+    assert wait_store(adapter, adapter.submit_store_task(keys, data))[0]
+    out = [np.zeros(PB, np.uint8) for _ in keys]
+    t = adapter.submit_load_task(keys, out)
+    assert wait_result(adapter.load_efd, adapter.query_load_result, t) == [True] * 4
+    assert all(np.array_equal(a, b) for a, b in zip(out, data))

@@ -1,23 +1,27 @@
 """Contract tests of kvx.integrations.sglang.KvxHiCacheStorage, SGLang
 HiCache's storage backend, driven by sglang_driver (a reproduction of
-SGLang's dynamic backend loader, cache-controller storage paths and
-numpy-backed host pools at the commit docs/ENGINES.md names)."""
+SGLang's dynamic backend loader, cache-controller storage paths and host
+pools (ctypes host memory) at the commit docs/ENGINES.md names)."""
+import array
+import ctypes
 import os
+import random
 import subprocess
 import sys
 import textwrap
 import threading
 
-import numpy as np
 import pytest
 
 import kvx
+from conftest import needs_numpy, np
 from kvx.integrations.sglang import KvxHiCacheStorage
 from sglang_driver import (MHAHostPool, MLAHostPool, base_class, create_dynamic_backend, generic_page_get,
                            generic_page_set, page_get_zero_copy, page_hashes, page_set_zero_copy, storage_config,
                            storage_hit_query)
 
 PAGE = 4  # tokens per page
+MARK = 0xA7  # a byte the tests put in host buffers that nothing may write
 
 
 def extra(path, **kw):
@@ -28,11 +32,15 @@ def extra(path, **kw):
 
 
 def prompt(n_pages, seed=0):
-    return [int(t) for t in np.random.default_rng(seed).integers(0, 150000, n_pages * PAGE)]
+    rng = random.Random(seed)
+    return [rng.randrange(150000) for _ in range(n_pages * PAGE)]
 
 
 def indices(pool, pages):
-    return np.concatenate([pool.page_indices(p) for p in pages])
+    out = array.array("q")
+    for p in pages:
+        out.extend(pool.page_indices(p))
+    return out
 
 
 def run_py(code, timeout=60):
@@ -94,10 +102,10 @@ def test_v1_partial_miss_leaves_pages_untouched(mha):
     for p in range(3):
         pool.fill_page(p, seed=20 + p)
     b.batch_set_v1([hashes[0], hashes[2]], indices(pool, (0, 2)))
-    pool.kv_buffer[:, 10 * PAGE:13 * PAGE] = 7.0
+    pool.mark_pages((10, 11, 12), MARK)
     assert b.batch_get_v1(hashes, indices(pool, (10, 11, 12))) == [True, False, True]
     assert pool.page_bytes_of(10) == pool.page_bytes_of(0) and pool.page_bytes_of(12) == pool.page_bytes_of(2)
-    assert (pool.kv_buffer[:, 11 * PAGE:12 * PAGE] == 7.0).all()  # the miss: untouched
+    assert pool.page_is_marked(11, MARK)  # the miss: untouched
     assert page_get_zero_copy(b, hashes, indices(pool, (20, 21, 22))) == 1  # the controller stops at the miss
 
 
@@ -111,9 +119,9 @@ def test_v1_half_held_page(mha):
     assert b.batch_set_v1(hashes, indices(pool, (0, 1))) == [True, True]
     first = b._keys([hashes[0]], "test")[0]
     assert b._store.keyed_delete([b._part_keys([first], 2)[1]]) == 1
-    pool.kv_buffer[:, 10 * PAGE:12 * PAGE] = 7.0
+    pool.mark_pages((10, 11), MARK)
     assert b.batch_get_v1(hashes, indices(pool, (10, 11))) == [False, True]
-    assert (pool.kv_buffer[:, 10 * PAGE:11 * PAGE] == 7.0).all()  # K and V untouched
+    assert pool.page_is_marked(10, MARK)  # K and V untouched
     assert pool.page_bytes_of(11) == pool.page_bytes_of(1)
 
 
@@ -123,15 +131,15 @@ def test_part_keys_never_collide_with_caller_keys(mha):
     never buffer 1 of page <key> (batch_set_v1 skipped V as held, and batch_get_v1 served it as V)."""
     b, pool = mha
     k = page_hashes(prompt(1, seed=6), PAGE)[0]
-    x = np.full(pool.element_bytes(), 0x5A, np.uint8)
+    x = bytearray(b"\x5a" * pool.element_bytes())
     assert b.set(k + "/1", x) is True
     pool.fill_page(0, seed=61)
     want = pool.page_bytes_of(0)
     assert b.batch_set_v1([k], indices(pool, [0])) == [True]
-    pool.kv_buffer[:, 10 * PAGE:11 * PAGE] = 0
+    pool.mark_pages([10], 0)
     assert b.batch_get_v1([k], indices(pool, [10])) == [True]
     assert pool.page_bytes_of(10) == want  # K and V are this page's
-    assert bytes(b.get(k + "/1")) == x.tobytes()
+    assert bytes(b.get(k + "/1")) == bytes(x)
     for bad in (k + "\x001", b"a\x00b"):
         for call in (lambda: b.set(bad, x), lambda: b.batch_exists([bad]), lambda: b.exists(bad),
                      lambda: b.batch_get_v1([bad], indices(pool, [1]))):
@@ -174,10 +182,10 @@ def test_pages_stored_under_the_old_part_names_are_misses(tmp_path):
         pool.fill_page(0, seed=80)
         with b._store.batch() as w:
             w.keyed_put([k.encode(), k.encode() + b"/1"],
-                        [pool.kv_buffer[0, :PAGE].tobytes(), pool.kv_buffer[1, :PAGE].tobytes()])
-        pool.kv_buffer[:, 10 * PAGE:11 * PAGE] = 7.0
+                        [pool.part_bytes_of(0, 0), pool.part_bytes_of(0, 1)])
+        pool.mark_pages([10], MARK)
         assert b.batch_get_v1([k], indices(pool, [10])) == [False]
-        assert (pool.kv_buffer[:, 10 * PAGE:11 * PAGE] == 7.0).all()
+        assert pool.page_is_marked(10, MARK)
         assert b.batch_exists([k]) == 0 and not b.exists(k)
         assert b.batch_set_v1([k], indices(pool, [0])) == [True]  # stored again, whole
         assert b.batch_exists([k]) == 1
@@ -213,7 +221,7 @@ def test_generic_get_set(mha):
     assert b.get(hashes[1], t) is t and t.tobytes() == pool.get_data_page(PAGE).tobytes()
     assert b.get("f" * 64, pool.get_dummy_flat_data_page()) is None
     assert bytes(b.get(hashes[0])) == pool.get_data_page(0).tobytes()
-    assert b.set("k", np.arange(10, dtype=np.uint8)) is True and b.exists("k")
+    assert b.set("k", array.array("B", range(10))) is True and b.exists("k")
     got = b.batch_get(["k", "missing"], [bytearray(10), bytearray(10)])
     assert got[0] == bytearray(range(10)) and got[1] is None
 
@@ -227,7 +235,7 @@ def test_failures_raise_never_none(mha, tmp_path):
     with pytest.raises(kvx.InvalidError):
         b.batch_set_v1(["x" * 256], indices(pool, [0]))
     with pytest.raises(kvx.InvalidError):
-        b.set("big", np.zeros(65537, np.uint8))
+        b.set("big", bytearray(65537))
     with pytest.raises(kvx.InvalidError):
         b.batch_get_v1(["a", "b"], indices(pool, [0]))  # 2 keys, 1 page of pointers
     bare = KvxHiCacheStorage(storage_config(extra(tmp_path / "bare")), {})
@@ -236,7 +244,7 @@ def test_failures_raise_never_none(mha, tmp_path):
     bare.close()
     with pytest.raises(ValueError):
         bare.batch_exists(["a"])
-    none = np.arange(0)
+    none = array.array("q")
     assert b.batch_get_v1([], none) == [] and b.batch_set_v1([], none) == []
 
 
@@ -245,7 +253,7 @@ def test_restart_between_set_and_get(tmp_path):
     finds them by batch_exists and reads them by batch_get_v1."""
     path = str(tmp_path / "restart")
     r = run_py(f"""
-        import os, sys
+        import array, os, sys
         sys.path.insert(0, {os.path.dirname(__file__)!r})
         from sglang_driver import *
         pool = MHAHostPool(page_size={PAGE})
@@ -255,7 +263,7 @@ def test_restart_between_set_and_get(tmp_path):
         for p in range(6):
             pool.fill_page(p, seed=50 + p)
         toks = list(range(1000, 1000 + 6 * {PAGE}))
-        assert page_set_zero_copy(b, page_hashes(toks, {PAGE}), np.arange(6 * {PAGE}))
+        assert page_set_zero_copy(b, page_hashes(toks, {PAGE}), array.array("q", range(6 * {PAGE})))
         sys.stdout.write(" ".join(pool.page_bytes_of(p).hex() for p in range(6)))
         sys.stdout.flush()
         os._exit(0)
@@ -338,31 +346,97 @@ class _TensorLike:
     is_contiguous(), device (torch.Tensor's methods of those names); no buffer protocol."""
 
     def __init__(self, arr, device="cpu"):
-        self.arr, self.device = arr, type("D", (), {"type": device})()
+        self.arr, self.device = arr, type("D", (), {"type": device})()  # arr: a ctypes array
 
     def numpy(self):
         raise TypeError("Got unsupported ScalarType BFloat16")
 
     def data_ptr(self):
-        return self.arr.ctypes.data
+        return ctypes.addressof(self.arr)
 
     def numel(self):
-        return self.arr.size
+        return len(self.arr)
 
     def element_size(self):
-        return self.arr.itemsize
+        return ctypes.sizeof(self.arr._type_)
 
     def is_contiguous(self):
-        return self.arr.flags.c_contiguous
+        return True
 
 
 def test_tensor_like_values(mha):
     """set/get of host tensors that only expose data_ptr() (bf16), in place; a GPU tensor is refused."""
     b, _ = mha
-    src = np.arange(2048, dtype=np.uint16)
+    src = (ctypes.c_uint16 * 2048)(*range(2048))
     assert b.set("bf16-page", _TensorLike(src)) is True
-    dst = np.zeros(2048, dtype=np.uint16)
+    dst = (ctypes.c_uint16 * 2048)()
     t = _TensorLike(dst)
-    assert b.get("bf16-page", t) is t and np.array_equal(dst, src)
+    assert b.get("bf16-page", t) is t and bytes(dst) == bytes(src)
     with pytest.raises(kvx.InvalidError):
         b.set("gpu-page", _TensorLike(src, device="cuda"))
+
+
+class _StridedHostTensor:
+    """What the SGLang adapter gets for a non-contiguous CPU tensor whose .numpy() fails (bf16, the usual KV
+    dtype, or one that requires grad): data_ptr/numel/element_size of an expanded view, 64 bytes of storage
+    that claim 4096 elements of 2 bytes."""
+
+    class device:
+        type = "cpu"
+
+    def __init__(self, backing):
+        import ctypes
+        self._backing = backing
+        self._addr = ctypes.addressof(backing)
+
+    def numpy(self):
+        raise TypeError("Got unsupported ScalarType BFloat16")
+
+    def data_ptr(self):
+        return self._addr
+
+    def numel(self):
+        return 4096
+
+    def element_size(self):
+        return 2
+
+    def is_contiguous(self):
+        return False
+
+    def stride(self):
+        return (0,)
+
+
+def test_sglang_refuses_a_non_contiguous_pointer_tensor(tmp_path):
+    # kvx/integrations/sglang.py _as_buffer's data_ptr() path (a CPU tensor whose .numpy() fails: bf16,
+    # requires_grad) took numel * element_size bytes from data_ptr without is_contiguous(): an expanded or
+    # strided tensor was stored as wrong KV, and get wrote past its storage.
+    import ctypes
+    from kvx.integrations.sglang import KvxHiCacheStorage
+    from sglang_driver import storage_config
+    e = {"path": str(tmp_path / "sg"), "page_bytes": 8192, "capacity": "64MiB", "nosync": True}
+    s = KvxHiCacheStorage(storage_config(e), {})
+    try:
+        assert s.set("k", bytes(range(256)) * 32)
+        backing = (ctypes.c_ubyte * 8192)()
+        ctypes.memset(backing, 0xAB, 8192)
+        with pytest.raises(kvx.InvalidError, match="contiguous"):
+            s.get("k", target_location=_StridedHostTensor(backing))
+        assert bytes(backing[64:]) == b"\xab" * (8192 - 64), "get wrote past the tensor's storage"
+        with pytest.raises(kvx.InvalidError, match="contiguous"):
+            s.set("k2", _StridedHostTensor(backing))
+    finally:
+        s.close()
+
+
+
+@needs_numpy
+def test_numpy_values(mha):
+    """numpy arrays as values and targets (CPU tensors reach the adapter as .numpy() arrays)."""
+    b, _ = mha
+    src = np.arange(4096, dtype=np.uint16)
+    assert b.set("np-page", src) is True
+    dst = np.zeros(4096, dtype=np.uint16)
+    assert b.get("np-page", dst) is dst and np.array_equal(dst, src)
+    assert b.batch_get(["np-page", "missing"], [np.zeros(4096, np.uint16), np.zeros(4096, np.uint16)])[1] is None

@@ -1,12 +1,15 @@
-"""Store round trips: put, flush and the lookups, byte-exact against numpy."""
+"""Store round trips: put, flush and the lookups, byte-exact; the handles
+refuse pickling, copying and construction."""
 import array
+import copy
+import ctypes
 import importlib
+import pickle
 
-import numpy as np
 import pytest
 
 import kvx
-from conftest import B, GEOM, kv_pages, seq_tokens
+from conftest import B, GEOM, as_array, kv_pages, needs_numpy, np, rand_bytes, seq_tokens
 
 
 def test_import():
@@ -24,12 +27,22 @@ def test_round_trip_prefix(filled):
     assert len(views) == 4
     for i, v in enumerate(views):
         assert v.token_count == B and v.page_bytes == st.page_bytes and len(v) == st.page_bytes
-        got = np.frombuffer(v, dtype=np.float16).reshape(pages.shape[1:])
-        assert np.array_equal(got.view(np.uint16), pages[i].view(np.uint16))  # byte-exact
-        assert bytes(v.page) == pages[i].tobytes()
+        assert bytes(v) == pages[i].tobytes() and bytes(v.page) == pages[i].tobytes()  # byte-exact
+        assert memoryview(v).cast("H").tolist() == array.array("H", pages[i]).tolist()  # fp16 bits
     assert [v.hash for v in views] == kvx.block_hashes(toks, B)
 
 
+@needs_numpy
+def test_round_trip_prefix_as_numpy(filled):
+    """np.frombuffer(view, float16) reshaped to the page's [K|V][L][Hkv][B][D] is the page put."""
+    st, toks, pages = filled
+    pages = as_array(pages, st)
+    for i, v in enumerate(st.prefix(toks)):
+        got = np.frombuffer(v, dtype=np.float16).reshape(pages.shape[1:])
+        assert np.array_equal(got.view(np.uint16), pages[i].view(np.uint16))
+
+
+@needs_numpy
 def test_zero_copy(filled):
     st, toks, _ = filled
     v = st.prefix(toks)[0]
@@ -43,9 +56,42 @@ def test_zero_copy(filled):
         m[0] = 1
 
 
+class _PyBuffer(ctypes.Structure):
+    _fields_ = [("buf", ctypes.c_void_p), ("obj", ctypes.py_object), ("len", ctypes.c_ssize_t),
+                ("itemsize", ctypes.c_ssize_t), ("readonly", ctypes.c_int), ("ndim", ctypes.c_int),
+                ("format", ctypes.c_char_p), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("suboffsets", ctypes.c_void_p), ("internal", ctypes.c_void_p)]
+
+
+def buffer_address(obj):
+    """The address of obj's buffer, read through PyObject_GetBuffer (the C API's Py_buffer, Include/pybuffer.h)."""
+    view = _PyBuffer()
+    ctypes.pythonapi.PyObject_GetBuffer.argtypes = [ctypes.py_object, ctypes.POINTER(_PyBuffer), ctypes.c_int]
+    ctypes.pythonapi.PyBuffer_Release.argtypes = [ctypes.POINTER(_PyBuffer)]
+    assert ctypes.pythonapi.PyObject_GetBuffer(obj, ctypes.byref(view), 0) == 0
+    try:
+        return view.buf, view.readonly
+    finally:
+        ctypes.pythonapi.PyBuffer_Release(ctypes.byref(view))
+
+
+def test_zero_copy_without_numpy(filled):
+    """test_zero_copy through the C API (ctypes): every buffer of a view is the same read-only bytes, the
+    page's; the memoryviews read them in place."""
+    st, toks, _ = filled
+    v = st.prefix(toks)[0]
+    a, b = memoryview(v), memoryview(v)
+    assert buffer_address(v) == buffer_address(a) == buffer_address(b) == (buffer_address(v)[0], 1)
+    assert a.readonly and a.nbytes == st.page_bytes and a.obj is v
+    m = v.page
+    assert m.readonly and m.nbytes == st.page_bytes and buffer_address(m) == buffer_address(v)
+    with pytest.raises(TypeError):
+        m[0] = 1
+
+
 def test_partial_prefix_and_max_views(filled):
     st, toks, _ = filled
-    other = toks.copy()
+    other = array.array("I", toks)
     other[2 * B + 3] ^= 0x5A5A  # the third block differs
     assert len(st.prefix(other)) == 2
     assert len(st.prefix(toks, max_views=3)) == 3
@@ -55,10 +101,10 @@ def test_partial_prefix_and_max_views(filled):
 def test_token_kinds(store):
     toks = seq_tokens(1, 2)
     pages = kv_pages(store, 2, seed=1)
-    # a list of ints, int64, array('I') and bytes pages all work
+    # a list of ints, int64 (array 'q'), array('I'), a memoryview and bytes pages all work
     assert store.put(toks.tolist(), pages.tobytes()) == 2
     store.flush()
-    for t in (toks, toks.astype(np.int64), toks.tolist(), array.array("I", toks.tolist())):
+    for t in (toks, array.array("q", toks), toks.tolist(), memoryview(toks)):
         assert len(store.prefix(t)) == 2
     with pytest.raises(TypeError):
         store.prefix(b"\x01\x02\x03\x04")
@@ -94,12 +140,12 @@ def test_quant_by_name_and_number(tmp_path):
                 assert st.geometry["quant"] == name
                 assert st.page_bytes == 2 * 1 * 2 * B * 8 * (1 if name.startswith("e") else 2)
                 toks = seq_tokens(3, 1)
-                pages = np.random.default_rng(3).integers(0, 256, st.page_bytes, dtype=np.uint8)
+                pages = rand_bytes(3, st.page_bytes)
                 if name.startswith("e"):
-                    pages &= 0x77  # finite FP8 bytes
+                    pages = pages.translate(bytes(x & 0x77 for x in range(256)))  # finite FP8 bytes
                 st.put(toks, pages)
                 st.flush()
-                assert bytes(st.prefix(toks)[0]) == pages.tobytes()
+                assert bytes(st.prefix(toks)[0]) == pages
     with pytest.raises(kvx.QuantError) as e:
         kvx.Store.create(str(tmp_path / "bad"), **GEOM, quant="fp7")
     assert e.value.code == kvx.EQUANT
@@ -136,3 +182,21 @@ def test_export_and_put_envelope(filled, tmp_path):
     released.release()
     with pytest.raises(ValueError):
         st.export([released])
+
+
+def test_handles_refuse_pickle_copy_and_construction(filled):
+    st, toks, _ = filled
+    v = st.prefix(toks)[0]
+    b = st.batch()
+    for obj in (st, v, b):
+        with pytest.raises(TypeError):
+            pickle.dumps(obj)
+        with pytest.raises(TypeError):
+            copy.copy(obj)
+        with pytest.raises(TypeError):
+            copy.deepcopy(obj)
+    for cls in (kvx.Store, kvx.View, kvx.Batch):
+        with pytest.raises(TypeError):
+            cls()
+    b.close()
+    v.release()

@@ -6,7 +6,6 @@ import socket
 import subprocess
 import time
 
-import numpy as np
 import pytest
 
 import kvx
@@ -20,7 +19,7 @@ def test_tier_down_and_options(tmp_path):
         toks = seq_tokens(3, 4)
         assert st.put(toks, kv_pages(st, 4)) == 4
         st.flush()
-        assert len(st.prefix(np.concatenate([toks, seq_tokens(4, 2)]))) == 4
+        assert len(st.prefix(toks + seq_tokens(4, 2))) == 4
         s = st.stat()
         assert s["tier_up"] == 0 and s["tier_misses"] > 0
     text = open(d + "/TIER").read()
