@@ -7,6 +7,7 @@ import kvx
 from conftest import kv_pages, seq_tokens
 
 
+# PROMISE: DUR-8, PY-7
 def test_batch_flush_publishes_only_its_blocks(store):
     b = store.batch()
     t1 = seq_tokens(1, 3)
@@ -26,6 +27,7 @@ def test_batch_flush_publishes_only_its_blocks(store):
         b.flush()
 
 
+# PROMISE: PY-7
 def test_batch_context_manager(store):
     t1, t2 = seq_tokens(3, 2), seq_tokens(4, 2)
     with store.batch() as b:
@@ -38,6 +40,7 @@ def test_batch_context_manager(store):
     assert b.closed and store.prefix(t2) == []  # dropped on the exception
 
 
+# PROMISE: DUR-13
 def test_batch_after_store_close(store):
     b = store.batch()
     b.put(seq_tokens(5, 1), kv_pages(store, 1))
@@ -71,6 +74,7 @@ def test_batches_in_threads(store):
         assert [bytes(v) for v in views] == [p.tobytes() for p in kv_pages(store, 2, seed=s)]
 
 
+# PROMISE: PY-7
 def test_batch_with_block_raising_drops_its_blocks(store):
     toks, pages = seq_tokens(4, 2), kv_pages(store, 2)
     with pytest.raises(RuntimeError):
@@ -85,6 +89,7 @@ def test_batch_with_block_raising_drops_its_blocks(store):
         b.__enter__()
 
 
+# PROMISE: PY-3
 def test_one_batch_shared_by_threads(store):
     # a kvx_store_batch belongs to one thread at a time: the binding's lock
     # serializes the threads, every block put is flushed exactly once

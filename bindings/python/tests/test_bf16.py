@@ -49,6 +49,7 @@ def test_bf16_round_trip_and_v3(tmp_path):
         assert b"".join(bytes(v) for v in other.prefix(toks)) == bits.tobytes()
 
 
+# PROMISE: PY-6
 @needs_numpy
 def test_float16_kv_refused_by_a_bf16_store(tmp_path):
     """float16 KV (format 'e') given to a bf16 store has the right element size but other bits (fp16 1.0,

@@ -10,6 +10,7 @@ import kvx
 from conftest import GEOM, kv_pages, run_child, seq_tokens
 
 
+# PROMISE: PY-1
 def test_closed_store_and_batch(tmp_path):
     st = kvx.Store.create(str(tmp_path / "s"), **GEOM, nosync=True)
     toks, pages = seq_tokens(0, 2), kv_pages(st, 2)
@@ -37,6 +38,7 @@ def test_closed_store_and_batch(tmp_path):
     st.close()
 
 
+# PROMISE: PY-3
 def test_close_while_threads_look_up(filled):
     st, toks, pages = filled
     errors, served, start = [], [], threading.Barrier(5)
@@ -65,6 +67,7 @@ def test_close_while_threads_look_up(filled):
         assert [bytes(v.page) for v in vs] == [p.tobytes() for p in pages]
 
 
+# PROMISE: PY-3
 def test_close_is_not_starved_by_overlapping_lookups(tmp_path):
     # threads whose lookups overlap without a gap kept glibc's
     # reader-preferring rwlock read-held forever: close() waited for minutes
@@ -103,6 +106,7 @@ def test_close_is_not_starved_by_overlapping_lookups(tmp_path):
     assert int(out.split("DURING")[1].split()[0]) <= 6, out
 
 
+# PROMISE: PY-3
 def test_close_while_threads_flush(tmp_path):
     # writers put and flush (the store's own batch, and a Batch each) while
     # the store is closed under them: every flush that returned is durable,
@@ -155,6 +159,7 @@ def test_close_while_threads_flush(tmp_path):
     st.close()
 
 
+# PROMISE: PY-3
 def test_close_from_two_threads(filled):
     st, _, _ = filled
     ts = [threading.Thread(target=st.close) for _ in range(2)]

@@ -10,6 +10,7 @@ import kvx
 from conftest import kv_pages, rand_bytes, seq_tokens
 
 
+# PROMISE: PY-9
 def test_garbage_envelopes(filled):
     st, toks, _ = filled
     env = st.export(st.prefix(toks))
@@ -27,6 +28,7 @@ def test_garbage_envelopes(filled):
     assert st.put_envelope(env, toks) == 0  # the real one: held already
 
 
+# PROMISE: PY-9
 def test_export_refuses_foreign_and_released_views(tmp_path, filled):
     st, toks, _ = filled
     other = kvx.Store.create(str(tmp_path / "other"), num_layers=2, kv_heads=2, head_dim=8, block_tokens=16,
@@ -56,6 +58,7 @@ def test_export_refuses_foreign_and_released_views(tmp_path, filled):
     other.close()
 
 
+# PROMISE: PY-9
 def test_export_while_other_threads_release_and_mutate(filled):
     # export reads its views in C with the GIL released: a release() or a
     # change of the caller's list from another thread meanwhile must neither

@@ -5,6 +5,7 @@ import kvx
 from conftest import GEOM, kv_pages, seq_tokens
 
 
+# PROMISE: PY-1
 def test_bad_geometry(tmp_path):
     with pytest.raises(kvx.InvalidError) as e:
         kvx.Store.create(str(tmp_path / "s"), **dict(GEOM, num_layers=0))
@@ -16,6 +17,7 @@ def test_bad_geometry(tmp_path):
         kvx.Store.create(str(tmp_path / "s2"), num_layers=1)
 
 
+# PROMISE: PY-1
 def test_readonly_put(filled, tmp_path):
     st, toks, pages = filled
     st.close()
@@ -27,6 +29,7 @@ def test_readonly_put(filled, tmp_path):
             ro.batch()
 
 
+# PROMISE: STORE-14, PY-1
 def test_busy_and_missing(store, tmp_path):
     with pytest.raises(kvx.BusyError) as e:
         kvx.Store.open(str(tmp_path / "store"), nowait=True)
@@ -36,6 +39,7 @@ def test_busy_and_missing(store, tmp_path):
     assert e.value.code < 0 and e.value.name == kvx.err_name(e.value.code)
 
 
+# PROMISE: PY-1
 def test_closed_store(store):
     store.close()
     store.close()  # idempotent
@@ -44,6 +48,7 @@ def test_closed_store(store):
             call()
 
 
+# PROMISE: PY-1
 def test_stat_and_verify(filled, tmp_path):
     st, toks, _ = filled
     s = st.stat()

@@ -7,6 +7,7 @@ import kvx
 from conftest import GEOM, B, kv_pages, run_child, seq_tokens
 
 
+# PROMISE: PY-4
 def test_fork_child_cannot_use_or_close_the_parents_store(tmp_path):
     # kvx.h: a handle must not be used in a child. The child's calls raise,
     # and its close (or the garbage collection at its exit) forgets the
@@ -62,6 +63,7 @@ def test_fork_child_cannot_use_or_close_the_parents_store(tmp_path):
     st.close()
 
 
+# PROMISE: PY-4
 def test_fork_child_exiting_normally_leaves_parent_intact(tmp_path):
     # the child does nothing: its interpreter's exit collects the handles
     rc, out = run_child(f"""

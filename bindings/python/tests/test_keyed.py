@@ -67,6 +67,7 @@ def test_numpy_pages_and_views(ks):
     assert ks.keyed_get_into(["np"], [out]) == [True] and np.array_equal(out, a)
 
 
+# PROMISE: PY-8
 def test_get_into(ks):
     p = pages(2, seed=5)
     ks.keyed_put(["a", "b"], p)
@@ -82,6 +83,7 @@ def test_get_into(ks):
         ks.keyed_get_into(["a", "b"], [bytearray(PB)])
 
 
+# PROMISE: PY-8
 def test_get_into_groups(ks):
     """group=2: each pair of keys is copied whole or not at all; a pair with one key missing leaves both
     buffers untouched; keys that are not whole groups, or a group below 1, are refused."""
@@ -114,6 +116,7 @@ def test_exists_leading_and_delete(ks, tmp_path):
         assert again.keyed_exists(["k0", "k1", "k3"])[0] == [True, False, True]
 
 
+# PROMISE: PY-8, ENGINE-9
 def test_delete_each_says_which_keys_were_deleted(ks):
     """keyed_delete(keys, each=True): [bool] per key, True where a copy was there and is deleted (a key named
     twice: True both times); the count form is unchanged."""
@@ -129,6 +132,7 @@ def test_delete_each_says_which_keys_were_deleted(ks):
         ks.keyed_delete(["c", ""], each=True)
 
 
+# PROMISE: KEYED-4
 def test_restart_keeps_flushed_drops_unflushed(tmp_path):
     d = str(tmp_path / "r")
     p = pages(2, seed=11)
@@ -142,6 +146,7 @@ def test_restart_keeps_flushed_drops_unflushed(tmp_path):
         assert bytes(v[0]) == p[0] and v[1] is None
 
 
+# PROMISE: KEYED-2, PY-8
 def test_bad_keys_and_sizes(ks):
     page = bytearray(PB)
     for keys, data in (([""], [page]), (["x" * 256], [page]), (["big"], [bytearray(PB + 1)]),
@@ -164,6 +169,7 @@ def test_bad_keys_and_sizes(ks):
         ks.keyed_put(["a"], [memoryview(bytearray(16))[::2]])  # not contiguous
 
 
+# PROMISE: KEYED-1
 def test_keyed_and_block_calls_do_not_mix(ks, store):
     with pytest.raises(kvx.InvalidError):
         store.keyed_put(["a"], [bytearray(16)])
@@ -233,6 +239,7 @@ def test_threads_get_while_putting(ks):
     assert ks.keyed_exists([f"w19-{i}" for i in range(4)])[1] == 4
 
 
+# PROMISE: PY-8
 @needs_numpy
 def test_keyed_misuse(tmp_path):
     st = kvx.Store.create(str(tmp_path / "k"), page_bytes=64, nosync=True)
@@ -268,6 +275,7 @@ def test_keyed_misuse(tmp_path):
     assert bytes(v[1]) == b"x" * 64
 
 
+# PROMISE: PY-8
 def test_keyed_keys_list_changed_by_another_thread(tmp_path):
     st = kvx.Store.create(str(tmp_path / "k"), page_bytes=64, nosync=True)
     names = [f"key-{i:04d}".encode() * 8 for i in range(64)]

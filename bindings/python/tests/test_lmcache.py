@@ -68,6 +68,7 @@ def adapter(tmp_path):
     a.close()
 
 
+# PROMISE: ENGINE-1
 def test_native_plugin_config_loads(tmp_path):
     """The issue's config line loads through the native_plugin factory; the store is created on first use in
     path/rank0 and reopened after a restart."""
@@ -84,6 +85,7 @@ def test_native_plugin_config_loads(tmp_path):
         assert callable(getattr(KvxConnector, m))
 
 
+# PROMISE: ENGINE-5
 def test_store_lookup_load_through_adapter(adapter):
     keys, data = chunk_keys(64), chunks(64)
     t = adapter.submit_store_task(keys, data)
@@ -99,6 +101,7 @@ def test_store_lookup_load_through_adapter(adapter):
     assert adapter.unknown == []
 
 
+# PROMISE: ENGINE-4
 def test_partial_misses_leave_buffers_untouched(adapter):
     keys, data = chunk_keys(6), chunks(6, seed=10)
     t = adapter.submit_store_task(keys[0::2], data[0::2])
@@ -115,6 +118,7 @@ def test_partial_misses_leave_buffers_untouched(adapter):
             assert out[i] == bytearray(b"\xa5" * PB)  # a miss: its buffer untouched
 
 
+# PROMISE: ENGINE-2
 def test_raw_protocol_eventfd_drain_masks(tmp_path):
     """submit -> the eventfd becomes readable -> drain_completions gives (future_id, ok, error, bools|None):
     ids from 1, increasing; set: None; get/exists/delete: per-key bools. Drained, the fd is quiet."""
@@ -145,6 +149,7 @@ def test_raw_protocol_eventfd_drain_masks(tmp_path):
         c.close()
 
 
+# PROMISE: ENGINE-3
 def test_set_ok_is_durable_across_a_crash(tmp_path):
     """A restart between set and get: another process sets, sees ok, and dies without closing (os._exit);
     this process reopens the same directory and gets every page back."""
@@ -173,6 +178,7 @@ def test_set_ok_is_durable_across_a_crash(tmp_path):
         c.close()
 
 
+# PROMISE: ENGINE-3
 def test_set_ok_only_after_its_flush(tmp_path, monkeypatch):
     """What the crash test above cannot tell (os._exit keeps the page cache, so written and durable look the
     same): a set's completion is posted only after its batch's flush returned, and the store is opened with
@@ -229,6 +235,7 @@ def test_set_ok_only_after_its_flush(tmp_path, monkeypatch):
         c.close()
 
 
+# PROMISE: ENGINE-7
 def test_close_with_work_in_flight(tmp_path):
     """close() while sets and gets are queued: it returns, no worker is left, nothing completes after it, no
     buffer is touched after it, the directory is free for the next process, and every page that reached the
@@ -261,6 +268,7 @@ def test_close_with_work_in_flight(tmp_path):
             assert all(held) or not any(held)  # one set is one flush: all of its pages or none
 
 
+# PROMISE: ENGINE-5
 def test_concurrent_submitters(adapter):
     """Four threads store and load their own chunks through one adapter at once; every task completes, with
     the right bytes, and the demux never sees an unknown future id."""
@@ -289,6 +297,7 @@ def test_concurrent_submitters(adapter):
     assert adapter.unknown == []
 
 
+# PROMISE: ENGINE-2
 def test_concurrent_raw_submitters_unique_ids(tmp_path):
     c = KvxConnector(path=str(tmp_path / "ids"), page_bytes=PB, capacity="64MiB", nosync=True, num_workers=3)
     ids, mu = [], threading.Lock()
@@ -312,6 +321,7 @@ def test_concurrent_raw_submitters_unique_ids(tmp_path):
         c.close()
 
 
+# PROMISE: ENGINE-4, ENGINE-6
 def test_wrong_sizes_and_bad_keys_refused(tmp_path):
     """Refused at submission with kvx.InvalidError (code KVX_EINVALID), nothing queued: an empty list, an empty
     or 256-byte key, a key neither str nor bytes, a page of 0 or more than page_bytes bytes, counts that differ,
@@ -350,6 +360,7 @@ def test_wrong_sizes_and_bad_keys_refused(tmp_path):
         c.close()
 
 
+# PROMISE: ENGINE-8
 def test_second_process_same_dir_busy(tmp_path):
     """One store per process: a second process on the same directory gets KVX_EBUSY at once; another rank
     (another directory) opens."""
@@ -376,6 +387,7 @@ def test_second_process_same_dir_busy(tmp_path):
         c.close()
 
 
+# PROMISE: ENGINE-1
 def test_rank_directory_rules(tmp_path, monkeypatch):
     monkeypatch.setenv("KVX_RANK", "3")
     c = KvxConnector(path=str(tmp_path / "a"), page_bytes=PB, capacity="64MiB", nosync=True)
@@ -389,6 +401,7 @@ def test_rank_directory_rules(tmp_path, monkeypatch):
     c.close()
 
 
+# PROMISE: ENGINE-8
 def test_reopen_with_another_page_size_refused(tmp_path):
     KvxConnector(path=str(tmp_path / "p"), page_bytes=PB, capacity="64MiB", nosync=True).close()
     with pytest.raises(kvx.ShapeError) as e:
@@ -399,6 +412,7 @@ def test_reopen_with_another_page_size_refused(tmp_path):
     c.close()
 
 
+# PROMISE: ENGINE-5
 def test_delete_through_adapter(adapter):
     keys, data = chunk_keys(4, salt="tenant-a"), chunks(4, seed=40)
     assert object_key_to_string(keys[0]).endswith("@tenant-a")
@@ -422,6 +436,7 @@ def damage_page(store_dir, page):
     return n
 
 
+# PROMISE: ENGINE-9
 def test_delete_reports_damaged_pages_deleted(tmp_path):
     """submit_batch_delete's bools mean "deleted" (connector_base.h): a key whose only page fails its CRC is
     not held (exists: False) but the owner's delete removes it, so it is reported True (it was False: the
@@ -447,6 +462,7 @@ def test_delete_reports_damaged_pages_deleted(tmp_path):
         assert st.keyed_delete(keys) == 0
 
 
+# PROMISE: ENGINE-2
 def test_eventfd_wakes_a_blocked_poller(tmp_path):
     """A thread blocked in poll() on event_fd wakes when a completion is posted (no polling loop needed)."""
     c = KvxConnector(path=str(tmp_path / "wake"), page_bytes=PB, capacity="64MiB", nosync=True)

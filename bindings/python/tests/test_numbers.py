@@ -17,6 +17,7 @@ class Index:
         return self.v
 
 
+# PROMISE: PY-5
 @needs_numpy
 def test_coordinates_and_hashes_do_not_wrap(filled):
     st, toks, _ = filled
@@ -40,6 +41,7 @@ def test_coordinates_and_hashes_do_not_wrap(filled):
         kvx.block_hashes(toks, 0)
 
 
+# PROMISE: PY-5
 def test_create_numbers_do_not_wrap(tmp_path):
     g = dict(GEOM)
     for k, bad in (("num_layers", 2**32 + 1), ("head_dim", -8), ("block_tokens", 2**32 + 16),

@@ -10,6 +10,7 @@ import kvx
 from conftest import B, GEOM, as_array, kv_pages, needs_numpy, np, rand_bytes, seq_tokens
 
 
+# PROMISE: PY-6
 @needs_numpy
 def test_page_buffers_misuse(store):
     toks, pages = seq_tokens(1, 4), as_array(kv_pages(store, 4), store)
@@ -48,6 +49,7 @@ def test_page_buffers_misuse(store):
     assert [bytes(v) for v in store.prefix(toks)] == [p.tobytes() for p in pages]
 
 
+# PROMISE: PY-6
 @needs_numpy
 def test_scales_of_the_wrong_dtype(tmp_path):
     st = kvx.Store.create(str(tmp_path / "f8"), **dict(GEOM, quant="e4m3"), nosync=True)

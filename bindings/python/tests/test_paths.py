@@ -9,6 +9,7 @@ import kvx
 from conftest import GEOM, run_child
 
 
+# PROMISE: PY-10
 def test_paths(tmp_path):
     with pytest.raises(ValueError, match="null"):
         kvx.Store.create(str(tmp_path / "a\x00b"), **GEOM)
@@ -36,6 +37,7 @@ def test_paths(tmp_path):
         kvx.Store.create(str(tmp_path / "bytes"), **GEOM)  # exists already
 
 
+# PROMISE: RECOVER-16, PY-10
 @pytest.mark.parametrize("name", ["STORE", "TIER"])
 def test_fifo_in_store_dir_does_not_hang(tmp_path, name):
     # A FIFO planted as DIR/STORE hung Store.open for good (a blocking

@@ -56,6 +56,7 @@ def mha(tmp_path):
     b.close()
 
 
+# PROMISE: ENGINE-10
 def test_dynamic_backend_loads(mha, tmp_path):
     """--hicache-storage-backend dynamic with the issue's extra_config: the class subclasses HiCacheStorage
     (SGLang's, or the stand-in here), is built as (storage_config, kwargs), and its store lives in the rank's
@@ -69,6 +70,7 @@ def test_dynamic_backend_loads(mha, tmp_path):
         create_dynamic_backend(cfg, pool)
 
 
+# PROMISE: ENGINE-11
 def test_v1_zero_copy_backup_and_prefetch(mha):
     """Backup: batch_set_v1 from the host pool's page pointers; prefetch: hit query (batch_exists leading
     count), then batch_get_v1 straight into other host pages; every byte arrives."""
@@ -85,6 +87,7 @@ def test_v1_zero_copy_backup_and_prefetch(mha):
     assert [pool.page_bytes_of(p) for p in range(16, 24)] == want
 
 
+# PROMISE: ENGINE-13
 def test_batch_exists_leading_count(mha):
     b, pool = mha
     hashes = page_hashes(prompt(5, seed=1), PAGE)
@@ -96,6 +99,7 @@ def test_batch_exists_leading_count(mha):
     assert [b.exists(h) for h in hashes] == [True, True, False, True, False]
 
 
+# PROMISE: ENGINE-11
 def test_v1_partial_miss_leaves_pages_untouched(mha):
     b, pool = mha
     hashes = page_hashes(prompt(3, seed=2), PAGE)
@@ -109,6 +113,7 @@ def test_v1_partial_miss_leaves_pages_untouched(mha):
     assert page_get_zero_copy(b, hashes, indices(pool, (20, 21, 22))) == 1  # the controller stops at the miss
 
 
+# PROMISE: ENGINE-11
 def test_v1_half_held_page(mha):
     """A page whose K part is held but whose V part is gone (evicted, deleted) is False and leaves both of its
     buffers untouched: the K buffer was filled before, though the page was reported missing."""
@@ -125,6 +130,7 @@ def test_v1_half_held_page(mha):
     assert pool.page_bytes_of(11) == pool.page_bytes_of(1)
 
 
+# PROMISE: ENGINE-12
 def test_part_keys_never_collide_with_caller_keys(mha):
     """A page's later buffers are keyed key + NUL + j, which no caller's key can be (a key holding a NUL is
     refused): a page the generic set stored under "<key>/1" (buffer 1's name before) is a page of its own,
@@ -147,6 +153,7 @@ def test_part_keys_never_collide_with_caller_keys(mha):
                 call()
 
 
+# PROMISE: ENGINE-13
 def test_batch_exists_checks_every_buffer_after_a_restart(tmp_path):
     """The buffers per page are recorded in the store with the pages: after a restart, batch_exists and exists
     (called before any v1 call has shown the new instance its pool) check every buffer of a page, so a page
@@ -170,6 +177,7 @@ def test_batch_exists_checks_every_buffer_after_a_restart(tmp_path):
         b.close()
 
 
+# PROMISE: ENGINE-12
 def test_pages_stored_under_the_old_part_names_are_misses(tmp_path):
     """Pages an earlier kvx stored as "<key>" and "<key>/1" (and no record of the buffers per page) are never
     read as one page now: batch_get_v1 reports the page missing and leaves its buffers untouched, and from
@@ -193,6 +201,7 @@ def test_pages_stored_under_the_old_part_names_are_misses(tmp_path):
         b.close()
 
 
+# PROMISE: ENGINE-11
 def test_mla_one_buffer_per_page(tmp_path):
     pool = MLAHostPool(page_size=PAGE)
     b = create_dynamic_backend(storage_config(extra(tmp_path / "mla"), mla=True), pool)
@@ -208,6 +217,7 @@ def test_mla_one_buffer_per_page(tmp_path):
         b.close()
 
 
+# PROMISE: ENGINE-14
 def test_generic_get_set(mha):
     """The copying interface: set/get/batch_set/batch_get over flat data pages; a miss is None."""
     b, pool = mha
@@ -226,6 +236,7 @@ def test_generic_get_set(mha):
     assert got[0] == bytearray(range(10)) and got[1] is None
 
 
+# PROMISE: ENGINE-15
 def test_failures_raise_never_none(mha, tmp_path):
     """A failure raises (SGLang's prefetch and backup threads are never restarted): bad keys, a page over
     page_bytes, no host pool, a closed store."""
@@ -248,6 +259,7 @@ def test_failures_raise_never_none(mha, tmp_path):
     assert b.batch_get_v1([], none) == [] and b.batch_set_v1([], none) == []
 
 
+# PROMISE: ENGINE-15
 def test_restart_between_set_and_get(tmp_path):
     """Another process backs pages up and dies without closing; this process (same rank) reopens the store,
     finds them by batch_exists and reads them by batch_get_v1."""
@@ -282,6 +294,7 @@ def test_restart_between_set_and_get(tmp_path):
         b.close()
 
 
+# PROMISE: ENGINE-8
 def test_second_process_same_rank_busy(mha, tmp_path):
     """Each rank's process owns its directory: the same rank in another process gets KVX_EBUSY at once,
     another tp rank opens its own."""
@@ -303,6 +316,7 @@ def test_second_process_same_rank_busy(mha, tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == "opened", r.stdout + r.stderr
 
 
+# PROMISE: ENGINE-15
 def test_concurrent_backup_and_prefetch(mha):
     """SGLang's backup and prefetch threads at once, on disjoint host pages."""
     b, pool = mha
@@ -330,6 +344,7 @@ def test_concurrent_backup_and_prefetch(mha):
     assert not errors, errors
 
 
+# PROMISE: ENGINE-10
 def test_rank_tag_covers_every_parallel_dimension(tmp_path):
     cfg = storage_config(extra(tmp_path / "tags"), tp_rank=3, tp_size=4, model="org/m", dp_rank=1, dp_size=2)
     cfg.pp_rank, cfg.pp_size, cfg.attn_cp_rank, cfg.attn_cp_size = 1, 2, 0, 2
@@ -364,6 +379,7 @@ class _TensorLike:
         return True
 
 
+# PROMISE: ENGINE-14
 def test_tensor_like_values(mha):
     """set/get of host tensors that only expose data_ptr() (bf16), in place; a GPU tensor is refused."""
     b, _ = mha
@@ -408,6 +424,7 @@ class _StridedHostTensor:
         return (0,)
 
 
+# PROMISE: ENGINE-14
 def test_sglang_refuses_a_non_contiguous_pointer_tensor(tmp_path):
     # kvx/integrations/sglang.py _as_buffer's data_ptr() path (a CPU tensor whose .numpy() fails: bf16,
     # requires_grad) took numel * element_size bytes from data_ptr without is_contiguous(): an expanded or

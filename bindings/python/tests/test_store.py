@@ -21,6 +21,7 @@ def test_import():
     assert importlib.import_module("kvx.integrations.sglang").KvxHiCacheStorage
 
 
+# PROMISE: DUR-1
 def test_round_trip_prefix(filled):
     st, toks, pages = filled
     views = st.prefix(toks)
@@ -42,6 +43,7 @@ def test_round_trip_prefix_as_numpy(filled):
         assert np.array_equal(got.view(np.uint16), pages[i].view(np.uint16))
 
 
+# PROMISE: PY-2
 @needs_numpy
 def test_zero_copy(filled):
     st, toks, _ = filled
@@ -98,6 +100,7 @@ def test_partial_prefix_and_max_views(filled):
     assert st.prefix(seq_tokens(9, 4)) == []
 
 
+# PROMISE: PY-5
 def test_token_kinds(store):
     toks = seq_tokens(1, 2)
     pages = kv_pages(store, 2, seed=1)

@@ -6,6 +6,7 @@ import time
 from conftest import B, kv_pages, seq_tokens
 
 
+# PROMISE: PY-3
 def test_two_threads_lookups(store):
     seqs = {s: seq_tokens(s, 4) for s in range(16)}
     for s, t in seqs.items():
@@ -29,6 +30,7 @@ def test_two_threads_lookups(store):
     assert not bad
 
 
+# PROMISE: PY-3
 def test_lookup_releases_the_gil(store):
     toks = [seq_tokens(s, 8, extra=0) for s in range(32)]
     for s in range(32):
@@ -62,6 +64,7 @@ def test_lookup_releases_the_gil(store):
     assert during > 0, (during, secs)
 
 
+# PROMISE: PY-3
 def test_close_while_threads_look_up(store):
     toks = seq_tokens(0, 4)
     pages = kv_pages(store, 4)

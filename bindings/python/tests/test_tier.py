@@ -12,6 +12,7 @@ import kvx
 from conftest import GEOM, kv_pages, seq_tokens
 
 
+# PROMISE: TIER-7, TIER-23
 def test_tier_down_and_options(tmp_path):
     d = str(tmp_path / "a")
     with kvx.Store.create(d, **GEOM, nosync=True, tier_url="redis://127.0.0.1:1", tier_tenant="py",
@@ -28,6 +29,7 @@ def test_tier_down_and_options(tmp_path):
         assert ro.stat()["tier_hits"] == 0
 
 
+# PROMISE: TIER-23
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
 def test_tier_cross_store(tmp_path):
     sock = socket.socket()

@@ -23,6 +23,7 @@ from conftest import B, kv_pages, needs_numpy, np, np_param
     pytest.param(array.array("l", [-1] * 16), id="array-l"), pytest.param(array.array("L", [2**32] * 16), id="array-L"),
     pytest.param(array.array("i", [-1] * 16), id="array-i"), pytest.param(array.array("h", [-7] * 16), id="array-h"),
 ])
+# PROMISE: PY-5
 def test_tokens_out_of_range_rejected(filled, bad):
     st, _, _ = filled
     with pytest.raises(ValueError, match="not a token id"):
@@ -31,6 +32,7 @@ def test_tokens_out_of_range_rejected(filled, bad):
         kvx.block_hashes(bad, B)
 
 
+# PROMISE: PY-5
 @needs_numpy
 def test_int32_padding_token_is_not_2_32_minus_1(filled):
     # an int32 token array padded with -1 must not be read as id 2^32-1 (it
@@ -54,6 +56,7 @@ def test_int32_padding_token_is_not_2_32_minus_1(filled):
     pytest.param(array.array("f", [0.0] * 16), id="array-f"),
     pytest.param((ctypes.c_uint32.__ctype_be__ * 16)(), id="ctypes->I"),
 ])
+# PROMISE: PY-5
 def test_tokens_wrong_type_rejected(filled, bad):
     st, _, _ = filled
     with pytest.raises(TypeError, match="tokens"):
@@ -80,6 +83,7 @@ def _lying_memoryview(data, itemsize):
     return None
 
 
+# PROMISE: PY-5
 @pytest.mark.parametrize("itemsize", [3, 5, 6, 7])
 def test_tokens_odd_integer_item_size_refused(filled, itemsize):
     # an integer buffer of itemsize 3/5/6/7 was read 8 bytes an item: n = len/itemsize items, 8*n bytes, past
@@ -103,6 +107,7 @@ def test_tokens_odd_integer_item_size_refused(filled, itemsize):
 @pytest.mark.parametrize("form", [np_param(lambda np, t=t: getattr(np, t), "np-" + t) for t in (
     "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64")] + [
     "b", "B", "h", "H", "i", "I", "l", "L", "q", "Q"])
+# PROMISE: PY-5
 def test_tokens_every_integer_item_size(form):
     # item sizes 1, 2, 4 and 8 (numpy dtypes, array module codes) all read as the same token ids
     want = kvx.block_hashes(array.array("I", range(2 * B)), B)
@@ -111,6 +116,7 @@ def test_tokens_every_integer_item_size(form):
     assert kvx.block_hashes(memoryview(toks), B) == want
 
 
+# PROMISE: PY-5
 @needs_numpy
 def test_tokens_non_contiguous_and_odd_forms(filled):
     st, toks, pages = filled

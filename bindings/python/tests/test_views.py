@@ -9,6 +9,7 @@ import kvx
 from conftest import GEOM, as_array, kv_pages, needs_numpy, np, run_child, seq_tokens
 
 
+# PROMISE: PY-2
 def test_released_view_raises(filled):
     st, toks, _ = filled
     v = st.prefix(toks)[0]
@@ -26,6 +27,7 @@ def test_released_view_raises(filled):
     assert "released" in repr(v)
 
 
+# PROMISE: PY-2
 def test_context_manager_releases(filled):
     st, toks, pages = filled
     with st.prefix(toks)[1] as v:
@@ -35,6 +37,7 @@ def test_context_manager_releases(filled):
         bytes(v)
 
 
+# PROMISE: PY-2
 def test_release_waits_for_exports(filled):
     st, toks, pages = filled
     v = st.prefix(toks)[0]
@@ -70,6 +73,7 @@ def test_numpy_arrays_keep_a_released_view_mapped(filled):
     del a
 
 
+# PROMISE: STORE-5, PY-2
 def test_view_outlives_store_close(filled):
     st, toks, pages = filled
     views = st.prefix(toks)
@@ -82,6 +86,7 @@ def test_view_outlives_store_close(filled):
         v.release()
 
 
+# PROMISE: PY-2
 def test_view_outlives_store_object(tmp_path):
     st = kvx.Store.create(str(tmp_path / "s"), **GEOM)
     toks = seq_tokens(0, 2)
@@ -94,6 +99,7 @@ def test_view_outlives_store_object(tmp_path):
     assert bytes(views[1]) == pages[1].tobytes()
 
 
+# PROMISE: PY-2
 def test_dropped_views_are_released(filled):
     st, toks, _ = filled
     for _ in range(200):
@@ -103,6 +109,7 @@ def test_dropped_views_are_released(filled):
     assert all(a.nbytes == st.page_bytes for a in arrs)
 
 
+# PROMISE: PY-2
 @needs_numpy
 def test_view_buffers_outlive_store_and_release(tmp_path):
     d = str(tmp_path / "s")
@@ -141,6 +148,7 @@ def test_view_buffers_outlive_store_and_release(tmp_path):
         arr.setflags(write=True)
 
 
+# PROMISE: PY-2
 def test_view_buffers_survive_truncated_shard(tmp_path):
     # someone truncates the shard file under a live buffer: kvx's SIGBUS
     # guard must turn the lost pages into zeros, never kill the process
