@@ -134,7 +134,7 @@ class MHAHostPool:
         return part * self.size * self.per_token() + page * self.element_bytes(), self.element_bytes()
 
     def get_page_buffer_meta(self, indices):
-        idx = list(indices)
+        idx = indices.tolist()  # as upstream's pools (a torch tensor of indices)
         assert len(idx) % self.page_size == 0
         v_off = self.size * self.per_token()
         ptrs = []
@@ -198,7 +198,7 @@ class MLAHostPool(MHAHostPool):
         self.base = ctypes.addressof(self.kv_buffer)
 
     def get_page_buffer_meta(self, indices):
-        idx = list(indices)
+        idx = indices.tolist()  # as upstream's pools (a torch tensor of indices)
         ptrs = [self.base + idx[i] * self.per_token() for i in range(0, len(idx), self.page_size)]
         return ptrs, [self.element_bytes()] * len(ptrs)
 
@@ -277,7 +277,7 @@ class SidecarHostPool:
         return (page * self.parts + part) * self.part_bytes
 
     def get_page_buffer_meta(self, indices):
-        idx = list(indices)
+        idx = indices.tolist()  # as upstream's pools (a torch tensor of indices)
         assert len(idx) % self.page_size == 0
         ptrs = []
         for i in range(0, len(idx), self.page_size):

@@ -54,12 +54,14 @@ holding a NUL is refused, so no caller's key names another page's buffer.
 The buffers per page of the KV pool are recorded in the store
 (``b"\\x00kvx-sglang-parts"``) so exists counts whole pages after a restart.
 """
+import array
 import ctypes
 import dataclasses
 import hashlib
 import logging
 import operator
 import os
+import sys
 import threading
 import time
 
@@ -327,13 +329,21 @@ class KvxHiCacheStorage(_Base):
 
     @staticmethod
     def _page_shape(pool):
-        """The byte sizes of one page's buffers in the host pool (a layout's signature), or None."""
-        try:
-            ptrs, sizes = pool.get_page_buffer_meta(list(range(int(getattr(pool, "page_size", 1) or 1))))
-            n = len(list(ptrs))
-            return [int(sizes)] * n if isinstance(sizes, int) else [int(s) for s in sizes]
-        except Exception:
-            return None
+        """The byte sizes of one page's buffers in the host pool (a layout's signature), or None. The indices of
+        the pool's first page as SGLang passes them (a torch tensor, where torch is loaded), else an array
+        (.tolist(), len, items: what upstream's pools use of them)."""
+        n = int(getattr(pool, "page_size", 1) or 1)
+        torch = sys.modules.get("torch")
+        tries = [lambda: torch.arange(n, dtype=torch.int64)] if torch is not None else []
+        tries.append(lambda: array.array("q", range(n)))
+        for make in tries:
+            try:
+                ptrs, sizes = pool.get_page_buffer_meta(make())
+                k = len(list(ptrs))
+                return [int(sizes)] * k if isinstance(sizes, int) else [int(x) for x in sizes]
+            except Exception:
+                continue
+        return None
 
     def _store_dir(self, digest):
         extra, cfg = self._extra, self.storage_config
