@@ -5,6 +5,7 @@
  */
 #include "kvxpy.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -991,6 +992,72 @@ out:
     return list;
 }
 
+/* Every key the live shards name, as len-prefixed records appended to
+ * *out (malloc'd; the caller frees it). One pass under the store's lock,
+ * the GIL released: copied here, so no Python object is made while a
+ * shard is mapped. */
+static int keyed_keys_c(kvx_store *s, uint8_t **out, size_t *out_len)
+{
+    kvx_shard **sh = NULL;
+    size_t n_sh = 0, len = 0, cap = 0;
+    uint8_t *buf = NULL;
+    int rc = kvx_store_shards(&sh, &n_sh, s);
+    if (rc) return rc;
+    for (size_t i = 0; i < n_sh && !rc; i++) {
+        const kvx_shard_info *inf = kvx_shard_get_info(sh[i]);
+        for (uint32_t j = 0; inf && j < inf->num_blocks && !rc; j++) {
+            kvx_entry e;
+            if (kvx_shard_entry(&e, sh[i], j) || !e.key || !e.key_len || e.key_len > KVX_KEY_MAX) continue;
+            if (len + 1 + e.key_len > cap) {
+                size_t ncap = cap ? 2 * cap : 4096;
+                while (ncap < len + 1 + e.key_len) ncap *= 2;
+                uint8_t *nb = realloc(buf, ncap);
+                if (!nb) {
+                    rc = -ENOMEM;
+                    break;
+                }
+                buf = nb;
+                cap = ncap;
+            }
+            buf[len] = (uint8_t)e.key_len;
+            memcpy(buf + len + 1, e.key, e.key_len);
+            len += 1 + e.key_len;
+        }
+    }
+    for (size_t i = 0; i < n_sh; i++) kvx_shard_close(sh[i]);
+    kvx_free(sh);
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    *out = buf;
+    *out_len = len;
+    return 0;
+}
+
+/* keyed_keys() -> set of bytes: every key the store's live shards name,
+ * held, deleted or replaced alike (keyed_exists and keyed_delete judge
+ * each against the index). A shard that cannot be opened now is left out,
+ * as kvx_store_shards leaves it: its pages are not served either. */
+static PyObject *store_keyed_keys(PyObject *self, PyObject *u)
+{
+    (void)u;
+    kvxpy_store *st = (kvxpy_store *)self;
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    int rc;
+    STORE_CALL(st, rc, keyed_keys_c(st->s, &buf, &len));
+    if (rc) return store_fail(rc);
+    PyObject *set = PySet_New(NULL);
+    for (size_t off = 0; set && off < len; off += 1 + buf[off]) {
+        PyObject *k = PyBytes_FromStringAndSize((const char *)buf + off + 1, buf[off]);
+        if (!k || PySet_Add(set, k) < 0) Py_CLEAR(set);
+        Py_XDECREF(k);
+    }
+    free(buf);
+    return set;
+}
+
 /* ---- stat, verify --------------------------------------------------------- */
 
 static PyObject *store_stat(PyObject *self, PyObject *u)
@@ -1354,6 +1421,8 @@ static PyMethodDef store_methods[] = {
     {"keyed_delete", (PyCFunction)(void (*)(void))store_keyed_delete, METH_VARARGS | METH_KEYWORDS,
      "keyed_delete(keys, each=False) -> pages deleted (durable on return; keys not held are ignored). each=True: "
      "[bool] per key, True where a copy of it (sound or damaged) was there and is deleted."},
+    {"keyed_keys", store_keyed_keys, METH_NOARGS,
+     "keyed_keys() -> set of bytes: every key the live shards name (held, deleted or replaced copies alike)."},
     {"stat", store_stat, METH_NOARGS, "stat() -> dict of the store's counters."},
     {"verify", store_verify, METH_NOARGS,
      "verify() -> [{'what', 'code', 'name'}]: every problem found ([] when intact)."},

@@ -132,6 +132,28 @@ def test_delete_each_says_which_keys_were_deleted(ks):
         ks.keyed_delete(["c", ""], each=True)
 
 
+def test_keyed_keys_names_every_key_of_the_live_shards(ks, tmp_path):
+    """keyed_keys(): every key the live shards name, flushed by any batch, deleted ones too (keyed_exists and
+    keyed_delete judge them); not an unflushed one; a read-only handle sees the same; a block store has none."""
+    assert ks.keyed_keys() == set()
+    with ks.batch() as b:
+        b.keyed_put(["a", b"\x00bin", "c" * 255], pages(3))
+    ks.keyed_put(["pending"], pages(1))
+    assert ks.keyed_keys() == {b"a", b"\x00bin", b"c" * 255}
+    ks.flush()
+    assert ks.keyed_delete(["a"]) == 1
+    got = ks.keyed_keys()
+    assert got == {b"a", b"\x00bin", b"c" * 255, b"pending"}
+    assert ks.keyed_exists(sorted(got))[0] == [True, False, True, True]  # \x00bin, a (deleted), c..., pending
+    with kvx.Store.open(str(tmp_path / "keyed"), readonly=True) as ro:
+        assert ro.keyed_keys() == got
+    with kvx.Store.create(str(tmp_path / "blocks"), **GEOM, nosync=True) as bs:
+        assert bs.keyed_keys() == set()
+    ks.close()
+    with pytest.raises(ValueError):
+        ks.keyed_keys()
+
+
 # PROMISE: KEYED-4
 def test_restart_keeps_flushed_drops_unflushed(tmp_path):
     d = str(tmp_path / "r")

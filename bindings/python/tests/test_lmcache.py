@@ -360,6 +360,23 @@ def test_wrong_sizes_and_bad_keys_refused(tmp_path):
         c.close()
 
 
+# PROMISE: ENGINE-21
+def test_key_not_utf8_refused_naming_it(tmp_path):
+    """A str key holding a lone surrogate (not UTF-8 text) is refused at submission with kvx.InvalidError naming
+    the key, nothing queued, in every call; it raised UnicodeEncodeError from the key's encoding."""
+    c = KvxConnector(path=str(tmp_path / "u"), page_bytes=PB, capacity="64MiB", nosync=True)
+    page = memoryview(bytearray(PB))
+    try:
+        for call in (lambda k: c.submit_batch_set(["ok", k], [page, page]),
+                     lambda k: c.submit_batch_get(["ok", k], [page, page]),
+                     lambda k: c.submit_batch_exists(["ok", k]), lambda k: c.submit_batch_delete(["ok", k])):
+            with pytest.raises(kvx.InvalidError, match=r"keys\[1\] is not UTF-8 text"):
+                call("chunk\udc80")
+        assert c.drain_completions() == []
+    finally:
+        c.close()
+
+
 # PROMISE: ENGINE-8
 def test_second_process_same_dir_busy(tmp_path):
     """One store per process: a second process on the same directory gets KVX_EBUSY at once; another rank

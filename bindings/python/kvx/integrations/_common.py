@@ -8,10 +8,21 @@ shared config, so each process gets its own directory, ``<path>/<rank tag>``,
 unless the config names one per rank itself. A second process that opens a
 directory already held gets kvx.BusyError (KVX_EBUSY) at once (the store is
 opened with nowait=True), never a wait and never a shared writer.
+
+Namespaces: a store holds one layout's pages only. namespace() digests what
+makes a page's bytes (model and revision, dtype, page size, layout, the
+parallel ranks that split the pages); the adapters name the store's
+directory after it and record it in the store (record_namespace), so a
+changed layout opens another store instead of reading this one's pages as
+its own.
 """
 import errno
+import hashlib
+import json
+import logging
 import os
 import re
+import threading
 
 import kvx
 
@@ -96,9 +107,15 @@ def open_keyed_store(d, page_bytes, capacity, nosync=False, verify=False):
 
 
 def key_bytes(k, i):
-    """A key as bytes: str (UTF-8) or bytes, 1..255 bytes (kvx.KEY_MAX); else kvx.InvalidError."""
+    """A key as bytes: str (UTF-8) or bytes, 1..255 bytes (kvx.KEY_MAX); else kvx.InvalidError naming keys[i]
+    (a str that is not UTF-8, such as one holding a lone surrogate, too)."""
     if isinstance(k, str):
-        b = k.encode("utf-8")
+        try:
+            b = k.encode("utf-8")
+        except UnicodeEncodeError as e:
+            b, why = None, f"{e.reason} at character {e.start}: {k[e.start:e.end]!r}"
+        if b is None:
+            raise_kvx(kvx.InvalidError, kvx.EINVALID, f"keys[{i}] is not UTF-8 text ({why})")
     elif isinstance(k, (bytes, bytearray, memoryview)):
         b = bytes(k)
     else:
@@ -109,3 +126,96 @@ def key_bytes(k, i):
 
 
 KEY_MAX = 255  # KVX_KEY_MAX
+
+
+# ---- namespaces ---------------------------------------------------------------
+
+NAMESPACE_KEY = b"\x00kvx-namespace"  # the namespace a store's pages belong to (JSON), a keyed page of the store
+_NS_VERSION = 1
+# the files of a local model directory that say what its weights are (no weights: reading them would take minutes)
+CONFIG_FILES = ("config.json", "generation_config.json", "params.json", "model.safetensors.index.json",
+                "pytorch_model.bin.index.json", "quantize_config.json", "hf_quant_config.json",
+                "quant_config.json", "adapter_config.json")
+
+log = logging.getLogger("kvx.integrations")
+_once_mu = threading.Lock()
+_once_seen = set()
+
+
+def log_once(key, level, msg, *args, logger=None):
+    """Log msg once per process for key (the same warning from every call of a hot path would drown the log)."""
+    with _once_mu:
+        if key in _once_seen:
+            return False
+        _once_seen.add(key)
+    (logger or log).log(level, msg, *args)
+    return True
+
+
+def config_digest(model_path):
+    """SHA-256 (hex) of a local model directory's config files (CONFIG_FILES that exist: names and bytes), or None
+    when model_path is not a directory holding config.json or params.json."""
+    if not model_path or not isinstance(model_path, (str, os.PathLike)):
+        return None
+    d = os.fspath(model_path)
+    try:
+        if not os.path.isdir(d) or not any(os.path.isfile(os.path.join(d, f)) for f in ("config.json", "params.json")):
+            return None
+        h = hashlib.sha256(b"kvx-model-config-1\0")
+        for name in CONFIG_FILES:
+            f = os.path.join(d, name)
+            if os.path.isfile(f):
+                with open(f, "rb") as fh:
+                    data = fh.read(64 << 20)
+                h.update(name.encode() + b"\0" + len(data).to_bytes(8, "little") + data)
+        return h.hexdigest()
+    except OSError:
+        return None
+
+
+def model_revision(model, revision=None, model_path=None, adapter="kvx"):
+    """The revision a namespace records for model: the given one (a hub commit, a tag, any text), else
+    "config:<digest>" of the local model directory's config files (model_path, else model when it is a path),
+    else None, said once in the log: the namespace then trusts the model name alone, and weights changed under
+    the same name would be read as the old ones' pages (give the revision, or clear the store)."""
+    if revision not in (None, ""):
+        return str(revision)
+    for p in (model_path, model):
+        dg = config_digest(p)
+        if dg:
+            return "config:" + dg
+    log_once(("no-revision", adapter, str(model)), logging.WARNING,
+             "kvx %s: no model revision for %r (no \"revision\" given and no local config.json to digest): its "
+             "store is named by the model name alone, so weights changed under that name would read the old "
+             "pages; give \"revision\" (extra config) or clear the store after a weight update", adapter, model)
+    return None
+
+
+def namespace(fields):
+    """(digest, record): the namespace of a store holding pages made under fields (a dict of JSON values: model,
+    revision, dtype, page size, layout, the parallel ranks that change the bytes...). digest: 16 hex digits for
+    the directory name; record: the canonical JSON bytes the store keeps under NAMESPACE_KEY."""
+    rec = json.dumps({"kvx_namespace": _NS_VERSION, **fields}, sort_keys=True, separators=(",", ":"),
+                     default=str).encode()
+    return hashlib.sha256(b"kvx-namespace\0" + rec).hexdigest()[:16], rec
+
+
+def read_namespace(st):
+    """The namespace record (bytes) a store holds, or None."""
+    (v,) = st.keyed_get([NAMESPACE_KEY])
+    if v is None:
+        return None
+    with v:
+        return bytes(v.page)
+
+
+def dir_bytes(d):
+    """Bytes of the files under d (what an operator frees by removing it)."""
+    n = 0
+    for root, _, files in os.walk(d):
+        for f in files:
+            try:
+                n += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return n
