@@ -59,25 +59,7 @@
 #include <unistd.h>
 
 #include "common/os.h"
-#include "store_util.h"
-
-static int dir_counter;
-
-static kvx_store *make_store_g(char *dir, size_t cap, kvx_geometry g)
-{
-    snprintf(dir, cap, "%s/s%d", su_root, dir_counter++);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = g;
-    o.capacity_bytes = 16 << 20;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    return s;
-}
-
-static kvx_store *make_store(char *dir, size_t cap) { return make_store_g(dir, cap, su_geometry()); }
-
-/* Puts the first nb blocks of sequence seq (no shared prefix), flushes. */
-static void put_seq(kvx_store *s, uint64_t seq, size_t nb) { assert_int_equal(su_put_seq(s, seq, nb), 0); }
+#include "lib/store.h"
 
 
 static int copy_file(const char *from, const char *to)
@@ -158,12 +140,12 @@ static void test_regress_gc_headless_transient_parent(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = make_store(dir, sizeof dir);
-    put_seq(s, 77, 1); /* shard A: block 0 */
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+    su_put_flush(s, 77, 1); /* shard A: block 0 */
     char names[8][64];
     assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
     snprintf(fail_suffix, sizeof fail_suffix, "/%s", names[0]);
-    put_seq(s, 77, 2); /* shard B: block 1 (block 0 held in A) */
+    su_put_flush(s, 77, 2); /* shard B: block 1 (block 0 held in A) */
     assert_int_equal(su_list_names(dir, "shards", names, 8), 2);
     assert_int_equal(su_served_prefix(s, 77, 2), 2);
     kvx_store_close(s);
@@ -226,11 +208,11 @@ static void test_regress_stale_index_newer_claimant(void **state)
 {
     (void)state;
     char p[300], q[300];
-    kvx_store *sp = make_store(p, sizeof p);
-    put_seq(sp, 1, 3);
+    kvx_store *sp = su_store(p, sizeof p, (su_spec){.capacity = 16 << 20});
+    su_put_flush(sp, 1, 3);
     kvx_store_close(sp);
-    kvx_store *sq = make_store(q, sizeof q);
-    put_seq(sq, 2, 3);
+    kvx_store *sq = su_store(q, sizeof q, (su_spec){.capacity = 16 << 20});
+    su_put_flush(sq, 2, 3);
     kvx_store_close(sq);
     char pn[8][64], qn[8][64];
     assert_int_equal(su_list_names(p, "shards", pn, 8), 1);
@@ -310,7 +292,7 @@ static void test_regress_cli_output_inside_store(void **state)
     (void)state;
     char dir[300];
     kvx_geometry g = {2, 1, 8, 4, KVX_QUANT_FP16, 0};
-    kvx_store *s = make_store_g(dir, sizeof dir, g);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20, .geometry = &g});
     enum { NB = 3 };
     uint32_t t[NB * 4];
     uint64_t h[NB];
@@ -367,7 +349,7 @@ static void test_regress_cli_output_inside_store(void **state)
     assert_int_equal(run_cli(args), 0);
     snprintf(args, sizeof args, "convert '%s' -o '%s'", env, shard);
     int rc_convert = run_cli(args);
-    kvx_store *s2 = make_store_g(dir2, sizeof dir2, g);
+    kvx_store *s2 = su_store(dir2, sizeof dir2, (su_spec){.capacity = 16 << 20, .geometry = &g});
     kvx_store_close(s2);
     snprintf(args, sizeof args, "store get '%s' -o '%s/shards/%s' --format v1 %016" PRIx64, dir2, dir, names[0], h[0]);
     int rc_other = run_cli(args);
@@ -416,7 +398,7 @@ static void test_regress_get_hash_skips_good_copy(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = make_store(dir, sizeof dir);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
     enum { NB = 4 };
     uint32_t t[NB * SU_B];
     uint64_t h[NB];
@@ -537,17 +519,17 @@ static void test_reader_changes_nothing(void **state)
 {
     (void)state;
     char dir[300], other[300];
-    kvx_store *s = make_store(dir, sizeof dir);
-    put_seq(s, 1, 4);
-    put_seq(s, 2, 4);
-    put_seq(s, 3, 2);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+    su_put_flush(s, 1, 4);
+    su_put_flush(s, 2, 4);
+    su_put_flush(s, 3, 2);
     kvx_store_close(s);
     /* a valid shard the index does not name (from a twin store) */
-    kvx_store *o = make_store(other, sizeof other);
-    put_seq(o, 50, 2);
-    put_seq(o, 51, 2);
-    put_seq(o, 52, 2);
-    put_seq(o, 53, 2);
+    kvx_store *o = su_store(other, sizeof other, (su_spec){.capacity = 16 << 20});
+    su_put_flush(o, 50, 2);
+    su_put_flush(o, 51, 2);
+    su_put_flush(o, 52, 2);
+    su_put_flush(o, 53, 2);
     kvx_store_close(o);
     char names[8][64], p[900], q[900];
     assert_int_equal(su_list_names(dir, "shards", names, 8), 3);
@@ -613,7 +595,7 @@ static void test_reader_changes_nothing(void **state)
 
     /* the CLI's read commands */
     char args[3000], out[600];
-    snprintf(out, sizeof out, "%s/out-%d.env", su_root, dir_counter++);
+    snprintf(out, sizeof out, "%s/out-%d.env", su_root, su_dir_counter++);
     snprintf(args, sizeof args, "store stat '%s'", dir);
     run_cli(args);
     snprintf(args, sizeof args, "store stat '%s' --json", dir);
@@ -678,10 +660,10 @@ static void test_reindex_dir_busy_and_crash(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = make_store(dir, sizeof dir);
-    put_seq(s, 1, 3);
-    put_seq(s, 2, 3);
-    put_seq(s, 3, 3);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+    su_put_flush(s, 1, 3);
+    su_put_flush(s, 2, 3);
+    su_put_flush(s, 3, 3);
     kvx_store_close(s);
     char ip[600];
     snprintf(ip, sizeof ip, "%s/index", dir);
@@ -776,7 +758,7 @@ static void test_odd_geometries_and_inputs(void **state)
     /* B = 1: every token a block */
     kvx_geometry g1 = {1, 1, 4, 1, KVX_QUANT_FP16, 7};
     char dir[300];
-    kvx_store *s = make_store_g(dir, sizeof dir, g1);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20, .geometry = &g1});
     size_t pb = kvx_page_bytes(&g1, 1);
     uint32_t t[8] = {5, 6, 7, 8, 9, 10, 11, 12};
     uint8_t *pages = calloc(8, pb);
@@ -809,7 +791,7 @@ static void test_odd_geometries_and_inputs(void **state)
 
     /* B = 4 store: a put whose n_tokens is not a multiple of B serves only
      * full blocks; the partial tail is never a block */
-    s = make_store(dir, sizeof dir);
+    s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
     uint32_t tt[3 * SU_B + 2];
     uint64_t h[3];
     su_tokens(tt, 40, 3, 0);
@@ -856,11 +838,11 @@ static void test_quarantine_not_a_directory(void **state)
     (void)state;
     for (int mode = 0; mode < 2; mode++) {
         char dir[300], q[700], g[700], outside[700];
-        kvx_store *s = make_store(dir, sizeof dir);
-        put_seq(s, 5, 3);
+        kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+        su_put_flush(s, 5, 3);
         kvx_store_close(s);
         snprintf(q, sizeof q, "%s/quarantine", dir);
-        snprintf(outside, sizeof outside, "%s/outside-%d", su_root, dir_counter++);
+        snprintf(outside, sizeof outside, "%s/outside-%d", su_root, su_dir_counter++);
         assert_int_equal(mkdir(outside, 0700), 0);
         if (mode == 0) {
             FILE *f = fopen(q, "wb");

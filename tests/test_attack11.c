@@ -128,127 +128,15 @@
 #include <linux/capability.h>
 
 #include "common/os.h"
-#include "fault.h"
-#include "io_fixture.h"
+#include "lib/fault.h"
+#include "lib/io.h"
 #include "kvx.h"
-#include "store_util.h"
+#include "lib/store.h"
 
 #define N1 40
 
-static char base_path[512];
-
-static int group_setup(void **state)
-{
-    (void)state;
-    unsetenv("KVX_IO_FORCE_NO_URING");
-    if (io_mkdtemp("test_attack11")) return -1;
-    if (io_make_shard(base_path, sizeof base_path, io_tmpdir, "base.kvx", 7, N1, 0)) return -1;
-    return 0;
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    io_rm_rf(io_tmpdir);
-    return 0;
-}
-
-static int reset(void **state)
-{
-    (void)state;
-    kvx_os_reset();
-    unsetenv("KVX_IO_FORCE_NO_URING");
-    alarm(0);
-    return 0;
-}
-
-static int copy_counter;
-
-/* A fresh copy of the base shard, opened. */
-static kvx_shard *fresh(char *path, size_t cap)
-{
-    char name[64];
-    snprintf(name, sizeof name, "c%d.kvx", copy_counter++);
-    kvx_shard *s = NULL;
-    assert_int_equal(io_open_copy(&s, path, cap, base_path, name), 0);
-    return s;
-}
-
-static kvx_pool *pool_of(uint64_t bytes)
-{
-    kvx_pool_options o = KVX_POOL_OPTIONS_INIT;
-    o.bytes = bytes;
-    kvx_pool *p = NULL;
-    assert_int_equal(kvx_pool_create(&p, &o), 0);
-    return p;
-}
-
 static const int modes[3] = {KVX_IO_URING, KVX_IO_URING, KVX_IO_PREAD};
 static const uint32_t mode_flags[3] = {0, KVX_FETCH_BUFFERED, 0};
-
-static kvx_fetch *fetch_of(kvx_pool *p, int mode, uint32_t qd, uint32_t flags, uint32_t max_read)
-{
-    kvx_fetch_options o = KVX_FETCH_OPTIONS_INIT;
-    o.io_mode = mode;
-    o.queue_depth = qd;
-    o.flags = flags;
-    o.max_read_bytes = max_read;
-    o.threads = 2;
-    kvx_fetch *f = NULL;
-    int rc = kvx_fetch_create(&f, p, &o);
-    if (rc == -EPERM || rc == -ENOSYS) {
-        kvx_pool_destroy(p);
-        skip();
-    }
-    assert_int_equal(rc, 0);
-    return f;
-}
-
-static uint64_t pool_free_bytes(kvx_pool *p)
-{
-    kvx_pool_info i;
-    assert_int_equal(kvx_pool_get_info(&i, p), 0);
-    return i.free_bytes;
-}
-
-/* The trust check: a page reported 0 has exactly the bytes written. */
-static void check_trust(const kvx_fetch_req *r, const kvx_fetch_result *res, size_t n, size_t *n_ok)
-{
-    size_t ok = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (res[i].status != 0) continue;
-        kvx_entry e;
-        assert_int_equal(kvx_shard_entry(&e, r[i].shard, r[i].entry), 0);
-        assert_int_equal(res[i].bytes, e.bytes);
-        if (!io_page_ok(res[i].page, 7, r[i].entry, e.bytes))
-            fail_msg("request %zu (entry %u) reported 0 with wrong bytes", i, r[i].entry);
-        ok++;
-    }
-    if (n_ok) *n_ok = ok;
-}
-
-static size_t every_page(kvx_fetch_req *r, kvx_shard *s)
-{
-    for (uint32_t i = 0; i < N1; i++) r[i] = (kvx_fetch_req){s, i};
-    return N1;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int count_fds(void)
-{
-    DIR *d = opendir("/proc/self/fd");
-    int n = 0;
-    if (!d) return -1;
-    while (readdir(d)) n++;
-    closedir(d);
-    return n;
-}
 
 /* ---- files changed between submit and wait ---- */
 
@@ -257,15 +145,15 @@ enum change { CH_TRUNC, CH_EXTEND, CH_RENAME, CH_UNLINK_NEW, CH_REGROW };
 static void change_case(int m, enum change ch)
 {
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
+    kvx_shard *s = io_fresh(path, sizeof path);
     kvx_entry mid;
     assert_int_equal(kvx_shard_entry(&mid, s, N1 / 2), 0);
-    kvx_pool *p = pool_of(4 << 20);
-    uint64_t free0 = pool_free_bytes(p);
-    kvx_fetch *f = fetch_of(p, modes[m], 2, mode_flags[m], 8192);
+    kvx_pool *p = io_pool(4 << 20);
+    uint64_t free0 = io_pool_free(p);
+    kvx_fetch *f = io_fetch(p, modes[m], 2, mode_flags[m], 8192);
     kvx_fetch_req r[N1];
     kvx_fetch_result res[N1];
-    size_t n = every_page(r, s);
+    size_t n = io_every_page(r, s);
     assert_int_equal(kvx_fetch_submit(f, r, n), 0);
     char other[600];
     snprintf(other, sizeof other, "%s.other", path);
@@ -292,7 +180,7 @@ static void change_case(int m, enum change ch)
     }
     assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
     size_t ok = 0;
-    check_trust(r, res, n, &ok);
+    io_check_trust(r, res, n, &ok);
     for (size_t i = 0; i < n; i++) {
         if (res[i].status == 0) continue;
         if (ch == CH_REGROW) {
@@ -313,10 +201,10 @@ static void change_case(int m, enum change ch)
     assert_int_equal(kvx_fetch_submit(f, r, n), 0);
     assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
     size_t ok2 = 0;
-    check_trust(r, res, n, &ok2);
+    io_check_trust(r, res, n, &ok2);
     if (ch == CH_TRUNC || ch == CH_REGROW) assert_true(ok2 >= N1 / 2 - 1 && ok2 < N1);
     kvx_fetch_destroy(f);
-    assert_int_equal(pool_free_bytes(p), free0);
+    assert_int_equal(io_pool_free(p), free0);
     kvx_pool_destroy(p);
     kvx_shard_close(s);
 }
@@ -345,11 +233,11 @@ static int os_fetch_once(kvx_pool *p, kvx_shard *s, int m)
     if (rc) return rc;
     kvx_fetch_req r[N1];
     kvx_fetch_result res[N1];
-    size_t n = every_page(r, s);
+    size_t n = io_every_page(r, s);
     rc = kvx_fetch_submit(f, r, n);
     if (!rc) rc = kvx_fetch_wait(f, res, n, -1);
     if (!rc) {
-        check_trust(r, res, n, NULL);
+        io_check_trust(r, res, n, NULL);
         for (size_t i = 0; i < n; i++)
             if (res[i].status && res[i].status != KVX_ETRUNC && res[i].status >= 0)
                 fail_msg("page %zu status %d", i, res[i].status);
@@ -362,12 +250,12 @@ static void test_os_faults_every_call(void **state)
 {
     (void)state;
     static const int errs[4] = {EIO, EINVAL, EMFILE, EAGAIN};
-    kvx_pool *p = pool_of(4 << 20);
-    int fd0 = count_fds();
+    kvx_pool *p = io_pool(4 << 20);
+    int fd0 = io_count_fds();
     for (int m = 0; m < 3; m++)
         for (int e = 0; e < 5; e++) {
             char path[512];
-            kvx_shard *s = fresh(path, sizeof path);
+            kvx_shard *s = io_fresh(path, sizeof path);
             fault_install();
             assert_int_equal(os_fetch_once(p, s, m), 0);
             long total = fault_calls;
@@ -375,15 +263,15 @@ static void test_os_faults_every_call(void **state)
                 fault_reset(k, e < 4 ? errs[e] : EIO, e < 4 ? FAULT_ERRNO : FAULT_SHORT);
                 int rc = os_fetch_once(p, s, m);
                 if (rc > 0) fail_msg("mode %d err %d call %ld (%s): rc %d", m, e, k, fault_hit_op, rc);
-                assert_int_equal(pool_free_bytes(p), 4 << 20);
+                assert_int_equal(io_pool_free(p), 4 << 20);
             }
             fault_uninstall();
             kvx_shard_close(s);
         }
-    assert_int_equal(count_fds(), fd0);
+    assert_int_equal(io_count_fds(), fd0);
     /* warmup, host sink */
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
+    kvx_shard *s = io_fresh(path, sizeof path);
     uint64_t need;
     assert_int_equal(kvx_warmup_sink_bytes(&need, &s, 1), 0);
     uint8_t *buf = malloc(need);
@@ -428,7 +316,7 @@ static void test_os_faults_every_call(void **state)
         }
     free(buf);
     kvx_shard_close(s);
-    assert_int_equal(count_fds(), fd0);
+    assert_int_equal(io_count_fds(), fd0);
     kvx_pool_destroy(p);
 }
 
@@ -438,13 +326,13 @@ static void test_flip_each_page(void **state)
 {
     (void)state;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
-    kvx_pool *p = pool_of(4 << 20);
+    kvx_shard *s = io_fresh(path, sizeof path);
+    kvx_pool *p = io_pool(4 << 20);
     kvx_fetch *fs[3];
-    for (int m = 0; m < 3; m++) fs[m] = fetch_of(p, modes[m], 3, mode_flags[m], 0);
+    for (int m = 0; m < 3; m++) fs[m] = io_fetch(p, modes[m], 3, mode_flags[m], 0);
     kvx_fetch_req r[N1];
     kvx_fetch_result res[N1];
-    size_t n = every_page(r, s);
+    size_t n = io_every_page(r, s);
     for (uint32_t k = 0; k < N1; k += 3) {
         kvx_entry e;
         assert_int_equal(kvx_shard_entry(&e, s, k), 0);
@@ -453,7 +341,7 @@ static void test_flip_each_page(void **state)
         for (int m = 0; m < 3; m++) {
             assert_int_equal(kvx_fetch_submit(fs[m], r, n), 0);
             assert_int_equal(kvx_fetch_wait(fs[m], res, n, -1), 0);
-            check_trust(r, res, n, NULL);
+            io_check_trust(r, res, n, NULL);
             for (uint32_t i = 0; i < N1; i++)
                 assert_int_equal(res[i].status, i == k ? KVX_EPAGECRC : 0);
         }
@@ -505,21 +393,21 @@ static void test_flips_while_in_flight(void **state)
 {
     (void)state;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
+    kvx_shard *s = io_fresh(path, sizeof path);
     flipper fl = {path, s, 0, 0};
     pthread_t tid;
     assert_int_equal(pthread_create(&tid, NULL, flip_main, &fl), 0);
-    kvx_pool *p = pool_of(8 << 20);
+    kvx_pool *p = io_pool(8 << 20);
     kvx_fetch_req r[N1];
     kvx_fetch_result res[N1];
-    size_t n = every_page(r, s);
+    size_t n = io_every_page(r, s);
     size_t bad = 0;
     for (int m = 0; m < 3; m++) {
-        kvx_fetch *f = fetch_of(p, modes[m], 4, mode_flags[m], (m == 2) ? 8192 : 0);
+        kvx_fetch *f = io_fetch(p, modes[m], 4, mode_flags[m], (m == 2) ? 8192 : 0);
         for (int k = 0; k < 150; k++) {
             assert_int_equal(kvx_fetch_submit(f, r, n), 0);
             assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
-            check_trust(r, res, n, NULL);
+            io_check_trust(r, res, n, NULL);
             for (size_t i = 0; i < n; i++) {
                 if (res[i].status == KVX_EPAGECRC) {
                     bad++;
@@ -595,13 +483,13 @@ static void test_filter_every_position(void **state)
 {
     (void)state;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
-    kvx_pool *p = pool_of(4 << 20);
+    kvx_shard *s = io_fresh(path, sizeof path);
+    kvx_pool *p = io_pool(4 << 20);
     kvx_fetch_req r[N1];
     kvx_fetch_result res[N1];
-    size_t n = every_page(r, s);
+    size_t n = io_every_page(r, s);
     for (int m = 0; m < 2; m++) {
-        kvx_fetch *f = fetch_of(p, modes[m], 4, mode_flags[m], 16384);
+        kvx_fetch *f = io_fetch(p, modes[m], 4, mode_flags[m], 16384);
         /* count the completions of a clean batch */
         filt_at = -1;
         filt_calls = 0;
@@ -618,7 +506,7 @@ static void test_filter_every_position(void **state)
                 assert_int_equal(kvx_fetch_submit(f, r, n), 0);
                 assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
                 size_t ok = 0;
-                check_trust(r, res, n, &ok);
+                io_check_trust(r, res, n, &ok);
                 for (size_t i = 0; i < n; i++) {
                     int st = res[i].status;
                     if (st == 0) continue;
@@ -639,7 +527,7 @@ static void test_filter_every_position(void **state)
         kvx_os_reset();
         kvx_fetch_destroy(f);
     }
-    assert_int_equal(pool_free_bytes(p), 4 << 20);
+    assert_int_equal(io_pool_free(p), 4 << 20);
     kvx_pool_destroy(p);
     kvx_shard_close(s);
 }
@@ -669,13 +557,13 @@ static void test_filter_random(void **state)
     (void)state;
     long n_trunc = 0;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
-    kvx_pool *p = pool_of(4 << 20);
+    kvx_shard *s = io_fresh(path, sizeof path);
+    kvx_pool *p = io_pool(4 << 20);
     kvx_fetch_req r[N1 * 2];
     kvx_fetch_result res[N1 * 2];
     alarm(300);
     for (int m = 0; m < 2; m++) {
-        kvx_fetch *f = fetch_of(p, modes[m], 5, mode_flags[m], 0);
+        kvx_fetch *f = io_fetch(p, modes[m], 5, mode_flags[m], 0);
         kvx_fetch *g = NULL;
         assert_int_equal(kvx_fetch_create_peer(&g, f), 0);
         rnd_state = 7 + (uint64_t)m;
@@ -693,7 +581,7 @@ static void test_filter_random(void **state)
             assert_int_equal(kvx_fetch_submit(h, r, n), 0);
             if (it % 11 == 0) assert_int_equal(kvx_fetch_cancel(h), 0);
             assert_int_equal(kvx_fetch_wait(h, res, n, -1), 0);
-            check_trust(r, res, n, NULL);
+            io_check_trust(r, res, n, NULL);
             for (size_t i = 0; i < n; i++) {
                 int st = res[i].status;
                 if (st == 0 || st == KVX_ECANCELED) continue;
@@ -710,7 +598,7 @@ static void test_filter_random(void **state)
         kvx_os_reset();
         kvx_fetch_destroy(g);
         kvx_fetch_destroy(f);
-        assert_int_equal(pool_free_bytes(p), 4 << 20);
+        assert_int_equal(io_pool_free(p), 4 << 20);
     }
     alarm(0);
     if (n_trunc) fail_msg("random filter: %ld pages KVX_ETRUNC on an intact file", n_trunc);
@@ -733,14 +621,14 @@ static void test_filter_always(void **state)
 {
     (void)state;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
-    kvx_pool *p = pool_of(4 << 20);
+    kvx_shard *s = io_fresh(path, sizeof path);
+    kvx_pool *p = io_pool(4 << 20);
     kvx_fetch_req r[N1];
     kvx_fetch_result res[N1];
-    size_t n = every_page(r, s);
+    size_t n = io_every_page(r, s);
     alarm(120); /* a hang is a failure */
     for (int m = 0; m < 2; m++) {
-        kvx_fetch *f = fetch_of(p, modes[m], 4, mode_flags[m], 0);
+        kvx_fetch *f = io_fetch(p, modes[m], 4, mode_flags[m], 0);
         kvx_os.uring_result = always_eagain;
         assert_int_equal(kvx_fetch_submit(f, r, n), 0);
         assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
@@ -780,12 +668,12 @@ static void test_cold_buffered_uring(void **state)
 {
     (void)state;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
-    kvx_pool *p = pool_of(4 << 20);
-    kvx_fetch *f = fetch_of(p, KVX_IO_URING, 8, KVX_FETCH_BUFFERED, 4096);
+    kvx_shard *s = io_fresh(path, sizeof path);
+    kvx_pool *p = io_pool(4 << 20);
+    kvx_fetch *f = io_fetch(p, KVX_IO_URING, 8, KVX_FETCH_BUFFERED, 4096);
     kvx_fetch_req r[N1];
     kvx_fetch_result res[N1];
-    size_t n = every_page(r, s);
+    size_t n = io_every_page(r, s);
     size_t bad = 0;
     for (int round = 0; round < 20; round++) {
         drop_cache(path);
@@ -793,7 +681,7 @@ static void test_cold_buffered_uring(void **state)
         assert_int_equal(kvx_fetch_submit(f, r, n), 0);
         assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
         size_t ok = 0;
-        check_trust(r, res, n, &ok);
+        io_check_trust(r, res, n, &ok);
         bad += n - ok;
     }
     kvx_os_reset();
@@ -818,10 +706,10 @@ static void test_many_files(void **state)
         assert_int_equal(io_make_shard(paths[i], sizeof paths[i], io_tmpdir, name, (uint8_t)(10 + i), 4, 0), 0);
         assert_int_equal(kvx_shard_open(&sh[i], paths[i], 0), 0);
     }
-    int fd0 = count_fds();
-    kvx_pool *p = pool_of(8 << 20);
+    int fd0 = io_count_fds();
+    kvx_pool *p = io_pool(8 << 20);
     for (int m = 0; m < 3; m++) {
-        kvx_fetch *f = fetch_of(p, modes[m], 16, mode_flags[m], 0);
+        kvx_fetch *f = io_fetch(p, modes[m], 16, mode_flags[m], 0);
         kvx_fetch *g = NULL;
         assert_int_equal(kvx_fetch_create_peer(&g, f), 0);
         static kvx_fetch_req r[2][NF * 2];
@@ -847,10 +735,10 @@ static void test_many_files(void **state)
         }
         kvx_fetch_destroy(g);
         kvx_fetch_destroy(f);
-        assert_int_equal(pool_free_bytes(p), 8 << 20);
+        assert_int_equal(io_pool_free(p), 8 << 20);
     }
     kvx_pool_destroy(p);
-    assert_int_equal(count_fds(), fd0);
+    assert_int_equal(io_count_fds(), fd0);
     /* one warmup of every file */
     kvx_warmup_report rep;
     for (int m = 0; m < 3; m++) {
@@ -860,7 +748,7 @@ static void test_many_files(void **state)
         assert_int_equal(rep.pages, NF * 4);
         kvx_warmup_report_free(&rep);
     }
-    assert_int_equal(count_fds(), fd0);
+    assert_int_equal(io_count_fds(), fd0);
     for (int i = 0; i < NF; i++) kvx_shard_close(sh[i]);
 }
 
@@ -870,11 +758,11 @@ static void test_request_lists(void **state)
 {
     (void)state;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
-    kvx_pool *p = pool_of(8 << 20);
-    uint64_t free0 = pool_free_bytes(p);
+    kvx_shard *s = io_fresh(path, sizeof path);
+    kvx_pool *p = io_pool(8 << 20);
+    uint64_t free0 = io_pool_free(p);
     for (int m = 0; m < 3; m++) {
-        kvx_fetch *f = fetch_of(p, modes[m], 3, mode_flags[m], 0);
+        kvx_fetch *f = io_fetch(p, modes[m], 3, mode_flags[m], 0);
         kvx_fetch_result res[64];
         size_t done = 99;
         /* no batch yet */
@@ -899,7 +787,7 @@ static void test_request_lists(void **state)
             assert_non_null(br);
             for (size_t i = 0; i < big; i++) br[i] = (kvx_fetch_req){s, (uint32_t)(i % N1)};
             assert_int_equal(kvx_fetch_submit(f, br, big), KVX_ECAPACITY);
-            assert_int_equal(pool_free_bytes(p), free0);
+            assert_int_equal(io_pool_free(p), free0);
             free(br);
         }
         /* zero count: done at once, timeout 0 is fine */
@@ -913,7 +801,7 @@ static void test_request_lists(void **state)
         assert_int_equal(kvx_fetch_wait(f, res, 11, -1), KVX_EINVALID);
         assert_int_equal(kvx_fetch_wait(f, NULL, 12, -1), KVX_EINVALID);
         assert_int_equal(kvx_fetch_wait(f, res, 12, -1), 0);
-        check_trust(r, res, 12, NULL);
+        io_check_trust(r, res, 12, NULL);
         for (int i = 0; i < 12; i++) {
             if (i == 2 || i == 4) {
                 /* kvx.h: KVX_ENOTFOUND (no such entry), not the NULL shard's KVX_EINVALID */
@@ -929,29 +817,29 @@ static void test_request_lists(void **state)
         /* release before wait, many times */
         for (int k = 0; k < 10; k++) {
             kvx_fetch_req all[N1];
-            size_t n = every_page(all, s);
+            size_t n = io_every_page(all, s);
             assert_int_equal(kvx_fetch_submit(f, all, n), 0);
             kvx_fetch_release(f);
-            assert_int_equal(pool_free_bytes(p), free0);
+            assert_int_equal(io_pool_free(p), free0);
         }
         /* cancel right after submit, then reuse */
         for (int k = 0; k < 10; k++) {
             kvx_fetch_req all[N1];
             kvx_fetch_result ar[N1];
-            size_t n = every_page(all, s);
+            size_t n = io_every_page(all, s);
             assert_int_equal(kvx_fetch_submit(f, all, n), 0);
             assert_int_equal(kvx_fetch_cancel(f), 0);
             assert_int_equal(kvx_fetch_cancel(f), 0);
             assert_int_equal(kvx_fetch_wait(f, ar, n, -1), 0);
-            check_trust(all, ar, n, NULL);
+            io_check_trust(all, ar, n, NULL);
             for (size_t i = 0; i < n; i++) assert_true(ar[i].status == 0 || ar[i].status == KVX_ECANCELED);
             assert_int_equal(kvx_fetch_submit(f, all, n), 0);
             assert_int_equal(kvx_fetch_wait(f, ar, n, -1), 0);
             for (size_t i = 0; i < n; i++) assert_int_equal(ar[i].status, 0);
-            check_trust(all, ar, n, NULL);
+            io_check_trust(all, ar, n, NULL);
         }
         kvx_fetch_destroy(f);
-        assert_int_equal(pool_free_bytes(p), free0);
+        assert_int_equal(io_pool_free(p), free0);
     }
     kvx_pool_destroy(p);
     kvx_shard_close(s);
@@ -960,23 +848,23 @@ static void test_request_lists(void **state)
 static void test_shard_closed_inflight(void **state)
 {
     (void)state;
-    kvx_pool *p = pool_of(4 << 20);
+    kvx_pool *p = io_pool(4 << 20);
     for (int m = 0; m < 3; m++) {
         char path[512];
-        kvx_shard *s = fresh(path, sizeof path);
-        kvx_fetch *f = fetch_of(p, modes[m], 2, mode_flags[m], 4096);
+        kvx_shard *s = io_fresh(path, sizeof path);
+        kvx_fetch *f = io_fetch(p, modes[m], 2, mode_flags[m], 4096);
         kvx_fetch_req r[N1];
         kvx_fetch_result res[N1];
-        size_t n = every_page(r, s);
+        size_t n = io_every_page(r, s);
         assert_int_equal(kvx_fetch_submit(f, r, n), 0);
         kvx_shard_close(s); /* the batch holds its own references */
         assert_int_equal(unlink(path), 0);
         /* driven by poll alone, then wait(0) */
         size_t done = 0;
-        double t0 = now_s();
+        double t0 = io_now();
         while (done < n) {
             assert_int_equal(kvx_fetch_poll(f, &done), 0);
-            if (now_s() - t0 > 30) fail_msg("mode %d: poll made no progress (%zu of %zu)", m, done, n);
+            if (io_now() - t0 > 30) fail_msg("mode %d: poll made no progress (%zu of %zu)", m, done, n);
         }
         assert_int_equal(kvx_fetch_wait(f, res, n, 0), 0);
         for (size_t i = 0; i < n; i++) {
@@ -1001,37 +889,37 @@ static void test_slow_reads_bounded(void **state)
 {
     (void)state;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
-    kvx_pool *p = pool_of(4 << 20);
-    kvx_fetch *f = fetch_of(p, KVX_IO_PREAD, 4, 0, 4096); /* 40 reads of 100 ms on 2 workers */
+    kvx_shard *s = io_fresh(path, sizeof path);
+    kvx_pool *p = io_pool(4 << 20);
+    kvx_fetch *f = io_fetch(p, KVX_IO_PREAD, 4, 0, 4096); /* 40 reads of 100 ms on 2 workers */
     kvx_fetch_req r[N1];
     kvx_fetch_result res[N1];
-    size_t n = every_page(r, s);
+    size_t n = io_every_page(r, s);
     kvx_os.pread = slow_pread;
     for (int k = 0; k < 3; k++) {
         assert_int_equal(kvx_fetch_submit(f, r, n), 0);
-        double t0 = now_s();
+        double t0 = io_now();
         assert_int_equal(kvx_fetch_wait(f, res, n, 10), -ETIMEDOUT);
         assert_int_equal(kvx_fetch_wait(f, res, n, 0), -ETIMEDOUT);
-        double t1 = now_s();
+        double t1 = io_now();
         if (t1 - t0 > 1.0) fail_msg("wait(10 ms) took %.2f s", t1 - t0);
         if (k == 0) {
             assert_int_equal(kvx_fetch_cancel(f), 0);
             /* the longest timeout: its milliseconds left once rounded up
              * past INT_MAX (an int overflow; UBSan) */
             assert_int_equal(kvx_fetch_wait(f, res, n, INT_MAX), 0);
-            check_trust(r, res, n, NULL);
+            io_check_trust(r, res, n, NULL);
         } else if (k == 1) {
             kvx_fetch_release(f);
         }
-        double t2 = now_s();
+        double t2 = io_now();
         /* generous: two reads in flight end within 0.2 s */
         if (t2 - t1 > 2.0) fail_msg("round %d: cancel or release took %.2f s", k, t2 - t1);
     }
     kvx_fetch_destroy(f); /* k == 2: destroy with the batch in flight */
-    double t3 = now_s();
+    double t3 = io_now();
     kvx_os_reset();
-    assert_int_equal(pool_free_bytes(p), 4 << 20);
+    assert_int_equal(io_pool_free(p), 4 << 20);
     kvx_pool_destroy(p);
     /* warmup on the pread workers */
     kvx_os.pread = slow_pread;
@@ -1042,22 +930,22 @@ static void test_slow_reads_bounded(void **state)
     kvx_warmup *w = NULL;
     assert_int_equal(kvx_warmup_start(&w, &s, 1, &o), 0);
     kvx_warmup_report rep;
-    double t4 = now_s();
+    double t4 = io_now();
     assert_int_equal(kvx_warmup_wait(&rep, w, 20), -ETIMEDOUT);
     assert_int_equal(kvx_warmup_wait(&rep, w, 0), -ETIMEDOUT);
-    if (now_s() - t4 > 1.0) fail_msg("kvx_warmup_wait(20 ms) took %.2f s", now_s() - t4);
+    if (io_now() - t4 > 1.0) fail_msg("kvx_warmup_wait(20 ms) took %.2f s", io_now() - t4);
     assert_int_equal(kvx_warmup_cancel(w), 0);
-    double t5 = now_s();
+    double t5 = io_now();
     assert_int_equal(kvx_warmup_wait(&rep, w, -1), 0);
-    if (now_s() - t5 > 3.0) fail_msg("cancelled warmup took %.2f s to end", now_s() - t5);
+    if (io_now() - t5 > 3.0) fail_msg("cancelled warmup took %.2f s to end", io_now() - t5);
     assert_int_equal(rep.canceled, 1);
     assert_true(rep.pages < N1);
     kvx_warmup_report_free(&rep);
     kvx_warmup_destroy(w);
     assert_int_equal(kvx_warmup_start(&w, &s, 1, &o), 0);
-    double t6 = now_s();
+    double t6 = io_now();
     kvx_warmup_destroy(w);
-    if (now_s() - t6 > 3.0) fail_msg("kvx_warmup_destroy of a running warmup took %.2f s", now_s() - t6);
+    if (io_now() - t6 > 3.0) fail_msg("kvx_warmup_destroy of a running warmup took %.2f s", io_now() - t6);
     kvx_os_reset();
     (void)t3;
     kvx_shard_close(s);
@@ -1070,16 +958,16 @@ static void test_no_write_past_slots(void **state)
 {
     (void)state;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
+    kvx_shard *s = io_fresh(path, sizeof path);
     kvx_entry last;
     assert_int_equal(kvx_shard_entry(&last, s, N1 - 1), 0);
-    kvx_pool *p = pool_of(2 << 20);
+    kvx_pool *p = io_pool(2 << 20);
     kvx_pool_info info;
     assert_int_equal(kvx_pool_get_info(&info, p), 0);
     uint8_t *base = info.base;
     for (int m = 0; m < 3; m++)
         for (int faults = 0; faults < 2; faults++) {
-            kvx_fetch *f = fetch_of(p, modes[m], 4, mode_flags[m], m == 1 ? 4096 : 0);
+            kvx_fetch *f = io_fetch(p, modes[m], 4, mode_flags[m], m == 1 ? 4096 : 0);
             memset(base, 0xCD, info.bytes);
             /* the last page alone, then every page: a slot of exactly its length */
             kvx_fetch_req one = {s, N1 - 1};
@@ -1096,12 +984,12 @@ static void test_no_write_past_slots(void **state)
                 if (base[k] != 0xCD) fail_msg("mode %d: byte %llu past the slot written", m, (unsigned long long)k);
             kvx_fetch_req r[N1];
             kvx_fetch_result res[N1];
-            size_t n = every_page(r, s);
+            size_t n = io_every_page(r, s);
             memset(base, 0xCD, info.bytes);
             assert_int_equal(kvx_fetch_submit(f, r, n), 0);
             assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
             kvx_os_reset();
-            check_trust(r, res, n, NULL);
+            io_check_trust(r, res, n, NULL);
             uint64_t hi = 0;
             for (size_t i = 0; i < n; i++) {
                 uint64_t e = (uint64_t)((uint8_t *)res[i].page - base) + res[i].bytes;
@@ -1131,15 +1019,15 @@ static void test_direct_of_last_batch(void **state)
 {
     (void)state;
     char pa[512], pb[512];
-    kvx_shard *a = fresh(pa, sizeof pa), *b = fresh(pb, sizeof pb);
-    kvx_pool *p = pool_of(4 << 20);
-    kvx_fetch *f = fetch_of(p, KVX_IO_URING, 4, 0, 0);
+    kvx_shard *a = io_fresh(pa, sizeof pa), *b = io_fresh(pb, sizeof pb);
+    kvx_pool *p = io_pool(4 << 20);
+    kvx_fetch *f = io_fetch(p, KVX_IO_URING, 4, 0, 0);
     kvx_fetch_req r[N1];
     kvx_fetch_result res[N1];
-    size_t n = every_page(r, a);
+    size_t n = io_every_page(r, a);
     assert_int_equal(kvx_fetch_submit(f, r, n), 0);
     assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
-    check_trust(r, res, n, NULL);
+    io_check_trust(r, res, n, NULL);
     if (!kvx_fetch_direct(f)) { /* no O_DIRECT on this file system */
         kvx_fetch_destroy(f);
         kvx_pool_destroy(p);
@@ -1149,15 +1037,15 @@ static void test_direct_of_last_batch(void **state)
     }
     /* b cannot be opened O_DIRECT: its batch is buffered */
     kvx_os.open = no_direct_open;
-    n = every_page(r, b);
+    n = io_every_page(r, b);
     assert_int_equal(kvx_fetch_submit(f, r, n), 0);
     assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
     kvx_os_reset();
-    check_trust(r, res, n, NULL);
+    io_check_trust(r, res, n, NULL);
     for (size_t i = 0; i < n; i++) assert_int_equal(res[i].status, 0);
     /* kvx.h: "1 when O_DIRECT reads were used for at least one file of the last batch" */
     assert_int_equal(kvx_fetch_direct(f), 0);
-    n = every_page(r, a);
+    n = io_every_page(r, a);
     assert_int_equal(kvx_fetch_submit(f, r, n), 0);
     assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
     assert_int_equal(kvx_fetch_direct(f), 1);
@@ -1173,8 +1061,8 @@ static void test_pool_exhausted(void **state)
 {
     (void)state;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
-    kvx_pool *p = pool_of(1 << 20);
+    kvx_shard *s = io_fresh(path, sizeof path);
+    kvx_pool *p = io_pool(1 << 20);
     void *slots[256];
     size_t ns = 0;
     while (ns < 256 && kvx_pool_alloc(&slots[ns], p, 4096) == 0) ns++;
@@ -1182,16 +1070,16 @@ static void test_pool_exhausted(void **state)
     void *x;
     assert_int_equal(kvx_pool_alloc(&x, p, 4096), KVX_ECAPACITY);
     for (int m = 0; m < 3; m++) {
-        kvx_fetch *f = fetch_of(p, modes[m], 2, mode_flags[m], 0);
+        kvx_fetch *f = io_fetch(p, modes[m], 2, mode_flags[m], 0);
         kvx_fetch_req r[N1];
-        size_t n = every_page(r, s);
+        size_t n = io_every_page(r, s);
         assert_int_equal(kvx_fetch_submit(f, r, n), KVX_ECAPACITY);
         kvx_fetch_result res[N1];
         assert_int_equal(kvx_fetch_wait(f, res, n, 0), KVX_EINVALID); /* no batch */
         /* one slot free: a batch that needs more still fails whole, and gives it back */
         assert_int_equal(kvx_pool_free(p, slots[ns - 1], 4096), 0);
         assert_int_equal(kvx_fetch_submit(f, r, n), KVX_ECAPACITY);
-        assert_int_equal(pool_free_bytes(p), 4096);
+        assert_int_equal(io_pool_free(p), 4096);
         kvx_fetch_req one = {s, 0};
         kvx_fetch_result r1;
         assert_int_equal(kvx_fetch_submit(f, &one, 1), 0);
@@ -1202,7 +1090,7 @@ static void test_pool_exhausted(void **state)
         assert_int_equal(kvx_pool_alloc(&slots[ns - 1], p, 4096), 0);
     }
     for (size_t i = 0; i < ns; i++) assert_int_equal(kvx_pool_free(p, slots[i], 4096), 0);
-    assert_int_equal(pool_free_bytes(p), 1 << 20);
+    assert_int_equal(io_pool_free(p), 1 << 20);
     /* misuse of free: double, foreign, unaligned, zero, past the end */
     void *a;
     assert_int_equal(kvx_pool_alloc(&a, p, 8192), 0);
@@ -1215,7 +1103,7 @@ static void test_pool_exhausted(void **state)
     assert_int_equal(kvx_pool_free(p, a, UINT64_MAX), KVX_EINVALID);
     assert_int_equal(kvx_pool_alloc(&a, p, 0), KVX_EINVALID);
     assert_int_equal(kvx_pool_alloc(&a, p, UINT64_MAX), KVX_ECAPACITY);
-    assert_int_equal(pool_free_bytes(p), 1 << 20);
+    assert_int_equal(io_pool_free(p), 1 << 20);
     kvx_pool_destroy(p);
     kvx_shard_close(s);
 }
@@ -1226,7 +1114,7 @@ static void test_pool_exhausted(void **state)
 static void test_pool_free_not_a_slot(void **state)
 {
     (void)state;
-    kvx_pool *p = pool_of(1 << 20);
+    kvx_pool *p = io_pool(1 << 20);
     void *a, *b, *c;
     assert_int_equal(kvx_pool_alloc(&a, p, 4096), 0);
     assert_int_equal(kvx_pool_alloc(&b, p, 8192), 0);
@@ -1235,7 +1123,7 @@ static void test_pool_free_not_a_slot(void **state)
     assert_int_equal(kvx_pool_free(p, b, 4096), KVX_EINVALID);  /* half of b */
     assert_int_equal(kvx_pool_free(p, (uint8_t *)b + 4096, 4096), KVX_EINVALID); /* inside b */
     assert_int_equal(kvx_pool_free(p, b, 12288), KVX_EINVALID); /* b and c */
-    assert_int_equal(pool_free_bytes(p), (1 << 20) - 4096 - 8192 - 4096);
+    assert_int_equal(io_pool_free(p), (1 << 20) - 4096 - 8192 - 4096);
     /* b is still b's: a new slot is not inside it */
     void *d;
     assert_int_equal(kvx_pool_alloc(&d, p, 4096), 0);
@@ -1246,12 +1134,12 @@ static void test_pool_free_not_a_slot(void **state)
     assert_int_equal(kvx_pool_free(p, c, 1000), 0);
     assert_int_equal(kvx_pool_free(p, a, 4000), 0);
     assert_int_equal(kvx_pool_free(p, d, 4096), 0);
-    assert_int_equal(pool_free_bytes(p), 1 << 20);
+    assert_int_equal(io_pool_free(p), 1 << 20);
     /* every slot of a full pool, freed in a shuffled order */
     void *sl[256];
     for (int i = 0; i < 256; i++) assert_int_equal(kvx_pool_alloc(&sl[i], p, 4096), 0);
     for (int i = 0; i < 256; i++) assert_int_equal(kvx_pool_free(p, sl[(i * 37) % 256], 4096), 0);
-    assert_int_equal(pool_free_bytes(p), 1 << 20);
+    assert_int_equal(io_pool_free(p), 1 << 20);
     void *all;
     assert_int_equal(kvx_pool_alloc(&all, p, 1 << 20), 0); /* merged back into one range */
     assert_int_equal(kvx_pool_free(p, all, 1 << 20), 0);
@@ -1279,7 +1167,7 @@ static void *thr_main(void *arg)
     kvx_fetch_req r[N1];
     kvx_fetch_result res[N1];
     for (int k = 0; k < 60; k++) {
-        size_t n = every_page(r, t->s);
+        size_t n = io_every_page(r, t->s);
         int rc = kvx_fetch_submit(f, r + (k % 5), n - (size_t)(k % 5));
         if (rc == KVX_ECAPACITY) continue; /* the other thread holds the pool */
         if (rc || kvx_fetch_wait(f, res, n - (size_t)(k % 5), -1)) {
@@ -1298,15 +1186,15 @@ static void test_two_threads_one_pool(void **state)
 {
     (void)state;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
-    kvx_pool *p = pool_of(2 << 20);
+    kvx_shard *s = io_fresh(path, sizeof path);
+    kvx_pool *p = io_pool(2 << 20);
     thr t[2] = {{p, s, KVX_IO_URING, 0}, {p, s, KVX_IO_PREAD, 0}};
     pthread_t tid[2];
     for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&tid[i], NULL, thr_main, &t[i]), 0);
     for (int i = 0; i < 2; i++) pthread_join(tid[i], NULL);
     assert_int_equal(t[0].fails, 0);
     assert_int_equal(t[1].fails, 0);
-    assert_int_equal(pool_free_bytes(p), 2 << 20);
+    assert_int_equal(io_pool_free(p), 2 << 20);
     kvx_pool_destroy(p);
     kvx_shard_close(s);
 }
@@ -1358,18 +1246,18 @@ static void test_concurrent_warmups_and_fetch(void **state)
 {
     (void)state;
     char pa[512], pb[512];
-    kvx_shard *a = fresh(pa, sizeof pa), *b = fresh(pb, sizeof pb);
+    kvx_shard *a = io_fresh(pa, sizeof pa), *b = io_fresh(pb, sizeof pb);
     wthr t[2] = {{{a, b}, 0, 0}, {{b, a}, 1, 0}};
     pthread_t tid[2];
     for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&tid[i], NULL, warm_main, &t[i]), 0);
-    kvx_pool *p = pool_of(4 << 20);
+    kvx_pool *p = io_pool(4 << 20);
     thr ft = {p, a, KVX_IO_URING, 0};
     thr_main(&ft);
     for (int i = 0; i < 2; i++) pthread_join(tid[i], NULL);
     assert_int_equal(ft.fails, 0);
     assert_int_equal(t[0].fails, 0);
     assert_int_equal(t[1].fails, 0);
-    assert_int_equal(pool_free_bytes(p), 4 << 20);
+    assert_int_equal(io_pool_free(p), 4 << 20);
     kvx_pool_destroy(p);
     kvx_shard_close(a);
     kvx_shard_close(b);
@@ -1381,20 +1269,20 @@ static void test_peer_misuse(void **state)
 {
     (void)state;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
-    kvx_pool *p = pool_of(4 << 20);
+    kvx_shard *s = io_fresh(path, sizeof path);
+    kvx_pool *p = io_pool(4 << 20);
     kvx_fetch *peer = (kvx_fetch *)0x1;
     assert_int_equal(kvx_fetch_create_peer(NULL, NULL), KVX_EINVALID);
     assert_int_equal(kvx_fetch_create_peer(&peer, NULL), KVX_EINVALID);
     assert_null(peer);
     for (int m = 0; m < 3; m++) {
-        kvx_fetch *a = fetch_of(p, modes[m], 2, mode_flags[m], 4096);
+        kvx_fetch *a = io_fetch(p, modes[m], 2, mode_flags[m], 4096);
         kvx_fetch *b = NULL, *c = NULL;
         assert_int_equal(kvx_fetch_create_peer(&b, a), 0);
         assert_int_equal(kvx_fetch_create_peer(&c, b), 0); /* a peer of a peer */
         kvx_fetch_req r[N1];
         kvx_fetch_result ra[N1], rb[N1], rc_[N1];
-        size_t n = every_page(r, s);
+        size_t n = io_every_page(r, s);
         assert_int_equal(kvx_fetch_submit(a, r, n), 0);
         assert_int_equal(kvx_fetch_submit(b, r, n), 0);
         assert_int_equal(kvx_fetch_submit(c, r, n), 0);
@@ -1407,17 +1295,17 @@ static void test_peer_misuse(void **state)
             assert_int_equal(rb[i].status, 0);
             assert_true(rc_[i].status == 0 || rc_[i].status == KVX_ECANCELED);
         }
-        check_trust(r, rb, n, NULL);
-        check_trust(r, rc_, n, NULL);
+        io_check_trust(r, rb, n, NULL);
+        io_check_trust(r, rc_, n, NULL);
         /* b's next batch while c's is still unreleased */
         assert_int_equal(kvx_fetch_submit(b, r, n), 0);
         kvx_fetch_destroy(c);
         assert_int_equal(kvx_fetch_wait(b, rb, n, -1), 0);
         for (size_t i = 0; i < n; i++) assert_int_equal(rb[i].status, 0);
-        check_trust(r, rb, n, NULL);
+        io_check_trust(r, rb, n, NULL);
         kvx_fetch_destroy(b);
         (void)ra;
-        assert_int_equal(pool_free_bytes(p), 4 << 20);
+        assert_int_equal(io_pool_free(p), 4 << 20);
     }
     kvx_pool_destroy(p);
     kvx_shard_close(s);
@@ -1429,17 +1317,17 @@ static void test_no_fd_leak(void **state)
 {
     (void)state;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
-    int fd0 = count_fds();
+    kvx_shard *s = io_fresh(path, sizeof path);
+    int fd0 = io_count_fds();
     for (int k = 0; k < 20; k++) {
-        kvx_pool *p = pool_of(1 << 20);
+        kvx_pool *p = io_pool(1 << 20);
         for (int m = 0; m < 3; m++) {
-            kvx_fetch *f = fetch_of(p, modes[m], 2, mode_flags[m], 0);
+            kvx_fetch *f = io_fetch(p, modes[m], 2, mode_flags[m], 0);
             kvx_fetch *g = NULL;
             assert_int_equal(kvx_fetch_create_peer(&g, f), 0);
             kvx_fetch_req r[N1];
             kvx_fetch_result res[N1];
-            size_t n = every_page(r, s);
+            size_t n = io_every_page(r, s);
             assert_int_equal(kvx_fetch_submit(f, r, n), 0);
             assert_int_equal(kvx_fetch_submit(g, r, 3), 0);
             if (k % 2) assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
@@ -1455,7 +1343,7 @@ static void test_no_fd_leak(void **state)
         kvx_warmup_report_free(&rep);
         kvx_pool_destroy(p);
     }
-    assert_int_equal(count_fds(), fd0);
+    assert_int_equal(io_count_fds(), fd0);
     kvx_shard_close(s);
 }
 
@@ -1465,7 +1353,7 @@ static void test_warmup_flip_host_sink(void **state)
 {
     (void)state;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
+    kvx_shard *s = io_fresh(path, sizeof path);
     uint64_t need;
     assert_int_equal(kvx_warmup_sink_bytes(&need, &s, 1), 0);
     uint8_t *buf = malloc(need);
@@ -1522,7 +1410,7 @@ static void test_warmup_truncated_and_faults(void **state)
 {
     (void)state;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
+    kvx_shard *s = io_fresh(path, sizeof path);
     kvx_entry mid;
     assert_int_equal(kvx_shard_entry(&mid, s, N1 / 2), 0);
     assert_int_equal(truncate(path, (off_t)mid.offset + 100), 0);
@@ -1540,7 +1428,7 @@ static void test_warmup_truncated_and_faults(void **state)
     }
     kvx_shard_close(s);
     /* the completion filter at every position, warmup over io_uring */
-    s = fresh(path, sizeof path);
+    s = io_fresh(path, sizeof path);
     for (int kind = 0; kind <= 6; kind++)
         for (int at = 0; at < 24; at++) {
             kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
@@ -1587,8 +1475,8 @@ static void test_warmup_report_consistent(void **state)
     (void)state;
     char pa[512], pb[512];
     kvx_shard *in[3];
-    in[0] = fresh(pa, sizeof pa);
-    in[1] = fresh(pb, sizeof pb);
+    in[0] = io_fresh(pa, sizeof pa);
+    in[1] = io_fresh(pb, sizeof pb);
     in[2] = in[0]; /* the same shard twice */
     uint64_t want_sum = 0, want_bytes = 0;
     for (int k = 0; k < 3; k++)
@@ -1683,7 +1571,7 @@ static void test_warmup_report_consistent(void **state)
     assert_int_equal(kvx_pool_create(NULL, NULL), KVX_EINVALID);
     kvx_pool_info info;
     assert_int_equal(kvx_pool_get_info(&info, NULL), KVX_EINVALID);
-    p = pool_of(1 << 20);
+    p = io_pool(1 << 20);
     kvx_fetch_options fo = KVX_FETCH_OPTIONS_INIT;
     kvx_fetch *f = (kvx_fetch *)0x1;
     fo.io_mode = 5;
@@ -1709,10 +1597,10 @@ static void test_warmup_report_consistent(void **state)
     assert_int_equal(kvx_fetch_mode(f), KVX_IO_PREAD);
     kvx_fetch_req r[N1];
     kvx_fetch_result res[N1];
-    size_t n = every_page(r, in[1]);
+    size_t n = io_every_page(r, in[1]);
     assert_int_equal(kvx_fetch_submit(f, r, n), 0);
     assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
-    check_trust(r, res, n, NULL);
+    io_check_trust(r, res, n, NULL);
     assert_int_equal(kvx_fetch_direct(f), 0);
     kvx_fetch_destroy(f);
     unsetenv("KVX_IO_FORCE_NO_URING");
@@ -1720,7 +1608,7 @@ static void test_warmup_report_consistent(void **state)
     assert_int_equal(kvx_fetch_create(&f, p, &fo), 0); /* depth clamped */
     assert_int_equal(kvx_fetch_submit(f, r, n), 0);
     assert_int_equal(kvx_fetch_wait(f, res, n, -1), 0);
-    check_trust(r, res, n, NULL);
+    io_check_trust(r, res, n, NULL);
     kvx_fetch_destroy(f);
     kvx_pool_destroy(p);
     assert_int_equal(kvx_fetch_mode(NULL), KVX_IO_AUTO);
@@ -1754,7 +1642,7 @@ static void test_warmup_odd_inputs(void **state)
         assert_true(kvx_shard_open(&s, bad[i], 0) < 0);
     }
     /* a shard with a huge sparse tail (1 TiB) */
-    kvx_shard *s = fresh(p_sparse, sizeof p_sparse);
+    kvx_shard *s = io_fresh(p_sparse, sizeof p_sparse);
     kvx_shard_close(s);
     assert_int_equal(truncate(p_sparse, (off_t)1 << 40), 0);
     s = NULL;
@@ -1777,7 +1665,7 @@ static void test_warmup_odd_inputs(void **state)
     assert_int_equal(kvx_warmup_run(&rep, &nul, 1, NULL), KVX_EINVALID);
     /* option limits */
     char path[512];
-    s = fresh(path, sizeof path);
+    s = io_fresh(path, sizeof path);
     kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
     o.queue_depth = 63;
     assert_int_equal(kvx_warmup_run(&rep, &s, 1, &o), KVX_EINVALID);
@@ -1887,14 +1775,14 @@ static void test_warmup_cancel(void **state)
 {
     (void)state;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
+    kvx_shard *s = io_fresh(path, sizeof path);
     kvx_shard *many[64];
     for (int i = 0; i < 64; i++) many[i] = s;
     uint64_t need;
     assert_int_equal(kvx_warmup_sink_bytes(&need, many, 64), 0);
     uint8_t *buf = malloc(need);
     assert_non_null(buf);
-    int fd0 = count_fds();
+    int fd0 = io_count_fds();
     for (int v = 0; v < 12; v++) {
         kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
         o.io_mode = v % 3;
@@ -1929,7 +1817,7 @@ static void test_warmup_cancel(void **state)
         assert_int_equal(kvx_warmup_start(&w, many, 64, &o), 0);
         kvx_warmup_destroy(w);
     }
-    assert_int_equal(count_fds(), fd0);
+    assert_int_equal(io_count_fds(), fd0);
     free(buf);
     kvx_shard_close(s);
 }
@@ -1951,7 +1839,7 @@ static void test_memlock_tiny(void **state)
 {
     (void)state;
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
+    kvx_shard *s = io_fresh(path, sizeof path);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
@@ -1980,7 +1868,7 @@ static void test_memlock_tiny(void **state)
         if (kvx_fetch_create(&f, p, &fo)) _exit(6);
         kvx_fetch_req r[N1];
         kvx_fetch_result res[N1];
-        size_t n = every_page(r, s);
+        size_t n = io_every_page(r, s);
         if (kvx_fetch_submit(f, r, n) || kvx_fetch_wait(f, res, n, -1)) _exit(7);
         for (size_t i = 0; i < n; i++)
             if (res[i].status || !io_page_ok(res[i].page, 7, (uint32_t)i, res[i].bytes)) _exit(8);
@@ -2038,7 +1926,7 @@ static void test_gpu_nocuda_answers(void **state)
     assert_int_equal(kvx_gpu_copy_back(NULL, NULL, 0, 0), KVX_ENOCUDA);
     /* a GPU sink, with no kvx_gpu or a pointer that is not one: KVX_ENOCUDA, never touched */
     char path[512];
-    kvx_shard *s = fresh(path, sizeof path);
+    kvx_shard *s = io_fresh(path, sizeof path);
     kvx_warmup_options wo = KVX_WARMUP_OPTIONS_INIT;
     wo.sink = KVX_SINK_GPU;
     kvx_warmup_report rep;
@@ -2064,34 +1952,34 @@ static void test_gpu_nocuda_answers(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup(test_file_changed_inflight, reset),
-        cmocka_unit_test_setup(test_os_faults_every_call, reset),
-        cmocka_unit_test_setup(test_flip_each_page, reset),
-        cmocka_unit_test_setup(test_flips_while_in_flight, reset),
-        cmocka_unit_test_setup(test_filter_every_position, reset),
-        cmocka_unit_test_setup(test_filter_random, reset),
-        cmocka_unit_test_setup(test_filter_always, reset),
-        cmocka_unit_test_setup(test_cold_buffered_uring, reset),
-        cmocka_unit_test_setup(test_many_files, reset),
-        cmocka_unit_test_setup(test_request_lists, reset),
-        cmocka_unit_test_setup(test_shard_closed_inflight, reset),
-        cmocka_unit_test_setup(test_slow_reads_bounded, reset),
-        cmocka_unit_test_setup(test_no_write_past_slots, reset),
-        cmocka_unit_test_setup(test_direct_of_last_batch, reset),
-        cmocka_unit_test_setup(test_pool_exhausted, reset),
-        cmocka_unit_test_setup(test_pool_free_not_a_slot, reset),
-        cmocka_unit_test_setup(test_two_threads_one_pool, reset),
-        cmocka_unit_test_setup(test_concurrent_warmups_and_fetch, reset),
-        cmocka_unit_test_setup(test_peer_misuse, reset),
-        cmocka_unit_test_setup(test_no_fd_leak, reset),
-        cmocka_unit_test_setup(test_warmup_flip_host_sink, reset),
-        cmocka_unit_test_setup(test_warmup_truncated_and_faults, reset),
-        cmocka_unit_test_setup(test_warmup_report_consistent, reset),
-        cmocka_unit_test_setup(test_warmup_odd_inputs, reset),
-        cmocka_unit_test_setup(test_warmup_store_planted, reset),
-        cmocka_unit_test_setup(test_warmup_cancel, reset),
-        cmocka_unit_test_setup(test_memlock_tiny, reset),
-        cmocka_unit_test_setup(test_gpu_nocuda_answers, reset),
+        cmocka_unit_test_setup(test_file_changed_inflight, os_reset),
+        cmocka_unit_test_setup(test_os_faults_every_call, os_reset),
+        cmocka_unit_test_setup(test_flip_each_page, os_reset),
+        cmocka_unit_test_setup(test_flips_while_in_flight, os_reset),
+        cmocka_unit_test_setup(test_filter_every_position, os_reset),
+        cmocka_unit_test_setup(test_filter_random, os_reset),
+        cmocka_unit_test_setup(test_filter_always, os_reset),
+        cmocka_unit_test_setup(test_cold_buffered_uring, os_reset),
+        cmocka_unit_test_setup(test_many_files, os_reset),
+        cmocka_unit_test_setup(test_request_lists, os_reset),
+        cmocka_unit_test_setup(test_shard_closed_inflight, os_reset),
+        cmocka_unit_test_setup(test_slow_reads_bounded, os_reset),
+        cmocka_unit_test_setup(test_no_write_past_slots, os_reset),
+        cmocka_unit_test_setup(test_direct_of_last_batch, os_reset),
+        cmocka_unit_test_setup(test_pool_exhausted, os_reset),
+        cmocka_unit_test_setup(test_pool_free_not_a_slot, os_reset),
+        cmocka_unit_test_setup(test_two_threads_one_pool, os_reset),
+        cmocka_unit_test_setup(test_concurrent_warmups_and_fetch, os_reset),
+        cmocka_unit_test_setup(test_peer_misuse, os_reset),
+        cmocka_unit_test_setup(test_no_fd_leak, os_reset),
+        cmocka_unit_test_setup(test_warmup_flip_host_sink, os_reset),
+        cmocka_unit_test_setup(test_warmup_truncated_and_faults, os_reset),
+        cmocka_unit_test_setup(test_warmup_report_consistent, os_reset),
+        cmocka_unit_test_setup(test_warmup_odd_inputs, os_reset),
+        cmocka_unit_test_setup(test_warmup_store_planted, os_reset),
+        cmocka_unit_test_setup(test_warmup_cancel, os_reset),
+        cmocka_unit_test_setup(test_memlock_tiny, os_reset),
+        cmocka_unit_test_setup(test_gpu_nocuda_answers, os_reset),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, io_base_setup, io_base_teardown);
 }

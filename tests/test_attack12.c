@@ -58,49 +58,7 @@
 
 #include "common/digest.h"
 #include "engine/store.h"
-#include "store_util.h"
-
-static int dir_counter;
-
-static void new_dir(char *dir, size_t cap) { snprintf(dir, cap, "%.200s/a12_%d", su_root, dir_counter++); }
-
-/* A block store of su_geometry: 64-byte pages, each in its own 4 KiB. */
-static kvx_store *mk_store(char *dir, size_t cap, uint64_t capacity, uint64_t shard_bytes)
-{
-    new_dir(dir, cap);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = capacity;
-    o.shard_bytes = shard_bytes;
-    o.flags = KVX_STORE_NOWAIT | KVX_STORE_NOSYNC;
-    kvx_store *s = NULL;
-    int rc = kvx_store_create(&s, dir, &o);
-    if (rc) fail_msg("create %s: %s (%s)", dir, kvx_err_name(rc), kvx_last_error());
-    return s;
-}
-
-static kvx_store *reopen(const char *dir, uint32_t flags)
-{
-    kvx_store *s = NULL;
-    int rc = kvx_store_open(&s, dir, NULL, flags | KVX_STORE_NOWAIT);
-    if (rc) fail_msg("open %s: %s (%s)", dir, kvx_err_name(rc), kvx_last_error());
-    return s;
-}
-
-static kvx_store_stats stat_of(kvx_store *s)
-{
-    kvx_store_stats st;
-    assert_int_equal(kvx_store_stat(&st, s), 0);
-    return st;
-}
-
-static void verify_clean(kvx_store *s)
-{
-    uint64_t bad = 9;
-    int rc = kvx_store_verify(s, &bad, NULL, NULL);
-    if (rc) fail_msg("verify: %s (%s)", kvx_err_name(rc), kvx_last_error());
-    assert_int_equal(bad, 0);
-}
+#include "lib/store.h"
 
 static void put_flush(kvx_store *s, uint64_t seq, size_t nb)
 {
@@ -181,7 +139,9 @@ static void test_evict_damaged_quarantined(void **state)
 {
     (void)state;
     char dir[300], name[64], path[600];
-    kvx_store *s = mk_store(dir, sizeof dir, EV_CAP, EV_SHARD);
+    kvx_store *s =
+        su_store(dir, sizeof dir,
+                 (su_spec){.capacity = EV_CAP, .shard_bytes = EV_SHARD, .flags = KVX_STORE_NOWAIT | KVX_STORE_NOSYNC});
     const uint64_t A = 100;
     put_flush(s, A, 16);
     only_shard(dir, name);
@@ -189,9 +149,9 @@ static void test_evict_damaged_quarantined(void **state)
     assert_int_equal(su_flip_page_byte(path, 12), 0); /* a cold page, rotten from the start */
     /* newer shards of 16 blocks while one more fits */
     uint64_t seq = 200;
-    for (kvx_store_stats st = stat_of(s); st.bytes + st.bytes / st.shards <= EV_CAP; st = stat_of(s))
+    for (kvx_store_stats st = su_stat(s); st.bytes + st.bytes / st.shards <= EV_CAP; st = su_stat(s))
         put_flush(s, seq++, 16);
-    assert_int_equal(stat_of(s).evictions, 0);
+    assert_int_equal(su_stat(s).evictions, 0);
     /* A's first 8 blocks read now: hot, so eviction carries them; then
      * the page of block 6, checked by this lookup, rots */
     assert_int_equal(su_served_prefix(s, A, 8), 8);
@@ -199,13 +159,13 @@ static void test_evict_damaged_quarantined(void **state)
     size_t len = 0;
     uint8_t *held = slurp(path, &len);
     assert_non_null(held);
-    kvx_store_stats before = stat_of(s);
+    kvx_store_stats before = su_stat(s);
     assert_int_equal(before.quarantined, 0);
     /* small puts until the capacity is passed: a small overflow, so the
      * LRU cut falls among A's cold blocks (the oldest) and A, half cold,
      * is the victim */
-    while (stat_of(s).evictions == 0 && seq < 260) put_flush(s, seq++, 4);
-    kvx_store_stats after = stat_of(s);
+    while (su_stat(s).evictions == 0 && seq < 260) put_flush(s, seq++, 4);
+    kvx_store_stats after = su_stat(s);
     assert_true(after.evictions > 0);
     assert_true(after.bytes <= after.capacity_bytes);
     check_quarantined(dir, name, held, len);
@@ -213,13 +173,13 @@ static void test_evict_damaged_quarantined(void **state)
     /* blocks 0-5 were carried and serve their own bytes; the rotten 6
      * was not copied (its bytes would have got a fresh CRC) */
     assert_int_equal(su_served_prefix(s, A, 16), 6);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
-    s = reopen(dir, 0);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
     assert_int_equal(su_served_prefix(s, A, 16), 6);
-    assert_int_equal(stat_of(s).quarantined, 1);
+    assert_int_equal(su_stat(s).quarantined, 1);
     check_quarantined(dir, name, held, len);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
     free(held);
 }
@@ -230,7 +190,8 @@ static void test_compact_damaged_quarantined(void **state)
     char dir[300], name[64], path[600];
     /* 2 MiB: target shards of 512 KiB, and 4 small shards (< 256 KiB)
      * are due for a merge (their overhead passes 1 % of the capacity) */
-    kvx_store *s = mk_store(dir, sizeof dir, 2u << 20, 0);
+    kvx_store *s =
+        su_store(dir, sizeof dir, (su_spec){.capacity = 2u << 20, .flags = KVX_STORE_NOWAIT | KVX_STORE_NOSYNC});
     const uint64_t D = 400;
     put_flush(s, D, 4);
     only_shard(dir, name);
@@ -238,7 +199,7 @@ static void test_compact_damaged_quarantined(void **state)
     assert_int_equal(su_flip_page_byte(path, 2), 0);
     put_flush(s, D + 1, 4);
     put_flush(s, D + 2, 4);
-    kvx_store_stats before = stat_of(s);
+    kvx_store_stats before = su_stat(s);
     assert_int_equal(before.compactions, 0);
     assert_int_equal(before.shards, 3);
     assert_true(in_dir(dir, "shards", name));
@@ -246,7 +207,7 @@ static void test_compact_damaged_quarantined(void **state)
     uint8_t *held = slurp(path, &len);
     assert_non_null(held);
     put_flush(s, D + 3, 4); /* the fourth small shard: the flush merges */
-    kvx_store_stats after = stat_of(s);
+    kvx_store_stats after = su_stat(s);
     assert_true(after.compactions > before.compactions);
     assert_int_equal(after.evictions, 0);
     assert_true(after.shards < 4);
@@ -268,13 +229,13 @@ static void test_compact_damaged_quarantined(void **state)
     kvx_view_release(&v);
     assert_int_equal(kvx_store_get_hash(&v, s, h[2]), KVX_ENOTFOUND);
     for (uint64_t q = D + 1; q <= D + 3; q++) assert_int_equal(su_served_prefix(s, q, 4), 4);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
-    s = reopen(dir, 0);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
     assert_int_equal(su_served_prefix(s, D, 4), 2);
     for (uint64_t q = D + 1; q <= D + 3; q++) assert_int_equal(su_served_prefix(s, q, 4), 4);
     check_quarantined(dir, name, held, len);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
     free(held);
 }
@@ -380,7 +341,7 @@ static void test_keyed_name_collision(void **state)
     assert_true(kvx_key_hash(a, strlen(a)) == SHARED_NAME);
     assert_true(kvx_key_hash(b, strlen(b)) == SHARED_NAME);
     assert_true(kvx_key_hash("plain", 5) != SHARED_NAME);
-    new_dir(dir, sizeof dir);
+    su_new_dir(dir, sizeof dir);
     kvx_store_options o;
     kvx_store_options_init(&o);
     o.page_bytes = KPB;
@@ -410,17 +371,17 @@ static void test_keyed_name_collision(void **state)
     assert_int_equal(held[0], 0);
     assert_int_equal(held[1], 1);
     assert_int_equal(lead, 0);
-    verify_clean(s);
+    su_verify_clean(s);
     /* rebuilt from the shards alone */
     assert_int_equal(kvx_store_reindex(s), 0);
     assert_int_equal(locations_of_name(s), 4);
     check_all(s, all, 4, &e, 1);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
-    s = reopen(dir, KVX_STORE_READONLY);
+    s = su_reopen(dir, KVX_STORE_READONLY | KVX_STORE_NOWAIT);
     check_all(s, all, 4, &e, 1);
     kvx_store_close(s);
-    s = reopen(dir, 0);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
     check_all(s, all, 4, &e, 1);
     /* the owner's delete of A removes A's page only */
     size_t deleted = 9;
@@ -431,10 +392,10 @@ static void test_keyed_name_collision(void **state)
     check_all(s, left, 3, gone, 2);
     assert_int_equal(kvx_store_gc(s), 0);
     check_all(s, left, 3, gone, 2);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
     assert_int_equal(kvx_store_reindex_dir(dir, 0), 0);
-    s = reopen(dir, 0);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
     check_all(s, left, 3, &e, 1);
     kvx_store_close(s);
     kvx_key_name_hook = NULL;
@@ -539,19 +500,21 @@ static void reader_end(reader_proc *r)
 static int evict_after_reader(unsigned long lookups, int close_it, int writer_first)
 {
     char dir[300];
-    kvx_store *s = mk_store(dir, sizeof dir, EV_CAP, EV_SHARD);
+    kvx_store *s =
+        su_store(dir, sizeof dir,
+                 (su_spec){.capacity = EV_CAP, .shard_bytes = EV_SHARD, .flags = KVX_STORE_NOWAIT | KVX_STORE_NOSYNC});
     const uint64_t A = 500, B = 501;
     put_flush(s, A, 16);
     if (writer_first) assert_int_equal(su_served_prefix(s, A, 16), 16);
     put_flush(s, B, 16);
     uint64_t seq = 600;
-    for (kvx_store_stats st = stat_of(s); st.bytes + 2 * (st.bytes / st.shards) <= EV_CAP; st = stat_of(s))
+    for (kvx_store_stats st = su_stat(s); st.bytes + 2 * (st.bytes / st.shards) <= EV_CAP; st = su_stat(s))
         put_flush(s, seq++, 16);
-    assert_int_equal(stat_of(s).evictions, 0);
+    assert_int_equal(su_stat(s).evictions, 0);
     reader_proc r = {-1, -1};
     if (lookups) r = reader_start(dir, A, 16, lookups, close_it);
-    while (stat_of(s).evictions == 0 && seq < 640) put_flush(s, seq++, 16);
-    assert_true(stat_of(s).evictions > 0);
+    while (su_stat(s).evictions == 0 && seq < 640) put_flush(s, seq++, 16);
+    assert_true(su_stat(s).evictions > 0);
     size_t a = su_served_prefix(s, A, 16), b = su_served_prefix(s, B, 16);
     if (lookups) reader_end(&r);
     kvx_store_close(s);

@@ -44,47 +44,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "../common/os.h"
-#include "store_util.h"
+#include "common/os.h"
+#include "lib/store.h"
 
 #define PB 8192u
-
-static int dir_counter;
-
-static void new_dir(char *dir, size_t cap) { snprintf(dir, cap, "%.200s/a13-%d", su_root, dir_counter++); }
-
-static kvx_store *keyed_store(char *dir, size_t cap)
-{
-    new_dir(dir, cap);
-    kvx_store_options o;
-    kvx_store_options_init(&o);
-    o.page_bytes = PB;
-    o.flags = KVX_STORE_NOWAIT;
-    kvx_store *s = NULL;
-    int rc = kvx_store_create(&s, dir, &o);
-    if (rc) fail_msg("create %s: %s (%s)", dir, kvx_err_name(rc), kvx_last_error());
-    return s;
-}
-
-static kvx_store *block_store(char *dir, size_t cap)
-{
-    new_dir(dir, cap);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.flags = KVX_STORE_NOWAIT;
-    kvx_store *s = NULL;
-    int rc = kvx_store_create(&s, dir, &o);
-    if (rc) fail_msg("create %s: %s (%s)", dir, kvx_err_name(rc), kvx_last_error());
-    return s;
-}
-
-static kvx_store *reopen(const char *dir)
-{
-    kvx_store *s = NULL;
-    int rc = kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT);
-    if (rc) fail_msg("open %s: %s (%s)", dir, kvx_err_name(rc), kvx_last_error());
-    return s;
-}
 
 /* The page a key has under "version" ver. */
 static void fill(uint8_t *p, size_t n, const char *key, uint64_t ver)
@@ -229,7 +192,7 @@ static int find_ev(const char *want, int from)
  * O's file name in name. */
 static kvx_store *deleted_setup(char *dir, size_t cap, char name[64])
 {
-    kvx_store *s = keyed_store(dir, cap);
+    kvx_store *s = su_store(dir, cap, (su_spec){.page_bytes = PB, .flags = KVX_STORE_NOWAIT});
     put1(s, "K", PB, 1);
     put1(s, "J", PB, 1);
     put1(s, "L", PB, 1);
@@ -268,7 +231,7 @@ static void test_gc_crash_drop_not_adopted(void **state)
     assert_true(WIFEXITED(status));
     if (WEXITSTATUS(status) != 42) fail_msg("the child exited %d, not at O's unlink (42)", WEXITSTATUS(status));
     assert_true(in_dir(dir, "shards", oname, NULL)); /* the crash left it */
-    s = reopen(dir);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
     int j = check1(s, "J", PB, 1), k = check1(s, "K", 300, 2);
     if (j != KVX_ENOTFOUND)
         fail_msg("a key deleted (acknowledged) before gc's crash answers %d (0: its deleted bytes came back)", j);
@@ -280,7 +243,7 @@ static void test_gc_crash_drop_not_adopted(void **state)
     char names[8][64];
     assert_int_equal(su_list_names(dir, "staging", names, 8), 0);
     kvx_store_close(s);
-    s = reopen(dir); /* and for good */
+    s = su_reopen(dir, KVX_STORE_NOWAIT); /* and for good */
     assert_int_equal(check1(s, "J", PB, 1), KVX_ENOTFOUND);
     assert_int_equal(check1(s, "K", 300, 2), 0);
     kvx_store_close(s);
@@ -337,13 +300,13 @@ static void test_stale_index_twin_quarantined(void **state)
 {
     (void)state;
     char dir[300], idx[400], old[400], p[700], q[700];
-    kvx_store *s = block_store(dir, sizeof dir);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.flags = KVX_STORE_NOWAIT});
     assert_int_equal(su_put_seq(s, 1, 4), 0);
     kvx_store_close(s);
     snprintf(idx, sizeof idx, "%s/index/data.mdb", dir);
     snprintf(old, sizeof old, "%s.old.mdb", dir);
     assert_int_equal(cp(idx, old), 0);
-    s = reopen(dir);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
     assert_int_equal(su_put_seq(s, 2, 4), 0); /* acknowledged: shard G */
     kvx_store_close(s);
     char names[8][64];
@@ -358,7 +321,7 @@ static void test_stale_index_twin_quarantined(void **state)
     struct stat before;
     assert_int_equal(stat(p, &before), 0);
     assert_int_equal(cp(old, idx), 0);
-    s = reopen(dir);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
     assert_int_equal(su_served_prefix(s, 1, 4), 4);
     assert_int_equal(su_served_prefix(s, 2, 4), 0); /* whole or nothing: not served */
     kvx_store_close(s);
@@ -371,7 +334,7 @@ static void test_stale_index_twin_quarantined(void **state)
     assert_int_equal(su_list_names(dir, "staging", names, 8), 0);
     /* put back by the operator: the next writer adopts it */
     assert_int_equal(rename(q, p), 0);
-    s = reopen(dir);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
     assert_int_equal(su_served_prefix(s, 2, 4), 4);
     assert_int_equal(su_served_prefix(s, 1, 4), 4);
     kvx_store_close(s);
@@ -384,7 +347,7 @@ static void test_create_syncs_parent(void **state)
 {
     (void)state;
     char dir[300], want[600];
-    new_dir(dir, sizeof dir);
+    su_new_dir(dir, sizeof dir);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.flags = KVX_STORE_NOWAIT;
@@ -408,7 +371,7 @@ static void test_lock_removed_busy(void **state)
 {
     (void)state;
     char dir[300], lock[400];
-    kvx_store *a = block_store(dir, sizeof dir);
+    kvx_store *a = su_store(dir, sizeof dir, (su_spec){.flags = KVX_STORE_NOWAIT});
     snprintf(lock, sizeof lock, "%s/LOCK", dir);
     assert_int_equal(unlink(lock), 0); /* a "stale lock file" cleanup */
     kvx_store *b = NULL;
@@ -420,7 +383,7 @@ static void test_lock_removed_busy(void **state)
     assert_int_equal(rc, KVX_EBUSY);
     assert_int_equal(su_put_seq(a, 1, 2), 0);
     kvx_store_close(a);
-    b = reopen(dir); /* free again */
+    b = su_reopen(dir, KVX_STORE_NOWAIT); /* free again */
     assert_int_equal(su_served_prefix(b, 1, 2), 2);
     kvx_store_close(b);
 }
@@ -445,7 +408,7 @@ static void test_lock_replaced_relocks(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = block_store(dir, sizeof dir);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.flags = KVX_STORE_NOWAIT});
     kvx_store_close(s);
     snprintf(swap_lock, sizeof swap_lock, "%s/LOCK", dir);
     real_os = kvx_os;
@@ -471,12 +434,12 @@ static void test_fifo_victim_left_alone(void **state)
 {
     (void)state;
     char dir[300], p[700];
-    kvx_store *s = block_store(dir, sizeof dir);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.flags = KVX_STORE_NOWAIT});
     assert_int_equal(su_put_seq(s, 1, 4), 0);
     kvx_store_close(s);
     char names[8][64];
     assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
-    s = reopen(dir); /* the shard is not opened yet (first use) */
+    s = su_reopen(dir, KVX_STORE_NOWAIT); /* the shard is not opened yet (first use) */
     snprintf(p, sizeof p, "%s/shards/%s", dir, names[0]);
     assert_int_equal(unlink(p), 0);
     assert_int_equal(mkfifo(p, 0600), 0);
@@ -488,7 +451,7 @@ static void test_fifo_victim_left_alone(void **state)
     assert_true(in_dir(dir, "shards", names[0], &m));
     if (!S_ISFIFO(m)) fail_msg("the FIFO planted at shards/%s was moved", names[0]);
     assert_false(in_dir(dir, "quarantine", names[0], NULL));
-    s = reopen(dir);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
     assert_int_equal(su_served_prefix(s, 2, 4), 4);
     kvx_store_close(s);
     assert_true(in_dir(dir, "shards", names[0], &m) && S_ISFIFO(m));

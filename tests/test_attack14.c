@@ -45,36 +45,16 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "io_fixture.h"
-#include "store_util.h"
-#include "../common/os.h"
+#include "lib/fault.h"
+#include "lib/io.h"
+#include "lib/store.h"
+#include "common/os.h"
 
 int kvx_shard_mem(kvx_shard **out, const kvx_geometry *g, uint32_t n, void **pages, const uint64_t *hashes,
                   const uint64_t *parents, const uint32_t *tokens, const uint8_t *digests, const float *scales);
 
 enum { NB = 8 };
 static int dir_n;
-
-static int group_setup(void **state)
-{
-    (void)state;
-    unsetenv("KVX_IO_FORCE_NO_URING");
-    return io_mkdtemp("test_attack14");
-}
-
-static int group_teardown(void **state)
-{
-    (void)state;
-    io_rm_rf(io_tmpdir);
-    return 0;
-}
-
-static int reset(void **state)
-{
-    (void)state;
-    kvx_os_reset();
-    return 0;
-}
 
 /* ---- finding 1: served pages and the file under them ---- */
 
@@ -572,13 +552,13 @@ static void test_to_envelope_missing_pages(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup(test_verify_every_served_page, reset),
-        cmocka_unit_test_setup(test_rewrite_same_size_mtime, reset),
-        cmocka_unit_test_setup(test_fetch_tier_view, reset),
-        cmocka_unit_test_setup(test_warmup_tier_view, reset),
-        cmocka_unit_test_setup(test_failed_wait_parks_runs, reset),
-        cmocka_unit_test_setup(test_to_envelope_sparse_bound, reset),
-        cmocka_unit_test_setup(test_to_envelope_missing_pages, reset),
+        cmocka_unit_test_setup(test_verify_every_served_page, os_reset),
+        cmocka_unit_test_setup(test_rewrite_same_size_mtime, os_reset),
+        cmocka_unit_test_setup(test_fetch_tier_view, os_reset),
+        cmocka_unit_test_setup(test_warmup_tier_view, os_reset),
+        cmocka_unit_test_setup(test_failed_wait_parks_runs, os_reset),
+        cmocka_unit_test_setup(test_to_envelope_sparse_bound, os_reset),
+        cmocka_unit_test_setup(test_to_envelope_missing_pages, os_reset),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, io_setup, io_teardown);
 }

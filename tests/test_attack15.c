@@ -19,8 +19,8 @@
 
 #include <pthread.h>
 
-#include "store_util.h"
-#include "xfer_util.h"
+#include "lib/store.h"
+#include "lib/xfer.h"
 #include "engine/store.h"
 
 /* Bytes of the live shard files some lease of s pins. */
@@ -63,7 +63,7 @@ static void test_concurrent_leases_share_budget(void **state)
     (void)state;
     char d[256];
     const uint64_t cap = 160 << 10;
-    kvx_store *s = new_store(d, sizeof d, cap, 8 << 10, KVX_QUANT_FP16);
+    kvx_store *s = su_store(d, sizeof d, (su_spec){.capacity = cap, .shard_bytes = 8 << 10});
     for (uint64_t p = 0; p < 12; p++) free(prompt(s, 300 + p, 4, 4));
     uint64_t live = 0;
     for (uint32_t c = 0; c < ST_SLOTS; c++)
@@ -109,7 +109,7 @@ static void test_export_view_must_match_entry(void **state)
 {
     (void)state;
     char d[256];
-    kvx_store *s = new_store(d, sizeof d, 0, 0, KVX_QUANT_FP16);
+    kvx_store *s = su_store(d, sizeof d, (su_spec){0});
     uint32_t *t = prompt(s, 700, 4, 4);
     kvx_view v[4];
     size_t n = 0;

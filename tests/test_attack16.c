@@ -57,39 +57,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io_fixture.h"
-#include "store_util.h"
+#include "lib/fault.h"
+#include "lib/io.h"
+#include "lib/store.h"
 #include "common/os.h"
 #include "format/format.h"
 #include "index/index.h"
 
 enum { PB = 64 }; /* su_geometry's page of SU_B tokens */
 
-static int dir_n;
 
-static int group_setup(void **state)
-{
-    unsetenv("KVX_IO_FORCE_NO_URING");
-    if (io_mkdtemp("test_attack16")) return -1;
-    return su_setup(state);
-}
+static int group_setup(void **state) { return io_setup(state) || su_setup(state) ? -1 : 0; }
 
 static int group_teardown(void **state)
 {
-    io_rm_rf(io_tmpdir);
+    io_teardown(state);
     return su_teardown(state);
-}
-
-static kvx_store *new_store(char *dir, size_t cap)
-{
-    snprintf(dir, cap, "%s/s%d", su_root, dir_n++);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = 16 << 20;
-    o.shard_bytes = 256 << 10;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    return s;
 }
 
 /* A shard as a store before the digest wrote it (hashes and lineage, no
@@ -112,7 +95,7 @@ static void write_old_shard(const char *dir, uint64_t gen, uint8_t byte, const u
         memset(&e, 0, sizeof e);
         e.radix_block = (uint16_t)i;
         e.token_count = SU_B;
-        e.page = pages + i * PB;
+        e.page = pages + i * 64;
         e.tokens = t + i * SU_B;
         e.parent = parent;
         e.hash = kvx_block_hash(parent, e.tokens, SU_B);
@@ -186,7 +169,7 @@ static void test_legacy_child_of_collided_parent(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = new_store(dir, sizeof dir);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
     enum { NC = 3 };
     uint32_t b[SU_B], c[SU_B], x[NC * SU_B], bc[2 * SU_B];
     uint64_t hb[1], hx[NC], hbc[2];
@@ -247,7 +230,7 @@ static void test_carried_child_of_collided_parent(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = new_store(dir, sizeof dir);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
     uint32_t b[SU_B], c[SU_B], bc[2 * SU_B];
     uint64_t hb[1], hbc[2];
     su_tokens(b, 601, 1, 0);
@@ -280,11 +263,6 @@ static void test_carried_child_of_collided_parent(void **state)
     free(pb);
 }
 
-/* A chained FNV collision at block 0 for B = 4 (tests/collide.h, seed
- * 12345; the pair of test_attack2.c): H(0, COLL_A) == H(0, COLL_B). */
-static const uint32_t COLL_A[4] = {2849051040u, 4145281261u, 3375848879u, 1394986490u};
-static const uint32_t COLL_B[4] = {2849051040u, 4145281261u, 3465670547u, 1026208435u};
-
 /* gc keeps a pre-digest shard pre-digest when it salvages or trims it, so
  * reindex can still derive its blocks; but not when a block it leaves out
  * is the parent of one it keeps. The legacy shard holds X (tokens
@@ -296,7 +274,7 @@ static void test_salvage_keeps_no_collided_parent(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = new_store(dir, sizeof dir);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
     kvx_store_close(s);
     uint32_t c[SU_B], xc[2 * SU_B];
     su_tokens(c, 703, 1, 0);
@@ -361,7 +339,7 @@ static void test_nosync_handle_does_not_unsync_writer(void **state)
 {
     (void)state;
     char dir[300], index[400];
-    kvx_store *s = new_store(dir, sizeof dir);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
     kvx_store_close(s);
     snprintf(index, sizeof index, "%s/index", dir);
 
@@ -429,17 +407,6 @@ static int keyed_version(kvx_store *s, const char *k, uint64_t max_ver)
     return ver;
 }
 
-/* A new keyed store of PB-byte pages. */
-static kvx_store *new_keyed_store(char *dir, size_t cap)
-{
-    snprintf(dir, cap, "%s/s%d", su_root, dir_n++);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.page_bytes = PB;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    return s;
-}
-
 /* The store's one shard: its path in old (600 bytes), and a second name
  * for it, su_root/name, in aside (600 bytes): a backup of it. */
 static void link_only_shard(const char *dir, char *old, char *aside, const char *name)
@@ -462,7 +429,7 @@ static void test_keyed_newest_copy_served(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = new_keyed_store(dir, sizeof dir);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB});
     keyed_put(s, "K", 1);
     assert_int_equal(kvx_store_flush(s), 0);
     char names[8][64], old[600], aside[600];
@@ -520,7 +487,7 @@ static void test_keyed_rewrite_skips_replaced_copy(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = new_keyed_store(dir, sizeof dir);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB});
     keyed_put(s, "K", 1);
     keyed_put(s, "J", 1);
     assert_int_equal(kvx_store_flush(s), 0);
@@ -582,7 +549,7 @@ static void test_shard_swapped_for_symlink(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = new_store(dir, sizeof dir);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
     assert_int_equal(su_put_seq(s, 91, 3), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_store_close(s);
@@ -630,7 +597,7 @@ static void test_keyed_put_after_damage_lower_gen(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = new_keyed_store(dir, sizeof dir);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB});
     kvx_store_batch *a = NULL;
     assert_int_equal(kvx_store_batch_create(&a, s), 0);
     keyed_put_into(s, a, "X", 1);
@@ -665,7 +632,7 @@ static void test_keyed_put_after_damage_lower_gen(void **state)
  * then K deleted and put again as version ver (shard P) and gc dropped O. */
 static void replaced_with_backup(char *dir, char *old, char *aside, const char *name, uint64_t ver)
 {
-    kvx_store *s = new_keyed_store(dir, 300);
+    kvx_store *s = su_store(dir, 300, (su_spec){.page_bytes = PB});
     keyed_put(s, "K", 1);
     assert_int_equal(kvx_store_flush(s), 0);
     link_only_shard(dir, old, aside, name);

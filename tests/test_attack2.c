@@ -63,30 +63,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "store_util.h"
-
-static int dir_counter;
-
-/* A chained FNV collision at block 0 for B = 4 (found once with
- * tests/collide.h, seed 12345): kvx_block_hash(0, COLL_A) ==
- * kvx_block_hash(0, COLL_B) == 0xef3b2c7560273eaa, so any identical tail
- * appended to both collides block for block. */
-static const uint32_t COLL_A[4] = {2849051040u, 4145281261u, 3375848879u, 1394986490u};
-static const uint32_t COLL_B[4] = {2849051040u, 4145281261u, 3465670547u, 1026208435u};
-
-static kvx_store *make_store_cap(char *dir, size_t cap, uint64_t capacity, uint64_t shard_bytes)
-{
-    snprintf(dir, cap, "%s/s%d", su_root, dir_counter++);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = capacity;
-    o.shard_bytes = shard_bytes;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    return s;
-}
-
-static kvx_store *make_store(char *dir, size_t cap) { return make_store_cap(dir, cap, 16 << 20, 256 << 10); }
+#include "lib/store.h"
 
 /* Pages that are a function of (prompt, block), not of the hash: two
  * prompts whose hashes collide still have different KV. 64 bytes each. */
@@ -214,7 +191,7 @@ static size_t old_chain(old_ent *out, const uint32_t *t, const uint8_t *pages, s
 static void predigest_case(int headless, size_t *served_after, uint64_t *stat_unverified)
 {
     char dir[300];
-    kvx_store *s = make_store(dir, sizeof dir);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
     kvx_store_close(s);
     enum { NB = 4 };
     uint32_t t[NB * SU_B], u[NB * SU_B];
@@ -308,21 +285,6 @@ static void test_regress_predigest_rewrite_never_verified(void **state)
                  served[0], served[1], unv[0], unv[1]);
 }
 
-/* ------------------------------------------------------------------------
- * Readers and kvx store reindex (reindex_dir) of the same store
- * ---------------------------------------------------------------------- */
-
-static void put_prompt(kvx_store *s, uint64_t seq, size_t nb)
-{
-    uint32_t t[64 * SU_B];
-    uint64_t h[64];
-    su_tokens(t, seq, nb, 0);
-    uint8_t *p = su_pages(t, nb, h, 64);
-    assert_int_equal(kvx_store_put(s, t, nb * SU_B, p, nb, NULL, NULL), 0);
-    assert_int_equal(kvx_store_flush(s), 0);
-    free(p);
-}
-
 /*
  * DEFECT (STORE.md "Concurrency": "A read-only handle ... sees blocks
  * published after it opened (a fresh snapshot per call)").
@@ -369,8 +331,8 @@ static void test_regress_reader_stale_after_reindex_dir(void **state)
 {
     (void)state;
     char dir[300], args[1000];
-    kvx_store *s = make_store(dir, sizeof dir);
-    put_prompt(s, 1, 3);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
+    su_put_flush(s, 1, 3);
     kvx_store_close(s);
     kvx_store *r;
     assert_int_equal(kvx_store_open(&r, dir, NULL, KVX_STORE_READONLY), 0);
@@ -386,7 +348,7 @@ static void test_regress_reader_stale_after_reindex_dir(void **state)
     /* a writer (here in this process; another process gives the same) */
     kvx_store *w;
     assert_int_equal(kvx_store_open(&w, dir, NULL, 0), 0);
-    put_prompt(w, 2, 3);
+    su_put_flush(w, 2, 3);
     assert_int_equal(su_served_prefix(w, 2, 3), 3);
     kvx_store_close(w);
     /* the reader opened before sees the index was replaced (within 100 ms)
@@ -482,7 +444,7 @@ static void test_collisions_survive_rewrites(void **state)
     su_tokens(tc, 500, NB, 0);
     uint8_t *pa = prompt_pages(1, NB), *pb = prompt_pages(2, NB), *pc = prompt_pages(3, NB);
     char dir[300];
-    kvx_store *s = make_store(dir, sizeof dir);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
     assert_int_equal(kvx_store_put(s, ta, NB * SU_B, pa, NB, NULL, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     assert_int_equal(kvx_store_put(s, tb, NB * SU_B, pb, NB, NULL, NULL), 0);
@@ -525,7 +487,7 @@ static void test_collisions_survive_rewrites(void **state)
 
     /* eviction: a small store, A and B looked up between fillers (hot),
      * carried rather than dropped */
-    s = make_store_cap(dir, sizeof dir, 640 << 10, 64 << 10);
+    s = su_store(dir, sizeof dir, (su_spec){.capacity = 640 << 10, .shard_bytes = 64 << 10});
     assert_int_equal(kvx_store_put(s, ta, NB * SU_B, pa, NB, NULL, NULL), 0);
     assert_int_equal(kvx_store_put(s, tb, NB * SU_B, pb, NB, NULL, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
@@ -584,7 +546,7 @@ static void test_unverified_beside_verified_rewrites(void **state)
     (void)state;
     enum { NB = 4 };
     char dir[300];
-    kvx_store *s = make_store(dir, sizeof dir);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
     uint32_t t[2][NB * SU_B];
     uint64_t h[2][NB];
     uint8_t *pages[2];
@@ -660,9 +622,9 @@ static void test_regress_export_views_of_another_model(void **state)
 {
     (void)state;
     char d1[300], d2[300], d3[300];
-    kvx_store *m1 = make_store(d1, sizeof d1);
-    kvx_store *same = make_store(d3, sizeof d3);
-    snprintf(d2, sizeof d2, "%s/s%d", su_root, dir_counter++);
+    kvx_store *m1 = su_store(d1, sizeof d1, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
+    kvx_store *same = su_store(d3, sizeof d3, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
+    su_new_dir(d2, sizeof d2);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.geometry.model_signature ^= 0xFFFF;
@@ -670,8 +632,8 @@ static void test_regress_export_views_of_another_model(void **state)
     o.shard_bytes = 256 << 10;
     kvx_store *m2 = NULL;
     assert_int_equal(kvx_store_create(&m2, d2, &o), 0);
-    put_prompt(m2, 7, 3);
-    put_prompt(same, 7, 3);
+    su_put_flush(m2, 7, 3);
+    su_put_flush(same, 7, 3);
     uint32_t t[3 * SU_B];
     su_tokens(t, 7, 3, 0);
     kvx_view v[3], w[3];
@@ -731,8 +693,8 @@ static void test_quarantine_clash_chain(void **state)
 {
     (void)state;
     char dir[300], p[700];
-    kvx_store *s = make_store(dir, sizeof dir);
-    put_prompt(s, 1, 2);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
+    su_put_flush(s, 1, 2);
     kvx_store_close(s);
     snprintf(p, sizeof p, "%s/quarantine", dir);
     assert_int_equal(mkdir(p, 0700), 0);
@@ -784,8 +746,8 @@ static void test_regress_quarantine_note_clash(void **state)
 {
     (void)state;
     char dir[300], p[700], note[700];
-    kvx_store *s = make_store(dir, sizeof dir);
-    put_prompt(s, 1, 2);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
+    su_put_flush(s, 1, 2);
     kvx_store_close(s);
     snprintf(p, sizeof p, "%s/quarantine", dir);
     assert_int_equal(mkdir(p, 0700), 0);
@@ -841,8 +803,8 @@ static void test_reader_during_writer(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = make_store_cap(dir, sizeof dir, 640 << 10, 64 << 10);
-    put_prompt(s, 2000, 8);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 640 << 10, .shard_bytes = 64 << 10});
+    su_put_flush(s, 2000, 8);
     kvx_store_close(s);
     int pfd[2];
     assert_int_equal(pipe(pfd), 0);

@@ -27,34 +27,10 @@
 
 #include <cmocka.h>
 
-#include "fault.h"
-#include "store_util.h"
+#include "lib/fault.h"
+#include "lib/store.h"
 
 #define NB 3
-
-static int dir_counter;
-
-/* A chained FNV collision at block 0 for B = 4 (test_attack2.c). */
-static const uint32_t COLL_A[4] = {2849051040u, 4145281261u, 3375848879u, 1394986490u};
-static const uint32_t COLL_B[4] = {2849051040u, 4145281261u, 3465670547u, 1026208435u};
-
-static void new_dir(char *dir, size_t cap, const char *tag)
-{
-    snprintf(dir, cap, "%s/%s%d", su_root, tag, dir_counter++);
-}
-
-static kvx_store *make_store(const char *dir, uint64_t capacity, uint64_t shard_bytes, uint64_t sig)
-{
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    if (sig) o.geometry.model_signature = sig;
-    o.capacity_bytes = capacity;
-    o.shard_bytes = shard_bytes;
-    kvx_store *s = NULL;
-    int rc = kvx_store_create(&s, dir, &o);
-    if (rc) fail_msg("create %s: %s", dir, kvx_last_error());
-    return s;
-}
 
 static void copy_tree(const char *from, const char *to)
 {
@@ -99,8 +75,8 @@ static void test_get_hash_collision_transient(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir, "gh");
-    kvx_store *s = make_store(dir, 16 << 20, 256 << 10, 0);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
     uint32_t ta[SU_B], tb[SU_B];
     memcpy(ta, COLL_A, sizeof ta);
     memcpy(tb, COLL_B, sizeof tb);
@@ -299,10 +275,10 @@ static void sweep(const image *im, op_fn op, const char *tag)
  * (carrying hot blocks) and compacts. */
 static void make_evict_image(image *im)
 {
-    new_dir(im->dir, sizeof im->dir, "ev");
+    su_new_dir(im->dir, sizeof im->dir);
     im->capacity = 160 << 10;
     im->shard_bytes = 32 << 10;
-    kvx_store *s = make_store(im->dir, im->capacity, im->shard_bytes, 0);
+    kvx_store *s = su_create(im->dir, (su_spec){.capacity = im->capacity, .shard_bytes = im->shard_bytes});
     im->nseq = 0;
     for (uint64_t q = 0; q < 24; q++) {
         assert_int_equal(su_put_seq(s, q, NB), 0);
@@ -381,8 +357,8 @@ static void test_sweep_reindex(void **state)
 {
     (void)state;
     image im;
-    new_dir(im.dir, sizeof im.dir, "ri");
-    kvx_store *s = make_store(im.dir, 16 << 20, 256 << 10, 0);
+    su_new_dir(im.dir, sizeof im.dir);
+    kvx_store *s = su_create(im.dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
     im.nseq = 0;
     for (uint64_t q = 100; q < 106; q++) {
         assert_int_equal(su_put_seq(s, q, NB), 0);
@@ -410,8 +386,8 @@ static void test_sweep_reindex_dir(void **state)
 {
     (void)state;
     image im;
-    new_dir(im.dir, sizeof im.dir, "rd");
-    kvx_store *s = make_store(im.dir, 16 << 20, 256 << 10, 0);
+    su_new_dir(im.dir, sizeof im.dir);
+    kvx_store *s = su_create(im.dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
     im.nseq = 0;
     for (uint64_t q = 200; q < 205; q++) {
         assert_int_equal(su_put_seq(s, q, NB), 0);
@@ -428,8 +404,8 @@ static void test_sweep_reindex_dir(void **state)
  * size differs from its record. */
 static void make_recovery_image(image *im)
 {
-    new_dir(im->dir, sizeof im->dir, "rc");
-    kvx_store *s = make_store(im->dir, 16 << 20, 256 << 10, 0);
+    su_new_dir(im->dir, sizeof im->dir);
+    kvx_store *s = su_create(im->dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
     im->nseq = 0;
     for (uint64_t q = 300; q < 304; q++) {
         assert_int_equal(su_put_seq(s, q, NB), 0);

@@ -20,29 +20,9 @@
 
 #include <cmocka.h>
 
-#include "store_util.h"
+#include "lib/store.h"
 
 #define NB 3
-
-static int dir_counter;
-
-static void new_dir(char *dir, size_t cap, const char *tag)
-{
-    snprintf(dir, cap, "%s/%s%d", su_root, tag, dir_counter++);
-}
-
-static kvx_store *make_store(const char *dir, uint64_t capacity, uint64_t shard_bytes, uint64_t sig)
-{
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    if (sig) o.geometry.model_signature = sig;
-    o.capacity_bytes = capacity;
-    o.shard_bytes = shard_bytes;
-    kvx_store *s = NULL;
-    int rc = kvx_store_create(&s, dir, &o);
-    if (rc) fail_msg("create %s: %s", dir, kvx_last_error());
-    return s;
-}
 
 static void copy_file(const char *from, const char *to)
 {
@@ -63,10 +43,11 @@ static void test_verify_foreign_model_shard(void **state)
 {
     (void)state;
     char a[300], b[300];
-    new_dir(a, sizeof a, "va");
-    new_dir(b, sizeof b, "vb");
-    kvx_store *sa = make_store(a, 16 << 20, 256 << 10, 0);
-    kvx_store *sb = make_store(b, 16 << 20, 256 << 10, 0x5555AAAA5555AAAAull);
+    su_new_dir(a, sizeof a);
+    su_new_dir(b, sizeof b);
+    kvx_store *sa = su_create(a, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
+    kvx_store *sb =
+        su_create(b, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10, .signature = 0x5555AAAA5555AAAAull});
     assert_int_equal(su_put_seq(sa, 7, NB), 0);
     assert_int_equal(su_put_seq(sb, 7, NB), 0);
     kvx_store_close(sa);
@@ -109,8 +90,8 @@ static void test_gc_sparse_coordinates(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir, "sp");
-    kvx_store *s = make_store(dir, 16 << 20, 256 << 10, 0);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
     assert_int_equal(su_put_seq(s, 1, NB), 0);
     kvx_store_close(s);
     char path[700], staging[700];
@@ -170,8 +151,8 @@ static void test_pin_follows_salvage(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir, "pin");
-    kvx_store *s = make_store(dir, 2u << 20, 512u << 10, 0);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 2u << 20, .shard_bytes = 512u << 10});
     /* sequence 1, 12 blocks, in one shard */
     uint32_t t[12 * SU_B];
     uint64_t h[12];

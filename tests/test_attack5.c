@@ -42,53 +42,10 @@
 #include <cmocka.h>
 
 #include "engine/store.h"
-#include "fault.h"
-#include "store_util.h"
+#include "lib/fault.h"
+#include "lib/store.h"
 
 #define NB 6 /* blocks per sequence */
-
-static int dir_counter;
-
-static void new_dir(char *dir, size_t cap) { snprintf(dir, cap, "%s/s%d", su_root, dir_counter++); }
-
-static kvx_store *mk_store(const char *dir, uint64_t capacity, uint64_t shard_bytes)
-{
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = capacity;
-    o.shard_bytes = shard_bytes;
-    o.flags = KVX_STORE_NOWAIT;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    return s;
-}
-
-static int put_seq(kvx_store *s, kvx_store_batch *b, uint64_t seq, size_t *added)
-{
-    uint32_t t[NB * SU_B];
-    uint64_t h[NB];
-    su_tokens(t, seq, NB, 0);
-    uint8_t *p = su_pages(t, NB, h, 64);
-    int rc = b ? kvx_store_batch_put(b, t, NB * SU_B, p, NB, NULL, added)
-               : kvx_store_put(s, t, NB * SU_B, p, NB, NULL, added);
-    free(p);
-    return rc;
-}
-
-static size_t served(kvx_store *s, uint64_t seq) { return su_served_prefix(s, seq, NB); }
-
-static void verify_clean(kvx_store *s)
-{
-    uint64_t bad = 9;
-    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
-    assert_int_equal(bad, 0);
-}
-
-static size_t n_files(const char *dir, const char *sub)
-{
-    char names[512][64];
-    return su_list_names(dir, sub, names, 512);
-}
 
 static uint64_t rnd_state;
 static uint64_t rnd(void)
@@ -115,7 +72,7 @@ static size_t nacked;
 static void check_acked(kvx_store *s, const char *when, unsigned seed)
 {
     for (size_t i = 0; i < nacked; i++) {
-        size_t n = served(s, acked[i]);
+        size_t n = su_prefix_nb(s, acked[i]);
         if (n != NB)
             fail_msg("seed %u, %s: acknowledged seq %llu serves %zu of %d blocks (last error: %s)", seed, when,
                      (unsigned long long)acked[i], n == SIZE_MAX ? (size_t)999 : n, NB, kvx_last_error());
@@ -127,14 +84,14 @@ static void flush_model(kvx_store *s, model_batch *m, int rc, unsigned seed, lon
     if (rc == 0) {
         for (size_t i = 0; i < m->nok; i++) acked[nacked++] = m->ok[i];
         for (size_t i = 0; i < m->nok; i++)
-            if (served(s, m->ok[i]) != NB)
+            if (su_prefix_nb(s, m->ok[i]) != NB)
                 fail_msg("seed %u step %ld: flush returned 0 but seq %llu is not served (failed put before: %d)",
                          seed, step, (unsigned long long)m->ok[i], m->failed);
     } else if (rc == KVX_EDROPPED) {
         if (!m->failed) fail_msg("seed %u step %ld: KVX_EDROPPED without a failed put", seed, step);
         /* what was put after the failure is published all the same */
         for (size_t i = m->after_fail; i < m->nok; i++) {
-            if (served(s, m->ok[i]) != NB)
+            if (su_prefix_nb(s, m->ok[i]) != NB)
                 fail_msg("seed %u step %ld: KVX_EDROPPED flush did not publish seq %llu put after the failure",
                          seed, step, (unsigned long long)m->ok[i]);
             acked[nacked++] = m->ok[i];
@@ -148,8 +105,9 @@ static void flush_model(kvx_store *s, model_batch *m, int rc, unsigned seed, lon
 static void run_random(unsigned seed, uint64_t capacity, uint64_t shard_bytes, long steps)
 {
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, capacity, shard_bytes);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s =
+        su_create(dir, (su_spec){.capacity = capacity, .shard_bytes = shard_bytes, .flags = KVX_STORE_NOWAIT});
     rnd_state = seed;
     nacked = 0;
     uint64_t next_seq = (uint64_t)seed * 100000u;
@@ -175,7 +133,7 @@ static void run_random(unsigned seed, uint64_t capacity, uint64_t shard_bytes, l
             }
             uint64_t q = next_seq++;
             size_t added = 0;
-            int rc = put_seq(s, m->b ? m->b : NULL, q, &added);
+            int rc = su_put_batch(s, m->b ? m->b : NULL, q, &added);
             if (rc == 0) {
                 m->ok[m->nok++] = q;
             } else if (rc != KVX_ECAPACITY) {
@@ -225,13 +183,13 @@ static void run_random(unsigned seed, uint64_t capacity, uint64_t shard_bytes, l
         flush_model(s, &mb[i], rc, seed, -1);
     }
     check_acked(s, "end", seed);
-    verify_clean(s);
+    su_verify_clean(s);
     for (int i = 0; i < NBAT; i++) kvx_store_batch_destroy(mb[i].b);
     kvx_store_close(s);
     assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
     check_acked(s, "final reopen", seed);
-    verify_clean(s);
-    assert_int_equal(n_files(dir, "staging"), 0);
+    su_verify_clean(s);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
     kvx_store_close(s);
     su_rm_rf(dir);
 }
@@ -299,7 +257,7 @@ static void *th_writer(void *p)
     size_t nmine = 0;
     for (int j = 0; !w->rc && j < PER_WRITER; j++) {
         uint64_t q = 700000 + (uint64_t)w->id * 1000 + (uint64_t)j;
-        w->rc = put_seq(sh->s, b, q, NULL);
+        w->rc = su_put_batch(sh->s, b, q, NULL);
         if (w->rc) break;
         mine[nmine++] = q;
         if (nmine == 3 || j == PER_WRITER - 1) {
@@ -325,7 +283,7 @@ static void *th_lookups(void *p)
         uint64_t q = n ? sh->acked[(r = su_mix(r)) % n] : 0;
         pthread_mutex_unlock(&sh->mu);
         if (!n) continue;
-        size_t got = served(sh->s, q);
+        size_t got = su_prefix_nb(sh->s, q);
         if (got == SIZE_MAX) th_note(sh, &sh->wrong, "seq %llu served a wrong block (%ld)", q, 0);
         else if (!sh->pressure && got != NB) {
             /* a lookup whose snapshot names a shard that a concurrent
@@ -334,7 +292,7 @@ static void *th_lookups(void *p)
             size_t again = got;
             for (int k = 0; k < 3 && again != NB; k++) {
                 usleep(2000);
-                again = served(sh->s, q);
+                again = su_prefix_nb(sh->s, q);
             }
             if (again != NB) th_note(sh, &sh->missing, "acknowledged seq %llu serves %ld blocks", q, (long)again);
         }
@@ -359,7 +317,8 @@ static void *th_lookups(void *p)
             th_note(sh, &sh->other, "get_hash of seq %llu: error %ld", q, rc);
         }
         /* a seq never put is never served */
-        if (served(sh->s, 990000 + (r % 1000)) != 0) th_note(sh, &sh->wrong, "seq %llu never put is served (%ld)", 990000 + (r % 1000), 0);
+        if (su_prefix_nb(sh->s, 990000 + (r % 1000)) != 0)
+            th_note(sh, &sh->wrong, "seq %llu never put is served (%ld)", 990000 + (r % 1000), 0);
     }
     return NULL;
 }
@@ -379,9 +338,9 @@ static void *th_maint(void *p)
 static void run_threads(uint64_t capacity, uint64_t shard_bytes, int pressure)
 {
     char dir[300];
-    new_dir(dir, sizeof dir);
+    su_new_dir(dir, sizeof dir);
     th_shared *sh = calloc(1, sizeof *sh);
-    sh->s = mk_store(dir, capacity, shard_bytes);
+    sh->s = su_create(dir, (su_spec){.capacity = capacity, .shard_bytes = shard_bytes, .flags = KVX_STORE_NOWAIT});
     sh->pressure = pressure;
     pthread_mutex_init(&sh->mu, NULL);
     pthread_t tw[NWRITERS], tl, tm;
@@ -402,16 +361,16 @@ static void run_threads(uint64_t capacity, uint64_t shard_bytes, int pressure)
         if (w[i].rc) fail_msg("writer %d: %s (%s)", i, kvx_err_name(w[i].rc), kvx_last_error());
     }
     for (size_t i = 0; i < sh->nacked; i++) {
-        size_t n = served(sh->s, sh->acked[i]);
+        size_t n = su_prefix_nb(sh->s, sh->acked[i]);
         assert_true(n != SIZE_MAX);
         if (!pressure) assert_int_equal(n, NB);
     }
-    verify_clean(sh->s);
+    su_verify_clean(sh->s);
     kvx_store_close(sh->s);
-    assert_int_equal(n_files(dir, "staging"), 0);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
     assert_int_equal(kvx_store_open(&sh->s, dir, NULL, KVX_STORE_NOWAIT), 0);
     for (size_t i = 0; i < sh->nacked; i++) {
-        size_t n = served(sh->s, sh->acked[i]);
+        size_t n = su_prefix_nb(sh->s, sh->acked[i]);
         assert_true(n != SIZE_MAX);
         if (!pressure) assert_int_equal(n, NB);
     }
@@ -421,7 +380,7 @@ static void run_threads(uint64_t capacity, uint64_t shard_bytes, int pressure)
         /* (stat's eviction counters start again at each reindex) */
         assert_true(st.bytes <= st.capacity_bytes + st.shard_bytes);
     }
-    verify_clean(sh->s);
+    su_verify_clean(sh->s);
     kvx_store_close(sh->s);
     pthread_mutex_destroy(&sh->mu);
     free(sh);
@@ -458,7 +417,7 @@ static void crash_child(const char *dir, uint64_t base, int fd)
     uint64_t r = base;
     for (uint64_t q = base;; q++) {
         int i = (int)((r = su_mix(r)) % 3);
-        int rc = put_seq(s, b[i], q, NULL);
+        int rc = su_put_batch(s, b[i], q, NULL);
         if (rc != 0) {
             fprintf(stderr, "child: put: %s (%s)\n", kvx_err_name(rc), kvx_last_error());
             _exit(5);
@@ -480,10 +439,10 @@ static void test_kill9_batch_flush(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
+    su_new_dir(dir, sizeof dir);
     /* default shard size (capacity / 64): with small shards the store runs
      * out of shard ids long before its capacity (see the review report) */
-    kvx_store *s = mk_store(dir, 256 << 20, 0);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 256 << 20, .flags = KVX_STORE_NOWAIT});
     kvx_store_close(s);
     static uint64_t ack[200000];
     size_t nack = 0;
@@ -516,12 +475,12 @@ static void test_kill9_batch_flush(void **state)
         close(fds[0]);
         assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
         for (size_t i = 0; i < nack; i++) {
-            size_t got = served(s, ack[i]);
+            size_t got = su_prefix_nb(s, ack[i]);
             if (got != NB)
                 fail_msg("kill %ld: acknowledged seq %llu serves %zu of %d blocks", k, (unsigned long long)ack[i],
                          got == SIZE_MAX ? (size_t)999 : got, NB);
         }
-        verify_clean(s);
+        su_verify_clean(s);
         kvx_store_close(s);
     }
     assert_true(nack > 0);
@@ -543,7 +502,7 @@ static int reader_child(const char *dir, int stopfd)
         if (read(stopfd, &c, 1) == 0) break; /* the parent closed it */
         for (int j = 0; j < 50; j++) {
             uint64_t q = 800000 + (r = su_mix(r)) % 400;
-            size_t got = served(s, q);
+            size_t got = su_prefix_nb(s, q);
             if (got == SIZE_MAX) {
                 if (kvx_last_error()[0] && strstr(kvx_last_error(), "reindex")) {
                     /* KVX_ESTALE after a reindex_dir: open again */
@@ -583,9 +542,9 @@ static void test_reader_process_vs_batches(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 120 << 10, 16 << 10);
-    assert_int_equal(put_seq(s, NULL, 800000, NULL), 0);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 120 << 10, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
+    assert_int_equal(su_put_batch(s, NULL, 800000, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_store_close(s);
     int fds[2];
@@ -607,10 +566,10 @@ static void test_reader_process_vs_batches(void **state)
     for (int round = 0; round < 4; round++) {
         for (uint64_t q = 800000; q < 800400; q++) {
             int i = (int)((r = su_mix(r)) % 3);
-            int prc = put_seq(s, b[i], q, NULL);
+            int prc = su_put_batch(s, b[i], q, NULL);
             if (prc == KVX_ECAPACITY) { /* "flush first" */
                 assert_int_equal(kvx_store_batch_flush(b[i]), 0);
-                prc = put_seq(s, b[i], q, NULL);
+                prc = su_put_batch(s, b[i], q, NULL);
             }
             assert_int_equal(prc, 0);
             if (r % 3 == 0) assert_int_equal(kvx_store_batch_flush(b[i]), 0);
@@ -631,7 +590,7 @@ static void test_reader_process_vs_batches(void **state)
         for (int i = 0; i < 3; i++) assert_int_equal(kvx_store_batch_create(&b[i], s), 0);
     }
     for (int i = 0; i < 3; i++) kvx_store_batch_destroy(b[i]);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
     close(fds[1]);
     int status = 0;

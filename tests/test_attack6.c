@@ -18,54 +18,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "store_util.h"
-#include "xfer_util.h"
-
-/* Chunk i (a full block) of prompt t exported from sender as version v;
- * empty: "you hold it". */
-static void make_chunk(chunk_buf *cb, kvx_store *sender, const uint32_t *t, size_t i, uint16_t v, int empty)
-{
-    memset(cb, 0, sizeof *cb);
-    uint64_t h[512];
-    assert_true(i < 512);
-    kvx_block_hashes(h, t, (i + 1) * SU_B, SU_B);
-    cb->c.kv_format = v;
-    cb->c.block_hash = h[i];
-    cb->c.tokens = t + i * SU_B;
-    cb->c.n_tokens = SU_B;
-    if (empty) return;
-    size_t len = 0;
-    static kvx_view views[512];
-    size_t n = 0;
-    assert_int_equal(kvx_store_prefix(views, &n, sender, t, (i + 1) * SU_B, 512), 0);
-    assert_int_equal(n, i + 1);
-    assert_int_equal(kvx_views_export(&cb->env, &len, sender, &views[i], 1, v), 0);
-    kvx_views_release(views, n);
-    cb->c.payload = cb->env;
-    cb->c.payload_len = len;
-    cb->c.crc32c = kvx_crc32c(0, cb->env, len);
-}
-
-static uint64_t blocks_of(kvx_store *s)
-{
-    kvx_store_stats st;
-    assert_int_equal(kvx_store_stat(&st, s), 0);
-    return st.blocks;
-}
-
-static int send_chunk(kvx_xfer_stream *st, kvx_store *sender, const uint32_t *t, size_t i, int empty)
-{
-    chunk_buf cb;
-    make_chunk(&cb, sender, t, i, 1, empty);
-    int rc = kvx_xfer_stream_chunk(st, &cb.c, NULL);
-    kvx_free(cb.env);
-    return rc;
-}
+#include "lib/store.h"
+#include "lib/xfer.h"
 
 static void bad_crc_chunk(kvx_xfer_stream *st, kvx_store *sender, const uint32_t *t, size_t i)
 {
     chunk_buf cb;
-    make_chunk(&cb, sender, t, i, 1, 0);
+    xf_block_chunk(&cb, sender, t, i, 1, 0);
     cb.c.crc32c ^= 0x5a;
     assert_int_equal(kvx_xfer_stream_chunk(st, &cb.c, NULL), KVX_ECORRUPT);
     kvx_free(cb.env);
@@ -80,13 +39,6 @@ static void reseal(uint8_t *p, size_t len)
     memcpy(p + len - 4, &c, 4); /* little-endian host */
 }
 
-static void verify_clean(kvx_store *s)
-{
-    uint64_t bad = 99;
-    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
-    assert_int_equal(bad, 0);
-}
-
 /* ------------------------------------------------------------------ */
 
 /* A stream that outlives kvx_store_close (the header forbids it, but the
@@ -97,12 +49,12 @@ static void test_stream_after_close(void **state)
 {
     (void)state;
     char da[256], db[256];
-    kvx_store *a = fp16_store(da, sizeof da), *b = fp16_store(db, sizeof db);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0}), *b = su_store(db, sizeof db, (su_spec){0});
     uint32_t *t = prompt(a, 1, 3, 3);
     uint32_t *held = prompt(b, 1, 1, 1); /* the same prompt's first block */
     kvx_xfer_stream *st = NULL;
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
-    assert_int_equal(send_chunk(st, a, t, 0, 0), 0);
+    assert_int_equal(xf_send_chunk(st, a, t, 0, 0), 0);
     uint64_t h[1];
     kvx_block_hashes(h, t, SU_B, SU_B);
     uint8_t out[1] = {0};
@@ -110,7 +62,7 @@ static void test_stream_after_close(void **state)
     assert_int_equal(kvx_xfer_has_blocks(out, &l, b, h, 1, t, SU_B, 0, 0), 0);
     assert_int_equal(out[0], 1);
     chunk_buf cb;
-    make_chunk(&cb, a, t, 1, 1, 0); /* made before b closes */
+    xf_block_chunk(&cb, a, t, 1, 1, 0); /* made before b closes */
     kvx_store_close(b);
     assert_int_not_equal(kvx_xfer_stream_chunk(st, &cb.c, NULL), 0);
     assert_int_not_equal(kvx_xfer_stream_finish(st, NULL), 0);
@@ -119,7 +71,7 @@ static void test_stream_after_close(void **state)
     kvx_xfer_lease_destroy(l);
     assert_int_equal(kvx_store_open(&b, db, NULL, 0), 0);
     assert_int_equal(served(b, t, 3), 1); /* only what was flushed before */
-    verify_clean(b);
+    su_verify_clean(b);
     free(t);
     free(held);
     kvx_store_close(a);
@@ -133,17 +85,17 @@ static void test_capacity_then_failure_publishes_nothing(void **state)
 {
     (void)state;
     char da[256];
-    kvx_store *a = fp16_store(da, sizeof da);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0});
     const size_t nb = 48;
     uint32_t *t = prompt(a, 2, nb, nb);
     for (uint64_t cap_kib = 16; cap_kib <= 256; cap_kib += 12) {
         char db[256];
-        kvx_store *b = new_store(db, sizeof db, cap_kib << 10, 8 << 10, KVX_QUANT_FP16);
+        kvx_store *b = su_store(db, sizeof db, (su_spec){.capacity = cap_kib << 10, .shard_bytes = 8 << 10});
         kvx_xfer_stream *st = NULL;
         assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
         int rc = 0;
         size_t i = 0;
-        for (; i < nb - 1 && !rc; i++) rc = send_chunk(st, a, t, i, 0);
+        for (; i < nb - 1 && !rc; i++) rc = xf_send_chunk(st, a, t, i, 0);
         if (rc) {
             assert_int_equal(rc, KVX_ECAPACITY);
             assert_int_equal(kvx_xfer_grpc_code(rc), KVX_GRPC_RESOURCE_EXHAUSTED);
@@ -151,15 +103,15 @@ static void test_capacity_then_failure_publishes_nothing(void **state)
             bad_crc_chunk(st, a, t, nb - 1);
         }
         kvx_xfer_stream_destroy(st);
-        if (served(b, t, nb) != 0 || blocks_of(b) != 0)
+        if (served(b, t, nb) != 0 || xf_blocks_of(b) != 0)
             fail_msg("capacity %llu KiB: a failed stream (rc %d after %zu chunks) published %zu of its blocks "
                      "(%llu in the store)",
-                     (unsigned long long)cap_kib, rc, i, served(b, t, nb), (unsigned long long)blocks_of(b));
+                     (unsigned long long)cap_kib, rc, i, served(b, t, nb), (unsigned long long)xf_blocks_of(b));
         /* and a later stream that fits works */
         kvx_xfer_result r;
         assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
-        assert_int_equal(send_chunk(st, a, t, 0, 0), 0);
-        assert_int_equal(send_chunk(st, a, t, 1, 0), 0);
+        assert_int_equal(xf_send_chunk(st, a, t, 0, 0), 0);
+        assert_int_equal(xf_send_chunk(st, a, t, 1, 0), 0);
         assert_int_equal(kvx_xfer_stream_finish(st, &r), 0);
         kvx_xfer_stream_destroy(st);
         assert_int_equal(r.blocks_stored, 2);
@@ -167,7 +119,7 @@ static void test_capacity_then_failure_publishes_nothing(void **state)
         kvx_store_close(b);
         assert_int_equal(kvx_store_open(&b, db, NULL, 0), 0);
         assert_int_equal(served(b, t, nb), 2);
-        verify_clean(b);
+        su_verify_clean(b);
         kvx_store_close(b);
     }
     free(t);
@@ -181,37 +133,37 @@ static void test_shard_ids_run_out_mid_stream(void **state)
 {
     (void)state;
     char da[256], db[256];
-    kvx_store *a = fp16_store(da, sizeof da);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0});
     const size_t nb = 300;
     uint32_t *t = prompt(a, 13, nb, nb);
-    kvx_store *b = new_store(db, sizeof db, 0, 4096, KVX_QUANT_FP16);
+    kvx_store *b = su_store(db, sizeof db, (su_spec){.shard_bytes = 4096});
     kvx_store_stats st0;
     assert_int_equal(kvx_store_stat(&st0, b), 0);
     kvx_xfer_stream *st = NULL;
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
     int rc = 0;
     size_t i = 0;
-    for (; i < nb && !rc; i++) rc = send_chunk(st, a, t, i, 0);
+    for (; i < nb && !rc; i++) rc = xf_send_chunk(st, a, t, i, 0);
     if (!rc) rc = kvx_xfer_stream_finish(st, NULL);
     kvx_xfer_stream_destroy(st);
     if (rc) {
         assert_int_equal(kvx_xfer_grpc_code(rc), KVX_GRPC_RESOURCE_EXHAUSTED);
-        if (served(b, t, nb) || blocks_of(b))
+        if (served(b, t, nb) || xf_blocks_of(b))
             fail_msg("a stream failed (rc %d after %zu chunks) but %zu of its blocks are served", rc, i,
                      served(b, t, nb));
     } else {
         assert_int_equal(served(b, t, nb), nb);
     }
-    verify_clean(b);
+    su_verify_clean(b);
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
-    for (i = 0; i < 8; i++) assert_int_equal(send_chunk(st, a, t, i, 0), 0);
+    for (i = 0; i < 8; i++) assert_int_equal(xf_send_chunk(st, a, t, i, 0), 0);
     assert_int_equal(kvx_xfer_stream_finish(st, NULL), 0);
     kvx_xfer_stream_destroy(st);
     assert_true(served(b, t, nb) >= 8);
     kvx_store_close(b);
     assert_int_equal(kvx_store_open(&b, db, NULL, 0), 0);
     assert_true(served(b, t, nb) >= 8);
-    verify_clean(b);
+    su_verify_clean(b);
     free(t);
     kvx_store_close(a);
     kvx_store_close(b);
@@ -224,7 +176,8 @@ static void test_empty_for_damaged_or_unverified(void **state)
 {
     (void)state;
     char da[256], db[256], dc[256];
-    kvx_store *a = fp16_store(da, sizeof da), *b = fp16_store(db, sizeof db), *c = fp16_store(dc, sizeof dc);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0}), *b = su_store(db, sizeof db, (su_spec){0}),
+              *c = su_store(dc, sizeof dc, (su_spec){0});
     uint32_t *t = prompt(a, 14, 2, 2);
     free(prompt(b, 14, 2, 2));
     char names[8][64];
@@ -234,7 +187,7 @@ static void test_empty_for_damaged_or_unverified(void **state)
     assert_int_equal(su_flip_page_byte(path, 0), 0);
     /* unverified copy in c: block 0 put without tokens */
     chunk_buf cb;
-    make_chunk(&cb, a, t, 0, 1, 0);
+    xf_block_chunk(&cb, a, t, 0, 1, 0);
     assert_int_equal(kvx_store_put_envelope(c, cb.env, cb.c.payload_len, NULL, 0, NULL), 0);
     assert_int_equal(kvx_store_flush(c), 0);
     kvx_free(cb.env);
@@ -252,11 +205,11 @@ static void test_empty_for_damaged_or_unverified(void **state)
         assert_int_equal(held[0], 0);
         kvx_xfer_stream *st = NULL;
         assert_int_equal(kvx_xfer_stream_create(&st, r), 0);
-        assert_int_equal(send_chunk(st, a, t, 0, 1), KVX_ENOTHELD);
+        assert_int_equal(xf_send_chunk(st, a, t, 0, 1), KVX_ENOTHELD);
         kvx_xfer_stream_destroy(st);
         assert_int_equal(kvx_xfer_stream_create(&st, r), 0);
-        assert_int_equal(send_chunk(st, a, t, 0, 0), 0);
-        assert_int_equal(send_chunk(st, a, t, 1, 0), 0);
+        assert_int_equal(xf_send_chunk(st, a, t, 0, 0), 0);
+        assert_int_equal(xf_send_chunk(st, a, t, 1, 0), 0);
         kvx_xfer_result res;
         assert_int_equal(kvx_xfer_stream_finish(st, &res), 0);
         kvx_xfer_stream_destroy(st);
@@ -278,17 +231,17 @@ static void test_maintenance_mid_stream(void **state)
 {
     (void)state;
     char da[256];
-    kvx_store *a = fp16_store(da, sizeof da);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0});
     const size_t nb = 24;
     uint32_t *t = prompt(a, 3, nb, nb);
     uint32_t *u = prompt(a, 4, 4, 4);
     for (int op = 0; op < 3; op++)
         for (int fail = 0; fail < 2; fail++) {
             char db[256];
-            kvx_store *b = new_store(db, sizeof db, 0, 8 << 10, KVX_QUANT_FP16);
+            kvx_store *b = su_store(db, sizeof db, (su_spec){.shard_bytes = 8 << 10});
             kvx_xfer_stream *st = NULL;
             assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
-            for (size_t i = 0; i < nb - 1; i++) assert_int_equal(send_chunk(st, a, t, i, 0), 0);
+            for (size_t i = 0; i < nb - 1; i++) assert_int_equal(xf_send_chunk(st, a, t, i, 0), 0);
             /* reindex refuses while a batch is open (KVX_EBUSY): clean */
             if (op == 0) {
                 int rrc = kvx_store_reindex(b);
@@ -298,7 +251,7 @@ static void test_maintenance_mid_stream(void **state)
             if (op == 2) {
                 kvx_xfer_stream *o = NULL;
                 assert_int_equal(kvx_xfer_stream_create(&o, b), 0);
-                for (size_t i = 0; i < 4; i++) assert_int_equal(send_chunk(o, a, u, i, 0), 0);
+                for (size_t i = 0; i < 4; i++) assert_int_equal(xf_send_chunk(o, a, u, i, 0), 0);
                 assert_int_equal(kvx_xfer_stream_finish(o, NULL), 0);
                 kvx_xfer_stream_destroy(o);
             }
@@ -308,19 +261,19 @@ static void test_maintenance_mid_stream(void **state)
             if (fail) {
                 bad_crc_chunk(st, a, t, nb - 1);
             } else {
-                assert_int_equal(send_chunk(st, a, t, nb - 1, 0), 0);
+                assert_int_equal(xf_send_chunk(st, a, t, nb - 1, 0), 0);
                 assert_int_equal(kvx_xfer_stream_finish(st, &r), 0);
                 assert_int_equal(r.blocks_stored, nb);
             }
             kvx_xfer_stream_destroy(st);
             size_t want = fail ? 0 : nb;
             assert_int_equal(served(b, t, nb), want);
-            verify_clean(b);
+            su_verify_clean(b);
             kvx_store_close(b);
             assert_int_equal(kvx_store_open(&b, db, NULL, 0), 0);
             assert_int_equal(served(b, t, nb), want);
             assert_int_equal(served(b, u, 4), op == 2 ? 4 : 0);
-            verify_clean(b);
+            su_verify_clean(b);
             assert_int_equal(kvx_store_reindex(b), 0);
             assert_int_equal(served(b, t, nb), want);
             kvx_store_close(b);
@@ -336,15 +289,15 @@ static void test_maintenance_mid_stream(void **state)
 static void kill9_mid_stream(int strict)
 {
     char da[256];
-    kvx_store *a = fp16_store(da, sizeof da);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0});
     const size_t nb = 20;
     uint32_t *t = prompt(a, 5, nb, nb);
     /* the chunks are made in the parent (the child only receives) */
     chunk_buf cb[20];
-    for (size_t i = 0; i < nb; i++) make_chunk(&cb[i], a, t, i, 1, 0);
+    for (size_t i = 0; i < nb; i++) xf_block_chunk(&cb[i], a, t, i, 1, 0);
     for (size_t k = 1; k <= nb; k += 3) {
         char db[256];
-        kvx_store *b = new_store(db, sizeof db, 0, 8 << 10, KVX_QUANT_FP16);
+        kvx_store *b = su_store(db, sizeof db, (su_spec){.shard_bytes = 8 << 10});
         kvx_store_close(b);
         pid_t pid = fork();
         assert_true(pid >= 0);
@@ -367,12 +320,12 @@ static void kill9_mid_stream(int strict)
          * than the sender's */
         assert_int_equal(kvx_store_open(&b, db, NULL, 0), 0);
         size_t got = served(b, t, nb);
-        if (strict && (got || blocks_of(b)))
+        if (strict && (got || xf_blocks_of(b)))
             fail_msg("kill -9 after %zu chunks: the reopened store serves %zu blocks of the unacknowledged stream "
                      "(%llu blocks in it)",
-                     k, got, (unsigned long long)blocks_of(b));
+                     k, got, (unsigned long long)xf_blocks_of(b));
         assert_true(got <= k);
-        assert_true(blocks_of(b) <= k);
+        assert_true(xf_blocks_of(b) <= k);
         if (got) {
             kvx_view va[20], vb[20];
             size_t na = 0, nbv = 0;
@@ -387,7 +340,7 @@ static void kill9_mid_stream(int strict)
             kvx_views_release(va, na);
             kvx_views_release(vb, nbv);
         }
-        verify_clean(b);
+        su_verify_clean(b);
         kvx_xfer_stream *st = NULL;
         assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
         for (size_t i = 0; i < nb; i++) assert_int_equal(kvx_xfer_stream_chunk(st, &cb[i].c, NULL), 0);
@@ -396,7 +349,7 @@ static void kill9_mid_stream(int strict)
         kvx_xfer_stream_destroy(st);
         assert_int_equal(r.blocks_stored + got, nb);
         assert_int_equal(served(b, t, nb), nb);
-        verify_clean(b);
+        su_verify_clean(b);
         kvx_store_close(b);
     }
     for (size_t i = 0; i < nb; i++) kvx_free(cb[i].env);
@@ -431,9 +384,9 @@ static void test_leases_pin_everything(void **state)
 {
     (void)state;
     char da[256], db[256];
-    kvx_store *a = fp16_store(da, sizeof da);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0});
     const uint64_t cap = 160 << 10;
-    kvx_store *b = new_store(db, sizeof db, cap, 8 << 10, KVX_QUANT_FP16);
+    kvx_store *b = su_store(db, sizeof db, (su_spec){.capacity = cap, .shard_bytes = 8 << 10});
     enum { NP = 12, NB = 4 };
     uint32_t *t[NP];
     kvx_xfer_lease *l[NP] = {0};
@@ -443,7 +396,7 @@ static void test_leases_pin_everything(void **state)
         kvx_xfer_stream *st = NULL;
         assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
         int rc = 0;
-        for (size_t i = 0; i < NB && !rc; i++) rc = send_chunk(st, a, t[p], i, 0);
+        for (size_t i = 0; i < NB && !rc; i++) rc = xf_send_chunk(st, a, t[p], i, 0);
         if (!rc) rc = kvx_xfer_stream_finish(st, NULL);
         kvx_xfer_stream_destroy(st);
         if (rc) {
@@ -476,7 +429,7 @@ static void test_leases_pin_everything(void **state)
     assert_int_equal(kvx_store_stat(&st, b), 0);
     if (st.bytes > cap) fail_msg("after the leases went and gc ran: %llu bytes in a %llu-byte store",
                                  (unsigned long long)st.bytes, (unsigned long long)cap);
-    verify_clean(b);
+    su_verify_clean(b);
     for (int p = 0; p < NP; p++) free(t[p]);
     kvx_store_close(a);
     kvx_store_close(b);
@@ -488,8 +441,8 @@ static void test_lease_gone_stream_holds(void **state)
 {
     (void)state;
     char da[256], db[256];
-    kvx_store *a = fp16_store(da, sizeof da);
-    kvx_store *b = new_store(db, sizeof db, 1 << 20, 0, KVX_QUANT_FP16);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0});
+    kvx_store *b = su_store(db, sizeof db, (su_spec){.capacity = 1 << 20});
     const size_t nb = 8;
     uint32_t *t = prompt(a, 6, nb, nb);
     uint32_t *tb = prompt(b, 6, nb, nb);
@@ -500,7 +453,7 @@ static void test_lease_gone_stream_holds(void **state)
     assert_int_equal(kvx_xfer_has_blocks(held, &l, b, h, nb, t, nb * SU_B, 0, 0), 0);
     kvx_xfer_stream *st = NULL;
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
-    for (size_t i = 0; i < nb; i++) assert_int_equal(send_chunk(st, a, t, i, 1), 0);
+    for (size_t i = 0; i < nb; i++) assert_int_equal(xf_send_chunk(st, a, t, i, 1), 0);
     kvx_xfer_lease_destroy(l);
     for (uint64_t seq = 200; seq < 200 + 64; seq++) free(prompt(b, seq, 8, 8));
     assert_int_equal(kvx_store_gc(b), 0);
@@ -522,13 +475,13 @@ static void test_empty_for_pending_block(void **state)
 {
     (void)state;
     char da[256], db[256];
-    kvx_store *a = fp16_store(da, sizeof da), *b = fp16_store(db, sizeof db);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0}), *b = su_store(db, sizeof db, (su_spec){0});
     uint32_t *t = prompt(a, 7, 3, 3);
     kvx_xfer_stream *s1 = NULL, *s2 = NULL;
     assert_int_equal(kvx_xfer_stream_create(&s1, b), 0);
-    assert_int_equal(send_chunk(s1, a, t, 0, 0), 0);
+    assert_int_equal(xf_send_chunk(s1, a, t, 0, 0), 0);
     assert_int_equal(kvx_xfer_stream_create(&s2, b), 0);
-    assert_int_equal(send_chunk(s2, a, t, 0, 1), KVX_ENOTHELD);
+    assert_int_equal(xf_send_chunk(s2, a, t, 0, 1), KVX_ENOTHELD);
     assert_int_equal(kvx_xfer_grpc_code(KVX_ENOTHELD), KVX_GRPC_ABORTED);
     kvx_xfer_stream_destroy(s2);
     /* HasBlocks does not count it either */
@@ -542,8 +495,8 @@ static void test_empty_for_pending_block(void **state)
     assert_int_equal(kvx_xfer_stream_finish(s1, NULL), 0);
     kvx_xfer_stream_destroy(s1);
     assert_int_equal(kvx_xfer_stream_create(&s2, b), 0);
-    assert_int_equal(send_chunk(s2, a, t, 0, 1), 0);
-    assert_int_equal(send_chunk(s2, a, t, 1, 0), 0);
+    assert_int_equal(xf_send_chunk(s2, a, t, 0, 1), 0);
+    assert_int_equal(xf_send_chunk(s2, a, t, 1, 0), 0);
     kvx_xfer_result r;
     assert_int_equal(kvx_xfer_stream_finish(s2, &r), 0);
     assert_int_equal(r.blocks_referenced, 1);
@@ -562,11 +515,12 @@ static void test_truncated_payloads(void **state)
 {
     (void)state;
     char da[256], db[256];
-    kvx_store *a = new_store(da, sizeof da, 0, 0, KVX_QUANT_E4M3), *b = fp16_store(db, sizeof db);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){.quant = KVX_QUANT_E4M3}),
+              *b = su_store(db, sizeof db, (su_spec){0});
     uint32_t *t = prompt(a, 8, 1, 1);
     for (uint16_t v = 1; v <= 3; v++) {
         chunk_buf cb;
-        make_chunk(&cb, a, t, 0, v, 0);
+        xf_block_chunk(&cb, a, t, 0, v, 0);
         size_t len = cb.c.payload_len;
         for (size_t n = 0; n < len + 8; n++) {
             if (n == len) continue;
@@ -607,7 +561,7 @@ static void test_truncated_payloads(void **state)
         }
         kvx_free(cb.env);
     }
-    verify_clean(b);
+    su_verify_clean(b);
     free(t);
     kvx_store_close(a);
     kvx_store_close(b);
@@ -618,11 +572,11 @@ static void test_v2_bad_scales(void **state)
 {
     (void)state;
     char da[256], db[256];
-    kvx_store *a = new_store(da, sizeof da, 0, 0, KVX_QUANT_E4M3);
-    kvx_store *b = new_store(db, sizeof db, 0, 0, KVX_QUANT_E4M3);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){.quant = KVX_QUANT_E4M3});
+    kvx_store *b = su_store(db, sizeof db, (su_spec){.quant = KVX_QUANT_E4M3});
     uint32_t *t = prompt(a, 9, 1, 1);
     chunk_buf cb;
-    make_chunk(&cb, a, t, 0, 2, 0);
+    xf_block_chunk(&cb, a, t, 0, 2, 0);
     kvx_envelope e;
     assert_int_equal(kvx_envelope_parse(&e, cb.env, cb.c.payload_len, NULL), 0);
     kvx_envelope_block blk;
@@ -647,7 +601,7 @@ static void test_v2_bad_scales(void **state)
             kvx_xfer_stream_destroy(st);
             free(p);
         }
-    assert_int_equal(blocks_of(b), 0);
+    assert_int_equal(xf_blocks_of(b), 0);
     kvx_free(cb.env);
     free(t);
     kvx_store_close(a);
@@ -662,24 +616,24 @@ static void test_head_rules(void **state)
 {
     (void)state;
     char da[256], db[256];
-    kvx_store *a = fp16_store(da, sizeof da), *b = fp16_store(db, sizeof db);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0}), *b = su_store(db, sizeof db, (su_spec){0});
     uint32_t *t = prompt(a, 10, 3, 3), *u = prompt(a, 11, 1, 1);
     kvx_xfer_stream *st = NULL;
     chunk_buf cb;
     /* chain restart: block 0 of another prompt as the stream's chunk 1 */
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
-    assert_int_equal(send_chunk(st, a, t, 0, 0), 0);
-    assert_int_equal(send_chunk(st, a, u, 0, 0), KVX_EHASH);
-    assert_int_equal(send_chunk(st, a, t, 1, 0), KVX_EHASH); /* the failure sticks */
+    assert_int_equal(xf_send_chunk(st, a, t, 0, 0), 0);
+    assert_int_equal(xf_send_chunk(st, a, u, 0, 0), KVX_EHASH);
+    assert_int_equal(xf_send_chunk(st, a, t, 1, 0), KVX_EHASH); /* the failure sticks */
     assert_int_equal(kvx_xfer_stream_finish(st, NULL), KVX_EHASH);
     kvx_xfer_stream_destroy(st);
     /* chunks out of order: block 1 first */
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
-    assert_int_equal(send_chunk(st, a, t, 1, 0), KVX_EHASH);
+    assert_int_equal(xf_send_chunk(st, a, t, 1, 0), KVX_EHASH);
     kvx_xfer_stream_destroy(st);
     /* hash 0 for a full block */
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
-    make_chunk(&cb, a, t, 0, 1, 0);
+    xf_block_chunk(&cb, a, t, 0, 1, 0);
     cb.c.block_hash = 0;
     assert_int_equal(kvx_xfer_stream_chunk(st, &cb.c, NULL), KVX_EHASH);
     kvx_xfer_stream_destroy(st);
@@ -719,11 +673,11 @@ static void test_head_rules(void **state)
     kvx_xfer_stream_destroy(st);
     kvx_free(cb.env);
     assert_int_equal(served(b, t, 3), 0);
-    assert_int_equal(blocks_of(b), 0);
+    assert_int_equal(xf_blocks_of(b), 0);
     /* a store whose model_signature is 0: a chunk naming one is refused,
      * one naming none is taken */
     char dc[256];
-    snprintf(dc, sizeof dc, "%.200s/a6-sig0-%d", su_root, xf_dir_counter++);
+    snprintf(dc, sizeof dc, "%.200s/a6-sig0-%d", su_root, su_dir_counter++);
     kvx_store_options o;
     kvx_store_options_init(&o);
     o.geometry = su_geometry();
@@ -732,7 +686,7 @@ static void test_head_rules(void **state)
     assert_int_equal(kvx_store_create(&c0, dc, &o), 0);
     kvx_geometry ga = su_geometry();
     assert_int_equal(kvx_xfer_stream_create(&st, c0), 0);
-    make_chunk(&cb, a, t, 0, 1, 0);
+    xf_block_chunk(&cb, a, t, 0, 1, 0);
     cb.c.model_signature = ga.model_signature;
     assert_int_equal(kvx_xfer_stream_chunk(st, &cb.c, NULL), KVX_EMODEL);
     kvx_xfer_stream_destroy(st);
@@ -774,7 +728,8 @@ static void test_v3_into_fp16(void **state)
 {
     (void)state;
     char da[256], db[256];
-    kvx_store *a = new_store(da, sizeof da, 0, 0, KVX_QUANT_BF16), *b = fp16_store(db, sizeof db);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){.quant = KVX_QUANT_BF16}),
+              *b = su_store(db, sizeof db, (su_spec){0});
     uint32_t *t = calloc(2 * SU_B, sizeof *t);
     su_tokens(t, 12, 2, 0);
     kvx_geometry g;
@@ -785,13 +740,13 @@ static void test_v3_into_fp16(void **state)
     assert_int_equal(kvx_store_put(a, t, SU_B, page, 1, NULL, NULL), 0);
     assert_int_equal(kvx_store_flush(a), 0);
     chunk_buf cb;
-    make_chunk(&cb, a, t, 0, 3, 0);
+    xf_block_chunk(&cb, a, t, 0, 3, 0);
     kvx_xfer_stream *st = NULL;
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
     int rc = kvx_xfer_stream_chunk(st, &cb.c, NULL);
     assert_int_equal(rc, KVX_ELOSSY);
     assert_int_equal(kvx_xfer_grpc_code(rc), KVX_GRPC_FAILED_PRECONDITION);
-    assert_int_equal(blocks_of(b), 0);
+    assert_int_equal(xf_blocks_of(b), 0);
     if (rc == 0) {
         assert_int_equal(kvx_xfer_stream_finish(st, NULL), 0);
         kvx_view v[1];

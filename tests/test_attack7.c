@@ -18,63 +18,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "store_util.h"
+#include "lib/store.h"
 
 #define PB 8192u
-
-static int dir_counter;
-
-static void new_dir(char *dir, size_t cap) { snprintf(dir, cap, "%.200s/a7-%d", su_root, dir_counter++); }
-
-static kvx_store *keyed_store(char *dir, size_t cap, uint64_t page_bytes, uint64_t capacity, uint64_t shard_bytes)
-{
-    new_dir(dir, cap);
-    kvx_store_options o;
-    kvx_store_options_init(&o);
-    o.page_bytes = page_bytes;
-    o.capacity_bytes = capacity;
-    o.shard_bytes = shard_bytes;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    return s;
-}
-
-/* The page a key has under "version" ver: a function of both. */
-static void fill(uint8_t *p, size_t n, const void *key, size_t klen, uint64_t ver)
-{
-    su_page(p, n, kvx_key_hash(key, klen) ^ (ver * 0x9E3779B97F4A7C15ull));
-}
-
-static int put1(kvx_store *s, kvx_store_batch *b, const void *key, size_t klen, size_t len, uint64_t ver,
-                size_t *out_new)
-{
-    uint8_t *p = malloc(len);
-    fill(p, len, key, klen, ver);
-    kvx_key k = {key, klen};
-    const void *pages[1] = {p};
-    size_t lens[1] = {len};
-    int rc = kvx_store_keyed_put(s, b, &k, pages, lens, 1, out_new);
-    free(p);
-    return rc;
-}
-
-/* 0 when key is served with exactly (len, ver)'s bytes; the get's status
- * otherwise (1 when served with other bytes). */
-static int check1(kvx_store *s, const void *key, size_t klen, size_t len, uint64_t ver)
-{
-    kvx_key k = {key, klen};
-    kvx_view v;
-    int st = 0;
-    int rc = kvx_store_keyed_get(&v, &st, s, &k, 1);
-    if (rc) return rc;
-    if (st) return st;
-    uint8_t *want = malloc(len);
-    fill(want, len, key, klen, ver);
-    int same = v.page_bytes == len && memcmp(v.page, want, len) == 0;
-    free(want);
-    kvx_view_release(&v);
-    return same ? 0 : 1;
-}
 
 static size_t del1(kvx_store *s, const void *key, size_t klen)
 {
@@ -82,13 +28,6 @@ static size_t del1(kvx_store *s, const void *key, size_t klen)
     size_t n = 99;
     assert_int_equal(kvx_store_keyed_delete(s, &k, 1, &n), 0);
     return n;
-}
-
-static void verify_clean(kvx_store *s)
-{
-    uint64_t bad = 99;
-    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
-    assert_int_equal(bad, 0);
 }
 
 static void copy_file(const char *from, const char *to)
@@ -111,7 +50,7 @@ static void test_awkward_keys(void **state)
 {
     (void)state;
     char dir[256];
-    kvx_store *s = keyed_store(dir, sizeof dir, PB, 0, 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB});
     static const char k0[] = "a\0b", k1[] = "a\0c", k2[] = "a", k3[] = "\0", k4[] = "\0\0";
     uint8_t k255[255], k256[256];
     for (int i = 0; i < 256; i++) k256[i] = (uint8_t)(i * 7 + 1);
@@ -119,14 +58,14 @@ static void test_awkward_keys(void **state)
     const void *keys[] = {k0, k1, k2, k3, k4, k255};
     const size_t klen[] = {3, 3, 1, 1, 2, 255};
     const size_t plen[] = {1, PB, 2, PB - 1, 4096, 7};
-    for (int i = 0; i < 6; i++) assert_int_equal(put1(s, NULL, keys[i], klen[i], plen[i], 1, NULL), 0);
-    assert_int_equal(put1(s, NULL, k256, 256, 10, 1, NULL), KVX_EINVALID);
+    for (int i = 0; i < 6; i++) assert_int_equal(su_key_put(s, NULL, keys[i], klen[i], plen[i], 1, NULL), 0);
+    assert_int_equal(su_key_put(s, NULL, k256, 256, 10, 1, NULL), KVX_EINVALID);
     assert_int_equal(kvx_store_flush(s), 0);
     for (int round = 0; round < 3; round++) {
         for (int i = 0; i < 6; i++)
-            if (check1(s, keys[i], klen[i], plen[i], 1)) fail_msg("round %d key %d not served exactly", round, i);
-        assert_int_equal(check1(s, k256, 255 + 1, 10, 1), KVX_EINVALID);
-        assert_int_equal(check1(s, "a\0", 2, 1, 1), KVX_ENOTFOUND);
+            if (su_key_check(s, keys[i], klen[i], plen[i], 1)) fail_msg("round %d key %d not served exactly", round, i);
+        assert_int_equal(su_key_check(s, k256, 255 + 1, 10, 1), KVX_EINVALID);
+        assert_int_equal(su_key_check(s, "a\0", 2, 1, 1), KVX_ENOTFOUND);
         if (round == 0) {
             kvx_store_close(s);
             assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
@@ -134,7 +73,7 @@ static void test_awkward_keys(void **state)
             assert_int_equal(kvx_store_reindex(s), 0);
         }
     }
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -144,10 +83,10 @@ static void test_same_key_twice_in_one_put(void **state)
 {
     (void)state;
     char dir[256];
-    kvx_store *s = keyed_store(dir, sizeof dir, PB, 0, 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB});
     uint8_t *p1 = malloc(PB), *p2 = malloc(PB);
-    fill(p1, PB, "dup", 3, 1);
-    fill(p2, PB, "dup", 3, 2);
+    su_key_fill(p1, PB, "dup", 3, 1);
+    su_key_fill(p2, PB, "dup", 3, 2);
     kvx_key k[2] = {{"dup", 3}, {"dup", 3}};
     const void *pages[2] = {p1, p2};
     size_t lens[2] = {PB, 100};
@@ -155,20 +94,20 @@ static void test_same_key_twice_in_one_put(void **state)
     assert_int_equal(kvx_store_keyed_put(s, NULL, k, pages, lens, 2, &added), 0);
     assert_int_equal(added, 1);
     assert_int_equal(kvx_store_flush(s), 0);
-    assert_int_equal(check1(s, "dup", 3, PB, 1), 0);
+    assert_int_equal(su_key_check(s, "dup", 3, PB, 1), 0);
     kvx_store_stats st;
     assert_int_equal(kvx_store_stat(&st, s), 0);
     assert_int_equal(st.blocks, 1);
     /* and across two puts into one unflushed batch */
     kvx_store_batch *b = NULL;
     assert_int_equal(kvx_store_batch_create(&b, s), 0);
-    assert_int_equal(put1(s, b, "twice", 5, 10, 1, &added), 0);
+    assert_int_equal(su_key_put(s, b, "twice", 5, 10, 1, &added), 0);
     assert_int_equal(added, 1);
-    assert_int_equal(put1(s, b, "twice", 5, 20, 2, &added), 0);
+    assert_int_equal(su_key_put(s, b, "twice", 5, 20, 2, &added), 0);
     assert_int_equal(added, 0);
     assert_int_equal(kvx_store_batch_flush(b), 0);
     kvx_store_batch_destroy(b);
-    assert_int_equal(check1(s, "twice", 5, 10, 1), 0);
+    assert_int_equal(su_key_check(s, "twice", 5, 10, 1), 0);
     assert_int_equal(kvx_store_stat(&st, s), 0);
     assert_int_equal(st.blocks, 2);
     free(p1);
@@ -183,20 +122,20 @@ static void rewrite_after_delete(int op)
 {
     {
         char dir[256];
-        kvx_store *s = keyed_store(dir, sizeof dir, PB, 0, 0);
+        kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB});
         /* many keys so the rewritten one shares its shard with live ones */
         char name[32];
         for (int i = 0; i < 16; i++) {
             snprintf(name, sizeof name, "other-%d", i);
-            assert_int_equal(put1(s, NULL, name, strlen(name), PB, 1, NULL), 0);
+            assert_int_equal(su_key_put(s, NULL, name, strlen(name), PB, 1, NULL), 0);
         }
-        assert_int_equal(put1(s, NULL, "K", 1, PB, 1, NULL), 0);
+        assert_int_equal(su_key_put(s, NULL, "K", 1, PB, 1, NULL), 0);
         assert_int_equal(kvx_store_flush(s), 0);
         assert_int_equal(del1(s, "K", 1), 1);
-        assert_int_equal(check1(s, "K", 1, PB, 1), KVX_ENOTFOUND);
-        assert_int_equal(put1(s, NULL, "K", 1, 300, 2, NULL), 0);
+        assert_int_equal(su_key_check(s, "K", 1, PB, 1), KVX_ENOTFOUND);
+        assert_int_equal(su_key_put(s, NULL, "K", 1, 300, 2, NULL), 0);
         assert_int_equal(kvx_store_flush(s), 0);
-        assert_int_equal(check1(s, "K", 1, 300, 2), 0);
+        assert_int_equal(su_key_check(s, "K", 1, 300, 2), 0);
         if (op == 0) assert_int_equal(kvx_store_gc(s), 0);
         if (op == 1) {
             kvx_store_close(s);
@@ -208,12 +147,12 @@ static void rewrite_after_delete(int op)
             assert_int_equal(kvx_store_reindex_dir(dir, 0), 0);
             assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
         }
-        int rc = check1(s, "K", 1, 300, 2);
+        int rc = su_key_check(s, "K", 1, 300, 2);
         if (rc) fail_msg("op %d: after delete and a re-put, the get answers %d (1: the deleted page's bytes)", op,
                          rc);
         for (int i = 0; i < 16; i++) {
             snprintf(name, sizeof name, "other-%d", i);
-            assert_int_equal(check1(s, name, strlen(name), PB, 1), 0);
+            assert_int_equal(su_key_check(s, name, strlen(name), PB, 1), 0);
         }
         kvx_store_close(s);
     }
@@ -226,9 +165,9 @@ static void rewrite_after_delete(int op)
 static void rewrite_gc_crash(void)
 {
     char dir[256];
-    kvx_store *s = keyed_store(dir, sizeof dir, PB, 0, 0);
-    assert_int_equal(put1(s, NULL, "K", 1, PB, 1, NULL), 0);
-    assert_int_equal(put1(s, NULL, "L", 1, PB, 1, NULL), 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB});
+    assert_int_equal(su_key_put(s, NULL, "K", 1, PB, 1, NULL), 0);
+    assert_int_equal(su_key_put(s, NULL, "L", 1, PB, 1, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     char names[8][64];
     assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
@@ -237,17 +176,17 @@ static void rewrite_gc_crash(void)
     snprintf(keep, sizeof keep, "%s/old.kvx", dir);
     copy_file(path, keep);
     assert_int_equal(del1(s, "K", 1), 1);
-    assert_int_equal(put1(s, NULL, "K", 1, 300, 2, NULL), 0);
+    assert_int_equal(su_key_put(s, NULL, "K", 1, 300, 2, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     assert_int_equal(kvx_store_gc(s), 0); /* half deleted: rewritten */
-    assert_int_equal(check1(s, "K", 1, 300, 2), 0);
+    assert_int_equal(su_key_check(s, "K", 1, 300, 2), 0);
     kvx_store_close(s);
     assert_true(access(path, F_OK) != 0); /* gc removed the old file */
     copy_file(keep, path);
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
-    int rc = check1(s, "K", 1, 300, 2);
+    int rc = su_key_check(s, "K", 1, 300, 2);
     if (rc) fail_msg("old shard adopted after a crash in gc: the get answers %d (1: the deleted page's bytes)", rc);
-    assert_int_equal(check1(s, "L", 1, PB, 1), 0);
+    assert_int_equal(su_key_check(s, "L", 1, PB, 1), 0);
     kvx_store_close(s);
 }
 
@@ -279,13 +218,13 @@ static void test_newest_copy_damaged(void **state)
 {
     (void)state;
     char dir[256];
-    kvx_store *s = keyed_store(dir, sizeof dir, PB, 0, 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB});
     kvx_store_batch *b1 = NULL, *b2 = NULL;
     assert_int_equal(kvx_store_batch_create(&b1, s), 0);
     assert_int_equal(kvx_store_batch_create(&b2, s), 0);
-    assert_int_equal(put1(s, b1, "D", 1, PB, 1, NULL), 0);
-    assert_int_equal(put1(s, b2, "D", 1, PB, 1, NULL), 0);
-    assert_int_equal(put1(s, b2, "E", 1, PB, 1, NULL), 0);
+    assert_int_equal(su_key_put(s, b1, "D", 1, PB, 1, NULL), 0);
+    assert_int_equal(su_key_put(s, b2, "D", 1, PB, 1, NULL), 0);
+    assert_int_equal(su_key_put(s, b2, "E", 1, PB, 1, NULL), 0);
     assert_int_equal(kvx_store_batch_flush(b1), 0);
     assert_int_equal(kvx_store_batch_flush(b2), 0);
     kvx_store_batch_destroy(b1);
@@ -295,7 +234,7 @@ static void test_newest_copy_damaged(void **state)
     char path[600];
     snprintf(path, sizeof path, "%s/shards/%s", dir, names[1]); /* the newer generation: b2's */
     assert_int_equal(su_flip_page_byte(path, 0), 0);
-    assert_int_equal(check1(s, "D", 1, PB, 1), 0);
+    assert_int_equal(su_key_check(s, "D", 1, PB, 1), 0);
     const char *what[] = {"reindex", "gc", "reopen"};
     for (int step = 0; step < 3; step++) {
         if (step == 0) assert_int_equal(kvx_store_reindex(s), 0);
@@ -304,11 +243,11 @@ static void test_newest_copy_damaged(void **state)
             kvx_store_close(s);
             assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
         }
-        int rc = check1(s, "D", 1, PB, 1);
+        int rc = su_key_check(s, "D", 1, PB, 1);
         if (rc)
             fail_msg("after %s: key D answers %d though an acknowledged sound copy was in the shards", what[step],
                      rc);
-        assert_int_equal(check1(s, "E", 1, PB, 1), 0);
+        assert_int_equal(su_key_check(s, "E", 1, PB, 1), 0);
     }
     kvx_store_close(s);
 }
@@ -319,29 +258,29 @@ static void test_delete_put_gc_reindex(void **state)
 {
     (void)state;
     char dir[256];
-    kvx_store *s = keyed_store(dir, sizeof dir, PB, 0, 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB});
     char name[32];
     for (int i = 0; i < 8; i++) {
         snprintf(name, sizeof name, "k%d", i);
-        assert_int_equal(put1(s, NULL, name, strlen(name), PB, 1, NULL), 0);
+        assert_int_equal(su_key_put(s, NULL, name, strlen(name), PB, 1, NULL), 0);
     }
     assert_int_equal(kvx_store_flush(s), 0);
     for (int i = 0; i < 8; i++) {
         snprintf(name, sizeof name, "k%d", i);
         assert_int_equal(del1(s, name, strlen(name)), 1);
-        assert_int_equal(put1(s, NULL, name, strlen(name), 1000 + (size_t)i, 2, NULL), 0);
+        assert_int_equal(su_key_put(s, NULL, name, strlen(name), 1000 + (size_t)i, 2, NULL), 0);
     }
     assert_int_equal(kvx_store_flush(s), 0);
     assert_int_equal(kvx_store_gc(s), 0); /* every old page deleted: its shard goes */
     assert_int_equal(kvx_store_reindex(s), 0);
     for (int i = 0; i < 8; i++) {
         snprintf(name, sizeof name, "k%d", i);
-        assert_int_equal(check1(s, name, strlen(name), 1000 + (size_t)i, 2), 0);
+        assert_int_equal(su_key_check(s, name, strlen(name), 1000 + (size_t)i, 2), 0);
     }
     kvx_store_stats st;
     assert_int_equal(kvx_store_stat(&st, s), 0);
     assert_int_equal(st.blocks, 8);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -352,26 +291,26 @@ static void test_delete_and_batches(void **state)
 {
     (void)state;
     char dir[256];
-    kvx_store *s = keyed_store(dir, sizeof dir, PB, 0, 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB});
     kvx_store_batch *b1 = NULL, *b2 = NULL;
     assert_int_equal(kvx_store_batch_create(&b1, s), 0);
     assert_int_equal(kvx_store_batch_create(&b2, s), 0);
-    assert_int_equal(put1(s, b1, "P", 1, 10, 1, NULL), 0);
+    assert_int_equal(su_key_put(s, b1, "P", 1, 10, 1, NULL), 0);
     assert_int_equal(del1(s, "P", 1), 0);
     assert_int_equal(kvx_store_batch_flush(b1), 0);
-    assert_int_equal(check1(s, "P", 1, 10, 1), 0);
+    assert_int_equal(su_key_check(s, "P", 1, 10, 1), 0);
     size_t a1 = 0, a2 = 0;
-    assert_int_equal(put1(s, b1, "Q", 1, 10, 1, &a1), 0);
-    assert_int_equal(put1(s, b2, "Q", 1, 10, 1, &a2), 0);
+    assert_int_equal(su_key_put(s, b1, "Q", 1, 10, 1, &a1), 0);
+    assert_int_equal(su_key_put(s, b2, "Q", 1, 10, 1, &a2), 0);
     assert_int_equal(a1 + a2, 2);
     assert_int_equal(kvx_store_batch_flush(b1), 0);
     assert_int_equal(kvx_store_batch_flush(b2), 0);
     assert_int_equal(del1(s, "Q", 1), 2);
-    assert_int_equal(check1(s, "Q", 1, 10, 1), KVX_ENOTFOUND);
+    assert_int_equal(su_key_check(s, "Q", 1, 10, 1), KVX_ENOTFOUND);
     kvx_store_close(s);
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
-    assert_int_equal(check1(s, "Q", 1, 10, 1), KVX_ENOTFOUND);
-    assert_int_equal(check1(s, "P", 1, 10, 1), 0);
+    assert_int_equal(su_key_check(s, "Q", 1, 10, 1), KVX_ENOTFOUND);
+    assert_int_equal(su_key_check(s, "P", 1, 10, 1), 0);
     kvx_store_batch_destroy(b1);
     kvx_store_batch_destroy(b2);
     kvx_store_close(s);
@@ -384,7 +323,7 @@ static void test_delete_many_with_repeats(void **state)
 {
     (void)state;
     char dir[256];
-    kvx_store *s = keyed_store(dir, sizeof dir, 4096, 0, 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = 4096});
     enum { N = 3000 };
     static char names[N][24];
     static kvx_key keys[N];
@@ -428,29 +367,29 @@ static void test_delete_damaged(void **state)
 {
     (void)state;
     char dir[256];
-    kvx_store *s = keyed_store(dir, sizeof dir, PB, 0, 0);
-    assert_int_equal(put1(s, NULL, "good", 4, PB, 1, NULL), 0);
-    assert_int_equal(put1(s, NULL, "bad", 3, PB, 1, NULL), 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB});
+    assert_int_equal(su_key_put(s, NULL, "good", 4, PB, 1, NULL), 0);
+    assert_int_equal(su_key_put(s, NULL, "bad", 3, PB, 1, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     char names[8][64];
     assert_int_equal(su_list_names(dir, "shards", names, 8), 1);
     char path[600];
     snprintf(path, sizeof path, "%s/shards/%s", dir, names[0]);
     assert_int_equal(su_flip_page_byte(path, 1), 0);
-    assert_int_equal(check1(s, "bad", 3, PB, 1), KVX_EPAGECRC);
-    assert_int_equal(check1(s, "good", 4, PB, 1), 0);
+    assert_int_equal(su_key_check(s, "bad", 3, PB, 1), KVX_EPAGECRC);
+    assert_int_equal(su_key_check(s, "good", 4, PB, 1), 0);
     uint64_t bad = 0;
     assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), KVX_ECORRUPT);
     assert_int_equal(bad, 1);
     assert_int_equal(del1(s, "bad", 3), 1);
-    assert_int_equal(check1(s, "bad", 3, PB, 1), KVX_ENOTFOUND);
+    assert_int_equal(su_key_check(s, "bad", 3, PB, 1), KVX_ENOTFOUND);
     assert_int_equal(kvx_store_gc(s), 0);
-    assert_int_equal(check1(s, "good", 4, PB, 1), 0);
-    assert_int_equal(check1(s, "bad", 3, PB, 1), KVX_ENOTFOUND);
+    assert_int_equal(su_key_check(s, "good", 4, PB, 1), 0);
+    assert_int_equal(su_key_check(s, "bad", 3, PB, 1), KVX_ENOTFOUND);
     kvx_store_close(s);
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
-    assert_int_equal(check1(s, "good", 4, PB, 1), 0);
-    assert_int_equal(check1(s, "bad", 3, PB, 1), KVX_ENOTFOUND);
+    assert_int_equal(su_key_check(s, "good", 4, PB, 1), 0);
+    assert_int_equal(su_key_check(s, "bad", 3, PB, 1), KVX_ENOTFOUND);
     kvx_store_close(s);
 }
 
@@ -461,10 +400,10 @@ static void test_foreign_kind_in_shards(void **state)
 {
     (void)state;
     char kd[256], bd[256];
-    kvx_store *k = keyed_store(kd, sizeof kd, 64, 0, 0); /* 64 bytes: the block store's page size */
-    assert_int_equal(put1(k, NULL, "key", 3, 64, 1, NULL), 0);
+    kvx_store *k = su_store(kd, sizeof kd, (su_spec){.page_bytes = 64}); /* 64 bytes: the block store's page size */
+    assert_int_equal(su_key_put(k, NULL, "key", 3, 64, 1, NULL), 0);
     assert_int_equal(kvx_store_flush(k), 0);
-    snprintf(bd, sizeof bd, "%.200s/a7-blocks-%d", su_root, dir_counter++);
+    snprintf(bd, sizeof bd, "%.200s/a7-blocks-%d", su_root, su_dir_counter++);
     kvx_store_options o;
     kvx_store_options_init(&o);
     o.geometry = su_geometry();
@@ -489,7 +428,7 @@ static void test_foreign_kind_in_shards(void **state)
     for (int ro = 1; ro >= 0; ro--) {
         assert_int_equal(kvx_store_open(&k, kd, NULL, ro ? KVX_STORE_READONLY : 0), 0);
         assert_int_equal(kvx_store_open(&b, bd, NULL, ro ? KVX_STORE_READONLY : 0), 0);
-        assert_int_equal(check1(k, "key", 3, 64, 1), 0);
+        assert_int_equal(su_key_check(k, "key", 3, 64, 1), 0);
         assert_int_equal(su_served_prefix(b, 1, 4), 4);
         kvx_store_stats sk, sb;
         assert_int_equal(kvx_store_stat(&sk, k), 0);
@@ -500,11 +439,11 @@ static void test_foreign_kind_in_shards(void **state)
             if (sk.quarantined != 1 || sb.quarantined != 1)
                 fail_msg("a shard of the other kind in shards/: quarantined %llu (keyed store), %llu (block store)",
                          (unsigned long long)sk.quarantined, (unsigned long long)sb.quarantined);
-            verify_clean(k);
-            verify_clean(b);
+            su_verify_clean(k);
+            su_verify_clean(b);
             assert_int_equal(kvx_store_reindex(k), 0);
             assert_int_equal(kvx_store_reindex(b), 0);
-            assert_int_equal(check1(k, "key", 3, 64, 1), 0);
+            assert_int_equal(su_key_check(k, "key", 3, 64, 1), 0);
             assert_int_equal(su_served_prefix(b, 1, 4), 4);
             assert_int_equal(kvx_store_stat(&sk, k), 0);
             assert_int_equal(kvx_store_stat(&sb, b), 0);
@@ -540,8 +479,8 @@ static void test_store_file_tampering(void **state)
 {
     (void)state;
     char dir[256];
-    kvx_store *s = keyed_store(dir, sizeof dir, PB, 0, 0);
-    assert_int_equal(put1(s, NULL, "x", 1, PB, 1, NULL), 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB});
+    assert_int_equal(su_key_put(s, NULL, "x", 1, PB, 1, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_store_close(s);
     char path[600];
@@ -570,8 +509,8 @@ static void test_store_file_tampering(void **state)
         assert_int_equal(fclose(f), 0);
     }
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
-    assert_int_equal(check1(s, "x", 1, PB, 1), 0);
-    verify_clean(s);
+    assert_int_equal(su_key_check(s, "x", 1, PB, 1), 0);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -585,33 +524,33 @@ static void test_odd_page_sizes(void **state)
     for (size_t z = 0; z < 3; z++) {
         char dir[256];
         uint64_t pb = sizes[z];
-        kvx_store *s = keyed_store(dir, sizeof dir, pb, 0, 0);
+        kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = pb});
         size_t lens[] = {1, 2, pb / 2, pb - 1, pb};
         char name[32];
         for (size_t i = 0; i < 5; i++) {
             snprintf(name, sizeof name, "p%zu", i);
-            assert_int_equal(put1(s, NULL, name, strlen(name), lens[i], 1, NULL), 0);
+            assert_int_equal(su_key_put(s, NULL, name, strlen(name), lens[i], 1, NULL), 0);
         }
-        assert_int_equal(put1(s, NULL, "over", 4, pb + 1, 1, NULL), KVX_EINVALID);
-        assert_int_equal(put1(s, NULL, "zero", 4, 0, 1, NULL), KVX_EINVALID);
+        assert_int_equal(su_key_put(s, NULL, "over", 4, pb + 1, 1, NULL), KVX_EINVALID);
+        assert_int_equal(su_key_put(s, NULL, "zero", 4, 0, 1, NULL), KVX_EINVALID);
         assert_int_equal(kvx_store_flush(s), 0);
         for (int round = 0; round < 2; round++) {
             for (size_t i = 0; i < 5; i++) {
                 snprintf(name, sizeof name, "p%zu", i);
-                if (check1(s, name, strlen(name), lens[i], 1))
+                if (su_key_check(s, name, strlen(name), lens[i], 1))
                     fail_msg("page size %llu: a page of %zu bytes not served exactly", (unsigned long long)pb,
                              lens[i]);
             }
             assert_int_equal(kvx_store_reindex(s), 0);
         }
-        verify_clean(s);
+        su_verify_clean(s);
         kvx_store_close(s);
     }
     /* sizes a keyed store cannot take: refused at create */
     const uint64_t no[] = {1, 3, 4097, 1ull << 33};
     for (size_t z = 0; z < 4; z++) {
         char dir[256];
-        new_dir(dir, sizeof dir);
+        su_new_dir(dir, sizeof dir);
         kvx_store_options o;
         kvx_store_options_init(&o);
         o.page_bytes = no[z];
@@ -628,13 +567,13 @@ static void test_capacity_short_pages(void **state)
     (void)state;
     char dir[256];
     const uint64_t cap = 2 << 20;
-    kvx_store *s = keyed_store(dir, sizeof dir, 65536, cap, 256 << 10);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = 65536, .capacity = cap, .shard_bytes = 256 << 10});
     char name[32];
     const int n = 400;
     for (int i = 0; i < n; i++) {
         snprintf(name, sizeof name, "c%d", i);
         size_t len = 1 + (size_t)(i * 7919) % 65536;
-        assert_int_equal(put1(s, NULL, name, strlen(name), len, 1, NULL), 0);
+        assert_int_equal(su_key_put(s, NULL, name, strlen(name), len, 1, NULL), 0);
         if (i % 10 == 9) assert_int_equal(kvx_store_flush(s), 0);
         kvx_store_stats st;
         assert_int_equal(kvx_store_stat(&st, s), 0);
@@ -644,16 +583,16 @@ static void test_capacity_short_pages(void **state)
     }
     assert_int_equal(kvx_store_flush(s), 0);
     snprintf(name, sizeof name, "c%d", n - 1);
-    assert_int_equal(check1(s, name, strlen(name), 1 + (size_t)((n - 1) * 7919) % 65536, 1), 0);
+    assert_int_equal(su_key_check(s, name, strlen(name), 1 + (size_t)((n - 1) * 7919) % 65536, 1), 0);
     int held = 0;
     for (int i = 0; i < n; i++) {
         snprintf(name, sizeof name, "c%d", i);
-        int rc = check1(s, name, strlen(name), 1 + (size_t)(i * 7919) % 65536, 1);
+        int rc = su_key_check(s, name, strlen(name), 1 + (size_t)(i * 7919) % 65536, 1);
         assert_true(rc == 0 || rc == KVX_ENOTFOUND);
         held += rc == 0;
     }
     assert_true(held > 0);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -663,29 +602,29 @@ static void test_readonly_reader(void **state)
 {
     (void)state;
     char dir[256];
-    kvx_store *s = keyed_store(dir, sizeof dir, PB, 0, 0);
-    assert_int_equal(put1(s, NULL, "r", 1, 77, 1, NULL), 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB});
+    assert_int_equal(su_key_put(s, NULL, "r", 1, 77, 1, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_store_close(s);
     char shards[600];
     snprintf(shards, sizeof shards, "%s/shards", dir);
     assert_int_equal(chmod(shards, 0555), 0);
     assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
-    assert_int_equal(check1(s, "r", 1, 77, 1), 0);
+    assert_int_equal(su_key_check(s, "r", 1, 77, 1), 0);
     kvx_key k = {"r", 1};
     size_t nd = 5;
     assert_int_not_equal(kvx_store_keyed_delete(s, &k, 1, &nd), 0);
-    assert_int_not_equal(put1(s, NULL, "w", 1, 10, 1, NULL), 0);
+    assert_int_not_equal(su_key_put(s, NULL, "w", 1, 10, 1, NULL), 0);
     uint8_t held = 0;
     size_t lead = 0;
     assert_int_equal(kvx_store_keyed_exists(&held, &lead, s, &k, 1), 0);
     assert_int_equal(held, 1);
     assert_int_equal(lead, 1);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
     assert_int_equal(chmod(shards, 0755), 0);
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
-    assert_int_equal(check1(s, "r", 1, 77, 1), 0);
+    assert_int_equal(su_key_check(s, "r", 1, 77, 1), 0);
     kvx_store_close(s);
 }
 
@@ -700,7 +639,8 @@ static void test_kill9_keyed(void **state)
     (void)state;
     for (int kill_after = 1; kill_after < 40; kill_after += 6) {
         char dir[256];
-        kvx_store *s = keyed_store(dir, sizeof dir, 4096, 8 << 20, 64 << 10);
+        kvx_store *s =
+            su_store(dir, sizeof dir, (su_spec){.page_bytes = 4096, .capacity = 8 << 20, .shard_bytes = 64 << 10});
         kvx_store_close(s);
         int fd[2];
         assert_int_equal(pipe(fd), 0);
@@ -714,7 +654,7 @@ static void test_kill9_keyed(void **state)
             for (int r = 0; r < 64; r++) {
                 for (int j = 0; j < 4; j++) {
                     snprintf(name, sizeof name, "r%d-%d", r, j);
-                    if (put1(c, NULL, name, strlen(name), 1 + (size_t)(r * 131 + j) % 4096, 1, NULL)) _exit(4);
+                    if (su_key_put(c, NULL, name, strlen(name), 1 + (size_t)(r * 131 + j) % 4096, 1, NULL)) _exit(4);
                     if (r * 4 + j == kill_after * 3) raise(SIGKILL); /* mid-batch */
                 }
                 if (kvx_store_flush(c)) _exit(5);
@@ -745,7 +685,7 @@ static void test_kill9_keyed(void **state)
         for (int r = 0; r < 64; r++)
             for (int j = 0; j < 4; j++) {
                 snprintf(name, sizeof name, "r%d-%d", r, j);
-                int rc = check1(s, name, strlen(name), 1 + (size_t)(r * 131 + j) % 4096, 1);
+                int rc = su_key_check(s, name, strlen(name), 1 + (size_t)(r * 131 + j) % 4096, 1);
                 if (rc == 1) fail_msg("kill %d: key %s served with other bytes", kill_after, name);
                 if (j == 0 && deleted[r] && rc != KVX_ENOTFOUND)
                     fail_msg("kill %d: key %s deleted (acknowledged) but answers %d", kill_after, name, rc);
@@ -753,7 +693,7 @@ static void test_kill9_keyed(void **state)
                 if (acked[r] && !(j == 0 && deleted[r]) && rc != 0)
                     fail_msg("kill %d: key %s acknowledged but answers %d", kill_after, name, rc);
             }
-        verify_clean(s);
+        su_verify_clean(s);
         kvx_store_close(s);
     }
 }

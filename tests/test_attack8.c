@@ -65,56 +65,11 @@
 #include <cmocka.h>
 
 #include "common/os.h"
-#include "fault.h"
-#include "powercut.h"
-#include "store_util.h"
+#include "lib/fault.h"
+#include "lib/powercut.h"
+#include "lib/store.h"
 
 #define NB 6 /* blocks per sequence */
-
-static int dir_counter;
-
-static void new_dir(char *dir, size_t cap) { snprintf(dir, cap, "%.200s/a8_%d", su_root, dir_counter++); }
-
-static kvx_store *mk_store(const char *dir, uint64_t capacity, uint64_t shard_bytes)
-{
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = capacity;
-    o.shard_bytes = shard_bytes;
-    o.flags = KVX_STORE_NOWAIT;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    return s;
-}
-
-static kvx_store *reopen(const char *dir)
-{
-    kvx_store *s = NULL;
-    int rc = kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT);
-    if (rc) fail_msg("reopen %s: %s (%s)", dir, kvx_err_name(rc), kvx_last_error());
-    return s;
-}
-
-/* Puts the NB blocks of seq into batch b (NULL: the built-in batch). */
-static int put_seq(kvx_store *s, kvx_store_batch *b, uint64_t seq)
-{
-    uint32_t t[NB * SU_B];
-    uint64_t h[NB];
-    su_tokens(t, seq, NB, 0);
-    uint8_t *p = su_pages(t, NB, h, 64);
-    int rc = b ? kvx_store_batch_put(b, t, NB * SU_B, p, NB, NULL, NULL)
-               : kvx_store_put(s, t, NB * SU_B, p, NB, NULL, NULL);
-    free(p);
-    return rc;
-}
-
-static size_t served(kvx_store *s, uint64_t seq) { return su_served_prefix(s, seq, NB); }
-
-static size_t n_files(const char *dir, const char *sub)
-{
-    static char names[1024][64];
-    return su_list_names(dir, sub, names, 1024);
-}
 
 /* Files in dir/staging with no other name (not a published shard's
  * leftover staging/ link). */
@@ -129,39 +84,6 @@ static size_t staged_only(const char *dir)
         if (stat(p, &st) == 0 && st.st_nlink == 1) only++;
     }
     return only;
-}
-
-/* The names in dir/sub, joined. */
-static void names_of(const char *dir, const char *sub, char *out, size_t cap)
-{
-    static char names[1024][64];
-    size_t n = su_list_names(dir, sub, names, 1024);
-    out[0] = '\0';
-    for (size_t i = 0; i < n; i++) {
-        strncat(out, names[i], cap - strlen(out) - 1);
-        strncat(out, " ", cap - strlen(out) - 1);
-    }
-}
-
-/* Generations of the staged files in dir/staging (".<16 hex>.kvx.tmp..."),
- * and the largest. Returns their number. */
-static size_t staged_gens(const char *dir, uint64_t *gens, size_t max, uint64_t *maxgen)
-{
-    static char names[1024][64];
-    size_t n = su_list_names(dir, "staging", names, 1024), k = 0;
-    *maxgen = 0;
-    for (size_t i = 0; i < n && k < max; i++) {
-        if (names[i][0] != '.' || strlen(names[i]) < 17) continue;
-        char hex[17];
-        memcpy(hex, names[i] + 1, 16);
-        hex[16] = '\0';
-        char *end = NULL;
-        uint64_t g = strtoull(hex, &end, 16);
-        if (!end || *end) continue;
-        gens[k++] = g;
-        if (g > *maxgen) *maxgen = g;
-    }
-    return k;
 }
 
 /* Smallest generation named in dir/shards ("<16 hex>.kvx"), UINT64_MAX if none
@@ -180,13 +102,6 @@ static uint64_t min_new_gen(const char *dir, const char *before)
         if (end && !strcmp(end, ".kvx") && g < m) m = g;
     }
     return m;
-}
-
-static void verify_clean(kvx_store *s)
-{
-    uint64_t bad = 9;
-    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
-    assert_int_equal(bad, 0);
 }
 
 static int read_file(const char *path, char *buf, size_t cap, size_t *len)
@@ -210,19 +125,19 @@ static void test_flush_fault_every_call(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
     static uint64_t acked[4096], lost[4096];
     size_t nacked = 0, nlost = 0;
     uint64_t seq = 1;
-    assert_int_equal(put_seq(s, NULL, seq), 0);
+    assert_int_equal(su_put_batch(s, NULL, seq, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     acked[nacked++] = seq++;
     fault_install();
     kvx_store_batch *a;
     assert_int_equal(kvx_store_batch_create(&a, s), 0);
-    for (int i = 0; i < 3; i++) assert_int_equal(put_seq(s, a, seq + (uint64_t)i), 0);
-    assert_true(n_files(dir, "staging") >= 3);
+    for (int i = 0; i < 3; i++) assert_int_equal(su_put_batch(s, a, seq + (uint64_t)i, NULL), 0);
+    assert_true(su_n_files(dir, "staging") >= 3);
     fault_reset(0, EIO, FAULT_ERRNO);
     assert_int_equal(kvx_store_batch_flush(a), 0);
     long ncalls = fault_calls;
@@ -236,15 +151,15 @@ static void test_flush_fault_every_call(void **state)
         for (long k = 1; k <= ncalls + 2; k++) {
             assert_int_equal(kvx_store_batch_create(&a, s), 0);
             uint64_t first = seq;
-            for (int i = 0; i < 3; i++) assert_int_equal(put_seq(s, a, seq++), 0);
-            names_of(dir, "shards", before, sizeof before);
+            for (int i = 0; i < 3; i++) assert_int_equal(su_put_batch(s, a, seq++, NULL), 0);
+            su_names_of(dir, "shards", before, sizeof before);
             fault_reset(k, err, FAULT_ERRNO);
             int rc = kvx_store_batch_flush(a);
             const char *op = fault_hit_op;
             fault_reset(0, EIO, FAULT_ERRNO);
             if (rc == 0) {
                 for (uint64_t q = first; q < seq; q++) {
-                    assert_int_equal(served(s, q), NB);
+                    assert_int_equal(su_prefix_nb(s, q), NB);
                     acked[nacked++] = q;
                 }
             } else {
@@ -252,13 +167,13 @@ static void test_flush_fault_every_call(void **state)
                 if (op && !strcmp(op, "linkat")) renames_failed++;
                 if (op && (!strcmp(op, "fsync") || !strcmp(op, "fdatasync"))) dirsync_failed++;
                 for (uint64_t q = first; q < seq; q++) {
-                    size_t n = served(s, q);
+                    size_t n = su_prefix_nb(s, q);
                     if (n != 0)
                         fail_msg("flush failed at call %ld (%s: %s) yet seq %" PRIu64 " serves %zu block(s)", k,
                                  op ? op : "?", kvx_err_name(rc), q, n);
                     lost[nlost++] = q;
                 }
-                names_of(dir, "shards", now, sizeof now);
+                su_names_of(dir, "shards", now, sizeof now);
                 if (strcmp(now, before))
                     fail_msg("flush failed at call %ld (%s): shards/ changed\nbefore: %s\nnow:    %s", k,
                              op ? op : "?", before, now);
@@ -270,7 +185,7 @@ static void test_flush_fault_every_call(void **state)
                              staged_only(dir));
             }
             kvx_store_batch_destroy(a);
-            for (size_t i = 0; i < nacked; i++) assert_int_equal(served(s, acked[i]), NB);
+            for (size_t i = 0; i < nacked; i++) assert_int_equal(su_prefix_nb(s, acked[i]), NB);
         }
     }
     fault_uninstall();
@@ -278,15 +193,15 @@ static void test_flush_fault_every_call(void **state)
     assert_true(renames_failed > 0); /* the publication itself was hit */
     assert_true(dirsync_failed > 0);
     /* the store works: one more batch */
-    assert_int_equal(put_seq(s, NULL, seq), 0);
+    assert_int_equal(su_put_batch(s, NULL, seq, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     acked[nacked++] = seq++;
     kvx_store_close(s);
-    s = reopen(dir);
-    for (size_t i = 0; i < nacked; i++) assert_int_equal(served(s, acked[i]), NB);
-    for (size_t i = 0; i < nlost; i++) assert_int_equal(served(s, lost[i]), 0);
-    assert_int_equal(n_files(dir, "staging"), 0);
-    verify_clean(s);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    for (size_t i = 0; i < nacked; i++) assert_int_equal(su_prefix_nb(s, acked[i]), NB);
+    for (size_t i = 0; i < nlost; i++) assert_int_equal(su_prefix_nb(s, lost[i]), 0);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -300,17 +215,17 @@ static void test_eexist_on_publish(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
-    assert_int_equal(put_seq(s, NULL, 10), 0);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
+    assert_int_equal(su_put_batch(s, NULL, 10, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     for (int pick = 0; pick < 2; pick++) { /* 0: the last staged gen, 1: the first */
         kvx_store_batch *a;
         assert_int_equal(kvx_store_batch_create(&a, s), 0);
         uint64_t first = 20 + (uint64_t)pick * 10;
-        for (uint64_t q = first; q < first + 3; q++) assert_int_equal(put_seq(s, a, q), 0);
+        for (uint64_t q = first; q < first + 3; q++) assert_int_equal(su_put_batch(s, a, q, NULL), 0);
         uint64_t gens[64], maxg, ming = UINT64_MAX;
-        size_t ng = staged_gens(dir, gens, 64, &maxg);
+        size_t ng = su_staged_gens(dir, gens, 64, &maxg);
         assert_true(ng >= 3);
         for (size_t i = 0; i < ng; i++)
             if (gens[i] < ming) ming = gens[i];
@@ -323,7 +238,7 @@ static void test_eexist_on_publish(void **state)
         fwrite(body, 1, sizeof body, f);
         fclose(f);
         static char before[16384], now[16384];
-        names_of(dir, "shards", before, sizeof before);
+        su_names_of(dir, "shards", before, sizeof before);
         int rc = kvx_store_batch_flush(a);
         assert_int_not_equal(rc, 0);
         char got[256];
@@ -331,25 +246,25 @@ static void test_eexist_on_publish(void **state)
         assert_int_equal(read_file(hand, got, sizeof got, &len), 0);
         assert_int_equal(len, sizeof body);
         assert_memory_equal(got, body, sizeof body);
-        names_of(dir, "shards", now, sizeof now);
+        su_names_of(dir, "shards", now, sizeof now);
         assert_string_equal(now, before);
-        assert_int_equal(n_files(dir, "staging"), 0);
-        for (uint64_t q = first; q < first + 3; q++) assert_int_equal(served(s, q), 0);
+        assert_int_equal(su_n_files(dir, "staging"), 0);
+        for (uint64_t q = first; q < first + 3; q++) assert_int_equal(su_prefix_nb(s, q), 0);
         /* the failed flush reported the loss itself: the batch starts afresh */
         assert_int_equal(kvx_store_batch_flush(a), 0);
-        assert_int_equal(served(s, 10), NB);
+        assert_int_equal(su_prefix_nb(s, 10), NB);
         /* the store and the batch go on: the same puts again, flushed */
-        for (uint64_t q = first; q < first + 3; q++) assert_int_equal(put_seq(s, a, q), 0);
+        for (uint64_t q = first; q < first + 3; q++) assert_int_equal(su_put_batch(s, a, q, NULL), 0);
         assert_int_equal(kvx_store_batch_flush(a), 0);
         kvx_store_batch_destroy(a);
-        assert_int_equal(n_files(dir, "staging"), 0);
-        for (uint64_t q = first; q < first + 3; q++) assert_int_equal(served(s, q), NB);
+        assert_int_equal(su_n_files(dir, "staging"), 0);
+        for (uint64_t q = first; q < first + 3; q++) assert_int_equal(su_prefix_nb(s, q), NB);
     }
     kvx_store_close(s);
-    s = reopen(dir);
-    assert_int_equal(served(s, 10), NB);
-    for (uint64_t q = 20; q < 23; q++) assert_int_equal(served(s, q), NB);
-    for (uint64_t q = 30; q < 33; q++) assert_int_equal(served(s, q), NB);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    assert_int_equal(su_prefix_nb(s, 10), NB);
+    for (uint64_t q = 20; q < 23; q++) assert_int_equal(su_prefix_nb(s, q), NB);
+    for (uint64_t q = 30; q < 33; q++) assert_int_equal(su_prefix_nb(s, q), NB);
     kvx_store_close(s);
 }
 
@@ -360,15 +275,15 @@ static void test_several_batches_one_fails(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
     kvx_store_batch *b[3];
     for (int i = 0; i < 3; i++) assert_int_equal(kvx_store_batch_create(&b[i], s), 0);
     for (int r = 0; r < 2; r++)
-        for (int i = 0; i < 3; i++) assert_int_equal(put_seq(s, b[i], 100 + (uint64_t)(i * 10 + r)), 0);
-    assert_true(n_files(dir, "staging") >= 6);
+        for (int i = 0; i < 3; i++) assert_int_equal(su_put_batch(s, b[i], 100 + (uint64_t)(i * 10 + r), NULL), 0);
+    assert_true(su_n_files(dir, "staging") >= 6);
     static char before[16384];
-    names_of(dir, "shards", before, sizeof before);
+    su_names_of(dir, "shards", before, sizeof before);
     fault_install();
     fault_only = FAULT_NAME;
     fault_reset(2, EIO, FAULT_ERRNO);
@@ -379,26 +294,26 @@ static void test_several_batches_one_fails(void **state)
     assert_non_null(op);
     assert_string_equal(op, "linkat");
     static char now[16384];
-    names_of(dir, "shards", now, sizeof now);
+    su_names_of(dir, "shards", now, sizeof now);
     assert_string_equal(now, before);
-    for (int r = 0; r < 2; r++) assert_int_equal(served(s, 110 + (uint64_t)r), 0);
+    for (int r = 0; r < 2; r++) assert_int_equal(su_prefix_nb(s, 110 + (uint64_t)r), 0);
     assert_int_equal(kvx_store_batch_flush(b[0]), 0);
     assert_int_equal(kvx_store_batch_flush(b[2]), 0);
     for (int r = 0; r < 2; r++) {
-        assert_int_equal(served(s, 100 + (uint64_t)r), NB);
-        assert_int_equal(served(s, 120 + (uint64_t)r), NB);
-        assert_int_equal(served(s, 110 + (uint64_t)r), 0);
+        assert_int_equal(su_prefix_nb(s, 100 + (uint64_t)r), NB);
+        assert_int_equal(su_prefix_nb(s, 120 + (uint64_t)r), NB);
+        assert_int_equal(su_prefix_nb(s, 110 + (uint64_t)r), 0);
     }
-    assert_int_equal(n_files(dir, "staging"), 0);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
     for (int i = 0; i < 3; i++) kvx_store_batch_destroy(b[i]);
     kvx_store_close(s);
-    s = reopen(dir);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
     for (int r = 0; r < 2; r++) {
-        assert_int_equal(served(s, 100 + (uint64_t)r), NB);
-        assert_int_equal(served(s, 120 + (uint64_t)r), NB);
-        assert_int_equal(served(s, 110 + (uint64_t)r), 0);
+        assert_int_equal(su_prefix_nb(s, 100 + (uint64_t)r), NB);
+        assert_int_equal(su_prefix_nb(s, 120 + (uint64_t)r), NB);
+        assert_int_equal(su_prefix_nb(s, 110 + (uint64_t)r), 0);
     }
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -409,42 +324,42 @@ static void test_destroy_close_with_staged(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
-    assert_int_equal(put_seq(s, NULL, 200), 0);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
+    assert_int_equal(su_put_batch(s, NULL, 200, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     static char before[16384], now[16384];
-    names_of(dir, "shards", before, sizeof before);
+    su_names_of(dir, "shards", before, sizeof before);
     kvx_store_batch *a, *b, *c;
     assert_int_equal(kvx_store_batch_create(&a, s), 0);
-    assert_int_equal(put_seq(s, a, 201), 0);
-    assert_int_equal(put_seq(s, a, 202), 0);
-    assert_true(n_files(dir, "staging") >= 2);
+    assert_int_equal(su_put_batch(s, a, 201, NULL), 0);
+    assert_int_equal(su_put_batch(s, a, 202, NULL), 0);
+    assert_true(su_n_files(dir, "staging") >= 2);
     fault_install();
     fault_only = FAULT_NAME;
     fault_reset(1, EIO, FAULT_ERRNO);
     kvx_store_batch_destroy(a);
     fault_uninstall();
-    names_of(dir, "shards", now, sizeof now);
+    su_names_of(dir, "shards", now, sizeof now);
     assert_string_equal(now, before);
-    assert_int_equal(served(s, 201), 0);
+    assert_int_equal(su_prefix_nb(s, 201), 0);
     assert_int_equal(kvx_store_batch_create(&b, s), 0);
     assert_int_equal(kvx_store_batch_create(&c, s), 0);
-    assert_int_equal(put_seq(s, b, 203), 0);
-    assert_int_equal(put_seq(s, c, 204), 0);
-    assert_int_equal(put_seq(s, b, 205), 0);
+    assert_int_equal(su_put_batch(s, b, 203, NULL), 0);
+    assert_int_equal(su_put_batch(s, c, 204, NULL), 0);
+    assert_int_equal(su_put_batch(s, b, 205, NULL), 0);
     kvx_store_close(s);
     kvx_store_batch_destroy(b);
     kvx_store_batch_destroy(c);
-    names_of(dir, "shards", now, sizeof now);
+    su_names_of(dir, "shards", now, sizeof now);
     assert_string_equal(now, before);
-    s = reopen(dir);
-    assert_int_equal(n_files(dir, "staging"), 0);
-    names_of(dir, "shards", now, sizeof now);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
+    su_names_of(dir, "shards", now, sizeof now);
     assert_string_equal(now, before);
-    assert_int_equal(served(s, 200), NB);
-    for (uint64_t q = 201; q < 206; q++) assert_int_equal(served(s, q), 0);
-    verify_clean(s);
+    assert_int_equal(su_prefix_nb(s, 200), NB);
+    for (uint64_t q = 201; q < 206; q++) assert_int_equal(su_prefix_nb(s, q), 0);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -456,40 +371,40 @@ static void test_reindex_with_staged(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
-    assert_int_equal(put_seq(s, NULL, 300), 0);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
+    assert_int_equal(su_put_batch(s, NULL, 300, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_store_batch *a;
     assert_int_equal(kvx_store_batch_create(&a, s), 0);
-    assert_int_equal(put_seq(s, a, 301), 0);
-    assert_int_equal(put_seq(s, a, 302), 0);
-    assert_int_equal(put_seq(s, NULL, 303), 0);
+    assert_int_equal(su_put_batch(s, a, 301, NULL), 0);
+    assert_int_equal(su_put_batch(s, a, 302, NULL), 0);
+    assert_int_equal(su_put_batch(s, NULL, 303, NULL), 0);
     static char sb[16384], sn[16384], tb[16384], tn[16384];
-    names_of(dir, "shards", sb, sizeof sb);
-    names_of(dir, "staging", tb, sizeof tb);
-    assert_true(n_files(dir, "staging") >= 3);
+    su_names_of(dir, "shards", sb, sizeof sb);
+    su_names_of(dir, "staging", tb, sizeof tb);
+    assert_true(su_n_files(dir, "staging") >= 3);
     assert_int_equal(kvx_store_reindex(s), KVX_EBUSY);
-    names_of(dir, "shards", sn, sizeof sn);
-    names_of(dir, "staging", tn, sizeof tn);
+    su_names_of(dir, "shards", sn, sizeof sn);
+    su_names_of(dir, "staging", tn, sizeof tn);
     assert_string_equal(sn, sb);
     assert_string_equal(tn, tb);
     assert_int_equal(kvx_store_batch_flush(a), 0);
-    assert_int_equal(served(s, 301), NB);
-    assert_int_equal(served(s, 302), NB);
-    assert_int_equal(served(s, 303), 0);
+    assert_int_equal(su_prefix_nb(s, 301), NB);
+    assert_int_equal(su_prefix_nb(s, 302), NB);
+    assert_int_equal(su_prefix_nb(s, 303), 0);
     kvx_store_batch_destroy(a);
     /* the built-in batch's staged files: reindex flushes them first */
-    assert_int_equal(put_seq(s, NULL, 304), 0);
-    assert_true(n_files(dir, "staging") >= 1);
+    assert_int_equal(su_put_batch(s, NULL, 304, NULL), 0);
+    assert_true(su_n_files(dir, "staging") >= 1);
     assert_int_equal(kvx_store_reindex(s), 0);
-    assert_int_equal(n_files(dir, "staging"), 0);
-    for (uint64_t q = 300; q < 305; q++) assert_int_equal(served(s, q), NB);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
+    for (uint64_t q = 300; q < 305; q++) assert_int_equal(su_prefix_nb(s, q), NB);
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_store_close(s);
-    s = reopen(dir);
-    for (uint64_t q = 300; q < 305; q++) assert_int_equal(served(s, q), NB);
-    verify_clean(s);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    for (uint64_t q = 300; q < 305; q++) assert_int_equal(su_prefix_nb(s, q), NB);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -501,9 +416,9 @@ static void test_gen_floor_after_kill(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
-    assert_int_equal(put_seq(s, NULL, 400), 0);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
+    assert_int_equal(su_put_batch(s, NULL, 400, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_store_close(s);
     pid_t pid = fork();
@@ -514,7 +429,7 @@ static void test_gen_floor_after_kill(void **state)
         if (kvx_store_open(&c, dir, NULL, KVX_STORE_NOWAIT)) _exit(3);
         if (kvx_store_batch_create(&b, c)) _exit(4);
         for (uint64_t q = 401; q < 406; q++)
-            if (put_seq(c, b, q)) _exit(5);
+            if (su_put_batch(c, b, q, NULL)) _exit(5);
         raise(SIGKILL);
         _exit(7);
     }
@@ -522,19 +437,19 @@ static void test_gen_floor_after_kill(void **state)
     assert_int_equal(waitpid(pid, &ws, 0), pid);
     assert_true(WIFSIGNALED(ws));
     uint64_t gens[64], maxg = 0;
-    assert_true(staged_gens(dir, gens, 64, &maxg) >= 5);
+    assert_true(su_staged_gens(dir, gens, 64, &maxg) >= 5);
     static char before[16384];
-    names_of(dir, "shards", before, sizeof before);
-    s = reopen(dir);
-    assert_int_equal(n_files(dir, "staging"), 0);
-    for (uint64_t q = 401; q < 406; q++) assert_int_equal(served(s, q), 0);
-    assert_int_equal(put_seq(s, NULL, 410), 0);
+    su_names_of(dir, "shards", before, sizeof before);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
+    for (uint64_t q = 401; q < 406; q++) assert_int_equal(su_prefix_nb(s, q), 0);
+    assert_int_equal(su_put_batch(s, NULL, 410, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     uint64_t g = min_new_gen(dir, before);
     assert_true(g != UINT64_MAX);
     if (g <= maxg) fail_msg("new shard generation %" PRIu64 " <= staged generation %" PRIu64, g, maxg);
-    assert_int_equal(served(s, 400), NB);
-    assert_int_equal(served(s, 410), NB);
+    assert_int_equal(su_prefix_nb(s, 400), NB);
+    assert_int_equal(su_prefix_nb(s, 410), NB);
     kvx_store_close(s);
 }
 
@@ -550,9 +465,9 @@ static void test_gen_floor_second_open(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
-    assert_int_equal(put_seq(s, NULL, 400), 0);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
+    assert_int_equal(su_put_batch(s, NULL, 400, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_store_close(s);
     int ws = 0;
@@ -566,25 +481,25 @@ static void test_gen_floor_second_open(void **state)
         if (kvx_store_open(&c, dir, NULL, KVX_STORE_NOWAIT)) _exit(3);
         if (kvx_store_batch_create(&b, c)) _exit(4);
         for (uint64_t q = 420; q < 425; q++)
-            if (put_seq(c, b, q)) _exit(5);
+            if (su_put_batch(c, b, q, NULL)) _exit(5);
         raise(SIGKILL);
         _exit(7);
     }
     assert_int_equal(waitpid(pid, &ws, 0), pid);
     assert_true(WIFSIGNALED(ws));
-    assert_true(staged_gens(dir, gens, 64, &maxg) >= 5);
-    names_of(dir, "shards", before, sizeof before);
-    s = reopen(dir);
+    assert_true(su_staged_gens(dir, gens, 64, &maxg) >= 5);
+    su_names_of(dir, "shards", before, sizeof before);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
     kvx_store_close(s);
-    s = reopen(dir);
-    assert_int_equal(put_seq(s, NULL, 430), 0);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    assert_int_equal(su_put_batch(s, NULL, 430, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     g = min_new_gen(dir, before);
     assert_true(g != UINT64_MAX);
     if (g <= maxg) fail_msg("after a second open: new shard generation %" PRIu64 " <= staged generation %" PRIu64
                             " (removed by the first open's recovery)", g, maxg);
-    for (uint64_t q = 420; q < 425; q++) assert_int_equal(served(s, q), 0);
-    assert_int_equal(served(s, 430), NB);
+    for (uint64_t q = 420; q < 425; q++) assert_int_equal(su_prefix_nb(s, q), 0);
+    assert_int_equal(su_prefix_nb(s, 430), NB);
     kvx_store_close(s);
 }
 
@@ -598,16 +513,16 @@ static void test_staging_oddities(void **state)
 {
     (void)state;
     char dir[300], p[700], outside[400];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
-    assert_int_equal(put_seq(s, NULL, 500), 0);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
+    assert_int_equal(su_put_batch(s, NULL, 500, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_store_close(s);
     snprintf(p, sizeof p, "%s/staging/.0000000000000100.kvx.tmp.1.fifo", dir);
     assert_int_equal(mkfifo(p, 0600), 0);
     snprintf(p, sizeof p, "%s/staging/.0000000000000200.kvx.tmp.1.dir", dir);
     assert_int_equal(mkdir(p, 0700), 0);
-    snprintf(outside, sizeof outside, "%s/a8_outside_%d", su_root, dir_counter++);
+    snprintf(outside, sizeof outside, "%s/a8_outside_%d", su_root, su_dir_counter++);
     FILE *f = fopen(outside, "wb");
     assert_non_null(f);
     fputs("outside", f);
@@ -615,31 +530,31 @@ static void test_staging_oddities(void **state)
     snprintf(p, sizeof p, "%s/staging/.0000000000000300.kvx.tmp.1.lnk", dir);
     assert_int_equal(symlink(outside, p), 0);
     static char before[16384];
-    names_of(dir, "shards", before, sizeof before);
-    s = reopen(dir);
+    su_names_of(dir, "shards", before, sizeof before);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
     char got[64];
     size_t len = 0;
     assert_int_equal(read_file(outside, got, sizeof got, &len), 0);
     assert_int_equal(len, 7);
     assert_memory_equal(got, "outside", 7);
-    assert_int_equal(n_files(dir, "staging"), 2); /* the FIFO and the directory */
+    assert_int_equal(su_n_files(dir, "staging"), 2); /* the FIFO and the directory */
     kvx_store_batch *a;
     assert_int_equal(kvx_store_batch_create(&a, s), 0);
-    for (uint64_t q = 501; q < 504; q++) assert_int_equal(put_seq(s, a, q), 0);
+    for (uint64_t q = 501; q < 504; q++) assert_int_equal(su_put_batch(s, a, q, NULL), 0);
     assert_int_equal(kvx_store_batch_flush(a), 0);
     kvx_store_batch_destroy(a);
-    for (uint64_t q = 500; q < 504; q++) assert_int_equal(served(s, q), NB);
+    for (uint64_t q = 500; q < 504; q++) assert_int_equal(su_prefix_nb(s, q), NB);
     uint64_t g = min_new_gen(dir, before);
     if (g <= 0x300) fail_msg("new generation %" PRIu64 " reuses one named in staging/", g);
     kvx_store_close(s);
-    s = reopen(dir);
-    for (uint64_t q = 500; q < 504; q++) assert_int_equal(served(s, q), NB);
-    assert_int_equal(n_files(dir, "staging"), 2);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    for (uint64_t q = 500; q < 504; q++) assert_int_equal(su_prefix_nb(s, q), NB);
+    assert_int_equal(su_n_files(dir, "staging"), 2);
     kvx_store_close(s);
     /* staging/ a symlink to a directory outside */
     char real[700], other[400];
     snprintf(real, sizeof real, "%s/staging", dir);
-    snprintf(other, sizeof other, "%s/a8_elsewhere_%d", su_root, dir_counter++);
+    snprintf(other, sizeof other, "%s/a8_elsewhere_%d", su_root, su_dir_counter++);
     assert_int_equal(mkdir(other, 0700), 0);
     char moved[720];
     snprintf(moved, sizeof moved, "%s/staging.real", dir);
@@ -649,17 +564,17 @@ static void test_staging_oddities(void **state)
     int rc = kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT);
     if (rc == 0) {
         /* if it opens at all, a put and flush must not write through it */
-        (void)put_seq(s, NULL, 505);
+        (void)su_put_batch(s, NULL, 505, NULL);
         (void)kvx_store_flush(s);
         kvx_store_close(s);
         s = NULL;
     }
-    assert_int_equal(n_files(other, "."), 0);
+    assert_int_equal(su_n_files(other, "."), 0);
     assert_int_equal(rc, KVX_EPATH);
     assert_int_equal(unlink(real), 0);
     assert_int_equal(rename(moved, real), 0);
-    s = reopen(dir);
-    for (uint64_t q = 500; q < 504; q++) assert_int_equal(served(s, q), NB);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    for (uint64_t q = 500; q < 504; q++) assert_int_equal(su_prefix_nb(s, q), NB);
     kvx_store_close(s);
 }
 
@@ -671,29 +586,29 @@ static void test_capacity_with_staged(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
+    su_new_dir(dir, sizeof dir);
     const uint64_t cap = 256 << 10;
-    kvx_store *s = mk_store(dir, cap, 16 << 10);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = cap, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
     kvx_store_batch *a;
     assert_int_equal(kvx_store_batch_create(&a, s), 0);
-    for (uint64_t q = 600; q < 603; q++) assert_int_equal(put_seq(s, a, q), 0);
-    assert_true(n_files(dir, "staging") >= 3);
+    for (uint64_t q = 600; q < 603; q++) assert_int_equal(su_put_batch(s, a, q, NULL), 0);
+    assert_true(su_n_files(dir, "staging") >= 3);
     for (uint64_t q = 700; q < 760; q++) {
-        assert_int_equal(put_seq(s, NULL, q), 0);
+        assert_int_equal(su_put_batch(s, NULL, q, NULL), 0);
         assert_int_equal(kvx_store_flush(s), 0);
-        assert_int_equal(served(s, q), NB); /* just acknowledged: the newest */
+        assert_int_equal(su_prefix_nb(s, q), NB); /* just acknowledged: the newest */
     }
     assert_int_equal(kvx_store_batch_flush(a), 0);
-    for (uint64_t q = 600; q < 603; q++) assert_int_equal(served(s, q), NB);
+    for (uint64_t q = 600; q < 603; q++) assert_int_equal(su_prefix_nb(s, q), NB);
     kvx_store_batch_destroy(a);
     kvx_store_stats st;
     assert_int_equal(kvx_store_stat(&st, s), 0);
     if (st.bytes > cap) fail_msg("%llu bytes in a %llu-byte store", (unsigned long long)st.bytes, (unsigned long long)cap);
-    assert_int_equal(n_files(dir, "staging"), 0);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
     kvx_store_close(s);
-    s = reopen(dir);
-    for (uint64_t q = 600; q < 603; q++) assert_int_equal(served(s, q), NB);
-    verify_clean(s);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    for (uint64_t q = 600; q < 603; q++) assert_int_equal(su_prefix_nb(s, q), NB);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -704,7 +619,7 @@ static void test_keyed_kill9_unflushed(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
+    su_new_dir(dir, sizeof dir);
     enum { PB = 4096, NK = 24 };
     kvx_store_options o;
     kvx_store_options_init(&o);
@@ -734,16 +649,16 @@ static void test_keyed_kill9_unflushed(void **state)
         if (kvx_store_open(&c, dir, NULL, KVX_STORE_NOWAIT)) _exit(3);
         if (kvx_store_batch_create(&b, c)) _exit(4);
         if (kvx_store_keyed_put(c, b, keys, pp, lens, NK, NULL)) _exit(5);
-        if (n_files(dir, "staging") < 2) _exit(6);
+        if (su_n_files(dir, "staging") < 2) _exit(6);
         raise(SIGKILL);
         _exit(7);
     }
     int ws = 0;
     assert_int_equal(waitpid(pid, &ws, 0), pid);
     if (!WIFSIGNALED(ws)) fail_msg("child exited with %d before the kill", WEXITSTATUS(ws));
-    s = reopen(dir);
-    assert_int_equal(n_files(dir, "staging"), 0);
-    assert_int_equal(n_files(dir, "shards"), 0);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
+    assert_int_equal(su_n_files(dir, "shards"), 0);
     uint8_t held[NK];
     size_t lead = 99;
     assert_int_equal(kvx_store_keyed_exists(held, &lead, s, keys, NK), 0);
@@ -752,12 +667,12 @@ static void test_keyed_kill9_unflushed(void **state)
     kvx_store_batch *b;
     assert_int_equal(kvx_store_batch_create(&b, s), 0);
     assert_int_equal(kvx_store_keyed_put(s, b, keys, pp, lens, NK, NULL), 0);
-    assert_true(n_files(dir, "staging") >= 2);
-    assert_int_equal(n_files(dir, "shards"), 0);
+    assert_true(su_n_files(dir, "staging") >= 2);
+    assert_int_equal(su_n_files(dir, "shards"), 0);
     assert_int_equal(kvx_store_batch_flush(b), 0);
     kvx_store_batch_destroy(b);
     kvx_store_close(s);
-    s = reopen(dir);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
     static kvx_view v[NK];
     int stv[NK];
     assert_int_equal(kvx_store_keyed_get(v, stv, s, keys, NK), 0);
@@ -783,11 +698,11 @@ static void test_kill9_random_loop(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
+    su_new_dir(dir, sizeof dir);
     /* 256 KiB shards: the loop's acknowledged batches must all fit the
      * store's 256 shard ids (small shards in a large store run out of
      * ids: docs/STORE.md, "Known limit") */
-    kvx_store *s = mk_store(dir, 64 << 20, 256 << 10);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 256 << 10, .flags = KVX_STORE_NOWAIT});
     kvx_store_close(s);
     static uint64_t acked[8192];
     size_t nacked = 0;
@@ -811,7 +726,7 @@ static void test_kill9_random_loop(void **state)
                 kvx_store_batch *b = NULL;
                 if (kvx_store_batch_create(&b, c)) _exit(4);
                 for (uint64_t i = 0; i < 3; i++)
-                    if (put_seq(c, b, q + i)) {
+                    if (su_put_batch(c, b, q + i, NULL)) {
                         fprintf(stderr, "child: put: %s\n", kvx_last_error());
                         _exit(5);
                     }
@@ -849,10 +764,10 @@ static void test_kill9_random_loop(void **state)
                 for (uint64_t i = 0; i < 3; i++) acked[nacked++] = q + i;
             }
         }
-        s = reopen(dir);
-        assert_int_equal(n_files(dir, "staging"), 0);
+        s = su_reopen(dir, KVX_STORE_NOWAIT);
+        assert_int_equal(su_n_files(dir, "staging"), 0);
         for (size_t i = 0; i < nacked; i++) {
-            size_t n = served(s, acked[i]);
+            size_t n = su_prefix_nb(s, acked[i]);
             if (n != NB) fail_msg("seed %u round %d: acknowledged seq %" PRIu64 " serves %zu", seed, round, acked[i], n);
         }
         /* the batch in flight (flush begun, no "A"): whole or nothing */
@@ -862,17 +777,17 @@ static void test_kill9_random_loop(void **state)
         if (inflight) {
             size_t tot = 0;
             for (uint64_t i = 0; i < 3; i++) {
-                size_t n = served(s, last_b + i);
+                size_t n = su_prefix_nb(s, last_b + i);
                 if (n == SIZE_MAX) fail_msg("seed %u: wrong bytes served for seq %" PRIu64, seed, last_b + i);
                 tot += n;
             }
             if (tot != 0 && tot != 3 * NB) inflight_partial++;
         }
         for (uint64_t q = next; q < next + 3; q++) {
-            size_t n = served(s, q);
+            size_t n = su_prefix_nb(s, q);
             if (n != 0) fail_msg("seed %u round %d: seq %" PRIu64 " never flushed, serves %zu", seed, round, q, n);
         }
-        verify_clean(s);
+        su_verify_clean(s);
         kvx_store_close(s);
     }
     /* the kills landed after some flushes (else the loop checked little) */
@@ -891,10 +806,10 @@ static void test_stream_finish_fails_midpublish(void **state)
 {
     (void)state;
     char da[300], db[300];
-    new_dir(da, sizeof da);
-    new_dir(db, sizeof db);
-    kvx_store *a = mk_store(da, 64 << 20, 0);
-    kvx_store *b = mk_store(db, 64 << 20, 8 << 10);
+    su_new_dir(da, sizeof da);
+    su_new_dir(db, sizeof db);
+    kvx_store *a = su_create(da, (su_spec){.capacity = 64 << 20, .flags = KVX_STORE_NOWAIT});
+    kvx_store *b = su_create(db, (su_spec){.capacity = 64 << 20, .shard_bytes = 8 << 10, .flags = KVX_STORE_NOWAIT});
     enum { NBS = 20 };
     const uint64_t seq = 77;
     assert_int_equal(su_put_seq(a, seq, NBS), 0);
@@ -922,12 +837,12 @@ static void test_stream_finish_fails_midpublish(void **state)
     }
     kvx_views_release(views, nv);
     static char before[16384], now[16384];
-    names_of(db, "shards", before, sizeof before);
+    su_names_of(db, "shards", before, sizeof before);
     kvx_xfer_stream *st = NULL;
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
     for (size_t i = 0; i < NBS; i++) assert_int_equal(kvx_xfer_stream_chunk(st, &ch[i], NULL), 0);
-    assert_true(n_files(db, "staging") >= 3);
-    names_of(db, "shards", now, sizeof now);
+    assert_true(su_n_files(db, "staging") >= 3);
+    su_names_of(db, "shards", now, sizeof now);
     assert_string_equal(now, before);
     fault_install();
     fault_only = FAULT_NAME;
@@ -940,9 +855,9 @@ static void test_stream_finish_fails_midpublish(void **state)
     assert_string_equal(op, "linkat");
     kvx_xfer_stream_destroy(st);
     assert_int_equal(su_served_prefix(b, seq, NBS), 0);
-    names_of(db, "shards", now, sizeof now);
+    su_names_of(db, "shards", now, sizeof now);
     assert_string_equal(now, before);
-    assert_int_equal(n_files(db, "staging"), 0);
+    assert_int_equal(su_n_files(db, "staging"), 0);
     kvx_store_stats sst;
     assert_int_equal(kvx_store_stat(&sst, b), 0);
     assert_int_equal(sst.blocks, 0);
@@ -955,9 +870,9 @@ static void test_stream_finish_fails_midpublish(void **state)
     assert_int_equal(su_served_prefix(b, seq, NBS), NBS);
     for (size_t i = 0; i < NBS; i++) kvx_free(env[i]);
     kvx_store_close(b);
-    b = reopen(db);
+    b = su_reopen(db, KVX_STORE_NOWAIT);
     assert_int_equal(su_served_prefix(b, seq, NBS), NBS);
-    verify_clean(b);
+    su_verify_clean(b);
     kvx_store_close(b);
     kvx_store_close(a);
 }
@@ -1013,7 +928,7 @@ static void pcw_hook(long k, void *ctx)
 
 static void pcw_put(kvx_store *s, kvx_store_batch *b, uint64_t q)
 {
-    assert_int_equal(put_seq(s, b, q), 0);
+    assert_int_equal(su_put_batch(s, b, q, NULL), 0);
     pcw_unfl[pcw_nunfl++] = q;
 }
 
@@ -1039,11 +954,11 @@ static void test_powercut_batches(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    snprintf(pcw_imgroot, sizeof pcw_imgroot, "%s/a8_pcimg_%d", su_root, dir_counter++);
+    su_new_dir(dir, sizeof dir);
+    snprintf(pcw_imgroot, sizeof pcw_imgroot, "%s/a8_pcimg_%d", su_root, su_dir_counter++);
     assert_int_equal(mkdir(pcw_imgroot, 0700), 0);
-    kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
-    assert_int_equal(put_seq(s, NULL, 1000), 0);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
+    assert_int_equal(su_put_batch(s, NULL, 1000, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_store_close(s);
     pcw_nacked = pcw_nunfl = pcw_nimgs = 0;
@@ -1090,25 +1005,25 @@ static void test_powercut_batches(void **state)
         int rc = kvx_store_open(&r, p, NULL, KVX_STORE_NOWAIT);
         if (rc) fail_msg("power cut at crash point %ld: open: %s (%s)", m->k, kvx_err_name(rc), kvx_last_error());
         for (size_t j = 0; j < m->nacked; j++) {
-            size_t n = served(r, pcw_acked[j]);
+            size_t n = su_prefix_nb(r, pcw_acked[j]);
             if (n != NB)
                 fail_msg("power cut at crash point %ld: acknowledged seq %" PRIu64 " serves %zu", m->k, pcw_acked[j], n);
         }
         for (size_t j = 0; j < m->nunfl; j++) {
-            size_t n = served(r, m->unfl[j]);
+            size_t n = su_prefix_nb(r, m->unfl[j]);
             if (n != 0)
                 fail_msg("power cut at crash point %ld: seq %" PRIu64 " (its batch's flush not begun) serves %zu", m->k,
                          m->unfl[j], n);
         }
         size_t tot = 0;
         for (size_t j = 0; j < m->ninfl; j++) {
-            size_t n = served(r, m->infl[j]);
+            size_t n = su_prefix_nb(r, m->infl[j]);
             if (n == SIZE_MAX) fail_msg("power cut at crash point %ld: wrong bytes for seq %" PRIu64, m->k, m->infl[j]);
             tot += n;
         }
         if (m->ninfl) ninfl_imgs++;
         if (tot != 0 && tot != m->ninfl * NB) npartial++;
-        if (n_files(p, "staging") != 0) fail_msg("power cut at crash point %ld: staging/ not emptied", m->k);
+        if (su_n_files(p, "staging") != 0) fail_msg("power cut at crash point %ld: staging/ not emptied", m->k);
         kvx_store_close(r);
         su_rm_rf(p);
     }
@@ -1161,8 +1076,8 @@ static size_t kill_at_publish(const char *dir, long kill_at, int after_commit, u
         if (kvx_store_open(&c, dir, NULL, KVX_STORE_NOWAIT)) _exit(3);
         if (kvx_store_batch_create(&b, c)) _exit(4);
         for (uint64_t q = first; q < first + 4; q++)
-            if (put_seq(c, b, q)) _exit(5);
-        size_t n = n_files(dir, "staging");
+            if (su_put_batch(c, b, q, NULL)) _exit(5);
+        size_t n = su_n_files(dir, "staging");
         if (write(fds[1], &n, sizeof n) != (ssize_t)sizeof n) _exit(6);
         kvx_os_reset();
         a8_real = kvx_os;
@@ -1184,29 +1099,29 @@ static size_t kill_at_publish(const char *dir, long kill_at, int after_commit, u
     /* a reader first (rule 3): it serves what the writer will, and
      * removes nothing, not even a cut flush's file in shards/ */
     static char shards_before[16384], shards_after[16384];
-    size_t staged_before = n_files(dir, "staging");
-    names_of(dir, "shards", shards_before, sizeof shards_before);
+    size_t staged_before = su_n_files(dir, "staging");
+    su_names_of(dir, "shards", shards_before, sizeof shards_before);
     kvx_store *r = NULL;
     assert_int_equal(kvx_store_open(&r, dir, NULL, KVX_STORE_READONLY), 0);
     size_t rtot = 0;
     for (uint64_t q = first; q < first + 4; q++) {
-        size_t n = served(r, q);
+        size_t n = su_prefix_nb(r, q);
         assert_true(n != SIZE_MAX);
         rtot += n;
     }
     kvx_store_close(r);
-    names_of(dir, "shards", shards_after, sizeof shards_after);
+    su_names_of(dir, "shards", shards_after, sizeof shards_after);
     assert_string_equal(shards_after, shards_before);
-    assert_int_equal(n_files(dir, "staging"), staged_before);
-    kvx_store *s = reopen(dir);
+    assert_int_equal(su_n_files(dir, "staging"), staged_before);
+    kvx_store *s = su_reopen(dir, KVX_STORE_NOWAIT);
     size_t tot = 0;
     for (uint64_t q = first; q < first + 4; q++) {
-        size_t n = served(s, q);
+        size_t n = su_prefix_nb(s, q);
         assert_true(n != SIZE_MAX); /* never wrong KV */
         tot += n;
     }
     assert_int_equal(rtot, tot);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
     return tot;
 }
@@ -1217,13 +1132,13 @@ static void test_kill_before_publish(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
     kvx_store_close(s);
     size_t nst = 0;
     assert_int_equal(kill_at_publish(dir, 1, 0, 800, &nst), 0);
     assert_true(nst >= 4);
-    assert_int_equal(n_files(dir, "shards"), 0);
+    assert_int_equal(su_n_files(dir, "shards"), 0);
 }
 
 /* A flush publishes a batch as ONE catalog edit. It once renamed the
@@ -1242,8 +1157,9 @@ static void test_kill_mid_publish_partial(void **state)
     size_t nst = 0;
     for (long at = 2; at <= 6; at++) {
         char dir[300];
-        new_dir(dir, sizeof dir);
-        kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
+        su_new_dir(dir, sizeof dir);
+        kvx_store *s =
+            su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
         kvx_store_close(s);
         size_t tot = kill_at_publish(dir, at, 0, 900 + 10 * (uint64_t)at, &nst);
         assert_true(nst >= 4);
@@ -1251,18 +1167,18 @@ static void test_kill_mid_publish_partial(void **state)
             fail_msg("killed before link %ld of a batch of %zu staged files: %zu of its %d blocks served after "
                      "reopen (never committed: expected none)",
                      at, nst, tot, 4 * NB);
-        assert_int_equal(n_files(dir, "staging"), 0);
+        assert_int_equal(su_n_files(dir, "staging"), 0);
     }
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
     kvx_store_close(s);
     size_t tot = kill_at_publish(dir, 1, 1, 990, &nst);
     if (tot != 4 * NB)
         fail_msg("killed after the commit (at the first staging/ unlink): %zu of the batch's %d blocks served "
                  "(committed: expected all)",
                  tot, 4 * NB);
-    assert_int_equal(n_files(dir, "staging"), 0);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
 }
 
 int main(void)

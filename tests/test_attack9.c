@@ -49,37 +49,11 @@
 #include <cmocka.h>
 
 #include "common/os.h"
-#include "fault.h"
-#include "store_util.h"
+#include "lib/fault.h"
+#include "lib/store.h"
 
 #define CAP ((uint64_t)1 << 30)
 #define A9_MASK (getenv("A9_M") ? (unsigned)atoi(getenv("A9_M")) : (unsigned)(FAULT_NAME | FAULT_SYNC | FAULT_TRUNC))
-
-static int dir_counter;
-
-static void new_dir(char *dir, size_t cap) { snprintf(dir, cap, "%.200s/a9_%d", su_root, dir_counter++); }
-
-/* A 1 GiB store of 4 KiB shards: one block per shard, so 256 one-block
- * flushes take every shard id far under the capacity. */
-static kvx_store *mk_small(const char *dir)
-{
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = CAP;
-    o.shard_bytes = 4096;
-    o.flags = KVX_STORE_NOWAIT | KVX_STORE_NOSYNC;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    return s;
-}
-
-static kvx_store *reopen(const char *dir)
-{
-    kvx_store *s = NULL;
-    int rc = kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT | KVX_STORE_NOSYNC);
-    if (rc) fail_msg("reopen %s: %s (%s)", dir, kvx_err_name(rc), kvx_last_error());
-    return s;
-}
 
 /* One block of seq into batch b (NULL: built-in); out_new nullable. */
 static int put1(kvx_store *s, kvx_store_batch *b, uint64_t seq, size_t *out_new)
@@ -102,20 +76,6 @@ static int put1_flush(kvx_store *s, uint64_t seq)
 /* 1 served right, 0 absent, SIZE_MAX wrong bytes */
 static size_t served(kvx_store *s, uint64_t seq) { return su_served_prefix(s, seq, 1); }
 
-static void verify_clean(kvx_store *s)
-{
-    uint64_t bad = 9;
-    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
-    assert_int_equal(bad, 0);
-}
-
-static kvx_store_stats stat_of(kvx_store *s)
-{
-    kvx_store_stats st;
-    assert_int_equal(kvx_store_stat(&st, s), 0);
-    return st;
-}
-
 /* Another batch's held put pins the oldest ten shards; 300 one-block
  * flushes afterwards run the ids out again and again (more than the ~176
  * an id eviction keeps, so their recency cannot save them): the pinned
@@ -124,8 +84,9 @@ static void test_pins_survive_id_eviction(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_small(dir);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s =
+        su_create(dir, (su_spec){.capacity = CAP, .shard_bytes = 4096, .flags = KVX_STORE_NOWAIT | KVX_STORE_NOSYNC});
     for (uint64_t q = 0; q < 200; q++) assert_int_equal(put1_flush(s, q), 0);
     kvx_store_batch *a;
     assert_int_equal(kvx_store_batch_create(&a, s), 0);
@@ -138,7 +99,7 @@ static void test_pins_survive_id_eviction(void **state)
         int rc = put1_flush(s, q);
         if (rc) fail_msg("put %" PRIu64 ": %s (%s)", q, kvx_err_name(rc), kvx_last_error());
     }
-    kvx_store_stats st = stat_of(s);
+    kvx_store_stats st = su_stat(s);
     assert_true(st.evictions > 0);
     assert_true(st.shards <= 256);
     assert_int_equal(st.capacity_bytes, CAP);
@@ -148,13 +109,13 @@ static void test_pins_survive_id_eviction(void **state)
     kvx_store_batch_destroy(a);
     for (uint64_t q = 10; q < 20; q++) assert_int_equal(served(s, q), 0); /* unpinned and cold: gone */
     for (uint64_t q = 400; q < 500; q++) assert_int_equal(served(s, q), 1);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
-    s = reopen(dir);
+    s = su_reopen(dir, KVX_STORE_NOWAIT | KVX_STORE_NOSYNC);
     for (uint64_t q = 0; q < 10; q++) assert_int_equal(served(s, q), 1);
     for (uint64_t q = 400; q < 500; q++) assert_int_equal(served(s, q), 1);
     for (uint64_t q = 0; q < 500; q++) assert_int_not_equal(served(s, q), SIZE_MAX);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -166,8 +127,9 @@ static void test_lease_pins_survive(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_small(dir);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s =
+        su_create(dir, (su_spec){.capacity = CAP, .shard_bytes = 4096, .flags = KVX_STORE_NOWAIT | KVX_STORE_NOSYNC});
     for (uint64_t q = 0; q < 200; q++) assert_int_equal(put1_flush(s, q), 0);
     uint64_t h[10];
     for (uint64_t q = 0; q < 10; q++) {
@@ -183,15 +145,15 @@ static void test_lease_pins_survive(void **state)
         int rc = put1_flush(s, q);
         if (rc) fail_msg("put %" PRIu64 ": %s (%s)", q, kvx_err_name(rc), kvx_last_error());
     }
-    assert_true(stat_of(s).evictions > 0);
-    assert_true(stat_of(s).shards <= 256);
+    assert_true(su_stat(s).evictions > 0);
+    assert_true(su_stat(s).shards <= 256);
     for (uint64_t q = 0; q < 10; q++) assert_int_equal(served(s, q), 1);
     for (uint64_t q = 10; q < 20; q++) assert_int_equal(served(s, q), 0);
     kvx_xfer_lease_destroy(l);
     for (uint64_t q = 500; q < 800; q++) assert_int_equal(put1_flush(s, q), 0);
     for (uint64_t q = 0; q < 800; q++) assert_int_not_equal(served(s, q), SIZE_MAX);
     for (uint64_t q = 700; q < 800; q++) assert_int_equal(served(s, q), 1);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -205,15 +167,16 @@ static void test_stream_runs_out_midstream(void **state)
 {
     (void)state;
     char da[300], db[300];
-    new_dir(da, sizeof da);
-    new_dir(db, sizeof db);
+    su_new_dir(da, sizeof da);
+    su_new_dir(db, sizeof db);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.capacity_bytes = 64 << 20;
     o.flags = KVX_STORE_NOWAIT | KVX_STORE_NOSYNC;
     kvx_store *a = NULL;
     assert_int_equal(kvx_store_create(&a, da, &o), 0);
-    kvx_store *b = mk_small(db);
+    kvx_store *b =
+        su_create(db, (su_spec){.capacity = CAP, .shard_bytes = 4096, .flags = KVX_STORE_NOWAIT | KVX_STORE_NOSYNC});
     enum { NBS = 40 };
     const uint64_t seq = 777;
     assert_int_equal(su_put_seq(a, seq, NBS), 0);
@@ -248,8 +211,8 @@ static void test_stream_runs_out_midstream(void **state)
         if (rc) fail_msg("chunk %zu: %s (%s)", i, kvx_err_name(rc), kvx_last_error());
     }
     assert_int_equal(su_served_prefix(b, seq, NBS), 0); /* not before its finish */
-    assert_true(stat_of(b).evictions > 0);              /* the ids ran out mid-stream */
-    assert_int_equal(stat_of(b).capacity_bytes, CAP);
+    assert_true(su_stat(b).evictions > 0);              /* the ids ran out mid-stream */
+    assert_int_equal(su_stat(b).capacity_bytes, CAP);
     kvx_xfer_result res;
     assert_int_equal(kvx_xfer_stream_finish(st, &res), 0);
     assert_int_equal(res.blocks_stored, NBS);
@@ -257,13 +220,13 @@ static void test_stream_runs_out_midstream(void **state)
     assert_int_equal(su_served_prefix(b, seq, NBS), NBS);
     for (uint64_t q = 0; q < 230; q++) assert_int_not_equal(served(b, q), SIZE_MAX);
     for (uint64_t q = 200; q < 230; q++) assert_int_equal(served(b, q), 1);
-    assert_true(stat_of(b).shards <= 256);
-    verify_clean(b);
+    assert_true(su_stat(b).shards <= 256);
+    su_verify_clean(b);
     kvx_store_close(b);
-    b = reopen(db);
+    b = su_reopen(db, KVX_STORE_NOWAIT | KVX_STORE_NOSYNC);
     assert_int_equal(su_served_prefix(b, seq, NBS), NBS);
     for (uint64_t q = 200; q < 230; q++) assert_int_equal(served(b, q), 1);
-    verify_clean(b);
+    su_verify_clean(b);
     kvx_store_close(b);
     for (size_t i = 0; i < NBS; i++) kvx_free(env[i]);
     kvx_store_close(a);
@@ -276,8 +239,9 @@ static void test_batches_interleaved(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_small(dir);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s =
+        su_create(dir, (su_spec){.capacity = CAP, .shard_bytes = 4096, .flags = KVX_STORE_NOWAIT | KVX_STORE_NOSYNC});
     kvx_store_batch *b, *c;
     assert_int_equal(kvx_store_batch_create(&b, s), 0);
     assert_int_equal(kvx_store_batch_create(&c, s), 0);
@@ -294,8 +258,8 @@ static void test_batches_interleaved(void **state)
             if (rc) fail_msg("c put: %s (%s)", kvx_err_name(rc), kvx_last_error());
         }
     }
-    assert_int_equal(stat_of(s).capacity_bytes, CAP);
-    assert_true(stat_of(s).evictions > 0);
+    assert_int_equal(su_stat(s).capacity_bytes, CAP);
+    assert_true(su_stat(s).evictions > 0);
     assert_int_equal(kvx_store_batch_flush(b), 0);
     assert_int_equal(kvx_store_batch_flush(c), 0);
     for (uint64_t i = 0; i < nb; i++) assert_int_equal(served(s, 10000 + i), 1);
@@ -303,12 +267,12 @@ static void test_batches_interleaved(void **state)
     for (uint64_t q = 330; q < 360; q++) assert_int_equal(served(s, q), 1);
     kvx_store_batch_destroy(b);
     kvx_store_batch_destroy(c);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
-    s = reopen(dir);
+    s = su_reopen(dir, KVX_STORE_NOWAIT | KVX_STORE_NOSYNC);
     for (uint64_t i = 0; i < nb; i++) assert_int_equal(served(s, 10000 + i), 1);
     for (uint64_t i = 0; i < nc; i++) assert_int_equal(served(s, 20000 + i), 1);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -318,20 +282,21 @@ static void test_recency_read_survives(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_small(dir);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s =
+        su_create(dir, (su_spec){.capacity = CAP, .shard_bytes = 4096, .flags = KVX_STORE_NOWAIT | KVX_STORE_NOSYNC});
     for (uint64_t q = 0; q < 256; q++) assert_int_equal(put1_flush(s, q), 0);
-    assert_int_equal(stat_of(s).evictions, 0);
+    assert_int_equal(su_stat(s).evictions, 0);
     assert_int_equal(served(s, 0), 1); /* read: now the hottest */
     for (uint64_t q = 256; q < 266; q++) assert_int_equal(put1_flush(s, q), 0);
-    kvx_store_stats st = stat_of(s);
+    kvx_store_stats st = su_stat(s);
     assert_true(st.evictions >= 60 && st.evictions <= 120);
     assert_int_equal(st.evictions, st.evicted_blocks);
     assert_int_equal(served(s, 0), 1);
     assert_int_equal(served(s, 1), 0);
     assert_int_equal(served(s, 2), 0);
     for (uint64_t q = 200; q < 266; q++) assert_int_equal(served(s, q), 1);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -344,7 +309,7 @@ static void test_carry_hot_block(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
+    su_new_dir(dir, sizeof dir);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.capacity_bytes = CAP;
@@ -353,19 +318,19 @@ static void test_carry_hot_block(void **state)
     kvx_store *s = NULL;
     assert_int_equal(kvx_store_create(&s, dir, &o), 0);
     for (uint64_t q = 0; q < 256; q++) assert_int_equal(su_put_seq(s, q, 6), 0);
-    kvx_store_stats st = stat_of(s);
+    kvx_store_stats st = su_stat(s);
     assert_int_equal(st.shards, 256);
     assert_int_equal(st.evictions, 0);
     assert_int_equal(su_served_prefix(s, 0, 1), 1); /* read: the hottest block */
     int rc = su_put_seq(s, 256, 6);
     if (rc) fail_msg("put: %s (%s)", kvx_err_name(rc), kvx_last_error());
-    st = stat_of(s);
+    st = su_stat(s);
     assert_true(st.evictions > 0);
     assert_int_equal(st.capacity_bytes, CAP);
     assert_int_equal(su_served_prefix(s, 256, 6), 6);
     assert_int_equal(su_served_prefix(s, 1, 6), 0); /* cold: gone */
     for (uint64_t q = 0; q < 257; q++) assert_int_not_equal(su_served_prefix(s, q, 6), SIZE_MAX);
-    verify_clean(s);
+    su_verify_clean(s);
     size_t hot = su_served_prefix(s, 0, 1);
     if (getenv("A9_DEBUG")) fprintf(stderr, "carry: hot block served %zu, shards %llu\n", hot, (unsigned long long)st.shards);
     assert_int_not_equal(hot, SIZE_MAX);
@@ -382,7 +347,7 @@ static void test_carry_hot_block_at_capacity(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
+    su_new_dir(dir, sizeof dir);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.shard_bytes = 32768;
@@ -391,15 +356,15 @@ static void test_carry_hot_block_at_capacity(void **state)
     o.capacity_bytes = 200ull * 28672;
     assert_int_equal(kvx_store_create(&s, dir, &o), 0);
     for (uint64_t q = 0; q < 195; q++) assert_int_equal(su_put_seq(s, q, 6), 0);
-    assert_int_equal(stat_of(s).evictions, 0);
+    assert_int_equal(su_stat(s).evictions, 0);
     assert_int_equal(su_served_prefix(s, 0, 1), 1);
     for (uint64_t q = 195; q < 215; q++) assert_int_equal(su_put_seq(s, q, 6), 0);
-    kvx_store_stats st = stat_of(s);
+    kvx_store_stats st = su_stat(s);
     assert_true(st.evictions > 0);
     assert_int_equal(su_served_prefix(s, 1, 6), 0);
     if (getenv("A9_DEBUG")) fprintf(stderr, "control: hot %zu ev %llu shards %llu\n", su_served_prefix(s, 0, 1), (unsigned long long)st.evictions, (unsigned long long)st.shards);
     assert_int_equal(su_served_prefix(s, 0, 6), 1); /* its shard went, the read block was carried */
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -411,26 +376,27 @@ static void test_capacity_restored(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_small(dir);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s =
+        su_create(dir, (su_spec){.capacity = CAP, .shard_bytes = 4096, .flags = KVX_STORE_NOWAIT | KVX_STORE_NOSYNC});
     for (uint64_t q = 0; q < 257; q++) assert_int_equal(put1_flush(s, q), 0);
-    kvx_store_stats st = stat_of(s);
+    kvx_store_stats st = su_stat(s);
     assert_int_equal(st.capacity_bytes, CAP);
     assert_true(st.evictions > 0);
     uint64_t ev = st.evictions, shards = st.shards;
     assert_true(shards <= 190);
     for (uint64_t q = 257; q < 257 + 60; q++) assert_int_equal(put1_flush(s, q), 0);
     assert_int_equal(kvx_store_gc(s), 0);
-    st = stat_of(s);
+    st = su_stat(s);
     assert_int_equal(st.evictions, ev);
     assert_int_equal(st.shards, shards + 60);
     assert_int_equal(st.capacity_bytes, CAP);
     kvx_store_close(s);
-    s = reopen(dir);
-    assert_int_equal(stat_of(s).capacity_bytes, CAP);
-    assert_int_equal(stat_of(s).shards, shards + 60);
+    s = su_reopen(dir, KVX_STORE_NOWAIT | KVX_STORE_NOSYNC);
+    assert_int_equal(su_stat(s).capacity_bytes, CAP);
+    assert_int_equal(su_stat(s).shards, shards + 60);
     for (uint64_t q = 257; q < 317; q++) assert_int_equal(served(s, q), 1);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -444,22 +410,23 @@ static void test_fault_in_id_eviction(void **state)
 {
     (void)state;
     char base[300];
-    new_dir(base, sizeof base);
-    kvx_store *s = mk_small(base);
+    su_new_dir(base, sizeof base);
+    kvx_store *s =
+        su_create(base, (su_spec){.capacity = CAP, .shard_bytes = 4096, .flags = KVX_STORE_NOWAIT | KVX_STORE_NOSYNC});
     for (uint64_t q = 0; q < 256; q++) assert_int_equal(put1_flush(s, q), 0);
     kvx_store_close(s);
     char dir[300], cmd[800];
-    new_dir(dir, sizeof dir);
+    su_new_dir(dir, sizeof dir);
     snprintf(cmd, sizeof cmd, "cp -a '%s' '%s'", base, dir);
     assert_int_equal(system(cmd), 0);
-    s = reopen(dir);
+    s = su_reopen(dir, KVX_STORE_NOWAIT | KVX_STORE_NOSYNC);
     fault_install();
     fault_only = A9_MASK;
     fault_reset(0, EIO, FAULT_ERRNO);
     assert_int_equal(put1_flush(s, 256), 0);
     long ncalls = fault_calls;
     fault_uninstall();
-    assert_true(stat_of(s).evictions > 0); /* the counted put ran the id eviction */
+    assert_true(su_stat(s).evictions > 0); /* the counted put ran the id eviction */
     kvx_store_close(s);
     su_rm_rf(dir);
     /* a stride over the eviction's unlinks, then every call of the new
@@ -467,10 +434,10 @@ static void test_fault_in_id_eviction(void **state)
     long step = getenv("A9_STEP") ? atol(getenv("A9_STEP")) : ncalls / 12 + 1;
     int nfail = 0;
     for (long k = 1; k <= ncalls; k = k + step < ncalls - 6 || k >= ncalls - 6 ? k + (k >= ncalls - 6 ? 1 : step) : ncalls - 6) {
-        new_dir(dir, sizeof dir);
+        su_new_dir(dir, sizeof dir);
         snprintf(cmd, sizeof cmd, "cp -a '%s' '%s'", base, dir);
         assert_int_equal(system(cmd), 0);
-        s = reopen(dir);
+        s = su_reopen(dir, KVX_STORE_NOWAIT | KVX_STORE_NOSYNC);
         fault_install();
         fault_only = A9_MASK;
         fault_reset(k, k % 2 ? EIO : ENOSPC, FAULT_ERRNO);
@@ -478,7 +445,7 @@ static void test_fault_in_id_eviction(void **state)
         fault_uninstall();
         if (getenv("A9_DEBUG")) fprintf(stderr, "k=%ld/%ld rc=%d hits=%ld op=%s err=%s\n", k, ncalls, rc, fault_hits, fault_hit_op ? fault_hit_op : "-", rc ? kvx_last_error() : "");
         if (rc) nfail++;
-        assert_int_equal(stat_of(s).capacity_bytes, CAP);
+        assert_int_equal(su_stat(s).capacity_bytes, CAP);
         size_t n = 0;
         for (uint64_t q = 0; q < 256; q++) {
             size_t v = served(s, q);
@@ -488,16 +455,16 @@ static void test_fault_in_id_eviction(void **state)
         assert_true(n >= 150);
         for (uint64_t q = 200; q < 256; q++) assert_int_equal(served(s, q), 1);
         if (!rc) assert_int_equal(served(s, 256), 1);
-        verify_clean(s);
+        su_verify_clean(s);
         assert_int_equal(put1_flush(s, 300), 0);
         assert_int_equal(served(s, 300), 1);
         kvx_store_close(s);
-        s = reopen(dir);
-        assert_int_equal(stat_of(s).capacity_bytes, CAP);
+        s = su_reopen(dir, KVX_STORE_NOWAIT | KVX_STORE_NOSYNC);
+        assert_int_equal(su_stat(s).capacity_bytes, CAP);
         assert_int_equal(served(s, 300), 1);
         if (!rc) assert_int_equal(served(s, 256), 1);
         for (uint64_t q = 200; q < 256; q++) assert_int_equal(served(s, q), 1);
-        verify_clean(s);
+        su_verify_clean(s);
         kvx_store_close(s);
         su_rm_rf(dir);
     }
@@ -512,7 +479,7 @@ static void test_keyed_tiny_pages(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
+    su_new_dir(dir, sizeof dir);
     kvx_store_options o;
     kvx_store_options_init(&o);
     o.page_bytes = 16;
@@ -536,13 +503,13 @@ static void test_keyed_tiny_pages(void **state)
                 if (!rc) rc = kvx_store_flush(s);
                 if (rc) fail_msg("keyed put %d: %s (%s)", i, kvx_err_name(rc), kvx_last_error());
             }
-            kvx_store_stats st = stat_of(s);
+            kvx_store_stats st = su_stat(s);
             assert_true(st.shards <= 256);
             assert_true(st.evictions > 0);
             assert_int_equal(st.capacity_bytes, CAP);
         } else {
             kvx_store_close(s);
-            s = reopen(dir);
+            s = su_reopen(dir, KVX_STORE_NOWAIT | KVX_STORE_NOSYNC);
         }
         for (int i = 0; i < NK; i++) {
             char k[32];
@@ -563,7 +530,7 @@ static void test_keyed_tiny_pages(void **state)
                 assert_int_equal(status, KVX_ENOTFOUND);
             }
         }
-        verify_clean(s);
+        su_verify_clean(s);
     }
     kvx_store_close(s);
 }

@@ -34,14 +34,12 @@
 #include <lmdb.h>
 
 #include "index/catalog.h"
-#include "store_util.h"
-
-static int dir_counter;
+#include "lib/store.h"
 
 /* A fresh, empty catalog directory. */
 static void new_dir(char *out, size_t n)
 {
-    snprintf(out, n, "%s/cat%d", su_root, dir_counter++);
+    snprintf(out, n, "%s/cat%d", su_root, su_dir_counter++);
     assert_int_equal(mkdir(out, 0700), 0);
 }
 

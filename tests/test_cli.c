@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "cli_harness.h"
+#include "lib/cli.h"
 
 /* The helpers themselves are unit-tested by including them. */
 #include "../cli/util.c"

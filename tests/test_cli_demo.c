@@ -17,7 +17,7 @@
 #include <poll.h>
 #include <pty.h>
 
-#include "cli_harness.h"
+#include "lib/cli.h"
 #include "kvx.h"
 
 static char tmpdir[256];

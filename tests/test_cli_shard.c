@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "cli_harness.h"
+#include "lib/cli.h"
 #include "kvx.h"
 
 static char tmpdir[256];

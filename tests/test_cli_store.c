@@ -14,7 +14,7 @@
 
 #include <dirent.h>
 
-#include "cli_harness.h"
+#include "lib/cli.h"
 #include "kvx.h"
 
 static char tmpdir[256];

@@ -49,7 +49,7 @@
 #include <sys/wait.h>
 #include <time.h>
 
-#include "cli_harness.h"
+#include "lib/cli.h"
 #include "kvx.h"
 
 static char tmpdir[256];

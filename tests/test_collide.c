@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "collide.h"
+#include "lib/collide.h"
 #include "kvx.h"
 
 /* Per search: an attempt reseeds after 240 s, a search gives up at 420 s;

@@ -26,20 +26,7 @@
 #include <unistd.h>
 
 #include "kvx.h"
-#include "shard_fixture.h"
-
-static int setup(void **state)
-{
-    (void)state;
-    return fx_mkdtemp("test_convert");
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    fx_rm_dir();
-    return 0;
-}
+#include "lib/tmpdir.h"
 
 /* The spec's worked example (v1), 60 bytes. */
 static const uint8_t spec_v1[60] = {
@@ -616,5 +603,5 @@ int main(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_bf16_page_to_v1),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, fx_setup, fx_teardown);
 }

@@ -24,7 +24,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "io_fixture.h"
+#include "lib/fault.h"
+#include "lib/io.h"
 #include "kvx.h"
 #include "common/os.h"
 
@@ -51,14 +52,6 @@ static int group_teardown(void **state)
     kvx_shard_close(s1);
     kvx_shard_close(s2);
     io_rm_rf(io_tmpdir);
-    return 0;
-}
-
-static int reset(void **state)
-{
-    (void)state;
-    kvx_os_reset();
-    unsetenv("KVX_IO_FORCE_NO_URING");
     return 0;
 }
 
@@ -661,30 +654,30 @@ static void test_cancel_pread(void **state) { (void)state; cancel_case(KVX_IO_PR
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup(test_uring_direct, reset),
-        cmocka_unit_test_setup(test_uring_buffered, reset),
-        cmocka_unit_test_setup(test_pread, reset),
-        cmocka_unit_test_setup(test_no_verify, reset),
-        cmocka_unit_test_setup_teardown(test_forced_fallback, reset, reset),
-        cmocka_unit_test_setup(test_coalesce, reset),
-        cmocka_unit_test_setup(test_faults_uring_direct, reset),
-        cmocka_unit_test_setup(test_faults_uring_buffered, reset),
-        cmocka_unit_test_setup(test_faults_pread, reset),
-        cmocka_unit_test_setup(test_read_error, reset),
-        cmocka_unit_test_setup(test_crc_uring, reset),
-        cmocka_unit_test_setup(test_crc_pread, reset),
-        cmocka_unit_test_setup(test_trunc_uring, reset),
-        cmocka_unit_test_setup(test_trunc_pread, reset),
-        cmocka_unit_test_setup(test_tmpfs, reset),
-        cmocka_unit_test_setup(test_bad_requests, reset),
-        cmocka_unit_test_setup(test_peer_uring, reset),
-        cmocka_unit_test_setup(test_peer_pread, reset),
-        cmocka_unit_test_setup(test_cancel_uring, reset),
-        cmocka_unit_test_setup(test_cancel_pread, reset),
-        cmocka_unit_test_setup(test_wait0_uring, reset),
-        cmocka_unit_test_setup(test_wait0_pread, reset),
-        cmocka_unit_test_setup(test_unpadded_uring, reset),
-        cmocka_unit_test_setup(test_unpadded_pread, reset),
+        cmocka_unit_test_setup(test_uring_direct, os_reset),
+        cmocka_unit_test_setup(test_uring_buffered, os_reset),
+        cmocka_unit_test_setup(test_pread, os_reset),
+        cmocka_unit_test_setup(test_no_verify, os_reset),
+        cmocka_unit_test_setup_teardown(test_forced_fallback, os_reset, os_reset),
+        cmocka_unit_test_setup(test_coalesce, os_reset),
+        cmocka_unit_test_setup(test_faults_uring_direct, os_reset),
+        cmocka_unit_test_setup(test_faults_uring_buffered, os_reset),
+        cmocka_unit_test_setup(test_faults_pread, os_reset),
+        cmocka_unit_test_setup(test_read_error, os_reset),
+        cmocka_unit_test_setup(test_crc_uring, os_reset),
+        cmocka_unit_test_setup(test_crc_pread, os_reset),
+        cmocka_unit_test_setup(test_trunc_uring, os_reset),
+        cmocka_unit_test_setup(test_trunc_pread, os_reset),
+        cmocka_unit_test_setup(test_tmpfs, os_reset),
+        cmocka_unit_test_setup(test_bad_requests, os_reset),
+        cmocka_unit_test_setup(test_peer_uring, os_reset),
+        cmocka_unit_test_setup(test_peer_pread, os_reset),
+        cmocka_unit_test_setup(test_cancel_uring, os_reset),
+        cmocka_unit_test_setup(test_cancel_pread, os_reset),
+        cmocka_unit_test_setup(test_wait0_uring, os_reset),
+        cmocka_unit_test_setup(test_wait0_pread, os_reset),
+        cmocka_unit_test_setup(test_unpadded_uring, os_reset),
+        cmocka_unit_test_setup(test_unpadded_pread, os_reset),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

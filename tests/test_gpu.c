@@ -19,7 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "io_fixture.h"
+#include "lib/io.h"
 #include "kvx.h"
 
 #define N 29

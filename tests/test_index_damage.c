@@ -57,19 +57,12 @@
 
 #include "index/index.h"
 #include "common/sigbus.h"
-#include "store_util.h"
+#include "lib/store.h"
 
 #define NSEQ 24 /* sequences put, NB blocks each */
 #define NB 8
 #define NFLUSH 4 /* flushes (one shard each, at least) */
 #define NOBODY 65534
-
-static int dir_counter;
-
-static void new_dir(char *out, size_t n, const char *tag)
-{
-    snprintf(out, n, "%s/%s%d", su_root, tag, dir_counter++);
-}
 
 /* ------------------------------------------------------------ fixtures */
 
@@ -88,7 +81,7 @@ static void put_seq(kvx_store *s, uint64_t seq)
 /* A store with NSEQ sequences of NB blocks, flushed NFLUSH times. */
 static void make_store(char *dir, size_t n)
 {
-    new_dir(dir, n, "s");
+    su_new_dir(dir, n);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.flags = KVX_STORE_NOWAIT;
@@ -453,7 +446,7 @@ static void test_meta_page_checks(void **state)
         const meta_case *c = &cases[i];
         for (int writer = 0; writer < 2; writer++) {
             char dir[300];
-            new_dir(dir, sizeof dir, "m");
+            su_new_dir(dir, sizeof dir);
             assert_int_equal(sh("cp -a '%s' '%s'", pristine, dir), 0);
             const char *f = path_in(dir, "index/data.mdb");
             uint64_t nw, ol;
@@ -472,7 +465,7 @@ static void test_meta_page_checks(void **state)
     /* page size: meta 0 names it; a bad one refuses whichever is newer */
     {
         char dir[300];
-        new_dir(dir, sizeof dir, "m");
+        su_new_dir(dir, sizeof dir);
         assert_int_equal(sh("cp -a '%s' '%s'", pristine, dir), 0);
         uint32_t bad = 3000;
         poke(path_in(dir, "index/data.mdb"), M_PSIZE, &bad, 4);
@@ -483,7 +476,7 @@ static void test_meta_page_checks(void **state)
     static const uint64_t cuts[] = {100, 4096 + 50, 8192};
     for (size_t i = 0; i < sizeof cuts / sizeof cuts[0]; i++) {
         char dir[300];
-        new_dir(dir, sizeof dir, "m");
+        su_new_dir(dir, sizeof dir);
         assert_int_equal(sh("cp -a '%s' '%s'", pristine, dir), 0);
         assert_int_equal(truncate(path_in(dir, "index/data.mdb"), (off_t)cuts[i]), 0);
         for (int writer = 0; writer < 2; writer++) {
@@ -497,7 +490,7 @@ static void test_meta_page_checks(void **state)
     /* empty or missing data.mdb: a reader refuses (and creates nothing) */
     for (int missing = 0; missing < 2; missing++) {
         char dir[300];
-        new_dir(dir, sizeof dir, "m");
+        su_new_dir(dir, sizeof dir);
         assert_int_equal(sh("cp -a '%s' '%s'", pristine, dir), 0);
         const char *f = path_in(dir, "index/data.mdb");
         if (missing)
@@ -514,7 +507,7 @@ static void test_meta_page_checks(void **state)
      * the store opens and serves everything */
     {
         char dir[300];
-        new_dir(dir, sizeof dir, "m");
+        su_new_dir(dir, sizeof dir);
         assert_int_equal(sh("cp -a '%s' '%s'", pristine, dir), 0);
         const char *f = path_in(dir, "index/data.mdb");
         uint64_t nw, ol, big = pages + 1000;
@@ -636,7 +629,7 @@ static void test_record_sizes(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir, "r");
+    su_new_dir(dir, sizeof dir);
     assert_int_equal(mkdir(dir, 0700), 0);
     kvx_index *ix = NULL;
     assert_int_equal(kvx_idx_open(&ix, dir, 1, 1), 0);
@@ -752,7 +745,7 @@ static void test_walk_accepts_real_trees(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir, "h");
+    su_new_dir(dir, sizeof dir);
     assert_int_equal(mkdir(dir, 0700), 0);
     for (int step = 0; step < 4; step++) {
         kvx_index *ix = NULL;
@@ -810,7 +803,7 @@ static void test_short_file_free_tail_opens(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir, "f");
+    su_new_dir(dir, sizeof dir);
     assert_int_equal(mkdir(dir, 0700), 0);
     kvx_index *ix = NULL;
     assert_int_equal(kvx_idx_open(&ix, dir, 1, 1), 0);
@@ -924,7 +917,7 @@ static void test_truncated_under_open_index(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir, "t");
+    su_new_dir(dir, sizeof dir);
     assert_int_equal(mkdir(dir, 0700), 0);
     expect_child_ok(run_child(truncated_under_open, dir, NULL, 60), "data.mdb truncated under an open index");
 }
@@ -1311,7 +1304,7 @@ static void run_battery(void)
     clock_gettime(CLOCK_MONOTONIC, &t0);
     char pristine[300], work[300];
     make_store(pristine, sizeof pristine);
-    new_dir(work, sizeof work, "w");
+    su_new_dir(work, sizeof work);
     tree_sum before, after;
     sum_dir(&before, path_in(pristine, "shards"));
     assert_true(before.n >= 1);

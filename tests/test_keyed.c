@@ -13,25 +13,9 @@
 #include <cmocka.h>
 
 #include "engine/store.h"
-#include "store_util.h"
+#include "lib/store.h"
 
 #define PB 8192u /* the test store's page size */
-
-static int dir_counter;
-
-static void new_dir(char *dir, size_t cap) { snprintf(dir, cap, "%.200s/k%d", su_root, dir_counter++); }
-
-static kvx_store *keyed_store(char *dir, size_t cap, uint64_t page_bytes, uint64_t capacity)
-{
-    new_dir(dir, cap);
-    kvx_store_options o;
-    kvx_store_options_init(&o);
-    o.page_bytes = page_bytes;
-    o.capacity_bytes = capacity;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    return s;
-}
 
 static kvx_key key_of(const char *str) { return (kvx_key){str, strlen(str)}; }
 
@@ -151,7 +135,7 @@ static void patch_and_reseal(const char *path, uint64_t off, uint8_t value)
 static void expect_refused(uint64_t off, uint8_t value, int want_rc, const char *want_msg)
 {
     char path[300];
-    snprintf(path, sizeof path, "%.200s/dmg%d.kvx", su_root, dir_counter++);
+    snprintf(path, sizeof path, "%.200s/dmg%d.kvx", su_root, su_dir_counter++);
     kvx_geometry g;
     write_keyed_shard(path, &g);
     patch_and_reseal(path, off, value);
@@ -272,7 +256,7 @@ static void test_put_get_exists_delete(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = keyed_store(dir, sizeof dir, PB, 64ull << 20);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
     const char *k[3] = {"lmcache@1@0@aa@bf16", "0123456789abcdef", "x"};
     size_t lens[3] = {PB, 17, 1};
     put_keys(s, NULL, k, lens, 3);
@@ -344,7 +328,7 @@ static void test_bad_input_writes_nothing(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = keyed_store(dir, sizeof dir, PB, 64ull << 20);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
     uint8_t page[PB + 1] = {0};
     char longkey[KVX_KEY_MAX + 1];
     memset(longkey, 'q', sizeof longkey);
@@ -372,7 +356,7 @@ static void test_bad_input_writes_nothing(void **state)
     assert_int_equal(st.pending_blocks, 0);
     /* an odd page size, or a geometry beside page_bytes */
     char d2[300];
-    new_dir(d2, sizeof d2);
+    su_new_dir(d2, sizeof d2);
     kvx_store_options o;
     kvx_store_options_init(&o);
     o.page_bytes = 4095;
@@ -390,8 +374,8 @@ static void test_kinds_do_not_mix(void **state)
 {
     (void)state;
     char dk[300], db[300];
-    kvx_store *k = keyed_store(dk, sizeof dk, PB, 64ull << 20);
-    new_dir(db, sizeof db);
+    kvx_store *k = su_store(dk, sizeof dk, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
+    su_new_dir(db, sizeof db);
     kvx_store_options o;
     kvx_store_options_init(&o);
     o.geometry = su_geometry();
@@ -430,7 +414,7 @@ static void test_whole_key_compared(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = keyed_store(dir, sizeof dir, PB, 64ull << 20);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
     const char *k[1] = {"the-real-key"};
     size_t lens[1] = {64};
     put_keys(s, NULL, k, lens, 1);
@@ -460,7 +444,7 @@ static void test_batches_and_unflushed(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = keyed_store(dir, sizeof dir, PB, 64ull << 20);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
     kvx_store_batch *b1, *b2;
     assert_int_equal(kvx_store_batch_create(&b1, s), 0);
     assert_int_equal(kvx_store_batch_create(&b2, s), 0);
@@ -488,7 +472,7 @@ static void test_capacity_eviction_reindex(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = keyed_store(dir, sizeof dir, PB, 2ull << 20);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 2ull << 20});
     char names[400][16];
     for (int i = 0; i < 400; i++) {
         snprintf(names[i], sizeof names[i], "page-%d", i);
@@ -527,7 +511,7 @@ static void test_damaged_page(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = keyed_store(dir, sizeof dir, PB, 64ull << 20);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
     const char *k[2] = {"p0", "p1"};
     size_t lens[2] = {4000, 4000};
     put_keys(s, NULL, k, lens, 2);
@@ -564,7 +548,7 @@ static void test_delete_then_gc_reclaims(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = keyed_store(dir, sizeof dir, PB, 64ull << 20);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
     char names[32][16];
     const char *k[32];
     size_t lens[32];

@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "io_fixture.h"
+#include "lib/io.h"
 #include "kvx.h"
 
 #define JUNK 0xA5

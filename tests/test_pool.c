@@ -162,12 +162,11 @@ static int drop_ipc_lock(void)
 {
     struct __user_cap_header_struct h = {_LINUX_CAPABILITY_VERSION_3, 0};
     struct __user_cap_data_struct d[2];
-    if (syscall(SYS_capget, &h, d) != 0) return -1;
-    for (int i = 0; i < 2; i++) {
-        d[i].effective &= ~(i == CAP_IPC_LOCK / 32 ? 1u << (CAP_IPC_LOCK % 32) : 0);
-        d[i].permitted &= ~(i == CAP_IPC_LOCK / 32 ? 1u << (CAP_IPC_LOCK % 32) : 0);
-    }
-    return (int)syscall(SYS_capset, &h, d);
+    if (syscall(SYS_capget, &h, d)) return -1;
+    d[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+    d[CAP_IPC_LOCK / 32].permitted &= ~(1u << (CAP_IPC_LOCK % 32));
+    d[CAP_IPC_LOCK / 32].inheritable &= ~(1u << (CAP_IPC_LOCK % 32));
+    return syscall(SYS_capset, &h, d) ? -1 : 0;
 }
 
 static int memlock_child(void)

@@ -73,7 +73,7 @@
 #include <cmocka.h>
 
 #include "kvx.h"
-#include "powercut.h"
+#include "lib/powercut.h"
 
 /* snprintf into a char array, aborting on truncation (paths here are short) */
 #define PATHF(buf, ...)                                                      \

@@ -47,51 +47,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "store_util.h"
+#include "lib/store.h"
 
 #include <lmdb.h>
-
-static int dir_counter;
-
-static kvx_store *make_store(char *dir, size_t cap, uint64_t shard_bytes)
-{
-    snprintf(dir, cap, "%s/s%d", su_root, dir_counter++);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = 16 << 20;
-    o.shard_bytes = shard_bytes;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    return s;
-}
-
-/* Puts sequence seq (nb blocks) and flushes. */
-static void put_seq(kvx_store *s, uint64_t seq, size_t nb) { assert_int_equal(su_put_seq(s, seq, nb), 0); }
-
-/* Names of the regular files in dir/sub, sorted, into out (n max). */
-static size_t list_files(const char *dir, const char *sub, char (*out)[64], size_t max)
-{
-    char path[600];
-    snprintf(path, sizeof path, "%s/%s", dir, sub);
-    DIR *d = opendir(path);
-    if (!d) return 0;
-    size_t n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < max)
-        if (e->d_name[0] != '.' || strstr(e->d_name, ".kvx")) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            snprintf(out[n++], 64, "%.63s", e->d_name);
-        }
-    closedir(d);
-    qsort(out, n, 64, (int (*)(const void *, const void *))strcmp);
-    return n;
-}
 
 /* A cheap fingerprint of every file in shards/ (names, sizes, bytes). */
 static uint64_t shards_fingerprint(const char *dir)
 {
     char names[64][64];
-    size_t n = list_files(dir, "shards", names, 64);
+    size_t n = su_list_files(dir, "shards", names, 64);
     uint64_t fp = n;
     for (size_t i = 0; i < n; i++) {
         char path[700];
@@ -110,7 +74,7 @@ static uint64_t shards_fingerprint(const char *dir)
 static void shard_path(const char *dir, size_t k, char *out, size_t cap)
 {
     char names[64][64];
-    size_t n = list_files(dir, "shards", names, 64);
+    size_t n = su_list_files(dir, "shards", names, 64);
     assert_true(k < n);
     snprintf(out, cap, "%s/shards/%s", dir, names[k]);
 }
@@ -120,8 +84,8 @@ static void test_size_differs_kept(void **state)
     (void)state;
     for (int mode = 0; mode < 2; mode++) {
         char dir[300], shard[700];
-        kvx_store *s = make_store(dir, sizeof dir, 0);
-        put_seq(s, 1, 6);
+        kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+        su_put_flush(s, 1, 6);
         kvx_store_close(s);
         shard_path(dir, 0, shard, sizeof shard);
         struct stat st;
@@ -171,18 +135,18 @@ static void test_stale_index_adopts(void **state)
 {
     (void)state;
     char dir[300], old_index[400], idx[400], backup[400];
-    kvx_store *s = make_store(dir, sizeof dir, 0);
-    put_seq(s, 1, 4);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+    su_put_flush(s, 1, 4);
     kvx_store_close(s);
     snprintf(idx, sizeof idx, "%s/index/data.mdb", dir);
     snprintf(old_index, sizeof old_index, "%s/old.mdb", su_root);
     assert_int_equal(cp(idx, old_index), 0);
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
-    put_seq(s, 2, 4);
-    put_seq(s, 3, 4);
+    su_put_flush(s, 2, 4);
+    su_put_flush(s, 3, 4);
     kvx_store_close(s);
     char names[64][64];
-    size_t nshards = list_files(dir, "shards", names, 64);
+    size_t nshards = su_list_files(dir, "shards", names, 64);
     assert_true(nshards >= 3);
     /* a backup of the newest shard, then the old index put back */
     char newest[700];
@@ -201,10 +165,10 @@ static void test_stale_index_adopts(void **state)
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
     for (uint64_t q = 1; q <= 3; q++) assert_int_equal(su_served_prefix(s, q, 4), 4);
     /* a new shard never takes an existing name: every name still there */
-    put_seq(s, 4, 4);
+    su_put_flush(s, 4, 4);
     kvx_store_close(s);
     char after[64][64];
-    size_t nafter = list_files(dir, "shards", after, 64);
+    size_t nafter = su_list_files(dir, "shards", after, 64);
     assert_int_equal(nafter, nshards + 1);
     for (size_t i = 0; i < nshards; i++) assert_string_equal(after[i], names[i]);
     /* the backup of a shard the store no longer has (evicted or lost) is
@@ -223,9 +187,9 @@ static void test_reindex_quarantines(void **state)
 {
     (void)state;
     char dir[300], shard[700];
-    kvx_store *s = make_store(dir, sizeof dir, 0);
-    put_seq(s, 1, 4);
-    put_seq(s, 2, 4);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+    su_put_flush(s, 1, 4);
+    su_put_flush(s, 2, 4);
     kvx_store_close(s);
     shard_path(dir, 0, shard, sizeof shard);
     /* damaged metadata: one flipped header byte (meta CRC fails) */
@@ -321,8 +285,8 @@ static void test_damaged_record_readonly(void **state)
     (void)state;
     /* the shard record's file_bytes (offset 8): the store will not open */
     char dir[300];
-    kvx_store *s = make_store(dir, sizeof dir, 0);
-    put_seq(s, 1, 4);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+    su_put_flush(s, 1, 4);
     kvx_store_close(s);
     corrupt_record(dir, "shards", MDB_INTEGERKEY, 8);
     uint64_t fp = shards_fingerprint(dir);
@@ -339,8 +303,8 @@ static void test_damaged_record_readonly(void **state)
 
     /* a hash record's generation (offset 8 of {coord, crc, gen}): the
      * lookup reports it, the other records still answer */
-    s = make_store(dir, sizeof dir, 0);
-    put_seq(s, 1, 4);
+    s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+    su_put_flush(s, 1, 4);
     kvx_store_close(s);
     corrupt_record(dir, "hash", MDB_INTEGERKEY | MDB_DUPSORT | MDB_DUPFIXED, 8);
     fp = shards_fingerprint(dir);
@@ -378,8 +342,8 @@ static void test_damaged_record_readonly(void **state)
     kvx_store_close(s);
 
     /* a coordinate record (its hash, offset 0): get by coordinate reports it */
-    s = make_store(dir, sizeof dir, 0);
-    put_seq(s, 1, 4);
+    s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+    su_put_flush(s, 1, 4);
     kvx_store_close(s);
     corrupt_record(dir, "coord", MDB_INTEGERKEY, 0);
     assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
@@ -434,9 +398,9 @@ static void test_legacy_records_open(void **state)
 {
     (void)state;
     char dir[300], idx[400];
-    kvx_store *s = make_store(dir, sizeof dir, 0);
-    put_seq(s, 1, 4);
-    put_seq(s, 2, 3);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+    su_put_flush(s, 1, 4);
+    su_put_flush(s, 2, 3);
     kvx_store_close(s);
     snprintf(idx, sizeof idx, "%s/index", dir);
     MDB_env *env;
@@ -473,7 +437,7 @@ static void test_legacy_records_open(void **state)
         uint64_t bad = 9;
         assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
         if (writer) {
-            put_seq(s, 3, 2);
+            su_put_flush(s, 3, 2);
             assert_int_equal(su_served_prefix(s, 3, 2), 2);
             assert_int_equal(kvx_store_gc(s), 0);
             assert_int_equal(su_served_prefix(s, 1, 4), 4);
@@ -487,9 +451,9 @@ static void test_index_lost(void **state)
     (void)state;
     for (int mode = 0; mode < 3; mode++) {
         char dir[300], cmd[700];
-        kvx_store *s = make_store(dir, sizeof dir, 0);
-        put_seq(s, 1, 4);
-        put_seq(s, 2, 3);
+        kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+        su_put_flush(s, 1, 4);
+        su_put_flush(s, 2, 3);
         kvx_store_close(s);
         uint64_t fp = shards_fingerprint(dir);
         if (mode == 0) snprintf(cmd, sizeof cmd, "rm -rf %s/index", dir);
@@ -518,8 +482,8 @@ static void test_directories_where_files_belong(void **state)
 {
     (void)state;
     char dir[300], p[500];
-    kvx_store *s = make_store(dir, sizeof dir, 0);
-    put_seq(s, 1, 4);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+    su_put_flush(s, 1, 4);
     kvx_store_close(s);
     snprintf(p, sizeof p, "%s/staging/adir", dir);
     assert_int_equal(mkdir(p, 0700), 0);
@@ -529,7 +493,7 @@ static void test_directories_where_files_belong(void **state)
         assert_int_equal(kvx_store_open(&s, dir, NULL, writer ? 0 : KVX_STORE_READONLY), 0);
         assert_int_equal(su_served_prefix(s, 1, 4), 4);
         if (writer) {
-            put_seq(s, 2, 2);
+            su_put_flush(s, 2, 2);
             assert_int_equal(kvx_store_gc(s), 0);
             assert_int_equal(kvx_store_reindex(s), 0);
         }
@@ -546,8 +510,8 @@ static void test_generation_never_reused(void **state)
 {
     (void)state;
     char dir[300], p[600];
-    kvx_store *s = make_store(dir, sizeof dir, 0);
-    put_seq(s, 1, 2);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+    su_put_flush(s, 1, 2);
     kvx_store_close(s);
     /* a file in quarantine/ with a high generation, one in staging/ */
     snprintf(p, sizeof p, "%s/quarantine", dir);
@@ -559,10 +523,10 @@ static void test_generation_never_reused(void **state)
     f = fopen(p, "w");
     fclose(f);
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
-    put_seq(s, 2, 2);
+    su_put_flush(s, 2, 2);
     kvx_store_close(s);
     char names[64][64];
-    size_t n = list_files(dir, "shards", names, 64);
+    size_t n = su_list_files(dir, "shards", names, 64);
     assert_true(n >= 2);
     uint64_t newest = strtoull(names[n - 1], NULL, 16);
     assert_true(newest > 0x200);
@@ -574,7 +538,7 @@ static void test_headless_chain_gc(void **state)
     char dir[300];
     /* one sequence in its own shard per flush: block 0 alone, then the
      * rest of the chain in another shard */
-    kvx_store *s = make_store(dir, sizeof dir, 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
     uint32_t t[8 * SU_B];
     uint64_t h[8];
     su_tokens(t, 5, 8, 0);
@@ -583,13 +547,13 @@ static void test_headless_chain_gc(void **state)
     assert_int_equal(kvx_store_flush(s), 0);
     assert_int_equal(kvx_store_put(s, t, 8 * SU_B, p, 8, NULL, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
-    put_seq(s, 6, 3); /* an unrelated whole chain */
+    su_put_flush(s, 6, 3); /* an unrelated whole chain */
     kvx_store_close(s);
     /* the shard holding block 0 is lost (removed by hand): blocks 1..7 have
      * no path to a block-0 ancestor */
     kvx_shard *sh;
     char names[64][64], path[800];
-    size_t n = list_files(dir, "shards", names, 64);
+    size_t n = su_list_files(dir, "shards", names, 64);
     for (size_t i = 0; i < n; i++) {
         snprintf(path, sizeof path, "%s/shards/%s", dir, names[i]);
         assert_int_equal(kvx_shard_open(&sh, path, 0), 0);
@@ -635,8 +599,8 @@ static void test_truncate_extend_many_points(void **state)
 {
     (void)state;
     char dir[300], shard[700], keep[400];
-    kvx_store *s = make_store(dir, sizeof dir, 0);
-    put_seq(s, 1, 6);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+    su_put_flush(s, 1, 6);
     kvx_store_close(s);
     shard_path(dir, 0, shard, sizeof shard);
     snprintf(keep, sizeof keep, "%s/keep.kvx", su_root);
@@ -699,9 +663,9 @@ static void test_shard_replaced_by_fifo(void **state)
 {
     (void)state;
     char dir[300], shard[700];
-    kvx_store *s = make_store(dir, sizeof dir, 0);
-    put_seq(s, 1, 3);
-    put_seq(s, 2, 3);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+    su_put_flush(s, 1, 3);
+    su_put_flush(s, 2, 3);
     kvx_store_close(s);
     shard_path(dir, 0, shard, sizeof shard);
     assert_int_equal(unlink(shard), 0);
@@ -760,8 +724,8 @@ static void test_fifo_where_store_files_belong(void **state)
     const char *names[] = {"STORE", "LOCK", "TIER", "TIER.tmp"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         char dir[300], p[500], keep[520];
-        kvx_store *s = make_store(dir, sizeof dir, 0);
-        put_seq(s, 1, 2);
+        kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
+        su_put_flush(s, 1, 2);
         kvx_store_close(s);
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
         snprintf(keep, sizeof keep, "%s.keep", p);

@@ -26,69 +26,7 @@
 #include "common/os.h"
 #include "engine/store.h"
 #include "index/index.h"
-#include "store_util.h"
-
-static int dir_counter;
-
-static void new_dir(char *out, size_t n)
-{
-    snprintf(out, n, "%s/s%d", su_root, dir_counter++);
-}
-
-static kvx_store *create_store(char *dir, size_t n, uint64_t capacity, uint64_t shard_bytes)
-{
-    new_dir(dir, n);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = capacity;
-    o.shard_bytes = shard_bytes;
-    o.flags = KVX_STORE_NOWAIT;
-    kvx_store *s = NULL;
-    int rc = kvx_store_create(&s, dir, &o);
-    if (rc) fprintf(stderr, "create: %s\n", kvx_last_error());
-    assert_int_equal(rc, 0);
-    return s;
-}
-
-/* Puts sequence seq (n_blocks) and returns its hashes in h. */
-static size_t put_seq(kvx_store *s, uint64_t seq, size_t n_blocks, size_t shared, uint64_t *h)
-{
-    uint32_t t[64 * SU_B];
-    assert_true(n_blocks <= 64);
-    su_tokens(t, seq, n_blocks, shared);
-    uint8_t *p = su_pages(t, n_blocks, h, 64);
-    size_t added = 99;
-    int rc = kvx_store_put(s, t, n_blocks * SU_B + 1, p, n_blocks, NULL, &added);
-    if (rc) fprintf(stderr, "put: %s\n", kvx_last_error());
-    assert_int_equal(rc, 0);
-    free(p);
-    return added;
-}
-
-static void check_view(const kvx_view *v, uint64_t hash)
-{
-    uint8_t want[64];
-    su_page(want, 64, hash);
-    assert_true(v->hash == hash);
-    assert_int_equal(v->page_bytes, 64);
-    assert_int_equal(v->token_count, SU_B);
-    assert_memory_equal(v->page, want, 64);
-}
-
-static size_t prefix_of(kvx_store *s, uint64_t seq, size_t n_blocks, size_t shared, int check)
-{
-    uint32_t t[64 * SU_B];
-    uint64_t h[64];
-    su_tokens(t, seq, n_blocks, shared);
-    kvx_block_hashes(h, t, n_blocks * SU_B, SU_B);
-    kvx_view v[64];
-    size_t n = 99;
-    assert_int_equal(kvx_store_prefix(v, &n, s, t, n_blocks * SU_B + 3, 64), 0);
-    if (check)
-        for (size_t i = 0; i < n; i++) check_view(&v[i], h[i]);
-    kvx_views_release(v, n);
-    return n;
-}
+#include "lib/store.h"
 
 /* ------------------------------------------------------------------ tests */
 
@@ -96,9 +34,9 @@ static void test_layout_and_permissions(void **state)
 {
     (void)state;
     char dir[300], p[400];
-    kvx_store *s = create_store(dir, sizeof dir, 1 << 20, 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 1 << 20, .flags = KVX_STORE_NOWAIT});
     uint64_t h[8];
-    put_seq(s, 1, 3, 0, h);
+    su_put_shared(s, 1, 3, 0, h);
     assert_int_equal(kvx_store_flush(s), 0);
     struct stat st;
     assert_int_equal(stat(dir, &st), 0);
@@ -136,7 +74,7 @@ static void test_geometry_checks(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = create_store(dir, sizeof dir, 1 << 20, 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 1 << 20, .flags = KVX_STORE_NOWAIT});
     kvx_store_close(s);
     kvx_geometry g = su_geometry();
     assert_int_equal(kvx_store_open(&s, dir, &g, 0), 0);
@@ -159,7 +97,7 @@ static void test_geometry_checks(void **state)
     /* bad creation options */
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     char d2[300];
-    new_dir(d2, sizeof d2);
+    su_new_dir(d2, sizeof d2);
     o.geometry = su_geometry();
     o.geometry.block_tokens = 0;
     assert_int_equal(kvx_store_create(&s, d2, &o), KVX_EINVALID);
@@ -182,7 +120,7 @@ static void test_bf16_store(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
+    su_new_dir(dir, sizeof dir);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.geometry.quant = KVX_QUANT_BF16;
@@ -191,16 +129,16 @@ static void test_bf16_store(void **state)
     kvx_store *s;
     assert_int_equal(kvx_store_create(&s, dir, &o), 0);
     uint64_t h[8];
-    assert_int_equal(put_seq(s, 1, 3, 0, h), 3);
+    assert_int_equal(su_put_shared(s, 1, 3, 0, h), 3);
     assert_int_equal(kvx_store_flush(s), 0);
-    assert_int_equal(prefix_of(s, 1, 3, 0, 1), 3); /* the same 64 bytes back */
+    assert_int_equal(su_prefix_shared(s, 1, 3, 0, 1), 3); /* the same 64 bytes back */
     kvx_store_close(s);
 
     kvx_geometry g = o.geometry, got;
     assert_int_equal(kvx_store_open(&s, dir, &g, 0), 0);
     assert_int_equal(kvx_store_get_geometry(&got, s), 0);
     assert_int_equal(got.quant, KVX_QUANT_BF16);
-    assert_int_equal(prefix_of(s, 1, 3, 0, 1), 3);
+    assert_int_equal(su_prefix_shared(s, 1, 3, 0, 1), 3);
 
     /* exported as v3 the pages come back bit for bit (L = Hkv = 1, N = B:
      * one layout); as v1 the random bf16 bits do not fit f16: KVX_ELOSSY */
@@ -266,7 +204,7 @@ static void test_no_escape(void **state)
 {
     (void)state;
     char dir[300], p[400], q[400];
-    kvx_store *s = create_store(dir, sizeof dir, 1 << 20, 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 1 << 20, .flags = KVX_STORE_NOWAIT});
     kvx_store_close(s);
     /* shards/ replaced by a symlink to a directory outside */
     snprintf(p, sizeof p, "%s/shards", dir);
@@ -314,9 +252,9 @@ static void test_put_flush_visibility(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = create_store(dir, sizeof dir, 1 << 20, 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 1 << 20, .flags = KVX_STORE_NOWAIT});
     uint64_t h[8];
-    assert_int_equal(put_seq(s, 7, 5, 0, h), 5);
+    assert_int_equal(su_put_shared(s, 7, 5, 0, h), 5);
     kvx_store_stats st;
     assert_int_equal(kvx_store_stat(&st, s), 0);
     assert_int_equal(st.pending_blocks, 5);
@@ -326,32 +264,32 @@ static void test_put_flush_visibility(void **state)
     /* the pending shard is a temporary file in staging/, not in shards/ */
     assert_int_equal(files_in(dir, "staging"), 1);
     assert_int_equal(files_in(dir, "shards"), 0);
-    assert_int_equal(prefix_of(s, 7, 5, 0, 1), 0);
+    assert_int_equal(su_prefix_shared(s, 7, 5, 0, 1), 0);
     /* a reader handle in the same process sees nothing either */
     kvx_store *r;
     assert_int_equal(kvx_store_open(&r, dir, NULL, KVX_STORE_READONLY), 0);
-    assert_int_equal(prefix_of(r, 7, 5, 0, 1), 0);
+    assert_int_equal(su_prefix_shared(r, 7, 5, 0, 1), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     assert_int_equal(files_in(dir, "staging"), 0); /* sealed and renamed into shards/ */
     assert_int_equal(files_in(dir, "shards"), 1);
-    assert_int_equal(prefix_of(s, 7, 5, 0, 1), 5);
-    assert_int_equal(prefix_of(r, 7, 5, 0, 1), 5); /* published after r opened */
+    assert_int_equal(su_prefix_shared(s, 7, 5, 0, 1), 5);
+    assert_int_equal(su_prefix_shared(r, 7, 5, 0, 1), 5); /* published after r opened */
     /* dedupe: the same blocks are not written again */
-    assert_int_equal(put_seq(s, 7, 5, 0, h), 0);
+    assert_int_equal(su_put_shared(s, 7, 5, 0, h), 0);
     /* a longer sequence with the same prefix writes only its new blocks */
-    assert_int_equal(put_seq(s, 7, 8, 0, h), 3);
-    assert_int_equal(put_seq(s, 7, 8, 0, h), 0); /* already pending */
+    assert_int_equal(su_put_shared(s, 7, 8, 0, h), 3);
+    assert_int_equal(su_put_shared(s, 7, 8, 0, h), 0); /* already pending */
     assert_int_equal(kvx_store_flush(s), 0);
     assert_int_equal(kvx_store_stat(&st, s), 0);
     assert_int_equal(st.blocks, 8);
     assert_int_equal(st.pending_blocks, 0);
-    assert_int_equal(prefix_of(r, 7, 8, 0, 1), 8);
+    assert_int_equal(su_prefix_shared(r, 7, 8, 0, 1), 8);
     /* by hash, batch and coordinate */
     assert_int_equal(kvx_store_get_hash(&v, s, h[6]), 0);
-    check_view(&v, h[6]);
+    su_check_view(&v, h[6]);
     kvx_view v2;
     assert_int_equal(kvx_store_get(&v2, s, v.coordinate), 0);
-    check_view(&v2, h[6]);
+    su_check_view(&v2, h[6]);
     assert_int_equal(KVX_COORD_SPECTRAL(v2.coordinate), 0);
     kvx_view_release(&v2);
     kvx_view_release(&v);
@@ -364,8 +302,8 @@ static void test_put_flush_visibility(void **state)
     assert_int_equal(stt[0], 0);
     assert_int_equal(stt[1], KVX_ENOTFOUND);
     assert_int_equal(stt[2], 0);
-    check_view(&vs[0], h[1]);
-    check_view(&vs[2], h[7]);
+    su_check_view(&vs[0], h[1]);
+    su_check_view(&vs[2], h[7]);
     kvx_views_release(vs, 3);
     /* a prompt diverging after 3 blocks hits 3 */
     uint32_t t[9 * SU_B];
@@ -386,11 +324,11 @@ static void test_put_flush_visibility(void **state)
     assert_int_equal(kvx_store_flush(r), KVX_EINVALID);
     kvx_store_close(r);
     /* unflushed puts are dropped at close */
-    put_seq(s, 99, 2, 0, h);
+    su_put_shared(s, 99, 2, 0, h);
     kvx_store_close(s);
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
-    assert_int_equal(prefix_of(s, 99, 2, 0, 0), 0);
-    assert_int_equal(prefix_of(s, 7, 8, 0, 1), 8); /* restart keeps the rest */
+    assert_int_equal(su_prefix_shared(s, 99, 2, 0, 0), 0);
+    assert_int_equal(su_prefix_shared(s, 7, 8, 0, 1), 8); /* restart keeps the rest */
     kvx_store_close(s);
 }
 
@@ -398,7 +336,7 @@ static void test_bad_arguments(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = create_store(dir, sizeof dir, 1 << 20, 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 1 << 20, .flags = KVX_STORE_NOWAIT});
     uint32_t t[8] = {0};
     uint8_t p[128] = {0};
     assert_int_equal(kvx_store_put(s, t, 7, p, 2, NULL, NULL), KVX_ETOKENS);
@@ -430,9 +368,9 @@ static void test_lineage_collision(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = create_store(dir, sizeof dir, 1 << 20, 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 1 << 20, .flags = KVX_STORE_NOWAIT});
     uint64_t ha[8], hq[8];
-    put_seq(s, 1, 2, 0, ha);
+    su_put_shared(s, 1, 2, 0, ha);
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_view v;
     assert_int_equal(kvx_store_get_hash(&v, s, ha[0]), 0);
@@ -472,7 +410,7 @@ static void test_lineage_collision(void **state)
     assert_int_equal(kvx_st_lookup(s, snap, &q_dig, &one), KVX_ENOTFOUND); /* wrong digest */
     assert_int_equal(kvx_st_lookup(s, snap, &q_ok, &one), 0);
     kvx_cat_snap_end(snap);
-    check_view(&one, ha[1]);
+    su_check_view(&one, ha[1]);
     kvx_view_release(&one);
     kvx_store_close(s);
 }
@@ -482,15 +420,16 @@ static void test_capacity_eviction_and_views(void **state)
     (void)state;
     char dir[300];
     /* shards of ~16 blocks, room for ~6 of them */
-    kvx_store *s = create_store(dir, sizeof dir, 450 << 10, 70 << 10);
+    kvx_store *s =
+        su_store(dir, sizeof dir, (su_spec){.capacity = 450 << 10, .shard_bytes = 70 << 10, .flags = KVX_STORE_NOWAIT});
     kvx_store_stats st;
     uint64_t h[16];
-    put_seq(s, 0, 16, 0, h);
+    su_put_shared(s, 0, 16, 0, h);
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_view held;
     assert_int_equal(kvx_store_get_hash(&held, s, h[3]), 0);
     for (uint64_t q = 1; q < 40; q++) {
-        put_seq(s, q, 16, 0, h);
+        su_put_shared(s, q, 16, 0, h);
         assert_int_equal(kvx_store_flush(s), 0);
         assert_int_equal(kvx_store_stat(&st, s), 0);
         assert_true(st.bytes <= st.capacity_bytes);
@@ -498,18 +437,18 @@ static void test_capacity_eviction_and_views(void **state)
     assert_true(st.evictions > 0);
     assert_true(st.evicted_blocks > 0);
     /* the oldest sequence is gone, the newest is whole */
-    assert_int_equal(prefix_of(s, 0, 16, 0, 1), 0);
-    assert_int_equal(prefix_of(s, 39, 16, 0, 1), 16);
+    assert_int_equal(su_prefix_shared(s, 0, 16, 0, 1), 0);
+    assert_int_equal(su_prefix_shared(s, 39, 16, 0, 1), 16);
     /* the view taken before eviction still reads the right bytes */
     uint32_t t[16 * SU_B];
     uint64_t h0[16];
     su_tokens(t, 0, 16, 0);
     kvx_block_hashes(h0, t, 16 * SU_B, SU_B);
-    check_view(&held, h0[3]);
+    su_check_view(&held, h0[3]);
     kvx_view_release(&held);
     /* every prefix served is whole: no block without its predecessors */
     for (uint64_t q = 0; q < 40; q++) {
-        size_t n = prefix_of(s, q, 16, 0, 1);
+        size_t n = su_prefix_shared(s, q, 16, 0, 1);
         assert_true(n == 0 || n <= 16);
     }
     kvx_store_close(s);
@@ -519,17 +458,18 @@ static void test_hot_blocks_carried(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = create_store(dir, sizeof dir, 450 << 10, 70 << 10);
+    kvx_store *s =
+        su_store(dir, sizeof dir, (su_spec){.capacity = 450 << 10, .shard_bytes = 70 << 10, .flags = KVX_STORE_NOWAIT});
     uint64_t h[16];
-    put_seq(s, 0, 16, 0, h);
+    su_put_shared(s, 0, 16, 0, h);
     assert_int_equal(kvx_store_flush(s), 0);
     for (uint64_t q = 1; q < 60; q++) {
-        assert_int_equal(prefix_of(s, 0, 16, 0, 1), 16); /* seq 0 stays hot */
-        put_seq(s, q, 16, 0, h);
+        assert_int_equal(su_prefix_shared(s, 0, 16, 0, 1), 16); /* seq 0 stays hot */
+        su_put_shared(s, q, 16, 0, h);
         assert_int_equal(kvx_store_flush(s), 0);
     }
-    assert_int_equal(prefix_of(s, 0, 16, 0, 1), 16);
-    assert_int_equal(prefix_of(s, 1, 16, 0, 1), 0); /* cold: gone */
+    assert_int_equal(su_prefix_shared(s, 0, 16, 0, 1), 16);
+    assert_int_equal(su_prefix_shared(s, 1, 16, 0, 1), 0); /* cold: gone */
     kvx_store_close(s);
 }
 
@@ -539,24 +479,25 @@ static void test_recency_per_block(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = create_store(dir, sizeof dir, 450 << 10, 70 << 10);
+    kvx_store *s =
+        su_store(dir, sizeof dir, (su_spec){.capacity = 450 << 10, .shard_bytes = 70 << 10, .flags = KVX_STORE_NOWAIT});
     uint64_t h[16];
-    put_seq(s, 0, 8, 0, h); /* A: looked up from now on */
-    put_seq(s, 1, 8, 0, h); /* B: in the same shard, never used again */
-    put_seq(s, 2, 8, 0, h); /* C: only ever put again */
+    su_put_shared(s, 0, 8, 0, h); /* A: looked up from now on */
+    su_put_shared(s, 1, 8, 0, h); /* B: in the same shard, never used again */
+    su_put_shared(s, 2, 8, 0, h); /* C: only ever put again */
     assert_int_equal(kvx_store_flush(s), 0);
     for (uint64_t q = 3; q < 60; q++) {
-        assert_int_equal(prefix_of(s, 0, 8, 0, 1), 8);
-        assert_int_equal(put_seq(s, 2, 8, 0, h), 0); /* held: nothing new */
-        put_seq(s, q, 16, 0, h);
+        assert_int_equal(su_prefix_shared(s, 0, 8, 0, 1), 8);
+        assert_int_equal(su_put_shared(s, 2, 8, 0, h), 0); /* held: nothing new */
+        su_put_shared(s, q, 16, 0, h);
         assert_int_equal(kvx_store_flush(s), 0);
     }
     kvx_store_stats st;
     assert_int_equal(kvx_store_stat(&st, s), 0);
     assert_true(st.evictions > 0);
-    assert_int_equal(prefix_of(s, 0, 8, 0, 1), 8);
-    assert_int_equal(prefix_of(s, 2, 8, 0, 1), 8);
-    assert_int_equal(prefix_of(s, 1, 8, 0, 1), 0);
+    assert_int_equal(su_prefix_shared(s, 0, 8, 0, 1), 8);
+    assert_int_equal(su_prefix_shared(s, 2, 8, 0, 1), 8);
+    assert_int_equal(su_prefix_shared(s, 1, 8, 0, 1), 0);
     kvx_store_close(s);
 }
 
@@ -564,11 +505,11 @@ static void test_small_flushes_compacted(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = create_store(dir, sizeof dir, 64 << 20, 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20, .flags = KVX_STORE_NOWAIT});
     uint64_t h[4];
     /* 300 one-block flushes: would need 300 shard ids without compaction */
     for (uint64_t q = 0; q < 300; q++) {
-        put_seq(s, q, 1, 0, h);
+        su_put_shared(s, q, 1, 0, h);
         int rc = kvx_store_flush(s);
         if (rc) fprintf(stderr, "flush %llu: %s\n", (unsigned long long)q, kvx_last_error());
         assert_int_equal(rc, 0);
@@ -584,7 +525,7 @@ static void test_small_flushes_compacted(void **state)
     assert_true(st.shards >= 1);
     assert_true(st.shards <= st.bytes / (st.shard_bytes / 2) + 1);
     assert_int_equal(st.blocks, 300);
-    for (uint64_t q = 0; q < 300; q++) assert_int_equal(prefix_of(s, q, 1, 0, 1), 1);
+    for (uint64_t q = 0; q < 300; q++) assert_int_equal(su_prefix_shared(s, q, 1, 0, 1), 1);
     uint64_t bad = 9;
     assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
     assert_int_equal(bad, 0);
@@ -626,10 +567,11 @@ static void test_reindex(void **state)
 {
     (void)state;
     char dir[300], p[400];
-    kvx_store *s = create_store(dir, sizeof dir, 8 << 20, 40 << 10);
+    kvx_store *s =
+        su_store(dir, sizeof dir, (su_spec){.capacity = 8 << 20, .shard_bytes = 40 << 10, .flags = KVX_STORE_NOWAIT});
     uint64_t h[16];
     for (uint64_t q = 0; q < 12; q++) {
-        put_seq(s, q, 9, 3, h);
+        su_put_shared(s, q, 9, 3, h);
         assert_int_equal(kvx_store_flush(s), 0);
     }
     kvx_store_stats before, after;
@@ -649,7 +591,7 @@ static void test_reindex(void **state)
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
     char *k3 = index_keys(s);
     assert_string_equal(k1, k3);
-    for (uint64_t q = 0; q < 12; q++) assert_int_equal(prefix_of(s, q, 9, 3, 1), 9);
+    for (uint64_t q = 0; q < 12; q++) assert_int_equal(su_prefix_shared(s, q, 9, 3, 1), 9);
     kvx_store_close(s);
     free(k1);
     free(k2);
@@ -660,10 +602,11 @@ static void test_recovery(void **state)
 {
     (void)state;
     char dir[300], p[400];
-    kvx_store *s = create_store(dir, sizeof dir, 8 << 20, 40 << 10);
+    kvx_store *s =
+        su_store(dir, sizeof dir, (su_spec){.capacity = 8 << 20, .shard_bytes = 40 << 10, .flags = KVX_STORE_NOWAIT});
     uint64_t h[16];
     for (uint64_t q = 0; q < 4; q++) {
-        put_seq(s, q, 8, 0, h);
+        su_put_shared(s, q, 8, 0, h);
         assert_int_equal(kvx_store_flush(s), 0);
     }
     kvx_shard **sh;
@@ -715,7 +658,7 @@ static void test_writer_exclusive(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = create_store(dir, sizeof dir, 1 << 20, 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 1 << 20, .flags = KVX_STORE_NOWAIT});
     kvx_store *w2 = NULL, *r = NULL;
     assert_int_equal(kvx_store_open(&w2, dir, NULL, KVX_STORE_NOWAIT), KVX_EBUSY);
     assert_null(w2);
@@ -730,7 +673,7 @@ static void test_envelope_put(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = create_store(dir, sizeof dir, 1 << 20, 0);
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 1 << 20, .flags = KVX_STORE_NOWAIT});
     kvx_geometry g = su_geometry();
     uint32_t t[3 * SU_B + 2];
     su_tokens(t, 5, 3, 0);
@@ -796,10 +739,11 @@ static void test_map_growth(void **state)
     (void)state;
     char dir[300];
     setenv("KVX_INDEX_MAP_BYTES", "131072", 1);
-    kvx_store *s = create_store(dir, sizeof dir, 512 << 20, 4 << 20);
+    kvx_store *s =
+        su_store(dir, sizeof dir, (su_spec){.capacity = 512 << 20, .shard_bytes = 4 << 20, .flags = KVX_STORE_NOWAIT});
     unsetenv("KVX_INDEX_MAP_BYTES");
     uint64_t h[64];
-    for (uint64_t q = 0; q < 60; q++) put_seq(s, q, 64, 0, h);
+    for (uint64_t q = 0; q < 60; q++) su_put_shared(s, q, 64, 0, h);
     int rc = kvx_store_flush(s);
     if (rc) fprintf(stderr, "%s\n", kvx_last_error());
     assert_int_equal(rc, 0);
@@ -809,7 +753,7 @@ static void test_map_growth(void **state)
     kvx_store_stats st;
     assert_int_equal(kvx_store_stat(&st, s), 0);
     assert_int_equal(st.blocks, 60 * 64);
-    assert_int_equal(prefix_of(s, 59, 64, 0, 1), 64);
+    assert_int_equal(su_prefix_shared(s, 59, 64, 0, 1), 64);
     kvx_store_close(s);
 }
 
@@ -848,7 +792,8 @@ static void test_reader_threads(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = create_store(dir, sizeof dir, 300 << 10, 40 << 10);
+    kvx_store *s =
+        su_store(dir, sizeof dir, (su_spec){.capacity = 300 << 10, .shard_bytes = 40 << 10, .flags = KVX_STORE_NOWAIT});
     kvx_store *r;
     assert_int_equal(kvx_store_open(&r, dir, NULL, KVX_STORE_READONLY), 0);
     reader_arg a[3] = {{s, 0, 0, 0}, {r, 0, 0, 0}, {r, 0, 0, 0}};
@@ -857,7 +802,7 @@ static void test_reader_threads(void **state)
     uint64_t h[8];
     for (int round = 0; round < 6; round++)
         for (uint64_t q = 0; q < 20; q++) {
-            put_seq(s, q + (uint64_t)round * 4, 8, 2, h);
+            su_put_shared(s, q + (uint64_t)round * 4, 8, 2, h);
             assert_int_equal(kvx_store_flush(s), 0);
         }
     for (int i = 0; i < 3; i++) {

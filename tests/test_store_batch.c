@@ -40,47 +40,10 @@
 #include <cmocka.h>
 
 #include "engine/store.h"
-#include "fault.h"
-#include "store_util.h"
+#include "lib/fault.h"
+#include "lib/store.h"
 
 #define NB 6 /* blocks per sequence */
-
-static int dir_counter;
-
-static void new_dir(char *dir, size_t cap) { snprintf(dir, cap, "%s/s%d", su_root, dir_counter++); }
-
-static kvx_store *mk_store(const char *dir, uint64_t capacity, uint64_t shard_bytes)
-{
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = capacity;
-    o.shard_bytes = shard_bytes;
-    o.flags = KVX_STORE_NOWAIT;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    return s;
-}
-
-/* Puts the NB blocks of seq into batch b (NULL: the built-in batch of s). */
-static int put_seq(kvx_store *s, kvx_store_batch *b, uint64_t seq, size_t *added)
-{
-    uint32_t t[NB * SU_B];
-    uint64_t h[NB];
-    su_tokens(t, seq, NB, 0);
-    uint8_t *p = su_pages(t, NB, h, 64);
-    int rc = b ? kvx_store_batch_put(b, t, NB * SU_B, p, NB, NULL, added)
-               : kvx_store_put(s, t, NB * SU_B, p, NB, NULL, added);
-    free(p);
-    return rc;
-}
-
-static size_t served(kvx_store *s, uint64_t seq) { return su_served_prefix(s, seq, NB); }
-
-static size_t n_files(const char *dir, const char *sub)
-{
-    char names[512][64];
-    return su_list_names(dir, sub, names, 512);
-}
 
 /* The names in dir/shards, joined (for comparing two listings). */
 static void shard_names(const char *dir, char *out, size_t cap)
@@ -94,13 +57,6 @@ static void shard_names(const char *dir, char *out, size_t cap)
     }
 }
 
-static void verify_clean(kvx_store *s)
-{
-    uint64_t bad = 9;
-    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
-    assert_int_equal(bad, 0);
-}
-
 /* Two batches interleaved; a put of batch A fails at its k-th OS call, for
  * every k (EIO, then short writes). Batch B goes on putting after the
  * failure and its flush acknowledges and serves every block it holds. A's
@@ -111,8 +67,8 @@ static void test_failed_batch_spares_other(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 0);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .flags = KVX_STORE_NOWAIT});
     static uint64_t acked[4096];
     size_t nacked = 0;
     uint64_t seq = 1;
@@ -120,9 +76,9 @@ static void test_failed_batch_spares_other(void **state)
     fault_install();
     /* count the calls of A's second put */
     assert_int_equal(kvx_store_batch_create(&a, s), 0);
-    assert_int_equal(put_seq(s, a, seq++, NULL), 0);
+    assert_int_equal(su_put_batch(s, a, seq++, NULL), 0);
     fault_reset(0, EIO, FAULT_ERRNO);
-    assert_int_equal(put_seq(s, a, seq++, NULL), 0);
+    assert_int_equal(su_put_batch(s, a, seq++, NULL), 0);
     long ncalls = fault_calls;
     assert_true(ncalls >= 1);
     assert_int_equal(kvx_store_batch_flush(a), 0);
@@ -135,15 +91,15 @@ static void test_failed_batch_spares_other(void **state)
             assert_int_equal(kvx_store_batch_create(&a, s), 0);
             assert_int_equal(kvx_store_batch_create(&b, s), 0);
             uint64_t a1 = seq++, b1 = seq++, a2 = seq++, b2 = seq++;
-            assert_int_equal(put_seq(s, a, a1, NULL), 0);
-            assert_int_equal(put_seq(s, b, b1, NULL), 0);
+            assert_int_equal(su_put_batch(s, a, a1, NULL), 0);
+            assert_int_equal(su_put_batch(s, b, b1, NULL), 0);
             fault_reset(k, EIO, mode ? FAULT_SHORT : FAULT_ERRNO);
-            int rc = put_seq(s, a, a2, NULL);
+            int rc = su_put_batch(s, a, a2, NULL);
             fault_reset(0, EIO, FAULT_ERRNO);
-            assert_int_equal(put_seq(s, b, b2, NULL), 0);
+            assert_int_equal(su_put_batch(s, b, b2, NULL), 0);
             assert_int_equal(kvx_store_batch_flush(b), 0);
-            assert_int_equal(served(s, b1), NB);
-            assert_int_equal(served(s, b2), NB);
+            assert_int_equal(su_prefix_nb(s, b1), NB);
+            assert_int_equal(su_prefix_nb(s, b2), NB);
             acked[nacked++] = b1;
             acked[nacked++] = b2;
             int rca = kvx_store_batch_flush(a);
@@ -155,7 +111,7 @@ static void test_failed_batch_spares_other(void **state)
                 failed++;
                 dropped++;
                 assert_non_null(strstr(kvx_last_error(), "6 block(s)"));
-                assert_int_equal(served(s, a1), 0);
+                assert_int_equal(su_prefix_nb(s, a1), 0);
                 assert_int_equal(kvx_store_batch_flush(a), 0); /* reported once */
             } else {
                 failed++;
@@ -163,7 +119,7 @@ static void test_failed_batch_spares_other(void **state)
                 acked[nacked++] = a1;
             }
             /* everything acknowledged so far is still served */
-            for (size_t i = 0; i < nacked; i++) assert_int_equal(served(s, acked[i]), NB);
+            for (size_t i = 0; i < nacked; i++) assert_int_equal(su_prefix_nb(s, acked[i]), NB);
             kvx_store_batch_destroy(a);
             kvx_store_batch_destroy(b);
         }
@@ -172,9 +128,9 @@ static void test_failed_batch_spares_other(void **state)
     assert_true(failed > 0 && dropped > 0);
     kvx_store_close(s);
     assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
-    for (size_t i = 0; i < nacked; i++) assert_int_equal(served(s, acked[i]), NB);
-    verify_clean(s);
-    assert_int_equal(n_files(dir, "staging"), 0);
+    for (size_t i = 0; i < nacked; i++) assert_int_equal(su_prefix_nb(s, acked[i]), NB);
+    su_verify_clean(s);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
     kvx_store_close(s);
 }
 
@@ -185,13 +141,13 @@ static void test_capacity_refusal_drops_nothing(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 120 << 10, 32 << 10);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 120 << 10, .shard_bytes = 32 << 10, .flags = KVX_STORE_NOWAIT});
     kvx_store_batch *a, *b;
     assert_int_equal(kvx_store_batch_create(&a, s), 0);
     assert_int_equal(kvx_store_batch_create(&b, s), 0);
-    assert_int_equal(put_seq(s, a, 10, NULL), 0);
-    assert_int_equal(put_seq(s, b, 11, NULL), 0);
+    assert_int_equal(su_put_batch(s, a, 10, NULL), 0);
+    assert_int_equal(su_put_batch(s, b, 11, NULL), 0);
     enum { NBIG = 64 };
     uint32_t t[NBIG * SU_B];
     uint64_t h[NBIG];
@@ -201,8 +157,8 @@ static void test_capacity_refusal_drops_nothing(void **state)
     free(p);
     assert_int_equal(kvx_store_batch_flush(a), 0);
     assert_int_equal(kvx_store_batch_flush(b), 0);
-    assert_int_equal(served(s, 10), NB);
-    assert_int_equal(served(s, 11), NB);
+    assert_int_equal(su_prefix_nb(s, 10), NB);
+    assert_int_equal(su_prefix_nb(s, 11), NB);
     kvx_store_batch_destroy(a);
     kvx_store_batch_destroy(b);
     kvx_store_close(s);
@@ -215,47 +171,47 @@ static void test_flush_publishes_only_its_batch(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 0);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .flags = KVX_STORE_NOWAIT});
     kvx_store *r = NULL;
     assert_int_equal(kvx_store_open(&r, dir, NULL, KVX_STORE_READONLY), 0);
     kvx_store_batch *a, *b;
     assert_int_equal(kvx_store_batch_create(&a, s), 0);
     assert_int_equal(kvx_store_batch_create(&b, s), 0);
-    assert_int_equal(put_seq(s, a, 100, NULL), 0);
-    assert_int_equal(put_seq(s, b, 101, NULL), 0);
-    assert_int_equal(put_seq(s, NULL, 102, NULL), 0);
+    assert_int_equal(su_put_batch(s, a, 100, NULL), 0);
+    assert_int_equal(su_put_batch(s, b, 101, NULL), 0);
+    assert_int_equal(su_put_batch(s, NULL, 102, NULL), 0);
     kvx_store_stats st;
     assert_int_equal(kvx_store_stat(&st, s), 0);
     assert_int_equal(st.pending_blocks, 3 * NB);
     for (uint64_t q = 100; q < 103; q++) {
-        assert_int_equal(served(s, q), 0);
-        assert_int_equal(served(r, q), 0);
+        assert_int_equal(su_prefix_nb(s, q), 0);
+        assert_int_equal(su_prefix_nb(r, q), 0);
     }
     assert_int_equal(kvx_store_batch_flush(a), 0);
-    assert_int_equal(served(s, 100), NB);
-    assert_int_equal(served(r, 100), NB);
-    assert_int_equal(served(s, 101), 0);
-    assert_int_equal(served(r, 101), 0);
-    assert_int_equal(served(r, 102), 0);
+    assert_int_equal(su_prefix_nb(s, 100), NB);
+    assert_int_equal(su_prefix_nb(r, 100), NB);
+    assert_int_equal(su_prefix_nb(s, 101), 0);
+    assert_int_equal(su_prefix_nb(r, 101), 0);
+    assert_int_equal(su_prefix_nb(r, 102), 0);
     assert_int_equal(kvx_store_stat(&st, s), 0);
     assert_int_equal(st.pending_blocks, 2 * NB);
     assert_int_equal(kvx_store_flush(s), 0);
-    assert_int_equal(served(r, 102), NB);
-    assert_int_equal(served(r, 101), 0);
+    assert_int_equal(su_prefix_nb(r, 102), NB);
+    assert_int_equal(su_prefix_nb(r, 101), 0);
     assert_int_equal(kvx_store_batch_flush(b), 0);
-    assert_int_equal(served(r, 101), NB);
+    assert_int_equal(su_prefix_nb(r, 101), NB);
     /* a block pending in another batch is not "held": each writes its own */
     size_t added = 0;
-    assert_int_equal(put_seq(s, a, 103, &added), 0);
+    assert_int_equal(su_put_batch(s, a, 103, &added), 0);
     assert_int_equal(added, NB);
-    assert_int_equal(put_seq(s, b, 103, &added), 0);
+    assert_int_equal(su_put_batch(s, b, 103, &added), 0);
     assert_int_equal(added, NB);
     assert_int_equal(kvx_store_batch_flush(b), 0);
-    assert_int_equal(served(r, 103), NB);
+    assert_int_equal(su_prefix_nb(r, 103), NB);
     kvx_store_batch_destroy(b);
     /* ... and what one published is held for the next put of another */
-    assert_int_equal(put_seq(s, NULL, 103, &added), 0);
+    assert_int_equal(su_put_batch(s, NULL, 103, &added), 0);
     assert_int_equal(added, 0);
     assert_int_equal(kvx_store_batch_flush(a), 0);
     assert_int_equal(kvx_store_flush(s), 0);
@@ -277,10 +233,11 @@ static void test_batch_put_envelope(void **state)
 {
     (void)state;
     char d1[300], d2[300];
-    new_dir(d1, sizeof d1);
-    new_dir(d2, sizeof d2);
-    kvx_store *s1 = mk_store(d1, 64 << 20, 0), *s2 = mk_store(d2, 64 << 20, 0);
-    assert_int_equal(put_seq(s1, NULL, 200, NULL), 0);
+    su_new_dir(d1, sizeof d1);
+    su_new_dir(d2, sizeof d2);
+    kvx_store *s1 = su_create(d1, (su_spec){.capacity = 64 << 20, .flags = KVX_STORE_NOWAIT}),
+              *s2 = su_create(d2, (su_spec){.capacity = 64 << 20, .flags = KVX_STORE_NOWAIT});
+    assert_int_equal(su_put_batch(s1, NULL, 200, NULL), 0);
     assert_int_equal(kvx_store_flush(s1), 0);
     uint32_t t[NB * SU_B];
     su_tokens(t, 200, NB, 0);
@@ -297,9 +254,9 @@ static void test_batch_put_envelope(void **state)
     size_t added = 0;
     assert_int_equal(kvx_store_batch_put_envelope(b, env, len, t, NB * SU_B, &added), 0);
     assert_int_equal(added, NB);
-    assert_int_equal(served(s2, 200), 0);
+    assert_int_equal(su_prefix_nb(s2, 200), 0);
     assert_int_equal(kvx_store_batch_flush(b), 0);
-    assert_int_equal(served(s2, 200), NB);
+    assert_int_equal(su_prefix_nb(s2, 200), NB);
     kvx_free(env);
     kvx_store_batch_destroy(b);
     kvx_store_close(s1);
@@ -316,45 +273,47 @@ static void test_destroy_drops_unflushed(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 16 << 10); /* ~3 blocks a shard */
-    assert_int_equal(put_seq(s, NULL, 300, NULL), 0);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(
+        dir,
+        (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT}); /* ~3 blocks a shard */
+    assert_int_equal(su_put_batch(s, NULL, 300, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     char before[8192], now[8192];
     shard_names(dir, before, sizeof before);
     kvx_store_batch *a;
     assert_int_equal(kvx_store_batch_create(&a, s), 0);
-    assert_int_equal(put_seq(s, a, 301, NULL), 0);
-    assert_int_equal(put_seq(s, a, 302, NULL), 0);
+    assert_int_equal(su_put_batch(s, a, 301, NULL), 0);
+    assert_int_equal(su_put_batch(s, a, 302, NULL), 0);
     shard_names(dir, now, sizeof now);
     assert_string_equal(now, before);             /* nothing in shards/ before the flush */
-    assert_true(n_files(dir, "staging") >= 2);    /* sealed, unpublished files wait there */
+    assert_true(su_n_files(dir, "staging") >= 2);    /* sealed, unpublished files wait there */
     kvx_store_batch_destroy(a);
     kvx_store_batch_destroy(NULL);
     shard_names(dir, now, sizeof now);
     assert_string_equal(now, before);
-    assert_int_equal(n_files(dir, "staging"), 0);
-    assert_int_equal(served(s, 301), 0);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
+    assert_int_equal(su_prefix_nb(s, 301), 0);
     /* close with a batch alive */
     kvx_store_batch *c;
     assert_int_equal(kvx_store_batch_create(&c, s), 0);
-    assert_int_equal(put_seq(s, c, 303, NULL), 0);
-    assert_int_equal(put_seq(s, c, 304, NULL), 0);
+    assert_int_equal(su_put_batch(s, c, 303, NULL), 0);
+    assert_int_equal(su_put_batch(s, c, 304, NULL), 0);
     kvx_store_close(s);
-    assert_int_equal(put_seq(NULL, c, 305, NULL), KVX_EINVALID);
+    assert_int_equal(su_put_batch(NULL, c, 305, NULL), KVX_EINVALID);
     assert_non_null(strstr(kvx_last_error(), "closed"));
     assert_int_equal(kvx_store_batch_flush(c), KVX_EINVALID);
     kvx_store_batch_destroy(c);
     shard_names(dir, now, sizeof now);
     assert_string_equal(now, before);
-    assert_int_equal(n_files(dir, "staging"), 0);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
     assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
     shard_names(dir, now, sizeof now);
     assert_string_equal(now, before);
-    assert_int_equal(n_files(dir, "staging"), 0);
-    assert_int_equal(served(s, 300), NB);
-    for (uint64_t q = 301; q < 306; q++) assert_int_equal(served(s, q), 0);
-    verify_clean(s);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
+    assert_int_equal(su_prefix_nb(s, 300), NB);
+    for (uint64_t q = 301; q < 306; q++) assert_int_equal(su_prefix_nb(s, q), 0);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -370,9 +329,10 @@ static void test_kill9_unflushed_never_adopted(void **state)
     (void)state;
     for (int own = 0; own < 2; own++) {
         char dir[300];
-        new_dir(dir, sizeof dir);
-        kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
-        assert_int_equal(put_seq(s, NULL, 400, NULL), 0);
+        su_new_dir(dir, sizeof dir);
+        kvx_store *s =
+            su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
+        assert_int_equal(su_put_batch(s, NULL, 400, NULL), 0);
         assert_int_equal(kvx_store_flush(s), 0);
         char before[8192], now[8192];
         shard_names(dir, before, sizeof before);
@@ -385,8 +345,8 @@ static void test_kill9_unflushed_never_adopted(void **state)
             if (kvx_store_open(&c, dir, NULL, KVX_STORE_NOWAIT)) _exit(3);
             if (!own && kvx_store_batch_create(&b, c)) _exit(4);
             for (uint64_t q = 401; q < 405; q++)
-                if (put_seq(c, b, q, NULL)) _exit(5);
-            if (n_files(dir, "staging") < 4) _exit(6); /* sealed files, waiting */
+                if (su_put_batch(c, b, q, NULL)) _exit(5);
+            if (su_n_files(dir, "staging") < 4) _exit(6); /* sealed files, waiting */
             raise(SIGKILL);
             _exit(7);
         }
@@ -396,17 +356,17 @@ static void test_kill9_unflushed_never_adopted(void **state)
         assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
         shard_names(dir, now, sizeof now);
         assert_string_equal(now, before);
-        assert_int_equal(n_files(dir, "staging"), 0);
-        assert_int_equal(served(s, 400), NB);
-        for (uint64_t q = 401; q < 405; q++) assert_int_equal(served(s, q), 0);
+        assert_int_equal(su_n_files(dir, "staging"), 0);
+        assert_int_equal(su_prefix_nb(s, 400), NB);
+        for (uint64_t q = 401; q < 405; q++) assert_int_equal(su_prefix_nb(s, q), 0);
         kvx_store_stats st;
         assert_int_equal(kvx_store_stat(&st, s), 0);
         assert_int_equal(st.blocks, NB);
-        verify_clean(s);
+        su_verify_clean(s);
         /* the same puts, flushed this time, are all served */
-        for (uint64_t q = 401; q < 405; q++) assert_int_equal(put_seq(s, NULL, q, NULL), 0);
+        for (uint64_t q = 401; q < 405; q++) assert_int_equal(su_put_batch(s, NULL, q, NULL), 0);
         assert_int_equal(kvx_store_flush(s), 0);
-        for (uint64_t q = 401; q < 405; q++) assert_int_equal(served(s, q), NB);
+        for (uint64_t q = 401; q < 405; q++) assert_int_equal(su_prefix_nb(s, q), NB);
         kvx_store_close(s);
     }
 }
@@ -429,25 +389,25 @@ static void test_flush_without_hard_links(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
     kvx_os_reset();
     nolink_real = kvx_os;
     kvx_os.linkat = nolink_linkat;
     nolink_calls = 0;
     kvx_store_batch *b;
     assert_int_equal(kvx_store_batch_create(&b, s), 0);
-    for (uint64_t q = 500; q < 503; q++) assert_int_equal(put_seq(s, b, q, NULL), 0);
+    for (uint64_t q = 500; q < 503; q++) assert_int_equal(su_put_batch(s, b, q, NULL), 0);
     assert_int_equal(kvx_store_batch_flush(b), 0);
     kvx_store_batch_destroy(b);
     kvx_os = nolink_real;
     assert_true(nolink_calls >= 2); /* several files, each refused a link */
-    for (uint64_t q = 500; q < 503; q++) assert_int_equal(served(s, q), NB);
-    assert_int_equal(n_files(dir, "staging"), 0);
-    verify_clean(s);
+    for (uint64_t q = 500; q < 503; q++) assert_int_equal(su_prefix_nb(s, q), NB);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
+    su_verify_clean(s);
     kvx_store_close(s);
     assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
-    for (uint64_t q = 500; q < 503; q++) assert_int_equal(served(s, q), NB);
+    for (uint64_t q = 500; q < 503; q++) assert_int_equal(su_prefix_nb(s, q), NB);
     kvx_store_close(s);
 }
 
@@ -460,13 +420,13 @@ static void test_builtin_silent_loss(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 0);
-    assert_int_equal(put_seq(s, NULL, 400, NULL), 0); /* "thread B" */
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .flags = KVX_STORE_NOWAIT});
+    assert_int_equal(su_put_batch(s, NULL, 400, NULL), 0); /* "thread B" */
     fault_install();
     fault_only = FAULT_RW;
     fault_reset(1, EIO, FAULT_ERRNO); /* "thread A": its first write fails */
-    int rc = put_seq(s, NULL, 401, NULL);
+    int rc = su_put_batch(s, NULL, 401, NULL);
     assert_int_equal(fault_hits, 1);
     fault_uninstall();
     assert_int_not_equal(rc, 0);
@@ -475,32 +435,32 @@ static void test_builtin_silent_loss(void **state)
     assert_string_equal(kvx_err_name(rc), "KVX_EDROPPED");
     assert_non_null(strstr(kvx_last_error(), "6 block(s)"));
     assert_non_null(strstr(kvx_last_error(), "dropped"));
-    assert_int_equal(served(s, 400), 0);
+    assert_int_equal(su_prefix_nb(s, 400), 0);
     assert_int_equal(kvx_store_flush(s), 0); /* once */
     /* put again, they are stored */
-    assert_int_equal(put_seq(s, NULL, 400, NULL), 0);
+    assert_int_equal(su_put_batch(s, NULL, 400, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
-    assert_int_equal(served(s, 400), NB);
+    assert_int_equal(su_prefix_nb(s, 400), NB);
     /* a failed put with nothing before it in the batch: the flush is 0 */
     fault_install();
     fault_only = FAULT_RW;
     fault_reset(1, EIO, FAULT_ERRNO);
-    assert_int_not_equal(put_seq(s, NULL, 402, NULL), 0);
+    assert_int_not_equal(su_put_batch(s, NULL, 402, NULL), 0);
     fault_uninstall();
     assert_int_equal(kvx_store_flush(s), 0);
     /* a failed flush reports itself, and the next one starts afresh */
-    assert_int_equal(put_seq(s, NULL, 403, NULL), 0);
+    assert_int_equal(su_put_batch(s, NULL, 403, NULL), 0);
     fault_install();
     fault_only = FAULT_SYNC;
     fault_reset(1, EIO, FAULT_ERRNO);
     assert_int_not_equal(kvx_store_flush(s), 0);
     fault_uninstall();
     assert_int_equal(kvx_store_flush(s), 0);
-    assert_int_equal(served(s, 400), NB);
+    assert_int_equal(su_prefix_nb(s, 400), NB);
     kvx_store_close(s);
     assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
-    assert_int_equal(served(s, 400), NB);
-    verify_clean(s);
+    assert_int_equal(su_prefix_nb(s, 400), NB);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -518,7 +478,7 @@ static void *th_main(void *p)
     kvx_store_batch *b = NULL;
     a->rc = kvx_store_batch_create(&b, a->s);
     for (int j = 0; !a->rc && j < PER_THREAD; j++) {
-        a->rc = put_seq(a->s, b, 10000 + (uint64_t)a->id * 1000 + (uint64_t)j, NULL);
+        a->rc = su_put_batch(a->s, b, 10000 + (uint64_t)a->id * 1000 + (uint64_t)j, NULL);
         if (!a->rc && j % 5 == 4) a->rc = kvx_store_batch_flush(b);
     }
     if (!a->rc) a->rc = kvx_store_batch_flush(b);
@@ -533,8 +493,8 @@ static void test_threads_own_batches(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 256 << 20, 64 << 10);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 256 << 20, .shard_bytes = 64 << 10, .flags = KVX_STORE_NOWAIT});
     pthread_t th[NTHREADS];
     th_arg arg[NTHREADS];
     for (int i = 0; i < NTHREADS; i++) {
@@ -544,12 +504,14 @@ static void test_threads_own_batches(void **state)
     for (int i = 0; i < NTHREADS; i++) pthread_join(th[i], NULL);
     for (int i = 0; i < NTHREADS; i++) assert_int_equal(arg[i].rc, 0);
     for (int i = 0; i < NTHREADS; i++)
-        for (int j = 0; j < PER_THREAD; j++) assert_int_equal(served(s, 10000 + (uint64_t)i * 1000 + (uint64_t)j), NB);
+        for (int j = 0; j < PER_THREAD; j++)
+            assert_int_equal(su_prefix_nb(s, 10000 + (uint64_t)i * 1000 + (uint64_t)j), NB);
     kvx_store_close(s);
     assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
     for (int i = 0; i < NTHREADS; i++)
-        for (int j = 0; j < PER_THREAD; j++) assert_int_equal(served(s, 10000 + (uint64_t)i * 1000 + (uint64_t)j), NB);
-    verify_clean(s);
+        for (int j = 0; j < PER_THREAD; j++)
+            assert_int_equal(su_prefix_nb(s, 10000 + (uint64_t)i * 1000 + (uint64_t)j), NB);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -594,13 +556,13 @@ static void test_pins_across_batches(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 300 << 10, 40 << 10);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 300 << 10, .shard_bytes = 40 << 10, .flags = KVX_STORE_NOWAIT});
     for (uint64_t q = 0; q < 12; q++) { /* the store at its capacity */
-        assert_int_equal(put_seq(s, NULL, q, NULL), 0);
+        assert_int_equal(su_put_batch(s, NULL, q, NULL), 0);
         assert_int_equal(kvx_store_flush(s), 0);
     }
-    assert_int_equal(served(s, 11), NB);
+    assert_int_equal(su_prefix_nb(s, 11), NB);
     char paths[4][512];
     size_t np = seq_shards(s, 11, paths, 4);
     assert_true(np >= 1);
@@ -608,10 +570,10 @@ static void test_pins_across_batches(void **state)
     assert_int_equal(kvx_store_batch_create(&a, s), 0);
     assert_int_equal(kvx_store_batch_create(&b, s), 0);
     size_t added = 9;
-    assert_int_equal(put_seq(s, a, 11, &added), 0);
+    assert_int_equal(su_put_batch(s, a, 11, &added), 0);
     assert_int_equal(added, 0); /* all held: A relies on those shards */
     for (uint64_t q = 100; q < 140; q++) {
-        assert_int_equal(put_seq(s, b, q, NULL), 0);
+        assert_int_equal(su_put_batch(s, b, q, NULL), 0);
         assert_int_equal(kvx_store_batch_flush(b), 0);
     }
     kvx_store_stats st;
@@ -619,19 +581,19 @@ static void test_pins_across_batches(void **state)
     assert_true(st.evictions > 0);
     for (size_t i = 0; i < np; i++) assert_true(shard_live(s, paths[i]));
     assert_int_equal(kvx_store_batch_flush(a), 0);
-    assert_int_equal(served(s, 11), NB);
+    assert_int_equal(su_prefix_nb(s, 11), NB);
     /* A's pins are gone with its flush: the turnover takes them now */
     for (uint64_t q = 200; q < 240; q++) {
-        assert_int_equal(put_seq(s, b, q, NULL), 0);
+        assert_int_equal(su_put_batch(s, b, q, NULL), 0);
         assert_int_equal(kvx_store_batch_flush(b), 0);
     }
     int any_gone = 0;
     for (size_t i = 0; i < np; i++) any_gone |= !shard_live(s, paths[i]);
     assert_true(any_gone);
-    for (uint64_t q = 237; q < 240; q++) assert_int_equal(served(s, q), NB);
+    for (uint64_t q = 237; q < 240; q++) assert_int_equal(su_prefix_nb(s, q), NB);
     kvx_store_batch_destroy(a);
     kvx_store_batch_destroy(b);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -643,8 +605,8 @@ static void test_shard_ids_many_batches(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 1 << 30, 0);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 1 << 30, .flags = KVX_STORE_NOWAIT});
     enum { NBAT = 260 };
     kvx_store_batch **bs = calloc(NBAT, sizeof *bs);
     int *ok = calloc(NBAT, sizeof *ok);
@@ -652,7 +614,7 @@ static void test_shard_ids_many_batches(void **state)
     int nok = 0;
     for (int i = 0; i < NBAT; i++) {
         assert_int_equal(kvx_store_batch_create(&bs[i], s), 0);
-        int rc = put_seq(s, bs[i], 5000 + (uint64_t)i, NULL);
+        int rc = su_put_batch(s, bs[i], 5000 + (uint64_t)i, NULL);
         if (rc == 0) {
             ok[i] = 1;
             nok++;
@@ -670,11 +632,11 @@ static void test_shard_ids_many_batches(void **state)
         assert_int_equal(kvx_store_batch_flush(bs[i]), 0);
         kvx_store_batch_destroy(bs[i]);
     }
-    for (int i = 0; i < NBAT; i++) assert_int_equal(served(s, 5000 + (uint64_t)i), ok[i] ? NB : 0);
-    verify_clean(s);
+    for (int i = 0; i < NBAT; i++) assert_int_equal(su_prefix_nb(s, 5000 + (uint64_t)i), ok[i] ? NB : 0);
+    su_verify_clean(s);
     kvx_store_close(s);
     assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
-    for (int i = 0; i < NBAT; i++) assert_int_equal(served(s, 5000 + (uint64_t)i), ok[i] ? NB : 0);
+    for (int i = 0; i < NBAT; i++) assert_int_equal(su_prefix_nb(s, 5000 + (uint64_t)i), ok[i] ? NB : 0);
     kvx_store_close(s);
     free(bs);
     free(ok);
@@ -689,32 +651,32 @@ static void test_reindex_with_other_batch(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 16 << 10);
-    assert_int_equal(put_seq(s, NULL, 600, NULL), 0);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
+    assert_int_equal(su_put_batch(s, NULL, 600, NULL), 0);
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_store_batch *a;
     assert_int_equal(kvx_store_batch_create(&a, s), 0);
-    assert_int_equal(put_seq(s, a, 601, NULL), 0);
-    assert_int_equal(put_seq(s, NULL, 602, NULL), 0);
+    assert_int_equal(su_put_batch(s, a, 601, NULL), 0);
+    assert_int_equal(su_put_batch(s, NULL, 602, NULL), 0);
     assert_int_equal(kvx_store_reindex(s), KVX_EBUSY);
     assert_non_null(strstr(kvx_last_error(), "other batch"));
-    assert_int_equal(served(s, 601), 0);
-    assert_int_equal(served(s, 602), 0);
+    assert_int_equal(su_prefix_nb(s, 601), 0);
+    assert_int_equal(su_prefix_nb(s, 602), 0);
     kvx_store_stats st;
     assert_int_equal(kvx_store_stat(&st, s), 0);
     assert_int_equal(st.pending_blocks, 2 * NB);
     assert_int_equal(kvx_store_batch_flush(a), 0);
     /* a holds only pins now */
     size_t added = 9;
-    assert_int_equal(put_seq(s, a, 600, &added), 0);
+    assert_int_equal(su_put_batch(s, a, 600, &added), 0);
     assert_int_equal(added, 0);
     assert_int_equal(kvx_store_reindex(s), 0);
     assert_int_equal(kvx_store_batch_flush(a), 0);
     assert_int_equal(kvx_store_flush(s), 0); /* the reindex flushed 602; this acknowledges it */
-    for (uint64_t q = 600; q < 603; q++) assert_int_equal(served(s, q), NB);
+    for (uint64_t q = 600; q < 603; q++) assert_int_equal(su_prefix_nb(s, q), NB);
     kvx_store_batch_destroy(a);
-    verify_clean(s);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -723,8 +685,8 @@ static void test_batch_arguments(void **state)
 {
     (void)state;
     char dir[300];
-    new_dir(dir, sizeof dir);
-    kvx_store *s = mk_store(dir, 64 << 20, 0);
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .flags = KVX_STORE_NOWAIT});
     kvx_store *r = NULL;
     assert_int_equal(kvx_store_open(&r, dir, NULL, KVX_STORE_READONLY), 0);
     kvx_store_batch *b = (kvx_store_batch *)1;

@@ -27,11 +27,7 @@
 #include <cmocka.h>
 
 #include "common/os.h"
-#include "store_seq.h"
-#include "store_util.h"
-
-static char root[256];
-static int dir_counter;
+#include "lib/store.h"
 
 /* Bytes of the shard files the disk holds for the store at dir: every
  * .kvx in shards/ and every file in staging/ (the open writers' files and
@@ -116,7 +112,7 @@ static void test_shard_ids_exhausted(void **state)
 {
     (void)state;
     char dir[300];
-    snprintf(dir, sizeof dir, "%s/s%d", root, dir_counter++);
+    su_new_dir(dir, sizeof dir);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.capacity_bytes = (uint64_t)1 << 30;
@@ -173,7 +169,7 @@ static void test_shard_ids_freed_by_eviction(void **state)
 {
     (void)state;
     char dir[300];
-    snprintf(dir, sizeof dir, "%s/s%d", root, dir_counter++);
+    su_new_dir(dir, sizeof dir);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.capacity_bytes = (uint64_t)1 << 30;
@@ -234,7 +230,7 @@ static void test_unflushed_batch_fits(void **state)
 {
     (void)state;
     char dir[300];
-    snprintf(dir, sizeof dir, "%s/s%d", root, dir_counter++);
+    su_new_dir(dir, sizeof dir);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.capacity_bytes = 120 << 10;
@@ -279,7 +275,7 @@ static void test_capacity_during_put(void **state)
 {
     (void)state;
     char dir[300];
-    snprintf(dir, sizeof dir, "%s/s%d", root, dir_counter++);
+    su_new_dir(dir, sizeof dir);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.capacity_bytes = 300 << 10;
@@ -288,7 +284,7 @@ static void test_capacity_during_put(void **state)
     kvx_store *s = NULL;
     assert_int_equal(kvx_store_create(&s, dir, &o), 0);
     for (uint64_t q = 0; q < 12; q++) {
-        put_seq(s, q);
+        su_put_nb(s, q);
         assert_int_equal(kvx_store_flush(s), 0);
     }
     assert_true(store_file_bytes(dir) <= o.capacity_bytes);
@@ -334,7 +330,7 @@ static void test_capacity_during_put(void **state)
     /* a batch larger than the whole store would keep only its tail, which
      * no prefix reaches: refused before anything is written, naming both
      * sizes (issue "Trust II" finding 5) */
-    snprintf(dir, sizeof dir, "%s/s%d", root, dir_counter++);
+    su_new_dir(dir, sizeof dir);
     o.capacity_bytes = 120 << 10;
     assert_int_equal(kvx_store_create(&s, dir, &o), 0);
     su_tokens(t, 501, NBIG, 0);
@@ -371,7 +367,7 @@ static void test_reindex_keeps_pins(void **state)
 {
     (void)state;
     char dir[300];
-    snprintf(dir, sizeof dir, "%s/s%d", root, dir_counter++);
+    su_new_dir(dir, sizeof dir);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.capacity_bytes = 300 << 10;
@@ -380,43 +376,29 @@ static void test_reindex_keeps_pins(void **state)
     kvx_store *s = NULL;
     assert_int_equal(kvx_store_create(&s, dir, &o), 0);
     for (uint64_t q = 0; q < 12; q++) { /* the store at its capacity */
-        put_seq(s, q);
+        su_put_nb(s, q);
         assert_int_equal(kvx_store_flush(s), 0);
     }
-    assert_int_equal(prefix_of(s, 11), NB);
+    assert_int_equal(su_prefix_nb(s, 11), SU_NB);
     size_t added = 9;
-    uint32_t t[NB * SU_B];
-    uint64_t h[NB];
-    su_tokens(t, 11, NB, 0);
-    uint8_t *p = su_pages(t, NB, h, 64);
-    assert_int_equal(kvx_store_put(s, t, NB * SU_B, p, NB, NULL, &added), 0); /* all held */
+    uint32_t t[SU_NB * SU_B];
+    uint64_t h[SU_NB];
+    su_tokens(t, 11, SU_NB, 0);
+    uint8_t *p = su_pages(t, SU_NB, h, 64);
+    assert_int_equal(kvx_store_put(s, t, SU_NB * SU_B, p, SU_NB, NULL, &added), 0); /* all held */
     free(p);
     assert_int_equal(added, 0);
-    put_seq(s, 100); /* pending: the reindex flushes it */
+    su_put_nb(s, 100); /* pending: the reindex flushes it */
     assert_int_equal(kvx_store_reindex(s), 0);
-    for (uint64_t q = 101; q < 104; q++) put_seq(s, q);
+    for (uint64_t q = 101; q < 104; q++) su_put_nb(s, q);
     assert_int_equal(kvx_store_flush(s), 0); /* evicts */
     kvx_store_stats st;
     assert_int_equal(kvx_store_stat(&st, s), 0);
     assert_true(st.evictions > 0);
     /* everything this flush acknowledged is served whole */
-    assert_int_equal(prefix_of(s, 11), NB);
-    for (uint64_t q = 100; q < 104; q++) assert_int_equal(prefix_of(s, q), NB);
+    assert_int_equal(su_prefix_nb(s, 11), SU_NB);
+    for (uint64_t q = 100; q < 104; q++) assert_int_equal(su_prefix_nb(s, q), SU_NB);
     kvx_store_close(s);
-}
-
-static int setup(void **state)
-{
-    (void)state;
-    snprintf(root, sizeof root, "/tmp/kvx-test-store-capacity-XXXXXX");
-    return mkdtemp(root) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    su_rm_rf(root);
-    return 0;
 }
 
 int main(void)
@@ -428,5 +410,5 @@ int main(void)
         cmocka_unit_test(test_unflushed_batch_fits),
         cmocka_unit_test(test_reindex_keeps_pins),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }

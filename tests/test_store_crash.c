@@ -27,7 +27,7 @@
 
 #include <cmocka.h>
 
-#include "store_util.h"
+#include "lib/store.h"
 
 
 typedef struct acked_set {

@@ -33,8 +33,8 @@
 
 #include <cmocka.h>
 
-#include "fault.h"
-#include "store_util.h"
+#include "lib/fault.h"
+#include "lib/store.h"
 
 #define NB 3 /* blocks per sequence */
 #define MAXSEQ 4096
@@ -418,19 +418,6 @@ static void test_walk_faults(void **state)
     assert_int_equal(open_fds(), fds);
 }
 
-/* ------------------------------------------------- the store's new calls */
-
-static kvx_store *new_store(const char *name, char *dir, size_t cap)
-{
-    snprintf(dir, cap, "%s/%s", su_root, name);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = 64 << 20;
-    kvx_store *s;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    return s;
-}
-
 /* A failed mmap of a shard is never a verdict on the shard: a lookup
  * misses (or its second look serves) and the next one serves; a verifying writer open fails or
  * goes on, but quarantines nothing. */
@@ -438,7 +425,7 @@ static void test_store_map_faults(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = new_store("store-map", dir, sizeof dir);
+    kvx_store *s = su_create(su_path(dir, sizeof dir, "store-map"), (su_spec){.capacity = 64 << 20});
     nacked = 0;
     for (uint64_t q = 20000; q < 20004; q++) {
         assert_int_equal(put_flush(s, q), 0);
@@ -509,7 +496,7 @@ static void test_store_stat_faults(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = new_store("store-stat", dir, sizeof dir);
+    kvx_store *s = su_create(su_path(dir, sizeof dir, "store-stat"), (su_spec){.capacity = 64 << 20});
     nacked = 0;
     uint64_t seq = 30000;
     fault_install();
@@ -543,7 +530,8 @@ static int open_writer(const char *dir)
 static void open_faults(unsigned only, int err, const char *says)
 {
     char dir[300];
-    kvx_store *s = new_store(only == FAULT_LOCK ? "store-lock" : "store-walk", dir, sizeof dir);
+    kvx_store *s = su_create(su_path(dir, sizeof dir, only == FAULT_LOCK ? "store-lock" : "store-walk"),
+                             (su_spec){.capacity = 64 << 20});
     nacked = 0;
     for (uint64_t q = 40000; q < 40003; q++) {
         assert_int_equal(put_flush(s, q), 0);

@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "store_util.h"
+#include "lib/store.h"
 
 static char fixture_copy[512];
 

@@ -15,8 +15,8 @@
 
 #include <cmocka.h>
 
-#include "fault.h"
-#include "store_util.h"
+#include "lib/fault.h"
+#include "lib/store.h"
 
 #define NB 6
 

@@ -21,7 +21,7 @@
 
 #include <cmocka.h>
 
-#include "store_util.h"
+#include "lib/store.h"
 
 
 static void put_flush(kvx_store *s, uint64_t seq, size_t nb)

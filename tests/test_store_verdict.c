@@ -28,35 +28,16 @@
 
 #include "common/os.h"
 #include "common/sigbus.h"
-#include "store_seq.h"
-#include "store_util.h"
+#include "lib/store.h"
 
 #define NSEQ 6 /* sequences put (one flush each) */
-
-static char root[256];
-static int dir_counter;
-
-static kvx_store *create_store(char *dir, size_t n)
-{
-    snprintf(dir, n, "%s/s%d", root, dir_counter++);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = 8 << 20;
-    o.shard_bytes = 40 << 10;
-    o.flags = KVX_STORE_NOWAIT;
-    kvx_store *s = NULL;
-    int rc = kvx_store_create(&s, dir, &o);
-    if (rc) fprintf(stderr, "create: %s\n", kvx_last_error());
-    assert_int_equal(rc, 0);
-    return s;
-}
 
 /* A store with NSEQ flushed sequences (several shards), closed. */
 static void make_store(char *dir, size_t n)
 {
-    kvx_store *s = create_store(dir, n);
+    kvx_store *s = su_store(dir, n, (su_spec){.capacity = 8 << 20, .shard_bytes = 40 << 10, .flags = KVX_STORE_NOWAIT});
     for (uint64_t q = 0; q < NSEQ; q++) {
-        put_seq(s, q);
+        su_put_nb(s, q);
         assert_int_equal(kvx_store_flush(s), 0);
     }
     kvx_store_stats st;
@@ -72,7 +53,7 @@ static void check_all(const char *dir)
     int rc = kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT);
     if (rc) fprintf(stderr, "open: %s\n", kvx_last_error());
     assert_int_equal(rc, 0);
-    for (uint64_t q = 0; q < NSEQ; q++) assert_int_equal(prefix_of(s, q), NB);
+    for (uint64_t q = 0; q < NSEQ; q++) assert_int_equal(su_prefix_nb(s, q), SU_NB);
     kvx_store_stats st;
     assert_int_equal(kvx_store_stat(&st, s), 0);
     assert_int_equal(st.dropped_shards, 0);
@@ -151,11 +132,11 @@ static void test_no_mapping_slot_is_not_damage(void **state)
         nslots++;
     assert_true(nslots > 0);
     /* lookups miss (nothing can be mapped), a put + flush goes through */
-    assert_int_equal(prefix_of(s, 0), 0);
-    put_seq(s, 100);
+    assert_int_equal(su_prefix_nb(s, 0), 0);
+    su_put_nb(s, 100);
     assert_int_equal(kvx_store_flush(s), 0);
     for (int i = 0; i < nslots; i++) kvx_sigbus_unregister(slots[i]);
-    for (uint64_t q = 0; q < NSEQ; q++) assert_int_equal(prefix_of(s, q), NB);
+    for (uint64_t q = 0; q < NSEQ; q++) assert_int_equal(su_prefix_nb(s, q), SU_NB);
     kvx_store_close(s);
     check_all(dir);
 }
@@ -227,7 +208,7 @@ static void test_verify_symlinked_shard(void **state)
     kvx_free(sh);
     /* swapped while the store is open (recovery at open drops a shard
      * that is not a regular file, so this is the window verify has) */
-    snprintf(outside, sizeof outside, "%s/outside-%d.kvx", root, dir_counter);
+    snprintf(outside, sizeof outside, "%s/outside-%d.kvx", su_root, su_dir_counter);
     assert_int_equal(rename(path, outside), 0);
     assert_int_equal(symlink(outside, path), 0);
     uint64_t bad = 0;
@@ -236,19 +217,11 @@ static void test_verify_symlinked_shard(void **state)
     kvx_store_close(s);
 }
 
-static int setup(void **state)
+/* The group's teardown: the OS seam as it was, then su_teardown. */
+static int os_reset_teardown(void **state)
 {
-    (void)state;
-    snprintf(root, sizeof root, "/tmp/kvx-test-store-verdict-XXXXXX");
-    return mkdtemp(root) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
     kvx_os_reset();
-    su_rm_rf(root);
-    return 0;
+    return su_teardown(state);
 }
 
 int main(void)
@@ -259,5 +232,5 @@ int main(void)
         cmocka_unit_test(test_reindex_transient),
         cmocka_unit_test(test_verify_symlinked_shard),
     };
-    return cmocka_run_group_tests(tests, setup, teardown);
+    return cmocka_run_group_tests(tests, su_setup, os_reset_teardown);
 }

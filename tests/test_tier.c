@@ -12,30 +12,22 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include "redis_fixture.h"
-#include "store_util.h"
+#include "lib/redis.h"
+#include "lib/store.h"
 #include "tier/tier.h"
 
-static char g_root[256];
 static int g_single = -1; /* fixture index of the single server */
 static int g_cl = -1;     /* first node of the cluster */
 static int g_seq_base = 100;
-static int g_migrated_from = -1; /* the source of the slot migration */
-
-static void mkpath(char *out, size_t cap, const char *name)
-{
-    snprintf(out, cap, "%s/%s", g_root, name);
-}
-
-static void url_of(char *out, size_t cap, int node)
+static int g_migrated_from = -1;static void url_of(char *out, size_t cap, int node)
 {
     snprintf(out, cap, "redis://127.0.0.1:%d", rf_nodes[node].port);
 }
 
-static kvx_store *mk_store(const char *name, const char *url, const char *tenant)
+static kvx_store *tier_store_of(const char *name, const char *url, const char *tenant)
 {
     char dir[512];
-    mkpath(dir, sizeof dir, name);
+    su_path(dir, sizeof dir, name);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.capacity_bytes = 64ull << 20;
@@ -48,26 +40,19 @@ static kvx_store *mk_store(const char *name, const char *url, const char *tenant
     return s;
 }
 
-static kvx_store *open_store(const char *name, uint32_t flags)
+static kvx_store *tier_reopen(const char *name, uint32_t flags)
 {
     char dir[512];
-    mkpath(dir, sizeof dir, name);
+    su_path(dir, sizeof dir, name);
     kvx_store *s = NULL;
     assert_int_equal(kvx_store_open(&s, dir, NULL, flags), 0);
     return s;
 }
 
-static kvx_store_stats stat_of(kvx_store *s)
-{
-    kvx_store_stats st;
-    assert_int_equal(kvx_store_stat(&st, s), 0);
-    return st;
-}
-
 static size_t count_files(const char *name, const char *sub)
 {
     char dir[512], names[256][64];
-    mkpath(dir, sizeof dir, name);
+    su_path(dir, sizeof dir, name);
     return su_list_names(dir, sub, names, 256);
 }
 
@@ -385,18 +370,18 @@ static void test_cross_store_hit(void **state)
     char url[64];
     url_of(url, sizeof url, g_single);
     uint64_t seq = (uint64_t)g_seq_base++;
-    kvx_store *a = mk_store("x_a", url, NULL);
+    kvx_store *a = tier_store_of("x_a", url, NULL);
     assert_int_equal(su_put_seq(a, seq, 16), 0);
     kvx_store_close(a); /* drains the write-behind */
     int port = rf_nodes[g_single].port;
     static char before[32768], after[32768];
     assert_int_equal(rf_cmd(port, before, sizeof before, "INFO commandstats"), 0);
     assert_true(cmd_calls(before, "set") >= 16); /* A's write-behind: the counts are read right */
-    kvx_store *b = mk_store("x_b", url, NULL);
+    kvx_store *b = tier_store_of("x_b", url, NULL);
     kvx_store_close(b);
-    b = open_store("x_b", KVX_STORE_READONLY);
+    b = tier_reopen("x_b", KVX_STORE_READONLY);
     assert_int_equal(su_served_prefix(b, seq, 16), 16);
-    kvx_store_stats st = stat_of(b);
+    kvx_store_stats st = su_stat(b);
     assert_int_equal(st.tier_hits, 16);
     kvx_geometry g = su_geometry();
     assert_int_equal(st.tier_bytes_down, 16 * kvx_tier_value_bytes(&g));
@@ -405,13 +390,13 @@ static void test_cross_store_hit(void **state)
     kvx_store_close(b);
     assert_int_equal(count_files("x_b", "shards"), 0);
     /* a writer copies them in: the second lookup is local */
-    kvx_store *c = mk_store("x_c", url, NULL);
+    kvx_store *c = tier_store_of("x_c", url, NULL);
     assert_int_equal(su_served_prefix(c, seq, 16), 16);
-    st = stat_of(c);
+    st = su_stat(c);
     assert_int_equal(st.tier_hits, 16);
     assert_int_equal(st.blocks, 16);
     assert_int_equal(su_served_prefix(c, seq, 16), 16);
-    st = stat_of(c);
+    st = su_stat(c);
     assert_int_equal(st.tier_hits, 16);
     kvx_store_close(c); /* drains its write-behind, were anything queued */
     /* the copies were not written back: no write command since A closed */
@@ -433,30 +418,30 @@ static void test_garbage_value_replaced(void **state)
     char url[64], key[KVX_TIER_KEY_BYTES], out[64];
     url_of(url, sizeof url, g_single);
     uint64_t seq = (uint64_t)g_seq_base++;
-    kvx_store *a = mk_store("g_a", url, NULL);
+    kvx_store *a = tier_store_of("g_a", url, NULL);
     assert_int_equal(su_put_seq(a, seq, 8), 0);
     kvx_store_close(a);
     key_of(key, seq, 8, 3, NULL);
     assert_int_equal(rf_cmd(rf_nodes[g_single].port, out, sizeof out, "SET %s %s", key, "garbage!"), 0);
-    kvx_store *r = mk_store("g_r", url, NULL);
+    kvx_store *r = tier_store_of("g_r", url, NULL);
     kvx_store_close(r);
-    r = open_store("g_r", KVX_STORE_READONLY);
+    r = tier_reopen("g_r", KVX_STORE_READONLY);
     assert_int_equal(su_served_prefix(r, seq, 8), 3);
-    kvx_store_stats st = stat_of(r);
+    kvx_store_stats st = su_stat(r);
     assert_int_equal(st.tier_hits, 3);
     assert_int_equal(st.tier_bad, 1);
     assert_int_equal(st.tier_misses, 5);
     kvx_store_close(r);
     /* a writer: sees the bad value, recomputes (puts) the prompt, and its
      * write-behind replaces it */
-    kvx_store *w = mk_store("g_w", url, NULL);
+    kvx_store *w = tier_store_of("g_w", url, NULL);
     assert_int_equal(su_served_prefix(w, seq, 8), 3);
     assert_int_equal(su_put_seq(w, seq, 8), 0);
     double end = rf_now() + 5;
-    while (stat_of(w).tier_replaced == 0 && rf_now() < end) rf_sleep_ms(20);
-    assert_int_equal(stat_of(w).tier_replaced, 1);
+    while (su_stat(w).tier_replaced == 0 && rf_now() < end) rf_sleep_ms(20);
+    assert_int_equal(su_stat(w).tier_replaced, 1);
     kvx_store_close(w);
-    r = open_store("g_r", KVX_STORE_READONLY);
+    r = tier_reopen("g_r", KVX_STORE_READONLY);
     assert_int_equal(su_served_prefix(r, seq, 8), 8);
     kvx_store_close(r);
 }
@@ -478,16 +463,16 @@ static void test_collision_value_never_served(void **state)
     assert_non_null(rep);
     freeReplyObject(rep);
     free(v);
-    kvx_store *r = mk_store("c_r", url, NULL);
+    kvx_store *r = tier_store_of("c_r", url, NULL);
     assert_int_equal(su_served_prefix(r, seq, 4), 0);
-    assert_int_equal(stat_of(r).tier_bad, 1);
+    assert_int_equal(su_stat(r).tier_bad, 1);
     /* another tenant's valid value for the very block */
     v = value_of(&len, seq, 4, 0, "mallory");
     rep = redisCommand(c, "SET %s %b", key, v, len);
     freeReplyObject(rep);
     free(v);
     assert_int_equal(su_served_prefix(r, seq, 4), 0);
-    assert_int_equal(stat_of(r).tier_bad, 2);
+    assert_int_equal(su_stat(r).tier_bad, 2);
     kvx_store_close(r);
     redisFree(c);
 }
@@ -499,13 +484,13 @@ static void test_tenant_isolation(void **state)
     char url[64];
     url_of(url, sizeof url, g_single);
     uint64_t seq = (uint64_t)g_seq_base++;
-    kvx_store *a = mk_store("t_a", url, "alpha");
+    kvx_store *a = tier_store_of("t_a", url, "alpha");
     assert_int_equal(su_put_seq(a, seq, 6), 0);
     kvx_store_close(a);
-    kvx_store *b = mk_store("t_b", url, "beta");
+    kvx_store *b = tier_store_of("t_b", url, "beta");
     assert_int_equal(su_served_prefix(b, seq, 6), 0);
     kvx_store_close(b);
-    kvx_store *c = mk_store("t_c", url, "alpha");
+    kvx_store *c = tier_store_of("t_c", url, "alpha");
     assert_int_equal(su_served_prefix(c, seq, 6), 6);
     kvx_store_close(c);
 }
@@ -522,13 +507,13 @@ static void test_tier_down_create_open_put(void **state)
     char url[64];
     snprintf(url, sizeof url, "redis://127.0.0.1:%d", port);
     uint64_t seq = (uint64_t)g_seq_base++;
-    kvx_store *a = mk_store("d_a", url, NULL);
+    kvx_store *a = tier_store_of("d_a", url, NULL);
     assert_int_equal(su_put_seq(a, seq, 8), 0); /* queues the write-behind */
     assert_int_equal(su_served_prefix(a, seq, 8), 8);
     double t0 = rf_now();
     kvx_store_close(a);
     double close1 = rf_now() - t0;
-    a = open_store("d_a", 0);
+    a = tier_reopen("d_a", 0);
     assert_int_equal(su_served_prefix(a, seq, 8), 8);
     uint32_t t[12 * SU_B];
     su_tokens(t, seq, 12, 0);
@@ -539,7 +524,7 @@ static void test_tier_down_create_open_put(void **state)
     double lookup = rf_now() - t0;
     assert_int_equal(n, 8);
     kvx_views_release(v, n);
-    kvx_store_stats st = stat_of(a);
+    kvx_store_stats st = su_stat(a);
     assert_int_equal(st.tier_up, 0);
     assert_true(st.tier_misses >= 4);
     assert_int_equal(su_put_seq(a, seq + 1000, 8), 0); /* more write-behind for the next close */
@@ -552,7 +537,7 @@ static void test_tier_down_create_open_put(void **state)
     assert_true(lookup < 1.5);
     assert_true(close2 < 3.5);
     /* a reader too */
-    a = open_store("d_a", KVX_STORE_READONLY);
+    a = tier_reopen("d_a", KVX_STORE_READONLY);
     assert_int_equal(su_served_prefix(a, seq, 8), 8);
     kvx_store_close(a);
 }
@@ -568,12 +553,12 @@ static void test_breaker_skip_and_probe(void **state)
     char url[64];
     url_of(url, sizeof url, k);
     uint64_t seq = (uint64_t)g_seq_base++;
-    kvx_store *a = mk_store("b_a", url, NULL);
+    kvx_store *a = tier_store_of("b_a", url, NULL);
     assert_int_equal(su_put_seq(a, seq, 8), 0);
     kvx_store_close(a);
-    kvx_store *r = mk_store("b_r", url, NULL);
+    kvx_store *r = tier_store_of("b_r", url, NULL);
     kvx_store_close(r);
-    r = open_store("b_r", KVX_STORE_READONLY);
+    r = tier_reopen("b_r", KVX_STORE_READONLY);
     assert_int_equal(su_served_prefix(r, seq, 8), 8);
     rf_kill(k, SIGKILL);
     double t0 = rf_now();
@@ -582,7 +567,7 @@ static void test_breaker_skip_and_probe(void **state)
     t0 = rf_now();
     for (int i = 0; i < 20; i++) assert_int_equal(su_served_prefix(r, seq, 8), 0);
     assert_true(rf_now() - t0 < 0.5); /* skipped: no connect attempted */
-    kvx_store_stats st = stat_of(r);
+    kvx_store_stats st = su_stat(r);
     assert_true(st.tier_errors >= 1);
     assert_int_equal(st.tier_up, 0);
     /* back (empty: the values are written again by a writer) */
@@ -590,15 +575,15 @@ static void test_breaker_skip_and_probe(void **state)
     double end = rf_now() + 8;
     while (rf_now() < end) {
         su_served_prefix(r, seq, 8); /* probes once the breaker's time is up */
-        if (stat_of(r).tier_up) break;
+        if (su_stat(r).tier_up) break;
         rf_sleep_ms(100);
     }
-    assert_int_equal(stat_of(r).tier_up, 1);
-    kvx_store *w = mk_store("b_w", url, NULL);
+    assert_int_equal(su_stat(r).tier_up, 1);
+    kvx_store *w = tier_store_of("b_w", url, NULL);
     assert_int_equal(su_put_seq(w, seq, 8), 0);
     kvx_store_close(w);
     assert_int_equal(su_served_prefix(r, seq, 8), 8);
-    assert_int_equal(stat_of(r).tier_up, 1);
+    assert_int_equal(su_stat(r).tier_up, 1);
     kvx_store_close(r);
 }
 
@@ -612,7 +597,7 @@ static void test_killed_during_write_behind(void **state)
     assert_true(k >= 0);
     char url[64], dir[512];
     url_of(url, sizeof url, k);
-    mkpath(dir, sizeof dir, "wk");
+    su_path(dir, sizeof dir, "wk");
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = (kvx_geometry){4, 8, 128, 16, KVX_QUANT_FP16, 7};
     o.capacity_bytes = 1ull << 30;
@@ -654,12 +639,12 @@ static void test_stalled_server(void **state)
     char url[64];
     url_of(url, sizeof url, k);
     uint64_t seq = (uint64_t)g_seq_base++;
-    kvx_store *a = mk_store("s_a", url, NULL);
+    kvx_store *a = tier_store_of("s_a", url, NULL);
     assert_int_equal(su_put_seq(a, seq, 4), 0);
     kvx_store_close(a);
-    kvx_store *q = mk_store("s_q", url, NULL);
+    kvx_store *q = tier_store_of("s_q", url, NULL);
     kvx_store_close(q);
-    q = open_store("s_q", KVX_STORE_READONLY);
+    q = tier_reopen("s_q", KVX_STORE_READONLY);
     rf_kill(k, SIGSTOP);
     double t0 = rf_now();
     assert_int_equal(su_served_prefix(q, seq, 4), 0);
@@ -680,7 +665,7 @@ static void test_stalled_server(void **state)
     int k2 = rf_start(0);
     assert_true(k2 >= 0);
     url_of(url, sizeof url, k2);
-    kvx_store *w = mk_store("s_w", url, NULL); /* create never contacts the tier */
+    kvx_store *w = tier_store_of("s_w", url, NULL); /* create never contacts the tier */
     rf_kill(k2, SIGSTOP);
     assert_int_equal(su_put_seq(w, seq + 1000, 8), 0); /* flushed: its write-behind is queued */
     t0 = rf_now();
@@ -698,7 +683,7 @@ static void test_ttl(void **state)
     (void)state;
     char dir[512], url[64], key[KVX_TIER_KEY_BYTES], out[64];
     url_of(url, sizeof url, g_single);
-    mkpath(dir, sizeof dir, "ttl");
+    su_path(dir, sizeof dir, "ttl");
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.capacity_bytes = 64ull << 20;
@@ -723,16 +708,16 @@ static void test_options_override_and_reindex(void **state)
     char url[64], dir[512];
     url_of(url, sizeof url, g_single);
     uint64_t seq = (uint64_t)g_seq_base++;
-    kvx_store *a = mk_store("o_a", url, NULL);
+    kvx_store *a = tier_store_of("o_a", url, NULL);
     assert_int_equal(su_put_seq(a, seq, 4), 0);
     kvx_store_close(a);
-    kvx_store *b = mk_store("o_b", NULL, NULL); /* no tier */
+    kvx_store *b = tier_store_of("o_b", NULL, NULL); /* no tier */
     assert_int_equal(su_served_prefix(b, seq, 4), 0);
     kvx_store_tier ti;
     assert_int_equal(kvx_store_tier_get(&ti, b), 0);
     assert_string_equal(ti.url, "");
     kvx_store_close(b);
-    mkpath(dir, sizeof dir, "o_b");
+    su_path(dir, sizeof dir, "o_b");
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.flags = KVX_STORE_READONLY;
     o.tier_url = url;
@@ -741,14 +726,14 @@ static void test_options_override_and_reindex(void **state)
     assert_int_equal(kvx_store_tier_get(&ti, b), 0);
     assert_int_equal(ti.from_file, 0);
     kvx_store_close(b);
-    mkpath(dir, sizeof dir, "o_a");
+    su_path(dir, sizeof dir, "o_a");
     o.tier_url = "off";
     assert_int_equal(kvx_store_open_options(&a, dir, &o), 0);
     assert_int_equal(kvx_store_tier_get(&ti, a), 0);
     assert_string_equal(ti.url, "");
     kvx_store_close(a);
     assert_int_equal(kvx_store_reindex_dir(dir, 0), 0);
-    a = open_store("o_a", KVX_STORE_READONLY);
+    a = tier_reopen("o_a", KVX_STORE_READONLY);
     assert_int_equal(kvx_store_tier_get(&ti, a), 0);
     assert_string_equal(ti.url, url);
     assert_int_equal(ti.from_file, 1);
@@ -773,8 +758,8 @@ static void test_cli(void **state)
     (void)state;
     char url[64], cmd[2048], out[8192], dir[512], dir2[512], env[512], tok[512];
     url_of(url, sizeof url, g_single);
-    mkpath(dir, sizeof dir, "cli_a");
-    mkpath(dir2, sizeof dir2, "cli_b");
+    su_path(dir, sizeof dir, "cli_a");
+    su_path(dir2, sizeof dir2, "cli_b");
     snprintf(cmd, sizeof cmd,
              "%s store create %s --layers 1 --kv-heads 1 --head-dim 4 --block-tokens 4 --quant fp16 "
              "--model-signature 1122334455667788 --capacity 64MiB --tier %s --tenant cli --tier-ttl 1h",
@@ -791,7 +776,7 @@ static void test_cli(void **state)
     uint64_t h[6];
     su_tokens(t, seq, 6, 0);
     uint8_t *p = su_pages(t, 6, h, 64);
-    kvx_store *tmp = mk_store("cli_tmp", NULL, NULL);
+    kvx_store *tmp = tier_store_of("cli_tmp", NULL, NULL);
     assert_int_equal(kvx_store_put(tmp, t, 6 * SU_B, p, 6, NULL, NULL), 0);
     assert_int_equal(kvx_store_flush(tmp), 0);
     kvx_view v[6];
@@ -804,8 +789,8 @@ static void test_cli(void **state)
     kvx_views_release(v, n);
     kvx_store_close(tmp);
     free(p);
-    mkpath(env, sizeof env, "cli.tlkv");
-    mkpath(tok, sizeof tok, "cli.tok");
+    su_path(env, sizeof env, "cli.tlkv");
+    su_path(tok, sizeof tok, "cli.tok");
     FILE *f = fopen(env, "wb");
     assert_int_equal(fwrite(buf, 1, len, f), len);
     fclose(f);
@@ -857,24 +842,24 @@ static void test_acl_auth(void **state)
                      0);
     snprintf(url, sizeof url, "redis://alice:s3cret@127.0.0.1:%d", port);
     uint64_t seq = (uint64_t)g_seq_base++;
-    kvx_store *a = mk_store("acl_a", url, "acl");
+    kvx_store *a = tier_store_of("acl_a", url, "acl");
     assert_int_equal(su_put_seq(a, seq, 4), 0);
     kvx_store_close(a);
-    kvx_store *b = mk_store("acl_b", url, "acl");
+    kvx_store *b = tier_store_of("acl_b", url, "acl");
     assert_int_equal(su_served_prefix(b, seq, 4), 4);
     kvx_store_tier ti;
     assert_int_equal(kvx_store_tier_get(&ti, b), 0);
     assert_null(strstr(ti.url, "s3cret")); /* shown as *** */
     kvx_store_close(b);
     /* the same user cannot reach another tenant's keys */
-    kvx_store *c = mk_store("acl_c", url, "other");
+    kvx_store *c = tier_store_of("acl_c", url, "other");
     assert_int_equal(su_put_seq(c, seq, 4), 0);
-    assert_int_equal(stat_of(c).tier_writes, 0);
+    assert_int_equal(su_stat(c).tier_writes, 0);
     kvx_store_close(c);
     snprintf(url, sizeof url, "redis://alice:wrong@127.0.0.1:%d", port);
-    kvx_store *d = mk_store("acl_d", url, "acl");
+    kvx_store *d = tier_store_of("acl_d", url, "acl");
     assert_int_equal(su_served_prefix(d, seq, 4), 0);
-    assert_int_equal(stat_of(d).tier_up, 0);
+    assert_int_equal(su_stat(d).tier_up, 0);
     kvx_store_close(d);
 }
 
@@ -894,7 +879,7 @@ static void test_sixteen_processes(void **state)
             if (pids[i] == 0) {
                 char name[32], dir[512];
                 snprintf(name, sizeof name, "p16_%d", i);
-                mkpath(dir, sizeof dir, name);
+                su_path(dir, sizeof dir, name);
                 kvx_store *s = NULL;
                 int ok = 1;
                 if (round == 0) {
@@ -928,14 +913,14 @@ static void test_cluster_cross_store(void **state)
     (void)state;
     char url[128];
     snprintf(url, sizeof url, "redis://127.0.0.1:%d,127.0.0.1:%d", rf_nodes[g_cl].port, rf_nodes[g_cl + 1].port);
-    kvx_store *a = mk_store("cl_a", url, NULL);
+    kvx_store *a = tier_store_of("cl_a", url, NULL);
     assert_int_equal(su_put_seq(a, 5000, 64), 0);
     kvx_store_close(a);
-    kvx_store *b = mk_store("cl_b", url, NULL);
+    kvx_store *b = tier_store_of("cl_b", url, NULL);
     kvx_store_close(b);
-    b = open_store("cl_b", KVX_STORE_READONLY);
+    b = tier_reopen("cl_b", KVX_STORE_READONLY);
     assert_int_equal(su_served_prefix(b, 5000, 64), 64);
-    assert_int_equal(stat_of(b).tier_hits, 64);
+    assert_int_equal(su_stat(b).tier_hits, 64);
     kvx_store_tier ti;
     assert_int_equal(kvx_store_tier_get(&ti, b), 0);
     assert_int_equal(ti.cluster, 1);
@@ -957,7 +942,7 @@ static void test_cluster_ask_and_moved(void **state)
     (void)state;
     char url[64], key[KVX_TIER_KEY_BYTES], src_id[64], dst_id[64], out[256];
     url_of(url, sizeof url, g_cl);
-    kvx_store *b = open_store("cl_b", KVX_STORE_READONLY);
+    kvx_store *b = tier_reopen("cl_b", KVX_STORE_READONLY);
     assert_int_equal(su_served_prefix(b, 5000, 64), 64); /* the slot map is loaded */
     key_of(key, 5000, 64, 0, NULL);
     int slot = kvx_tier_slot(key, strlen(key));
@@ -989,7 +974,7 @@ static void test_cluster_ask_and_moved(void **state)
     assert_int_equal(rf_cmd(rf_nodes[src].port, out, sizeof out, "GET %s", key), -2);
     assert_int_equal(strncmp(out, "MOVED", 5), 0);
     assert_int_equal(su_served_prefix(b, 5000, 64), 64);
-    assert_int_equal(stat_of(b).tier_errors, 0);
+    assert_int_equal(su_stat(b).tier_errors, 0);
     kvx_store_close(b);
     rf_cluster_ok(g_cl, 6);
 }
@@ -1001,7 +986,7 @@ static void test_cluster_master_killed(void **state)
 {
     (void)state;
     char key[KVX_TIER_KEY_BYTES], out[64];
-    kvx_store *b = open_store("cl_b", KVX_STORE_READONLY);
+    kvx_store *b = tier_reopen("cl_b", KVX_STORE_READONLY);
     assert_int_equal(su_served_prefix(b, 5000, 64), 64);
     /* a master that holds some block but did not take part in the
      * migration above (its config epoch was bumped by hand there) */
@@ -1034,7 +1019,7 @@ static void test_cluster_master_killed(void **state)
     double end = rf_now() + 15;
     while (su_served_prefix(b, 5000, 64) != 64 && rf_now() < end) rf_sleep_ms(200);
     if (su_served_prefix(b, 5000, 64) != 64) {
-        kvx_store_stats st = stat_of(b);
+        kvx_store_stats st = su_stat(b);
         fprintf(stderr, "victim %d (port %d); hits %llu misses %llu errors %llu bad %llu\n", victim, rf_nodes[victim].port,
                 (unsigned long long)st.tier_hits, (unsigned long long)st.tier_misses, (unsigned long long)st.tier_errors,
                 (unsigned long long)st.tier_bad);
@@ -1050,20 +1035,11 @@ static void test_cluster_master_killed(void **state)
     kvx_store_close(b);
 }
 
-static int setup(void **state)
+/* The servers stopped, then su_teardown. */
+static int redis_teardown(void **state)
 {
-    (void)state;
-    snprintf(g_root, sizeof g_root, "/tmp/kvx-tier-test-XXXXXX");
-    if (!mkdtemp(g_root)) return -1;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
     rf_stop_all();
-    su_rm_rf(g_root);
-    return 0;
+    return su_teardown(state);
 }
 
 int main(void)
@@ -1077,11 +1053,11 @@ int main(void)
     int rc = cmocka_run_group_tests_name("tier_pure", pure, NULL, NULL);
     if (rc) return rc;
     rf_require();
-    if (setup(NULL)) return 1;
+    if (su_setup(NULL)) return 1;
     g_single = rf_start(0);
     if (g_single < 0) {
         fprintf(stderr, "could not start redis-server\n");
-        teardown(NULL);
+        redis_teardown(NULL);
         return 1;
     }
     const struct CMUnitTest single[] = {
@@ -1114,6 +1090,6 @@ int main(void)
             rc = cmocka_run_group_tests_name("tier_cluster", cluster, NULL, NULL);
         }
     }
-    teardown(NULL);
+    redis_teardown(NULL);
     return rc;
 }

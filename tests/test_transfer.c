@@ -13,78 +13,8 @@
 
 #include <pthread.h>
 
-#include "store_util.h"
-#include "xfer_util.h"
-
-/* A chained FNV collision at block 0 for B = 4 (from tests/test_attack2.c,
- * found with tests/collide.h): kvx_block_hash(0, COLL_A) ==
- * kvx_block_hash(0, COLL_B). */
-static const uint32_t COLL_A[4] = {2849051040u, 4145281261u, 3375848879u, 1394986490u};
-static const uint32_t COLL_B[4] = {2849051040u, 4145281261u, 3465670547u, 1026208435u};
-
-/* Chunk i of the prompt t (nb full blocks + tail tokens) as the sender
- * makes it: a one-block envelope of version v exported from sender's view
- * (full blocks), or built from zero pages for the tail; empty when
- * `empty`. */
-static void make_chunk(chunk_buf *cb, kvx_store *sender, const uint32_t *t, size_t nb, size_t tail, size_t i,
-                       uint16_t v, int empty)
-{
-    memset(cb, 0, sizeof *cb);
-    kvx_geometry g;
-    kvx_store_get_geometry(&g, sender);
-    uint64_t h[64];
-    kvx_block_hashes(h, t, nb * SU_B, SU_B);
-    int is_tail = i == nb;
-    cb->c.kv_format = v;
-    cb->c.block_hash = is_tail ? 0 : h[i];
-    cb->c.tokens = t + i * SU_B;
-    cb->c.n_tokens = is_tail ? tail : SU_B;
-    if (empty) return;
-    size_t len = 0;
-    if (!is_tail) {
-        kvx_view views[64];
-        size_t n = 0;
-        assert_int_equal(kvx_store_prefix(views, &n, sender, t, (i + 1) * SU_B, 64), 0);
-        assert_int_equal(n, i + 1);
-        assert_int_equal(kvx_views_export(&cb->env, &len, sender, &views[i], 1, v), 0);
-        kvx_views_release(views, n);
-    } else {
-        size_t pbytes = kvx_envelope_payload_bytes(v, &g);
-        uint8_t *payload = calloc(1, pbytes);
-        float scales[2] = {1.0f, 1.0f};
-        kvx_envelope_block_in in = {0, (uint32_t)tail, payload, scales};
-        assert_int_equal(kvx_envelope_size(&len, v, &g, 1), 0);
-        cb->env = malloc(len);
-        assert_int_equal(kvx_envelope_export(cb->env, len, v, &g, &in, 1), 0);
-        free(payload);
-    }
-    cb->c.payload = cb->env;
-    cb->c.payload_len = len;
-    cb->c.crc32c = kvx_crc32c(0, cb->env, len);
-}
-
-/* Sends chunks 0..nb (tail when tail > 0); empty[i] marks "you hold it". */
-static int push(kvx_store *recv, kvx_store *sender, const uint32_t *t, size_t nb, size_t tail, const uint8_t *empty,
-                kvx_xfer_result *res)
-{
-    kvx_xfer_stream *st = NULL;
-    assert_int_equal(kvx_xfer_stream_create(&st, recv), 0);
-    int rc = 0;
-    for (size_t i = 0; !rc && i < nb + (tail ? 1 : 0); i++) {
-        chunk_buf cb;
-        make_chunk(&cb, sender, t, nb, tail, i, 1, empty && i < nb && empty[i]);
-        kvx_xfer_block blk;
-        rc = kvx_xfer_stream_chunk(st, &cb.c, &blk);
-        if (!rc) {
-            assert_int_equal(blk.index, i);
-            assert_int_equal(blk.tail, i == nb);
-        }
-        kvx_free(cb.env);
-    }
-    if (!rc) rc = kvx_xfer_stream_finish(st, res);
-    kvx_xfer_stream_destroy(st);
-    return rc;
-}
+#include "lib/store.h"
+#include "lib/xfer.h"
 
 static void test_grpc_codes(void **state)
 {
@@ -138,11 +68,11 @@ static void test_push_then_dedup(void **state)
 {
     (void)state;
     char da[256], db[256];
-    kvx_store *a = fp16_store(da, sizeof da), *b = fp16_store(db, sizeof db);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0}), *b = su_store(db, sizeof db, (su_spec){0});
     const size_t nb = 5, tail = 3;
     uint32_t *t = prompt(a, 1, nb, nb);
     kvx_xfer_result r;
-    assert_int_equal(push(b, a, t, nb, tail, NULL, &r), 0);
+    assert_int_equal(xf_push(b, a, t, nb, tail, NULL, &r), 0);
     kvx_geometry g = su_geometry();
     size_t env1 = 0;
     assert_int_equal(kvx_envelope_size(&env1, 1, &g, 1), 0);
@@ -169,7 +99,7 @@ static void test_push_then_dedup(void **state)
     assert_int_equal(kvx_xfer_has_blocks(held, &lease, b, h, nb, t, nb * SU_B + tail, SU_B, g.model_signature), 0);
     for (size_t i = 0; i < nb; i++) assert_int_equal(held[i], 1);
     uint8_t empty[8] = {1, 1, 1, 1, 1};
-    assert_int_equal(push(b, a, t, nb, tail, empty, &r), 0);
+    assert_int_equal(xf_push(b, a, t, nb, tail, empty, &r), 0);
     kvx_xfer_lease_destroy(lease);
     assert_int_equal(r.blocks_stored, 0);
     assert_int_equal(r.blocks_referenced, nb);
@@ -187,7 +117,7 @@ static void test_push_then_dedup(void **state)
     free(pages);
     assert_int_equal(kvx_xfer_has_blocks(held, NULL, b, h2, 8, t2, 8 * SU_B, 0, 0), 0);
     for (size_t i = 0; i < 8; i++) assert_int_equal(held[i], i < nb);
-    assert_int_equal(push(b, a, t2, 8, 0, held, &r), 0);
+    assert_int_equal(xf_push(b, a, t2, 8, 0, held, &r), 0);
     assert_int_equal(r.blocks_stored, 3);
     assert_int_equal(r.blocks_referenced, nb);
     assert_int_equal(r.bytes_received, 3 * env1);
@@ -206,18 +136,18 @@ typedef void (*damage_fn)(chunk_buf *cb, kvx_store *sender, const uint32_t *t);
 static void expect_rejected(damage_fn damage, int want_rc, int want_grpc, const char *want_msg)
 {
     char da[256], db[256];
-    kvx_store *a = fp16_store(da, sizeof da), *b = fp16_store(db, sizeof db);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0}), *b = su_store(db, sizeof db, (su_spec){0});
     const size_t nb = 4;
     uint32_t *t = prompt(a, 2, nb, nb);
     kvx_xfer_stream *st = NULL;
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
     chunk_buf cb;
     for (size_t i = 0; i < 2; i++) {
-        make_chunk(&cb, a, t, nb, 2, i, 1, 0);
+        xf_chunk(&cb, a, t, nb, 2, i, 1, 0);
         assert_int_equal(kvx_xfer_stream_chunk(st, &cb.c, NULL), 0);
         kvx_free(cb.env);
     }
-    make_chunk(&cb, a, t, nb, 2, 2, 1, 0);
+    xf_chunk(&cb, a, t, nb, 2, 2, 1, 0);
     damage(&cb, a, t);
     int rc = kvx_xfer_stream_chunk(st, &cb.c, NULL);
     assert_int_equal(rc, want_rc);
@@ -225,7 +155,7 @@ static void expect_rejected(damage_fn damage, int want_rc, int want_grpc, const 
     if (want_msg) assert_non_null(strstr(kvx_last_error(), want_msg));
     kvx_free(cb.env);
     /* the stream stays failed; finish publishes nothing */
-    make_chunk(&cb, a, t, nb, 2, 3, 1, 0);
+    xf_chunk(&cb, a, t, nb, 2, 3, 1, 0);
     assert_int_equal(kvx_xfer_stream_chunk(st, &cb.c, NULL), want_rc);
     kvx_free(cb.env);
     kvx_xfer_result r;
@@ -387,20 +317,20 @@ static void test_tail_rules(void **state)
 {
     (void)state;
     char da[256], db[256];
-    kvx_store *a = fp16_store(da, sizeof da), *b = fp16_store(db, sizeof db);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0}), *b = su_store(db, sizeof db, (su_spec){0});
     uint32_t *t = prompt(a, 3, 2, 2);
     kvx_xfer_stream *st = NULL;
     chunk_buf cb;
     /* a tail with a hash */
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
-    make_chunk(&cb, a, t, 0, 1, 0, 1, 0); /* the tail as chunk 0 */
+    xf_chunk(&cb, a, t, 0, 1, 0, 1, 0); /* the tail as chunk 0 */
     cb.c.block_hash = 5;
     assert_int_equal(kvx_xfer_stream_chunk(st, &cb.c, NULL), KVX_EHASH);
     kvx_free(cb.env);
     kvx_xfer_stream_destroy(st);
     /* a chunk after the tail */
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
-    make_chunk(&cb, a, t, 0, 1, 0, 1, 0);
+    xf_chunk(&cb, a, t, 0, 1, 0, 1, 0);
     kvx_xfer_block blk;
     assert_int_equal(kvx_xfer_stream_chunk(st, &cb.c, &blk), 0);
     assert_int_equal(blk.tail, 1);
@@ -412,12 +342,12 @@ static void test_tail_rules(void **state)
     kvx_xfer_stream_destroy(st);
     /* an empty tail: never held */
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
-    make_chunk(&cb, a, t, 0, 1, 0, 1, 1);
+    xf_chunk(&cb, a, t, 0, 1, 0, 1, 1);
     assert_int_equal(kvx_xfer_stream_chunk(st, &cb.c, NULL), KVX_ENOTHELD);
     kvx_xfer_stream_destroy(st);
     /* a stream that is only a tail: nothing stored, durable, tail_tokens */
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
-    make_chunk(&cb, a, t, 0, 3, 0, 1, 0);
+    xf_chunk(&cb, a, t, 0, 3, 0, 1, 0);
     assert_int_equal(kvx_xfer_stream_chunk(st, &cb.c, NULL), 0);
     kvx_free(cb.env);
     kvx_xfer_result r;
@@ -439,7 +369,7 @@ static void test_has_blocks_args(void **state)
 {
     (void)state;
     char da[256];
-    kvx_store *a = fp16_store(da, sizeof da);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0});
     uint32_t *t = prompt(a, 4, 3, 2);
     uint64_t h[3];
     kvx_block_hashes(h, t, 3 * SU_B, SU_B);
@@ -466,9 +396,9 @@ static void test_has_blocks_args(void **state)
     assert_int_equal(held[0] + held[1] + held[2], 2);
     /* unverified (put without tokens) is never "held" */
     char dc[256];
-    kvx_store *c = fp16_store(dc, sizeof dc);
+    kvx_store *c = su_store(dc, sizeof dc, (su_spec){0});
     chunk_buf cb;
-    make_chunk(&cb, a, t, 2, 0, 0, 1, 0);
+    xf_chunk(&cb, a, t, 2, 0, 0, 1, 0);
     assert_int_equal(kvx_store_put_envelope(c, cb.env, cb.c.payload_len, NULL, 0, NULL), 0);
     assert_int_equal(kvx_store_flush(c), 0);
     kvx_free(cb.env);
@@ -493,7 +423,7 @@ static void test_collision_never_referenced(void **state)
 {
     (void)state;
     char da[256], db[256];
-    kvx_store *a = fp16_store(da, sizeof da), *b = fp16_store(db, sizeof db);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0}), *b = su_store(db, sizeof db, (su_spec){0});
     assert_int_equal(kvx_block_hash(0, COLL_A, SU_B), kvx_block_hash(0, COLL_B, SU_B));
     kvx_geometry g = su_geometry();
     size_t pb = kvx_page_bytes(&g, SU_B);
@@ -511,13 +441,13 @@ static void test_collision_never_referenced(void **state)
     kvx_xfer_stream *st;
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
     chunk_buf cb;
-    make_chunk(&cb, a, COLL_B, 1, 0, 0, 1, 1);
+    xf_chunk(&cb, a, COLL_B, 1, 0, 0, 1, 1);
     assert_int_equal(kvx_xfer_stream_chunk(st, &cb.c, NULL), KVX_ENOTHELD);
     kvx_xfer_stream_destroy(st);
     /* resent with its payload: stored beside A's, each prompt gets its own */
     uint8_t empty = 0;
     kvx_xfer_result r;
-    assert_int_equal(push(b, a, COLL_B, 1, 0, &empty, &r), 0);
+    assert_int_equal(xf_push(b, a, COLL_B, 1, 0, &empty, &r), 0);
     kvx_xfer_lease_destroy(l);
     assert_int_equal(r.blocks_stored, 1);
     kvx_view v;
@@ -541,16 +471,16 @@ static void test_lease_pins_through_eviction(void **state)
     (void)state;
     for (int with_lease = 1; with_lease >= 0; with_lease--) {
         char da[256], db[256];
-        kvx_store *a = fp16_store(da, sizeof da);
+        kvx_store *a = su_store(da, sizeof da, (su_spec){0});
         /* small capacity and shards: a few prompts later the first one's
          * shard is the LRU victim */
-        kvx_store *b = new_store(db, sizeof db, 1 << 20, 0, KVX_QUANT_FP16);
+        kvx_store *b = su_store(db, sizeof db, (su_spec){.capacity = 1 << 20});
         kvx_store_stats st0;
         assert_int_equal(kvx_store_stat(&st0, b), 0);
         const size_t nb = 8;
         uint32_t *t = prompt(a, 5, nb, nb);
         kvx_xfer_result r;
-        assert_int_equal(push(b, a, t, nb, 0, NULL, &r), 0);
+        assert_int_equal(xf_push(b, a, t, nb, 0, NULL, &r), 0);
         uint64_t h[8];
         kvx_block_hashes(h, t, nb * SU_B, SU_B);
         uint8_t held[8];
@@ -568,7 +498,7 @@ static void test_lease_pins_through_eviction(void **state)
         assert_true(st1.evictions > 0);
         uint8_t empty[8];
         memset(empty, 1, sizeof empty);
-        int rc = push(b, a, t, nb, 0, empty, &r);
+        int rc = xf_push(b, a, t, nb, 0, empty, &r);
         if (with_lease) {
             assert_int_equal(rc, 0);
             assert_int_equal(r.blocks_referenced, nb);
@@ -588,15 +518,15 @@ static void test_streams_independent(void **state)
 {
     (void)state;
     char da[256], db[256];
-    kvx_store *a = fp16_store(da, sizeof da), *b = fp16_store(db, sizeof db);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0}), *b = su_store(db, sizeof db, (su_spec){0});
     uint32_t *t1 = prompt(a, 6, 4, 4), *t2 = prompt(a, 7, 4, 4);
     kvx_xfer_stream *s1, *s2;
     assert_int_equal(kvx_xfer_stream_create(&s1, b), 0);
     assert_int_equal(kvx_xfer_stream_create(&s2, b), 0);
     for (size_t i = 0; i < 4; i++) {
         chunk_buf c1, c2;
-        make_chunk(&c1, a, t1, 4, 0, i, 1, 0);
-        make_chunk(&c2, a, t2, 4, 0, i, 1, 0);
+        xf_chunk(&c1, a, t1, 4, 0, i, 1, 0);
+        xf_chunk(&c2, a, t2, 4, 0, i, 1, 0);
         if (i == 3) c2.c.crc32c ^= 0xff;
         assert_int_equal(kvx_xfer_stream_chunk(s1, &c1.c, NULL), 0);
         assert_int_equal(kvx_xfer_stream_chunk(s2, &c2.c, NULL), i == 3 ? KVX_ECORRUPT : 0);
@@ -614,7 +544,7 @@ static void test_streams_independent(void **state)
     assert_int_equal(kvx_xfer_stream_create(&s2, b), 0);
     for (size_t i = 0; i < 3; i++) {
         chunk_buf c2;
-        make_chunk(&c2, a, t2, 4, 0, i, 1, 0);
+        xf_chunk(&c2, a, t2, 4, 0, i, 1, 0);
         assert_int_equal(kvx_xfer_stream_chunk(s2, &c2.c, NULL), 0);
         kvx_free(c2.env);
     }
@@ -637,8 +567,8 @@ static void test_bf16_formats(void **state)
 {
     (void)state;
     char da[256], db[256];
-    kvx_store *a = new_store(da, sizeof da, 0, 0, KVX_QUANT_BF16);
-    kvx_store *b = new_store(db, sizeof db, 0, 0, KVX_QUANT_BF16);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){.quant = KVX_QUANT_BF16});
+    kvx_store *b = su_store(db, sizeof db, (su_spec){.quant = KVX_QUANT_BF16});
     kvx_geometry g;
     kvx_store_get_geometry(&g, a);
     uint16_t v = 0;
@@ -740,7 +670,7 @@ static void test_concurrent_pushers(void **state)
 {
     (void)state;
     char da[256], db[256];
-    kvx_store *a = fp16_store(da, sizeof da), *b = fp16_store(db, sizeof db);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){0}), *b = su_store(db, sizeof db, (su_spec){0});
     for (uint64_t seq = 0; seq < PUSHERS * ROUNDS; seq++) {
         uint32_t t[8 * SU_B];
         su_tokens(t, seq, 8, 4);
@@ -797,7 +727,8 @@ static void test_v3_into_fp16_store(void **state)
 {
     (void)state;
     char da[256], db[256];
-    kvx_store *a = new_store(da, sizeof da, 0, 0, KVX_QUANT_BF16), *b = fp16_store(db, sizeof db);
+    kvx_store *a = su_store(da, sizeof da, (su_spec){.quant = KVX_QUANT_BF16}),
+              *b = su_store(db, sizeof db, (su_spec){0});
     kvx_geometry g;
     kvx_store_get_geometry(&g, a);
     size_t pb = kvx_page_bytes(&g, SU_B), n = pb / 2;

@@ -35,29 +35,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "collide.h"
-#include "store_util.h"
-
-static int dir_counter;
-
-static void new_dir(char *dir, size_t cap)
-{
-    snprintf(dir, cap, "%s/s%d", su_root, dir_counter++);
-}
-
-/* A store of L=1 Hkv=1 D=4 fp16 with block_tokens B: pages of 16*B bytes. */
-static kvx_store *make_store(char *dir, size_t cap, uint32_t B, uint64_t capacity)
-{
-    new_dir(dir, cap);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.geometry.block_tokens = B;
-    o.capacity_bytes = capacity;
-    o.shard_bytes = 256 << 10;
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    return s;
-}
+#include "lib/collide.h"
+#include "lib/store.h"
 
 static size_t page_bytes_of(uint32_t B) { return 2u * 1 * 1 * B * 4 * 2; }
 
@@ -132,7 +111,8 @@ static void collision_case(uint32_t B)
 
     for (int batch = 0; batch < 2; batch++) {
         char dir[300];
-        kvx_store *s = make_store(dir, sizeof dir, B, 64 << 20);
+        kvx_store *s =
+            su_store(dir, sizeof dir, (su_spec){.block_tokens = B, .capacity = 64 << 20, .shard_bytes = 256 << 10});
         size_t added = 0;
         assert_int_equal(kvx_store_put(s, ta, NB * B, pa, NB, NULL, &added), 0);
         assert_int_equal(added, NB);
@@ -196,7 +176,8 @@ static void test_unverified_never_served(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = make_store(dir, sizeof dir, SU_B, 16 << 20);
+    kvx_store *s =
+        su_store(dir, sizeof dir, (su_spec){.block_tokens = SU_B, .capacity = 16 << 20, .shard_bytes = 256 << 10});
     kvx_geometry g = su_geometry();
     enum { NB = 4 };
     uint32_t t[NB * SU_B];
@@ -264,7 +245,7 @@ enum { NB = 4 };
 static uint8_t *one_prompt_store(char *dir, size_t dcap, char *shard, size_t scap, uint64_t seq, uint32_t *t,
                                  uint64_t *h)
 {
-    kvx_store *s = make_store(dir, dcap, SU_B, 16 << 20);
+    kvx_store *s = su_store(dir, dcap, (su_spec){.block_tokens = SU_B, .capacity = 16 << 20, .shard_bytes = 256 << 10});
     su_tokens(t, seq, NB, 0);
     uint8_t *pages = su_pages(t, NB, h, 64);
     assert_int_equal(kvx_store_put(s, t, NB * SU_B, pages, NB, NULL, NULL), 0);
@@ -449,7 +430,8 @@ static void test_pre_digest_store(void **state)
 {
     (void)state;
     char dir[300];
-    kvx_store *s = make_store(dir, sizeof dir, SU_B, 16 << 20);
+    kvx_store *s =
+        su_store(dir, sizeof dir, (su_spec){.block_tokens = SU_B, .capacity = 16 << 20, .shard_bytes = 256 << 10});
     kvx_store_close(s);
     uint32_t t[NB * SU_B];
     uint64_t h[NB];
@@ -479,7 +461,7 @@ static void test_pre_digest_store(void **state)
     /* a block whose parent hash names two different blocks (a crafted FNV
      * collision in an old store) has two candidate parents: it stays
      * unverified; the blocks before it are served */
-    s = make_store(dir, sizeof dir, SU_B, 16 << 20);
+    s = su_store(dir, sizeof dir, (su_spec){.block_tokens = SU_B, .capacity = 16 << 20, .shard_bytes = 256 << 10});
     kvx_store_close(s);
     write_old_shard(dir, 7, 3, t, NB, pages, 0);
     /* a second block with hash h[1] (same parent and tokens, another
@@ -524,7 +506,8 @@ static void test_inspect_shows_digests(void **state)
 {
     (void)state;
     char dir[300], shard[600], cmd[1400], out[8192];
-    kvx_store *s = make_store(dir, sizeof dir, 2, 16 << 20);
+    kvx_store *s =
+        su_store(dir, sizeof dir, (su_spec){.block_tokens = 2, .capacity = 16 << 20, .shard_bytes = 256 << 10});
     uint32_t t[5] = {1, 2, 3, 4, 5};
     uint8_t *pages = prompt_pages(9, 2, 2);
     assert_int_equal(kvx_store_put(s, t, 5, pages, 2, NULL, NULL), 0);

@@ -24,7 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "io_fixture.h"
+#include "lib/io.h"
 #include "kvx.h"
 
 #define N1 37

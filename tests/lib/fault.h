@@ -16,6 +16,8 @@
 #define KVX_TEST_FAULT_H
 
 #include <errno.h>
+#include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -151,5 +153,16 @@ static inline void fault_install(void)
 }
 
 static inline void fault_uninstall(void) { kvx_os_reset(); }
+
+/* A per-test setup: the OS seam as it was, io_uring allowed again
+ * (KVX_IO_FORCE_NO_URING unset), no alarm pending. */
+static inline int os_reset(void **state)
+{
+    (void)state;
+    kvx_os_reset();
+    unsetenv("KVX_IO_FORCE_NO_URING");
+    alarm(0);
+    return 0;
+}
 
 #endif

@@ -1,5 +1,5 @@
 /*
- * redis_fixture.h - real redis-server processes for the shared tier's
+ * redis.h - real redis-server processes for the shared tier's
  * tests: started on free loopback ports in temporary directories, bounded
  * in time (every wait has a deadline), stopped at the end (and at exit,
  * whatever happened). A single server, or a Redis Cluster made with

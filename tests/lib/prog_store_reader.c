@@ -1,5 +1,5 @@
 /*
- * prog_store_reader.c - the reader process of test_store_twoproc: opens a
+ * prog_store_reader.c - the reader process of tests/system/twoproc.c: opens a
  * store KVX_STORE_READONLY, checks what is there, tells the parent it is
  * ready (a byte on stdout), waits for the parent to publish more (a byte on
  * stdin), then checks that it sees the new blocks byte-exact through the
@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "store_util.h"
+#include "pages.h"
 
 static size_t served(kvx_store *s, uint64_t seq, size_t nb)
 {

@@ -1,12 +1,13 @@
 /*
- * shard_fixture.h - the temporary directory of the shard-file tests
- * (test_shard, test_convert): made by the group setup, emptied between
- * tests where needed, removed by the group teardown. The tests count what
- * is in it (dir_entries), because a failed write must leave no temporary
- * file behind. Flat: these tests write plain files only.
+ * tmpdir.h - the flat temporary directory of the file tests
+ * (tests/format/): made by the group setup (fx_setup), emptied between
+ * tests where needed (fx_empty_dir), removed by the group teardown
+ * (fx_teardown). The tests count what is in it (dir_entries), because a
+ * failed write must leave no temporary file behind. Flat: these tests
+ * write plain files only.
  */
-#ifndef KVX_SHARD_FIXTURE_H
-#define KVX_SHARD_FIXTURE_H
+#ifndef KVX_TEST_TMPDIR_H
+#define KVX_TEST_TMPDIR_H
 
 #include <dirent.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@ static char tmpdir[256];
 /* "/tmp/kvx_<tag>.XXXXXX"; 0 or -1. */
 static inline int fx_mkdtemp(const char *tag)
 {
+    if (tmpdir[0]) return 0; /* made already (one directory per program) */
     snprintf(tmpdir, sizeof tmpdir, "/tmp/kvx_%s.XXXXXX", tag);
     return mkdtemp(tmpdir) ? 0 : -1;
 }
@@ -63,6 +65,20 @@ static inline void fx_rm_dir(void)
 {
     fx_empty_dir();
     rmdir(tmpdir);
+}
+
+/* The group setup and teardown of a test program using tmpdir. */
+static inline int fx_setup(void **state)
+{
+    (void)state;
+    return fx_mkdtemp("test_files");
+}
+
+static inline int fx_teardown(void **state)
+{
+    (void)state;
+    fx_rm_dir();
+    return 0;
 }
 
 #endif

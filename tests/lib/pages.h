@@ -1,11 +1,13 @@
 /*
- * store_util.h - helpers shared by the store tests and their child
- * programs: a tiny geometry, deterministic token sequences, and pages that
- * are a pure function of (block hash, byte index), so a process that did
- * not write a block can still check it byte for byte.
+ * pages.h - the data of the store tests and of their child programs
+ * (tests/lib/prog_*.c): a tiny geometry, deterministic token sequences,
+ * and pages that are a pure function of (block hash, byte index), so a
+ * process that did not write a block can still check it byte for byte.
+ * No cmocka here (the child programs have none): results are codes, and
+ * the store fixture that asserts is tests/lib/store.h.
  */
-#ifndef KVX_TEST_STORE_UTIL_H
-#define KVX_TEST_STORE_UTIL_H
+#ifndef KVX_TEST_PAGES_H
+#define KVX_TEST_PAGES_H
 
 #include <dirent.h>
 #include <stdint.h>
@@ -148,24 +150,6 @@ static inline size_t su_list_names(const char *dir, const char *sub, char (*out)
     closedir(d);
     qsort(out, n, 64, su_cmp_name);
     return n;
-}
-
-/* The test's scratch directory: made by su_setup (cmocka group setup) and
- * removed with everything in it by su_teardown. */
-static char su_root[256] __attribute__((unused));
-
-static inline int su_setup(void **state)
-{
-    (void)state;
-    snprintf(su_root, sizeof su_root, "/tmp/kvx-test-store-XXXXXX");
-    return mkdtemp(su_root) ? 0 : -1;
-}
-
-static inline int su_teardown(void **state)
-{
-    (void)state;
-    su_rm_rf(su_root);
-    return 0;
 }
 
 #endif

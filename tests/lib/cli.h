@@ -1,6 +1,6 @@
 /*
- * cli_harness.h - drive the built `kvx` binary (KVX_CLI) the way a user
- * does, for tests/test_cli*.c: run it with arguments (fork/exec, no
+ * cli.h - the CLI harness: drive the built `kvx` binary (KVX_CLI) the way
+ * a user does, for tests/cli/: run it with arguments (fork/exec, no
  * shell), capture stdout, stderr and the exit code; parse --json output
  * (json-c, plus the RFC 8259 checks it lacks) so it is checked as JSON,
  * not as text; and the fixture steps several of those tests share (whole

@@ -1,5 +1,5 @@
 /*
- * prog_hold_writer.c - a second writer for tests/test_cli_trust.c: opens
+ * prog_hold_writer.c - a second writer for tests/cli/trust.c: opens
  * the store DIR as its writer (kvx_store_open, flags 0: it holds the write
  * lock), says "ready" on stdout, and keeps the store until its stdin ends
  * (the test closes the pipe, or kills it), two minutes at most.

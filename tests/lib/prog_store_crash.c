@@ -1,5 +1,5 @@
 /*
- * prog_store_crash.c - the child of test_store_crash: puts, flushes,
+ * prog_store_crash.c - the child of tests/system/crash.c: puts, flushes,
  * evicts (small capacity) and compacts (gc) in an endless loop until its
  * parent SIGKILLs it. It keeps a log the parent trusts:
  *   "B <evicted_blocks>"  fsynced BEFORE an operation that may evict
@@ -19,7 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "store_util.h"
+#include "pages.h"
 
 static int logfd;
 
