@@ -17,9 +17,9 @@ fi
 command -v nvidia-smi >/dev/null && nvidia-smi -L || true
 cmake -S . -B "$B" -DKVX_WITH_CUDA=ON -DKVX_BUILD_TESTS=ON -DKVX_BUILD_BENCH=ON \
   -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$B" -j"$(nproc)" --target test_io_gpu test_io_pool test_io_fetch test_io_warmup bench_gpu >/dev/null
+cmake --build "$B" -j"$(nproc)" --target test_io_gpu_cuda test_io_pool test_io_fetch test_io_warmup bench_gpu >/dev/null
 ulimit -l unlimited 2>/dev/null || true
-for t in pool fetch warmup gpu; do
+for t in pool fetch warmup gpu_cuda; do
   rc=0
   timeout 120 "$B/tests/io/$t" >"$DIR/gpu_check_$t.log" 2>&1 || rc=$?
   case $rc in

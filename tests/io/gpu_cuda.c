@@ -1,5 +1,5 @@
 /*
- * gpu.c - io/gpu_cuda.c, the CUDA upload path, on a machine with a GPU:
+ * gpu_cuda.c - io/gpu_cuda.c, the CUDA upload path, on a machine with a GPU:
  * the pool is cudaHostRegister'ed, fetched pages uploaded with
  * kvx_gpu_upload come back (kvx_gpu_copy_back) equal to the file, the
  * device page table holds exactly the device pointers, and a GPU warmup
@@ -150,11 +150,11 @@ int main(int argc, char **argv)
     int n = 0;
     int rc = kvx_gpu_count(&n);
     if (rc == KVX_ENOCUDA) {
-        fprintf(stderr, "io/gpu: skipped: %s\n", kvx_last_error());
+        fprintf(stderr, "io/gpu_cuda: skipped: %s\n", kvx_last_error());
         return 77;
     }
     if (n == 0) {
-        fprintf(stderr, "io/gpu: skipped: no GPU visible\n");
+        fprintf(stderr, "io/gpu_cuda: skipped: no GPU visible\n");
         return 77;
     }
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test by name (a glob) */
@@ -162,5 +162,5 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_upload),
         cmocka_unit_test(test_warmup_gpu),
     };
-    return cmocka_run_group_tests_name("io/gpu", tests, group_setup, group_teardown);
+    return cmocka_run_group_tests_name("io/gpu_cuda", tests, group_setup, group_teardown);
 }
