@@ -119,7 +119,7 @@ static cli_run create_store_g(const char *dir, const kvx_geometry *g)
                "--capacity", "64MiB");
 }
 
-static void make_store(const char *dir, int with_tokens)
+static void cli_create_and_put(const char *dir, int with_tokens)
 {
     cli_run r = create_store_g(dir, &G);
     EXPECT_RC(r, 0);
@@ -143,7 +143,7 @@ static int setup(void **state)
     env_len = make_env(&env, &G, hashes, NBLOCKS, 0);
     write_bytes(envp, env, env_len);
     write_tokens(tokp, toks, NT);
-    make_store(base, 1);
+    cli_create_and_put(base, 1);
     return 0;
 }
 
@@ -382,7 +382,7 @@ static void test_get_checks_every_page(void **state)
     char st[320], out[320], shard[1024], h0[24], h1[24], h2[24];
     path_in(st, sizeof st, "damaged");
     path_in(out, sizeof out, "damaged.env");
-    make_store(st, 1);
+    cli_create_and_put(st, 1);
     hexs(h0, sizeof h0, hashes[0]);
     hexs(h1, sizeof h1, hashes[1]);
     hexs(h2, sizeof h2, hashes[2]);
@@ -461,7 +461,7 @@ static void test_get_unverified_missing_ambiguous(void **state)
     char st[320], out[320], h0[24], h2[24];
     path_in(st, sizeof st, "unverified");
     path_in(out, sizeof out, "unverified.env");
-    make_store(st, 0);
+    cli_create_and_put(st, 0);
     hexs(h0, sizeof h0, hashes[0]);
     hexs(h2, sizeof h2, hashes[2]);
     /* Put without tokens: held, but never served by hash alone. Each
@@ -1229,7 +1229,7 @@ static void test_writers_wait_or_not(void **state)
     (void)state;
     char ws[320];
     path_in(ws, sizeof ws, "held");
-    make_store(ws, 0);
+    cli_create_and_put(ws, 0);
     held_writer h = hold_writer(ws);
 
     /* --no-wait: at once, naming the holder. */
@@ -1312,7 +1312,7 @@ static void test_hints_fit_the_problem(void **state)
     char lost[320], idx[400], empty[320], warm[320], e2[320], t2[320], shard[1024], sa[320],
         sb[320];
     path_in(lost, sizeof lost, "lost");
-    make_store(lost, 1);
+    cli_create_and_put(lost, 1);
     /* A lost index is a reindex away, not a new store. */
     snprintf(idx, sizeof idx, "%s/index", lost);
     rm_rf(idx);
@@ -1360,7 +1360,7 @@ static void test_hints_fit_the_problem(void **state)
 
     /* warmup names every shard it cannot open, warms up the rest, exit 1. */
     path_in(warm, sizeof warm, "warm");
-    make_store(warm, 1);
+    cli_create_and_put(warm, 1);
     uint32_t t[8];
     uint64_t h[2];
     for (int i = 0; i < 8; i++) t[i] = 5000 + (uint32_t)i;

@@ -34,7 +34,7 @@
 #define NSEQ 6 /* sequences put (one flush each) */
 
 /* A store with NSEQ flushed sequences (several shards), closed. */
-static void make_store(char *dir, size_t n)
+static void filled_store(char *dir, size_t n)
 {
     kvx_store *s = su_store(dir, n, (su_spec){.capacity = 8 << 20, .shard_bytes = 40 << 10, .flags = KVX_STORE_NOWAIT});
     for (uint64_t q = 0; q < NSEQ; q++) {
@@ -121,7 +121,7 @@ static void test_no_mapping_slot_is_not_damage(void **state)
 {
     (void)state;
     char dir[300];
-    make_store(dir, sizeof dir);
+    filled_store(dir, sizeof dir);
     kvx_store *s = NULL;
     assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
     static int slots[8192];
@@ -147,13 +147,44 @@ static void test_verify_open_transient(void **state)
 {
     (void)state;
     char dir[300];
-    make_store(dir, sizeof dir);
+    filled_store(dir, sizeof dir);
     fail_shard_opens(EMFILE);
     kvx_store *s = NULL;
     int rc = kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT | KVX_STORE_VERIFY);
     kvx_os_reset();
     assert_true(open_failed > 0);
     if (rc == 0) kvx_store_close(s);
+    check_all(dir);
+}
+
+/* A reindex that cannot open a shard (EIO) must fail, not rebuild an index
+ * without it: the next open deletes every file the index does not name.
+ * Before the fix the reindex returned 0 and the reopen deleted the shards. */
+static void test_reindex_transient(void **state)
+{
+    (void)state;
+    char dir[300];
+    filled_store(dir, sizeof dir);
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
+    fail_shard_opens(EIO);
+    int rc = kvx_store_reindex(s);
+    kvx_os_reset();
+    assert_true(open_failed > 0);
+    assert_int_equal(rc, -EIO);
+    assert_non_null(strstr(kvx_last_error(), "reindex"));
+    kvx_store_close(s);
+    check_all(dir);
+    /* the same through open on a lost index */
+    char p[400];
+    snprintf(p, sizeof p, "%s/index", dir);
+    su_rm_rf(p);
+    assert_int_equal(mkdir(p, 0700), 0);
+    fail_shard_opens(EIO);
+    rc = kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT);
+    kvx_os_reset();
+    assert_int_equal(rc, -EIO);
+    assert_null(s);
     check_all(dir);
 }
 
@@ -164,7 +195,7 @@ static void test_verify_symlinked_shard(void **state)
 {
     (void)state;
     char dir[300], outside[400];
-    make_store(dir, sizeof dir);
+    filled_store(dir, sizeof dir);
     kvx_store *s = NULL;
     assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
     kvx_shard **sh;
@@ -444,6 +475,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_no_mapping_slot_is_not_damage),
         cmocka_unit_test(test_verify_open_transient),
+        cmocka_unit_test(test_reindex_transient),
         cmocka_unit_test(test_verify_symlinked_shard),
         cmocka_unit_test(test_shard_swapped_for_symlink),
         cmocka_unit_test_setup(test_verify_every_served_page, os_reset),

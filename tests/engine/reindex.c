@@ -452,127 +452,6 @@ static void test_regress_reader_stale_after_reindex_dir(void **state)
                              : "");
 }
 
-#define NSEQ 6 /* sequences put (one flush each) */
-
-/* A store with NSEQ flushed sequences (several shards), closed. */
-static void make_store(char *dir, size_t n)
-{
-    kvx_store *s = su_store(dir, n, (su_spec){.capacity = 8 << 20, .shard_bytes = 40 << 10, .flags = KVX_STORE_NOWAIT});
-    for (uint64_t q = 0; q < NSEQ; q++) {
-        su_put_nb(s, q);
-        assert_int_equal(kvx_store_flush(s), 0);
-    }
-    kvx_store_stats st;
-    assert_int_equal(kvx_store_stat(&st, s), 0);
-    assert_true(st.shards >= 2);
-    kvx_store_close(s);
-}
-
-/* Reopens dir and checks every sequence whole and nothing dropped. */
-static void check_all(const char *dir)
-{
-    kvx_store *s = NULL;
-    int rc = kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT);
-    if (rc) fprintf(stderr, "open: %s\n", kvx_last_error());
-    assert_int_equal(rc, 0);
-    for (uint64_t q = 0; q < NSEQ; q++) assert_int_equal(su_prefix_nb(s, q), SU_NB);
-    kvx_store_stats st;
-    assert_int_equal(kvx_store_stat(&st, s), 0);
-    assert_int_equal(st.dropped_shards, 0);
-    uint64_t bad = 9;
-    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
-    assert_int_equal(bad, 0);
-    kvx_store_close(s);
-}
-
-static int (*real_open)(const char *, int, mode_t);
-
-static int open_errno;
-
-static long open_failed;
-
-/* Fails opens of sealed shard files (shards/<gen>.kvx) with open_errno. */
-static int failing_open(const char *path, int flags, mode_t mode)
-{
-    const char *sl = strrchr(path, '/');
-    size_t len = strlen(path);
-    if (sl && sl - path >= 7 && !strncmp(sl - 7, "/shards", 7) && sl[1] != '.' && len > 4 &&
-        !strcmp(path + len - 4, ".kvx")) {
-        open_failed++;
-        errno = open_errno;
-        return -1;
-    }
-    return real_open(path, flags, mode);
-}
-
-/* The same for openat: the store opens its shards by name under its
- * shards/ descriptor. */
-static int (*real_openat)(int, const char *, int, mode_t);
-
-static int failing_openat(int dfd, const char *name, int flags, mode_t mode)
-{
-    char fdp[64], dir[4096];
-    snprintf(fdp, sizeof fdp, "/proc/self/fd/%d", dfd);
-    ssize_t n = dfd == AT_FDCWD ? -1 : readlink(fdp, dir, sizeof dir - 1);
-    size_t len = strlen(name);
-    if (n >= 7 && !strncmp(dir + n - 7, "/shards", 7) && name[0] != '.' && !strchr(name, '/') && len > 4 &&
-        !strcmp(name + len - 4, ".kvx")) {
-        open_failed++;
-        errno = open_errno;
-        return -1;
-    }
-    return real_openat(dfd, name, flags, mode);
-}
-
-static void fail_shard_opens(int err)
-{
-    kvx_os_reset();
-    real_open = kvx_os.open;
-    real_openat = kvx_os.openat;
-    open_errno = err;
-    open_failed = 0;
-    kvx_os.open = failing_open;
-    kvx_os.openat = failing_openat;
-}
-
-/* A reindex that cannot open a shard (EIO) must fail, not rebuild an index
- * without it: the next open deletes every file the index does not name.
- * Before the fix the reindex returned 0 and the reopen deleted the shards. */
-static void test_reindex_transient(void **state)
-{
-    (void)state;
-    char dir[300];
-    make_store(dir, sizeof dir);
-    kvx_store *s = NULL;
-    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT), 0);
-    fail_shard_opens(EIO);
-    int rc = kvx_store_reindex(s);
-    kvx_os_reset();
-    assert_true(open_failed > 0);
-    assert_int_equal(rc, -EIO);
-    assert_non_null(strstr(kvx_last_error(), "reindex"));
-    kvx_store_close(s);
-    check_all(dir);
-    /* the same through open on a lost index */
-    char p[400];
-    snprintf(p, sizeof p, "%s/index", dir);
-    su_rm_rf(p);
-    assert_int_equal(mkdir(p, 0700), 0);
-    fail_shard_opens(EIO);
-    rc = kvx_store_open(&s, dir, NULL, KVX_STORE_NOWAIT);
-    kvx_os_reset();
-    assert_int_equal(rc, -EIO);
-    assert_null(s);
-    check_all(dir);
-}
-
-/* The group's teardown: the OS seam as it was, then su_teardown. */
-static int os_reset_teardown(void **state)
-{
-    kvx_os_reset();
-    return su_teardown(state);
-}
-
 /* A put's blocks stay pinned through an in-handle kvx_store_reindex until
  * the caller's next flush, which acknowledges them: a reindex cleared the
  * pins and gave every shard a fresh creation time, so a re-put of held
@@ -702,20 +581,6 @@ static void test_reindex_with_staged(void **state)
     kvx_store_close(s);
 }
 
-/* The group's setup and teardown: each fixture's, in order. */
-static int setup_all(void **state)
-{
-    if (su_setup(state)) return -1;
-    return 0;
-}
-
-static int teardown_all(void **state)
-{
-    su_teardown(state);
-    os_reset_teardown(state);
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test by name (a glob) */
@@ -724,10 +589,9 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_reindex_quarantines),
         cmocka_unit_test(test_reindex_dir_busy_and_crash),
         cmocka_unit_test(test_regress_reader_stale_after_reindex_dir),
-        cmocka_unit_test(test_reindex_transient),
         cmocka_unit_test(test_reindex_keeps_pins),
         cmocka_unit_test(test_reindex_with_other_batch),
         cmocka_unit_test(test_reindex_with_staged),
     };
-    return cmocka_run_group_tests_name("engine/reindex", tests, setup_all, teardown_all);
+    return cmocka_run_group_tests_name("engine/reindex", tests, su_setup, su_teardown);
 }

@@ -26,19 +26,10 @@
 
 #include <cmocka.h>
 
-#include "common/os.h"
 #include "common/sigbus.h"
 #include "format/shard_format.h"
 #include "kvx.h"
 #include "lib/shard.h"
-
-/* Each test starts with an empty directory. */
-static int clean(void **state)
-{
-    (void)state;
-    kvx_os_reset();
-    return fx_empty_dir();
-}
 
 static void test_refcount(void **state)
 {
@@ -731,16 +722,16 @@ int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test by name (a glob) */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup(test_refcount, clean),
-        cmocka_unit_test_setup(test_threads, clean),
-        cmocka_unit_test_setup(test_validation_rules, clean),
-        cmocka_unit_test_setup(test_page_crc, clean),
-        cmocka_unit_test_setup(test_page_crc_in_a_run, clean),
-        cmocka_unit_test_setup(test_truncated_after_open, clean),
-        cmocka_unit_test_setup(test_foreign_sigbus_not_swallowed, clean),
-        cmocka_unit_test_setup(test_open_errors, clean),
-        cmocka_unit_test_setup(test_open_read_faults, clean),
-        cmocka_unit_test_setup(test_corpus, clean),
+        cmocka_unit_test_setup(test_refcount, fx_clean),
+        cmocka_unit_test_setup(test_threads, fx_clean),
+        cmocka_unit_test_setup(test_validation_rules, fx_clean),
+        cmocka_unit_test_setup(test_page_crc, fx_clean),
+        cmocka_unit_test_setup(test_page_crc_in_a_run, fx_clean),
+        cmocka_unit_test_setup(test_truncated_after_open, fx_clean),
+        cmocka_unit_test_setup(test_foreign_sigbus_not_swallowed, fx_clean),
+        cmocka_unit_test_setup(test_open_errors, fx_clean),
+        cmocka_unit_test_setup(test_open_read_faults, fx_clean),
+        cmocka_unit_test_setup(test_corpus, fx_clean),
     };
     return cmocka_run_group_tests_name("format/shard_reader", tests, fx_setup, fx_teardown);
 }

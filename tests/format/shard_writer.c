@@ -25,17 +25,8 @@
 
 #include <cmocka.h>
 
-#include "common/os.h"
 #include "kvx.h"
 #include "lib/shard.h"
-
-/* Each test starts with an empty directory. */
-static int clean(void **state)
-{
-    (void)state;
-    kvx_os_reset();
-    return fx_empty_dir();
-}
 
 static void test_round_trip_all_tables(void **state)
 {
@@ -353,12 +344,12 @@ int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test by name (a glob) */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup(test_round_trip_all_tables, clean),
-        cmocka_unit_test_setup(test_round_trip_variants, clean),
-        cmocka_unit_test_setup(test_empty_shard, clean),
-        cmocka_unit_test_setup(test_writer_options, clean),
-        cmocka_unit_test_setup(test_writer_entries, clean),
-        cmocka_unit_test_setup(test_seal_faults, clean),
+        cmocka_unit_test_setup(test_round_trip_all_tables, fx_clean),
+        cmocka_unit_test_setup(test_round_trip_variants, fx_clean),
+        cmocka_unit_test_setup(test_empty_shard, fx_clean),
+        cmocka_unit_test_setup(test_writer_options, fx_clean),
+        cmocka_unit_test_setup(test_writer_entries, fx_clean),
+        cmocka_unit_test_setup(test_seal_faults, fx_clean),
     };
     return cmocka_run_group_tests_name("format/shard_writer", tests, fx_setup, fx_teardown);
 }

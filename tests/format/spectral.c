@@ -23,18 +23,9 @@
 
 #include <cmocka.h>
 
-#include "common/os.h"
 #include "format/shard_format.h"
 #include "kvx.h"
 #include "lib/shard.h"
-
-/* Each test starts with an empty directory. */
-static int clean(void **state)
-{
-    (void)state;
-    kvx_os_reset();
-    return fx_empty_dir();
-}
 
 static void test_spectral_apply(void **state)
 {
@@ -263,9 +254,9 @@ int main(int argc, char **argv)
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test by name (a glob) */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_spectral_apply),
-        cmocka_unit_test_setup(test_spectral_subheader_crc, clean),
-        cmocka_unit_test_setup(test_spectral_wave1_refused, clean),
-        cmocka_unit_test_setup(test_spectral_nonfinite, clean),
+        cmocka_unit_test_setup(test_spectral_subheader_crc, fx_clean),
+        cmocka_unit_test_setup(test_spectral_wave1_refused, fx_clean),
+        cmocka_unit_test_setup(test_spectral_nonfinite, fx_clean),
     };
     return cmocka_run_group_tests_name("format/spectral", tests, fx_setup, fx_teardown);
 }

@@ -57,7 +57,7 @@ static void put_seq(kvx_store *s, uint64_t seq)
 }
 
 /* A store with NSEQ sequences of NB blocks, flushed NFLUSH times. */
-static void make_store(char *dir, size_t n)
+static void filled_store(char *dir, size_t n)
 {
     su_new_dir(dir, n);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
@@ -237,7 +237,7 @@ static void test_reader_other_user_no_write(void **state)
 {
     (void)state;
     char dir[300];
-    make_store(dir, sizeof dir);
+    filled_store(dir, sizeof dir);
     assert_int_equal(chmod(su_root, 0755), 0);
     if (geteuid() == 0)
         assert_int_equal(sh("chmod -R go+rX,go-w '%s'", dir), 0);
@@ -255,7 +255,7 @@ static void test_reader_owner_index_chmod(void **state)
     (void)state;
     for (int drop_lock = 0; drop_lock < 2; drop_lock++) {
         char dir[300];
-        make_store(dir, sizeof dir);
+        filled_store(dir, sizeof dir);
         assert_int_equal(chmod(su_root, 0755), 0);
         if (drop_lock) assert_int_equal(unlink(path_in(dir, "index/lock.mdb")), 0);
         if (geteuid() == 0) assert_int_equal(sh("chown -R %d:%d '%s'", NOBODY, NOBODY, dir), 0);
@@ -286,7 +286,7 @@ static void test_reader_readonly_bind_mount(void **state)
 {
     (void)state;
     char dir[300];
-    make_store(dir, sizeof dir);
+    filled_store(dir, sizeof dir);
     child_result r = run_child(reader_on_ro_mount, dir, NULL, 60);
     if (WIFEXITED(r.status) && WEXITSTATUS(r.status) == CH_SKIP) skip();
     expect_child_ok(r, "reader on a read-only bind mount");
@@ -403,7 +403,7 @@ static void test_meta_page_checks(void **state)
 {
     (void)state;
     char pristine[300];
-    make_store(pristine, sizeof pristine);
+    filled_store(pristine, sizeof pristine);
     const char *pf = path_in(pristine, "index/data.mdb");
     uint64_t size = file_size(pf);
     uint32_t ps;
@@ -505,7 +505,7 @@ static void test_check_file_direct(void **state)
 {
     (void)state;
     char dir[300];
-    make_store(dir, sizeof dir);
+    filled_store(dir, sizeof dir);
     const char *ixp = path_in(dir, "index");
     assert_int_equal(kvx_idx_check_file(ixp, dir, 0), 0);
     uint64_t nw, ol;
@@ -1272,7 +1272,7 @@ static void run_battery(void)
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     char pristine[300], work[300];
-    make_store(pristine, sizeof pristine);
+    filled_store(pristine, sizeof pristine);
     su_new_dir(work, sizeof work);
     tree_sum before, after;
     sum_dir(&before, path_in(pristine, "shards"));

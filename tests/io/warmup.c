@@ -458,7 +458,7 @@ static void test_errors(void **state)
  * flushed and closed; its path goes to dir. */
 enum { STORE_SEQS = 3, STORE_BLOCKS = 6 };
 
-static void make_store(char *dir, size_t cap, const char *name, uint32_t tok_base, uint32_t fill_base)
+static void filled_io_store(char *dir, size_t cap, const char *name, uint32_t tok_base, uint32_t fill_base)
 {
     snprintf(dir, cap, "%s/%s", io_tmpdir, name);
     kvx_store_options so = KVX_STORE_OPTIONS_INIT;
@@ -488,7 +488,7 @@ static void test_store_collect(void **state)
 {
     (void)state;
     char dir[600];
-    make_store(dir, sizeof dir, "store", 1, 50);
+    filled_io_store(dir, sizeof dir, "store", 1, 50);
 
     /* a directory and a file in one call */
     const char *paths[2] = {dir, path2};
@@ -527,7 +527,7 @@ static void test_store_collect(void **state)
 static void evicted_case(int mode, const char *name)
 {
     char dir[600];
-    make_store(dir, sizeof dir, name, 7, 60);
+    filled_io_store(dir, sizeof dir, name, 7, 60);
 
     const char *paths[1] = {dir};
     kvx_shard **got = NULL;

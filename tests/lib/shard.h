@@ -4,7 +4,7 @@
  * writer into tmpdir.h's directory, check_fixture checks an open shard
  * against it field by field and page by page), and the raw file steps the
  * reader's tests use (read_file, write_bytes, open_bytes). Include after
- * cmocka.h.
+ * cmocka.h; white-box (fx_clean, a per-test setup, resets the OS seam).
  */
 #ifndef KVX_SHARD_FIXTURE_H
 #define KVX_SHARD_FIXTURE_H
@@ -14,8 +14,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/os.h"
 #include "kvx.h"
 #include "tmpdir.h"
+
+/* A per-test setup: the OS seam as it was, and an empty directory. */
+static inline int fx_clean(void **state)
+{
+    (void)state;
+    kvx_os_reset();
+    return fx_empty_dir();
+}
 
 /* ---- a small valid shard ------------------------------------------------ */
 
