@@ -17,15 +17,15 @@ fi
 command -v nvidia-smi >/dev/null && nvidia-smi -L || true
 cmake -S . -B "$B" -DKVX_WITH_CUDA=ON -DKVX_BUILD_TESTS=ON -DKVX_BUILD_BENCH=ON \
   -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$B" -j"$(nproc)" --target test_gpu test_pool test_fetch test_warmup bench_gpu >/dev/null
+cmake --build "$B" -j"$(nproc)" --target test_io_gpu_cuda test_io_pool test_io_fetch test_io_warmup bench_gpu >/dev/null
 ulimit -l unlimited 2>/dev/null || true
-for t in test_pool test_fetch test_warmup test_gpu; do
+for t in pool fetch warmup gpu_cuda; do
   rc=0
-  timeout 120 "$B/tests/$t" >"$DIR/gpu_check_$t.log" 2>&1 || rc=$?
+  timeout 120 "$B/tests/io/$t" >"$DIR/gpu_check_$t.log" 2>&1 || rc=$?
   case $rc in
-    0) echo "$t: ok" ;;
-    77) echo "$t: skipped ($(tail -1 "$DIR/gpu_check_$t.log"))" ;;
-    *) echo "$t: FAILED (rc $rc)"; tail -20 "$DIR/gpu_check_$t.log"; exit 1 ;;
+    0) echo "io/$t: ok" ;;
+    77) echo "io/$t: skipped ($(tail -1 "$DIR/gpu_check_$t.log"))" ;;
+    *) echo "io/$t: FAILED (rc $rc)"; tail -20 "$DIR/gpu_check_$t.log"; exit 1 ;;
   esac
 done
 timeout 180 "$B/bench/bench_gpu" "$DIR" "$MIB"

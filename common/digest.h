@@ -28,7 +28,7 @@ uint64_t kvx_key_name(const uint8_t digest[KVX_DIGEST_BYTES], const void *key, s
 /* Test seam, like kvx_os (common/os.h): NULL except in a test, which may
  * set it to answer another name for a key (given the real one), so two keys
  * can share a 64-bit name: a collision no search for SHA-256 finds
- * (tests/test_attack12.c test_keyed_name_collision). Internal, not in
+ * (tests/engine/keyed.c test_keyed_name_collision). Internal, not in
  * kvx.h, not exported by the shared library. Set it before opening a
  * keyed store and reset it (NULL) after closing it. */
 extern uint64_t (*kvx_key_name_hook)(const void *key, size_t len, uint64_t name);

@@ -24,7 +24,7 @@
  *
  * This is the only place in the library that calls libc file I/O: common/,
  * format/, index/, engine/ and io/ all go through it (the fault suite,
- * tests/test_store_fault.c, fails if the store's seal stat, lock or
+ * tests/engine/faults.c, fails if the store's seal stat, lock or
  * directory walks stop reaching it). What does not go through it, on
  * purpose: LMDB's own I/O
  * inside index/ (its commit is atomic; tests/powercut.h copies index/ as it

@@ -117,7 +117,7 @@ static void st_pins_clear(kvx_store_batch *x) { memset(x->pinned, 0, sizeof x->p
  * x began: HasBlocks calls running at once each saw the budget empty and
  * together pinned up to their number of times it, and a renewing lease
  * re-pinned that overshoot for free before the old ones lapsed, for ever
- * (test_attack15 test_concurrent_leases_share_budget). A shard some lease
+ * (tests/transfer/lease.c test_concurrent_leases_share_budget). A shard some lease
  * pins costs nothing more; the union never passes the budget. */
 static int st_lease_room(kvx_store_batch *x, uint32_t b)
 {

@@ -42,7 +42,7 @@ KVX_API int kvx_views_export(void **out_buf, size_t *out_len, kvx_store *s, cons
                             views[i].coordinate, rc == KVX_EPAGECRC ? "page CRC mismatch" : kvx_strerror(rc));
         /* what is exported is what was checked: a view whose page, hash or
          * token count is not its (shard, entry)'s would export other bytes
-         * under a label the check never saw (test_attack15
+         * under a label the check never saw (tests/engine/export.c
          * test_export_view_must_match_entry) */
         kvx_entry e;
         if ((rc = kvx_shard_entry(&e, views[i].shard, views[i].entry))) return rc;

@@ -310,6 +310,8 @@ static int st_still_held(kvx_store *s, kvx_cat_snap *snap, const kvx_entry *e)
  * and that no live shard holds now. */
 static void st_note_evicted(kvx_store *s, const uint8_t *victims, const st_move *mv, size_t nmv)
 {
+    char saved[512]; /* the caller's message (an eviction for a put's KVX_EFULL says why) */
+    snprintf(saved, sizeof saved, "%s", kvx_last_error());
     kvx_cat_snap *snap = NULL;
     if (kvx_cat_snap_begin(s->cat, &snap) != 0) snap = NULL;
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
@@ -334,7 +336,8 @@ static void st_note_evicted(kvx_store *s, const uint8_t *victims, const st_move 
         kvx_shard_close(sh);
     }
     kvx_cat_snap_end(snap);
-    kvx_clear_error();
+    if (saved[0]) kvx_fail(0, "%s", saved);
+    else kvx_clear_error();
 }
 
 KVX_API int kvx_store_evicted(kvx_store *s, kvx_evicted *out, size_t max, size_t *out_n, uint64_t *out_dropped)

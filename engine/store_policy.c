@@ -2,7 +2,7 @@
  * store_policy.c - the pure parts of eviction and compaction: the LRU
  * cut, the victims' order, when to stop, how much to carry, which shards
  * to merge. No files, no catalog, no locks: unit-tested on plain arrays
- * (tests/test_store_policy.c).
+ * (tests/engine/policy.c).
  *
  * Rule: eviction always frees room (it carries at most half of what it
  * frees) and keeps what an exact LRU of the goal's size would keep, as far

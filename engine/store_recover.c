@@ -629,7 +629,7 @@ KVX_API int kvx_store_reindex(kvx_store *s)
      * reindex gives every shard a fresh creation time, so a block a put
      * found held then looked the oldest in the store and the next flush's
      * eviction took it (a put of only held blocks pends nothing, so it was
-     * not even flushed here). Found by test_powercut seed 651158135. */
+     * not even flushed here). Found by tests/system/powercut.c seed 651158135. */
     kvx_store_batch *x = &s->own;
     for (size_t i = 0; i < x->nsealed; i++) kvx_st_pin(x, x->sealed[i].byte, x->sealed[i].gen);
     for (int k = 0; k < 2; k++)

@@ -300,7 +300,7 @@ static uint64_t st_mono_ms(void)
 /* One batch of the write-behind within budget_ms in all: its SET NX, then
  * a compare-and-set per key noted bad, each given only what is left (a
  * server answering each in 0.8 s held a closing store 12.8 s for 16 keys:
- * test_attack10 test_cas_close_bounded); those left when it runs out are
+ * tests/engine/tier.c test_cas_close_bounded); those left when it runs out are
  * not replaced (best effort). */
 static void st_tier_write(kvx_store *s, struct st_tier *t, st_job *jobs, size_t n, uint32_t budget_ms)
 {

@@ -8,7 +8,7 @@
 #                  values of an option that lists them (a|b|c); installed as
 #                  share/bash-completion/completions/kvx
 # All three are committed (cmake --install never runs this script);
-# tests/test_cli.c (kvx.md) and the ctest cli_doc_generated (kvx.1,
+# tests/cli/main.c (kvx.md) and the ctest cli_doc_generated (kvx.1,
 # kvx.bash) check that they equal what this script prints.
 #
 #   scripts/gen-cli-doc.sh [KVX_BINARY]              writes all three

@@ -56,7 +56,7 @@ static tbrk *brk_find(const char *host, int port, int create)
         /* full (a long-lived process meets more nodes than that: nodes that
          * moved, a map naming many): reuse a closed breaker, else the one
          * whose time ran out first; without this, no node met later would
-         * ever be skipped (test_attack10
+         * ever be skipped (tests/tier/cluster.c
          * test_many_nodes_and_breaker_table_full) */
         uint64_t t = kvx_tier_now_ms();
         for (int i = 0; i < g_nbrk; i++) {

@@ -169,7 +169,7 @@ static struct timeval tv_ms(uint64_t ms)
  * per-read socket timeout: a server that sends one byte every 900 ms held
  * a call (and a store's close) for as long as it liked. Every write and
  * read here is cut at the call's deadline, each socket wait at
- * min(command timeout, time left) (test_attack10 test_drip_*). */
+ * min(command timeout, time left) (tests/tier/reply.c test_drip_*). */
 
 #define IO_OK 0
 #define IO_FAIL -1 /* the node failed (error, timeout, lost, or out of time while it was sending) */
@@ -206,7 +206,7 @@ static int io_write(kvx_tier *t, tnode *nd, uint64_t deadline)
 /* A reply hiredis could not parse: one whose objects would pass the cap in
  * memory (reply.c: an array declaring 2^31 elements, a flood of small
  * ones) is named as such, not as hiredis's "out of memory"
- * (test_attack10 test_reply_memory_bounded). */
+ * (tests/tier/reply.c test_reply_memory_bounded). */
 static int io_refused(kvx_tier *t, tnode *nd)
 {
     if (t->budget.over)
@@ -233,7 +233,7 @@ static int io_read(kvx_tier *t, tnode *nd, void **out, uint64_t deadline)
         got += nd->c->reader->len - before;
         if (got > t->lim.max_reply_bytes) {
             /* a bulk of 2^40 bytes or an array of 10^9 elements, streamed:
-             * hiredis would hold it all (test_attack10 test_flood_reply) */
+             * hiredis would hold it all (tests/tier/reply.c test_flood_reply) */
             nd->c->err = REDIS_ERR_PROTOCOL;
             snprintf(nd->c->errstr, sizeof nd->c->errstr, "a reply of over %llu bytes",
                      (unsigned long long)t->lim.max_reply_bytes);
@@ -245,7 +245,7 @@ static int io_read(kvx_tier *t, tnode *nd, void **out, uint64_t deadline)
         /* the first reply on a new connection: the node answers, so its
          * breaker closes (a connect alone proves nothing: the kernel
          * completes it for a stalled server, or one that closes every
-         * connection; test_attack10 test_breaker_probe_windows) */
+         * connection; tests/tier/breaker.c test_breaker_probe_windows) */
         nd->unconfirmed = 0;
         kvx_tier_brk_result(nd->host, nd->port, 1, NULL);
     }
@@ -266,9 +266,9 @@ static redisReply *io_command(kvx_tier *t, tnode *nd, int argc, const char **arg
 
 /* Bytes that no command of ours asked for are waiting on c (a late or
  * extra reply: its next reply would be taken as the answer to another
- * command; test_attack10 test_extra_reply_*), or the server closed it
+ * command; tests/tier/reply.c test_extra_reply_*), or the server closed it
  * while idle (the call would fail and open the node's breaker;
- * test_attack10 test_idle_close_not_a_miss). */
+ * tests/tier/reply.c test_idle_close_not_a_miss). */
 static int conn_dirty(redisContext *c)
 {
     if (c->reader && c->reader->pos < c->reader->len) return 1;
@@ -366,12 +366,12 @@ static int load_slots(kvx_tier *t, int from, const redisReply *r)
         const char *host = hr->str;
         /* a port as the URL's (1..65535: (int) of 2^32 + p was p) and a
          * host name that fits, without a NUL or control byte
-         * (test_attack10 test_slots_map_refused) */
+         * (tests/tier/cluster.c test_slots_map_refused) */
         if (port < 1 || port > 65535 || (hr->len && !host_ok(host, hr->len))) return -1;
         char asked[sizeof t->nodes[0].host];
         if (!host[0] || !strcmp(host, "?")) {
             /* "the node you asked": a copy, as node_add may move t->nodes
-             * (it read freed memory: test_attack10 test_slots_map_refused) */
+             * (it read freed memory: tests/tier/cluster.c test_slots_map_refused) */
             snprintf(asked, sizeof asked, "%s", t->nodes[from].host);
             host = asked;
         }
@@ -459,7 +459,7 @@ static int parse_redirect(kvx_tier *t, const char *msg, int *slot)
     size_t hl = (size_t)(colon - hp);
     /* the host as CLUSTER SLOTS's (a redirect naming one with an escape
      * sequence or a space is refused, never added, resolved or printed:
-     * test_attack10 test_redirects_hostile), the port digits to the end */
+     * tests/tier/cluster.c test_redirects_hostile), the port digits to the end */
     if (!host_ok(hp, hl)) return -1;
     memcpy(host, hp, hl);
     host[hl] = '\0';
@@ -557,7 +557,7 @@ static void run_batch(kvx_tier *t, tcmd *cmds, size_t n, kvx_tier_io *io)
                         t->slots[slot] = (int16_t)to;
                         /* a server that refused CLUSTER SLOTS would refuse
                          * it again and put every slot back on itself: the
-                         * MOVED is all the map there is (test_attack10
+                         * MOVED is all the map there is (tests/tier/cluster.c
                          * test_moved_without_cluster_slots) */
                         if (t->cluster) t->map_stale = 1;
                     } else {

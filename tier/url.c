@@ -43,7 +43,7 @@ int kvx_tier_url_parse(kvx_tier_url *out, const char *url)
     if (!url) return kvx_fail(KVX_EINVALID, "tier: no URL");
     const char *p = url;
     if (strncmp(p, "redis://", 8)) {
-        /* its scheme only: the rest may hold a password (test_attack10
+        /* its scheme only: the rest may hold a password (tests/tier/url.c
          * test_url_error_hides_password) */
         size_t n = strspn(url, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+.-");
         if (n > 16 || strncmp(url + n, "://", 3)) n = 0;
@@ -53,7 +53,7 @@ int kvx_tier_url_parse(kvx_tier_url *out, const char *url)
     p += 8;
     /* the last '@' (as Python's urlsplit): a password may hold one, a host
      * never; at the first, "redis://u:p@ss@h" was host "ss@h", shown with
-     * that part of the password (test_attack10 test_url_password_with_at) */
+     * that part of the password (tests/tier/url.c test_url_password_with_at) */
     const char *at = strrchr(p, '@');
     if (at) {
         const char *colon = memchr(p, ':', (size_t)(at - p));

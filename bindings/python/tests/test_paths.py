@@ -43,7 +43,7 @@ def test_fifo_in_store_dir_does_not_hang(tmp_path, name):
     # A FIFO planted as DIR/STORE hung Store.open for good (a blocking
     # open, GIL released, not interruptible). Now: STORE refuses with
     # EPATH; a TIER that is not a regular file is no tier for the handle,
-    # never a failed open (docs/TIER.md). C: tests/test_recovery.c
+    # never a failed open (docs/TIER.md). C: tests/engine/recover.c
     # test_fifo_where_store_files_belong.
     d = str(tmp_path / "s")
     kvx.Store.create(d, **GEOM, nosync=True).close()

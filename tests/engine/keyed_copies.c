@@ -1,0 +1,161 @@
+/*
+ * tests/engine/keyed_copies.c - two copies of a key are "the same page" only when
+ * their bytes are equal (engine/store_recover.c: st_same_page), never by
+ * length and CRC-32, which four chosen bytes forge.
+ *
+ * Before: a key deleted and put again with a page of equal length and
+ * equal CRC-32 answered its OLD page after reindex (the old copy was kept
+ * as "a second copy of the newest", and a lookup serves the first sound
+ * copy).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "lib/store.h"
+
+/* Rewrites the last 4 bytes of p (n >= 4) so that kvx_crc32(0, p, n) is
+ * want: CRC-32 is affine in the message bits over GF(2), so the 32 bits of
+ * the tail are solved for by Gaussian elimination. */
+static void forge_crc(uint8_t *p, size_t n, uint32_t want)
+{
+    uint32_t col[32], base = kvx_crc32(0, p, n);
+    for (int i = 0; i < 32; i++) { /* the CRC change of flipping tail bit i */
+        p[n - 4 + i / 8] ^= (uint8_t)(1u << (i % 8));
+        col[i] = kvx_crc32(0, p, n) ^ base;
+        p[n - 4 + i / 8] ^= (uint8_t)(1u << (i % 8));
+    }
+    /* solve sum x_i col_i = base ^ want: rows are CRC bits, columns tail bits */
+    uint64_t rows[32]; /* bit i: col_i's row bit; bit 32: the target */
+    uint32_t target = base ^ want;
+    for (int r = 0; r < 32; r++) {
+        rows[r] = (uint64_t)((target >> r) & 1) << 32;
+        for (int i = 0; i < 32; i++) rows[r] |= (uint64_t)((col[i] >> r) & 1) << i;
+    }
+    int pivot_of[32];
+    int r = 0;
+    for (int c = 0; c < 32 && r < 32; c++) {
+        int k = r;
+        while (k < 32 && !((rows[k] >> c) & 1)) k++;
+        if (k == 32) continue;
+        uint64_t t = rows[k];
+        rows[k] = rows[r];
+        rows[r] = t;
+        for (int j = 0; j < 32; j++)
+            if (j != r && ((rows[j] >> c) & 1)) rows[j] ^= rows[r];
+        pivot_of[r++] = c;
+    }
+    assert_int_equal(r, 32); /* the tail's 32 bits span every CRC */
+    for (int j = 0; j < 32; j++)
+        if ((rows[j] >> 32) & 1) p[n - 4 + pivot_of[j] / 8] ^= (uint8_t)(1u << (pivot_of[j] % 8));
+    assert_int_equal(kvx_crc32(0, p, n), want);
+}
+
+static int get_page(kvx_store *s, const kvx_key *k, uint8_t *out, size_t n)
+{
+    kvx_view v;
+    int st = -1;
+    assert_int_equal(kvx_store_keyed_get(&v, &st, s, k, 1), 0);
+    if (st == 0) {
+        assert_int_equal(v.page_bytes, n);
+        memcpy(out, v.page, n);
+    }
+    kvx_views_release(&v, 1);
+    return st;
+}
+
+/* PROMISE: KEYED-9 */
+static void test_replaced_page_of_equal_crc_not_served(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/forged", su_root);
+    su_rm_rf(dir);
+    kvx_store *s = su_create(dir, (su_spec){.page_bytes = 8192, .capacity = 8 << 20});
+    enum { N = 3000 };
+    static uint8_t old_page[N], new_page[N], got[N];
+    su_page(old_page, N, 1);
+    su_page(new_page, N, 2);
+    forge_crc(new_page, N, kvx_crc32(0, old_page, N)); /* equal length, equal CRC-32, other bytes */
+    assert_true(memcmp(old_page, new_page, N) != 0);
+    kvx_key k = {"the-key", 7};
+    const void *pp[1] = {old_page};
+    size_t len = N;
+    assert_int_equal(kvx_store_keyed_put(s, NULL, &k, pp, &len, 1, NULL), 0);
+    assert_int_equal(kvx_store_flush(s), 0);
+    assert_int_equal(kvx_store_keyed_delete(s, &k, 1, NULL), 0);
+    pp[0] = new_page;
+    assert_int_equal(kvx_store_keyed_put(s, NULL, &k, pp, &len, 1, NULL), 0);
+    assert_int_equal(kvx_store_flush(s), 0);
+    assert_int_equal(get_page(s, &k, got, N), 0);
+    assert_memory_equal(got, new_page, N);
+    /* the shards alone: still the new page, never the replaced one */
+    for (int round = 0; round < 2; round++) {
+        assert_int_equal(kvx_store_reindex(s), 0);
+        assert_int_equal(get_page(s, &k, got, N), 0);
+        assert_memory_equal(got, new_page, N);
+    }
+    kvx_store_close(s);
+    assert_int_equal(kvx_store_reindex_dir(dir, 0), 0);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+    assert_int_equal(get_page(s, &k, got, N), 0);
+    assert_memory_equal(got, new_page, N);
+    kvx_store_close(s);
+    su_rm_rf(dir);
+}
+
+/* Two batches stored the same bytes under one key: the older copy is a
+ * true second copy, still indexed, and serves when the newer rots. */
+/* PROMISE: KEYED-9 */
+static void test_true_second_copy_still_serves(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/second", su_root);
+    su_rm_rf(dir);
+    kvx_store *s = su_create(dir, (su_spec){.page_bytes = 8192, .capacity = 8 << 20});
+    enum { N = 3000 };
+    static uint8_t page[N], got[N];
+    su_page(page, N, 3);
+    kvx_key k = {"twice", 5};
+    const void *pp[1] = {page};
+    size_t len = N;
+    kvx_store_batch *b1, *b2;
+    assert_int_equal(kvx_store_batch_create(&b1, s), 0);
+    assert_int_equal(kvx_store_batch_create(&b2, s), 0);
+    assert_int_equal(kvx_store_keyed_put(s, b1, &k, pp, &len, 1, NULL), 0);
+    assert_int_equal(kvx_store_keyed_put(s, b2, &k, pp, &len, 1, NULL), 0);
+    assert_int_equal(kvx_store_batch_flush(b1), 0);
+    assert_int_equal(kvx_store_batch_flush(b2), 0);
+    kvx_store_batch_destroy(b1);
+    kvx_store_batch_destroy(b2);
+    assert_int_equal(kvx_store_reindex(s), 0);
+    assert_int_equal(get_page(s, &k, got, N), 0);
+    assert_memory_equal(got, page, N);
+    kvx_store_close(s);
+    /* the newer copy rots: the older, the very same bytes, serves */
+    char names[8][64], path[600];
+    size_t n = su_list_names(dir, "shards", names, 8);
+    assert_int_equal(n, 2);
+    snprintf(path, sizeof path, "%s/shards/%s", dir, names[1]); /* sorted: the newer generation */
+    assert_int_equal(su_flip_page_byte(path, 0), 0);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    assert_int_equal(kvx_store_reindex(s), 0);
+    assert_int_equal(get_page(s, &k, got, N), 0);
+    assert_memory_equal(got, page, N);
+    kvx_store_close(s);
+    su_rm_rf(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_replaced_page_of_equal_crc_not_served),
+        cmocka_unit_test(test_true_second_copy_still_serves),
+    };
+    return cmocka_run_group_tests(tests, su_setup, su_teardown);
+}
