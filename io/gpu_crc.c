@@ -61,11 +61,11 @@ void kvx_gcrc_job_host(const kvx_gpu_crc_job *job)
     const kvx_gpu_page *pages = (const kvx_gpu_page *)(uintptr_t)job->pages;
     uint32_t *acc = (uint32_t *)(uintptr_t)job->acc, *status = (uint32_t *)(uintptr_t)job->status;
     const uint8_t *landing = (const uint8_t *)(uintptr_t)job->landing;
-    /* crc_chunks: chunk c of the job, in any order (XOR commutes) */
+    if (job->p1 <= job->p0) return;
+    /* crc_chunks: every chunk of the job (XOR commutes: order is free) */
     for (uint64_t g = 0; job->verify && g < job->nc; g++) {
         uint64_t c = job->c0 + g;
-        uint32_t p = job->p0;
-        while (p + 1 < job->p1 && pages[p + 1].chunk0 <= c) p++;
+        uint32_t p = kvx_gcrc_page_of_chunk(pages, job->p0, job->p1, c);
         const uint8_t *base = landing + (pages[p].off - job->win_off);
         uint64_t j = c - pages[p].chunk0, nch = kvx_gcrc_nchunks(pages[p].bytes);
         uint32_t v[KVX_GCRC_LANES];
@@ -76,12 +76,17 @@ void kvx_gcrc_job_host(const kvx_gpu_crc_job *job)
                 v[lane] = kvx_gcrc_tree(&job->consts, v[lane], v[lane + (1u << k)], k);
         acc[p] ^= kvx_gcrc_place(&job->consts, v[0], nch, j);
     }
-    /* crc_finish, then gather_chunks (whole pages at once) */
-    for (uint32_t p = job->p0; p < job->p1; p++) {
+    /* crc_finish */
+    for (uint32_t p = job->p0; p < job->p1; p++)
         status[p] = !job->verify || kvx_gcrc_finish(&job->consts, acc[p], pages[p].bytes) == pages[p].crc
                         ? KVX_GPU_PAGE_GOOD
                         : KVX_GPU_PAGE_BAD;
-        if (status[p] == KVX_GPU_PAGE_GOOD)
-            memcpy((void *)(uintptr_t)pages[p].dst, landing + (pages[p].off - job->win_off), pages[p].bytes);
+    /* gather_chunks: each chunk of a good page to its place */
+    for (uint64_t g = 0; g < job->nc; g++) {
+        uint64_t c = job->c0 + g, s, e;
+        uint32_t p = kvx_gcrc_page_of_chunk(pages, job->p0, job->p1, c);
+        if (status[p] != KVX_GPU_PAGE_GOOD) continue;
+        kvx_gcrc_chunk_span(pages[p].bytes, c - pages[p].chunk0, &s, &e);
+        memcpy((uint8_t *)(uintptr_t)pages[p].dst + s, landing + (pages[p].off - job->win_off) + s, e - s);
     }
 }

@@ -41,6 +41,31 @@ typedef struct kvx_gpu_page {
     uint32_t tag;    /* its input index */
 } kvx_gpu_page;
 
+/* The page of run-order index in [p0, p1) holding chunk c (binary search
+ * on chunk0, which grows with the index; an empty page has no chunk, so
+ * the last page starting at or before c owns it). Kernel and host alike. */
+KVX_HD static inline uint32_t kvx_gcrc_page_of_chunk(const kvx_gpu_page *pages, uint32_t p0, uint32_t p1, uint64_t c)
+{
+    uint32_t lo = p0, hi = p1 - 1;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo + 1) / 2;
+        if (pages[mid].chunk0 <= c)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* The bytes [*s, *e) of a page of n bytes that its chunk j covers (the
+ * first chunk is the short one: chunks are aligned to the page's end). */
+KVX_HD static inline void kvx_gcrc_chunk_span(uint64_t n, uint64_t j, uint64_t *s, uint64_t *e)
+{
+    uint64_t pad = kvx_gcrc_nchunks(n) * KVX_GCRC_CHUNK - n;
+    *s = j * KVX_GCRC_CHUNK > pad ? j * KVX_GCRC_CHUNK - pad : 0;
+    *e = (j + 1) * KVX_GCRC_CHUNK - pad;
+}
+
 /* Page verdicts the finishing kernel writes (uint32 each). */
 #define KVX_GPU_PAGE_PENDING 0u
 #define KVX_GPU_PAGE_GOOD 1u

@@ -22,52 +22,58 @@ int kvx_gk_crc_pages(const kvx_gpu_crc_job *job, cudaStream_t stream);
 int kvx_gk_spectral(const kvx_gpu_spectral_job *job, cudaStream_t stream);
 }
 
-#define CRC_WARPS 8 /* warps (chunks) per block */
+#define CRC_WARPS 8         /* warps (chunks at a time) per block */
+#define CRC_MAX_BLOCKS 2048 /* enough to fill any current GPU several times */
 
-/* The page of run-order index in [p0, p1) holding chunk c (binary search
- * on chunk0, which grows with the index). */
-static __device__ uint32_t page_of_chunk(const kvx_gpu_page *pages, uint32_t p0, uint32_t p1, uint64_t c)
+/* The job's constants into shared memory, once per block, read from the
+ * parameter with constant indexes only (taking a kernel parameter's
+ * address would copy it to local memory in every thread). */
+static __device__ void load_consts(kvx_gcrc_consts *cs, const kvx_gpu_crc_job job)
 {
-    uint32_t lo = p0, hi = p1 - 1;
-    while (lo < hi) {
-        uint32_t mid = lo + (hi - lo + 1) / 2;
-        if (pages[mid].chunk0 <= c)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
+    if (threadIdx.x != 0) return;
+#pragma unroll
+    for (int i = 0; i < 5; i++) cs->seg_pow[i] = job.consts.seg_pow[i];
+#pragma unroll
+    for (int i = 0; i < 48; i++) cs->chunk_pow[i] = job.consts.chunk_pow[i];
+#pragma unroll
+    for (int i = 0; i < 64; i++) cs->byte_pow[i] = job.consts.byte_pow[i];
 }
 
-/* One warp per chunk: each lane the raw CRC of its segment, the warp's
+/* Warps take chunks in turn (grid-stride, so the tables a block builds
+ * serve many chunks): each lane the raw CRC of its segment, the warp's
  * tree, then lane 0 places the chunk at its page's end and XORs it into
  * the page's accumulator. */
-static __global__ void crc_chunks(kvx_gpu_crc_job job)
+static __global__ void __launch_bounds__(CRC_WARPS * 32) crc_chunks(kvx_gpu_crc_job job)
 {
     __shared__ uint32_t tab[KVX_GCRC_TABLE_WORDS];
+    __shared__ kvx_gcrc_consts cs;
     for (unsigned i = threadIdx.x; i < KVX_GCRC_TABLE_WORDS; i += blockDim.x)
         tab[i] = kvx_gcrc_table_entry(i >> 8, i & 0xFF);
+    load_consts(&cs, job);
     __syncthreads();
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    uint64_t g = (uint64_t)blockIdx.x * CRC_WARPS + warp;
-    if (g >= job.nc) return; /* whole warps leave together */
     const kvx_gpu_page *pages = (const kvx_gpu_page *)job.pages;
-    uint64_t c = job.c0 + g;
-    uint32_t p = page_of_chunk(pages, job.p0, job.p1, c);
-    const kvx_gpu_page pg = pages[p];
-    const uint8_t *base = (const uint8_t *)job.landing + (pg.off - job.win_off);
-    uint64_t j = c - pg.chunk0, nch = kvx_gcrc_nchunks(pg.bytes);
-    uint32_t v = kvx_gcrc_lane(tab, base, pg.bytes, j, lane);
-    for (unsigned k = 0; k < 5; k++) {
-        uint32_t o = __shfl_down_sync(0xFFFFFFFFu, v, 1u << k);
-        if ((lane & ((2u << k) - 1)) == 0) v = kvx_gcrc_tree(&job.consts, v, o, k);
+    for (uint64_t g = (uint64_t)blockIdx.x * CRC_WARPS + warp; g < job.nc; g += (uint64_t)gridDim.x * CRC_WARPS) {
+        uint64_t c = job.c0 + g; /* the same for the whole warp */
+        uint32_t p = kvx_gcrc_page_of_chunk(pages, job.p0, job.p1, c);
+        const kvx_gpu_page pg = pages[p];
+        const uint8_t *base = (const uint8_t *)job.landing + (pg.off - job.win_off);
+        uint64_t j = c - pg.chunk0, nch = kvx_gcrc_nchunks(pg.bytes);
+        uint32_t v = kvx_gcrc_lane(tab, base, pg.bytes, j, lane);
+        for (unsigned k = 0; k < 5; k++) {
+            uint32_t o = __shfl_down_sync(0xFFFFFFFFu, v, 1u << k);
+            if ((lane & ((2u << k) - 1)) == 0) v = kvx_gcrc_tree(&cs, v, o, k);
+        }
+        if (lane == 0) atomicXor((unsigned *)job.acc + p, kvx_gcrc_place(&cs, v, nch, j));
     }
-    if (lane == 0) atomicXor((unsigned *)job.acc + p, kvx_gcrc_place(&job.consts, v, nch, j));
 }
 
 /* One thread per page: the verdict. */
 static __global__ void crc_finish(kvx_gpu_crc_job job)
 {
+    __shared__ kvx_gcrc_consts cs;
+    load_consts(&cs, job);
+    __syncthreads();
     uint32_t p = job.p0 + blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= job.p1) return;
     const kvx_gpu_page *pages = (const kvx_gpu_page *)job.pages;
@@ -77,35 +83,34 @@ static __global__ void crc_finish(kvx_gpu_crc_job job)
         return;
     }
     uint32_t raw = ((const uint32_t *)job.acc)[p];
-    uint32_t crc = kvx_gcrc_finish(&job.consts, raw, pages[p].bytes);
+    uint32_t crc = kvx_gcrc_finish(&cs, raw, pages[p].bytes);
     status[p] = crc == pages[p].crc ? KVX_GPU_PAGE_GOOD : KVX_GPU_PAGE_BAD;
 }
 
-/* One warp per chunk again: the chunk's bytes to the page's place in the
- * sink, only for a page found GOOD (a bad page's sink range is left as
- * it was). Source and destination are 16-aligned at the page's start
+/* Warps take chunks in turn again: the chunk's bytes to the page's place
+ * in the sink, only for a page found GOOD (a bad page's sink range is left
+ * as it was). Source and destination are 16-aligned at the page's start
  * (landing 4096, sink 256), so both are aligned at the same offsets. */
-static __global__ void gather_chunks(kvx_gpu_crc_job job)
+static __global__ void __launch_bounds__(CRC_WARPS * 32) gather_chunks(kvx_gpu_crc_job job)
 {
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    uint64_t g = (uint64_t)blockIdx.x * CRC_WARPS + warp;
-    if (g >= job.nc) return;
     const kvx_gpu_page *pages = (const kvx_gpu_page *)job.pages;
-    uint64_t c = job.c0 + g;
-    uint32_t p = page_of_chunk(pages, job.p0, job.p1, c);
-    if (((const uint32_t *)job.status)[p] != KVX_GPU_PAGE_GOOD) return;
-    const kvx_gpu_page pg = pages[p];
-    uint64_t nch = kvx_gcrc_nchunks(pg.bytes), pad = nch * KVX_GCRC_CHUNK - pg.bytes;
-    uint64_t j = c - pg.chunk0;
-    uint64_t s = j * KVX_GCRC_CHUNK > pad ? j * KVX_GCRC_CHUNK - pad : 0, e = (j + 1) * KVX_GCRC_CHUNK - pad;
-    const uint8_t *src = (const uint8_t *)job.landing + (pg.off - job.win_off);
-    uint8_t *dst = (uint8_t *)pg.dst;
-    uint64_t a = (s + 15) & ~(uint64_t)15, b = e & ~(uint64_t)15;
-    if (a > e) a = e;
-    if (b < a) b = a;
-    for (uint64_t k = s + lane; k < a; k += 32) dst[k] = src[k];
-    for (uint64_t k = a / 16 + lane; k < b / 16; k += 32) ((uint4 *)dst)[k] = ((const uint4 *)src)[k];
-    for (uint64_t k = b + lane; k < e; k += 32) dst[k] = src[k];
+    for (uint64_t g = (uint64_t)blockIdx.x * CRC_WARPS + warp; g < job.nc; g += (uint64_t)gridDim.x * CRC_WARPS) {
+        uint64_t c = job.c0 + g;
+        uint32_t p = kvx_gcrc_page_of_chunk(pages, job.p0, job.p1, c);
+        if (((const uint32_t *)job.status)[p] != KVX_GPU_PAGE_GOOD) continue;
+        const kvx_gpu_page pg = pages[p];
+        uint64_t s, e;
+        kvx_gcrc_chunk_span(pg.bytes, c - pg.chunk0, &s, &e);
+        const uint8_t *src = (const uint8_t *)job.landing + (pg.off - job.win_off);
+        uint8_t *dst = (uint8_t *)pg.dst;
+        uint64_t a = (s + 15) & ~(uint64_t)15, b = e & ~(uint64_t)15;
+        if (a > e) a = e;
+        if (b < a) b = a;
+        for (uint64_t k = s + lane; k < a; k += 32) dst[k] = src[k];
+        for (uint64_t k = a / 16 + lane; k < b / 16; k += 32) ((uint4 *)dst)[k] = ((const uint4 *)src)[k];
+        for (uint64_t k = b + lane; k < e; k += 32) dst[k] = src[k];
+    }
 }
 
 /* --- spectral steering --- */
@@ -223,6 +228,7 @@ extern "C" int kvx_gk_crc_pages(const kvx_gpu_crc_job *job, cudaStream_t stream)
     if (job->p1 <= job->p0) return 0;
     cudaError_t e = cudaSuccess;
     uint64_t blocks = (job->nc + CRC_WARPS - 1) / CRC_WARPS;
+    if (blocks > CRC_MAX_BLOCKS) blocks = CRC_MAX_BLOCKS; /* grid-stride past that */
     if (job->verify && job->nc) {
         crc_chunks<<<(unsigned)blocks, CRC_WARPS * 32, 0, stream>>>(*job);
         e = cudaGetLastError();
