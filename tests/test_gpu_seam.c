@@ -367,6 +367,7 @@ static void test_truncated_after_open(void **state)
 
 /* The path AUTO picks, the options' checks, version 1 options, the stage
  * timers' getter. */
+/* PROMISE: IO-23 */
 static void test_options_and_stages(void **state)
 {
     (void)state;
