@@ -553,7 +553,7 @@ out:
         kvx_warmup_progress_now(&p, w);
         cb(ctx, &p);
     }
-    return rc;
+    return rc ? kvx_fail(rc, "%s", w->why) : 0; /* the reason, past the clean-up's calls */
 }
 
 static int fill_report(kvx_warmup_report *out, kvx_warmup *w)

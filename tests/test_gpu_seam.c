@@ -335,6 +335,25 @@ static void test_device_failure_ends_warmup(void **state)
         assert_int_equal(r.rc, -EIO);
         run_done(&r);
     }
+    /* the blocking form keeps the reason on the caller's thread too */
+    fake_install();
+    fake.fail_h2d_at = 1;
+    uint64_t need;
+    assert_int_equal(kvx_warmup_sink_bytes(&need, &sh, 1), 0);
+    kvx_gpu_options go = KVX_GPU_OPTIONS_INIT;
+    go.arena_bytes = need + 8 * N + 4096;
+    kvx_gpu *g = NULL;
+    assert_int_equal(kvx_gpu_create(&g, &go), 0);
+    kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
+    o.sink = KVX_SINK_GPU;
+    o.gpu = g;
+    o.gpu_path = KVX_GPU_PATH_MAPPED;
+    kvx_warmup_report rep;
+    assert_int_equal(kvx_warmup_run(&rep, &sh, 1, &o), -EIO);
+    assert_non_null(strstr(kvx_last_error(), "injected"));
+    kvx_gpu_destroy(g);
+    assert_int_equal(fake.live_allocs, 0);
+    assert_int_equal(fake.live_regs, 0);
 }
 
 /* PROMISE: IO-11 */
