@@ -1309,7 +1309,8 @@ KVX_API void kvx_gpu_spectral_destroy(kvx_gpu_spectral *sp);
  * row i at element h + i * row_stride (row_stride >= dim), of type dtype
  * (kvx_gpu_dtype), where l is the model layer (first_layer <= layer <
  * first_layer + n_layers) and gamma in [0, 1]. h is a device address on
- * sp's device, aligned to its element size. Returns after the launch; an
+ * sp's device, aligned to its element size, and must stay allocated until
+ * the stream has run the kernel (sp too). Returns after the launch; an
  * error of the kernel itself shows at the caller's next synchronisation.
  * n_rows 0: nothing queued. KVX_EINVALID names a bad argument. */
 KVX_API int kvx_gpu_spectral_apply(kvx_gpu_spectral *sp, uint32_t layer, uint64_t h, uint64_t n_rows,
