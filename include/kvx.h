@@ -1268,6 +1268,54 @@ KVX_API int kvx_gpu_page_table(uint64_t *out_table, kvx_gpu *g, const uint64_t *
 /* Synchronous device->host copy, for verification. */
 KVX_API int kvx_gpu_copy_back(void *dst, kvx_gpu *g, uint64_t dev, uint64_t bytes);
 
+/* --- Spectral steering on the device (CUDA) ----------------------------------
+ * kvx_spectral_apply where the hidden states live: one cartridge's psi
+ * (every layer of the bundle) uploaded once to a device and kept there;
+ * each apply updates n rows of hidden states already in device memory,
+ * h' = h + gamma * psi_l (psi_l^T h), on the caller's stream, without a
+ * host round trip. One fused kernel (docs/DATAPATH.md, "Spectral
+ * steering"): each row is read once and written once; the sums run in f32
+ * whatever the element type. Built without CUDA: KVX_ENOCUDA.
+ *
+ *     kvx_spectral b;  kvx_shard_spectral(&b, shard);
+ *     kvx_gpu_spectral *sp;
+ *     kvx_gpu_spectral_create(&sp, 0, &b, 3);             // cartridge id 3
+ *     ... in the forward pass, on the engine's stream:
+ *     kvx_gpu_spectral_apply(sp, layer, (uint64_t)h, n_tokens, d_model,
+ *                            KVX_GPU_BF16, 0.5f, stream);
+ *     kvx_gpu_spectral_destroy(sp);                        // after the stream */
+
+typedef enum kvx_gpu_dtype {
+    KVX_GPU_F32 = 0,  /* float */
+    KVX_GPU_BF16 = 1, /* bfloat16 */
+    KVX_GPU_F16 = 2   /* IEEE binary16 */
+} kvx_gpu_dtype;
+
+typedef struct kvx_gpu_spectral kvx_gpu_spectral;
+
+/* Uploads cartridge cartridge_id of bundle (kvx_shard_spectral's, or the
+ * caller's own arrays in that layout: psi [n_layers][dim][rank] per
+ * cartridge) to device `device`. The bundle is copied: it need not outlive
+ * the call. KVX_ENOTFOUND for an id the bundle lacks; KVX_ESPECTRAL for a
+ * bundle that is not one (dims 0, rank > dim, ids not 1..32 increasing,
+ * a non-finite psi value); KVX_ENOGPU, KVX_ECAPACITY (device memory). */
+KVX_API int kvx_gpu_spectral_create(kvx_gpu_spectral **out, int device, const kvx_spectral *bundle,
+                                    uint32_t cartridge_id);
+/* Waits for nothing: destroy it after the streams that used it are done
+ * (the device memory is freed at once). NULL is fine. */
+KVX_API void kvx_gpu_spectral_destroy(kvx_gpu_spectral *sp);
+/* Queues h' = h + gamma * psi_l (psi_l^T h) on `stream` (a cudaStream_t;
+ * NULL: the legacy default stream) for rows i < n_rows of dim elements,
+ * row i at element h + i * row_stride (row_stride >= dim), of type dtype
+ * (kvx_gpu_dtype), where l is the model layer (first_layer <= layer <
+ * first_layer + n_layers) and gamma in [0, 1]. h is a device address on
+ * sp's device, aligned to its element size, and must stay allocated until
+ * the stream has run the kernel (sp too). Returns after the launch; an
+ * error of the kernel itself shows at the caller's next synchronisation.
+ * n_rows 0: nothing queued. KVX_EINVALID names a bad argument. */
+KVX_API int kvx_gpu_spectral_apply(kvx_gpu_spectral *sp, uint32_t layer, uint64_t h, uint64_t n_rows,
+                                   uint64_t row_stride, int dtype, float gamma, void *stream);
+
 /* --- Bulk warmup ------------------------------------------------------------
  * Every page of whole shards (or a whole store: kvx_store_shards, or
  * kvx_warmup_collect) is read in large sequential runs into a ring of pinned
@@ -1291,6 +1339,27 @@ typedef enum kvx_sink_kind {
 
 #define KVX_WARMUP_NO_VERIFY 0x1u /* skip page CRCs */
 #define KVX_WARMUP_BUFFERED 0x2u  /* never O_DIRECT (use the page cache) */
+
+/* How a GPU warmup moves pages to the device (docs/DATAPATH.md, "GPU").
+ * Whatever the path, a page is delivered (its bytes at its place in the
+ * arena, its page-table slot set) only after its CRC-32 passed; a bad page
+ * is reported and its slot is 0. */
+typedef enum kvx_gpu_path {
+    KVX_GPU_PATH_AUTO = 0,         /* MAPPED for data in the page cache, STAGING for the disk */
+    KVX_GPU_PATH_STAGING = 1,      /* read into pinned staging, CRC-32 on the CPU lanes as
+                                      the bytes land, copy engine from staging */
+    KVX_GPU_PATH_STAGING_GPU_CRC = 2, /* read into pinned staging, copy engine to device
+                                      landing buffers, CRC-32 on the GPU */
+    KVX_GPU_PATH_MAPPED = 3        /* the shard file's mapping registered read-only with the
+                                      driver (cudaHostRegisterReadOnly), the copy engine
+                                      reads the page cache directly, CRC-32 on the GPU: no
+                                      CPU pass over the bytes. Where the driver or the
+                                      device refuses, STAGING instead (see
+                                      kvx_warmup_stages.fallback) */
+} kvx_gpu_path;
+
+/* "auto", "staging", "staging-gpu-crc", "mapped"; "unknown" otherwise. Static. */
+KVX_API const char *kvx_gpu_path_name(int path);
 
 typedef struct kvx_warmup_progress {
     uint64_t bytes_done;  /* page bytes delivered or failed so far */
@@ -1323,15 +1392,24 @@ typedef struct kvx_warmup_options {
      * 100 ms and once at the end. Nullable. */
     void (*progress)(void *ctx, const kvx_warmup_progress *p);
     void *progress_ctx;
+    /* version 2: */
+    uint32_t threads;      /* CPU lanes: the pread workers on cached data and
+                              the threads that check CRCs (and copy to a host
+                              sink); 0 = one per CPU, at most 16 (4 pread
+                              workers for the disk). At most 64 */
+    int gpu_path;          /* KVX_SINK_GPU: kvx_gpu_path, how pages reach the
+                              device and where their CRCs are checked */
 } kvx_warmup_options;
-#define KVX_WARMUP_OPTIONS_VERSION 1
+#define KVX_WARMUP_OPTIONS_VERSION 2
 #define KVX_WARMUP_OPTIONS_INIT                                                            \
     {KVX_WARMUP_OPTIONS_VERSION, KVX_IO_AUTO, 0, 0, 0, KVX_POOL_NODE_AUTO, KVX_SINK_DISCARD, \
-     NULL, 0, NULL, NULL, NULL}
+     NULL, 0, NULL, NULL, NULL, 0, 0}
 /* Fills *opts as KVX_WARMUP_OPTIONS_INIT does: the version, KVX_IO_AUTO,
  * no flags, queue_depth 0 (8), chunk_bytes 0 (4 MiB; 1 MiB for data in the
  * page cache), numa_node KVX_POOL_NODE_AUTO, KVX_SINK_DISCARD, no host
- * buffer, no GPU, no progress callback. */
+ * buffer, no GPU, no progress callback, threads 0 (one per CPU, at most
+ * 16), KVX_GPU_PATH_AUTO. Version 1 options (without threads and gpu_path)
+ * are still accepted, with those defaults. */
 KVX_API void kvx_warmup_options_init(kvx_warmup_options *opts);
 
 typedef struct kvx_warmup_failure {
@@ -1391,6 +1469,38 @@ KVX_API void kvx_warmup_destroy(kvx_warmup *w);
  * kvx_warmup_destroy; the addresses lie in opts->gpu's arena. */
 KVX_API int kvx_warmup_device_pages(const uint64_t **out, size_t *out_n, kvx_warmup *w);
 KVX_API void kvx_warmup_report_free(kvx_warmup_report *r);
+
+/* Where a finished warmup's time went, stage by stage: what a GPU run
+ * needs to see which stage bounds it. CPU stages are summed over the
+ * threads that ran them; GPU stages are measured with CUDA events and
+ * summed over streams (they overlap each other and the CPU's). The caller
+ * sets version; fields of later versions are left alone. */
+typedef struct kvx_warmup_stages {
+    uint32_t version;        /* KVX_WARMUP_STAGES_VERSION, set by the caller */
+    int gpu_path;            /* KVX_SINK_GPU: the kvx_gpu_path that ran (never AUTO);
+                                0 for other sinks */
+    int fallback;            /* 0, or why (part of) a MAPPED or GPU-CRC warmup went
+                                through STAGING: the refusal's code (KVX_EMEMLOCK,
+                                -EOPNOTSUPP: registration refused; KVX_ECAPACITY: no
+                                device memory for landing buffers; -errno of mmap) */
+    char fallback_why[160];  /* its message, "" when none */
+    uint32_t lanes;          /* CPU threads that read or checked */
+    uint64_t mapped_bytes;   /* page bytes the copy engine read from the mapping */
+    uint64_t staged_bytes;   /* page bytes that went through pinned staging */
+    double read_s;           /* reads into staging: pread calls, or io_uring
+                                submission to completion, summed over reads */
+    double crc_cpu_s;        /* CRC-32 on the CPU, summed over lanes */
+    double register_s;       /* mapping and registering (and unregistering) file windows */
+    double h2d_s;            /* GPU: host-to-device copies */
+    double crc_gpu_s;        /* GPU: the CRC and gather kernels */
+    double sync_s;           /* the driving thread blocked: on reads, on a staging
+                                buffer's or a window's copy, on the final sync */
+    double seconds;          /* the whole warmup, as the report's */
+} kvx_warmup_stages;
+#define KVX_WARMUP_STAGES_VERSION 1
+/* Fills *out (out->version set by the caller) for a finished warmup
+ * (kvx_warmup_wait returned its report). KVX_EBUSY while it runs. */
+KVX_API int kvx_warmup_get_stages(kvx_warmup_stages *out, kvx_warmup *w);
 /* Opens what `kvx warmup DIR|FILE.kvx...` names: a directory is a store
  * (opened read-only; its live shards), anything else a shard file. The
  * caller drops each reference (kvx_shard_close) and kvx_free(array). */

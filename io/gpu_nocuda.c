@@ -1,89 +1,144 @@
 /*
- * gpu_nocuda.c - the GPU calls of a build without the CUDA toolkit: every
- * public call exists and returns KVX_ENOCUDA, so callers and the Go
- * binding link the same symbols everywhere. gpu_cuda.c is the real one.
+ * gpu_nocuda.c - the device seam (gpu_dev.h) of a build without the CUDA
+ * toolkit: every entry answers KVX_ENOCUDA, so every public GPU call
+ * (gpu.c, gpu_spectral.c, a warmup to the GPU) does too, and callers and
+ * the Go binding link the same symbols everywhere. gpu_cuda.c is the real
+ * one. Tests replace the table with a host-memory fake to run the CPU
+ * side of the GPU path here too.
  */
 #include "io.h"
 
-#include <errno.h>
-#include <inttypes.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include "gpu_dev.h"
 
 #define NOCUDA()                                                                             \
     kvx_fail(KVX_ENOCUDA, "kvx was built without CUDA: reconfigure with -DKVX_WITH_CUDA=ON " \
                           "where the CUDA toolkit is installed (the host sink still works)")
 
-int kvx_gpu_count(int *out)
+static int n_present(void) { return NOCUDA(); }
+static int n_count(int *out)
 {
-    if (out) *out = 0;
+    *out = 0;
     return NOCUDA();
 }
-int kvx_gpu_numa_node(int *out_node, int device)
+static int n_get_device(int *out)
+{
+    *out = -1;
+    return NOCUDA();
+}
+static int n_set_device(int device)
 {
     (void)device;
-    if (out_node) *out_node = -1;
     return NOCUDA();
 }
-int kvx_gpu_create(kvx_gpu **out, const kvx_gpu_options *opts)
+static int n_pci_bus_id(char *buf, int len, int device)
 {
-    (void)opts;
-    if (out) *out = NULL;
+    (void)buf, (void)len, (void)device;
     return NOCUDA();
 }
-void kvx_gpu_destroy(kvx_gpu *g) { (void)g; }
-int kvx_gpu_device(const kvx_gpu *g)
+static int n_malloc(uint64_t *out, uint64_t bytes)
 {
-    (void)g;
-    return -1;
-}
-int kvx_gpu_reserve(uint64_t *out_dev, kvx_gpu *g, uint64_t bytes)
-{
-    (void)g, (void)bytes;
-    if (out_dev) *out_dev = 0;
+    (void)bytes;
+    *out = 0;
     return NOCUDA();
 }
-void kvx_gpu_reset(kvx_gpu *g) { (void)g; }
-int kvx_gpu_upload(kvx_gpu *g, const uint64_t *dev, const void *const *src, const uint64_t *bytes,
-                   size_t n)
+static void n_free(uint64_t dev) { (void)dev; }
+static int n_host_register(void *p, uint64_t bytes, unsigned flags)
 {
-    (void)g, (void)dev, (void)src, (void)bytes, (void)n;
+    (void)p, (void)bytes, (void)flags;
     return NOCUDA();
 }
-int kvx_gpu_sync(kvx_gpu *g)
+static void n_host_unregister(void *p) { (void)p; }
+static int n_memset_async(uint64_t dev, int byte, uint64_t bytes, void *stream)
 {
-    (void)g;
+    (void)dev, (void)byte, (void)bytes, (void)stream;
     return NOCUDA();
 }
-int kvx_gpu_page_table(uint64_t *out_table, kvx_gpu *g, const uint64_t *dev_ptrs, size_t n)
+static int n_h2d_async(uint64_t dev, const void *src, uint64_t bytes, void *stream)
 {
-    (void)g, (void)dev_ptrs, (void)n;
-    if (out_table) *out_table = 0;
+    (void)dev, (void)src, (void)bytes, (void)stream;
     return NOCUDA();
 }
-int kvx_gpu_copy_back(void *dst, kvx_gpu *g, uint64_t dev, uint64_t bytes)
+static int n_h2d(uint64_t dev, const void *src, uint64_t bytes)
 {
-    (void)dst, (void)g, (void)dev, (void)bytes;
+    (void)dev, (void)src, (void)bytes;
     return NOCUDA();
 }
-int kvx_gpu_host_register(void *p, uint64_t bytes, int device)
+static int n_d2h(void *dst, uint64_t dev, uint64_t bytes)
 {
-    (void)p, (void)bytes, (void)device;
-    return KVX_ENOCUDA;
-}
-void kvx_gpu_host_unregister(void *p) { (void)p; }
-int kvx_gpu_copy_lane(kvx_gpu *g, unsigned lane, uint64_t dev, const void *src, uint64_t bytes)
-{
-    (void)g, (void)lane, (void)dev, (void)src, (void)bytes;
+    (void)dst, (void)dev, (void)bytes;
     return NOCUDA();
 }
-int kvx_gpu_lane_record(kvx_gpu *g, unsigned lane)
+static int n_stream_create(void **out)
 {
-    (void)g, (void)lane;
+    *out = NULL;
     return NOCUDA();
 }
-int kvx_gpu_lane_wait(kvx_gpu *g, unsigned lane)
+static void n_stream_destroy(void *s) { (void)s; }
+static int n_stream_sync(void *s)
 {
-    (void)g, (void)lane;
+    (void)s;
     return NOCUDA();
 }
+static int n_event_create(void **out, int timing)
+{
+    (void)timing;
+    *out = NULL;
+    return NOCUDA();
+}
+static void n_event_destroy(void *e) { (void)e; }
+static int n_event_record(void *e, void *stream)
+{
+    (void)e, (void)stream;
+    return NOCUDA();
+}
+static int n_event_sync(void *e)
+{
+    (void)e;
+    return NOCUDA();
+}
+static int n_event_elapsed(float *out_ms, void *from, void *to)
+{
+    (void)from, (void)to;
+    *out_ms = 0;
+    return NOCUDA();
+}
+static int n_crc_pages(const kvx_gpu_crc_job *job, void *stream)
+{
+    (void)job, (void)stream;
+    return NOCUDA();
+}
+static int n_spectral(const kvx_gpu_spectral_job *job, void *stream)
+{
+    (void)job, (void)stream;
+    return NOCUDA();
+}
+
+static const kvx_gpu_dev_ops nocuda_ops = {
+    .present = n_present,
+    .count = n_count,
+    .get_device = n_get_device,
+    .set_device = n_set_device,
+    .pci_bus_id = n_pci_bus_id,
+    .malloc = n_malloc,
+    .free = n_free,
+    .host_register = n_host_register,
+    .host_unregister = n_host_unregister,
+    .memset_async = n_memset_async,
+    .h2d_async = n_h2d_async,
+    .h2d = n_h2d,
+    .d2h = n_d2h,
+    .stream_create = n_stream_create,
+    .stream_destroy = n_stream_destroy,
+    .stream_sync = n_stream_sync,
+    .event_create = n_event_create,
+    .event_destroy = n_event_destroy,
+    .event_record = n_event_record,
+    .event_sync = n_event_sync,
+    .event_elapsed = n_event_elapsed,
+    .crc_pages = n_crc_pages,
+    .spectral = n_spectral,
+};
+
+kvx_gpu_dev_ops kvx_gpu_dev = nocuda_ops;
+
+void kvx_gpu_dev_reset(void) { kvx_gpu_dev = nocuda_ops; }

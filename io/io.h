@@ -12,7 +12,9 @@
  *    parallel there);
  *  - fetch.c (random pages, poll/wait) and warmup.c (whole shards in
  *    sequential runs, double-buffered into a sink) plan runs and consume
- *    them. gpu_cuda.c is the CUDA side (gpu_nocuda.c when built without).
+ *    them (warmup_gpu.c: the GPU sink's pipelines). gpu.c is the CPU side
+ *    of the GPU path, on the device seam of gpu_dev.h: gpu_cuda.c (the
+ *    CUDA runtime and gpu_kernels.cu) or gpu_nocuda.c fill it.
  * Keeping one executor means both public paths share every fault-handling
  * rule and every test of it.
  */
@@ -96,6 +98,14 @@ typedef struct kvx_io_run {
     void (*on_done)(struct kvx_io_run *r, void *ctx);
     void *on_done_ctx;
     struct kvx_io_run *next; /* executor queues */
+    /* pread workers: read the run in pieces and advance each page's CRC
+     * right after its piece landed, from the core's cache (warmup sets
+     * it; the CRC is "fused" into the copy the kernel makes) */
+    int fuse;
+    int crc_fused;    /* the pages' crc_got are the fused ones */
+    /* stage timers, set as the run finishes: time its reads took (pread
+     * calls, or io_uring submission to completion) and its CRCs */
+    double t_start, read_s, crc_s;
 } kvx_io_run;
 
 typedef struct kvx_ioq kvx_ioq;
@@ -142,15 +152,44 @@ int kvx_io_memlock_error(const char *what, int err, uint64_t bytes);
 /* Starts queued runs up to the queue depth (io_uring); no-op for pread. */
 void kvx_ioq_kick(kvx_ioq *q);
 
-/* --- gpu_cuda.c / gpu_nocuda.c (CMake builds one) --- */
-/* Pins pool memory for the device (cudaHostRegister); KVX_ENOCUDA without. */
+/* --- gpu.c: the CPU side of the GPU path, on the seam of gpu_dev.h --- */
+#define KVX_GPU_MAX_LANES 64
+struct kvx_gpu_crc_job;
+/* The calling thread's device switched to device until leave. */
+typedef struct kvx_gpu_dev_scope {
+    int prev;
+    int switched;
+} kvx_gpu_dev_scope;
+int kvx_gpu_dev_enter(kvx_gpu_dev_scope *sc, int device);
+void kvx_gpu_dev_leave(const kvx_gpu_dev_scope *sc);
+/* 0 when device exists; KVX_ENOCUDA, or KVX_ENOGPU with the reason. */
+int kvx_gpu_need_device(int device);
+/* Pins pool memory for the device (portable registration); the file
+ * mapping of a shard read-only (_ro). KVX_ENOCUDA without CUDA. */
 int kvx_gpu_host_register(void *p, uint64_t bytes, int device);
+int kvx_gpu_host_register_ro(void *p, uint64_t bytes, int device);
 void kvx_gpu_host_unregister(void *p);
-/* Queues a host-to-device copy on lane's stream; record/wait fence it. */
+/* Lanes: lane i works on stream i % streams. copy_lane queues a
+ * host-to-device copy into the arena (copy_lane_any: anywhere on the
+ * device, for buffers the caller allocated with kvx_gpu_alloc); mark
+ * records the lane's event 0 (start), 1 (copies queued) or 2 (end, what
+ * lane_wait waits for; lane_record). wait_timed adds the GPU time from
+ * start to mid (or end) to *copy_s and from mid to end to *kernel_s. */
 int kvx_gpu_copy_lane(kvx_gpu *g, unsigned lane, uint64_t dev, const void *src, uint64_t bytes);
+int kvx_gpu_copy_lane_any(kvx_gpu *g, unsigned lane, uint64_t dev, const void *src, uint64_t bytes);
+int kvx_gpu_lane_mark(kvx_gpu *g, unsigned lane, unsigned which);
 int kvx_gpu_lane_record(kvx_gpu *g, unsigned lane);
 int kvx_gpu_lane_wait(kvx_gpu *g, unsigned lane);
-/* The CUDA device of g (-1 without CUDA). */
+int kvx_gpu_lane_wait_timed(kvx_gpu *g, unsigned lane, double *copy_s, double *kernel_s);
+int kvx_gpu_lane_crc(kvx_gpu *g, unsigned lane, const struct kvx_gpu_crc_job *job);
+int kvx_gpu_lane_memset(kvx_gpu *g, unsigned lane, uint64_t dev, int byte, uint64_t bytes);
+void *kvx_gpu_lane_stream(kvx_gpu *g, unsigned lane);
+/* Device memory outside the arena, on g's device; synchronous copies. */
+int kvx_gpu_alloc(uint64_t *out, kvx_gpu *g, uint64_t bytes);
+void kvx_gpu_free(kvx_gpu *g, uint64_t dev);
+int kvx_gpu_h2d(kvx_gpu *g, uint64_t dev, const void *src, uint64_t bytes);
+int kvx_gpu_d2h(void *dst, kvx_gpu *g, uint64_t dev, uint64_t bytes);
+/* The CUDA device of g (-1 for NULL). */
 int kvx_gpu_device(const kvx_gpu *g);
 
 /* Monotonic seconds. */

@@ -95,20 +95,24 @@ static void run_hook(kvx_io_run *r)
 
 void kvx_io_run_finish(kvx_io_run *r)
 {
+    double t0 = r->verify && !r->crc_fused ? kvx_io_now() : 0;
     for (uint32_t i = 0; i < r->n_pages; i++) {
         kvx_io_page *pg = &r->pages[i];
-        pg->crc_got = 0;
         if (r->got < pg->rel + pg->bytes) {
+            pg->crc_got = 0;
             pg->status = r->status ? r->status : KVX_ETRUNC;
             continue;
         }
         if (r->verify) {
-            pg->crc_got = kvx_crc32(0, r->buf + pg->rel, pg->bytes);
+            if (!r->crc_fused) pg->crc_got = kvx_crc32(0, r->buf + pg->rel, pg->bytes);
             pg->status = pg->crc_got == pg->crc_want ? 0 : KVX_EPAGECRC;
         } else {
+            pg->crc_got = 0;
             pg->status = 0;
         }
     }
+    if (t0 > 0) r->crc_s += kvx_io_now() - t0;
+    r->crc_fused = 0;
     r->state = RUN_DONE;
 }
 
@@ -142,17 +146,57 @@ static kvx_io_run *q_pop(kvx_io_run **head, kvx_io_run **tail)
 
 /* ---- pread workers ---- */
 
+#define FUSE_PIECE ((uint64_t)256 << 10) /* read, then CRC, this much at a time */
+
+/* Advances the CRC of every page that overlaps [pos, pos + n) of the run
+ * by its bytes there (pages are in order: *k is the first not yet whole). */
+static void crc_advance(kvx_io_run *r, uint64_t pos, uint64_t n, uint32_t *k)
+{
+    uint64_t end = pos + n;
+    for (uint32_t i = *k; i < r->n_pages; i++) {
+        kvx_io_page *pg = &r->pages[i];
+        uint64_t a = pg->rel > pos ? pg->rel : pos, b = pg->rel + pg->bytes < end ? pg->rel + pg->bytes : end;
+        if (pg->rel >= end) break;
+        if (b > a) pg->crc_got = kvx_crc32(pg->crc_got, r->buf + a, (size_t)(b - a));
+        if (pg->rel + pg->bytes <= end) *k = i + 1;
+    }
+}
+
 static void pread_run(kvx_io_run *r)
 {
     unsigned tries = 0;
+    double t0 = kvx_io_now(), crc_s = 0;
     for (;;) {
-        size_t got = 0;
-        int rc = kvx_os_pread_all(r->file->bfd, r->buf, (size_t)r->want, r->off, &got);
+        uint64_t pos = 0;
+        int rc = 0;
+        if (!(r->fuse && r->verify)) {
+            size_t got = 0;
+            rc = kvx_os_pread_all(r->file->bfd, r->buf, (size_t)r->want, r->off, &got);
+            pos = got;
+        } else {
+            /* fused: each piece's bytes are checked while the core still
+             * holds them, instead of in a second pass over the run */
+            uint32_t k = 0;
+            for (uint32_t i = 0; i < r->n_pages; i++) r->pages[i].crc_got = 0;
+            while (pos < r->want) {
+                size_t n = (size_t)(r->want - pos < FUSE_PIECE ? r->want - pos : FUSE_PIECE), got = 0;
+                rc = kvx_os_pread_all(r->file->bfd, r->buf + pos, n, r->off + pos, &got);
+                if (rc) break;
+                double t = kvx_io_now();
+                crc_advance(r, pos, got, &k);
+                crc_s += kvx_io_now() - t;
+                pos += got;
+                if (got < n) break; /* end of file */
+            }
+        }
         if (rc == -EAGAIN && ++tries < MAX_RETRIES) continue;
-        r->got = rc ? 0 : got;
+        r->got = rc ? 0 : pos;
         r->status = rc;
+        r->crc_fused = r->fuse && r->verify && !rc;
         break;
     }
+    r->crc_s = crc_s;
+    r->read_s = kvx_io_now() - t0 - crc_s;
 }
 
 static void *worker_main(void *arg)
@@ -472,6 +516,7 @@ void kvx_ioq_files_trim(kvx_ioq *q)
 
 static void finish_uring(kvx_ioq *q, kvx_io_run *r)
 {
+    if (r->t_start > 0) r->read_s = kvx_io_now() - r->t_start;
     if (q->n_threads && (r->verify || r->on_done)) {
         pthread_mutex_lock(&q->mu);
         r->state = RUN_INFLIGHT; /* until a worker has checked it */
@@ -514,6 +559,7 @@ static int prep_one(kvx_ioq *q, kvx_io_run *r)
         io_uring_prep_read(sqe, fd, buf, (unsigned)len, off);
     if (r->file->reg >= 0) sqe->flags |= IOSQE_FIXED_FILE;
     io_uring_sqe_set_data(sqe, r);
+    if (r->t_start == 0) r->t_start = kvx_io_now();
     r->state = RUN_INFLIGHT;
     q->inflight++;
     return 1;
@@ -630,6 +676,8 @@ void kvx_ioq_push(kvx_ioq *q, kvx_io_run *r)
     r->hwm = 0;
     r->status = 0;
     r->retries = 0;
+    r->crc_fused = 0;
+    r->t_start = r->read_s = r->crc_s = 0;
     pthread_mutex_lock(&q->mu);
     q_append(&q->qhead, &q->qtail, r);
     q->outstanding++;

@@ -28,14 +28,21 @@
  * kvx_warmup_start runs the same loop on a background thread and exposes
  * progress through atomics, for callers (cgo) that poll instead of taking
  * a callback.
+ *
+ * The GPU sink's paths (kvx_gpu_path: the registered file mapping, the
+ * CRC on the GPU) are in warmup_gpu.c; this file calls them at four
+ * points: choosing the path, before the loop (kvx_wgpu_begin,
+ * kvx_wgpu_mapped), for each landed run (kvx_wgpu_deliver) and at the
+ * end (kvx_wgpu_end).
  */
-#include "io.h"
+#include "warmup.h"
 
 #include "common/os.h"
 
 #include <errno.h>
 #include <inttypes.h>
-#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -45,55 +52,9 @@
 #endif
 
 #define SINK_ALIGN 256u
-#define MAX_BUFS 64
-
-typedef struct wpage {
-    uint32_t shard, entry;
-    uint64_t off, bytes, sink_off;
-    uint32_t crc;
-} wpage;
-
-typedef struct wfail {
-    uint32_t shard, entry;
-    int code;
-} wfail;
-
-struct kvx_warmup {
-    kvx_warmup_options o;
-    kvx_shard **shards;
-    size_t n_shards;
-    wpage *pages;        /* input order */
-    size_t n_pages;
-    kvx_io_page *rpages; /* run order; tag = index into pages */
-    kvx_io_run *runs;
-    size_t n_runs;
-    uint64_t chunk;
-    unsigned nbuf;
-    kvx_pool *pool;
-    kvx_ioq *q;
-    uint8_t *bufs[MAX_BUFS];
-    uint64_t sink_bytes;
-    uint64_t gpu_base;
-    uint64_t *dev_pages;
-    /* results */
-    wfail *fails;
-    size_t n_fails, cap_fails;
-    uint64_t good_bytes, good_pages, io_failures, bytes_read, checksum;
-    double t0, seconds;
-    int rc;
-    /* progress, read by other threads */
-    _Atomic uint64_t a_bytes, a_pages, a_crc;
-    atomic_int a_cancel, a_finished;
-    uint64_t bytes_total;
-    int warm;            /* the data is in the page cache (resident_fraction) */
-    int warm_pread;      /* ... and KVX_IO_AUTO switched to the pread workers */
-    unsigned qd;         /* reads in flight */
-    /* background thread */
-    pthread_t tid;
-    int started;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-};
+#define MAX_BUFS KVX_WARMUP_MAX_BUFS
+#define MAX_THREADS 64u
+#define DEFAULT_LANES 16u
 
 static int wpage_cmp(const void *a, const void *b)
 {
@@ -132,6 +93,8 @@ static void warmup_free(kvx_warmup *w)
     free(w->runs);
     free(w->fails);
     free(w->dev_pages);
+    free(w->staged);
+    kvx_wgpu_free(w);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w);
@@ -219,10 +182,11 @@ static void host_copy(kvx_io_run *r, void *ctx)
     }
 }
 
+/* CPU lanes by default: one per CPU, at most DEFAULT_LANES. */
 static unsigned online_cpus(void)
 {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > 8 ? 8 : (unsigned)n;
+    return n < 1 ? 1 : n > DEFAULT_LANES ? DEFAULT_LANES : (unsigned)n;
 }
 
 static int make_staging(kvx_warmup *w)
@@ -236,12 +200,15 @@ static int make_staging(kvx_warmup *w)
         mode = KVX_IO_PREAD;
         buffered = 1;
     }
-    int checks = !(w->o.flags & KVX_WARMUP_NO_VERIFY) || w->o.sink == KVX_SINK_HOST;
-    /* pread workers: one per CPU on cached data (each reads, checks and
-     * copies from its own cache); 4 for the disk. Verify workers (io_uring):
-     * one per CPU. */
-    unsigned nt = w->warm ? online_cpus() : 4;
-    unsigned vt = checks ? online_cpus() : 0;
+    /* CPU checks on the staged runs (the GPU-CRC path leaves them to the GPU) */
+    int checks = (!(w->o.flags & KVX_WARMUP_NO_VERIFY) && !w->gpu_crc) || w->o.sink == KVX_SINK_HOST;
+    /* pread workers: one lane each on cached data (each reads, checks and
+     * copies from its own cache); 4 for the disk unless threads says.
+     * Verify workers (io_uring): one per lane. */
+    unsigned lanes = w->o.threads ? w->o.threads : online_cpus();
+    unsigned nt = w->warm ? lanes : w->o.threads ? w->o.threads : 4;
+    unsigned vt = checks ? lanes : 0;
+    w->lanes = nt > vt ? nt : vt;
     kvx_ioq_options qo = {mode, w->qd, nt, buffered, NULL, vt};
     int rc = kvx_pool_create(&w->pool, &po);
     if (rc == KVX_EMEMLOCK) {
@@ -267,11 +234,21 @@ static int make_staging(kvx_warmup *w)
 static int warmup_new(kvx_warmup **out, kvx_shard *const *shards, size_t n, const kvx_warmup_options *opts)
 {
     *out = NULL;
-    kvx_warmup_options def = KVX_WARMUP_OPTIONS_INIT;
+    kvx_warmup_options def = KVX_WARMUP_OPTIONS_INIT, given;
     if (!opts) opts = &def;
-    if (opts->version != KVX_WARMUP_OPTIONS_VERSION)
-        return kvx_fail(KVX_EVERSION, "kvx_warmup_options.version is %u, expected %u", opts->version,
+    if (opts->version != KVX_WARMUP_OPTIONS_VERSION && opts->version != 1)
+        return kvx_fail(KVX_EVERSION, "kvx_warmup_options.version is %u, expected %u (or 1)", opts->version,
                         KVX_WARMUP_OPTIONS_VERSION);
+    if (opts->version == 1) { /* a caller built before threads and gpu_path: only its fields are read */
+        given = def;
+        memcpy(&given, opts, offsetof(kvx_warmup_options, threads));
+        given.version = KVX_WARMUP_OPTIONS_VERSION;
+        opts = &given;
+    }
+    if (opts->threads > MAX_THREADS)
+        return kvx_fail(KVX_EINVALID, "kvx_warmup_options.threads %u is above %u", opts->threads, MAX_THREADS);
+    if (opts->gpu_path < KVX_GPU_PATH_AUTO || opts->gpu_path > KVX_GPU_PATH_MAPPED)
+        return kvx_fail(KVX_EINVALID, "kvx_warmup_options.gpu_path %d is not a kvx_gpu_path", opts->gpu_path);
     if (n && !shards) return kvx_fail(KVX_EINVALID, "warmup: shards is NULL");
     if (opts->flags & ~(uint32_t)(KVX_WARMUP_NO_VERIFY | KVX_WARMUP_BUFFERED))
         return kvx_fail(KVX_EINVALID, "kvx_warmup_options.flags has unknown bits 0x%x", opts->flags);
@@ -280,10 +257,10 @@ static int warmup_new(kvx_warmup **out, kvx_shard *const *shards, size_t n, cons
     if (opts->queue_depth > MAX_BUFS - 2)
         return kvx_fail(KVX_EINVALID, "kvx_warmup_options.queue_depth %u is above %d", opts->queue_depth,
                         MAX_BUFS - 2);
-    if (opts->sink == KVX_SINK_GPU && !opts->gpu) {
+    if (opts->sink == KVX_SINK_GPU) {
         int rc = kvx_gpu_count(&(int){0});
-        if (rc == KVX_ENOCUDA) return rc;
-        return kvx_fail(KVX_EINVALID, "kvx_warmup_options.gpu is NULL with KVX_SINK_GPU");
+        if (rc == KVX_ENOCUDA) return rc; /* before opts->gpu is looked at */
+        if (!opts->gpu) return kvx_fail(KVX_EINVALID, "kvx_warmup_options.gpu is NULL with KVX_SINK_GPU");
     }
     uint64_t need;
     int rc = kvx_warmup_sink_bytes(&need, shards, n);
@@ -356,6 +333,11 @@ static int warmup_new(kvx_warmup **out, kvx_shard *const *shards, size_t n, cons
                         biggest - 4096);
     }
     w->nbuf = w->qd + 2;
+    if (opts->sink == KVX_SINK_GPU && (rc = kvx_wgpu_choose(w))) {
+        free(order);
+        warmup_free(w);
+        return rc;
+    }
     rc = make_staging(w);
     if (rc) {
         free(order);
@@ -389,7 +371,8 @@ static int warmup_new(kvx_warmup **out, kvx_shard *const *shards, size_t n, cons
         r->off = start;
         r->want = end - start;
         r->len = kvx_align_up(r->want, align);
-        r->verify = !(opts->flags & KVX_WARMUP_NO_VERIFY);
+        r->verify = !(opts->flags & KVX_WARMUP_NO_VERIFY) && !w->gpu_crc;
+        r->fuse = 1;
         r->pages = &w->rpages[i];
         r->n_pages = (uint32_t)(j - i);
         if (opts->sink == KVX_SINK_HOST) {
@@ -405,6 +388,10 @@ static int warmup_new(kvx_warmup **out, kvx_shard *const *shards, size_t n, cons
         i = j;
     }
     free(order);
+    w->staged = calloc(w->n_runs ? w->n_runs : 1, sizeof *w->staged);
+    if (!w->staged) goto nomem;
+    for (size_t i = 0; i < w->n_runs; i++) w->staged[i] = (uint32_t)i;
+    w->n_staged = w->n_runs;
     if (opts->sink == KVX_SINK_GPU) {
         w->dev_pages = calloc(w->n_pages ? w->n_pages : 1, sizeof *w->dev_pages);
         if (!w->dev_pages) goto nomem;
@@ -421,37 +408,19 @@ nomem:
     return kvx_fail(-ENOMEM, "warmup: out of memory");
 }
 
-static int add_fail(kvx_warmup *w, const wpage *p, int code)
-{
-    if (w->n_fails == w->cap_fails) {
-        size_t nc = w->cap_fails ? w->cap_fails * 2 : 16;
-        void *nf = realloc(w->fails, nc * sizeof *w->fails);
-        if (!nf) return -ENOMEM;
-        w->fails = nf;
-        w->cap_fails = nc;
-    }
-    w->fails[w->n_fails++] = (wfail){p->shard, p->entry, code};
-    return 0;
-}
-
 /* A run landed in staging buffer b: deliver its good pages, name the bad. */
 static int deliver(kvx_warmup *w, kvx_io_run *r, unsigned b)
 {
     if (r->file) w->bytes_read += r->got; /* a file-less run read nothing */
-    int gpu_used = 0;
+    w->st.read_s += r->read_s;
+    w->st.crc_cpu_s += r->crc_s;
+    if (w->o.sink == KVX_SINK_GPU) return kvx_wgpu_deliver(w, r, b);
     for (uint32_t k = 0; k < r->n_pages; k++) {
         const kvx_io_page *pg = &r->pages[k];
         wpage *p = &w->pages[pg->tag];
         if (pg->status == 0) {
-            const uint8_t *src = r->buf + pg->rel;
             if (w->o.sink == KVX_SINK_HOST) {
                 /* copied by host_copy as the run was verified */
-            } else if (w->o.sink == KVX_SINK_GPU) {
-                uint64_t dev = w->gpu_base + p->sink_off;
-                int rc = kvx_gpu_copy_lane(w->o.gpu, b, dev, src, p->bytes);
-                if (rc) return rc;
-                w->dev_pages[pg->tag] = dev;
-                gpu_used = 1;
             } else {
                 w->checksum += pg->crc_got;
             }
@@ -462,12 +431,11 @@ static int deliver(kvx_warmup *w, kvx_io_run *r, unsigned b)
                 atomic_fetch_add(&w->a_crc, 1);
             else
                 w->io_failures++;
-            if (add_fail(w, p, pg->status)) return kvx_fail(-ENOMEM, "warmup: out of memory");
+            if (kvx_warmup_add_fail(w, p, pg->status)) return kvx_fail(-ENOMEM, "warmup: out of memory");
         }
         atomic_fetch_add(&w->a_bytes, p->bytes);
         atomic_fetch_add(&w->a_pages, 1);
     }
-    if (gpu_used) return kvx_gpu_lane_record(w->o.gpu, b);
     return 0;
 }
 
@@ -488,95 +456,104 @@ static void copy_mem_run(kvx_warmup *w, kvx_io_run *r)
     }
     r->status = whole ? 0 : KVX_ETRUNC;
     r->got = whole ? r->want : 0;
+    r->crc_fused = 0;
+    r->read_s = r->crc_s = 0;
     kvx_io_run_finish(r);
     if (r->on_done) r->on_done(r, r->on_done_ctx);
 }
 
-static void progress_now(kvx_warmup_progress *out, kvx_warmup *w)
+/* The staging loop over w->staged: reads into the staging buffers,
+ * delivered as they land, a buffer reused once its run was delivered (on
+ * the GPU: once its copies' event fired). */
+static int exec_staged(kvx_warmup *w, void (*cb)(void *, const kvx_warmup_progress *), void *ctx, int *canceled)
 {
-    out->bytes_done = atomic_load(&w->a_bytes);
-    out->bytes_total = w->bytes_total;
-    out->pages_done = atomic_load(&w->a_pages);
-    out->pages_total = w->n_pages;
-    out->crc_failures = atomic_load(&w->a_crc);
-    out->finished = atomic_load(&w->a_finished);
-    out->seconds = out->finished ? w->seconds : (w->t0 > 0 ? kvx_io_now() - w->t0 : 0);
-}
-
-static int exec(kvx_warmup *w, void (*cb)(void *, const kvx_warmup_progress *), void *ctx)
-{
-    w->t0 = kvx_io_now();
-    double next_cb = w->t0 + 0.1;
+    double next_cb = kvx_io_now() + 0.1;
     unsigned free_bufs[MAX_BUFS], n_free = 0;
     for (unsigned b = 0; b < w->nbuf; b++) free_bufs[n_free++] = w->nbuf - 1 - b;
     kvx_io_run *done[MAX_BUFS];
     size_t next = 0, finished = 0, pushed = 0;
-    int rc = 0, canceled = 0;
-    while (finished < pushed || (next < w->n_runs && !canceled)) {
-        if (!canceled && atomic_load(&w->a_cancel)) {
-            canceled = 1;
+    int rc = 0;
+    while (finished < pushed || (next < w->n_staged && !*canceled)) {
+        if (!*canceled && atomic_load(&w->a_cancel)) {
+            *canceled = 1;
             kvx_ioq_cancel(w->q);
         }
-        while (!canceled && n_free > 0 && next < w->n_runs) {
+        while (!*canceled && n_free > 0 && next < w->n_staged) {
             unsigned b = free_bufs[--n_free];
-            if (w->o.sink == KVX_SINK_GPU && (rc = kvx_gpu_lane_wait(w->o.gpu, b))) goto out;
-            kvx_io_run *r = &w->runs[next++];
+            if (w->o.sink == KVX_SINK_GPU && (rc = kvx_wgpu_wait(w, b))) return rc;
+            kvx_io_run *r = &w->runs[w->staged[next++]];
             r->buf = w->bufs[b];
             r->owner = (void *)(uintptr_t)b;
             if (!r->file) { /* in memory: no read, delivered now */
                 copy_mem_run(w, r);
                 rc = deliver(w, r, b);
                 free_bufs[n_free++] = b;
-                if (rc) goto out;
+                if (rc) return rc;
                 continue;
             }
             kvx_ioq_push(w->q, r);
             pushed++;
         }
         kvx_ioq_kick(w->q);
+        double t = kvx_io_now();
         int got = kvx_ioq_reap(w->q, done, MAX_BUFS, cb ? 50 : 100);
-        if (got < 0) {
-            rc = got;
-            goto out;
-        }
+        w->st.sync_s += kvx_io_now() - t;
+        if (got < 0) return got;
         for (int i = 0; i < got; i++) {
             unsigned b = (unsigned)(uintptr_t)done[i]->owner;
-            if (done[i]->status != KVX_ECANCELED && (rc = deliver(w, done[i], b))) goto out;
+            if (done[i]->status != KVX_ECANCELED && (rc = deliver(w, done[i], b))) return rc;
             free_bufs[n_free++] = b;
             finished++;
         }
-        if (cb && kvx_io_now() >= next_cb) {
-            kvx_warmup_progress p;
-            progress_now(&p, w);
-            cb(ctx, &p);
-            next_cb = kvx_io_now() + 0.1;
-        }
+        kvx_warmup_tick(w, cb, ctx, &next_cb);
     }
-    if (w->o.sink == KVX_SINK_GPU) {
-        if ((rc = kvx_gpu_sync(w->o.gpu))) goto out;
+    return 0;
+}
+
+static int exec(kvx_warmup *w, void (*cb)(void *, const kvx_warmup_progress *), void *ctx)
+{
+    w->t0 = kvx_io_now();
+    int rc = 0, canceled = 0, gpu = w->o.sink == KVX_SINK_GPU;
+    kvx_io_run *done[MAX_BUFS];
+    if (gpu && (rc = kvx_wgpu_begin(w))) goto out;
+    if (gpu && w->gpu_path == KVX_GPU_PATH_MAPPED && (rc = kvx_wgpu_mapped(w, cb, ctx))) goto out;
+    if ((rc = exec_staged(w, cb, ctx, &canceled))) goto out;
+    if (!canceled && atomic_load(&w->a_cancel)) canceled = 1;
+    if (gpu) {
+        double t = kvx_io_now();
+        rc = kvx_gpu_sync(w->o.gpu);
+        w->st.sync_s += kvx_io_now() - t;
+        if (!rc) rc = kvx_wgpu_end(w, canceled);
     }
 out:
     if (rc) {
-        /* drain what the kernel may still write into staging */
+        snprintf(w->why, sizeof w->why, "%s", kvx_last_error());
+        /* drain what the kernel may still write into staging, and what the
+         * copy engine may still read from it */
         kvx_ioq_cancel(w->q);
         while (kvx_ioq_pending(w->q) > 0)
             if (kvx_ioq_reap(w->q, done, MAX_BUFS, -1) < 0) break;
+        if (gpu) {
+            kvx_gpu_sync(w->o.gpu);
+            kvx_clear_error();
+        }
     }
     w->seconds = kvx_io_now() - w->t0;
     if (canceled) w->rc = KVX_ECANCELED;
-    if (!rc && w->o.sink == KVX_SINK_GPU && w->n_pages) {
+    if (!rc && gpu && w->n_pages) {
         uint64_t table;
         rc = kvx_gpu_page_table(&table, w->o.gpu, w->dev_pages, w->n_pages);
         if (!rc) w->gpu_base = table; /* reported as gpu_page_table */
     }
+    if (rc && !w->why[0]) snprintf(w->why, sizeof w->why, "%s", kvx_last_error()); /* the page table's */
     w->rc = rc ? rc : (canceled ? KVX_ECANCELED : 0);
     atomic_store(&w->a_finished, 1);
     if (cb) {
         kvx_warmup_progress p;
-        progress_now(&p, w);
+        kvx_warmup_progress_now(&p, w);
         cb(ctx, &p);
     }
-    return rc;
+    return rc ? kvx_fail(rc, "%s", w->why) : 0; /* the reason, past the clean-up's calls */
 }
 
 static int fill_report(kvx_warmup_report *out, kvx_warmup *w)
@@ -664,7 +641,7 @@ int kvx_warmup_start(kvx_warmup **out, kvx_shard *const *shards, size_t n, const
 int kvx_warmup_get_progress(kvx_warmup_progress *out, kvx_warmup *w)
 {
     if (!out || !w) return kvx_fail(KVX_EINVALID, "kvx_warmup_get_progress: a NULL argument");
-    progress_now(out, w);
+    kvx_warmup_progress_now(out, w);
     return 0;
 }
 
@@ -702,7 +679,7 @@ int kvx_warmup_wait(kvx_warmup_report *out, kvx_warmup *w, int timeout_ms)
         pthread_join(w->tid, NULL);
         w->started = 0;
     }
-    if (w->rc && w->rc != KVX_ECANCELED) return w->rc;
+    if (w->rc && w->rc != KVX_ECANCELED) return kvx_fail(w->rc, "%s", w->why); /* the warmup thread's reason */
     return fill_report(out, w);
 }
 
@@ -723,5 +700,20 @@ int kvx_warmup_device_pages(const uint64_t **out, size_t *out_n, kvx_warmup *w)
     if (!atomic_load(&w->a_finished)) return kvx_fail(KVX_EBUSY, "kvx_warmup_device_pages: still running");
     *out = w->dev_pages;
     *out_n = w->n_pages;
+    return 0;
+}
+
+int kvx_warmup_get_stages(kvx_warmup_stages *out, kvx_warmup *w)
+{
+    if (!out || !w) return kvx_fail(KVX_EINVALID, "kvx_warmup_get_stages: a NULL argument");
+    if (out->version < 1 || out->version > KVX_WARMUP_STAGES_VERSION)
+        return kvx_fail(KVX_EVERSION, "kvx_warmup_stages.version is %u, expected %u", out->version,
+                        KVX_WARMUP_STAGES_VERSION);
+    if (!atomic_load(&w->a_finished)) return kvx_fail(KVX_EBUSY, "kvx_warmup_get_stages: still running");
+    *out = w->st;
+    out->version = KVX_WARMUP_STAGES_VERSION;
+    out->gpu_path = w->o.sink == KVX_SINK_GPU ? w->gpu_path : 0;
+    out->lanes = w->lanes;
+    out->seconds = w->seconds;
     return 0;
 }
