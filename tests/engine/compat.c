@@ -1,7 +1,7 @@
 /*
  * compat.c - a store written by earlier code still opens and serves every
- * block it acknowledged: tests/fixtures/store-v1 was written by kvx at
- * commit 6ea4b72 (tests/fixtures/gen_store_v1.c says how), before the
+ * block it acknowledged: tests/lib/fixtures/store-v1 was written by kvx at
+ * commit 6ea4b72 (tests/lib/fixtures/gen_store_v1.c says how), before the
  * catalog took over the index's records. The on-disk formats (shard files,
  * the LMDB records and their CRCs, STORE) must stay readable.
  */
@@ -22,7 +22,7 @@ static int copy_fixture(void **state)
     if (su_setup(state)) return -1;
     snprintf(fixture_copy, sizeof fixture_copy, "%s/store", su_root);
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "cp -r '%s/tests/fixtures/store-v1' '%s' && mkdir -p '%s/staging' && chmod -R u+rwX,go-rwx '%s'",
+    snprintf(cmd, sizeof cmd, "cp -r '%s/tests/lib/fixtures/store-v1' '%s' && mkdir -p '%s/staging' && chmod -R u+rwX,go-rwx '%s'",
              KVX_SOURCE_DIR, fixture_copy, fixture_copy, fixture_copy);
     return system(cmd) == 0 ? 0 : -1;
 }

@@ -710,7 +710,7 @@ static void test_fixture_records(void **state)
     (void)state;
     char dir[300], cmd[1200];
     snprintf(dir, sizeof dir, "%s/fixture-index", su_root);
-    snprintf(cmd, sizeof cmd, "cp -r '%s/tests/fixtures/store-v1/index' '%s' && chmod -R u+rwX '%s'", KVX_SOURCE_DIR,
+    snprintf(cmd, sizeof cmd, "cp -r '%s/tests/lib/fixtures/store-v1/index' '%s' && chmod -R u+rwX '%s'", KVX_SOURCE_DIR,
              dir, dir);
     assert_int_equal(system(cmd), 0);
     kvx_catalog *cat = open_cat(dir, 0);
