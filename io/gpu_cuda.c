@@ -174,32 +174,37 @@ static int c_spectral(const kvx_gpu_spectral_job *job, void *stream)
     return kvx_gk_spectral(job, (cudaStream_t)stream);
 }
 
-static const kvx_gpu_dev_ops cuda_ops = {
-    .present = c_present,
-    .count = c_count,
-    .get_device = c_get_device,
-    .set_device = c_set_device,
-    .pci_bus_id = c_pci_bus_id,
-    .malloc = c_malloc,
-    .free = c_free,
-    .host_register = c_host_register,
-    .host_unregister = c_host_unregister,
-    .memset_async = c_memset_async,
-    .h2d_async = c_h2d_async,
-    .h2d = c_h2d,
-    .d2h = c_d2h,
-    .stream_create = c_stream_create,
-    .stream_destroy = c_stream_destroy,
-    .stream_sync = c_stream_sync,
-    .event_create = c_event_create,
-    .event_destroy = c_event_destroy,
-    .event_record = c_event_record,
-    .event_sync = c_event_sync,
-    .event_elapsed = c_event_elapsed,
-    .crc_pages = c_crc_pages,
-    .spectral = c_spectral,
-};
+/* the table, once: C11 takes no other object as a static initializer (clang refuses
+ * "kvx_gpu_dev = cuda_ops", which gcc accepted) */
+#define CUDA_OPS_INIT \
+    { \
+    .present = c_present, \
+    .count = c_count, \
+    .get_device = c_get_device, \
+    .set_device = c_set_device, \
+    .pci_bus_id = c_pci_bus_id, \
+    .malloc = c_malloc, \
+    .free = c_free, \
+    .host_register = c_host_register, \
+    .host_unregister = c_host_unregister, \
+    .memset_async = c_memset_async, \
+    .h2d_async = c_h2d_async, \
+    .h2d = c_h2d, \
+    .d2h = c_d2h, \
+    .stream_create = c_stream_create, \
+    .stream_destroy = c_stream_destroy, \
+    .stream_sync = c_stream_sync, \
+    .event_create = c_event_create, \
+    .event_destroy = c_event_destroy, \
+    .event_record = c_event_record, \
+    .event_sync = c_event_sync, \
+    .event_elapsed = c_event_elapsed, \
+    .crc_pages = c_crc_pages, \
+    .spectral = c_spectral, \
+    }
 
-kvx_gpu_dev_ops kvx_gpu_dev = cuda_ops;
+static const kvx_gpu_dev_ops cuda_ops = CUDA_OPS_INIT;
+
+kvx_gpu_dev_ops kvx_gpu_dev = CUDA_OPS_INIT;
 
 void kvx_gpu_dev_reset(void) { kvx_gpu_dev = cuda_ops; }

@@ -113,32 +113,37 @@ static int n_spectral(const kvx_gpu_spectral_job *job, void *stream)
     return NOCUDA();
 }
 
-static const kvx_gpu_dev_ops nocuda_ops = {
-    .present = n_present,
-    .count = n_count,
-    .get_device = n_get_device,
-    .set_device = n_set_device,
-    .pci_bus_id = n_pci_bus_id,
-    .malloc = n_malloc,
-    .free = n_free,
-    .host_register = n_host_register,
-    .host_unregister = n_host_unregister,
-    .memset_async = n_memset_async,
-    .h2d_async = n_h2d_async,
-    .h2d = n_h2d,
-    .d2h = n_d2h,
-    .stream_create = n_stream_create,
-    .stream_destroy = n_stream_destroy,
-    .stream_sync = n_stream_sync,
-    .event_create = n_event_create,
-    .event_destroy = n_event_destroy,
-    .event_record = n_event_record,
-    .event_sync = n_event_sync,
-    .event_elapsed = n_event_elapsed,
-    .crc_pages = n_crc_pages,
-    .spectral = n_spectral,
-};
+/* the table, once: C11 takes no other object as a static initializer (clang refuses
+ * "kvx_gpu_dev = nocuda_ops", which gcc accepted) */
+#define NOCUDA_OPS_INIT \
+    { \
+    .present = n_present, \
+    .count = n_count, \
+    .get_device = n_get_device, \
+    .set_device = n_set_device, \
+    .pci_bus_id = n_pci_bus_id, \
+    .malloc = n_malloc, \
+    .free = n_free, \
+    .host_register = n_host_register, \
+    .host_unregister = n_host_unregister, \
+    .memset_async = n_memset_async, \
+    .h2d_async = n_h2d_async, \
+    .h2d = n_h2d, \
+    .d2h = n_d2h, \
+    .stream_create = n_stream_create, \
+    .stream_destroy = n_stream_destroy, \
+    .stream_sync = n_stream_sync, \
+    .event_create = n_event_create, \
+    .event_destroy = n_event_destroy, \
+    .event_record = n_event_record, \
+    .event_sync = n_event_sync, \
+    .event_elapsed = n_event_elapsed, \
+    .crc_pages = n_crc_pages, \
+    .spectral = n_spectral, \
+    }
 
-kvx_gpu_dev_ops kvx_gpu_dev = nocuda_ops;
+static const kvx_gpu_dev_ops nocuda_ops = NOCUDA_OPS_INIT;
+
+kvx_gpu_dev_ops kvx_gpu_dev = NOCUDA_OPS_INIT;
 
 void kvx_gpu_dev_reset(void) { kvx_gpu_dev = nocuda_ops; }
