@@ -79,17 +79,38 @@ class KvxConnector:
     per_rank_path (True: path is already this process's own directory; a "{rank}" in path is replaced by
     rank<N> instead), num_workers (default 2: one writer thread for sets and deletes, num_workers - 1 (at
     least 1) reader threads for gets and exists), nosync (tests and benchmarks only), verify.
+
+    Namespace (optional; _common.namespace, as the SGLang adapter's): model, revision (default: a digest of
+    model_path's config files, else none, said once in the log), model_path, dtype, chunk_size, layout, and
+    namespace (a dict of any other fields that change a chunk's bytes). When any is given the directory is
+    path/<model>_rank<N>_<digest16> and the store records the namespace: a changed one opens another store, a
+    hand-named directory (per_rank_path, "{rank}") of another is refused with kvx.ShapeError. None given: the
+    directory is path/rank<N> as before (LMCache's keys name the model, not its revision, dtype or layout).
     """
 
     def __init__(self, path=None, page_bytes=None, capacity="64GiB", rank=None, per_rank_path=False,
-                 num_workers=2, nosync=False, verify=False):
+                 num_workers=2, nosync=False, verify=False, model=None, revision=None, model_path=None, dtype=None,
+                 chunk_size=None, layout=None, namespace=None):
         num_workers = int(num_workers)
         if num_workers <= 0:
             raise ValueError("kvx: num_workers must be > 0")
-        self.dir = _common.store_dir(path, _rank_tag(rank), per_rank_path)
+        tag = _rank_tag(rank)
+        self.namespace = None  # (digest, record) when the params name one
+        if any(v not in (None, "", {}) for v in (model, revision, model_path, dtype, chunk_size, layout, namespace)):
+            if not page_bytes:
+                raise ValueError("kvx: page_bytes is part of the store's namespace: give it with model/revision/...")
+            fields = dict(namespace or {})
+            fields.update({"engine": "lmcache", "model": model, "page_bytes": int(page_bytes), "dtype": dtype,
+                           "chunk_size": chunk_size, "layout": layout,
+                           "revision": _common.model_revision(model, revision, model_path, "lmcache")})
+            self.namespace = _common.namespace(fields)
+            tag = ((_common.tag_safe(model.replace("/", "-")) + "_") if model else "") + tag + "_" + self.namespace[0]
+        self.dir = _common.store_dir(path, tag, per_rank_path)
         self._store = _common.open_keyed_store(self.dir, page_bytes, capacity, nosync=nosync, verify=verify)
         self.page_bytes = self._store.page_bytes
         try:
+            if self.namespace is not None:
+                self._record_namespace()
             self._efd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         except BaseException:
             self._store.close()
@@ -183,6 +204,17 @@ class KvxConnector:
     def __exit__(self, *exc):
         self.close()
         return False
+
+    def _record_namespace(self):
+        """Record this connector's namespace in a store holding none; refuse one that records another."""
+        rec = _common.read_namespace(self._store)
+        if rec is None:
+            with self._store.batch() as b:
+                b.keyed_put([_common.NAMESPACE_KEY], [self.namespace[1]])
+        elif rec != self.namespace[1]:
+            _common.raise_kvx(kvx.ShapeError, kvx.ESHAPE,
+                              f"{self.dir} holds the pages of another namespace ({rec.decode(errors='replace')}), "
+                              f"not this connector's ({self.namespace[1].decode()}): give another path")
 
     # ---- submission ---------------------------------------------------------
 
