@@ -32,6 +32,13 @@ completions, signalling the one eventfd. A set completes ok only after
 its own write batch's flush returned 0: its pages are durable. A get copies
 each held page into its buffer (lengths must match) and reports True; a
 miss reports False and leaves that buffer untouched.
+
+Keys: str or bytes of 1..page_bytes bytes; over 255 (kvx.KEY_MAX) one is
+stored under a digest with the full key kept beside its page and compared
+on every read (see _LONG). Buffers: any C-contiguous buffer; byte views of
+a single-byte unsigned format ("B", LMCache's MemoryObj.byte_array "<B")
+are taken as they are, others cast to bytes. For LMCache's usage report
+after a restart, see kvx.integrations.lmcache_l2 (the "plugin" type).
 """
 import collections
 import hashlib
