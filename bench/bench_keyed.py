@@ -27,12 +27,15 @@ files are still fsynced at every flush), the same for both.
    the same 64 keys (one C call, zero-copy views; the brief's reference) and
    keyed_get_into (one C call that also copies into the same 64 buffers: the
    like-for-like reference, since the connector must copy). Target: driver /
-   C batch get <= 1.2x.
+   C batch get <= 1.2x. The pages stored and the buffers loaded into are what
+   LMCache hands over: MemoryObj.byte_array, a memoryview of a ctypes c_ubyte
+   array (format "<B"), never numpy "B" views.
 
 Each figure is the best of ROUNDS alternated rounds (each round: 20 batches
 of 64 pages per variant), with the median of the per-round ratios.
 """
 import argparse
+import ctypes
 import os
 import select
 import shutil
@@ -142,8 +145,19 @@ params = {"path": l2, "page_bytes": PB, "capacity": CAP, "nosync": True, "num_wo
 adapter = load_native_plugin({"type": "native_plugin", "module_path": "kvx.integrations.lmcache",
                               "class_name": "KvxConnector", "adapter_params": params})
 conn = adapter.client
+
+
+def byte_array(n, src=None):
+    """A buffer as LMCache hands it (MemoryObj.byte_array): a memoryview of a ctypes c_ubyte array, format "<B"."""
+    a = (ctypes.c_ubyte * n).from_buffer_copy(src) if src is not None else (ctypes.c_ubyte * n)()
+    m = memoryview(a)
+    assert m.format == "<B"
+    return m
+
+
+cdata = [byte_array(PB, d) for d in data]  # the pages to store, as LMCache's objects hold them
 for s in range(NSEQ):  # fill through the adapter itself
-    t = adapter.submit_store_task(okeys[s * BATCH:(s + 1) * BATCH], list(data[s * BATCH:(s + 1) * BATCH]))
+    t = adapter.submit_store_task(okeys[s * BATCH:(s + 1) * BATCH], cdata[s * BATCH:(s + 1) * BATCH])
     while True:
         done = adapter.pop_completed_store_tasks()
         if t in done:
@@ -157,8 +171,8 @@ for s in range(NSEQ):  # fill through the adapter itself
 st = conn._store  # the connector's own handle: the reference runs on the same store, same process
 okb = [okeys[s * BATCH:(s + 1) * BATCH] for s in range(NSEQ)]
 skb = [[object_key_to_string(k) for k in ks_] for ks_ in okb]
-bufs = [np.zeros(PB, np.uint8) for _ in range(BATCH)]
-mvs = [memoryview(b) for b in bufs]
+bufs = [byte_array(PB) for _ in range(BATCH)]  # the buffers loaded into: "<B" as LMCache's
+mvs = bufs
 
 
 def driver_get(s):
@@ -192,7 +206,7 @@ def raw_wait(f):
 
 
 for s in range(NSEQ):
-    raw_wait(raw.submit_batch_set(skb[s], [memoryview(d) for d in data[s * BATCH:(s + 1) * BATCH]]))
+    raw_wait(raw.submit_batch_set(skb[s], cdata[s * BATCH:(s + 1) * BATCH]))
 
 
 def raw_get(s):
@@ -209,7 +223,7 @@ def ref_into(s):
 
 for s in range(NSEQ):
     driver_get(s)
-    assert bufs[5].tobytes() == data[s * BATCH + 5].tobytes()
+    assert bytes(bufs[5]) == data[s * BATCH + 5].tobytes()
 d_t, w_t, v_t, i_t, r_dv, r_di, r_wi = [], [], [], [], [], [], []
 for _ in range(args.rounds):
     v = timed(ref_views)

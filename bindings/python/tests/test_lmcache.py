@@ -324,15 +324,17 @@ def test_concurrent_raw_submitters_unique_ids(tmp_path):
 # PROMISE: ENGINE-4, ENGINE-6
 def test_wrong_sizes_and_bad_keys_refused(tmp_path):
     """Refused at submission with kvx.InvalidError (code KVX_EINVALID), nothing queued: an empty list, an empty
-    or 256-byte key, a key neither str nor bytes, a page of 0 or more than page_bytes bytes, counts that differ,
-    a read-only buffer to get into. A get whose buffer differs in length from the page: False, untouched."""
+    key or one longer than page_bytes, a key in the store's own b"\\x00kvx-" space, a key neither str nor bytes,
+    a page of 0 or more than page_bytes bytes, counts that differ, a read-only buffer to get into. A get whose
+    buffer differs in length from the page: False, untouched."""
     c = KvxConnector(path=str(tmp_path / "bad"), page_bytes=PB, capacity="64MiB", nosync=True)
     page = memoryview(bytearray(PB))
     bad = [
         lambda: c.submit_batch_set([], []),
         lambda: c.submit_batch_exists([]),
         lambda: c.submit_batch_set([""], [page]),
-        lambda: c.submit_batch_set(["x" * 256], [page]),
+        lambda: c.submit_batch_set(["x" * (PB + 1)], [page]),  # a key longer than a page (long keys: its own page)
+        lambda: c.submit_batch_set([b"\x00kvx-lk\x00" + b"d" * 32], [page]),  # the store's own keys
         lambda: c.submit_batch_get([b""], [page]),
         lambda: c.submit_batch_exists([12]),
         lambda: c.submit_batch_delete(["ok", None]),

@@ -106,9 +106,10 @@ def open_keyed_store(d, page_bytes, capacity, nosync=False, verify=False):
     return st
 
 
-def key_bytes(k, i):
-    """A key as bytes: str (UTF-8) or bytes, 1..255 bytes (kvx.KEY_MAX); else kvx.InvalidError naming keys[i]
-    (a str that is not UTF-8, such as one holding a lone surrogate, too)."""
+def key_bytes(k, i, max_len=None):
+    """A key as bytes: str (UTF-8) or bytes, 1..255 bytes (kvx.KEY_MAX; max_len: another bound, for an adapter
+    that stores longer keys under a digest); else kvx.InvalidError naming keys[i] (a str that is not UTF-8, such
+    as one holding a lone surrogate, too)."""
     if isinstance(k, str):
         try:
             b = k.encode("utf-8")
@@ -120,8 +121,9 @@ def key_bytes(k, i):
         b = bytes(k)
     else:
         raise_kvx(kvx.InvalidError, kvx.EINVALID, f"keys[{i}] is {type(k).__name__}, not str or bytes")
-    if not 1 <= len(b) <= KEY_MAX:
-        raise_kvx(kvx.InvalidError, kvx.EINVALID, f"keys[{i}] is {len(b)} bytes (a key is 1..{KEY_MAX} bytes)")
+    top = KEY_MAX if max_len is None else max_len
+    if not 1 <= len(b) <= top:
+        raise_kvx(kvx.InvalidError, kvx.EINVALID, f"keys[{i}] is {len(b)} bytes (a key is 1..{top} bytes)")
     return b
 
 
