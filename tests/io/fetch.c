@@ -680,38 +680,6 @@ static void test_cancel_uring(void **state) { (void)state; cancel_case(KVX_IO_UR
 /* PROMISE: IO-3 */
 static void test_cancel_pread(void **state) { (void)state; cancel_case(KVX_IO_PREAD); }
 
-int kvx_shard_mem(kvx_shard **out, const kvx_geometry *g, uint32_t n, void **pages, const uint64_t *hashes,
-                  const uint64_t *parents, const uint32_t *tokens, const uint8_t *digests, const float *scales);
-
-enum { MEM_N = 5 };
-
-/* A shard as a shared-tier lookup makes it (kvx_shard_mem: pages on the
- * heap, no file), of io_geometry, its pages io_fill(tag, entry). */
-static kvx_shard *mem_shard(uint32_t tag)
-{
-    kvx_geometry g = io_geometry();
-    uint64_t pb = kvx_page_bytes(&g, g.block_tokens);
-    void **pages = calloc(MEM_N, sizeof *pages);
-    uint32_t *tokens = calloc((size_t)MEM_N * g.block_tokens, sizeof *tokens);
-    uint64_t hashes[MEM_N], parents[MEM_N];
-    uint8_t digests[MEM_N * 32];
-    assert_non_null(pages);
-    assert_non_null(tokens);
-    memset(digests, 0x5a, sizeof digests);
-    for (uint32_t i = 0; i < MEM_N; i++) {
-        pages[i] = malloc(pb);
-        assert_non_null(pages[i]);
-        io_fill(pages[i], tag, i, pb);
-        hashes[i] = 0x1000 + tag * 16 + i;
-        parents[i] = i ? hashes[i - 1] : 0;
-    }
-    kvx_shard *s = NULL;
-    assert_int_equal(kvx_shard_mem(&s, &g, MEM_N, pages, hashes, parents, tokens, digests, NULL), 0);
-    free(tokens);
-    assert_int_equal(kvx_shard_fd(s), -1);
-    return s;
-}
-
 static kvx_pool *pool_or_unlocked(uint64_t bytes)
 {
     kvx_pool_options o = KVX_POOL_OPTIONS_INIT;

@@ -338,42 +338,6 @@ static void test_pool_free_not_a_slot(void **state)
     kvx_pool_destroy(p);
 }
 
-typedef struct thr {
-    kvx_pool *p;
-    kvx_shard *s;
-    int mode, fails;
-} thr;
-
-static void *thr_main(void *arg)
-{
-    thr *t = arg;
-    kvx_fetch_options o = KVX_FETCH_OPTIONS_INIT;
-    o.io_mode = t->mode;
-    o.queue_depth = 4;
-    o.max_read_bytes = 8192;
-    kvx_fetch *f = NULL;
-    if (kvx_fetch_create(&f, t->p, &o)) {
-        t->fails = -1;
-        return NULL;
-    }
-    kvx_fetch_req r[IO_BASE_N];
-    kvx_fetch_result res[IO_BASE_N];
-    for (int k = 0; k < 60; k++) {
-        size_t n = io_every_page(r, t->s);
-        int rc = kvx_fetch_submit(f, r + (k % 5), n - (size_t)(k % 5));
-        if (rc == KVX_ECAPACITY) continue; /* the other thread holds the pool */
-        if (rc || kvx_fetch_wait(f, res, n - (size_t)(k % 5), -1)) {
-            t->fails++;
-            continue;
-        }
-        for (size_t i = 0; i < n - (size_t)(k % 5); i++)
-            if (res[i].status || !io_page_ok(res[i].page, 7, r[i + (size_t)(k % 5)].entry, res[i].bytes)) t->fails++;
-        if (k % 3 == 0) kvx_fetch_release(f);
-    }
-    kvx_fetch_destroy(f);
-    return NULL;
-}
-
 static void test_two_threads_one_pool(void **state)
 {
     (void)state;

@@ -583,38 +583,6 @@ static void test_evicted_uring(void **state) { (void)state; evicted_case(KVX_IO_
 
 static void test_evicted_pread(void **state) { (void)state; evicted_case(KVX_IO_PREAD, "evict_pread"); }
 
-int kvx_shard_mem(kvx_shard **out, const kvx_geometry *g, uint32_t n, void **pages, const uint64_t *hashes,
-                  const uint64_t *parents, const uint32_t *tokens, const uint8_t *digests, const float *scales);
-
-enum { MEM_N = 5 };
-
-/* A shard as a shared-tier lookup makes it (kvx_shard_mem: pages on the
- * heap, no file), of io_geometry, its pages io_fill(tag, entry). */
-static kvx_shard *mem_shard(uint32_t tag)
-{
-    kvx_geometry g = io_geometry();
-    uint64_t pb = kvx_page_bytes(&g, g.block_tokens);
-    void **pages = calloc(MEM_N, sizeof *pages);
-    uint32_t *tokens = calloc((size_t)MEM_N * g.block_tokens, sizeof *tokens);
-    uint64_t hashes[MEM_N], parents[MEM_N];
-    uint8_t digests[MEM_N * 32];
-    assert_non_null(pages);
-    assert_non_null(tokens);
-    memset(digests, 0x5a, sizeof digests);
-    for (uint32_t i = 0; i < MEM_N; i++) {
-        pages[i] = malloc(pb);
-        assert_non_null(pages[i]);
-        io_fill(pages[i], tag, i, pb);
-        hashes[i] = 0x1000 + tag * 16 + i;
-        parents[i] = i ? hashes[i - 1] : 0;
-    }
-    kvx_shard *s = NULL;
-    assert_int_equal(kvx_shard_mem(&s, &g, MEM_N, pages, hashes, parents, tokens, digests, NULL), 0);
-    free(tokens);
-    assert_int_equal(kvx_shard_fd(s), -1);
-    return s;
-}
-
 /* The io_fill tag of a shard of this test: its shard byte for a file
  * (io_make_shard), 9 or 10 for the two in-memory shards. */
 static uint32_t tag_of(kvx_shard *s, kvx_shard *m9)
@@ -709,42 +677,6 @@ static int filter(int res, size_t requested)
     case 5: return -EINVAL;
     default: return (int)requested + 4096; /* more than asked */
     }
-}
-
-typedef struct thr {
-    kvx_pool *p;
-    kvx_shard *s;
-    int mode, fails;
-} thr;
-
-static void *thr_main(void *arg)
-{
-    thr *t = arg;
-    kvx_fetch_options o = KVX_FETCH_OPTIONS_INIT;
-    o.io_mode = t->mode;
-    o.queue_depth = 4;
-    o.max_read_bytes = 8192;
-    kvx_fetch *f = NULL;
-    if (kvx_fetch_create(&f, t->p, &o)) {
-        t->fails = -1;
-        return NULL;
-    }
-    kvx_fetch_req r[IO_BASE_N];
-    kvx_fetch_result res[IO_BASE_N];
-    for (int k = 0; k < 60; k++) {
-        size_t n = io_every_page(r, t->s);
-        int rc = kvx_fetch_submit(f, r + (k % 5), n - (size_t)(k % 5));
-        if (rc == KVX_ECAPACITY) continue; /* the other thread holds the pool */
-        if (rc || kvx_fetch_wait(f, res, n - (size_t)(k % 5), -1)) {
-            t->fails++;
-            continue;
-        }
-        for (size_t i = 0; i < n - (size_t)(k % 5); i++)
-            if (res[i].status || !io_page_ok(res[i].page, 7, r[i + (size_t)(k % 5)].entry, res[i].bytes)) t->fails++;
-        if (k % 3 == 0) kvx_fetch_release(f);
-    }
-    kvx_fetch_destroy(f);
-    return NULL;
 }
 
 typedef struct wthr {
