@@ -306,9 +306,9 @@ static int st_still_held(kvx_store *s, kvx_cat_snap *snap, const kvx_entry *e)
 }
 
 /* After an eviction's commit (the registry keeps each victim's last
- * record): queues every block or key of the victims that was not carried
- * and that no live shard holds now. */
-static void st_note_evicted(kvx_store *s, const uint8_t *victims, const st_move *mv, size_t nmv)
+ * record): queues every block or key of the victims that no live shard
+ * holds now (a carried block is held where it was carried to). */
+static void st_note_evicted(kvx_store *s, const uint8_t *victims)
 {
     char saved[512]; /* the caller's message (an eviction for a put's KVX_EFULL says why) */
     snprintf(saved, sizeof saved, "%s", kvx_last_error());
@@ -328,10 +328,7 @@ static void st_note_evicted(kvx_store *s, const uint8_t *victims, const st_move 
         for (uint32_t i = 0; i < n; i++) {
             kvx_entry e;
             if (kvx_shard_entry(&e, sh, i) != 0 || (!e.hash && !e.key)) continue; /* a partial tail: no name */
-            int carried = 0;
-            for (size_t k = 0; k < nmv && !carried; k++)
-                carried = mv[k].new_gen && mv[k].src_coord == e.coordinate && mv[k].src_gen == rec->gen;
-            if (!carried && !st_still_held(s, snap, &e)) st_ev_push(s, &e);
+            if (!st_still_held(s, snap, &e)) st_ev_push(s, &e); /* a carried block is held at its new place */
         }
         kvx_shard_close(sh);
     }
@@ -457,7 +454,7 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
     if (rc) {
         kvx_st_unlink_sealed(s, added, nadded);
     } else {
-        st_note_evicted(s, victims, mv, d.nmoves);
+        st_note_evicted(s, victims);
         kvx_st_after_drop(s, victims, NULL);
         kvx_st_rec_from_moves(s, mv, d.nmoves, added, nadded);
         for (size_t i = 0; i < d.nmoves; i++) s->carried += mv[i].new_gen != 0;
