@@ -121,11 +121,46 @@ static void test_reindex_failure_does_not_point_at_itself(void **state)
     su_rm_rf(dir);
 }
 
+/* On a read-only mount reindex fails at once, naming the read-only file
+ * system, changes nothing, and does not point at itself. Needs root to
+ * mount a tmpfs (skipped otherwise). */
+/* PROMISE: RECOVER-19 */
+static void test_reindex_on_read_only_mount(void **state)
+{
+    (void)state;
+    char mnt[300], dir[400], cmd[1200];
+    snprintf(mnt, sizeof mnt, "%s/ro", su_root);
+    snprintf(dir, sizeof dir, "%s/s", mnt);
+    assert_int_equal(mkdir(mnt, 0700), 0);
+    snprintf(cmd, sizeof cmd, "mount -t tmpfs -o size=16m tmpfs '%s' 2>/dev/null", mnt);
+    if (system(cmd) != 0) {
+        rmdir(mnt);
+        skip(); /* not root, or no mount here */
+    }
+    filled_store(dir);
+    run_shell("truncate -s 8192 %s/index/data.mdb", dir);
+    snprintf(cmd, sizeof cmd, "mount -o remount,ro '%s'", mnt);
+    assert_int_equal(system(cmd), 0);
+    cli_run r = CLI(NULL, "store", "reindex", "--no-wait", dir);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "EROFS"));
+    assert_null(strstr(r.err, "kvx store reindex "));
+    cli_run_free(&r);
+    struct stat st;
+    snprintf(cmd, sizeof cmd, "%s/index/data.mdb", dir);
+    assert_int_equal(stat(cmd, &st), 0);
+    assert_int_equal(st.st_size, 8192); /* nothing changed */
+    snprintf(cmd, sizeof cmd, "umount '%s'", mnt);
+    assert_int_equal(system(cmd), 0);
+    rmdir(mnt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reindex_repairs_any_index_damage),
         cmocka_unit_test(test_reindex_failure_does_not_point_at_itself),
+        cmocka_unit_test(test_reindex_on_read_only_mount),
     };
     return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }
