@@ -9,14 +9,16 @@
 
 /* The page of entry index, CRC-checked unless this handle already checked
  * it (a per-page bit, set on the first pass): what every view of the store
- * goes through. KVX_EPAGECRC, or KVX_ETRUNC for a missing page. */
+ * goes through. KVX_EPAGECRC, or KVX_ETRUNC for a missing page, or
+ * KVX_ENOTFOUND for a tombstone (no page). */
 int kvx_shard_page_checked(const void **out_page, const kvx_shard *s, uint32_t index);
 /* kvx_shard_open of name under directory dirfd, never through a symlink
  * (KVX_EPATH: a symlink put where the store checked a file); path is the
  * name messages and kvx_shard_path give. dirfd AT_FDCWD: path, as
  * kvx_shard_open. */
 int kvx_shard_open_at(kvx_shard **out, int dirfd, const char *name, const char *path, unsigned flags);
-/* Entries whose page lies (partly) past the end of the file. */
+/* Entries whose page lies (partly) past the end of the file (never a
+ * tombstone). */
 uint32_t kvx_shard_missing(const kvx_shard *s);
 
 /* kvx_shard_writer_seal up to the fsync of the complete file, which then
@@ -27,6 +29,25 @@ uint32_t kvx_shard_missing(const kvx_shard *s);
  * removes. Frees w whatever the result; on failure no file is left. A
  * writer without staging_dir (an unnamed file) is KVX_EINVALID. */
 int kvx_shard_writer_seal_staged(kvx_shard_writer *w, char *name, size_t cap);
+
+/* Commit records (KVX_FLAG_SEQ, KVX_FLAG_TOMB; docs/FORMAT.md "Sequence
+ * numbers and tombstones"), what the store's writers use: */
+/* Adds a tombstone for key (1..KVX_KEY_MAX bytes) at coordinate
+ * (shard, radix_block, 0): no page is written. KVX_EINVALID without
+ * KVX_FLAG_TOMB or for a bad key; KVX_EFULL, KVX_EDUPLICATE as
+ * kvx_shard_writer_add. Its sequence number starts 0. */
+int kvx_shard_writer_add_tombstone(kvx_shard_writer *w, uint16_t radix_block, const void *key, uint32_t key_len);
+/* Sets entry index's sequence number: KVX_EINVALID without KVX_FLAG_SEQ,
+ * for index >= count or for seq 0. */
+int kvx_shard_writer_set_seq(kvx_shard_writer *w, uint32_t index, uint64_t seq);
+/* Sets seq on every entry whose sequence number is still 0 (a batch's
+ * commit); nothing without KVX_FLAG_SEQ, or for seq 0. */
+void kvx_shard_writer_seq_unset(kvx_shard_writer *w, uint64_t seq);
+/* The max_entries the writer was created with (0 for NULL). */
+uint32_t kvx_shard_writer_max(const kvx_shard_writer *w);
+/* The smallest sequence number of any entry; 0 without a sequence table or
+ * without entries. O(1) (computed at open). */
+uint64_t kvx_shard_min_seq(const kvx_shard *s);
 
 /* kvx_envelope_parse without its crc32c check, for an envelope inside a
  * container whose own checksum covering every byte of it just passed (a

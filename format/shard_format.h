@@ -3,8 +3,8 @@
  * shard writer, reader and conversion code (not API).
  *
  * The layout is DESIGN.md "Format decisions": a 64-byte header, the
- * coordinate table at 0x40 and the optional hash, lineage, digest, scale and key tables
- * right after it (each sized by num_blocks), the spectral bundle at a
+ * coordinate table at 0x40 and the optional hash, lineage, digest, scale, key,
+ * sequence and tombstone tables right after it (each sized by num_blocks), the spectral bundle at a
  * 64-aligned offset, and the KV pages from kv_data_offset (a multiple of
  * 4096) on, each page at a multiple of 4096. Writer and reader compute the
  * table positions with the same function (kvx_shard_layout_for), so the two
@@ -26,7 +26,11 @@
 #define KVX_LARGE_ALIGN (1u << 20)
 #define KVX_SECTION_ALIGN 64u
 #define KVX_FLAGS_KNOWN                                                                               \
-    (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_META_CRC | KVX_FLAG_DIGEST | KVX_FLAG_KEYS)
+    (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_META_CRC | KVX_FLAG_DIGEST | KVX_FLAG_KEYS | \
+     KVX_FLAG_SEQ | KVX_FLAG_TOMB)
+/* Tombstone table values. */
+#define KVX_TOMB_PAGE 0u
+#define KVX_TOMB_DELETE 1u
 
 /* Header field offsets. */
 enum {
@@ -128,6 +132,8 @@ typedef struct kvx_shard_layout {
     uint64_t digest_off, digest_bytes;                /* rec = 32 */
     uint64_t scale_off, scale_bytes, scale_rec;       /* rec = 4 * L*2*Hkv */
     uint64_t key_off, key_bytes;                      /* rec = KVX_KEY_RECORD */
+    uint64_t seq_off, seq_bytes;                      /* rec = 8 (u64 LE) */
+    uint64_t tomb_off, tomb_bytes;                    /* rec = 1 */
     uint64_t tables_end;
 } kvx_shard_layout;
 
@@ -159,7 +165,11 @@ static inline int kvx_shard_layout_for(kvx_shard_layout *out, uint64_t n, uint32
     }
     ok &= kvx_add64(&l.key_off, l.scale_off, l.scale_bytes);
     if (flags & KVX_FLAG_KEYS) ok &= kvx_mul64(&l.key_bytes, n, KVX_KEY_RECORD);
-    ok &= kvx_add64(&l.tables_end, l.key_off, l.key_bytes);
+    ok &= kvx_add64(&l.seq_off, l.key_off, l.key_bytes);
+    if (flags & KVX_FLAG_SEQ) ok &= kvx_mul64(&l.seq_bytes, n, 8);
+    ok &= kvx_add64(&l.tomb_off, l.seq_off, l.seq_bytes);
+    if (flags & KVX_FLAG_TOMB) l.tomb_bytes = n;
+    ok &= kvx_add64(&l.tables_end, l.tomb_off, l.tomb_bytes);
     if (!ok) return KVX_EOVERFLOW;
     *out = l;
     return 0;

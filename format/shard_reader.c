@@ -64,6 +64,9 @@ struct kvx_shard {
     float *scales;     /* n * L*2*Hkv, or NULL */
     uint8_t *digests;  /* n * 32, or NULL */
     uint8_t *keys;     /* n * KVX_KEY_RECORD (u8 len, key, zeros), or NULL */
+    uint64_t *seqs;    /* n sequence numbers (each != 0), or NULL */
+    uint8_t *tombs;    /* n tombstone bytes (0 page, 1 tombstone), or NULL */
+    uint64_t min_seq;  /* the smallest of seqs; 0 without them */
     uint64_t scale_count;
     /* one bit per page: its CRC passed since this handle was opened
      * (DESIGN.md rule 1: a view is checked before it is first handed out) */
@@ -107,6 +110,8 @@ static void shard_free(kvx_shard *s)
     free(s->scales);
     free(s->digests);
     free(s->keys);
+    free(s->seqs);
+    free(s->tombs);
     free((void *)s->checked);
     free(s->by_coord);
     free(s->spectral_ids);
@@ -157,8 +162,16 @@ static int check_header(const kvx_shard_header *h)
     if ((h->flags & KVX_FLAG_SCALES) && !kvx_quant_is_fp8(h->quant))
         return kvx_fail(KVX_EFORMAT, "header: an %s file has a scale table (only FP8 files have one)",
                         h->quant == KVX_QUANT_FP16 ? "FP16" : "BF16");
-    if ((h->flags & KVX_FLAG_KEYS) && (h->flags & ~(KVX_FLAG_KEYS | KVX_FLAG_META_CRC)))
-        return kvx_fail(KVX_EFORMAT, "header: a key table mixes with no other table (flags 0x%x)", h->flags);
+    if ((h->flags & KVX_FLAG_KEYS) &&
+        (h->flags & ~(KVX_FLAG_KEYS | KVX_FLAG_META_CRC | KVX_FLAG_SEQ | KVX_FLAG_TOMB)))
+        return kvx_fail(KVX_EFORMAT,
+                        "header: a key table mixes with no other table but sequence numbers and tombstones (flags 0x%x)",
+                        h->flags);
+    if ((h->flags & KVX_FLAG_TOMB) && (h->flags & (KVX_FLAG_KEYS | KVX_FLAG_SEQ)) != (KVX_FLAG_KEYS | KVX_FLAG_SEQ))
+        return kvx_fail(KVX_EFORMAT, "header: flags 0x%x have a tombstone table (bit7) without %s", h->flags,
+                        !(h->flags & KVX_FLAG_KEYS) && !(h->flags & KVX_FLAG_SEQ) ? "a key table (bit5) and a sequence table (bit6)"
+                        : !(h->flags & KVX_FLAG_KEYS)                             ? "a key table (bit5)"
+                                                                                  : "a sequence table (bit6)");
     if ((h->flags & KVX_FLAG_KEYS) && h->spectral_offset)
         return kvx_fail(KVX_EFORMAT, "header: a keyed shard has no spectral bundle");
     /* a keyed page is any length up to the one-token page, not a block of
@@ -186,7 +199,8 @@ static int load_entries(kvx_shard *s, const kvx_shard_header *h, const kvx_shard
     uint32_t n = h->num_blocks, B = h->block_tokens;
     int hashes = (h->flags & KVX_FLAG_HASHES) != 0, lineage = (h->flags & KVX_FLAG_LINEAGE) != 0;
     int scales = (h->flags & KVX_FLAG_SCALES) != 0, digests = (h->flags & KVX_FLAG_DIGEST) != 0;
-    int keys = (h->flags & KVX_FLAG_KEYS) != 0;
+    int keys = (h->flags & KVX_FLAG_KEYS) != 0, seqs = (h->flags & KVX_FLAG_SEQ) != 0;
+    int tombs = (h->flags & KVX_FLAG_TOMB) != 0;
     uint64_t kv_len = file_size - h->kv_data_offset;
     s->recs = calloc(n ? n : 1, sizeof *s->recs);
     s->by_coord = malloc(sizeof(uint64_t) * (n ? n : 1));
@@ -197,6 +211,8 @@ static int load_entries(kvx_shard *s, const kvx_shard_header *h, const kvx_shard
         s->tokens = malloc(lay->lineage_bytes ? (size_t)(lay->lineage_bytes - 8ull * n) : 1);
     }
     if (digests) s->digests = malloc(lay->digest_bytes ? (size_t)lay->digest_bytes : 1);
+    if (seqs) s->seqs = malloc(sizeof(uint64_t) * (n ? n : 1));
+    if (tombs) s->tombs = malloc(n ? n : 1);
     s->checked = calloc((size_t)n / 64 + 1, sizeof(uint64_t));
     if (scales) {
         s->scale_count = lay->scale_rec / 4;
@@ -204,7 +220,7 @@ static int load_entries(kvx_shard *s, const kvx_shard_header *h, const kvx_shard
     }
     if (!s->recs || !s->by_coord || ((hashes || keys) && !s->hashes) || (keys && !s->keys) ||
         (lineage && (!s->parents || !s->tokens)) || (scales && !s->scales) || (digests && !s->digests) ||
-        !s->checked)
+        (seqs && !s->seqs) || (tombs && !s->tombs) || !s->checked)
         return kvx_fail(-ENOMEM, "out of memory for the tables of %u entries", n);
 
     for (uint32_t i = 0; i < n; i++) {
@@ -228,11 +244,31 @@ static int load_entries(kvx_shard *s, const kvx_shard_header *h, const kvx_shard
         if (!want)
             return kvx_fail(KVX_EOVERFLOW, "entry %u: page size for %u tokens overflows", i,
                             r->token_count);
+        if (seqs) {
+            s->seqs[i] = kvx_load64(tables + (lay->seq_off - KVX_HEADER_BYTES) + (size_t)i * 8);
+            if (s->seqs[i] == 0)
+                return kvx_fail(KVX_EFORMAT, "entry %u: sequence number 0 (every committed entry has one >= 1)", i);
+            if (i == 0 || s->seqs[i] < s->min_seq) s->min_seq = s->seqs[i];
+        }
+        int tomb = 0;
+        if (tombs) {
+            uint8_t t = tables[(lay->tomb_off - KVX_HEADER_BYTES) + i];
+            if (t != KVX_TOMB_PAGE && t != KVX_TOMB_DELETE)
+                return kvx_fail(KVX_EFORMAT, "entry %u: tombstone byte %u (0 = a page, 1 = a tombstone)", i, t);
+            s->tombs[i] = t;
+            tomb = t == KVX_TOMB_DELETE;
+        }
         if (keys) {
-            /* a keyed page: one "token", any length up to the geometry's page */
+            /* a keyed page: one "token", any length up to the geometry's
+             * page; a tombstone: one "token", no page at all */
             if (r->token_count != 1)
-                return kvx_fail(KVX_ETOKENS, "entry %u: a keyed page has token_count %u, not 1", i, r->token_count);
-            if (r->bytes == 0 || r->bytes > want)
+                return kvx_fail(KVX_ETOKENS, "entry %u: a keyed %s has token_count %u, not 1", i,
+                                tomb ? "tombstone" : "page", r->token_count);
+            if (tomb && (rel || r->bytes || r->crc32))
+                return kvx_fail(KVX_EPAGE,
+                                "entry %u: a tombstone has offset 0, bytes 0 and crc 0, not %llu, %u and 0x%08x", i,
+                                (unsigned long long)rel, r->bytes, r->crc32);
+            if (!tomb && (r->bytes == 0 || r->bytes > want))
                 return kvx_fail(KVX_EPAGE, "entry %u: keyed page of %u bytes, not 1..%llu", i, r->bytes,
                                 (unsigned long long)want);
             const uint8_t *kr = tables + (lay->key_off - KVX_HEADER_BYTES) + (size_t)i * KVX_KEY_RECORD;
@@ -256,11 +292,15 @@ static int load_entries(kvx_shard *s, const kvx_shard_header *h, const kvx_shard
          * stays usable */
         if (rel > UINT64_MAX - h->kv_data_offset - r->bytes)
             return kvx_fail(KVX_EPAGE, "entry %u: page offset %llu overflows", i, (unsigned long long)rel);
-        if (rel > kv_len || r->bytes > kv_len - rel) {
-            r->missing = 1;
-            s->n_missing++;
+        if (tomb) {
+            r->offset = 0; /* no page: never missing, never read */
+        } else {
+            if (rel > kv_len || r->bytes > kv_len - rel) {
+                r->missing = 1;
+                s->n_missing++;
+            }
+            r->offset = h->kv_data_offset + rel;
         }
-        r->offset = h->kv_data_offset + rel;
         s->by_coord[i] = (uint64_t)r->coordinate << 32 | i;
 
         uint64_t hash = 0;
@@ -324,15 +364,18 @@ static int load_entries(kvx_shard *s, const kvx_shard_header *h, const kvx_shard
                             (uint32_t)s->by_coord[i - 1], (uint32_t)s->by_coord[i],
                             (uint32_t)(s->by_coord[i] >> 32));
 
-    /* Two pages that overlap are no writer's output: refuse them too. */
+    /* Two pages that overlap are no writer's output: refuse them too
+     * (tombstones have no page). */
     if (n > 1) {
         uint64_t *by_off = malloc(sizeof(uint64_t) * n);
         if (!by_off) return kvx_fail(-ENOMEM, "out of memory");
         /* offsets are multiples of 4096 below 2^64: offset/4096 fits in 52
          * bits, leaving room for the 17-bit index (n <= 65536) */
-        for (uint32_t i = 0; i < n; i++) by_off[i] = (s->recs[i].offset / KVX_PAGE_ALIGN) << 17 | i;
-        qsort(by_off, n, sizeof(uint64_t), cmp_u64);
-        for (uint32_t k = 1; k < n; k++) {
+        uint32_t np = 0;
+        for (uint32_t i = 0; i < n; i++)
+            if (!s->tombs || !s->tombs[i]) by_off[np++] = (s->recs[i].offset / KVX_PAGE_ALIGN) << 17 | i;
+        qsort(by_off, np, sizeof(uint64_t), cmp_u64);
+        for (uint32_t k = 1; k < np; k++) {
             const shard_rec *a = &s->recs[by_off[k - 1] & 0x1FFFF], *b = &s->recs[by_off[k] & 0x1FFFF];
             if (a->offset + a->bytes > b->offset) {
                 uint32_t ia = (uint32_t)(by_off[k - 1] & 0x1FFFF), ib = (uint32_t)(by_off[k] & 0x1FFFF);
@@ -545,6 +588,21 @@ int kvx_shard_entry(kvx_entry *out, const kvx_shard *s, uint32_t index)
     return 0;
 }
 
+int kvx_shard_entry_commit(const kvx_shard *s, uint32_t index, uint64_t *out_seq, int *out_tombstone)
+{
+    if (!s) return kvx_fail(KVX_EINVALID, "kvx_shard_entry_commit: NULL shard");
+    if (index >= s->n)
+        return kvx_fail(KVX_EINVALID, "kvx_shard_entry_commit: index %u, the shard has %u entries", index, s->n);
+    if (out_seq) *out_seq = s->seqs ? s->seqs[index] : 0;
+    if (out_tombstone) *out_tombstone = s->tombs ? s->tombs[index] == KVX_TOMB_DELETE : 0;
+    return 0;
+}
+
+uint64_t kvx_shard_min_seq(const kvx_shard *s) { return s ? s->min_seq : 0; }
+
+/* Is entry index a tombstone (no page)? */
+static int is_tomb(const kvx_shard *s, uint32_t index) { return s->tombs && s->tombs[index] == KVX_TOMB_DELETE; }
+
 int kvx_shard_find(uint32_t *out_index, const kvx_shard *s, uint32_t coordinate)
 {
     if (!out_index || !s) return kvx_fail(KVX_EINVALID, "kvx_shard_find: NULL argument");
@@ -619,6 +677,11 @@ int kvx_shard_page(const void **out_page, const kvx_shard *s, uint32_t index, in
     if (!out_page || !s) return kvx_fail(KVX_EINVALID, "kvx_shard_page: NULL argument");
     if (index >= s->n)
         return kvx_fail(KVX_EINVALID, "kvx_shard_page: index %u, the shard has %u entries", index, s->n);
+    if (is_tomb(s, index)) {
+        *out_page = NULL;
+        return kvx_fail(KVX_ENOTFOUND, "entry %u (coordinate 0x%08x) of %s is a tombstone (a keyed delete): it has no page",
+                        index, s->recs[index].coordinate, s->path);
+    }
     if (s->recs[index].missing) {
         *out_page = NULL;
         return kvx_fail(KVX_ETRUNC, "entry %u (coordinate 0x%08x): page lies past the end of %s (missing)", index,
@@ -754,6 +817,7 @@ int kvx_shard_verify(const kvx_shard *s, uint32_t *out_bad,
     int first = 0;
     for (uint32_t i = 0; i < s->n; i++) {
         const shard_rec *r = &s->recs[i];
+        if (is_tomb(s, i)) continue; /* no page: never missing, never damaged */
         int rc = r->offset + r->bytes > size
                      ? kvx_fail(KVX_ETRUNC, "entry %u: page lies past the end of the file (now %llu bytes)",
                                 i, (unsigned long long)size)

@@ -11,9 +11,14 @@
  * aligned pages are holes that read as zeros), fsyncs, renames into place
  * and fsyncs the directory. Any failure removes the temporary file, so a
  * crash or an error never leaves a partial file under the final name.
+ * The commit records (sequence numbers, tombstones) are tables like the
+ * others: the store sets each entry's sequence number when its batch
+ * commits (kvx_shard_writer_set_seq / _seq_unset), and a seal with one
+ * still 0 is refused.
  * Every OS call goes through kvx_os so tests can make each one fail.
  */
 #include "shard_format.h"
+#include "format.h"
 #include "common/os.h"
 #include "common/digest.h"
 
@@ -40,6 +45,8 @@ struct kvx_shard_writer {
     uint8_t *digests;       /* cap * 32 */
     float *scales;          /* cap * L*2*Hkv */
     uint8_t *keys;          /* cap * KVX_KEY_RECORD */
+    uint64_t *seqs;         /* cap: sequence numbers (KVX_FLAG_SEQ), 0 = not yet set */
+    uint8_t *tombs;         /* cap: KVX_TOMB_PAGE / KVX_TOMB_DELETE (KVX_FLAG_TOMB) */
     uint64_t scale_count;   /* L*2*Hkv */
     uint64_t lineage_rec;
     uint8_t *spectral;      /* encoded bundle, or NULL */
@@ -62,6 +69,8 @@ static void writer_free(kvx_shard_writer *w)
     free(w->digests);
     free(w->scales);
     free(w->keys);
+    free(w->seqs);
+    free(w->tombs);
     free(w->spectral);
     free(w->seen);
     free(w);
@@ -93,10 +102,14 @@ static int check_options(const kvx_shard_writer_options *o)
         return kvx_fail(KVX_EINVALID, "writer options: max_entries %u is not in 1..%u", o->max_entries,
                         KVX_MAX_ENTRIES);
     uint32_t f = o->flags & ~KVX_FLAG_META_CRC; /* the writer always sets META_CRC */
-    if (f & ~(KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_DIGEST | KVX_FLAG_KEYS))
+    if (f & ~(KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_DIGEST | KVX_FLAG_KEYS |
+              KVX_FLAG_SEQ | KVX_FLAG_TOMB))
         return kvx_fail(KVX_EINVALID, "writer options: unknown flags 0x%x", f);
-    if ((f & KVX_FLAG_KEYS) && (f != KVX_FLAG_KEYS || o->spectral))
-        return kvx_fail(KVX_EINVALID, "writer options: a key table mixes with no other table or bundle");
+    if ((f & KVX_FLAG_KEYS) && ((f & ~(KVX_FLAG_KEYS | KVX_FLAG_SEQ | KVX_FLAG_TOMB)) || o->spectral))
+        return kvx_fail(KVX_EINVALID,
+                        "writer options: a key table mixes with no other table or bundle (but sequence numbers and tombstones)");
+    if ((f & KVX_FLAG_TOMB) && (f & (KVX_FLAG_KEYS | KVX_FLAG_SEQ)) != (KVX_FLAG_KEYS | KVX_FLAG_SEQ))
+        return kvx_fail(KVX_EINVALID, "writer options: a tombstone table needs KVX_FLAG_KEYS and KVX_FLAG_SEQ");
     if ((f & KVX_FLAG_LINEAGE) && !(f & KVX_FLAG_HASHES))
         return kvx_fail(KVX_EINVALID, "writer options: a lineage table needs KVX_FLAG_HASHES");
     if ((f & KVX_FLAG_DIGEST) && !(f & KVX_FLAG_LINEAGE))
@@ -244,6 +257,30 @@ int kvx_shard_writer_create(kvx_shard_writer **out, const char *path,
     return 0;
 }
 
+/* A key's length: 1..KVX_KEY_MAX bytes. */
+static int check_key(const void *key, uint32_t key_len)
+{
+    if (!key || key_len == 0 || key_len > KVX_KEY_MAX)
+        return kvx_fail(KVX_EINVALID, "entry: key of %u bytes (a key is 1..%u bytes)", key_len, KVX_KEY_MAX);
+    return 0;
+}
+
+/* Entry w->n's key record: u8 length, the key, zeros. */
+static void put_key(kvx_shard_writer *w, const void *key, uint32_t key_len)
+{
+    uint8_t *k = w->keys + (size_t)w->n * KVX_KEY_RECORD;
+    memset(k, 0, KVX_KEY_RECORD);
+    k[0] = (uint8_t)key_len;
+    memcpy(k + 1, key, key_len);
+}
+
+/* Entry w->n's commit record: no sequence number yet, and its tomb byte. */
+static void put_commit(kvx_shard_writer *w, uint8_t tomb)
+{
+    if (w->flags & KVX_FLAG_SEQ) w->seqs[w->n] = 0;
+    if (w->flags & KVX_FLAG_TOMB) w->tombs[w->n] = tomb;
+}
+
 /* Grows the in-memory tables to hold at least need entries. */
 static int grow(kvx_shard_writer *w, uint32_t need)
 {
@@ -278,6 +315,16 @@ static int grow(kvx_shard_writer *w, uint32_t need)
         if (!k) return kvx_fail(-ENOMEM, "out of memory");
         w->keys = k;
     }
+    if (w->flags & KVX_FLAG_SEQ) {
+        uint64_t *q = realloc(w->seqs, (size_t)cap * sizeof *q);
+        if (!q) return kvx_fail(-ENOMEM, "out of memory");
+        w->seqs = q;
+    }
+    if (w->flags & KVX_FLAG_TOMB) {
+        uint8_t *t = realloc(w->tombs, cap);
+        if (!t) return kvx_fail(-ENOMEM, "out of memory");
+        w->tombs = t;
+    }
     w->cap = cap;
     return 0;
 }
@@ -303,8 +350,8 @@ int kvx_shard_writer_add(kvx_shard_writer *w, const kvx_entry_in *e)
         return kvx_fail(KVX_EINVALID, "entry: a key or page_len given but the shard has no key table");
     if (keyed) {
         if (e->token_count != 1) return kvx_fail(KVX_ETOKENS, "entry: a keyed page has token_count 1, not %u", e->token_count);
-        if (!e->key || e->key_len == 0 || e->key_len > KVX_KEY_MAX)
-            return kvx_fail(KVX_EINVALID, "entry: key of %u bytes (a key is 1..%u bytes)", e->key_len, KVX_KEY_MAX);
+        int rc = check_key(e->key, e->key_len);
+        if (rc) return rc;
         if (e->page_len == 0 || e->page_len > bytes)
             return kvx_fail(KVX_EINVALID, "entry: page_len %u is not 1..%llu (the shard's page size)", e->page_len,
                             (unsigned long long)bytes);
@@ -371,17 +418,60 @@ int kvx_shard_writer_add(kvx_shard_writer *w, const kvx_entry_in *e)
         float *s = w->scales + (size_t)w->n * w->scale_count;
         for (uint64_t k = 0; k < w->scale_count; k++) s[k] = e->scales ? e->scales[k] : 1.0f;
     }
-    if (keyed) {
-        uint8_t *k = w->keys + (size_t)w->n * KVX_KEY_RECORD;
-        memset(k, 0, KVX_KEY_RECORD);
-        k[0] = (uint8_t)e->key_len;
-        memcpy(k + 1, e->key, e->key_len);
-    }
+    if (keyed) put_key(w, e->key, e->key_len);
+    put_commit(w, KVX_TOMB_PAGE);
     w->seen[key >> 3] |= (uint8_t)(1u << (key & 7));
     w->kv_end = rel + bytes;
     w->n++;
     return 0;
 }
+
+int kvx_shard_writer_add_tombstone(kvx_shard_writer *w, uint16_t radix_block, const void *key, uint32_t key_len)
+{
+    if (!w) return kvx_fail(KVX_EINVALID, "kvx_shard_writer_add_tombstone: NULL writer");
+    if (!(w->flags & KVX_FLAG_TOMB))
+        return kvx_fail(KVX_EINVALID, "tombstone: the shard has no tombstone table (KVX_FLAG_TOMB)");
+    if (w->n >= w->max_entries)
+        return kvx_fail(KVX_EFULL, "shard is full: max_entries %u reached", w->max_entries);
+    int rc = check_key(key, key_len);
+    if (rc) return rc;
+    uint32_t coord = KVX_COORD(w->shard_id, radix_block, 0);
+    uint32_t ck = coord & 0xFFFFFFu;
+    if (w->seen[ck >> 3] & (1u << (ck & 7)))
+        return kvx_fail(KVX_EDUPLICATE, "tombstone: coordinate 0x%08x was already added", coord);
+    if ((rc = grow(w, w->n + 1))) return rc;
+    /* token_count 1, offset 0, bytes 0, crc 0: no page, no KV bytes */
+    uint8_t *c = w->coords + (size_t)w->n * KVX_ENTRY_BYTES;
+    memset(c, 0, KVX_ENTRY_BYTES);
+    kvx_store32(c + KVX_E_COORD, coord);
+    kvx_store32(c + KVX_E_TOKENS, 1);
+    put_key(w, key, key_len);
+    put_commit(w, KVX_TOMB_DELETE);
+    w->seen[ck >> 3] |= (uint8_t)(1u << (ck & 7));
+    w->n++;
+    return 0;
+}
+
+int kvx_shard_writer_set_seq(kvx_shard_writer *w, uint32_t index, uint64_t seq)
+{
+    if (!w) return kvx_fail(KVX_EINVALID, "kvx_shard_writer_set_seq: NULL writer");
+    if (!(w->flags & KVX_FLAG_SEQ))
+        return kvx_fail(KVX_EINVALID, "set_seq: the shard has no sequence table (KVX_FLAG_SEQ)");
+    if (index >= w->n)
+        return kvx_fail(KVX_EINVALID, "set_seq: index %u, the shard has %u entries", index, w->n);
+    if (seq == 0) return kvx_fail(KVX_EINVALID, "set_seq: entry %u: sequence number 0 (they start at 1)", index);
+    w->seqs[index] = seq;
+    return 0;
+}
+
+void kvx_shard_writer_seq_unset(kvx_shard_writer *w, uint64_t seq)
+{
+    if (!w || !(w->flags & KVX_FLAG_SEQ) || seq == 0) return;
+    for (uint32_t i = 0; i < w->n; i++)
+        if (w->seqs[i] == 0) w->seqs[i] = seq;
+}
+
+uint32_t kvx_shard_writer_max(const kvx_shard_writer *w) { return w ? w->max_entries : 0; }
 
 uint32_t kvx_shard_writer_count(const kvx_shard_writer *w) { return w ? w->n : 0; }
 
@@ -409,6 +499,9 @@ static int build_head(kvx_shard_writer *w, uint8_t **out, size_t *out_len)
     if (lay.digest_bytes) memcpy(buf + lay.digest_off, w->digests, (size_t)lay.digest_bytes);
     if (lay.scale_bytes) memcpy(buf + lay.scale_off, w->scales, (size_t)lay.scale_bytes); /* LE host */
     if (lay.key_bytes) memcpy(buf + lay.key_off, w->keys, (size_t)lay.key_bytes);
+    for (uint32_t i = 0; i < w->n && (flags & KVX_FLAG_SEQ); i++)
+        kvx_store64(buf + lay.seq_off + (size_t)i * 8, w->seqs[i]);
+    if (lay.tomb_bytes) memcpy(buf + lay.tomb_off, w->tombs, (size_t)lay.tomb_bytes);
     kvx_shard_header h = {
         .format_version = KVX_FORMAT_VERSION,
         .num_layers = (uint16_t)w->g.num_layers,
@@ -470,6 +563,15 @@ static int writer_seal(kvx_shard_writer *w, char *keep_name, size_t keep_cap)
         writer_discard(w);
         return kvx_fail(KVX_EINVALID, "shard writer: a staged seal needs a named temporary file (staging_dir)");
     }
+    /* every entry of a sequence table carries its commit's number: a 0
+     * would be refused by every reader */
+    for (uint32_t i = 0; i < w->n && (w->flags & KVX_FLAG_SEQ); i++)
+        if (w->seqs[i] == 0) {
+            char path[PATH_MAX];
+            snprintf(path, sizeof path, "%s", w->path);
+            writer_discard(w);
+            return kvx_fail(KVX_EINVALID, "%s: seal refused: entry %u has no sequence number (0)", path, i);
+        }
     uint8_t *head = NULL;
     size_t head_len = 0;
     int rc = build_head(w, &head, &head_len);

@@ -368,7 +368,15 @@ KVX_API int kvx_envelope_quantize_v2(uint8_t *out_e4m3, float *out_scales, const
 #define KVX_FLAG_META_CRC 0x8u
 #define KVX_FLAG_DIGEST 0x10u /* digest table: needs KVX_FLAG_LINEAGE */
 #define KVX_FLAG_KEYS 0x20u   /* key table: every entry a keyed page (DESIGN.md
-                                 "Keyed pages"); mixes with no other table */
+                                 "Keyed pages"); mixes with no other table
+                                 but the sequence and tombstone tables */
+#define KVX_FLAG_SEQ 0x40u    /* sequence table: n x u64, each entry's commit
+                                 sequence number (never 0), assigned by the
+                                 store when the entry's batch commits */
+#define KVX_FLAG_TOMB 0x80u   /* tombstone table: n bytes, 1 = the entry is a
+                                 keyed delete (no page; it hides every copy of
+                                 its key with a lower sequence number), 0 = a
+                                 page; needs KVX_FLAG_KEYS and KVX_FLAG_SEQ */
 #define KVX_KEY_RECORD 256u   /* bytes per key table record: u8 len, key, zeros */
 #define KVX_KEY_MAX 255u      /* longest key */
 
@@ -442,14 +450,22 @@ KVX_API const char *kvx_shard_path(const kvx_shard *s);
  * memory, there is no file); kvx_fetch_submit and kvx_warmup_* take such a
  * shard all the same (they copy its pages). */
 KVX_API int kvx_shard_fd(const kvx_shard *s);
-/* O(1). An index >= num_blocks is KVX_EINVALID. */
+/* O(1). An index >= num_blocks is KVX_EINVALID. A tombstone (see
+ * kvx_shard_entry_commit) has bytes 0, offset 0, crc32 0 and its key. */
 KVX_API int kvx_shard_entry(kvx_entry *out, const kvx_shard *s, uint32_t index);
+/* The commit record of entry index: its sequence number into *out_seq (0 in
+ * a file without KVX_FLAG_SEQ) and whether it is a tombstone into
+ * *out_tombstone (0 without KVX_FLAG_TOMB); either pointer may be NULL.
+ * O(1); KVX_EINVALID for a NULL shard or an index >= num_blocks. */
+KVX_API int kvx_shard_entry_commit(const kvx_shard *s, uint32_t index, uint64_t *out_seq, int *out_tombstone);
 KVX_API int kvx_shard_find(uint32_t *out_index, const kvx_shard *s, uint32_t coordinate);
 /* Zero-copy pointer into the mapping, valid while s is held. With verify,
- * a CRC mismatch is KVX_EPAGECRC (the pointer is still set). */
+ * a CRC mismatch is KVX_EPAGECRC (the pointer is still set). A tombstone
+ * has no page: KVX_ENOTFOUND, *out_page NULL. */
 KVX_API int kvx_shard_page(const void **out_page, const kvx_shard *s, uint32_t index, int verify);
 /* Structure was checked at open; this checks every page CRC (a page now
- * past the end of a file truncated after open: KVX_ETRUNC, not read).
+ * past the end of a file truncated after open: KVX_ETRUNC, not read;
+ * tombstones have no page and are skipped).
  * Returns 0 or the first failure; out_bad (nullable) gets the number of bad pages. Each
  * bad page is reported through report (nullable) with its index and code;
  * inside report, kvx_last_error() describes that page. */
@@ -474,7 +490,10 @@ typedef struct kvx_shard_writer_options {
     kvx_geometry geometry;
     uint8_t shard_id;
     uint32_t max_entries; /* table space reserved; 1..65536 */
-    uint32_t flags;       /* KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES */
+    uint32_t flags;       /* KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES ...;
+                             KVX_FLAG_SEQ and KVX_FLAG_TOMB are the store's: a
+                             sequence number is set by its internal calls, and
+                             a seal with one still 0 fails */
     const kvx_spectral_in *spectral; /* nullable; copied */
     const char *staging_dir; /* nullable: where the temporary file lives until
                                 the seal renames it to path (same file
