@@ -24,71 +24,8 @@
 #include "format/format.h"
 #include "format/shard_format.h"
 #include "kvx.h"
+#include "lib/commit.h"
 #include "lib/shard.h"
-
-#define PB 4096u /* the keyed geometry's page size */
-#define CFLAGS (KVX_FLAG_KEYS | KVX_FLAG_SEQ | KVX_FLAG_TOMB)
-
-/* What commit_shard writes: entry i is a page of lens[i] bytes, or a
- * tombstone where lens[i] is 0; entries 0 and 1 get their own sequence
- * numbers, the rest the batch's (seq_unset). */
-enum { NC = 5 };
-static const char *const ckeys[NC] = {"a", "gone", "model@1@0@deadbeef@bfloat16", "b", "x"};
-static const uint32_t lens[NC] = {100, 0, PB, 7, 0};
-static const uint64_t cseqs[NC] = {10, 11, 12, 12, 12};
-
-static void cpage(uint8_t *p, uint32_t n, uint32_t i)
-{
-    for (uint32_t b = 0; b < n; b++) p[b] = (uint8_t)(b * 7u + i * 31u + 1u);
-}
-
-static kvx_shard_writer_options coptions(uint32_t flags)
-{
-    kvx_shard_writer_options o;
-    kvx_shard_writer_options_init(&o);
-    assert_int_equal(kvx_keyed_geometry(&o.geometry, PB), 0);
-    o.shard_id = 3;
-    o.max_entries = 8;
-    o.flags = flags;
-    return o;
-}
-
-/* Adds the NC entries of the table above to w (sequence numbers unset). */
-static void add_entries(kvx_shard_writer *w)
-{
-    static uint8_t page[PB];
-    for (uint32_t i = 0; i < NC; i++) {
-        uint32_t klen = (uint32_t)strlen(ckeys[i]);
-        if (!lens[i]) {
-            assert_int_equal(kvx_shard_writer_add_tombstone(w, (uint16_t)(20 + i), ckeys[i], klen), 0);
-            continue;
-        }
-        cpage(page, lens[i], i);
-        kvx_entry_in e;
-        memset(&e, 0, sizeof e);
-        e.radix_block = (uint16_t)(20 + i);
-        e.token_count = 1;
-        e.page = page;
-        e.key = ckeys[i];
-        e.key_len = klen;
-        e.page_len = lens[i];
-        assert_int_equal(kvx_shard_writer_add(w, &e), 0);
-    }
-}
-
-/* Writes the table above to path: KEYS | SEQ | TOMB. */
-static void commit_shard(const char *path)
-{
-    kvx_shard_writer_options o = coptions(CFLAGS);
-    kvx_shard_writer *w;
-    assert_int_equal(kvx_shard_writer_create(&w, path, &o), 0);
-    add_entries(w);
-    assert_int_equal(kvx_shard_writer_set_seq(w, 0, cseqs[0]), 0);
-    assert_int_equal(kvx_shard_writer_set_seq(w, 1, cseqs[1]), 0);
-    kvx_shard_writer_seq_unset(w, cseqs[2]);
-    kvx_shard_writer_seq_unset(w, 99); /* every entry has one now: no change */
-    assert_int_equal(kvx_shard_writer_seal(w), 0);
-}
 
 /* Pages and tombstones with their sequence numbers round-trip: every
  * sequence number, tomb flag and key reads back; a tombstone has bytes,
@@ -101,45 +38,45 @@ static void test_commit_round_trip(void **state)
 {
     (void)state;
     const char *path = path_of("c.kvx");
-    kvx_shard_writer_options o = coptions(CFLAGS);
+    kvx_shard_writer_options o = cm_options(CM_FLAGS);
     kvx_shard_writer *w;
     assert_int_equal(kvx_shard_writer_create(&w, path, &o), 0);
     assert_int_equal(kvx_shard_writer_max(w), 8);
     uint64_t empty = kvx_shard_writer_bytes(w); /* kv_data_offset: fixed at create */
-    add_entries(w);
-    /* tombstones write no KV bytes: 100, PB and 7 bytes, each from a 4096 boundary */
+    cm_add_entries(w);
+    /* tombstones write no KV bytes: 100, CM_PB and 7 bytes, each from a 4096 boundary */
     assert_int_equal(kvx_shard_writer_bytes(w), empty + 3 * 4096);
     kvx_shard_writer_abort(w);
-    commit_shard(path);
+    cm_write(path);
 
     kvx_shard *s;
     assert_int_equal(kvx_shard_open(&s, path, KVX_OPEN_VERIFY_PAGES), 0);
     const kvx_shard_info *info = kvx_shard_get_info(s);
-    assert_int_equal(info->flags, CFLAGS | KVX_FLAG_META_CRC);
-    assert_int_equal(info->num_blocks, NC);
+    assert_int_equal(info->flags, CM_FLAGS | KVX_FLAG_META_CRC);
+    assert_int_equal(info->num_blocks, CM_N);
     assert_int_equal(info->kv_data_offset, empty);
     assert_int_equal(info->file_size, empty + 3 * 4096);
     assert_int_equal(kvx_shard_min_seq(s), 10);
     assert_int_equal(kvx_shard_missing(s), 0);
-    static uint8_t want[PB];
-    for (uint32_t i = 0; i < NC; i++) {
+    static uint8_t want[CM_PB];
+    for (uint32_t i = 0; i < CM_N; i++) {
         kvx_entry e;
         assert_int_equal(kvx_shard_entry(&e, s, i), 0);
-        assert_int_equal(e.coordinate, KVX_COORD(3, 20 + i, 0));
+        assert_int_equal(e.coordinate, KVX_COORD(CM_SHARD, 20 + i, 0));
         assert_int_equal(e.token_count, 1);
-        assert_int_equal(e.key_len, strlen(ckeys[i]));
-        assert_memory_equal(e.key, ckeys[i], e.key_len);
-        assert_true(e.hash == kvx_key_hash(ckeys[i], strlen(ckeys[i])));
+        assert_int_equal(e.key_len, strlen(cm_keys[i]));
+        assert_memory_equal(e.key, cm_keys[i], e.key_len);
+        assert_true(e.hash == kvx_key_hash(cm_keys[i], strlen(cm_keys[i])));
         uint64_t seq = 0;
         int tomb = -1;
         assert_int_equal(kvx_shard_entry_commit(s, i, &seq, &tomb), 0);
-        assert_true(seq == cseqs[i]);
-        assert_int_equal(tomb, lens[i] == 0);
+        assert_true(seq == cm_seqs[i]);
+        assert_int_equal(tomb, cm_lens[i] == 0);
         uint32_t idx = 99;
         assert_int_equal(kvx_shard_find(&idx, s, e.coordinate), 0);
         assert_int_equal(idx, i);
         const void *p = (const void *)1;
-        if (lens[i] == 0) {
+        if (cm_lens[i] == 0) {
             assert_int_equal(e.bytes, 0);
             assert_int_equal(e.offset, 0);
             assert_int_equal(e.crc32, 0);
@@ -156,11 +93,11 @@ static void test_commit_round_trip(void **state)
             assert_int_equal(kvx_shard_page_checked(&p, s, i), KVX_ENOTFOUND);
             assert_null(p);
         } else {
-            assert_int_equal(e.bytes, lens[i]);
+            assert_int_equal(e.bytes, cm_lens[i]);
             assert_true(e.offset >= info->kv_data_offset);
             assert_int_equal(kvx_shard_page(&p, s, i, 1), 0);
-            cpage(want, lens[i], i);
-            assert_memory_equal(p, want, lens[i]);
+            cm_page(want, cm_lens[i], i);
+            assert_memory_equal(p, want, cm_lens[i]);
             assert_int_equal(kvx_shard_page_checked(&p, s, i), 0);
         }
     }
@@ -168,7 +105,7 @@ static void test_commit_round_trip(void **state)
     assert_int_equal(kvx_shard_verify(s, &bad, NULL, NULL), 0);
     assert_int_equal(bad, 0);
     /* bad index, NULL shard; NULL outputs are fine */
-    assert_int_equal(kvx_shard_entry_commit(s, NC, NULL, NULL), KVX_EINVALID);
+    assert_int_equal(kvx_shard_entry_commit(s, CM_N, NULL, NULL), KVX_EINVALID);
     assert_int_equal(kvx_shard_entry_commit(NULL, 0, NULL, NULL), KVX_EINVALID);
     assert_int_equal(kvx_shard_entry_commit(s, 0, NULL, NULL), 0);
     kvx_shard_close(s);
@@ -227,20 +164,20 @@ static void test_commit_writer_refusals(void **state)
         0x100u,                                               /* bit 8 */
     };
     for (size_t k = 0; k < sizeof bad_flags / sizeof bad_flags[0]; k++) {
-        kvx_shard_writer_options o = coptions(bad_flags[k]);
+        kvx_shard_writer_options o = cm_options(bad_flags[k]);
         assert_int_equal(kvx_shard_writer_create(&w, path, &o), KVX_EINVALID);
         assert_null(w);
     }
     /* a block writer with SEQ: no tombstones */
-    kvx_shard_writer_options o = coptions(KVX_FLAG_KEYS | KVX_FLAG_SEQ);
+    kvx_shard_writer_options o = cm_options(KVX_FLAG_KEYS | KVX_FLAG_SEQ);
     assert_int_equal(kvx_shard_writer_create(&w, path, &o), 0);
     assert_int_equal(kvx_shard_writer_add_tombstone(w, 1, "k", 1), KVX_EINVALID);
     assert_non_null(strstr(kvx_last_error(), "tombstone table"));
     kvx_shard_writer_abort(w);
     /* a writer without SEQ: no sequence numbers */
-    o = coptions(KVX_FLAG_KEYS);
+    o = cm_options(KVX_FLAG_KEYS);
     assert_int_equal(kvx_shard_writer_create(&w, path, &o), 0);
-    static uint8_t page[PB];
+    static uint8_t page[CM_PB];
     kvx_entry_in e;
     memset(&e, 0, sizeof e);
     e.token_count = 1;
@@ -253,7 +190,7 @@ static void test_commit_writer_refusals(void **state)
     kvx_shard_writer_seq_unset(w, 1); /* nothing to do */
     kvx_shard_writer_abort(w);
 
-    o = coptions(CFLAGS);
+    o = cm_options(CM_FLAGS);
     o.max_entries = 3;
     assert_int_equal(kvx_shard_writer_create(&w, path, &o), 0);
     char longkey[KVX_KEY_MAX + 1];
@@ -293,13 +230,13 @@ static void test_seal_refuses_unset_seq(void **state)
     (void)state;
     const char *path = path_of("s.kvx");
     for (int staged = 0; staged < 2; staged++) {
-        kvx_shard_writer_options o = coptions(CFLAGS);
+        kvx_shard_writer_options o = cm_options(CM_FLAGS);
         o.staging_dir = staged ? tmpdir : NULL;
         kvx_shard_writer *w;
         assert_int_equal(kvx_shard_writer_create(&w, path, &o), 0);
-        add_entries(w);
+        cm_add_entries(w);
         kvx_shard_writer_seq_unset(w, 4);
-        static uint8_t page[PB];
+        static uint8_t page[CM_PB];
         kvx_entry_in e;
         memset(&e, 0, sizeof e);
         e.radix_block = 50;
@@ -317,13 +254,13 @@ static void test_seal_refuses_unset_seq(void **state)
         assert_int_equal(dir_entries(), 0);
         assert_int_equal(access(path, F_OK), -1);
     }
-    commit_shard(path); /* every entry numbered: seals */
+    cm_write(path); /* every entry numbered: seals */
     assert_int_equal(dir_entries(), 1);
 }
 
-/* Offsets of the commit table's file: header, NC coordinate entries, the
+/* Offsets in the file of cm_write: header, CM_N coordinate entries, the
  * key table, the sequence table, the tombstone table. */
-static const size_t c_entry = 64, c_seq = 64 + NC * 24 + NC * KVX_KEY_RECORD, c_tomb = c_seq + NC * 8;
+static const size_t c_entry = 64, c_seq = 64 + CM_N * 24 + CM_N * KVX_KEY_RECORD, c_tomb = c_seq + CM_N * 8;
 
 /* Recomputes meta_crc32c for the (possibly edited) header's layout. */
 static void fix_meta_crc(uint8_t *b, size_t len)
@@ -360,12 +297,12 @@ static void test_commit_reader_refusals(void **state)
 {
     (void)state;
     const char *path = path_of("r.kvx");
-    commit_shard(path);
+    cm_write(path);
     size_t len;
     uint8_t *base = read_file(path, &len);
     assert_int_equal(kvx_load64(base + c_seq + 8), 11); /* where the tables are */
     assert_int_equal(base[c_tomb + 1], 1);
-    const uint32_t flags = CFLAGS | KVX_FLAG_META_CRC;
+    const uint32_t flags = CM_FLAGS | KVX_FLAG_META_CRC;
     const patch cases[] = {
         {"seq 0", c_seq + 2 * 8, 8, 0, 1, 0, KVX_EFORMAT, "entry 2: sequence number 0"},
         {"seq 0 of a tombstone", c_seq + 1 * 8, 8, 0, 1, 0, KVX_EFORMAT, "entry 1: sequence number 0"},
@@ -376,7 +313,7 @@ static void test_commit_reader_refusals(void **state)
         {"tombstone with crc", c_entry + 4 * 24 + 20, 4, 0x1234, 1, 0, KVX_EPAGE, "entry 4: a tombstone"},
         {"tombstone with 2 tokens", c_entry + 1 * 24 + 4, 4, 2, 1, 0, KVX_ETOKENS, "entry 1: a keyed tombstone"},
         {"page marked a tombstone", c_tomb + 0, 1, 1, 1, 0, KVX_EPAGE, "entry 0: a tombstone"},
-        {"tombstone key length 0", 64 + NC * 24 + 1 * KVX_KEY_RECORD, 1, 0, 1, 0, KVX_EFORMAT, "entry 1: key length 0"},
+        {"tombstone key length 0", 64 + CM_N * 24 + 1 * KVX_KEY_RECORD, 1, 0, 1, 0, KVX_EFORMAT, "entry 1: key length 0"},
         {"tomb without keys", 56, 4, flags & ~KVX_FLAG_KEYS, 1, 0, KVX_EFORMAT, "without a key table (bit5)"},
         {"tomb without seq", 56, 4, flags & ~KVX_FLAG_SEQ, 1, 0, KVX_EFORMAT, "without a sequence table (bit6)"},
         {"keys and seq with scales", 56, 4, flags | KVX_FLAG_SCALES, 1, 0, KVX_EFORMAT, "mixes"},
