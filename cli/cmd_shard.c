@@ -23,9 +23,11 @@ static const char *quant_str(uint32_t q)
 
 static void flags_str(char *buf, size_t cap, uint32_t f)
 {
-    snprintf(buf, cap, "0x%x%s%s%s%s%s%s", f, f ? " (" : "", (f & KVX_FLAG_HASHES) ? "hashes " : "",
+    snprintf(buf, cap, "0x%x%s%s%s%s%s%s%s%s%s", f, f ? " (" : "", (f & KVX_FLAG_HASHES) ? "hashes " : "",
              (f & KVX_FLAG_LINEAGE) ? "lineage " : "", (f & KVX_FLAG_DIGEST) ? "digests " : "",
-             (f & KVX_FLAG_SCALES) ? "scales " : "", (f & KVX_FLAG_META_CRC) ? "meta-crc " : "");
+             (f & KVX_FLAG_SCALES) ? "scales " : "", (f & KVX_FLAG_KEYS) ? "keys " : "",
+             (f & KVX_FLAG_SEQ) ? "seq " : "", (f & KVX_FLAG_TOMB) ? "tombstones " : "",
+             (f & KVX_FLAG_META_CRC) ? "meta-crc " : "");
     size_t n = strlen(buf);
     if (f && n > 0 && buf[n - 1] == ' ') {
         buf[n - 1] = ')';
@@ -134,6 +136,17 @@ static int run_inspect(const cli_cmd *self, int argc, char **argv)
                 cli_json_key(&j, "parent");
                 cli_json_hex(&j, e.parent, 16);
             }
+            uint64_t seq = 0;
+            int tomb = 0;
+            kvx_shard_entry_commit(s, i, &seq, &tomb);
+            if (in->flags & KVX_FLAG_SEQ) {
+                cli_json_key(&j, "seq");
+                cli_json_u64(&j, seq);
+            }
+            if (in->flags & KVX_FLAG_TOMB) {
+                cli_json_key(&j, "tombstone");
+                cli_json_bool(&j, tomb);
+            }
             if (in->flags & KVX_FLAG_DIGEST) {
                 /* the prefix digest as 64 hex digits; null: unverified */
                 cli_json_key(&j, "digest");
@@ -179,7 +192,19 @@ static int run_inspect(const cli_cmd *self, int argc, char **argv)
             print_section("digest table", off, n * (uint64_t)KVX_DIGEST_BYTES);
             off += n * (uint64_t)KVX_DIGEST_BYTES;
         }
-        if (in->flags & KVX_FLAG_SCALES) print_section("scale table", off, n * kvx_scale_count(g) * 4);
+        if (in->flags & KVX_FLAG_SCALES) {
+            print_section("scale table", off, n * kvx_scale_count(g) * 4);
+            off += n * kvx_scale_count(g) * 4;
+        }
+        if (in->flags & KVX_FLAG_KEYS) {
+            print_section("key table", off, n * (uint64_t)KVX_KEY_RECORD);
+            off += n * (uint64_t)KVX_KEY_RECORD;
+        }
+        if (in->flags & KVX_FLAG_SEQ) {
+            print_section("sequence table", off, n * 8);
+            off += n * 8;
+        }
+        if (in->flags & KVX_FLAG_TOMB) print_section("tombstone table", off, n);
         if (in->spectral_offset) {
             kvx_spectral sp;
             if (kvx_shard_spectral(&sp, s) == 0) {
@@ -192,17 +217,23 @@ static int run_inspect(const cli_cmd *self, int argc, char **argv)
         }
         print_section("kv data", in->kv_data_offset, in->file_size - in->kv_data_offset);
         printf("entries:\n");
+        int seqs = (in->flags & KVX_FLAG_SEQ) != 0;
         printf("  %5s  %-10s  %5s %5s %4s  %6s  %12s  %10s  %-10s  %s\n", "index", "coordinate",
-               "shard", "block", "spec", "tokens", "offset", "bytes", "crc32", "hash");
+               "shard", "block", "spec", "tokens", "offset", "bytes", "crc32", seqs ? "hash                seq" : "hash");
         for (uint32_t i = 0; i < n; i++) {
             kvx_entry e;
             rc = kvx_shard_entry(&e, s, i);
             if (rc != 0) break;
-            char hs[24] = "-";
+            char hs[24] = "-", tail[80];
             if (in->flags & KVX_FLAG_HASHES) snprintf(hs, sizeof hs, "0x%016" PRIx64, e.hash);
+            uint64_t seq = 0;
+            int tomb = 0;
+            kvx_shard_entry_commit(s, i, &seq, &tomb);
+            if (seqs) snprintf(tail, sizeof tail, "%-18s  %" PRIu64 "%s", hs, seq, tomb ? " tombstone" : "");
+            else snprintf(tail, sizeof tail, "%s", hs);
             printf("  %5u  0x%08x  %5u %5u %4u  %6u  %12" PRIu64 "  %10u  0x%08x  %s\n", i,
                    e.coordinate, KVX_COORD_SHARD(e.coordinate), KVX_COORD_BLOCK(e.coordinate),
-                   KVX_COORD_SPECTRAL(e.coordinate), e.token_count, e.offset, e.bytes, e.crc32, hs);
+                   KVX_COORD_SPECTRAL(e.coordinate), e.token_count, e.offset, e.bytes, e.crc32, tail);
         }
     }
     kvx_shard_close(s);
@@ -219,7 +250,8 @@ const cli_cmd cli_cmd_inspect = {
     "Opens a KVX shard (checking its structure and meta checksum) and prints\n"
     "its header, where each section lies, and every entry: coordinate (shard,\n"
     "radix block, spectral id), token count, the page's absolute offset and\n"
-    "size, its CRC-32 and its chained block hash.\n"
+    "size, its CRC-32 and its chained block hash; with a sequence table its\n"
+    "commit's sequence number, and whether it is a tombstone (a keyed delete).\n"
     "\n"
     "Options:\n"
     "  -j, --json  one JSON object: num_layers, kv_heads, head_dim, num_blocks,\n"
@@ -228,7 +260,8 @@ const cli_cmd cli_cmd_inspect = {
     "              kv_data_offset, and entries: a list of objects with\n"
     "              coordinate (hex string), shard, block, spectral, token_count,\n"
     "              offset, bytes, crc32 (hex string), hash (hex string, or null\n"
-    "              without a hash table)\n"
+    "              without a hash table), seq (with a sequence table) and\n"
+    "              tombstone (true/false, with a tombstone table)\n"
     "  -h, --help  show this help\n"
     "\n"
     "Page checksums are not read here; use 'kvx verify' for that. FILE.kvx\n"
@@ -316,8 +349,16 @@ static int run_verify(const cli_cmd *self, int argc, char **argv)
             else printf("%s: BAD: %u of %u pages fail their checksum\n", path, nbad, in->num_blocks);
             bad_files++;
         } else if (!quiet) {
-            char sz[32];
-            printf("%s: OK (%u entries, %s)\n", path, in->num_blocks,
+            char sz[32], ts[48] = "";
+            if (in->flags & KVX_FLAG_TOMB) {
+                uint32_t nt = 0;
+                for (uint32_t k = 0; k < in->num_blocks; k++) {
+                    int tomb = 0;
+                    if (kvx_shard_entry_commit(s, k, NULL, &tomb) == 0 && tomb) nt++;
+                }
+                snprintf(ts, sizeof ts, ", %u tombstone%s", nt, nt == 1 ? "" : "s");
+            }
+            printf("%s: OK (%u entries%s, %s)\n", path, in->num_blocks, ts,
                    cli_fmt_size(sz, sizeof sz, in->file_size));
         }
         kvx_shard_close(s);

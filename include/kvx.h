@@ -1195,7 +1195,8 @@ typedef struct kvx_fetch_result {
                        kvx_fetch_release / the next submit / destroy */
     uint64_t bytes; /* kv_page_bytes */
     int status;     /* 0; KVX_EPAGECRC; KVX_ETRUNC (page past end of
-                       file); KVX_ENOTFOUND (no such entry); KVX_ECANCELED;
+                       file); KVX_ENOTFOUND (no such entry, or a
+                       tombstone: no page); KVX_ECANCELED;
                        a -errno of the read */
     uint32_t crc32; /* CRC-32 computed (0 with KVX_FETCH_NO_VERIFY) */
 } kvx_fetch_result;
@@ -1344,8 +1345,8 @@ KVX_API int kvx_gpu_spectral_apply(kvx_gpu_spectral *sp, uint32_t layer, uint64_
  * as it was; on the GPU its page table slot is 0).
  *
  * Sink layout (host buffer and GPU arena alike): pages in input order
- * (shards in the order given, entries by index), each at the next multiple
- * of 256 bytes; kvx_warmup_sink_bytes gives the size needed. An input
+ * (shards in the order given, entries by index; a tombstone has no page and
+ * no place), each at the next multiple of 256 bytes; kvx_warmup_sink_bytes gives the size needed. An input
  * without a file (a shared-tier view's shard) has its pages copied from
  * memory into staging, checked and delivered the same way (not counted in
  * bytes_read). */
@@ -1483,8 +1484,8 @@ KVX_API int kvx_warmup_cancel(kvx_warmup *w);
 KVX_API int kvx_warmup_wait(kvx_warmup_report *out, kvx_warmup *w, int timeout_ms);
 /* Cancels if running, waits, frees. NULL is fine. */
 KVX_API void kvx_warmup_destroy(kvx_warmup *w);
-/* Per-entry device pointers after a GPU warmup (input order; 0 for a failed
- * page). The array is the warmup's (not to be freed): valid until
+/* Per-page device pointers after a GPU warmup (input order, tombstones
+ * skipped as in the sink layout; 0 for a failed page). The array is the warmup's (not to be freed): valid until
  * kvx_warmup_destroy; the addresses lie in opts->gpu's arena. */
 KVX_API int kvx_warmup_device_pages(const uint64_t **out, size_t *out_n, kvx_warmup *w);
 KVX_API void kvx_warmup_report_free(kvx_warmup_report *r);

@@ -29,6 +29,7 @@
 #include <cmocka.h>
 
 #include "kvx.h"
+#include "lib/commit.h"
 #include "lib/fault.h"
 #include "lib/io.h"
 #include "lib/store.h"
@@ -925,6 +926,42 @@ static void test_fetch_lets_go_of_deleted_shards(void **state)
     kvx_pool_destroy(p);
 }
 
+/* A tombstone (a keyed delete) has no page: its request is KVX_ENOTFOUND
+ * and never read, the pages beside it in the same batch arrive intact. */
+/* PROMISE: IO-3 */
+static void test_tombstone_not_fetched(void **state)
+{
+    (void)state;
+    char path[300];
+    snprintf(path, sizeof path, "%s/commit.kvx", io_tmpdir);
+    cm_write(path);
+    kvx_shard *s;
+    assert_int_equal(kvx_shard_open(&s, path, 0), 0);
+    kvx_pool *p = pool_of(4 << 20);
+    kvx_fetch *f = fetch_of(p, KVX_IO_PREAD, 4, 0, 0);
+    kvx_fetch_req r[CM_N];
+    kvx_fetch_result res[CM_N];
+    for (uint32_t i = 0; i < CM_N; i++) r[i] = (kvx_fetch_req){s, i};
+    assert_int_equal(kvx_fetch_submit(f, r, CM_N), 0);
+    assert_int_equal(kvx_fetch_wait(f, res, CM_N, -1), 0);
+    static uint8_t want[CM_PB];
+    for (uint32_t i = 0; i < CM_N; i++) {
+        if (!cm_lens[i]) {
+            assert_int_equal(res[i].status, KVX_ENOTFOUND);
+            continue;
+        }
+        assert_int_equal(res[i].status, 0);
+        assert_int_equal(res[i].bytes, cm_lens[i]);
+        cm_page(want, cm_lens[i], i);
+        assert_memory_equal(res[i].page, want, cm_lens[i]);
+    }
+    kvx_fetch_release(f);
+    kvx_fetch_destroy(f);
+    kvx_pool_destroy(p);
+    kvx_shard_close(s);
+    unlink(path);
+}
+
 /* The group's setup and teardown: each fixture's, in order. */
 static int setup_all(void **state)
 {
@@ -952,6 +989,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_no_verify, os_reset),
         cmocka_unit_test_setup_teardown(test_forced_fallback, os_reset, os_reset),
         cmocka_unit_test_setup(test_coalesce, os_reset),
+        cmocka_unit_test_setup(test_tombstone_not_fetched, os_reset),
         cmocka_unit_test_setup(test_faults_uring_direct, os_reset),
         cmocka_unit_test_setup(test_faults_uring_buffered, os_reset),
         cmocka_unit_test_setup(test_faults_pread, os_reset),

@@ -35,6 +35,7 @@
 #include <cmocka.h>
 
 #include "kvx.h"
+#include "lib/commit.h"
 #include "lib/fault.h"
 #include "lib/io.h"
 #include "lib/store.h"
@@ -1241,6 +1242,61 @@ static int teardown_all(void **state)
     return 0;
 }
 
+/* A shard holding tombstones (keyed deletes: no page) warms cleanly on
+ * each path: the tombstones have no place in the sink and are never read,
+ * every page arrives at its place, none is counted failed; the sink is
+ * the pages alone. */
+/* PROMISE: IO-11 */
+static void test_warmup_skips_tombstones(void **state)
+{
+    (void)state;
+    char path[300];
+    snprintf(path, sizeof path, "%s/commit.kvx", io_tmpdir);
+    cm_write(path);
+    kvx_shard *s;
+    assert_int_equal(kvx_shard_open(&s, path, 0), 0);
+    /* pages 0, 2 and 3 at 0, 256 and 256 + 4096, each at the next multiple of 256 */
+    const uint64_t at[CM_N] = {0, 0, 256, 256 + CM_PB, 0};
+    uint64_t need = 0;
+    assert_int_equal(kvx_warmup_sink_bytes(&need, &s, 1), 0);
+    assert_int_equal(need, 256 + CM_PB + 7);
+    static const int modes[] = {KVX_IO_PREAD, KVX_IO_URING, KVX_IO_AUTO};
+    for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+        uint8_t *sink = malloc(need);
+        assert_non_null(sink);
+        memset(sink, 0xAA, need);
+        kvx_warmup_options o = KVX_WARMUP_OPTIONS_INIT;
+        o.sink = KVX_SINK_HOST;
+        o.host_buf = sink;
+        o.host_buf_bytes = need;
+        o.io_mode = modes[m];
+        kvx_warmup_report rep;
+        int rc = kvx_warmup_run(&rep, &s, 1, &o);
+        if (rc == -EPERM || rc == -ENOSYS) { /* io_uring refused here */
+            free(sink);
+            continue;
+        }
+        assert_int_equal(rc, 0);
+        assert_int_equal(rep.pages, CM_PAGES);
+        assert_int_equal(rep.bytes, 100 + CM_PB + 7);
+        assert_int_equal(rep.crc_failures, 0);
+        assert_int_equal(rep.io_failures, 0);
+        assert_int_equal(rep.n_failures, 0);
+        for (uint32_t i = 0; i < CM_N; i++)
+            for (uint32_t k = 0; k < cm_lens[i]; k++)
+                if (sink[at[i] + k] != cm_byte(i, k)) fail_msg("mode %d: entry %u byte %u", modes[m], i, k);
+        kvx_warmup_report_free(&rep);
+        free(sink);
+    }
+    kvx_warmup_report rep;
+    assert_int_equal(kvx_warmup_run(&rep, &s, 1, NULL), 0); /* discard sink: checked only */
+    assert_int_equal(rep.pages, CM_PAGES);
+    assert_int_equal(rep.n_failures, 0);
+    kvx_warmup_report_free(&rep);
+    kvx_shard_close(s);
+    unlink(path);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test by name (a glob) */
@@ -1269,6 +1325,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_warmup_odd_inputs, os_reset),
         cmocka_unit_test_setup(test_warmup_store_planted, os_reset),
         cmocka_unit_test_setup(test_warmup_cancel, os_reset),
+        cmocka_unit_test_setup(test_warmup_skips_tombstones, os_reset),
     };
     return cmocka_run_group_tests_name("io/warmup", tests, setup_all, teardown_all);
 }
