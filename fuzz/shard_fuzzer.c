@@ -70,6 +70,19 @@ static void walk(kvx_shard *s)
     for (uint32_t i = 0; i < info->num_blocks; i++) {
         kvx_entry e;
         CHECK(kvx_shard_entry(&e, s, i) == 0);
+        uint64_t seq = 0;
+        int tomb = 0;
+        CHECK(kvx_shard_entry_commit(s, i, &seq, &tomb) == 0);
+        CHECK((seq != 0) == ((info->flags & KVX_FLAG_SEQ) != 0));
+        if (tomb) {
+            /* a tombstone (a keyed delete): a key, no page, never missing */
+            const void *p = (const void *)1;
+            CHECK(info->flags & KVX_FLAG_TOMB);
+            CHECK(e.token_count == 1 && e.bytes == 0 && e.offset == 0 && e.crc32 == 0);
+            CHECK(e.key != NULL && e.key_len >= 1 && e.key_len <= KVX_KEY_MAX);
+            CHECK(kvx_shard_page(&p, s, i, 1) == KVX_ENOTFOUND && p == NULL);
+            continue;
+        }
         CHECK(e.offset % 4096 == 0 && e.offset >= info->kv_data_offset);
         if (info->flags & KVX_FLAG_KEYS) {
             /* a keyed page: one token, 1..page bytes, its key 1..255 bytes,
