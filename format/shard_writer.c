@@ -46,6 +46,7 @@ struct kvx_shard_writer {
     float *scales;          /* cap * L*2*Hkv */
     uint8_t *keys;          /* cap * KVX_KEY_RECORD */
     uint64_t *seqs;         /* cap: sequence numbers (KVX_FLAG_SEQ), 0 = not yet set */
+    uint32_t seq_from;      /* every entry below it has its sequence number */
     uint8_t *tombs;         /* cap: KVX_TOMB_PAGE / KVX_TOMB_DELETE (KVX_FLAG_TOMB) */
     uint64_t scale_count;   /* L*2*Hkv */
     uint64_t lineage_rec;
@@ -467,8 +468,11 @@ int kvx_shard_writer_set_seq(kvx_shard_writer *w, uint32_t index, uint64_t seq)
 void kvx_shard_writer_seq_unset(kvx_shard_writer *w, uint64_t seq)
 {
     if (!w || !(w->flags & KVX_FLAG_SEQ) || seq == 0) return;
-    for (uint32_t i = 0; i < w->n; i++)
+    /* from the first entry that may still be 0: a commit per batch costs
+     * the batch's entries, not the whole shard's */
+    for (uint32_t i = w->seq_from; i < w->n; i++)
         if (w->seqs[i] == 0) w->seqs[i] = seq;
+    w->seq_from = w->n;
 }
 
 uint32_t kvx_shard_writer_max(const kvx_shard_writer *w) { return w ? w->max_entries : 0; }
