@@ -111,6 +111,11 @@ typedef struct st_sealed {
      * kvx_st_unstage_files); "" = only in shards/ */
     char staged[96];
     int linked; /* staged, and also named shards/<gen>.kvx (a flush under way) */
+    /* a batch's full writer, parked unsealed until the batch's flush gives
+     * its entries their sequence number (kvx_st_seal_parked); NULL once
+     * sealed. bytes and n are the writer's so far. */
+    kvx_shard_writer *w;
+    uint64_t ino; /* the sealed file's inode number (its catalog record keeps it) */
 } st_sealed;
 
 /* A write batch: the blocks put since its last flush, which that flush
@@ -191,6 +196,11 @@ struct kvx_store {
     kvx_store_batch own;      /* the built-in batch of kvx_store_put/flush */
     kvx_store_batch *batches; /* every live batch, own first */
     uint64_t next_gen;
+    /* the sequence number the next commit takes (DESIGN.md "The files are
+     * the whole truth"): every entry a commit writes carries it in its
+     * file's sequence table; a keyed delete is a tombstone entry with its
+     * own. Above every number in the files (recovery raises it). */
+    uint64_t next_seq;
     uint64_t dropped;
     int evict_cold_only; /* kvx_st_evict takes only shards whose every block
                             is below the cut, and carries nothing (set by
@@ -273,9 +283,6 @@ void kvx_st_unlink_shard(kvx_store *s, uint64_t gen);
 int kvx_st_quarantine(kvx_store *s, const char *name, const char *why);
 /* Files in quarantine/ (not counting .why notes). */
 uint64_t kvx_st_quarantine_count(kvx_store *s);
-/* Raises next_gen above every generation named in shards/, staging/ and
- * quarantine/ (a new shard never takes an existing file's name). */
-int kvx_st_gen_floor(kvx_store *s);
 
 /* store_cache.c */
 /* Is sh one of this store's shards: its model and geometry, a chained-hash
@@ -368,19 +375,35 @@ int kvx_st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_o
  * (out->staged) until the batch's flush publishes it (kvx_st_link_files):
  * a process killed before that flush leaves nothing recovery adopts. */
 int kvx_st_writer_seal(kvx_store *s, st_open *o, st_sealed *out, int staged);
-/* A batch's publication, in three steps around its catalog commit:
- * kvx_st_link_files fsyncs staging/, gives every staged file of v its
- * second name, shards/<gen>.kvx (never over an existing file), then fsyncs
- * shards/: each file is durable where the commit will name it, and its
- * staging/ name, durable first, tells recovery it was never published
- * (kvx_st_recover removes such a file from shards/ when the catalog does
- * not name it). On failure the new shards/ names are removed. After the
- * commit, kvx_st_unstage_files removes the staging/ names; if the commit
- * fails, kvx_st_unlink_linked removes the shards/ names. So a crash at any
- * point publishes all of the batch or none of it. */
-int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n);
+/* A commit's publication (a flush, a keyed delete), around its catalog
+ * edit:
+ *  kvx_st_link_files: the commit's mark staging/.<seq 16 hex>.pending is
+ *   made durable (fsync of staging/), then every sealed file of v moves
+ *   into shards/<gen>.kvx (never over an existing file) and shards/ is
+ *   fsynced. While the mark is there, recovery takes every file whose
+ *   entries all carry seq as never acknowledged. On failure the files
+ *   leave shards/ (durably), then the mark.
+ *  kvx_st_unstage_files: the mark goes, durably: the commit, as the
+ *   files tell it.
+ *  then the catalog edit; if it fails, kvx_st_unlink_linked removes the
+ *   shards/ names (durably); if it commits, kvx_st_published.
+ * So a crash at any point publishes all of the commit or none of it. */
+void kvx_st_pending_name(char *buf, size_t cap, uint64_t seq);
+int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n, uint64_t seq);
 void kvx_st_unlink_linked(kvx_store *s, st_sealed *v, size_t n);
-void kvx_st_unstage_files(kvx_store *s, st_sealed *v, size_t n);
+int kvx_st_unstage_files(kvx_store *s, uint64_t seq);
+/* A commit that failed after kvx_st_link_files: its files leave shards/
+ * (durably), then its mark. */
+void kvx_st_unpublish(kvx_store *s, st_sealed *v, size_t n, uint64_t seq);
+/* After the catalog edit that names them committed: the files are the
+ * catalog's now (a later failure no longer takes them back). */
+void kvx_st_published(st_sealed *v, size_t n);
+/* A batch's writer that filled up, parked unsealed in out (out->w) for
+ * its flush: only the commit knows the sequence number its entries take. */
+int kvx_st_writer_park(kvx_store *s, st_open *o, st_sealed *out);
+/* At a batch's commit: every parked writer of v gets seq on each entry
+ * without one and is sealed (fsync) into staging/ (v[i].staged). */
+int kvx_st_seal_parked(kvx_store *s, st_sealed *v, size_t n, uint64_t seq);
 /* Removes sealed, unpublished files: every name each has (staging/,
  * shards/). */
 void kvx_st_unlink_sealed(kvx_store *s, st_sealed *v, size_t n);
@@ -394,6 +417,8 @@ typedef struct st_move {
     uint64_t last_use;
     uint32_t new_coord; /* 0 with new_gen 0: dropped (bad page) */
     uint64_t new_gen;
+    uint64_t seq; /* the entry's sequence number, kept by the copy */
+    int tomb;     /* a tombstone (keyed stores): carried, never indexed */
 } st_move;
 /* Copies the moves' blocks into new sealed shards (in shards/, not yet
  * published) of the given flags; a bad page is not copied (new_gen 0). */
@@ -403,6 +428,11 @@ int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t 
  * with hot_only, only entries used after hot_after. */
 int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, uint64_t hot_after, st_move **mv,
                    size_t *n, size_t *cap, size_t limit);
+/* Must a tombstone of sequence number seq in live shard b be kept (carried
+ * by a rewrite that drops b)? Yes while any other live shard may hold an
+ * older copy of its key: one whose smallest sequence number is below seq.
+ * cache starts at UINT64_MAX - 1 and keeps that minimum for one shard b. */
+int kvx_st_tomb_needed(kvx_store *s, uint32_t b, uint64_t seq, uint64_t *cache);
 /* After a committed rewrite: the new shards' entries keep the recency
  * their blocks had. */
 void kvx_st_rec_from_moves(kvx_store *s, const st_move *mv, size_t n, const st_sealed *added, size_t nadded);
@@ -561,5 +591,10 @@ void kvx_st_batches_close(kvx_store *s);
 int kvx_st_reindex_locked(kvx_store *s);
 /* Recovery (writer only): see store_recover.c. */
 int kvx_st_recover(kvx_store *s);
+/* A keyed store's reader's open: 0 when the catalog knows every committed
+ * file in shards/ (a writer's publication in progress is waited out,
+ * about 2 s at most), else KVX_ESTALE naming the fix (a reader never
+ * repairs). */
+int kvx_st_reader_check(kvx_store *s);
 
 #endif

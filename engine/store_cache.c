@@ -158,14 +158,19 @@ int kvx_st_registry_load(kvx_store *s)
     if (rc) return rc;
     s->next_gen = s->reg->next_gen;
     s->index_live = s->next_gen != 0; /* every index a store made names next_gen */
-    for (int b = 0; b < ST_SLOTS; b++)
-        if (s->reg->live[b] && s->reg->rec[b].gen >= s->next_gen) s->next_gen = s->reg->rec[b].gen + 1;
+    /* never raised above a file's name: a generation is only a name, and
+     * kvx_st_writer_begin skips one in use (a stray file named
+     * ffffffffffffffff.kvx used the counter up and stopped every writer) */
     if (s->next_gen == 0) s->next_gen = 1;
+    /* sequence numbers only grow (1 is what a copy of an entry written
+     * before them takes) */
+    if (s->reg->next_seq > s->next_seq) s->next_seq = s->reg->next_seq;
+    if (s->next_seq < 2) s->next_seq = 2;
     return 0;
 }
 
 int kvx_st_register(kvx_cat_edit *e, const st_sealed *x)
 {
-    kvx_cat_shard rec = {x->gen, x->bytes, kvx_st_now_ns(), x->n, x->flags, x->nunv};
+    kvx_cat_shard rec = {x->gen, x->bytes, kvx_st_now_ns(), x->n, x->flags, x->nunv, x->ino};
     return kvx_cat_edit_add_shard(e, x->byte, &rec, x->last_use);
 }

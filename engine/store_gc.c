@@ -304,7 +304,8 @@ static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, size_
     uint8_t busy[ST_SLOTS] = {0}, victims[ST_SLOTS] = {0};
     victims[b] = 1;
     uint32_t src = s->reg->rec[b].flags;
-    uint32_t flags = src & (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_KEYS | KVX_FLAG_DIGEST);
+    uint32_t flags = src & (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_KEYS | KVX_FLAG_DIGEST |
+                            KVX_FLAG_SEQ | KVX_FLAG_TOMB);
     /* a pre-digest shard stays one (its blocks in their order): reindex
      * derives a digest only from a parent before the block in such a
      * shard (st_parent_digest), never in a digest shard. Unless a block it

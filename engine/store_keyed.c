@@ -164,6 +164,64 @@ static int sk_key_cmp(const void *a, const void *b)
     return c ? c : (x->len > y->len) - (x->len < y->len);
 }
 
+/* The delete's tombstones: one file, a shard of its own, of one entry per
+ * key (tombs), sealed with the commit's sequence number and published as
+ * a batch is (staging/ twin, link, the catalog edit e, the twin removed
+ * durably). Under wmu. */
+static int sk_tomb_writer(kvx_store *s, st_open *o, size_t n)
+{
+    uint32_t want = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
+    uint32_t flags = kvx_st_kind_flags(s, ST_KIND_PLAIN);
+    int rc = kvx_st_writer_begin(s, flags, NULL, o, want);
+    if (rc == KVX_EFULL) { /* out of shard ids: merge small shards, as a put does */
+        kvx_st_compact(s, 1);
+        rc = kvx_st_writer_begin(s, flags, NULL, o, want);
+        if (rc == KVX_EFULL && kvx_st_evict_for_ids(s) > 0) rc = kvx_st_writer_begin(s, flags, NULL, o, want);
+    }
+    return rc;
+}
+
+static int sk_write_tombs(kvx_store *s, st_open *po, const kvx_key *const *tombs, size_t n, kvx_cat_edit *e)
+{
+    st_open o = *po;
+    int rc = 0;
+    po->w = NULL;
+    st_sealed v;
+    memset(&v, 0, sizeof v);
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (kvx_shard_writer_count(o.w) >= kvx_shard_writer_max(o.w)) {
+            rc = kvx_fail(KVX_EFULL, "kvx_store_keyed_delete: %zu keys is more than one shard holds (%u): delete them "
+                          "in smaller calls", n, kvx_shard_writer_max(o.w));
+            break;
+        }
+        rc = kvx_shard_writer_add_tombstone(o.w, (uint16_t)kvx_shard_writer_count(o.w), tombs[i]->bytes,
+                                            (uint32_t)tombs[i]->len);
+    }
+    if (rc) {
+        kvx_shard_writer_abort(o.w);
+        return rc;
+    }
+    kvx_st_writer_park(s, &o, &v);
+    uint64_t seq = s->next_seq++;
+    rc = kvx_st_seal_parked(s, &v, 1, seq);
+    int linked = 0;
+    if (!rc && !(rc = kvx_st_link_files(s, &v, 1, seq))) linked = 1;
+    if (!rc) rc = kvx_st_unstage_files(s, seq);
+    if (!rc) {
+        kvx_st_register(e, &v);
+        kvx_cat_edit_next_gen(e, s->next_gen);
+        kvx_cat_edit_next_seq(e, s->next_seq);
+        rc = kvx_cat_apply(s->cat, e);
+    }
+    if (!rc) {
+        kvx_st_published(&v, 1);
+        return 0;
+    }
+    if (linked) kvx_st_unpublish(s, &v, 1, seq);
+    kvx_st_unlink_sealed(s, &v, 1);
+    return rc;
+}
+
 KVX_API int kvx_store_keyed_delete(kvx_store *s, const kvx_key *keys, size_t n, size_t *out_deleted)
 {
     static const char fn[] = "kvx_store_keyed_delete";
@@ -175,15 +233,23 @@ KVX_API int kvx_store_keyed_delete(kvx_store *s, const kvx_key *keys, size_t n, 
     /* sorted, so a key named twice is deleted once without comparing every
      * pair (n keys: n log n, not n^2 under the writer lock) */
     const kvx_key **ord = malloc(n * sizeof *ord);
-    if (!ord) return kvx_fail(-ENOMEM, "%s: out of memory", fn);
+    const kvx_key **tombs = malloc(n * sizeof *tombs);
+    if (!ord || !tombs) {
+        free(ord);
+        free(tombs);
+        return kvx_fail(-ENOMEM, "%s: out of memory", fn);
+    }
     for (size_t i = 0; i < n; i++) ord[i] = &keys[i];
     qsort(ord, n, sizeof *ord, sk_key_cmp);
     kvx_cat_edit e;
     kvx_cat_edit_init(&e);
-    size_t deleted = 0;
+    size_t deleted = 0, ntombs = 0;
     pthread_mutex_lock(&s->wmu);
+    /* the tombstones' writer first: making room for it (a compaction, an
+     * eviction) moves blocks, so the copies to delete are looked up after */
+    st_open o = {0};
     kvx_cat_snap *snap;
-    if (!(rc = kvx_cat_snap_begin(s->cat, &snap))) {
+    if (!(rc = sk_tomb_writer(s, &o, n)) && !(rc = kvx_cat_snap_begin(s->cat, &snap))) {
         for (size_t i = 0; !rc && i < n; i++) {
             if (i && sk_key_cmp(&ord[i - 1], &ord[i]) == 0) continue; /* a key named twice is deleted once */
             const kvx_key *key = ord[i];
@@ -192,6 +258,7 @@ KVX_API int kvx_store_keyed_delete(kvx_store *s, const kvx_key *keys, size_t n, 
             sk_query(&q, digest, key);
             /* every copy the index names under this key (two batches may
              * each have stored one), damaged ones too: the owner said so */
+            size_t before = deleted;
             for (size_t j = 0; !rc; j++) {
                 kvx_cat_loc loc;
                 int r = kvx_cat_loc_at(snap, q.hash, j, &loc);
@@ -204,16 +271,21 @@ KVX_API int kvx_store_keyed_delete(kvx_store *s, const kvx_key *keys, size_t n, 
                 rc = kvx_cat_edit_del_block(&e, loc.coord, q.hash, loc.gen);
                 deleted++;
             }
+            /* a key the catalog names gets a tombstone; one it does not
+             * name has no copy a tombstone must hide (every older copy of
+             * a key already lies under one) */
+            if (deleted > before) tombs[ntombs++] = key;
         }
         kvx_cat_snap_end(snap);
     }
-    if (!rc && deleted) {
-        kvx_cat_edit_next_gen(&e, s->next_gen);
-        rc = kvx_cat_apply(s->cat, &e);
-    }
+    /* the tombstones are the delete: durable, with their sequence number,
+     * before it is acknowledged (DESIGN.md trust rule 2) */
+    if (!rc && ntombs) rc = sk_write_tombs(s, &o, tombs, ntombs, &e);
+    if (o.w) kvx_shard_writer_abort(o.w);
     pthread_mutex_unlock(&s->wmu);
     kvx_cat_edit_free(&e);
     free(ord);
+    free(tombs);
     if (rc) return rc;
     if (out_deleted) *out_deleted = deleted;
     return 0;

@@ -93,7 +93,9 @@ int kvx_st_drop_write(kvx_store *s, st_drop *d)
     for (size_t i = 0; i < d->nadded; i++) kvx_st_register(&e, &d->added[i]);
     for (size_t i = 0; i < d->nmoves; i++) {
         const st_move *m = &d->moves[i];
-        if (m->new_gen) kvx_cat_edit_move_block(&e, m->hash, m->src_coord, m->src_gen, m->new_coord, m->new_gen);
+        /* a tombstone is in no index: its copy only keeps it in the files */
+        if (m->new_gen && !m->tomb)
+            kvx_cat_edit_move_block(&e, m->hash, m->src_coord, m->src_gen, m->new_coord, m->new_gen);
     }
     uint64_t nv = 0;
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
@@ -327,7 +329,10 @@ static void st_note_evicted(kvx_store *s, const uint8_t *victims)
         uint32_t n = kvx_shard_get_info(sh)->num_blocks;
         for (uint32_t i = 0; i < n; i++) {
             kvx_entry e;
+            uint64_t seq;
+            int tomb = 0;
             if (kvx_shard_entry(&e, sh, i) != 0 || (!e.hash && !e.key)) continue; /* a partial tail: no name */
+            if (kvx_shard_entry_commit(sh, i, &seq, &tomb) != 0 || tomb) continue; /* a delete, not a page */
             if (!st_still_held(s, snap, &e)) st_ev_push(s, &e); /* a carried block is held at its new place */
         }
         kvx_shard_close(sh);
@@ -409,8 +414,8 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
     uint32_t order[ST_SLOTS];
     int no = kvx_st_evict_order(order, sh, cut);
     uint8_t victims[ST_SLOTS] = {0};
-    st_move *mv = NULL;
-    size_t nmv = 0, capmv = 0;
+    st_move *mv = NULL, *tmv = NULL; /* carried blocks; tombstones kept */
+    size_t nmv = 0, capmv = 0, ntmv = 0, captmv = 0;
     uint64_t freed = 0, room = 0;
     for (int i = 0; i < no && !rc; i++) {
         if (kvx_st_evict_enough(total, freed, nmv, room, s->entry_bytes, goal)) break;
@@ -427,6 +432,12 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
         if ((s->reg->rec[b].flags & KVX_FLAG_LINEAGE) && !s->evict_cold_only &&
             kvx_st_collect(s, b, r[b], 1, cut, &mv, &nmv, &capmv, SIZE_MAX) != 0)
             kvx_clear_error(); /* carrying is optional: the shard is evicted anyway */
+        /* a keyed shard's tombstones are not optional: each still hiding
+         * an older copy is carried (kvx_st_collect takes only those: with
+         * a cut above every recency, no page) */
+        if ((s->reg->rec[b].flags & KVX_FLAG_TOMB) &&
+            (rc = kvx_st_collect(s, b, NULL, 1, UINT64_MAX, &tmv, &ntmv, &captmv, SIZE_MAX)))
+            break;
     }
     kvx_st_usage_free(uv);
     free(uv);
@@ -444,9 +455,33 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
     st_sealed *added = NULL;
     size_t nadded = 0;
     uint8_t busy[ST_SLOTS] = {0};
-    if (nmv && kvx_st_rewrite(s, mv, nmv, kvx_st_kind_flags(s, ST_KIND_LINEAGE), busy, &added, &nadded) != 0) {
+    if (!rc && nmv && kvx_st_rewrite(s, mv, nmv, kvx_st_kind_flags(s, ST_KIND_LINEAGE), busy, &added, &nadded) != 0) {
         nmv = 0; /* carrying is an optimisation: evict without it */
         nadded = 0;
+        kvx_clear_error();
+    }
+    /* the tombstones are not: without their copy nothing is evicted */
+    if (!rc && ntmv) {
+        st_move *all_mv = realloc(mv, (nmv + ntmv) * sizeof *all_mv);
+        if (!all_mv) rc = kvx_fail(-ENOMEM, "store: out of memory");
+        else {
+            mv = all_mv;
+            size_t before = nadded;
+            rc = kvx_st_rewrite(s, tmv, ntmv, kvx_st_kind_flags(s, ST_KIND_PLAIN), busy, &added, &nadded);
+            if (rc) {
+                kvx_st_unlink_sealed(s, added, before);
+                nadded = 0;
+            } else {
+                memcpy(mv + nmv, tmv, ntmv * sizeof *tmv);
+                nmv += ntmv;
+            }
+        }
+    }
+    free(tmv);
+    if (rc) {
+        free(added);
+        free(mv);
+        return rc;
     }
     /* the new shards' renames are durable (the seal fsyncs shards/) */
     st_drop d = {s, victims, added, nadded, mv, nmv, 1, 0, 0};

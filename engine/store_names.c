@@ -1,12 +1,12 @@
 /*
  * store_names.c - names in the store directory: shard file names
- * (<16 hex generation>.kvx), directory walks, the next generation, and the
- * quarantine (DESIGN.md "Trust rules" 2).
+ * (<16 hex generation>.kvx), directory walks and the quarantine (DESIGN.md
+ * "Trust rules" 2).
  *
- * Rule: a generation names one file for good (the next generation exceeds
- * every name in shards/, staging/ and quarantine/), and nothing the store
- * judged is ever deleted on that judgement: it moves to quarantine/, with
- * the reason beside it, never replacing a file there.
+ * Rule: a name is an identifier only (a new file never takes an existing
+ * name, and no name decides what is newer or valid), and nothing the
+ * store judged is ever deleted on that judgement: it moves to
+ * quarantine/, with the reason beside it, never replacing a file there.
  */
 #include "store.h"
 #include "common/os.h"
@@ -181,36 +181,6 @@ uint64_t kvx_st_quarantine_count(kvx_store *s)
     if (kvx_st_each_file(s, qfd, st_count_q, &n) != 0) kvx_clear_error();
     kvx_os.close(qfd);
     return n;
-}
-
-/* The generation a name carries: "<16 hex>.kvx..." in shards/ and
- * quarantine/, ".<16 hex>.kvx.tmp...." in staging/. */
-static int st_name_gen(const char *name, uint64_t *gen)
-{
-    return kvx_st_name_prefix_gen(name[0] == '.' ? name + 1 : name, gen);
-}
-
-static int st_gen_max(kvx_store *s, int fd, const char *name, void *ctx)
-{
-    (void)s;
-    (void)fd;
-    uint64_t g, *max = ctx;
-    if (st_name_gen(name, &g) && g > *max) *max = g;
-    return 0;
-}
-
-int kvx_st_gen_floor(kvx_store *s)
-{
-    uint64_t max = 0;
-    int rc = kvx_st_each_file(s, s->shardsfd, st_gen_max, &max);
-    if (!rc) rc = kvx_st_each_file(s, s->stagingfd, st_gen_max, &max);
-    int qfd = kvx_os.openat(s->dirfd, ST_QUARANTINE, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (!rc && qfd >= 0) rc = kvx_st_each_file(s, qfd, st_gen_max, &max);
-    if (qfd >= 0) kvx_os.close(qfd);
-    if (rc) return rc;
-    if (max == UINT64_MAX) return kvx_fail(KVX_EFULL, "store %s: shard generations are exhausted", s->dir);
-    if (max + 1 > s->next_gen) s->next_gen = max + 1;
-    return 0;
 }
 
 /* A file of the store directory, only when it is a regular file (store.h). */

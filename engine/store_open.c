@@ -232,6 +232,7 @@ static int st_finish_open(kvx_store *s, int create)
     if (!s->index_live)
         return kvx_fail(KVX_ECORRUPT, "store %s: the index is empty or lost: run 'kvx store reindex %s'", s->dir,
                         s->dir);
+    if ((rc = kvx_st_reader_check(s))) return rc;
     kvx_clear_error();
     return 0;
 }

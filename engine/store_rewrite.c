@@ -33,12 +33,19 @@ int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t 
         }
         uint32_t idx = KVX_COORD_BLOCK(m->src_coord);
         kvx_entry e;
-        const void *page;
-        if ((rc = kvx_shard_entry(&e, sh, idx))) {
+        const void *page = NULL;
+        uint64_t seq = 0;
+        int tomb = 0;
+        if ((rc = kvx_shard_entry(&e, sh, idx)) || (rc = kvx_shard_entry_commit(sh, idx, &seq, &tomb))) {
             kvx_shard_close(sh);
             break;
         }
-        if (kvx_shard_page(&page, sh, idx, 1)) { /* a damaged page is not copied */
+        if (tomb && !(flags & KVX_FLAG_TOMB)) {
+            kvx_shard_close(sh);
+            rc = kvx_fail(KVX_EINVALID, "store: a tombstone cannot be copied into a shard without a tombstone table");
+            break;
+        }
+        if (!tomb && kvx_shard_page(&page, sh, idx, 1)) { /* a damaged page is not copied */
             kvx_shard_close(sh);
             continue;
         }
@@ -64,10 +71,16 @@ int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t 
             in.key_len = e.key_len;
             in.page_len = e.bytes;
         }
-        rc = kvx_shard_writer_add(o.w, &in);
+        rc = tomb ? kvx_shard_writer_add_tombstone(o.w, (uint16_t)ni, e.key, e.key_len) : kvx_shard_writer_add(o.w, &in);
         kvx_shard_close(sh);
+        /* a copy keeps its entry's sequence number (the order of the
+         * commit that wrote it); an entry of a file written before
+         * sequence numbers takes 1, older than every commit since */
+        if (!rc && (flags & KVX_FLAG_SEQ)) rc = kvx_shard_writer_set_seq(o.w, ni, seq ? seq : 1);
         if (rc) break;
-        if (!in.digest) o.nunv++;
+        m->seq = seq;
+        m->tomb = tomb;
+        if (!in.digest && !tomb && !(flags & KVX_FLAG_KEYS)) o.nunv++;
         m->new_coord = KVX_COORD(o.byte, ni, 0);
         m->new_gen = o.gen;
         if (m->last_use > last_use) last_use = m->last_use;
@@ -105,6 +118,29 @@ int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t 
     return rc;
 }
 
+/* The smallest sequence number any live shard but b holds (0: one holds
+ * an entry without one, or cannot be opened to tell). */
+static uint64_t st_min_seq_others(kvx_store *s, uint32_t b)
+{
+    uint64_t min = UINT64_MAX;
+    for (uint32_t f = 0; f < ST_SLOTS && min; f++) {
+        if (f == b || !s->reg->live[f]) continue;
+        kvx_shard *sh = kvx_st_shard_get(s, f, s->reg->rec[f].gen);
+        uint64_t m = sh ? kvx_shard_min_seq(sh) : 0;
+        kvx_shard_close(sh);
+        if (m < min) min = m;
+    }
+    return min;
+}
+
+int kvx_st_tomb_needed(kvx_store *s, uint32_t b, uint64_t seq, uint64_t *cache)
+{
+    if (*cache == UINT64_MAX - 1) *cache = st_min_seq_others(s, b);
+    /* an older copy of its key may lie in another shard (the drop that
+     * would take it is counted: its victims are still registered) */
+    return *cache < seq || *cache == 0;
+}
+
 /* Appends the entries of shard b as moves, each with its recency r[i];
  * with hot_after, only entries used after it (r[i] > hot_after). */
 int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, uint64_t hot_after, st_move **mv,
@@ -121,12 +157,22 @@ int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, ui
         kvx_shard_close(sh);
         return rc;
     }
+    uint64_t others = UINT64_MAX - 1; /* not computed yet */
     for (uint32_t i = 0; i < cnt && *n < limit; i++) {
         uint64_t ri = r && i < s->reg->rec[b].n_entries ? r[i] : s->reg->rec[b].created_ns;
-        if (hot_only && ri <= hot_after) continue;
         kvx_entry e;
-        if (kvx_shard_entry(&e, sh, i) || !e.hash) continue;
-        if (snap) {
+        uint64_t seq = 0;
+        int tomb = 0;
+        if (kvx_shard_entry(&e, sh, i) || kvx_shard_entry_commit(sh, i, &seq, &tomb)) continue;
+        if (tomb) {
+            /* a tombstone outlives every older copy of its key: carried
+             * whatever its recency while another shard may hold one */
+            if (!kvx_st_tomb_needed(s, b, seq, &others)) continue;
+        } else if (hot_only && ri <= hot_after) {
+            continue;
+        }
+        if (!e.hash) continue;
+        if (snap && !tomb) {
             int has = kvx_cat_has_loc(snap, e.hash, e.coordinate, s->reg->rec[b].gen);
             if (has < 0) {
                 kvx_cat_snap_end(snap);
@@ -154,6 +200,8 @@ int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, ui
         m->parent = e.parent;
         if (e.digest) memcpy(m->digest, e.digest, KVX_DIGEST_BYTES);
         m->last_use = ri;
+        m->seq = seq;
+        m->tomb = tomb;
     }
     if (snap) kvx_cat_snap_end(snap);
     kvx_shard_close(sh);

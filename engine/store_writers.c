@@ -45,8 +45,10 @@ static int st_alloc_byte(kvx_store *s, const uint8_t *extra, uint8_t *out)
 
 uint32_t kvx_st_kind_flags(const kvx_store *s, int kind)
 {
-    if (s->keyed) return KVX_FLAG_KEYS; /* a keyed store's only kind of shard */
-    uint32_t f = KVX_FLAG_HASHES;
+    /* every shard carries its entries' sequence numbers; a keyed store's
+     * shards (its only kind) also a tombstone table: a delete is an entry */
+    if (s->keyed) return KVX_FLAG_KEYS | KVX_FLAG_SEQ | KVX_FLAG_TOMB;
+    uint32_t f = KVX_FLAG_HASHES | KVX_FLAG_SEQ;
     if (kind == ST_KIND_LINEAGE) f |= KVX_FLAG_LINEAGE | KVX_FLAG_DIGEST;
     if (kvx_quant_is_fp8(s->g.quant)) f |= KVX_FLAG_SCALES;
     return f;
@@ -61,9 +63,20 @@ int kvx_st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_o
     uint8_t b = 0;
     int rc = st_alloc_byte(s, extra, &b);
     if (rc) return rc;
-    uint64_t gen = s->next_gen++;
+    /* a generation is a file name and nothing more: one some file already
+     * has (a stray file, a name an old index gave out again) is skipped,
+     * never raised above, so no name can use the counter up */
+    uint64_t gen = 0;
     char name[32];
-    kvx_st_shard_name(name, gen);
+    for (int tries = 0; tries < 4096 && !gen; tries++) {
+        if (s->next_gen == 0 || s->next_gen == UINT64_MAX) s->next_gen = 1;
+        gen = s->next_gen++;
+        kvx_st_shard_name(name, gen);
+        struct stat st;
+        if (kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 || errno != ENOENT) gen = 0;
+    }
+    if (!gen)
+        return kvx_fail(KVX_EFULL, "store %s: 4096 generations in a row name files already in shards/", s->dir);
     /* the writer's temporary file lives in staging/ (emptied by recovery);
      * a rewrite's seal renames it into shards/ and fsyncs shards/, a
      * batch's waits there for its flush (kvx_st_link_files: a second name
@@ -118,14 +131,54 @@ int kvx_st_writer_seal(kvx_store *s, st_open *o, st_sealed *out, int staged)
     out->flags = o->flags;
     out->n = n;
     out->bytes = (uint64_t)st.st_size;
+    out->ino = (uint64_t)st.st_ino;
     out->last_use = kvx_st_now_ns();
     out->nunv = o->nunv;
+    return 0;
+}
+
+int kvx_st_writer_park(kvx_store *s, st_open *o, st_sealed *out)
+{
+    (void)s;
+    memset(out, 0, sizeof *out);
+    out->byte = o->byte;
+    out->gen = o->gen;
+    out->flags = o->flags;
+    out->n = kvx_shard_writer_count(o->w);
+    out->bytes = kvx_shard_writer_bytes(o->w);
+    out->last_use = kvx_st_now_ns();
+    out->nunv = o->nunv;
+    out->w = o->w;
+    o->w = NULL;
+    return 0;
+}
+
+int kvx_st_seal_parked(kvx_store *s, st_sealed *v, size_t n, uint64_t seq)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (!v[i].w) continue;
+        kvx_shard_writer *w = v[i].w;
+        v[i].w = NULL; /* the seal frees it, whatever the result */
+        kvx_shard_writer_seq_unset(w, seq);
+        int rc = kvx_shard_writer_seal_staged(w, v[i].staged, sizeof v[i].staged);
+        if (rc) return rc; /* the writer left nothing behind */
+        struct stat st;
+        if (kvx_os.fstatat(s->stagingfd, v[i].staged, &st, AT_SYMLINK_NOFOLLOW) != 0)
+            return kvx_fail(-errno, "store %s: stat staging/%s: %s", s->dir, v[i].staged, strerror(errno));
+        v[i].bytes = (uint64_t)st.st_size;
+        v[i].ino = (uint64_t)st.st_ino; /* a rename keeps it */
+    }
     return 0;
 }
 
 void kvx_st_unlink_sealed(kvx_store *s, st_sealed *v, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
+        if (v[i].w) { /* parked, never sealed: its temporary file goes with it */
+            kvx_shard_writer_abort(v[i].w);
+            v[i].w = NULL;
+            continue;
+        }
         if (v[i].staged[0]) kvx_os.unlinkat(s->stagingfd, v[i].staged, 0);
         if (!v[i].staged[0] || v[i].linked) kvx_st_unlink_shard(s, v[i].gen);
         v[i].staged[0] = '\0';
@@ -156,59 +209,86 @@ static int st_move_into_shards(kvx_store *s, st_sealed *v, const char *name)
     return rc;
 }
 
-int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n)
+void kvx_st_pending_name(char *buf, size_t cap, uint64_t seq)
 {
-    size_t linked = 0, staged = 0;
-    int rc = 0;
-    for (size_t i = 0; i < n; i++) staged += v[i].staged[0] != 0;
-    /* the staging/ names durable first: a shards/ name that survives a
-     * crash then always has its staging/ twin beside it, which tells
-     * recovery the file was never published (no file system promises to
-     * keep changes to two directories in order without this fsync) */
-    if (staged && (rc = kvx_os_fsync_dir(s->staging_path)))
+    snprintf(buf, cap, ".%016llx.pending", (unsigned long long)seq);
+}
+
+int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n, uint64_t seq)
+{
+    char mark[40];
+    kvx_st_pending_name(mark, sizeof mark, seq);
+    /* the commit's mark first, durable: while it is in staging/, no file
+     * of this commit is acknowledged, wherever it lies (recovery reads it
+     * by the files' sequence numbers) */
+    int fd = -1, rc = 0;
+    if (kvx_os.unlinkat(s->stagingfd, mark, 0) != 0 && errno != ENOENT)
+        return kvx_fail(-errno, "store %s: remove a stale staging/%s: %s", s->dir, mark, strerror(errno));
+    fd = kvx_os.openat(s->stagingfd, mark, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) return kvx_fail(-errno, "store %s: create staging/%s: %s", s->dir, mark, strerror(errno));
+    kvx_os.close(fd);
+    if ((rc = kvx_os_fsync_dir(s->staging_path))) {
+        kvx_os.unlinkat(s->stagingfd, mark, 0);
         return kvx_fail(rc, "store %s: fsync of staging/: %s", s->dir, strerror(-rc));
+    }
+    size_t moved = 0;
     for (size_t i = 0; i < n && !rc; i++) {
         if (!v[i].staged[0]) continue;
         char name[32];
         kvx_st_shard_name(name, v[i].gen);
-        /* a second name, never over an existing file (DESIGN.md rule 2) */
-        if (kvx_os.linkat(s->stagingfd, v[i].staged, s->shardsfd, name, 0) == 0) {
-            v[i].linked = 1, linked++;
-        } else if (errno == EPERM || errno == EOPNOTSUPP || errno == EMLINK) {
-            /* a file system without hard links: the file moves instead
-             * (still never over a file). It works, but a crash between two
-             * of a batch's moves can leave part of it adopted; STORE.md */
-            rc = st_move_into_shards(s, &v[i], name);
-            if (!rc) linked++;
-        } else {
-            rc = kvx_fail(-errno, "store %s: link staging/%s as shards/%s: %s", s->dir, v[i].staged, name,
-                          strerror(errno));
-        }
+        /* never over an existing file (DESIGN.md rule 2) */
+        if (!(rc = st_move_into_shards(s, &v[i], name))) moved++;
     }
     /* durable where the catalog edit will name them */
-    if (!rc && linked && (rc = kvx_os_fsync_dir(s->shards_path)))
-        rc = kvx_fail(rc, "store %s: fsync of shards/ after linking %zu file(s): %s", s->dir, linked, strerror(-rc));
-    if (rc) kvx_st_unlink_linked(s, v, n);
+    if (!rc && moved && (rc = kvx_os_fsync_dir(s->shards_path)))
+        rc = kvx_fail(rc, "store %s: fsync of shards/ after moving %zu file(s) in: %s", s->dir, moved, strerror(-rc));
+    if (rc) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", kvx_last_error());
+        kvx_st_unlink_linked(s, v, n); /* durably gone before the mark goes */
+        kvx_os.unlinkat(s->stagingfd, mark, 0);
+        kvx_fail(rc, "%s", msg);
+    }
     return rc;
 }
 
 void kvx_st_unlink_linked(kvx_store *s, st_sealed *v, size_t n)
 {
+    size_t gone = 0;
     for (size_t i = 0; i < n; i++) {
         if (!v[i].linked) continue;
         kvx_st_unlink_shard(s, v[i].gen);
         v[i].linked = 0;
+        gone++;
     }
+    /* durably gone: without its commit's mark a file would be adopted */
+    if (gone) kvx_os_fsync_dir(s->shards_path);
 }
 
-void kvx_st_unstage_files(kvx_store *s, st_sealed *v, size_t n)
+void kvx_st_unpublish(kvx_store *s, st_sealed *v, size_t n, uint64_t seq)
 {
-    /* published: the shards/ name is the file's only name from here on
-     * (no fsync: a staging/ name left by a crash is removed by recovery,
-     * which finds the catalog naming the file) */
-    for (size_t i = 0; i < n; i++) {
-        if (v[i].staged[0]) kvx_os.unlinkat(s->stagingfd, v[i].staged, 0);
-        v[i].staged[0] = '\0';
-        v[i].linked = 0;
-    }
+    kvx_st_unlink_linked(s, v, n); /* durably gone first */
+    char mark[40];
+    kvx_st_pending_name(mark, sizeof mark, seq);
+    kvx_os.unlinkat(s->stagingfd, mark, 0); /* left by a failure: the next recovery removes it */
+}
+
+int kvx_st_unstage_files(kvx_store *s, uint64_t seq)
+{
+    /* the commit: the mark goes, durably. From here the files alone say
+     * the batch committed (a recovery without the catalog adopts all of
+     * it); linked stays set until the catalog edit commits: if it fails,
+     * kvx_st_unlink_linked takes the files back. */
+    char mark[40];
+    kvx_st_pending_name(mark, sizeof mark, seq);
+    if (kvx_os.unlinkat(s->stagingfd, mark, 0) != 0 && errno != ENOENT)
+        return kvx_fail(-errno, "store %s: unlink staging/%s: %s", s->dir, mark, strerror(errno));
+    int rc = kvx_os_fsync_dir(s->staging_path);
+    if (rc) return kvx_fail(rc, "store %s: fsync of staging/ after the commit's mark went: %s", s->dir, strerror(-rc));
+    return 0;
+}
+
+void kvx_st_published(st_sealed *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) v[i].linked = 0;
 }

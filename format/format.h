@@ -43,6 +43,10 @@ int kvx_shard_writer_set_seq(kvx_shard_writer *w, uint32_t index, uint64_t seq);
 /* Sets seq on every entry whose sequence number is still 0 (a batch's
  * commit); nothing without KVX_FLAG_SEQ, or for seq 0. */
 void kvx_shard_writer_seq_unset(kvx_shard_writer *w, uint64_t seq);
+/* Reads back page index of an unsealed writer (a page, not a tombstone)
+ * into buf (cap bytes): 0 and *out_len, KVX_EINVALID for a bad index, a
+ * tombstone or a page larger than cap, or -errno. */
+int kvx_shard_writer_page(const kvx_shard_writer *w, uint32_t index, void *buf, size_t cap, uint32_t *out_len);
 /* The max_entries the writer was created with (0 for NULL). */
 uint32_t kvx_shard_writer_max(const kvx_shard_writer *w);
 /* The smallest sequence number of any entry; 0 without a sequence table or

@@ -149,7 +149,7 @@ static int open_temp(kvx_shard_writer *w, const char *staging_dir)
         if (dir_len) memcpy(d, w->path, dir_len);
         else d[dir_len++] = '.';
         d[dir_len] = 0;
-        w->fd = kvx_os.open(d, O_TMPFILE | O_WRONLY | O_CLOEXEC, 0600);
+        w->fd = kvx_os.open(d, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
         if (w->fd >= 0) {
             w->unnamed = 1;
             w->tmp_path = strdup(w->path); /* for messages; nothing to unlink */
@@ -174,7 +174,7 @@ static int open_temp(kvx_shard_writer *w, const char *staging_dir)
         }
         snprintf(w->tmp_path, cap, "%.*s%s.%s.tmp.%ld.%016llx", (int)dir_len, dir, sep ? "/" : "",
                  base, (long)getpid(), (unsigned long long)r);
-        w->fd = kvx_os.open(w->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        w->fd = kvx_os.open(w->tmp_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (w->fd >= 0) return 0;
         if (errno != EEXIST) {
             int e = -errno;
@@ -660,3 +660,20 @@ int kvx_shard_writer_seal_staged(kvx_shard_writer *w, char *name, size_t cap)
 }
 
 void kvx_shard_writer_abort(kvx_shard_writer *w) { writer_discard(w); }
+
+int kvx_shard_writer_page(const kvx_shard_writer *w, uint32_t index, void *buf, size_t cap, uint32_t *out_len)
+{
+    if (!w || index >= w->n || w->fd < 0) return kvx_fail(KVX_EINVALID, "kvx_shard_writer_page: no page %u", index);
+    if ((w->flags & KVX_FLAG_TOMB) && w->tombs[index] != KVX_TOMB_PAGE)
+        return kvx_fail(KVX_EINVALID, "kvx_shard_writer_page: entry %u is a tombstone", index);
+    const uint8_t *c = w->coords + (size_t)index * KVX_ENTRY_BYTES;
+    uint32_t bytes = kvx_load32(c + KVX_E_BYTES);
+    uint64_t off = w->kv_data_offset + kvx_load64(c + KVX_E_OFFSET);
+    if (bytes > cap) return kvx_fail(KVX_EINVALID, "kvx_shard_writer_page: page %u has %u bytes, room for %zu", index, bytes, cap);
+    size_t got = 0;
+    int rc = kvx_os_pread_all(w->fd, buf, bytes, off, &got);
+    if (rc) return kvx_fail(rc, "%s: reading back page %u: %s", w->tmp_path ? w->tmp_path : w->path, index, strerror(-rc));
+    if (got != bytes) return kvx_fail(-EIO, "%s: page %u read back short", w->tmp_path ? w->tmp_path : w->path, index);
+    *out_len = bytes;
+    return 0;
+}

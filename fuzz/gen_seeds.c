@@ -225,7 +225,7 @@ static void index_records(void)
     if ((rc = mdb_txn_begin(ix->env, NULL, 0, &txn))) die("txn", rc);
     uint32_t byte = 9, coord = 9u << 24 | 3u << 8, coord2 = 9u << 24 | 4u << 8;
     uint64_t hash = 0x1234567890abcdefull, gen = 42;
-    kvx_idx_shard sh = {gen, 16384 + 4096, 1764500000000000000ull, 3, KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_DIGEST | KVX_FLAG_META_CRC, 0, 1};
+    kvx_idx_shard sh = {gen, 16384 + 4096, 1764500000000000000ull, 3, KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_DIGEST | KVX_FLAG_META_CRC, 0, 1, 0};
     if ((rc = kvx_idx_put_shard(txn, ix, byte, &sh))) die("put shard", rc);
     raw("shard", 0, txn, ix->shards, &byte, 4);
     if ((rc = kvx_idx_add_block(txn, ix, coord, hash, gen))) die("add block", rc);

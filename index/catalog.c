@@ -137,6 +137,7 @@ static void cat_shard_from(kvx_cat_shard *out, const kvx_idx_shard *r)
     out->n_entries = r->n_entries;
     out->flags = r->flags;
     out->n_unverified = r->n_unverified;
+    out->ino = r->ino;
 }
 
 int kvx_cat_shard_get(kvx_cat_snap *snap, uint32_t byte, kvx_cat_shard *out)
@@ -280,7 +281,12 @@ int kvx_cat_registry_read(kvx_cat_snap *snap, kvx_cat_registry *out)
     }
     mdb_cursor_close(cur);
     if (rc != MDB_NOTFOUND) return cat_lmdb(snap->ix, rc, "walk the shard records");
-    return kvx_cat_next_gen(snap, &out->next_gen);
+    rc = kvx_cat_next_gen(snap, &out->next_gen);
+    if (rc) return rc;
+    rc = kvx_idx_get_u64(snap->txn, snap->ix->meta, "next_seq", &out->next_seq);
+    if (rc == MDB_CORRUPTED) return cat_damaged(snap->ix, "next_seq");
+    if (rc) return cat_lmdb(snap->ix, rc, "get next_seq");
+    return 0;
 }
 
 int kvx_cat_counts_get(kvx_cat_snap *snap, kvx_cat_counts *out)

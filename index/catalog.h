@@ -63,6 +63,9 @@ typedef struct kvx_cat_shard {
     uint32_t n_unverified; /* entries without a prefix digest (records of
                               shards without KVX_FLAG_DIGEST may say 0:
                               every entry is then unverified) */
+    uint64_t ino;          /* the file's inode number at registration (0:
+                              not recorded): a writer's open sees a file
+                              swapped or copied under the name */
 } kvx_cat_shard;
 
 /* The block a coordinate holds. */
@@ -98,6 +101,11 @@ typedef struct kvx_cat_registry {
     kvx_cat_shard rec[KVX_CAT_SLOTS];
     uint8_t live[KVX_CAT_SLOTS];
     uint64_t next_gen;
+    /* the next sequence number a commit takes (0: none recorded, a catalog
+     * of an older release or an empty one); DESIGN.md "The files are the
+     * whole truth": the files carry every number given out, this is only
+     * where the writer starts without reading them */
+    uint64_t next_seq;
 } kvx_cat_registry;
 
 /* Block counts (records, not files). */
@@ -226,6 +234,7 @@ typedef struct kvx_cat_edit {
     int has_stats, count_drops;
     kvx_cat_stats stats;
     uint64_t next_gen; /* 0: unchanged */
+    uint64_t next_seq; /* 0: unchanged */
     int err;           /* the first builder failure, returned by apply */
     struct {
         uint64_t dropped_blocks; /* blocks step 3 removed */
@@ -269,6 +278,7 @@ int kvx_cat_edit_move_block(kvx_cat_edit *e, uint64_t hash, uint32_t from, uint6
  * none (a new catalog). */
 void kvx_cat_edit_stats(kvx_cat_edit *e, const kvx_cat_stats *delta, int count_drops);
 void kvx_cat_edit_next_gen(kvx_cat_edit *e, uint64_t next_gen);
+void kvx_cat_edit_next_seq(kvx_cat_edit *e, uint64_t next_seq);
 
 /* Applies e in one write transaction: all of it or nothing (a failure
  * leaves the catalog as it was). The map grows and the transaction runs

@@ -157,6 +157,7 @@ void kvx_cat_edit_stats(kvx_cat_edit *e, const kvx_cat_stats *delta, int count_d
 }
 
 void kvx_cat_edit_next_gen(kvx_cat_edit *e, uint64_t next_gen) { e->next_gen = next_gen; }
+void kvx_cat_edit_next_seq(kvx_cat_edit *e, uint64_t next_seq) { e->next_seq = next_seq; }
 
 /* --------------------------------------------------------------- applying */
 
@@ -181,7 +182,7 @@ static int ed_err(const kvx_index *ix, int rc, const char *what)
 static int ed_put_shard(MDB_txn *txn, kvx_index *ix, const kvx_cat_shard_put *p)
 {
     kvx_idx_shard r = {p->rec.gen, p->rec.file_bytes, p->rec.created_ns, p->rec.n_entries, p->rec.flags, 0,
-                       p->rec.n_unverified};
+                       p->rec.n_unverified, p->rec.ino};
     return kvx_idx_put_shard(txn, ix, p->byte, &r);
 }
 
@@ -288,13 +289,15 @@ static int ed_body(MDB_txn *txn, void *p)
     if ((e->has_stats || e->count_drops) && (rc = ed_stats(txn, ix, e))) return ed_err(ix, rc, "count");
     if (e->next_gen && (rc = kvx_idx_put_u64(txn, ix->meta, "next_gen", e->next_gen)))
         return ed_err(ix, rc, "put next_gen");
+    if (e->next_seq && (rc = kvx_idx_put_u64(txn, ix->meta, "next_seq", e->next_seq)))
+        return ed_err(ix, rc, "put next_seq");
     return 0;
 }
 
 static int ed_empty(const kvx_cat_edit *e)
 {
     return !e->reset && !e->any_drop && !e->ndel && !e->nadd && !e->nshards && !e->nusage && !e->has_stats &&
-           !e->count_drops && !e->next_gen;
+           !e->count_drops && !e->next_gen && !e->next_seq;
 }
 
 /* After the commit: the registry names what the catalog now names. */
@@ -315,9 +318,11 @@ static void ed_registry(kvx_cat_registry *reg, const kvx_cat_edit *e)
         dst->n_entries = src->n_entries;
         dst->flags = src->flags;
         dst->n_unverified = src->n_unverified;
+        dst->ino = src->ino;
         reg->live[e->shards[i].byte] = 1;
     }
     if (e->next_gen) reg->next_gen = e->next_gen;
+    if (e->next_seq) reg->next_seq = e->next_seq;
 }
 
 int kvx_cat_apply(kvx_catalog *cat, kvx_cat_edit *e)

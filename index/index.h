@@ -115,6 +115,8 @@ typedef struct kvx_idx_shard {
     uint32_t crc;   /* of (byte key, record); legacy records are 32 bytes */
     uint32_t n_unverified; /* entries without a prefix digest (with flags
                               lacking KVX_FLAG_DIGEST: every entry) */
+    uint64_t ino; /* the file's inode number when it was registered (0: not
+                     recorded, a record of an older release) */
 } kvx_idx_shard;
 
 typedef struct kvx_idx_usage {

@@ -203,15 +203,16 @@ int kvx_idx_del_shard_blocks(MDB_txn *txn, kvx_index *ix, uint32_t b, uint64_t *
  * one (shorter, or crc 0), which reindex rewrites. */
 int kvx_idx_dec_shard(const MDB_val *k, const MDB_val *v, uint32_t *out_byte, kvx_idx_shard *out)
 {
-    const size_t legacy = offsetof(kvx_idx_shard, crc);
-    if (k->mv_size != 4 || (v->mv_size != sizeof *out && v->mv_size != legacy)) return MDB_CORRUPTED;
+    const size_t legacy = offsetof(kvx_idx_shard, crc), prev = offsetof(kvx_idx_shard, ino);
+    if (k->mv_size != 4 || (v->mv_size != sizeof *out && v->mv_size != prev && v->mv_size != legacy))
+        return MDB_CORRUPTED;
     memcpy(out_byte, k->mv_data, 4);
     memset(out, 0, sizeof *out);
     memcpy(out, v->mv_data, v->mv_size);
-    if (out->crc) {
+    if (out->crc) { /* the crc covers the record's own size (the previous release's had no ino) */
         kvx_idx_shard r = *out;
         r.crc = 0;
-        if (out->crc != idx_crc(k->mv_data, 4, &r, sizeof r)) return MDB_CORRUPTED;
+        if (out->crc != idx_crc(k->mv_data, 4, &r, v->mv_size)) return MDB_CORRUPTED;
     }
     return 0;
 }

@@ -28,132 +28,7 @@
 #include "lib/io.h"
 #include "lib/store.h"
 
-static size_t page_bytes_of(uint32_t B) { return 2u * 1 * 1 * B * 4 * 2; }
-
-/* The number of leading blocks served for tokens whose bytes equal pages. */
-static size_t served_exact(kvx_store *s, const uint32_t *t, size_t nb, uint32_t B, const uint8_t *pages)
-{
-    kvx_view v[64];
-    size_t n = 0;
-    assert_true(nb <= 64);
-    assert_int_equal(kvx_store_prefix(v, &n, s, t, nb * B, nb), 0);
-    size_t P = page_bytes_of(B);
-    for (size_t i = 0; i < n; i++) {
-        assert_int_equal(v[i].page_bytes, P);
-        assert_memory_equal(v[i].page, pages + i * P, P);
-    }
-    kvx_views_release(v, n);
-    return n;
-}
-
-/* A store holding one prompt of NB blocks (sequence seq), flushed and
- * closed, and the path of its only shard; returns the prompt's pages. */
 enum { NB = 4 };
-
-/* A shard as a store before the digest wrote it: hashes and lineage, no
- * digest table, named and numbered as the store does. */
-static void write_old_shard(const char *dir, uint64_t gen, uint8_t byte, const uint32_t *t, size_t nb,
-                            const uint8_t *pages, uint64_t parent0)
-{
-    char path[600];
-    snprintf(path, sizeof path, "%s/shards/%016" PRIx64 ".kvx", dir, gen);
-    kvx_shard_writer_options o = KVX_SHARD_WRITER_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.shard_id = byte;
-    o.max_entries = 16;
-    o.flags = KVX_FLAG_HASHES | KVX_FLAG_LINEAGE;
-    kvx_shard_writer *w;
-    assert_int_equal(kvx_shard_writer_create(&w, path, &o), 0);
-    uint64_t parent = parent0;
-    for (size_t i = 0; i < nb; i++) {
-        kvx_entry_in e;
-        memset(&e, 0, sizeof e);
-        e.radix_block = (uint16_t)i;
-        e.token_count = SU_B;
-        e.page = pages + i * 64;
-        e.tokens = t + i * SU_B;
-        e.parent = parent;
-        e.hash = kvx_block_hash(parent, e.tokens, SU_B);
-        parent = e.hash;
-        assert_int_equal(kvx_shard_writer_add(w, &e), 0);
-    }
-    assert_int_equal(kvx_shard_writer_seal(w), 0);
-}
-
-/* test_pre_digest_store: shards without a digest table (older stores) are
- * unverified until reindex derives their digests by lineage; a block with two
- * candidate parents stays unverified. */
-/* PROMISE: TRUST-9 */
-static void test_pre_digest_store(void **state)
-{
-    (void)state;
-    char dir[300];
-    kvx_store *s =
-        su_store(dir, sizeof dir, (su_spec){.block_tokens = SU_B, .capacity = 16 << 20, .shard_bytes = 256 << 10});
-    kvx_store_close(s);
-    uint32_t t[NB * SU_B];
-    uint64_t h[NB];
-    su_tokens(t, 9, NB, 0);
-    uint8_t *pages = su_pages(t, NB, h, 64);
-    write_old_shard(dir, 7, 3, t, NB, pages, 0);
-    /* a writer adopts it as it is: unverified, never served */
-    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
-    kvx_store_stats st;
-    assert_int_equal(kvx_store_stat(&st, s), 0);
-    assert_int_equal(st.blocks, NB);
-    assert_int_equal(st.unverified, NB);
-    assert_int_equal(served_exact(s, t, NB, SU_B, pages), 0);
-    kvx_view v;
-    assert_int_equal(kvx_store_get_hash(&v, s, h[1]), KVX_EUNVERIFIED);
-    /* reindex derives the digests by walking lineage from block 0 */
-    assert_int_equal(kvx_store_reindex(s), 0);
-    assert_int_equal(served_exact(s, t, NB, SU_B, pages), NB);
-    assert_int_equal(kvx_store_stat(&st, s), 0);
-    assert_int_equal(st.unverified, 0);
-    assert_int_equal(kvx_store_get_hash(&v, s, h[1]), 0);
-    kvx_view_release(&v);
-    uint64_t bad = 9;
-    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
-    kvx_store_close(s);
-
-    /* a block whose parent hash names two different blocks (a crafted FNV
-     * collision in an old store) has two candidate parents: it stays
-     * unverified; the blocks before it are served */
-    s = su_store(dir, sizeof dir, (su_spec){.block_tokens = SU_B, .capacity = 16 << 20, .shard_bytes = 256 << 10});
-    kvx_store_close(s);
-    write_old_shard(dir, 7, 3, t, NB, pages, 0);
-    /* a second block with hash h[1] (same parent and tokens, another
-     * digest: what a crafted FNV collision leaves behind) gives block 2 two
-     * candidate parents */
-    {
-        char path[600];
-        snprintf(path, sizeof path, "%s/shards/%016" PRIx64 ".kvx", dir, (uint64_t)9);
-        kvx_shard_writer_options o = KVX_SHARD_WRITER_OPTIONS_INIT;
-        o.geometry = su_geometry();
-        o.shard_id = 4;
-        o.max_entries = 4;
-        o.flags = KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_DIGEST;
-        kvx_shard_writer *w;
-        assert_int_equal(kvx_shard_writer_create(&w, path, &o), 0);
-        uint8_t other[KVX_DIGEST_BYTES];
-        memset(other, 0x5A, sizeof other);
-        kvx_entry_in e;
-        memset(&e, 0, sizeof e);
-        e.token_count = SU_B;
-        e.page = pages + 64;
-        e.tokens = t + SU_B;
-        e.parent = h[0];
-        e.hash = h[1];
-        e.digest = other; /* another block with hash h[1]: a second candidate parent */
-        assert_int_equal(kvx_shard_writer_add(w, &e), 0);
-        assert_int_equal(kvx_shard_writer_seal(w), 0);
-    }
-    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
-    assert_int_equal(kvx_store_reindex(s), 0);
-    assert_int_equal(served_exact(s, t, NB, SU_B, pages), 2); /* blocks 0 and 1; 2 has two candidate parents */
-    kvx_store_close(s);
-    free(pages);
-}
 
 /* Pages that are a function of (prompt, block), not of the hash: two
  * prompts whose hashes collide still have different KV. 64 bytes each. */
@@ -359,85 +234,6 @@ static void write_carried_shard(const char *dir, uint64_t gen, uint8_t byte, con
     assert_int_equal(kvx_shard_writer_seal(w), 0);
 }
 
-/* Leading blocks served for t (nb blocks), each checked against pages. */
-static size_t served_exact_pb(kvx_store *s, const uint32_t *t, size_t nb, const uint8_t *pages)
-{
-    kvx_view v[8];
-    size_t n = 0;
-    assert_true(nb <= 8);
-    assert_int_equal(kvx_store_prefix(v, &n, s, t, nb * SU_B, nb), 0);
-    for (size_t i = 0; i < n; i++) {
-        assert_int_equal(v[i].page_bytes, PB64);
-        assert_memory_equal(v[i].page, pages + i * PB64, PB64);
-    }
-    kvx_views_release(v, n);
-    return n;
-}
-
-/* M4. An old store held prompt P1 = a || c: block C (tokens c) with
- * parent hash H(a). P1's first block is gone (evicted, lost); prompt
- * P2 = b is held, put with its tokens (verified), and H(b) == H(a): what
- * a crafted FNV-1a collision gives (collide.h finds one in seconds; here
- * the legacy shard simply records the parent hash H(b), which is all the
- * store can see of such a collision). Reindex had one candidate parent
- * for C, P2's block, derived C's digest from it and served C's KV
- * (computed under a) as the continuation of b. A block of the same
- * legacy shard whose parent precedes it is still derived and served. */
-/* PROMISE: TRUST-9 */
-static void test_legacy_child_of_collided_parent(void **state)
-{
-    (void)state;
-    char dir[300];
-    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20, .shard_bytes = 256 << 10});
-    enum { NC = 3 };
-    uint32_t b[SU_B], c[SU_B], x[NC * SU_B], bc[2 * SU_B];
-    uint64_t hb[1], hx[NC], hbc[2];
-    su_tokens(b, 501, 1, 0);
-    su_tokens(c, 502, 1, 0);
-    su_tokens(x, 503, NC, 0);
-    uint8_t *pb = su_pages(b, 1, hb, PB64), *px = su_pages(x, NC, hx, PB64);
-    assert_int_equal(kvx_store_put(s, b, SU_B, pb, 1, NULL, NULL), 0);
-    assert_int_equal(kvx_store_flush(s), 0);
-    kvx_store_close(s);
-    /* C's KV: bytes of another prompt (a || c), not of b || c */
-    uint8_t pc[PB64];
-    su_page(pc, PB64, 0xa11ce);
-    write_old_shard(dir, 100, 200, c, 1, pc, hb[0]);
-    write_old_shard(dir, 101, 201, x, NC, px, 0); /* a legacy prompt, whole in its shard */
-
-    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
-    kvx_store_stats st;
-    assert_int_equal(kvx_store_stat(&st, s), 0);
-    assert_int_equal(st.unverified, 1 + NC);
-    assert_int_equal(kvx_store_reindex(s), 0);
-    memcpy(bc, b, sizeof b);
-    memcpy(bc + SU_B, c, sizeof c);
-    kvx_block_hashes(hbc, bc, 2 * SU_B, SU_B);
-    kvx_view v[2];
-    size_t n = 0;
-    assert_int_equal(kvx_store_prefix(v, &n, s, bc, 2 * SU_B, 2), 0);
-    if (n == 2 && memcmp(v[1].page, pc, PB64) == 0)
-        fail_msg("DEFECT rule 1: reindex verified a legacy block under another prompt's colliding parent; "
-                 "b || c was served a || c's KV");
-    assert_int_equal(n, 1);
-    assert_memory_equal(v[0].page, pb, PB64);
-    kvx_views_release(v, n);
-    kvx_view one;
-    assert_int_equal(kvx_store_get_hash(&one, s, hbc[1]), KVX_EUNVERIFIED);
-    /* the whole legacy prompt is derived from its block 0 and served */
-    assert_int_equal(served_exact_pb(s, x, NC, px), NC);
-    assert_int_equal(kvx_store_stat(&st, s), 0);
-    assert_int_equal(st.unverified, 1);
-    kvx_store_close(s);
-    /* and after a reopen, nothing changed its mind */
-    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
-    assert_int_equal(kvx_store_prefix(v, &n, s, bc, 2 * SU_B, 2), 0);
-    assert_int_equal(n, 1);
-    kvx_views_release(v, n);
-    kvx_store_close(s);
-    free(pb);
-    free(px);
-}
 
 /* M4 again, through a rewrite: an eviction carry or a compaction puts the
  * hot blocks of several shards side by side in one digest shard, so the
@@ -565,9 +361,7 @@ int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test by name (a glob) */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pre_digest_store),
         cmocka_unit_test(test_regress_predigest_rewrite_never_verified),
-        cmocka_unit_test(test_legacy_child_of_collided_parent),
         cmocka_unit_test(test_carried_child_of_collided_parent),
         cmocka_unit_test(test_salvage_keeps_no_collided_parent),
     };

@@ -197,8 +197,15 @@ static void test_regress_quarantine_note_clash(void **state)
                  !note_kept && hung ? ", and " : "", hung ? "hangs a writer's open on a FIFO" : "");
 }
 
-/* test_generation_never_reused: the next shard's name exceeds every name in
- * shards/, staging/ and quarantine/. */
+/* test_generation_never_reused: a name is an identifier only. Stray files
+ * whose names claim the last generation (ffffffffffffffff) in shards/,
+ * staging/ and quarantine/, and directories planted at the next names a
+ * writer would take, never stop a writer: it skips a name in use (never
+ * replacing or following what is there) and never raises its counter
+ * above a name, so nothing can use the counter up. (The previous rule
+ * raised the next generation above every name: one empty file named
+ * ffffffffffffffff.kvx made every writer fail with KVX_EFULL, "run gc",
+ * and gc failed too.) */
 /* PROMISE: RECOVER-5 */
 static void test_generation_never_reused(void **state)
 {
@@ -207,23 +214,47 @@ static void test_generation_never_reused(void **state)
     kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 16 << 20});
     su_put_flush(s, 1, 2);
     kvx_store_close(s);
-    /* a file in quarantine/ with a high generation, one in staging/ */
     snprintf(p, sizeof p, "%s/quarantine", dir);
     assert_int_equal(mkdir(p, 0700), 0);
-    snprintf(p, sizeof p, "%s/quarantine/0000000000000100.kvx", dir);
-    FILE *f = fopen(p, "w");
-    fclose(f);
-    snprintf(p, sizeof p, "%s/staging/.0000000000000200.kvx.tmp.1.2", dir);
-    f = fopen(p, "w");
-    fclose(f);
+    const char *stray[] = {"quarantine/ffffffffffffffff.kvx", "staging/.ffffffffffffffff.kvx.tmp.1.2",
+                           "shards/ffffffffffffffff.kvx"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, stray[i]);
+        FILE *f = fopen(p, "w");
+        assert_non_null(f);
+        fclose(f);
+    }
+    /* directories at the next 64 names (those not already files) */
+    int planted = 0;
+    for (unsigned g = 1; g <= 64; g++) {
+        snprintf(p, sizeof p, "%s/shards/%016x.kvx", dir, g);
+        struct stat st;
+        if (stat(p, &st) == 0) continue;
+        assert_int_equal(mkdir(p, 0700), 0);
+        planted++;
+    }
+    assert_true(planted > 60);
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
-    su_put_flush(s, 2, 2);
+    for (uint64_t q = 2; q < 6; q++) su_put_flush(s, q, 2);
     kvx_store_close(s);
-    char names[64][64];
-    size_t n = su_list_files(dir, "shards", names, 64);
-    assert_true(n >= 2);
-    uint64_t newest = strtoull(names[n - 1], NULL, 16);
-    assert_true(newest > 0x200);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    for (uint64_t q = 1; q < 6; q++) assert_int_equal(su_served_prefix(s, q, 2), 2);
+    su_put_flush(s, 6, 2);
+    assert_int_equal(su_served_prefix(s, 6, 2), 2);
+    kvx_store_close(s);
+    /* the planted directories are untouched, none replaced */
+    for (unsigned g = 1; g <= 64; g++) {
+        snprintf(p, sizeof p, "%s/shards/%016x.kvx", dir, g);
+        struct stat st;
+        assert_int_equal(stat(p, &st), 0);
+    }
+    int dirs = 0;
+    for (unsigned g = 1; g <= 64; g++) {
+        snprintf(p, sizeof p, "%s/shards/%016x.kvx", dir, g);
+        struct stat st;
+        dirs += stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+    }
+    assert_int_equal(dirs, planted);
 }
 
 int main(int argc, char **argv)

@@ -42,7 +42,7 @@ static kvx_catalog *open_cat(const char *dir, int create)
 
 static kvx_cat_shard shard_rec(uint64_t gen, uint32_t n)
 {
-    kvx_cat_shard r = {gen, 4096u * (n + 1), 1000 + gen, n, 0x13, 0};
+    kvx_cat_shard r = {gen, 4096u * (n + 1), 1000 + gen, n, 0x13, 0, 0};
     return r;
 }
 

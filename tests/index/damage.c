@@ -557,7 +557,7 @@ static int raw_put_body(MDB_txn *txn, void *ctx)
         return mdb_put(txn, ix->usage, &k, &uv, 0);
     }
     case 4: { /* good shard and coord records */
-        kvx_idx_shard sr = {3, 4096, 5, 6, 7, 0, 0}; /* crc 0: a legacy record, accepted unchecked */
+        kvx_idx_shard sr = {3, 4096, 5, 6, 7, 0, 0, 0}; /* crc 0: a legacy record, accepted unchecked */
         MDB_val sv = {sizeof sr, &sr};
         int rc = mdb_put(txn, ix->shards, &k, &sv, 0);
         if (rc) return rc;

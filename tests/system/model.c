@@ -772,7 +772,8 @@ static void rot_page(run *r)
     kvx_entry e;
     int k = -1;
     uint64_t off = 0;
-    if (inf->num_blocks && kvx_shard_entry(&e, sh, below(r, inf->num_blocks)) == 0 && e.key) {
+    /* a page, never a tombstone (it has none: offset 0 is the header) */
+    if (inf->num_blocks && kvx_shard_entry(&e, sh, below(r, inf->num_blocks)) == 0 && e.key && e.bytes) {
         k = key_index(e.key, e.key_len);
         off = e.offset + below(r, e.bytes);
     }
