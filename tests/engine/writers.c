@@ -147,7 +147,7 @@ static void test_flush_fault_every_call(void **state)
                 }
             } else {
                 failed++;
-                if (op && !strcmp(op, "linkat")) renames_failed++;
+                if (op && !strcmp(op, "rename_noreplace")) renames_failed++;
                 if (op && (!strcmp(op, "fsync") || !strcmp(op, "fdatasync"))) dirsync_failed++;
                 for (uint64_t q = first; q < seq; q++) {
                     size_t n = su_prefix_nb(s, q);
