@@ -378,7 +378,8 @@ int kvx_st_writer_seal(kvx_store *s, st_open *o, st_sealed *out, int staged);
 /* A commit's publication (a flush, a keyed delete), around its catalog
  * edit:
  *  kvx_st_link_files: the commit's mark staging/.<seq 16 hex>.pending is
- *   made durable (fsync of staging/), then every sealed file of v moves
+ *   made durable (fsync of staging/; *marked: a commit of one file needs
+ *   none, its one rename is atomic), then every sealed file of v moves
  *   into shards/<gen>.kvx (never over an existing file) and shards/ is
  *   fsynced. While the mark is there, recovery takes every file whose
  *   entries all carry seq as never acknowledged. On failure the files
@@ -389,12 +390,12 @@ int kvx_st_writer_seal(kvx_store *s, st_open *o, st_sealed *out, int staged);
  *   shards/ names (durably); if it commits, kvx_st_published.
  * So a crash at any point publishes all of the commit or none of it. */
 void kvx_st_pending_name(char *buf, size_t cap, uint64_t seq);
-int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n, uint64_t seq);
+int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n, uint64_t seq, int *marked);
 void kvx_st_unlink_linked(kvx_store *s, st_sealed *v, size_t n);
-int kvx_st_unstage_files(kvx_store *s, uint64_t seq);
+int kvx_st_unstage_files(kvx_store *s, uint64_t seq, int marked);
 /* A commit that failed after kvx_st_link_files: its files leave shards/
  * (durably), then its mark. */
-void kvx_st_unpublish(kvx_store *s, st_sealed *v, size_t n, uint64_t seq);
+void kvx_st_unpublish(kvx_store *s, st_sealed *v, size_t n, uint64_t seq, int marked);
 /* After the catalog edit that names them committed: the files are the
  * catalog's now (a later failure no longer takes them back). */
 void kvx_st_published(st_sealed *v, size_t n);

@@ -785,9 +785,10 @@ int kvx_st_flush_locked(kvx_store *s, kvx_store_batch *x)
      *  1. the batch's writers are parked (unsealed) until now; the commit
      *     takes the next sequence number and every entry gets it, then
      *     each file is sealed (fsync) in staging/;
-     *  2. the commit's mark staging/.<seq>.pending, durable, then the
-     *     files move into shards/ (fsync): while the mark is there a
-     *     crash leaves files recovery sets aside, never adopts;
+     *  2. the commit's mark staging/.<seq>.pending, durable (a commit of
+     *     one file needs none), then the files move into shards/ (fsync):
+     *     while the mark is there a crash leaves files recovery sets
+     *     aside, never adopts;
      *  3. the mark goes, durably: from here the files alone say the batch
      *     committed (a recovery without the catalog adopts all of it);
      *  4. the catalog edit, then the answer. If the edit fails, the
@@ -799,12 +800,12 @@ int kvx_st_flush_locked(kvx_store *s, kvx_store_batch *x)
         uint64_t seq = s->next_seq++;
         if (s->keyed) rc = st_supersede(s, x, &e);
         if (!rc) rc = kvx_st_seal_parked(s, x->sealed, x->nsealed, seq);
-        int linked = 0;
-        if (!rc && !(rc = kvx_st_link_files(s, x->sealed, x->nsealed, seq))) linked = 1;
-        if (!rc) rc = kvx_st_unstage_files(s, seq);
+        int linked = 0, marked = 0;
+        if (!rc && !(rc = kvx_st_link_files(s, x->sealed, x->nsealed, seq, &marked))) linked = 1;
+        if (!rc) rc = kvx_st_unstage_files(s, seq, marked);
         if (!rc) rc = st_publish(s, x, &e);
         if (!rc) kvx_st_published(x->sealed, x->nsealed);
-        else if (linked) kvx_st_unpublish(s, x->sealed, x->nsealed, seq);
+        else if (linked) kvx_st_unpublish(s, x->sealed, x->nsealed, seq, marked);
     }
     kvx_cat_edit_free(&e);
     if (rc) {

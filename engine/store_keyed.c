@@ -204,9 +204,9 @@ static int sk_write_tombs(kvx_store *s, st_open *po, const kvx_key *const *tombs
     kvx_st_writer_park(s, &o, &v);
     uint64_t seq = s->next_seq++;
     rc = kvx_st_seal_parked(s, &v, 1, seq);
-    int linked = 0;
-    if (!rc && !(rc = kvx_st_link_files(s, &v, 1, seq))) linked = 1;
-    if (!rc) rc = kvx_st_unstage_files(s, seq);
+    int linked = 0, marked = 0;
+    if (!rc && !(rc = kvx_st_link_files(s, &v, 1, seq, &marked))) linked = 1;
+    if (!rc) rc = kvx_st_unstage_files(s, seq, marked);
     if (!rc) {
         kvx_st_register(e, &v);
         kvx_cat_edit_next_gen(e, s->next_gen);
@@ -217,7 +217,7 @@ static int sk_write_tombs(kvx_store *s, st_open *po, const kvx_key *const *tombs
         kvx_st_published(&v, 1);
         return 0;
     }
-    if (linked) kvx_st_unpublish(s, &v, 1, seq);
+    if (linked) kvx_st_unpublish(s, &v, 1, seq, marked);
     kvx_st_unlink_sealed(s, &v, 1);
     return rc;
 }

@@ -186,8 +186,19 @@ static int st_unregistered(kvx_store *s, int fd, const char *name, void *ctx)
 static int st_catalog_current(kvx_store *s, int reader, const st_unacked *u)
 {
     /* a reader only asks whether a file the catalog does not know may
-     * hold newer records (a registered file gone, cut or swapped makes
-     * misses, which lookups find entry by entry) */
+     * hold newer records: one under an unregistered name, or another file
+     * under a registered one (its inode differs: names are given out
+     * again after an index is lost). A registered file gone or cut makes
+     * misses, which lookups find entry by entry. */
+    for (int b = 0; b < ST_SLOTS && reader; b++) {
+        if (!s->reg->live[b] || !s->reg->rec[b].ino) continue;
+        char name[32];
+        kvx_st_shard_name(name, s->reg->rec[b].gen);
+        struct stat st;
+        if (kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode) &&
+            (uint64_t)st.st_ino != s->reg->rec[b].ino && !st_holds_nothing(s, name, u))
+            return 0;
+    }
     for (int b = 0; b < ST_SLOTS && !reader; b++) {
         if (!s->reg->live[b]) continue;
         char name[32], why[512];

@@ -214,14 +214,20 @@ void kvx_st_pending_name(char *buf, size_t cap, uint64_t seq)
     snprintf(buf, cap, ".%016llx.pending", (unsigned long long)seq);
 }
 
-int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n, uint64_t seq)
+int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n, uint64_t seq, int *marked)
 {
     char mark[40];
     kvx_st_pending_name(mark, sizeof mark, seq);
+    int fd = -1, rc = 0;
+    size_t files = 0;
+    for (size_t i = 0; i < n; i++) files += v[i].staged[0] != 0;
     /* the commit's mark first, durable: while it is in staging/, no file
      * of this commit is acknowledged, wherever it lies (recovery reads it
-     * by the files' sequence numbers) */
-    int fd = -1, rc = 0;
+     * by the files' sequence numbers). One file needs none: its one
+     * rename is all of the commit or none of it (found in shards/ without
+     * its catalog edit, a recovery adopts it whole). */
+    *marked = files > 1;
+    if (!*marked) goto move;
     if (kvx_os.unlinkat(s->stagingfd, mark, 0) != 0 && errno != ENOENT)
         return kvx_fail(-errno, "store %s: remove a stale staging/%s: %s", s->dir, mark, strerror(errno));
     fd = kvx_os.openat(s->stagingfd, mark, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -231,6 +237,7 @@ int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n, uint64_t seq)
         kvx_os.unlinkat(s->stagingfd, mark, 0);
         return kvx_fail(rc, "store %s: fsync of staging/: %s", s->dir, strerror(-rc));
     }
+move:;
     size_t moved = 0;
     for (size_t i = 0; i < n && !rc; i++) {
         if (!v[i].staged[0]) continue;
@@ -246,7 +253,7 @@ int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n, uint64_t seq)
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", kvx_last_error());
         kvx_st_unlink_linked(s, v, n); /* durably gone before the mark goes */
-        kvx_os.unlinkat(s->stagingfd, mark, 0);
+        if (*marked) kvx_os.unlinkat(s->stagingfd, mark, 0);
         kvx_fail(rc, "%s", msg);
     }
     return rc;
@@ -265,16 +272,18 @@ void kvx_st_unlink_linked(kvx_store *s, st_sealed *v, size_t n)
     if (gone) kvx_os_fsync_dir(s->shards_path);
 }
 
-void kvx_st_unpublish(kvx_store *s, st_sealed *v, size_t n, uint64_t seq)
+void kvx_st_unpublish(kvx_store *s, st_sealed *v, size_t n, uint64_t seq, int marked)
 {
     kvx_st_unlink_linked(s, v, n); /* durably gone first */
+    if (!marked) return;
     char mark[40];
     kvx_st_pending_name(mark, sizeof mark, seq);
     kvx_os.unlinkat(s->stagingfd, mark, 0); /* left by a failure: the next recovery removes it */
 }
 
-int kvx_st_unstage_files(kvx_store *s, uint64_t seq)
+int kvx_st_unstage_files(kvx_store *s, uint64_t seq, int marked)
 {
+    if (!marked) return 0;
     /* the commit: the mark goes, durably. From here the files alone say
      * the batch committed (a recovery without the catalog adopts all of
      * it); linked stays set until the catalog edit commits: if it fails,
