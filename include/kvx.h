@@ -593,7 +593,10 @@ KVX_API void kvx_free(void *p);
 
 typedef struct kvx_store kvx_store;
 
-#define KVX_STORE_READONLY 0x1u /* open for lookups only (no writer lock) */
+#define KVX_STORE_READONLY 0x1u /* open for lookups only (no writer lock); a keyed
+                                   store whose index/ does not name a committed
+                                   file in shards/ is KVX_ESTALE (a reader never
+                                   repairs: open the writer once) */
 #define KVX_STORE_NOWAIT 0x2u   /* a second writer gets KVX_EBUSY at once */
 #define KVX_STORE_VERIFY 0x4u   /* open: check every shard's meta CRC now (else
                                    at first use); lookups: check each served
@@ -937,11 +940,15 @@ KVX_API int kvx_store_keyed_get(kvx_view *out_views, int *out_status, kvx_store 
  * sound); *out_leading (nullable) = the number of leading keys held. */
 KVX_API int kvx_store_keyed_exists(uint8_t *out_held, size_t *out_leading, kvx_store *s,
                                    const kvx_key *keys, size_t n);
-/* The owner deletes keyed pages it named (DESIGN.md rule 2): one catalog
- * edit, durable when 0 returns; compaction reclaims the bytes. Keys not
- * held are ignored; out_deleted (nullable) counts the pages removed.
- * Writer handles only. A key pending in an unflushed batch is not
- * touched (its flush publishes it). */
+/* The owner deletes keyed pages it named (DESIGN.md rule 2): a commit of
+ * its own, one tombstone per key held (a small shard file with the
+ * commit's sequence number, docs/STORE.md), durable when 0 returns, and
+ * one catalog edit; compaction reclaims the bytes. A deleted key never
+ * comes back, whatever happens to index/. Keys not held are ignored;
+ * out_deleted (nullable) counts the pages removed. At most 65,536 keys
+ * held per call (KVX_EFULL beyond: delete in smaller calls). Writer
+ * handles only. A key pending in an unflushed batch is not touched (its
+ * flush, a later commit, publishes it). */
 KVX_API int kvx_store_keyed_delete(kvx_store *s, const kvx_key *keys, size_t n,
                                    size_t *out_deleted);
 
