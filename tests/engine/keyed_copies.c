@@ -18,43 +18,6 @@
 
 #include "lib/store.h"
 
-/* Rewrites the last 4 bytes of p (n >= 4) so that kvx_crc32(0, p, n) is
- * want: CRC-32 is affine in the message bits over GF(2), so the 32 bits of
- * the tail are solved for by Gaussian elimination. */
-static void forge_crc(uint8_t *p, size_t n, uint32_t want)
-{
-    uint32_t col[32], base = kvx_crc32(0, p, n);
-    for (int i = 0; i < 32; i++) { /* the CRC change of flipping tail bit i */
-        p[n - 4 + i / 8] ^= (uint8_t)(1u << (i % 8));
-        col[i] = kvx_crc32(0, p, n) ^ base;
-        p[n - 4 + i / 8] ^= (uint8_t)(1u << (i % 8));
-    }
-    /* solve sum x_i col_i = base ^ want: rows are CRC bits, columns tail bits */
-    uint64_t rows[32]; /* bit i: col_i's row bit; bit 32: the target */
-    uint32_t target = base ^ want;
-    for (int r = 0; r < 32; r++) {
-        rows[r] = (uint64_t)((target >> r) & 1) << 32;
-        for (int i = 0; i < 32; i++) rows[r] |= (uint64_t)((col[i] >> r) & 1) << i;
-    }
-    int pivot_of[32];
-    int r = 0;
-    for (int c = 0; c < 32 && r < 32; c++) {
-        int k = r;
-        while (k < 32 && !((rows[k] >> c) & 1)) k++;
-        if (k == 32) continue;
-        uint64_t t = rows[k];
-        rows[k] = rows[r];
-        rows[r] = t;
-        for (int j = 0; j < 32; j++)
-            if (j != r && ((rows[j] >> c) & 1)) rows[j] ^= rows[r];
-        pivot_of[r++] = c;
-    }
-    assert_int_equal(r, 32); /* the tail's 32 bits span every CRC */
-    for (int j = 0; j < 32; j++)
-        if ((rows[j] >> 32) & 1) p[n - 4 + pivot_of[j] / 8] ^= (uint8_t)(1u << (pivot_of[j] % 8));
-    assert_int_equal(kvx_crc32(0, p, n), want);
-}
-
 static int get_page(kvx_store *s, const kvx_key *k, uint8_t *out, size_t n)
 {
     kvx_view v;
@@ -80,7 +43,7 @@ static void test_replaced_page_of_equal_crc_not_served(void **state)
     static uint8_t old_page[N], new_page[N], got[N];
     su_page(old_page, N, 1);
     su_page(new_page, N, 2);
-    forge_crc(new_page, N, kvx_crc32(0, old_page, N)); /* equal length, equal CRC-32, other bytes */
+    su_forge_crc(new_page, N, kvx_crc32(0, old_page, N)); /* equal length, equal CRC-32, other bytes */
     assert_true(memcmp(old_page, new_page, N) != 0);
     kvx_key k = {"the-key", 7};
     const void *pp[1] = {old_page};
