@@ -369,6 +369,9 @@ uint32_t kvx_st_kind_flags(const kvx_store *s, int kind);
 /* A writer in staging/ for a new generation on a free shard byte (extra:
  * bytes also taken), reserving `reserve` entries. */
 int kvx_st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_open *o, uint32_t reserve);
+/* A keyed store's writer for n tombstones (a delete's file): not bounded
+ * by the shard size, at most 65,535. */
+int kvx_st_writer_begin_tombs(kvx_store *s, st_open *o, uint32_t n);
 /* Seals o's shard (kvx_shard_writer_seal: fsync, rename into shards/,
  * fsync of shards/), so it is durable before any transaction names it.
  * With staged (a batch's shards), the sealed file stays in staging/
@@ -429,11 +432,6 @@ int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t 
  * with hot_only, only entries used after hot_after. */
 int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, uint64_t hot_after, st_move **mv,
                    size_t *n, size_t *cap, size_t limit);
-/* Must a tombstone of sequence number seq in live shard b be kept (carried
- * by a rewrite that drops b)? Yes while any other live shard may hold an
- * older copy of its key: one whose smallest sequence number is below seq.
- * cache starts at UINT64_MAX - 1 and keeps that minimum for one shard b. */
-int kvx_st_tomb_needed(kvx_store *s, uint32_t b, uint64_t seq, uint64_t *cache);
 /* After a committed rewrite: the new shards' entries keep the recency
  * their blocks had. */
 void kvx_st_rec_from_moves(kvx_store *s, const st_move *mv, size_t n, const st_sealed *added, size_t nadded);

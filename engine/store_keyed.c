@@ -171,12 +171,11 @@ static int sk_key_cmp(const void *a, const void *b)
 static int sk_tomb_writer(kvx_store *s, st_open *o, size_t n)
 {
     uint32_t want = n > UINT32_MAX ? UINT32_MAX : (uint32_t)n;
-    uint32_t flags = kvx_st_kind_flags(s, ST_KIND_PLAIN);
-    int rc = kvx_st_writer_begin(s, flags, NULL, o, want);
+    int rc = kvx_st_writer_begin_tombs(s, o, want);
     if (rc == KVX_EFULL) { /* out of shard ids: merge small shards, as a put does */
         kvx_st_compact(s, 1);
-        rc = kvx_st_writer_begin(s, flags, NULL, o, want);
-        if (rc == KVX_EFULL && kvx_st_evict_for_ids(s) > 0) rc = kvx_st_writer_begin(s, flags, NULL, o, want);
+        rc = kvx_st_writer_begin_tombs(s, o, want);
+        if (rc == KVX_EFULL && kvx_st_evict_for_ids(s) > 0) rc = kvx_st_writer_begin_tombs(s, o, want);
     }
     return rc;
 }
@@ -190,8 +189,8 @@ static int sk_write_tombs(kvx_store *s, st_open *po, const kvx_key *const *tombs
     memset(&v, 0, sizeof v);
     for (size_t i = 0; !rc && i < n; i++) {
         if (kvx_shard_writer_count(o.w) >= kvx_shard_writer_max(o.w)) {
-            rc = kvx_fail(KVX_EFULL, "kvx_store_keyed_delete: %zu keys is more than one shard holds (%u): delete them "
-                          "in smaller calls", n, kvx_shard_writer_max(o.w));
+            rc = kvx_fail(KVX_EFULL, "kvx_store_keyed_delete: %zu keys held is more than one delete writes (%u): "
+                          "delete them in smaller calls", n, kvx_shard_writer_max(o.w));
             break;
         }
         rc = kvx_shard_writer_add_tombstone(o.w, (uint16_t)kvx_shard_writer_count(o.w), tombs[i]->bytes,

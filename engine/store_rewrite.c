@@ -118,27 +118,77 @@ int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t 
     return rc;
 }
 
-/* The smallest sequence number any live shard but b holds (0: one holds
- * an entry without one, or cannot be opened to tell). */
-static uint64_t st_min_seq_others(kvx_store *s, uint32_t b)
+/* A tombstone of shard b found by name (hash) and sequence number. */
+typedef struct st_tomb {
+    uint64_t hash, seq;
+    uint32_t idx;
+} st_tomb;
+
+static int st_cmp_tomb(const void *pa, const void *pb)
 {
-    uint64_t min = UINT64_MAX;
-    for (uint32_t f = 0; f < ST_SLOTS && min; f++) {
-        if (f == b || !s->reg->live[f]) continue;
-        kvx_shard *sh = kvx_st_shard_get(s, f, s->reg->rec[f].gen);
-        uint64_t m = sh ? kvx_shard_min_seq(sh) : 0;
-        kvx_shard_close(sh);
-        if (m < min) min = m;
-    }
-    return min;
+    const st_tomb *a = pa, *b = pb;
+    return (a->hash > b->hash) - (a->hash < b->hash);
 }
 
-int kvx_st_tomb_needed(kvx_store *s, uint32_t b, uint64_t seq, uint64_t *cache)
+/* Which tombstones of live shard b must a rewrite that drops b carry?
+ * needed[i] = 1 for tombstone i while another live shard holds an entry
+ * of its key's name older than it (the drop's other victims count: until
+ * their unlink is durable they may come back). A shard that cannot be
+ * opened now keeps every one. *out NULL: b holds none. One pass over the
+ * live shards' entries, only those whose oldest entry is older than b's
+ * newest tombstone. */
+static int st_tombs_needed(kvx_store *s, uint32_t b, const kvx_shard *sh, uint8_t **out)
 {
-    if (*cache == UINT64_MAX - 1) *cache = st_min_seq_others(s, b);
-    /* an older copy of its key may lie in another shard (the drop that
-     * would take it is counted: its victims are still registered) */
-    return *cache < seq || *cache == 0;
+    *out = NULL;
+    uint32_t n = kvx_shard_get_info(sh)->num_blocks;
+    st_tomb *t = malloc((n ? n : 1) * sizeof *t);
+    if (!t) return kvx_fail(-ENOMEM, "store: out of memory");
+    size_t nt = 0;
+    uint64_t newest = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        kvx_entry e;
+        uint64_t seq = 0;
+        int tomb = 0;
+        if (kvx_shard_entry_commit(sh, i, &seq, &tomb) || !tomb || kvx_shard_entry(&e, sh, i)) continue;
+        t[nt++] = (st_tomb){e.hash, seq, i};
+        if (seq > newest) newest = seq;
+    }
+    if (!nt) {
+        free(t);
+        return 0;
+    }
+    uint8_t *needed = calloc(n, 1);
+    if (!needed) {
+        free(t);
+        return kvx_fail(-ENOMEM, "store: out of memory");
+    }
+    qsort(t, nt, sizeof *t, st_cmp_tomb);
+    for (uint32_t f = 0; f < ST_SLOTS; f++) {
+        if (f == b || !s->reg->live[f]) continue;
+        kvx_shard *o = kvx_st_shard_get(s, f, s->reg->rec[f].gen);
+        if (!o) { /* cannot tell now: every tombstone stays */
+            for (size_t k = 0; k < nt; k++) needed[t[k].idx] = 1;
+            continue;
+        }
+        uint64_t min = kvx_shard_min_seq(o);
+        uint32_t m = kvx_shard_get_info(o)->num_blocks;
+        for (uint32_t j = 0; j < m && (min == 0 || min < newest); j++) {
+            kvx_entry e;
+            uint64_t seq = 0;
+            int tomb = 0;
+            if (kvx_shard_entry(&e, o, j) || !e.hash || kvx_shard_entry_commit(o, j, &seq, &tomb)) continue;
+            st_tomb key = {e.hash, 0, 0};
+            st_tomb *hit = bsearch(&key, t, nt, sizeof *t, st_cmp_tomb);
+            if (!hit) continue;
+            while (hit > t && hit[-1].hash == e.hash) hit--;
+            for (; hit < t + nt && hit->hash == e.hash; hit++)
+                if (seq < hit->seq) needed[hit->idx] = 1; /* an older copy (or an older tombstone) of the name */
+        }
+        kvx_shard_close(o);
+    }
+    free(t);
+    *out = needed;
+    return 0;
 }
 
 /* Appends the entries of shard b as moves, each with its recency r[i];
@@ -157,7 +207,13 @@ int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, ui
         kvx_shard_close(sh);
         return rc;
     }
-    uint64_t others = UINT64_MAX - 1; /* not computed yet */
+    uint8_t *needed = NULL;
+    if (!rc && (kvx_shard_get_info(sh)->flags & KVX_FLAG_TOMB)) rc = st_tombs_needed(s, b, sh, &needed);
+    if (rc) {
+        if (snap) kvx_cat_snap_end(snap);
+        kvx_shard_close(sh);
+        return rc;
+    }
     for (uint32_t i = 0; i < cnt && *n < limit; i++) {
         uint64_t ri = r && i < s->reg->rec[b].n_entries ? r[i] : s->reg->rec[b].created_ns;
         kvx_entry e;
@@ -166,8 +222,8 @@ int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, ui
         if (kvx_shard_entry(&e, sh, i) || kvx_shard_entry_commit(sh, i, &seq, &tomb)) continue;
         if (tomb) {
             /* a tombstone outlives every older copy of its key: carried
-             * whatever its recency while another shard may hold one */
-            if (!kvx_st_tomb_needed(s, b, seq, &others)) continue;
+             * whatever its recency while another shard holds one */
+            if (!needed || !needed[i]) continue;
         } else if (hot_only && ri <= hot_after) {
             continue;
         }
@@ -177,6 +233,7 @@ int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, ui
             if (has < 0) {
                 kvx_cat_snap_end(snap);
                 kvx_shard_close(sh);
+                free(needed);
                 return has;
             }
             if (!has) continue;
@@ -187,6 +244,7 @@ int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, ui
             if (!p) {
                 if (snap) kvx_cat_snap_end(snap);
                 kvx_shard_close(sh);
+                free(needed);
                 return kvx_fail(-ENOMEM, "store: out of memory");
             }
             *mv = p;
@@ -205,6 +263,7 @@ int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, ui
     }
     if (snap) kvx_cat_snap_end(snap);
     kvx_shard_close(sh);
+    free(needed);
     return 0;
 }
 

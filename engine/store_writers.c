@@ -58,7 +58,7 @@ uint32_t kvx_st_kind_flags(const kvx_store *s, int kind)
  * created, so a writer reserves what it is about to receive (the put's
  * blocks, at least the batch so far), not the shard maximum: small flushes
  * then seal tight files instead of files padded with empty tables. */
-int kvx_st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_open *o, uint32_t reserve)
+static int st_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_open *o, uint32_t reserve, uint32_t max)
 {
     uint8_t b = 0;
     int rc = st_alloc_byte(s, extra, &b);
@@ -79,9 +79,7 @@ int kvx_st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_o
         return kvx_fail(KVX_EFULL, "store %s: 4096 generations in a row name files already in shards/", s->dir);
     /* the writer's temporary file lives in staging/ (emptied by recovery);
      * a rewrite's seal renames it into shards/ and fsyncs shards/, a
-     * batch's waits there for its flush (kvx_st_link_files: a second name
-     * in shards/ for every sealed file, fsync of staging/ and shards/, then
-     * the commit and the staging/ names removed). */
+     * commit's waits there, parked, for its flush (kvx_st_link_files). */
     size_t len = strlen(s->shards_path) + 1 + strlen(name) + 1;
     char *path = malloc(len);
     if (!path) return kvx_fail(-ENOMEM, "store: out of memory");
@@ -90,7 +88,7 @@ int kvx_st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_o
     opts.geometry = s->g;
     opts.shard_id = b;
     if (reserve < 8) reserve = 8;
-    if (reserve > s->max_entries) reserve = s->max_entries;
+    if (reserve > max) reserve = max;
     opts.max_entries = reserve;
     opts.flags = flags;
     opts.staging_dir = s->staging_path;
@@ -103,6 +101,18 @@ int kvx_st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_o
     o->cap = reserve;
     o->nunv = 0;
     return 0;
+}
+
+int kvx_st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_open *o, uint32_t reserve)
+{
+    return st_begin(s, flags, extra, o, reserve, s->max_entries);
+}
+
+int kvx_st_writer_begin_tombs(kvx_store *s, st_open *o, uint32_t n)
+{
+    /* a tombstone has no page: a file of them is bounded by its tables,
+     * not by the shard size (65,535 entries, about 19 MiB at most) */
+    return st_begin(s, kvx_st_kind_flags(s, ST_KIND_PLAIN), NULL, o, n, 65535);
 }
 
 /* Seals o's shard (kvx_shard_writer_seal: fsync, rename into shards/,
