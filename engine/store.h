@@ -18,7 +18,9 @@
  *   store_rewrite.c  copying blocks into new shards
  *   store_policy.c   eviction and compaction decisions (pure functions)
  *   store_maint.c    eviction, compaction, dropping shards
- *   store_gc.c       gc: salvage, headless chains, digest derivation
+ *   store_gc.c       gc: salvage, headless chains
+ *   store_migrate.c  a store of the previous release (STORE version 1, 2)
+ *                    rewritten into this release's at its first writer open
  *   store_batch.c    write batches: put and flush
  *   store_keyed.c    keyed pages: put, get, exists, the owner's delete
  *   store_prefix.c   kvx_store_prefix: local, then the shared tier
@@ -43,6 +45,12 @@
 #define ST_KIND_PLAIN 1   /* blocks put by hash only (envelope without tokens) */
 #define ST_DEFAULT_CAPACITY ((uint64_t)64 << 30)
 #define ST_CONFIG_BYTES 64
+/* The STORE file's format version: 3 = sequence numbers and tombstones.
+ * 1 and 2 (the previous release: one u32, 1 blocks or 2 keyed) are
+ * migrated at the first writer open. */
+#define ST_STORE_VERSION 3
+#define ST_STORE_BLOCKS 0 /* the STORE file's kind field */
+#define ST_STORE_KEYED 1
 #define ST_COMPACT_AT 192 /* live shards before a flush merges small ones */
 /* at most this many small shards (< target/2) before a flush merges them.
  * A merge writes every block a second time, so it waits until ids run low
@@ -170,7 +178,9 @@ struct kvx_store {
     int writer;
     kvx_geometry g;
     uint64_t capacity, target, page_bytes, entry_bytes;
-    int keyed; /* a keyed store (STORE version 2, geometry.block_tokens 0):
+    uint32_t version; /* the STORE file's format version (ST_STORE_VERSION
+                         once migrated) */
+    int keyed; /* a keyed store (STORE kind 1, geometry.block_tokens 0):
                   page_bytes is then the largest page, not every page's size */
     uint32_t nscales, max_entries;
     kvx_catalog *cat;
@@ -246,8 +256,12 @@ typedef struct st_query {
 
 /* store_config.c */
 uint64_t kvx_st_now_ns(void);
+/* The STORE file (docs/FORMAT.md "STORE file"): encode writes this
+ * release's format version; decode reads it and the previous release's
+ * (1 blocks, 2 keyed: migrated at the first writer open, store_migrate.c),
+ * the version into *out_version (nullable). */
 void kvx_st_config_encode(uint8_t *b, const kvx_geometry *g, uint64_t cap, uint64_t target);
-int kvx_st_config_decode(const uint8_t *b, kvx_geometry *g, uint64_t *cap, uint64_t *target);
+int kvx_st_config_decode(const uint8_t *b, kvx_geometry *g, uint64_t *cap, uint64_t *target, uint32_t *out_version);
 /* KVX_EINVALID / KVX_EQUANT / KVX_EOVERFLOW naming the field. */
 int kvx_st_check_geometry(const kvx_geometry *g);
 /* Page, entry and per-shard sizes from s->g and s->target. */
@@ -304,6 +318,13 @@ int kvx_st_shard_sound(kvx_store *s, uint32_t b, uint64_t gen, char *why, size_t
 /* Reloads the catalog's registry, then next_gen (above every generation
  * the catalog names) and index_live. */
 int kvx_st_registry_load(kvx_store *s);
+/* A store's shard (shards/<name>, header flags) written before the prefix
+ * digest (lineage without a digest table): KVX_EVERSION naming the file
+ * and the fix (recreate the store), else 0. Such stores are refused, by
+ * writers and readers alike; the format still reads the file. */
+int kvx_st_refuse_predigest(const kvx_store *s, const char *name, uint32_t flags);
+/* The same for every shard the registry names. */
+int kvx_st_registry_refuse_predigest(const kvx_store *s);
 /* Adds sealed shard x to edit e: its record and an empty usage record. */
 int kvx_st_register(kvx_cat_edit *e, const st_sealed *x);
 
@@ -511,8 +532,19 @@ int kvx_st_evict_for_ids(kvx_store *s);
 int kvx_st_enforce_capacity(kvx_store *s);
 int kvx_st_compact(kvx_store *s, int full);
 
-/* store_gc.c */
-int kvx_st_derive_digests(kvx_store *s);
+/* store_migrate.c */
+/* An unmigrated store (s->version below ST_STORE_VERSION) whose catalog
+ * is sound: moves to quarantine/ the files of shards/ the catalog does not
+ * name that have a sequence table (a migration's copies a crash cut before
+ * their commit), so the caller's check that the catalog names exactly the
+ * files of shards/ can pass again. */
+int kvx_st_migrate_leftovers(kvx_store *s);
+/* Migrates s (writer, its catalog sound and current): every live shard
+ * without a sequence table rewritten (its catalog-named entries, sequence
+ * number 1) and dropped, one catalog edit each; then STORE in
+ * ST_STORE_VERSION, last. A crash anywhere leaves a store the next writer
+ * open migrates on. */
+int kvx_st_migrate(kvx_store *s);
 
 /* store_batch.c */
 /* A shard holding a block a pending put of any batch relies on (see

@@ -169,6 +169,27 @@ int kvx_st_registry_load(kvx_store *s)
     return 0;
 }
 
+int kvx_st_refuse_predigest(const kvx_store *s, const char *name, uint32_t flags)
+{
+    if (!(flags & KVX_FLAG_LINEAGE) || (flags & KVX_FLAG_DIGEST)) return 0;
+    return kvx_fail(KVX_EVERSION,
+                    "store %s: shards/%s was written before prefix digests (kvx 0.x): recreate the store (it is a "
+                    "cache)",
+                    s->dir, name);
+}
+
+int kvx_st_registry_refuse_predigest(const kvx_store *s)
+{
+    for (int b = 0; b < ST_SLOTS; b++) {
+        if (!s->reg->live[b]) continue;
+        char name[32];
+        kvx_st_shard_name(name, s->reg->rec[b].gen);
+        int rc = kvx_st_refuse_predigest(s, name, s->reg->rec[b].flags);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 int kvx_st_register(kvx_cat_edit *e, const st_sealed *x)
 {
     kvx_cat_shard rec = {x->gen, x->bytes, kvx_st_now_ns(), x->n, x->flags, x->nunv, x->ino};

@@ -1,7 +1,8 @@
 /*
- * store_config.c - the handle's fixed facts: the STORE file (geometry,
- * capacity, shard size; 64 bytes with a CRC-32C), the geometry rules, the
- * sizes derived from them, and the writer check every mutating call makes.
+ * store_config.c - the handle's fixed facts: the STORE file (format
+ * version, kind, geometry, capacity, shard size; 64 bytes with a CRC-32C;
+ * docs/FORMAT.md "STORE file"), the geometry rules, the sizes derived from
+ * them, and the writer check every mutating call makes.
  *
  * Rule: a store's geometry and capacity never change after create; every
  * size the store computes derives from the STORE file alone.
@@ -23,8 +24,10 @@ void kvx_st_config_encode(uint8_t *b, const kvx_geometry *g, uint64_t cap, uint6
 {
     memset(b, 0, ST_CONFIG_BYTES);
     memcpy(b, "KVXSTORE", 8);
-    /* version 2: a keyed store (block_tokens 0), its page size at 56 */
-    kvx_store32(b + 8, g->block_tokens ? 1 : 2);
+    /* the format version, then the kind: a keyed store (block_tokens 0)
+     * has its page size at 56 */
+    kvx_store16(b + 8, ST_STORE_VERSION);
+    kvx_store16(b + 10, g->block_tokens ? ST_STORE_BLOCKS : ST_STORE_KEYED);
     kvx_store32(b + 12, g->quant);
     kvx_store32(b + 16, g->num_layers);
     kvx_store32(b + 20, g->kv_heads);
@@ -37,14 +40,23 @@ void kvx_st_config_encode(uint8_t *b, const kvx_geometry *g, uint64_t cap, uint6
     kvx_store32(b + 60, kvx_crc32c(0, b, 60));
 }
 
-int kvx_st_config_decode(const uint8_t *b, kvx_geometry *g, uint64_t *cap, uint64_t *target)
+int kvx_st_config_decode(const uint8_t *b, kvx_geometry *g, uint64_t *cap, uint64_t *target, uint32_t *out_version)
 {
     if (memcmp(b, "KVXSTORE", 8) != 0) return kvx_fail(KVX_EMAGIC, "store: STORE file: bad magic");
     if (kvx_load32(b + 60) != kvx_crc32c(0, b, 60))
         return kvx_fail(KVX_ECORRUPT, "store: STORE file: checksum mismatch");
-    uint32_t version = kvx_load32(b + 8);
-    if (version != 1 && version != 2)
-        return kvx_fail(KVX_EVERSION, "store: STORE file: version %u unknown", version);
+    /* the previous release wrote a u32 at 8, 1 (blocks) or 2 (keyed): its
+     * high half, where the kind now is, is 0 */
+    uint32_t version = kvx_load16(b + 8), kind = kvx_load16(b + 10);
+    if (version == 1 || version == 2) {
+        if (kind != 0) return kvx_fail(KVX_ECORRUPT, "store: STORE file: version %u with kind %u", version, kind);
+        kind = version == 1 ? ST_STORE_BLOCKS : ST_STORE_KEYED;
+    } else if (version != ST_STORE_VERSION) {
+        return kvx_fail(KVX_EVERSION, "store: STORE file: version %u unknown (this kvx reads 1 to %u)", version,
+                        ST_STORE_VERSION);
+    } else if (kind != ST_STORE_BLOCKS && kind != ST_STORE_KEYED) {
+        return kvx_fail(KVX_EVERSION, "store: STORE file: kind %u unknown (0 blocks, 1 keyed)", kind);
+    }
     g->quant = kvx_load32(b + 12);
     g->num_layers = kvx_load32(b + 16);
     g->kv_heads = kvx_load32(b + 20);
@@ -53,18 +65,19 @@ int kvx_st_config_decode(const uint8_t *b, kvx_geometry *g, uint64_t *cap, uint6
     g->model_signature = kvx_load64(b + 32);
     *cap = kvx_load64(b + 40);
     *target = kvx_load64(b + 48);
-    if (version == 1 && g->block_tokens == 0)
-        return kvx_fail(KVX_ECORRUPT, "store: STORE file: version 1 (blocks) with block_tokens 0");
-    if (version == 2) {
+    if (kind == ST_STORE_BLOCKS && g->block_tokens == 0)
+        return kvx_fail(KVX_ECORRUPT, "store: STORE file: a block store (version %u) with block_tokens 0", version);
+    if (kind == ST_STORE_KEYED) {
         /* a keyed store: its shards' synthetic geometry, page size 2*L*Hkv*D */
         uint32_t pb = kvx_load32(b + 56);
         kvx_geometry want;
         if (g->block_tokens != 0 || kvx_keyed_geometry(&want, pb) != 0 || want.num_layers != g->num_layers ||
             want.kv_heads != g->kv_heads || want.head_dim != g->head_dim || want.quant != g->quant ||
             g->model_signature != 0)
-            return kvx_fail(KVX_ECORRUPT, "store: STORE file: version 2 (keyed) but page_bytes %u and the "
-                            "geometry disagree", pb);
+            return kvx_fail(KVX_ECORRUPT, "store: STORE file: a keyed store (version %u) but page_bytes %u and the "
+                            "geometry disagree", version, pb);
     }
+    if (out_version) *out_version = version;
     return 0;
 }
 

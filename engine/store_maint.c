@@ -110,7 +110,7 @@ int kvx_st_drop_write(kvx_store *s, st_drop *d)
     kvx_cat_edit_stats(&e, &delta, 1);
     kvx_cat_edit_next_gen(&e, s->next_gen);
     /* a batch's pin on a victim follows its blocks into the new shards
-     * (salvage, digest derivation and compaction copy pinned blocks): what
+     * (salvage and compaction copy pinned blocks): what
      * the batch's flush will acknowledge stays out of eviction's reach */
     uint8_t carry_pins[64] = {0};
     size_t nb = 0;

@@ -156,7 +156,7 @@ static int st_read_config(kvx_store *s)
     rc = kvx_os_pread_all(fd, b, sizeof b, 0, NULL);
     kvx_os.close(fd);
     if (rc) return kvx_fail(rc == -EIO ? KVX_ETRUNC : rc, "store: %s/STORE: cannot read 64 bytes", s->dir);
-    if ((rc = kvx_st_config_decode(b, &s->g, &s->capacity, &s->target))) return rc;
+    if ((rc = kvx_st_config_decode(b, &s->g, &s->capacity, &s->target, &s->version))) return rc;
     if (s->g.block_tokens && (rc = kvx_st_check_geometry(&s->g))) return rc; /* a keyed one was checked whole */
     if (s->capacity == 0 || s->target == 0) return kvx_fail(KVX_ECORRUPT, "store: STORE: zero capacity");
     kvx_st_sizes(s);
@@ -228,7 +228,7 @@ static int st_finish_open(kvx_store *s, int create)
     if (s->writer) return kvx_st_recover(s);
     /* readers never repair (DESIGN.md rule 3): a stale or damaged record
      * only makes a miss; recovery is a writer's job */
-    if ((rc = kvx_st_registry_load(s))) return rc;
+    if ((rc = kvx_st_registry_load(s)) || (rc = kvx_st_registry_refuse_predigest(s))) return rc;
     if (!s->index_live)
         return kvx_fail(KVX_ECORRUPT, "store %s: the index is empty or lost: run 'kvx store reindex %s'", s->dir,
                         s->dir);

@@ -491,9 +491,15 @@ static int st_reindex_write(kvx_store *s, const st_scan *sc, const kvx_cat_stats
 }
 
 /* A keyed store written before sequence numbers keeps its deletes only in
- * its catalog: its files cannot say which copy of a key is live. */
+ * its catalog: its files cannot say which copy of a key is live. A shard
+ * written before prefix digests is refused in any store. */
 static int st_scan_pre_seq(kvx_store *s, const st_scan *sc)
 {
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        if (!sc->f[b].sh) continue;
+        int rc = kvx_st_refuse_predigest(s, sc->f[b].name, kvx_shard_get_info(sc->f[b].sh)->flags);
+        if (rc) return rc;
+    }
     if (!s->keyed) return 0; /* blocks: no deletes, every sound copy is the block */
     for (uint32_t b = 0; b < ST_SLOTS; b++)
         if (sc->f[b].sh && !(kvx_shard_get_info(sc->f[b].sh)->flags & KVX_FLAG_SEQ))
@@ -532,7 +538,6 @@ static int st_reindex_plan(kvx_store *s, const uint64_t *useq, size_t nuseq, con
     free(sc);
     for (uint32_t b = 0; b < ST_SLOTS; b++) kvx_st_cache_drop(s, b);
     if (!rc) rc = kvx_st_registry_load(s);
-    if (!rc) rc = kvx_st_derive_digests(s);
     if (!rc && qerr)
         rc = kvx_fail(qerr, "store %s: the index is rebuilt, but a file reindex could not use stays in shards/ (not "
                             "indexed, nothing lost): %s",
@@ -603,7 +608,7 @@ KVX_API int kvx_store_reindex(kvx_store *s)
          * name the same files; a failed flush dropped the puts (its blocks
          * of successful puts are counted for the next kvx_store_flush) */
         for (int b = 0; b < ST_SLOTS; b++) {
-            if (!pinned[b] || x->pinned[b]) continue; /* a pin digest derivation carried to a new shard stays */
+            if (!pinned[b] || x->pinned[b]) continue; /* a pin set since (a shard a flush published) stays */
             x->pinned[b] = 1;
             x->pin_gen[b] = pin_gen[b];
         }
@@ -679,9 +684,33 @@ static int st_twin(kvx_store *s, int fd, const char *name, void *vctx)
     return 0;
 }
 
+/* A store of STORE version 1 or 2 (the previous release) at a writer's
+ * open: migrated when its catalog is sound (it loaded, names next_gen and
+ * names exactly the files of shards/ once a cut migration's copies are set
+ * aside), else KVX_EVERSION naming the version and the fix. */
+static int st_migrate_or_refuse(kvx_store *s, size_t nmarks)
+{
+    int current = 0;
+    if (s->index_live && nmarks == 0) {
+        int rc = kvx_st_migrate_leftovers(s);
+        if (rc) return rc;
+        current = st_catalog_current(s, 0, NULL);
+        if (current < 0) return current;
+    }
+    if (!current)
+        return kvx_fail(KVX_EVERSION,
+                        "store %s: STORE version %u (kvx 0.x, before sequence numbers) and its index/ is missing, "
+                        "damaged or does not name the files in shards/: only its catalog knows its deletes, so it "
+                        "cannot be migrated: open it once as the writer with its index/ intact, or recreate it: it is "
+                        "a cache",
+                        s->dir, s->version);
+    return kvx_st_migrate(s);
+}
+
 int kvx_st_recover(kvx_store *s)
 {
     int rc = kvx_st_registry_load(s);
+    if (!rc) rc = kvx_st_registry_refuse_predigest(s);
     if (rc) return rc;
     st_twins *tw = calloc(1, sizeof *tw);
     st_unacked *u = calloc(1, sizeof *u);
@@ -697,6 +726,9 @@ int kvx_st_recover(kvx_store *s)
     rc = kvx_st_each_file(s, s->stagingfd, st_pending_mark, u);
     if (!rc) rc = kvx_st_each_file(s, s->stagingfd, st_twin, u);
     if (!rc) rc = kvx_st_each_file(s, s->stagingfd, st_rm_staging, u);
+    /* a store of the previous release: migrated from its sound catalog,
+     * the only record of its keyed deletes (store_migrate.c), or refused */
+    if (!rc && s->version < ST_STORE_VERSION) rc = st_migrate_or_refuse(s, u->n);
     int current = 0;
     if (!rc && s->index_live && u->n == 0) {
         current = st_catalog_current(s, 0, NULL);

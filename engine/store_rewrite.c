@@ -1,6 +1,6 @@
 /*
  * store_rewrite.c - copying blocks into new shards (eviction's carries,
- * compaction, gc's salvage, digest derivation).
+ * compaction, gc's salvage, migration).
  *
  * Rule: only blocks whose page passes its CRC are copied; the new shards
  * are sealed (durable) but unpublished, and a failed rewrite unlinks them.

@@ -12,7 +12,7 @@
  *                  shards (KVX_FLAG_KEYS: key table, keyed geometry)
  *   index_records  the catalog's records through index/records.c's
  *                  encoders into a scratch LMDB, read back raw; and the
- *                  legacy (pre-checksum) forms
+ *                  pre-checksum forms (refused)
  *   store_config   STORE files (kvx_st_config_encode), block and keyed
  *   tokens, trace  token text and Mooncake trace lines
  *   transfer_chunk PushKv streams (transfer_chunk_fuzzer.c's encoding)
@@ -253,7 +253,8 @@ static void index_records(void)
     snprintf(p, sizeof p, "%s/lock.mdb", dir);
     unlink(p);
     rmdir(dir);
-    /* legacy records: before the checksums (shorter, or crc 0) */
+    /* records written before the checksums (shorter, or crc 0): refused as
+     * damaged, never read */
     record("shard_legacy", 0, &byte, 4, &sh, 32);
     kvx_idx_coord cv = {hash, gen, 0, 0};
     record("coord_legacy", 1, &coord, 4, &cv, 16);

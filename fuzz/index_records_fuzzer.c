@@ -104,10 +104,11 @@ static void one(MDB_txn *txn, int kind, const uint8_t *key, size_t klen, const u
         rc = kvx_idx_dec_loc(&k, &v, &h, &r);
         CHECK(rc == 0 || rc == MDB_CORRUPTED);
         if (rc == 0) {
-            /* the location a block add writes is found, crc'd or legacy */
+            /* the location a block add writes is found, with its crc */
+            CHECK(r.crc != 0);
             CHECK(kvx_idx_add_block(txn, ix, r.coord, h, r.gen) == 0);
             CHECK(kvx_idx_has_loc(txn, ix, h, r.coord, r.gen) == 1);
-            if (r.crc) CHECK(stored_equals(txn, ix->hash, k, val, vlen));
+            CHECK(stored_equals(txn, ix->hash, k, val, vlen));
         }
         return;
     }
@@ -147,7 +148,7 @@ static void one(MDB_txn *txn, int kind, const uint8_t *key, size_t klen, const u
         }
         return;
     }
-    default: { /* meta "<name>" -> u64 {value, crc, 0} or legacy 8 bytes */
+    default: { /* meta "<name>" -> u64 {value, crc, 0} (8 bytes, before the checksums: damaged) */
         char name[64];
         if (klen == 0 || klen >= sizeof name || memchr(key, 0, klen) || vlen == 0) return;
         memcpy(name, key, klen);
@@ -156,7 +157,7 @@ static void one(MDB_txn *txn, int kind, const uint8_t *key, size_t klen, const u
         uint64_t x = 1;
         rc = kvx_idx_get_u64(txn, ix->meta, name, &x);
         CHECK(rc == 0 || rc == MDB_CORRUPTED);
-        if (rc == 0 && vlen == 8) CHECK(memcmp(&x, val, 8) == 0);
+        CHECK(rc != 0 || vlen == 16);
         if (rc == 0 && vlen == 16 && memcmp(val + 12, "\0\0\0\0", 4) == 0) {
             CHECK(kvx_idx_put_u64(txn, ix->meta, name, x) == 0);
             CHECK(stored_equals(txn, ix->meta, k, val, vlen));

@@ -8,9 +8,10 @@
  * capacity rule, kvx_st_sizes; a shorter input is a short read, which the
  * open refuses before decoding. Each step must return 0 or its documented
  * codes; the derived sizes must be sane (an entry holds its page, 1 to
- * 65536 entries a shard). Round trip: a decoded file whose reserved bytes
- * (56..59) are 0 is what kvx_st_config_encode writes from the decoded
- * fields, byte for byte. Each input is tried as is and with its CRC
+ * 65536 entries a shard). Round trip: a decoded file of this release's
+ * version (3) whose reserved bytes (56..59) are 0 is what
+ * kvx_st_config_encode writes from the decoded fields, byte for byte (a
+ * version 1 or 2 file decodes, for its migration, and is never written). Each input is tried as is and with its CRC
  * repaired, so mutations reach the fields behind the checksum.
  *
  * Replayed over fuzz/corpus/store_config/ as fuzz_replay_store_config.
@@ -30,11 +31,13 @@ static void check_one(const uint8_t *b)
     kvx_geometry g;
     uint64_t cap = 7, target = 7;
     memset(&g, 0xa5, sizeof g);
-    int rc = kvx_st_config_decode(b, &g, &cap, &target);
+    uint32_t version = 0;
+    int rc = kvx_st_config_decode(b, &g, &cap, &target, &version);
     CHECK(rc == 0 || rc == KVX_EMAGIC || rc == KVX_ECORRUPT || rc == KVX_EVERSION);
     CHECK(kvx_last_error() != NULL);
     if (rc) return;
-    if (memcmp(b + 56, "\0\0\0\0", 4) == 0) {
+    CHECK(version >= 1 && version <= ST_STORE_VERSION);
+    if (version == ST_STORE_VERSION && memcmp(b + 56, "\0\0\0\0", 4) == 0) {
         uint8_t out[ST_CONFIG_BYTES];
         kvx_st_config_encode(out, &g, cap, target);
         CHECK(memcmp(out, b, ST_CONFIG_BYTES) == 0);

@@ -88,9 +88,9 @@
  * CRC-32C, so a damaged record is a reported error, never a delete or a
  * wrong answer). Each crc field is the CRC-32C of the record (its key
  * included where the record alone does not name it) computed with the
- * field as 0, a result of 0 stored as 1. A crc of 0 marks a record written
- * before the checksums (legacy: accepted unchecked; reindex rewrites it).
- * The encoders (kvx_idx_add_block, kvx_idx_put_shard, kvx_idx_put_usage,
+ * field as 0, a result of 0 stored as 1. A record of another size or with
+ * a crc that does not match (0 included: records written before the
+ * checksums had it) is damaged. The encoders (kvx_idx_add_block, kvx_idx_put_shard, kvx_idx_put_usage,
  * kvx_idx_put_stats, kvx_idx_put_u64) fill it; the decoders and getters
  * check it and answer MDB_CORRUPTED on a mismatch. */
 typedef struct kvx_idx_loc {
@@ -102,7 +102,7 @@ typedef struct kvx_idx_loc {
 typedef struct kvx_idx_coord {
     uint64_t hash;
     uint64_t gen;
-    uint32_t crc; /* of (coordinate key, hash, gen); legacy records are 16 bytes */
+    uint32_t crc; /* of (coordinate key, hash, gen) */
     uint32_t zero;
 } kvx_idx_coord;
 
@@ -112,7 +112,7 @@ typedef struct kvx_idx_shard {
     uint64_t created_ns; /* CLOCK_REALTIME at publication */
     uint32_t n_entries;
     uint32_t flags; /* the shard's KVX header flags */
-    uint32_t crc;   /* of (byte key, record); legacy records are 32 bytes */
+    uint32_t crc;   /* of (byte key, record: 40 bytes, without ino, in the previous release's) */
     uint32_t n_unverified; /* entries without a prefix digest (with flags
                               lacking KVX_FLAG_DIGEST: every entry) */
     uint64_t ino; /* the file's inode number when it was registered (0: not

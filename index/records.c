@@ -2,9 +2,11 @@
  * records.c - the bytes of the catalog's records (index.h lists them).
  * The rule it keeps: no record byte is used before its size and its
  * CRC-32C are checked, and every record written carries its CRC-32C
- * (DESIGN.md rule 4). A record written before the checksums (crc 0, or the
- * shorter legacy size) is accepted unchecked; reindex rewrites it. The
- * getters and decoders copy records out: no pointer into the map leaves.
+ * (DESIGN.md rule 4). A record is read only in this release's size with
+ * its crc, or (shard records) the previous release's size with its crc;
+ * anything else, a record written before the checksums (crc 0, or a
+ * shorter size) included, is damaged: MDB_CORRUPTED, which names
+ * reindex. The getters and decoders copy records out: no pointer into the map leaves.
  * Helpers here return LMDB codes (MDB_CORRUPTED for a damaged record);
  * their callers in index/ turn them into kvx codes.
  */
@@ -16,7 +18,7 @@
 /* ------------------------------------------------------ record checksums */
 
 /* CRC-32C of key then record (the record's crc field already 0); 0 -> 1,
- * since 0 marks a legacy record. */
+ * since a crc of 0 is never valid (records before the checksums had it). */
 static uint32_t idx_crc(const void *key, size_t klen, const void *rec, size_t rlen)
 {
     uint32_t c = kvx_crc32c(kvx_crc32c(0, key, klen), rec, rlen);
@@ -35,7 +37,7 @@ static kvx_idx_loc idx_loc(uint64_t hash, uint32_t coord, uint64_t gen)
     return l;
 }
 
-/* meta u64 values: 16 bytes {value, crc, 0}; legacy 8 bytes. */
+/* meta u64 values: 16 bytes {value, crc, 0}. */
 int kvx_idx_get_u64(MDB_txn *txn, MDB_dbi dbi, const char *key, uint64_t *out)
 {
     MDB_val k = {strlen(key), (void *)key}, v;
@@ -43,14 +45,12 @@ int kvx_idx_get_u64(MDB_txn *txn, MDB_dbi dbi, const char *key, uint64_t *out)
     *out = 0;
     if (rc == MDB_NOTFOUND) return 0;
     if (rc) return rc;
-    if (v.mv_size != 8 && v.mv_size != 16) return MDB_CORRUPTED;
-    uint8_t rec[16] = {0};
-    memcpy(rec, v.mv_data, v.mv_size);
-    if (v.mv_size == 16) {
-        uint32_t crc = kvx_load32(rec + 8);
-        memset(rec + 8, 0, 4);
-        if (crc != idx_crc(key, k.mv_size, rec, 16)) return MDB_CORRUPTED;
-    }
+    if (v.mv_size != 16) return MDB_CORRUPTED;
+    uint8_t rec[16];
+    memcpy(rec, v.mv_data, 16);
+    uint32_t crc = kvx_load32(rec + 8);
+    memset(rec + 8, 0, 4);
+    if (crc != idx_crc(key, k.mv_size, rec, 16)) return MDB_CORRUPTED;
     memcpy(out, rec, 8);
     return 0;
 }
@@ -71,16 +71,13 @@ int kvx_idx_get_stats(MDB_txn *txn, kvx_index *ix, kvx_idx_stats *out)
     int rc = mdb_get(txn, ix->meta, &k, &v);
     if (rc == MDB_NOTFOUND) return 0;
     if (rc) return rc;
-    /* u64 counters; an older or newer kvx may have written fewer or more.
-     * This one writes the counters then a u64 whose low half is the CRC of
-     * what precedes it: a record of exactly that size is checked */
-    if (v.mv_size == 0 || v.mv_size % 8 || v.mv_size > 4096) return MDB_CORRUPTED;
-    if (v.mv_size == sizeof *out + 8) {
-        uint64_t tail;
-        memcpy(&tail, (const uint8_t *)v.mv_data + sizeof *out, 8);
-        if ((uint32_t)tail != idx_crc("stats", 5, v.mv_data, sizeof *out)) return MDB_CORRUPTED;
-    }
-    memcpy(out, v.mv_data, v.mv_size < sizeof *out ? v.mv_size : sizeof *out);
+    /* the u64 counters, then a u64 whose low half is the CRC of what
+     * precedes it */
+    if (v.mv_size != sizeof *out + 8) return MDB_CORRUPTED;
+    uint64_t tail;
+    memcpy(&tail, (const uint8_t *)v.mv_data + sizeof *out, 8);
+    if ((uint32_t)tail != idx_crc("stats", 5, v.mv_data, sizeof *out)) return MDB_CORRUPTED;
+    memcpy(out, v.mv_data, sizeof *out);
     return 0;
 }
 
@@ -107,32 +104,20 @@ int kvx_idx_add_block(MDB_txn *txn, kvx_index *ix, uint32_t coord, uint64_t hash
     return rc == MDB_KEYEXIST ? 0 : rc;
 }
 
-/* Deletes (hash -> coord, gen), written with its crc or as a legacy record. */
+/* Deletes (hash -> coord, gen). */
 static int idx_del_loc(MDB_txn *txn, kvx_index *ix, uint64_t hash, uint32_t coord, uint64_t gen)
 {
     kvx_idx_loc loc = idx_loc(hash, coord, gen);
     MDB_val hk = {8, &hash}, hv = {sizeof loc, &loc};
     int rc = mdb_del(txn, ix->hash, &hk, &hv);
-    if (rc == MDB_NOTFOUND) {
-        kvx_idx_loc legacy = {coord, 0, gen};
-        MDB_val lv = {sizeof legacy, &legacy};
-        rc = mdb_del(txn, ix->hash, &hk, &lv);
-    }
     return rc == MDB_NOTFOUND ? 0 : rc;
 }
 
 int kvx_idx_has_loc_cur(MDB_cursor *cur, uint64_t hash, uint32_t coord, uint64_t gen)
 {
-    kvx_idx_loc loc = idx_loc(hash, coord, gen), legacy = {coord, 0, gen};
+    kvx_idx_loc loc = idx_loc(hash, coord, gen);
     MDB_val hk = {8, &hash}, hv = {sizeof loc, &loc};
     int rc = mdb_cursor_get(cur, &hk, &hv, MDB_GET_BOTH);
-    if (rc == MDB_NOTFOUND) {
-        hk.mv_size = 8;
-        hk.mv_data = &hash;
-        hv.mv_size = sizeof legacy;
-        hv.mv_data = &legacy;
-        rc = mdb_cursor_get(cur, &hk, &hv, MDB_GET_BOTH);
-    }
     return rc == 0 ? 1 : rc == MDB_NOTFOUND ? 0 : rc;
 }
 
@@ -199,36 +184,31 @@ int kvx_idx_del_shard_blocks(MDB_txn *txn, kvx_index *ix, uint32_t b, uint64_t *
 
 /* ------------------------------------------------------- typed records */
 
-/* Decoders accept the record of this release (crc checked) and the legacy
- * one (shorter, or crc 0), which reindex rewrites. */
+/* Decoders accept the record of this release with its crc, and (shard
+ * records) the previous release's, 40 bytes without ino, with its crc:
+ * what a migration reads (DESIGN.md rule 4). Nothing else. */
 int kvx_idx_dec_shard(const MDB_val *k, const MDB_val *v, uint32_t *out_byte, kvx_idx_shard *out)
 {
-    const size_t legacy = offsetof(kvx_idx_shard, crc), prev = offsetof(kvx_idx_shard, ino);
-    if (k->mv_size != 4 || (v->mv_size != sizeof *out && v->mv_size != prev && v->mv_size != legacy))
-        return MDB_CORRUPTED;
+    const size_t prev = offsetof(kvx_idx_shard, ino);
+    if (k->mv_size != 4 || (v->mv_size != sizeof *out && v->mv_size != prev)) return MDB_CORRUPTED;
     memcpy(out_byte, k->mv_data, 4);
     memset(out, 0, sizeof *out);
     memcpy(out, v->mv_data, v->mv_size);
-    if (out->crc) { /* the crc covers the record's own size (the previous release's had no ino) */
-        kvx_idx_shard r = *out;
-        r.crc = 0;
-        if (out->crc != idx_crc(k->mv_data, 4, &r, v->mv_size)) return MDB_CORRUPTED;
-    }
+    /* the crc covers the record's own size (the previous release's had no ino) */
+    kvx_idx_shard r = *out;
+    r.crc = 0;
+    if (out->crc != idx_crc(k->mv_data, 4, &r, v->mv_size)) return MDB_CORRUPTED;
     return 0;
 }
 
 int kvx_idx_dec_coord(const MDB_val *k, const MDB_val *v, uint32_t *out_coord, kvx_idx_coord *out)
 {
-    const size_t legacy = offsetof(kvx_idx_coord, crc);
-    if (k->mv_size != 4 || (v->mv_size != sizeof *out && v->mv_size != legacy)) return MDB_CORRUPTED;
+    if (k->mv_size != 4 || v->mv_size != sizeof *out) return MDB_CORRUPTED;
     memcpy(out_coord, k->mv_data, 4);
-    memset(out, 0, sizeof *out);
-    memcpy(out, v->mv_data, v->mv_size);
-    if (out->crc) {
-        kvx_idx_coord r = *out;
-        r.crc = 0;
-        if (out->crc != idx_crc(k->mv_data, 4, &r, sizeof r)) return MDB_CORRUPTED;
-    }
+    memcpy(out, v->mv_data, sizeof *out);
+    kvx_idx_coord r = *out;
+    r.crc = 0;
+    if (out->crc != idx_crc(k->mv_data, 4, &r, sizeof r)) return MDB_CORRUPTED;
     return 0;
 }
 
@@ -237,7 +217,7 @@ int kvx_idx_dec_loc(const MDB_val *k, const MDB_val *v, uint64_t *out_hash, kvx_
     if (k->mv_size != 8 || v->mv_size != sizeof *out) return MDB_CORRUPTED;
     memcpy(out_hash, k->mv_data, 8);
     memcpy(out, v->mv_data, sizeof *out);
-    if (out->crc && out->crc != idx_loc_crc(*out_hash, out->coord, out->gen)) return MDB_CORRUPTED;
+    if (out->crc != idx_loc_crc(*out_hash, out->coord, out->gen)) return MDB_CORRUPTED;
     return 0;
 }
 
@@ -295,8 +275,7 @@ int kvx_idx_dec_usage(const MDB_val *k, const MDB_val *v, uint32_t *out_byte, kv
     if (k->mv_size != 4 || !idx_usage_size_ok(v, &hdr)) return MDB_CORRUPTED;
     uint32_t byte;
     memcpy(&byte, k->mv_data, 4);
-    if (hdr.crc && hdr.crc != idx_usage_crc(byte, &hdr, (const uint8_t *)v->mv_data + sizeof hdr,
-                                            v->mv_size - sizeof hdr))
+    if (hdr.crc != idx_usage_crc(byte, &hdr, (const uint8_t *)v->mv_data + sizeof hdr, v->mv_size - sizeof hdr))
         return MDB_CORRUPTED;
     memcpy(out_byte, k->mv_data, 4);
     *out = hdr;
@@ -330,7 +309,7 @@ int kvx_idx_get_usage(MDB_txn *txn, const kvx_index *ix, uint32_t byte, kvx_idx_
     kvx_idx_usage hdr;
     if (!idx_usage_size_ok(&v, &hdr)) return MDB_CORRUPTED;
     size_t n = v.mv_size - sizeof hdr;
-    if (hdr.crc && hdr.crc != idx_usage_crc(byte, &hdr, (const uint8_t *)v.mv_data + sizeof hdr, n))
+    if (hdr.crc != idx_usage_crc(byte, &hdr, (const uint8_t *)v.mv_data + sizeof hdr, n))
         return MDB_CORRUPTED;
     *out = hdr;
     if (out_bits_len) *out_bits_len = n;

@@ -294,10 +294,9 @@ static void test_damaged_record_readonly(void **state)
     kvx_store_close(s);
 }
 
-/* Every record of an index rewritten in the form of the release before
- * record checksums (shard 32 bytes, coordinate 16, hash and usage crc 0,
- * next_gen 8, stats 48): such a store still opens, serves, takes puts and
- * verifies clean. */
+/* Records of an index rewritten in the form of the release before record
+ * checksums (shard 32 bytes, coordinate 16, hash and usage crc 0,
+ * next_gen 8, stats 48). */
 static void legacy_rewrite(MDB_txn *txn, const char *name, unsigned flags, size_t keep, size_t crc_off)
 {
     MDB_dbi dbi;
@@ -325,10 +324,12 @@ static void legacy_rewrite(MDB_txn *txn, const char *name, unsigned flags, size_
     }
 }
 
-/* test_legacy_records_open: an index written before record checksums opens,
- * serves, takes puts and verifies clean. */
+/* test_legacy_records_refused: an index written before the record
+ * checksums is damaged: readers and writers refuse the store naming
+ * reindex (its records are never read unchecked), nothing changes in
+ * shards/, and reindex_dir makes it serve again. */
 /* PROMISE: RECOVER-9 */
-static void test_legacy_records_open(void **state)
+static void test_legacy_records_refused(void **state)
 {
     (void)state;
     char dir[300], idx[400];
@@ -337,45 +338,36 @@ static void test_legacy_records_open(void **state)
     su_put_flush(s, 2, 3);
     kvx_store_close(s);
     snprintf(idx, sizeof idx, "%s/index", dir);
-    MDB_env *env;
-    MDB_txn *txn;
-    assert_int_equal(mdb_env_create(&env), 0);
-    assert_int_equal(mdb_env_set_maxdbs(env, 16), 0);
-    assert_int_equal(mdb_env_open(env, idx, 0, 0600), 0);
-    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
-    legacy_rewrite(txn, "shards", MDB_INTEGERKEY, 32, SIZE_MAX);
-    legacy_rewrite(txn, "coord", MDB_INTEGERKEY, 16, SIZE_MAX);
-    legacy_rewrite(txn, "hash", MDB_INTEGERKEY | MDB_DUPSORT | MDB_DUPFIXED, 0, 4);
-    legacy_rewrite(txn, "usage", MDB_INTEGERKEY, 0, 28);
-    legacy_rewrite(txn, "meta", 0, 0, SIZE_MAX);
-    MDB_dbi meta;
-    assert_int_equal(mdb_dbi_open(txn, "meta", 0, &meta), 0);
-    MDB_val k = {8, "next_gen"}, v;
-    assert_int_equal(mdb_get(txn, meta, &k, &v), 0);
-    uint64_t ng;
-    memcpy(&ng, v.mv_data, 8);
-    MDB_val nv = {8, &ng};
-    assert_int_equal(mdb_put(txn, meta, &k, &nv, 0), 0);
-    MDB_val sk = {5, "stats"};
-    assert_int_equal(mdb_get(txn, meta, &sk, &v), 0);
-    uint8_t st48[48];
-    memcpy(st48, v.mv_data, 48);
-    MDB_val sv = {48, st48};
-    assert_int_equal(mdb_put(txn, meta, &sk, &sv, 0), 0);
-    assert_int_equal(mdb_txn_commit(txn), 0);
-    mdb_env_close(env);
-    for (int writer = 0; writer < 2; writer++) {
-        assert_int_equal(kvx_store_open(&s, dir, NULL, writer ? 0 : KVX_STORE_READONLY), 0);
+    for (int form = 0; form < 2; form++) {
+        MDB_env *env;
+        MDB_txn *txn;
+        assert_int_equal(mdb_env_create(&env), 0);
+        assert_int_equal(mdb_env_set_maxdbs(env, 16), 0);
+        assert_int_equal(mdb_env_open(env, idx, 0, 0600), 0);
+        assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+        if (form == 0) {
+            legacy_rewrite(txn, "shards", MDB_INTEGERKEY, 32, SIZE_MAX); /* 32 bytes, no crc */
+        } else {
+            legacy_rewrite(txn, "shards", MDB_INTEGERKEY, 0, 32); /* this size, crc 0 */
+            legacy_rewrite(txn, "coord", MDB_INTEGERKEY, 16, SIZE_MAX);
+            legacy_rewrite(txn, "hash", MDB_INTEGERKEY | MDB_DUPSORT | MDB_DUPFIXED, 0, 4);
+            legacy_rewrite(txn, "usage", MDB_INTEGERKEY, 0, 28);
+        }
+        assert_int_equal(mdb_txn_commit(txn), 0);
+        mdb_env_close(env);
+        uint64_t fp = shards_fingerprint(dir);
+        for (int writer = 0; writer < 2; writer++) {
+            assert_int_equal(kvx_store_open(&s, dir, NULL, writer ? 0 : KVX_STORE_READONLY), KVX_ECORRUPT);
+            assert_non_null(strstr(kvx_last_error(), "reindex"));
+            assert_true(shards_fingerprint(dir) == fp);
+        }
+        assert_int_equal(kvx_store_reindex_dir(dir, 0), 0);
+        assert_true(shards_fingerprint(dir) == fp);
+        assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
         assert_int_equal(su_served_prefix(s, 1, 4), 4);
         assert_int_equal(su_served_prefix(s, 2, 3), 3);
         uint64_t bad = 9;
         assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
-        if (writer) {
-            su_put_flush(s, 3, 2);
-            assert_int_equal(su_served_prefix(s, 3, 2), 2);
-            assert_int_equal(kvx_store_gc(s), 0);
-            assert_int_equal(su_served_prefix(s, 1, 4), 4);
-        }
         kvx_store_close(s);
     }
 }
@@ -1055,7 +1047,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_recovery),
         cmocka_unit_test(test_size_differs_kept),
-        cmocka_unit_test(test_legacy_records_open),
+        cmocka_unit_test(test_legacy_records_refused),
         cmocka_unit_test(test_damaged_record_readonly),
         cmocka_unit_test(test_index_lost),
         cmocka_unit_test(test_directories_where_files_belong),
