@@ -21,6 +21,7 @@
  *   store_gc.c       gc: salvage, headless chains
  *   store_migrate.c  a store of the previous release (STORE version 1, 2)
  *                    rewritten into this release's at its first writer open
+ *   store_commit.c   a commit's files, and a keyed commit's superseded copies
  *   store_batch.c    write batches: put and flush
  *   store_keyed.c    keyed pages: put, get, exists, the owner's delete
  *   store_prefix.c   kvx_store_prefix: local, then the shared tier
@@ -545,6 +546,15 @@ int kvx_st_migrate_leftovers(kvx_store *s);
  * ST_STORE_VERSION, last. A crash anywhere leaves a store the next writer
  * open migrates on. */
 int kvx_st_migrate(kvx_store *s);
+
+/* store_commit.c */
+/* Appends v to x's sealed (or parked) files. */
+int kvx_st_sealed_push(kvx_store_batch *x, const st_sealed *v);
+/* A keyed commit (its writers parked, its sequence number not yet set):
+ * each pending page whose key the catalog names in another copy gets that
+ * copy's number when the bytes are equal, else the copy leaves the
+ * catalog (edit e) under a tombstone added to x's parked writers. */
+int kvx_st_supersede(kvx_store *s, kvx_store_batch *x, kvx_cat_edit *e);
 
 /* store_batch.c */
 /* A shard holding a block a pending put of any batch relies on (see
