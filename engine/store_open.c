@@ -273,8 +273,9 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     int rc;
     if (page_bytes) {
         /* a keyed store: the page size replaces the geometry */
-        static const kvx_geometry none;
-        if (memcmp(&g, &none, sizeof g) != 0)
+        /* field by field: the struct's padding after quant is whatever
+         * the caller's copy left there (a struct returned by value) */
+        if (g.num_layers || g.kv_heads || g.head_dim || g.block_tokens || g.quant || g.model_signature)
             return kvx_fail(KVX_EINVALID, "kvx_store_create: a keyed store (page_bytes %llu) takes no geometry: "
                             "leave options.geometry zero", (unsigned long long)page_bytes);
         if ((rc = kvx_keyed_geometry(&g, page_bytes))) return rc;

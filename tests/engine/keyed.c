@@ -1015,11 +1015,46 @@ static void test_keyed_name_collision(void **state)
     kvx_key_name_hook = NULL;
 }
 
+/* A keyed store's options whose geometry fields are all zero but whose
+ * padding bytes are not (what a struct returned by value may carry): the
+ * create works. It compared the geometry's bytes with memcmp, padding
+ * included, and refused it under ASan ("takes no geometry"; found by
+ * tests/system/powercut test_powercut_keyed). */
+/* PROMISE: KEYED-1 */
+static void test_keyed_options_padding_ignored(void **state)
+{
+    (void)state;
+    kvx_store_options o;
+    memset(&o, 0xA5, sizeof o);
+    o.version = KVX_STORE_OPTIONS_VERSION;
+    o.geometry.num_layers = 0;
+    o.geometry.kv_heads = 0;
+    o.geometry.head_dim = 0;
+    o.geometry.block_tokens = 0;
+    o.geometry.quant = 0;
+    o.geometry.model_signature = 0;
+    kvx_store_options d = KVX_STORE_OPTIONS_INIT;
+    o.capacity_bytes = 16u << 20;
+    o.shard_bytes = d.shard_bytes;
+    o.flags = d.flags;
+    o.tier_url = NULL;
+    o.tier_tenant = NULL;
+    o.tier_ttl_ms = d.tier_ttl_ms;
+    o.page_bytes = 4096;
+    char dir[300];
+    su_new_dir(dir, sizeof dir);
+    kvx_store *s = NULL;
+    int rc = kvx_store_create(&s, dir, &o);
+    if (rc) fail_msg("create: %s (%s)", kvx_err_name(rc), kvx_last_error());
+    kvx_store_close(s);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test by name (a glob) */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_keyed_geometry),
+        cmocka_unit_test(test_keyed_options_padding_ignored),
         cmocka_unit_test(test_key_table_round_trip),
         cmocka_unit_test(test_key_table_damage),
         cmocka_unit_test(test_key_writer_refusals),
