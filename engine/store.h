@@ -192,10 +192,6 @@ struct kvx_store {
 
     pthread_rwlock_t cache_lock;
     st_cache cache[ST_SLOTS];
-    /* shard bytes of files recovery left for the next writer's recovery
-     * (a keyed adoptee it could not judge): no new shard takes them until
-     * then, or the file would be quarantined as held by a newer one */
-    uint8_t adopt_wait[ST_SLOTS];
 
     pthread_mutex_t use_mu;
     st_use use[ST_SLOTS];

@@ -22,7 +22,6 @@ static int st_alloc_byte(kvx_store *s, const uint8_t *extra, uint8_t *out)
 {
     uint8_t used[ST_SLOTS];
     memcpy(used, s->reg->live, sizeof used);
-    for (int b = 0; b < ST_SLOTS; b++) used[b] |= s->adopt_wait[b];
     /* every batch's open writers and sealed, unpublished files */
     for (const kvx_store_batch *x = s->batches; x; x = x->next) {
         for (int k = 0; k < 2; k++)
