@@ -936,6 +936,8 @@ static int run_stat(const cli_cmd *self, int argc, char **argv)
         cli_json_u64(&j, st.compactions);
         cli_json_key(&j, "quarantined");
         cli_json_u64(&j, st.quarantined);
+        cli_json_key(&j, "quarantine_bytes");
+        cli_json_u64(&j, st.quarantine_bytes);
         cli_json_key(&j, "unverified");
         cli_json_u64(&j, st.unverified);
         cli_json_key(&j, "kind");
@@ -994,8 +996,11 @@ static int run_stat(const cli_cmd *self, int argc, char **argv)
            st.unverified ? " never served by prefix (stored without tokens, or before the digest: "
                            "'kvx store reindex' derives digests for the latter)"
                          : "");
-    printf("quarantined  %" PRIu64 " file(s)%s\n", st.quarantined,
-           st.quarantined ? " in quarantine/ (kept byte for byte; each has a .why note)" : "");
+    char qb[32];
+    printf("quarantined  %" PRIu64 " file(s), %s%s\n", st.quarantined, cli_fmt_size(qb, sizeof qb, st.quarantine_bytes),
+           st.quarantined ? " in quarantine/ (each has a .why note; counted in the capacity, the oldest removed past a "
+                            "quarter of it or 64 files)"
+                          : "");
     if (tier.url[0]) {
         printf("tier         %s, %s%s%s\n", tier.url, st.tier_up ? "up" : "DOWN (lookups miss it; nothing fails)",
                tier.tenant[0] ? ", tenant " : "", tier.tenant);
@@ -1019,6 +1024,7 @@ static const cli_cmd cmd_stat = {
     "Options:\n"
     "  -j, --json  one JSON object: blocks, bytes, shards, capacity, hits,\n"
     "              misses, evictions, evicted_blocks, compactions, quarantined,\n"
+    "              quarantine_bytes,\n"
     "              unverified, num_layers,\n"
     "              kv_heads, head_dim, block_tokens, quant_format,\n"
     "              model_signature, tier (the URL, \"\" when none), and this\n"
@@ -1127,8 +1133,87 @@ static const cli_cmd cmd_sverify = {
 
 static int reindex_attempt(void *ctx, const char *dir)
 {
-    (void)ctx;
-    return kvx_store_reindex_dir(dir, KVX_STORE_NOWAIT);
+    return kvx_store_reindex_dir_report(dir, KVX_STORE_NOWAIT, ctx);
+}
+
+/* kvx store reindex --dry-run: the plan, one line a file, or JSON. */
+static int reindex_dry_run(const cli_cmd *self, const char *dir, int json)
+{
+    kvx_store_plan *p = NULL;
+    int rc = kvx_store_plan_reindex(&p, dir);
+    if (rc) return cli_fail_code(self, rc, "cannot plan a reindex of '%s'", dir);
+    kvx_recovery_report r;
+    kvx_store_plan_summary(p, &r);
+    size_t n = kvx_store_plan_steps(p);
+    cli_json j;
+    if (json) {
+        cli_json_init(&j, stdout);
+        cli_json_obj_begin(&j);
+        cli_json_key(&j, "store");
+        cli_json_str(&j, dir);
+        cli_json_key(&j, "dry_run");
+        cli_json_bool(&j, 1);
+        cli_json_key(&j, "steps");
+        cli_json_arr_begin(&j);
+    } else {
+        printf("plan for %s (dry run: nothing is changed; index/ is not read)\n", dir);
+    }
+    for (size_t i = 0; i < n; i++) {
+        kvx_plan_step x;
+        if (kvx_store_plan_step(p, i, &x)) break;
+        if (!json) {
+            char sz[32];
+            printf("  %-10s %s/%s  %s", x.action, x.dir, x.name, cli_fmt_size(sz, sizeof sz, x.bytes));
+            if (x.shard_byte >= 0) printf(", byte %" PRId64 ", %" PRIu64 " indexed", x.shard_byte, x.indexed);
+            printf(": %s\n", x.reason);
+            continue;
+        }
+        cli_json_obj_begin(&j);
+        cli_json_key(&j, "action");
+        cli_json_str(&j, x.action);
+        cli_json_key(&j, "dir");
+        cli_json_str(&j, x.dir);
+        cli_json_key(&j, "name");
+        cli_json_str(&j, x.name);
+        cli_json_key(&j, "bytes");
+        cli_json_u64(&j, x.bytes);
+        cli_json_key(&j, "shard_byte");
+        if (x.shard_byte >= 0) cli_json_i64(&j, x.shard_byte);
+        else cli_json_null(&j);
+        cli_json_key(&j, "indexed");
+        cli_json_u64(&j, x.indexed);
+        cli_json_key(&j, "reason");
+        cli_json_str(&j, x.reason);
+        cli_json_obj_end(&j);
+    }
+    uint64_t next_seq = kvx_store_plan_next_seq(p);
+    kvx_store_plan_free(p);
+    if (json) {
+        cli_json_arr_end(&j);
+        static const char *const keys[] = {"shards_kept", "blocks_indexed", "quarantined", "deleted_unacked",
+                                           "deleted_dropped", "temporaries", "left_alone", "expired"};
+        const uint64_t vals[] = {r.shards_kept,     r.blocks_indexed, r.quarantined, r.deleted_unacked,
+                                 r.deleted_dropped, r.temporaries,    r.left_alone,  r.expired};
+        cli_json_key(&j, "summary");
+        cli_json_obj_begin(&j);
+        for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+            cli_json_key(&j, keys[i]);
+            cli_json_u64(&j, vals[i]);
+        }
+        cli_json_obj_end(&j);
+        cli_json_key(&j, "next_seq");
+        cli_json_u64(&j, next_seq);
+        cli_json_obj_end(&j);
+        cli_json_finish(&j);
+    } else {
+        printf("would keep %" PRIu64 " shard(s) (%" PRIu64 " block(s) indexed), quarantine %" PRIu64
+               ", delete %" PRIu64 " never acknowledged and %" PRIu64 " dropped, remove %" PRIu64
+               " staging/ file(s), leave %" PRIu64 " alone, expire %" PRIu64 " from quarantine/; next sequence number %"
+               PRIu64 "\n",
+               r.shards_kept, r.blocks_indexed, r.quarantined, r.deleted_unacked, r.deleted_dropped, r.temporaries,
+               r.left_alone, r.expired, next_seq);
+    }
+    return CLI_OK;
 }
 
 /* Reindex never opens the old index: it may be missing, empty, cut short
@@ -1136,21 +1221,48 @@ static int reindex_attempt(void *ctx, const char *dir)
  * builds a fresh one from shards/). */
 static int run_reindex(const cli_cmd *self, int argc, char **argv)
 {
-    int ch;
+    static const struct option opts[] = {
+        WAIT_OPTIONS,
+        {"dry-run", no_argument, NULL, 'n'},
+        {"json", no_argument, NULL, 'j'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int ch, dry = 0, json = 0;
     double wait = -1;
-    if (writer_opts(self, argc, argv, &wait, &ch)) return ch;
+    cli_getopt_reset();
+    while ((ch = getopt_long(argc, argv, ":nh", opts, NULL)) != -1) {
+        switch (ch) {
+        case 'W':
+        case 'N':
+            if (parse_wait(self, ch, optarg, &wait) != CLI_OK) return CLI_USAGE;
+            break;
+        case 'n': dry = 1; break;
+        case 'j': json = 1; break;
+        case 'h': cli_print_help(self); return CLI_OK;
+        default: return cli_getopt_error(self, ch, argv, opts);
+        }
+    }
     if (argc - optind != 1) return cli_usage(self, "expected one DIR");
     const char *dir = argv[optind];
-    if (as_writer(self, dir, wait, reindex_attempt, NULL, 0) != CLI_OK) return CLI_FAIL;
-    if (kvx_last_error()[0]) /* what reindex set aside (quarantine/), not a failure */
-        fprintf(stderr, "kvx %s: note: %s\n", self->name, kvx_last_error());
-    kvx_store *s = NULL;
-    kvx_store_stats st;
-    int rc = kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY);
-    if (rc == 0) rc = kvx_store_stat(&st, s);
-    kvx_store_close(s);
-    if (rc != 0) return cli_fail_code(self, rc, "reindexed '%s', but cannot read it back", dir);
-    printf("reindexed %s: %" PRIu64 " blocks in %" PRIu64 " shard(s)\n", dir, st.blocks, st.shards);
+    if (json && !dry) return cli_usage(self, "--json goes with --dry-run");
+    if (dry) return reindex_dry_run(self, dir, json);
+    kvx_recovery_report r;
+    memset(&r, 0, sizeof r);
+    if (as_writer(self, dir, wait, reindex_attempt, &r, 0) != CLI_OK) return CLI_FAIL;
+    printf("reindexed %s: %" PRIu64 " block(s) in %" PRIu64 " shard(s); %" PRIu64
+           " shard file(s) set aside in quarantine/, %" PRIu64 " never-acknowledged file(s) deleted, %" PRIu64
+           " staging/ file(s) removed, %" PRIu64 " entr%s left alone, %" PRIu64 " expired from quarantine/\n",
+           dir, r.blocks_indexed, r.shards_kept, r.quarantined, r.deleted_unacked + r.deleted_dropped, r.temporaries,
+           r.left_alone, r.left_alone == 1 ? "y" : "ies", r.expired);
+    if (r.quarantined) {
+        fprintf(stderr,
+                "kvx %s: %" PRIu64 " shard file(s) of '%s' could not be used and are now in %s/quarantine/ (kept, "
+                "not served; each reason in <name>.why; 'kvx store reindex --dry-run' shows what a reindex decides "
+                "before it acts)\n",
+                self->name, r.quarantined, dir, dir);
+        return CLI_FAIL;
+    }
     return CLI_OK;
 }
 
@@ -1158,21 +1270,32 @@ static const cli_cmd cmd_reindex = {
     "store reindex",
     "rebuild the index from the shards' own tables",
     "Usage: kvx store reindex DIR [--wait SECONDS | --no-wait]\n"
+    "       kvx store reindex DIR --dry-run [--json]\n"
     "\n"
     "Rebuilds the LMDB index from the coordinate, hash and lineage tables of\n"
     "the sealed shards, so a lost or damaged index loses no data. The old\n"
     "index is never read: missing, empty, cut short, damaged, or a file where\n"
     "the directory belongs, it is moved aside and removed once the new one\n"
-    "is built (put back if the rebuild fails). It is a\n"
-    "writer: while another process writes the store, it waits (saying once\n"
-    "which pid holds the store) unless told otherwise.\n"
+    "is built (put back if the rebuild fails). Shard files that cannot be\n"
+    "used (damaged, foreign, a lost claim on a shard byte) move to\n"
+    "quarantine/ with their reason; files of a commit that never answered\n"
+    "are deleted (never acknowledged). It is a writer: while another process\n"
+    "writes the store, it waits (saying once which pid holds the store)\n"
+    "unless told otherwise.\n"
+    "\n"
+    "With --dry-run it prints the plan instead, one line a file (keep,\n"
+    "quarantine, delete or leave, and why), and changes nothing: it takes no\n"
+    "lock, so it works on a read-only mount and while a writer runs.\n"
     "\n"
     "Options:\n"
     WAIT_HELP
+    "  -n, --dry-run          print the plan, change nothing\n"
+    "      --json             the plan as one JSON object (with --dry-run)\n"
     "  -h, --help             show this help\n"
     "\n"
-    "Exit status: 0 success, 1 failure (or the store still held by another\n"
-    "writer past --wait / at once with --no-wait), 2 usage error.\n",
+    "Exit status: 0 success, 1 failure or a shard file set aside in\n"
+    "quarantine/ (the result line counts it), or the store still held by\n"
+    "another writer past --wait / at once with --no-wait; 2 usage error.\n",
     run_reindex,
 };
 
@@ -1186,17 +1309,23 @@ static int run_gc(const cli_cmd *self, int argc, char **argv)
     kvx_store *s = NULL;
     if (open_writer(self, &s, dir, wait) != CLI_OK) return CLI_FAIL;
     kvx_store_stats a, b;
+    kvx_recovery_report r;
+    char note[1024] = "";
     int rc = kvx_store_stat(&a, s);
     if (rc == 0) rc = kvx_store_gc(s);
+    if (rc == 0) snprintf(note, sizeof note, "%s", kvx_last_error()); /* what gc set aside */
+    if (rc == 0) rc = kvx_store_recovery(s, &r);
     if (rc == 0) rc = kvx_store_stat(&b, s);
     kvx_store_close(s);
     if (rc != 0) return cli_fail_code(self, rc, "gc of '%s' failed", dir);
     char x[32], y[32];
     printf("gc %s: %" PRIu64 " -> %" PRIu64 " shard(s), %s -> %s, %" PRIu64
-           " block(s) evicted, %" PRIu64 " compaction(s)\n",
+           " block(s) evicted, %" PRIu64 " compaction(s), %" PRIu64 " damaged shard file(s) set aside\n",
            dir, a.shards, b.shards, cli_fmt_size(x, sizeof x, a.bytes),
            cli_fmt_size(y, sizeof y, b.bytes), b.evicted_blocks - a.evicted_blocks,
-           b.compactions - a.compactions);
+           b.compactions - a.compactions, r.quarantined);
+    /* gc did its job for every other shard: exit 0, and say what it set aside */
+    if (note[0]) fprintf(stderr, "kvx %s: note: %s\n", self->name, note);
     return CLI_OK;
 }
 

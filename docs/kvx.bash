@@ -35,7 +35,7 @@ _kvx() {
         "store prefix") words="--format --help --output" ;;
         "store stat") words="--help --json" ;;
         "store verify") words="--help" ;;
-        "store reindex") words="--help --no-wait --wait" ;;
+        "store reindex") words="--dry-run --help --json --no-wait --wait" ;;
         "store gc") words="--help --no-wait --wait" ;;
         "store tier") words="--help --json --no-wait --tenant --tier-ttl --wait" ;;
         "warmup") words="--buffered --help --io --json --no-verify --sink" ;;

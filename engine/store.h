@@ -25,7 +25,8 @@
  *   store_batch.c    write batches: put and flush
  *   store_keyed.c    keyed pages: put, get, exists, the owner's delete
  *   store_prefix.c   kvx_store_prefix: local, then the shared tier
- *   store_recover.c  recovery and reindex
+ *   store_plan.c     recovery's plan: every file's fate, computed, nothing changed
+ *   store_apply.c    recovery and reindex: a plan carried out
  *   store_open.c     create, open, close, reindex_dir
  *   store_collect.c  kvx_warmup_collect (public API only)
  * Each file opens with the rule it keeps.
@@ -223,6 +224,8 @@ struct kvx_store {
     int index_live;        /* the index names next_gen (not lost or empty) */
     int index_missing;     /* index/ was not there at open */
     uint64_t quarantined;  /* files this handle moved to quarantine/ */
+    char qnote[1024];      /* " <name> (<reason>);" of each, since gc cleared it */
+    kvx_recovery_report recovery; /* what this writer's open, or its last reindex, did */
     struct st_tier *tier;  /* the shared tier, NULL when none (store_tier.c) */
 };
 
@@ -293,7 +296,14 @@ void kvx_st_unlink_shard(kvx_store *s, uint64_t gen);
  * never replacing a file) with the reason in <name>.why. Writer only. */
 int kvx_st_quarantine(kvx_store *s, const char *name, const char *why);
 /* Files in quarantine/ (not counting .why notes). */
-uint64_t kvx_st_quarantine_count(kvx_store *s);
+uint64_t kvx_st_quarantine_count(kvx_store *s, uint64_t *bytes);
+/* quarantine/'s retention (docs/STORE.md "Quarantine"): at most a quarter
+ * of the capacity in bytes and ST_QUARANTINE_FILES files; past either,
+ * recovery, gc and every drop that quarantines remove the oldest first. */
+#define ST_QUARANTINE_FILES 64
+static inline uint64_t kvx_st_quarantine_max_bytes(const kvx_store *s) { return s->capacity / 4; }
+/* Applies the retention now (store_plan.c): 0 or the first failure. */
+int kvx_st_quarantine_retain(kvx_store *s);
 
 /* store_cache.c */
 /* Is sh one of this store's shards: its model and geometry, a chained-hash
@@ -624,9 +634,9 @@ void kvx_st_batch_free_bufs(kvx_store_batch *x);
  * batches detached (they take only kvx_store_batch_destroy). Under wmu. */
 void kvx_st_batches_close(kvx_store *s);
 
-/* store_recover.c */
+/* store_apply.c */
 int kvx_st_reindex_locked(kvx_store *s);
-/* Recovery (writer only): see store_recover.c. */
+/* Recovery (writer only): the plan of the files, applied (store_apply.c). */
 int kvx_st_recover(kvx_store *s);
 /* A keyed store's reader's open: 0 when the catalog knows every committed
  * file in shards/ (a writer's publication in progress is waited out,

@@ -233,18 +233,45 @@ static int st_compact_deleted(kvx_store *s)
     return rc;
 }
 
+/* Opens every live shard once: a verdict (a file that cannot be validated
+ * or is not this store's) marks it bad, for kvx_st_drop_bad_shards to set
+ * aside before anything copies from it. A passing failure marks nothing. */
+static void st_judge_all(kvx_store *s)
+{
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        if (!s->reg->live[b]) continue;
+        kvx_shard_close(kvx_st_shard_get(s, b, s->reg->rec[b].gen));
+    }
+    kvx_clear_error();
+}
+
 KVX_API int kvx_store_gc(kvx_store *s)
 {
     int rc = kvx_st_writer_check(s, "kvx_store_gc");
     if (rc) return rc;
     pthread_mutex_lock(&s->wmu);
     kvx_st_usage_persist(s);
+    s->qnote[0] = '\0';
+    uint64_t q0 = s->quarantined;
+    /* one damaged shard never stops the pass for the others: every shard
+     * is judged first, and a bad one set aside (with its reason) before
+     * salvage, eviction or compaction copies from any */
+    st_judge_all(s);
     rc = kvx_st_drop_bad_shards(s);
     if (!rc) rc = st_salvage_damaged(s);
     if (!rc) rc = kvx_st_enforce_capacity(s);
     if (!rc) rc = s->keyed ? st_compact_deleted(s) : st_drop_headless(s);
     if (!rc) rc = kvx_st_compact(s, 1);
+    if (!rc) rc = kvx_st_quarantine_retain(s);
+    uint64_t nq = s->quarantined - q0;
+    memset(&s->recovery, 0, sizeof s->recovery);
+    s->recovery.quarantined = nq; /* kvx_store_recovery: what this gc set aside */
     pthread_mutex_unlock(&s->wmu);
-    if (!rc) kvx_clear_error();
+    if (!rc && nq) /* a note, not a failure: what was set aside */
+        kvx_fail(0, "store %s: gc set aside %llu shard file(s) in quarantine/ (kept, not served; reasons in "
+                    "quarantine/<name>.why):%s",
+                 s->dir, (unsigned long long)nq, s->qnote);
+    else if (!rc)
+        kvx_clear_error();
     return rc;
 }

@@ -64,7 +64,7 @@ KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s)
     out->dropped_shards = st.dropped_shards;
     out->shard_bytes = s->target;
     out->page_bytes = s->keyed ? s->page_bytes : 0;
-    out->quarantined = kvx_st_quarantine_count(s);
+    out->quarantined = kvx_st_quarantine_count(s, &out->quarantine_bytes);
     kvx_st_tier_stats(s, out);
     pthread_mutex_lock(&s->wmu);
     out->pending_blocks = 0;

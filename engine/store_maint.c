@@ -35,21 +35,22 @@ void kvx_st_pshards(st_pshard *out, const kvx_store *s, uint64_t *const *r)
     }
 }
 
-/* A victim's drop mark: staging/.<gen>.kvx.tmp.drop (recovery reads the
- * generation of any ".<gen>.kvx.tmp." name in staging/). */
-static void st_mark_name(char *buf, size_t cap, uint64_t gen)
+/* A victim's drop mark: staging/.<gen>.kvx.tmp.drop, or ".dropq" when the
+ * drop is of a damaged shard (recovery then quarantines the victim of a
+ * committed drop instead of deleting it; store_plan.c). */
+static void st_mark_name(char *buf, size_t cap, uint64_t gen, int damaged)
 {
     char name[32];
     kvx_st_shard_name(name, gen);
-    snprintf(buf, cap, ".%s.tmp.drop", name);
+    snprintf(buf, cap, ".%s.tmp.drop%s", name, damaged ? "q" : "");
 }
 
-static void st_unmark_victims(kvx_store *s, const uint8_t *victims)
+static void st_unmark_victims(kvx_store *s, const uint8_t *victims, int damaged)
 {
     for (int b = 0; b < ST_SLOTS; b++) {
         if (!victims[b]) continue;
         char mark[64];
-        st_mark_name(mark, sizeof mark, s->reg->rec[b].gen);
+        st_mark_name(mark, sizeof mark, s->reg->rec[b].gen, damaged);
         kvx_os.unlinkat(s->stagingfd, mark, 0);
     }
 }
@@ -60,7 +61,7 @@ static void st_unmark_victims(kvx_store *s, const uint8_t *victims)
  * fails (a file system without hard links, a full disk) leaves that
  * victim unmarked: a drop cut after its commit then adopts it again, as
  * before the marks (STORE.md). */
-static int st_mark_victims(kvx_store *s, const uint8_t *victims)
+static int st_mark_victims(kvx_store *s, const uint8_t *victims, int damaged)
 {
     int rc = 0, n = 0;
     for (int b = 0; b < ST_SLOTS && !rc; b++) {
@@ -68,7 +69,7 @@ static int st_mark_victims(kvx_store *s, const uint8_t *victims)
         char name[32], mark[64];
         uint64_t gen = s->reg->rec[b].gen;
         kvx_st_shard_name(name, gen);
-        st_mark_name(mark, sizeof mark, gen);
+        st_mark_name(mark, sizeof mark, gen, damaged);
         struct stat st;
         if (kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) continue;
         int r = kvx_os.linkat(s->shardsfd, name, s->stagingfd, mark, 0);
@@ -78,7 +79,7 @@ static int st_mark_victims(kvx_store *s, const uint8_t *victims)
     }
     if (!rc && n && (rc = kvx_os_fsync_dir(s->staging_path)))
         rc = kvx_fail(rc, "store %s: fsync of staging/ after marking %d shard(s): %s", s->dir, n, strerror(-rc));
-    if (rc) st_unmark_victims(s, victims); /* nothing committed: nothing to mark */
+    if (rc) st_unmark_victims(s, victims, damaged); /* nothing committed: nothing to mark */
     return rc;
 }
 
@@ -120,7 +121,7 @@ int kvx_st_drop_write(kvx_store *s, st_drop *d)
     /* the victims' marks durable before the commit; a failed commit keeps
      * them (it may have happened after all: a mark beside a file the
      * catalog still names only goes at the next recovery) */
-    int rc = st_mark_victims(s, d->victims);
+    int rc = st_mark_victims(s, d->victims, d->damaged);
     if (!rc) rc = kvx_cat_apply(s->cat, &e); /* builder failures come back here */
     kvx_cat_edit_free(&e);
     nb = 0;
@@ -174,9 +175,11 @@ void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const char *damaged
     for (int b = 0; b < ST_SLOTS; b++) {
         if (!gone[b]) continue;
         char mark[64];
-        st_mark_name(mark, sizeof mark, s->reg->rec[b].gen);
+        st_mark_name(mark, sizeof mark, s->reg->rec[b].gen, damaged != NULL);
         kvx_os.unlinkat(s->stagingfd, mark, 0); /* no fsync: recovery removes a mark whose file is gone */
     }
+    /* quarantine/'s retention (this drop may have added to it) */
+    if (kvx_st_quarantine_retain(s) != 0) kvx_clear_error();
 }
 
 int kvx_st_drop_bad_shards(kvx_store *s)
@@ -500,7 +503,15 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
 }
 
 /* Every batch's sealed but unpublished files count, and are kept. */
-int kvx_st_enforce_capacity(kvx_store *s) { return kvx_st_evict(s, st_unpublished_bytes(s)); }
+/* quarantine/ counts toward the capacity (its retention keeps it within
+ * a quarter of it): the live shards make room for it as for unpublished
+ * bytes. */
+int kvx_st_enforce_capacity(kvx_store *s)
+{
+    uint64_t qbytes = 0;
+    kvx_st_quarantine_count(s, &qbytes);
+    return kvx_st_evict(s, st_unpublished_bytes(s) + qbytes);
+}
 
 static int st_live_shards(const kvx_store *s)
 {

@@ -161,26 +161,36 @@ int kvx_st_quarantine(kvx_store *s, const char *name, const char *why)
     rc = kvx_os_fsync_dir(qdir);
     if (!rc) rc = kvx_os_fsync_dir(s->shards_path);
     s->quarantined++;
+    size_t used = strnlen(s->qnote, sizeof s->qnote);
+    if (used < sizeof s->qnote - 1)
+        snprintf(s->qnote + used, sizeof s->qnote - used, " %s (%.160s);", target, why);
     return rc ? kvx_fail(rc, "store %s: fsync after quarantining %s: %s", s->dir, name, strerror(-rc)) : 0;
 }
 
 static int st_count_q(kvx_store *s, int fd, const char *name, void *ctx)
 {
     (void)s;
-    (void)fd;
+    uint64_t *n = ctx;
     size_t len = strlen(name);
-    if (len < 4 || strcmp(name + len - 4, ".why") != 0) ++*(uint64_t *)ctx;
+    if (len >= 4 && strcmp(name + len - 4, ".why") == 0) return 0;
+    n[0]++;
+    struct stat st;
+    if (kvx_os.fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
+        n[1] += (uint64_t)st.st_blocks * 512 < (uint64_t)st.st_size ? (uint64_t)st.st_blocks * 512
+                                                                     : (uint64_t)st.st_size;
     return 0;
 }
 
-uint64_t kvx_st_quarantine_count(kvx_store *s)
+uint64_t kvx_st_quarantine_count(kvx_store *s, uint64_t *bytes)
 {
+    uint64_t n[2] = {0, 0};
     int qfd = kvx_os.openat(s->dirfd, ST_QUARANTINE, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (qfd < 0) return 0;
-    uint64_t n = 0;
-    if (kvx_st_each_file(s, qfd, st_count_q, &n) != 0) kvx_clear_error();
-    kvx_os.close(qfd);
-    return n;
+    if (qfd >= 0) {
+        if (kvx_st_each_file(s, qfd, st_count_q, n) != 0) kvx_clear_error();
+        kvx_os.close(qfd);
+    }
+    if (bytes) *bytes = n[1];
+    return n[0];
 }
 
 /* A file of the store directory, only when it is a regular file (store.h). */

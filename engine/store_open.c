@@ -7,7 +7,7 @@
  * (DESIGN.md rule 3). Open comes last in the store's files because it runs
  * recovery, which uses everything before it.
  */
-#include "store.h"
+#include "store_plan.h"
 #include "common/os.h"
 
 #include <errno.h>
@@ -441,8 +441,11 @@ static void st_rm_index_dir(int dirfd, const char *name)
     kvx_os.unlinkat(dirfd, name, AT_REMOVEDIR);
 }
 
-KVX_API int kvx_store_reindex_dir(const char *dir, uint32_t flags)
+KVX_API int kvx_store_reindex_dir(const char *dir, uint32_t flags) { return kvx_store_reindex_dir_report(dir, flags, NULL); }
+
+KVX_API int kvx_store_reindex_dir_report(const char *dir, uint32_t flags, kvx_recovery_report *out)
 {
+    if (out) memset(out, 0, sizeof *out);
     if (!dir || !*dir) return kvx_fail(KVX_EINVALID, "kvx_store_reindex_dir: dir is empty");
     if (flags & ~(KVX_STORE_NOWAIT | KVX_STORE_NOSYNC))
         return kvx_fail(KVX_EINVALID, "kvx_store_reindex_dir: flags 0x%x has unknown bits", flags);
@@ -476,6 +479,7 @@ KVX_API int kvx_store_reindex_dir(const char *dir, uint32_t flags)
     int note = rc == 0 && kvx_last_error()[0];
     char msg[1024];
     snprintf(msg, sizeof msg, "%s", kvx_last_error());
+    if (out && rc == 0) *out = s->recovery;
     st_cat_close(s);
     if (aside) {
         if (rc == 0) {
@@ -489,9 +493,29 @@ KVX_API int kvx_store_reindex_dir(const char *dir, uint32_t flags)
     }
     st_free(s);
     if (rc) return kvx_fail(rc, "%s", msg);
-    if (note) kvx_fail(KVX_ECORRUPT, "%s", msg); /* what reindex set aside, for the caller to show */
+    if (note) kvx_fail(0, "%s", msg); /* what reindex set aside, for the caller to show */
     else kvx_clear_error();
     return 0;
+}
+
+/* The plan of kvx_store_reindex_dir, made without the writer lock and
+ * without reading index/: only the store's files are opened, read-only. */
+KVX_API int kvx_store_plan_reindex(kvx_store_plan **out, const char *dir)
+{
+    if (!out) return kvx_fail(KVX_EINVALID, "kvx_store_plan_reindex: out is NULL");
+    *out = NULL;
+    if (!dir || !*dir) return kvx_fail(KVX_EINVALID, "kvx_store_plan_reindex: dir is empty");
+    kvx_store *s = st_alloc();
+    if (!s) return kvx_fail(-ENOMEM, "store: out of memory");
+    s->flags = KVX_STORE_READONLY;
+    int rc = st_open_dirs(s, dir, 1);
+    kvx_st_plan *p = NULL;
+    if (!rc) rc = kvx_st_plan_make(s, ST_PLAN_STAGING | ST_PLAN_REBUILD, &p);
+    if (!rc) rc = kvx_st_plan_wrap(out, p, dir);
+    else kvx_st_plan_free(p);
+    st_free(s);
+    if (!rc) kvx_clear_error();
+    return rc;
 }
 
 KVX_API void kvx_store_close(kvx_store *s)

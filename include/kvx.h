@@ -664,7 +664,7 @@ typedef struct kvx_store_stats {
     uint64_t pending_blocks; /* put but not yet flushed (this handle, every batch) */
     uint64_t dropped_shards; /* shards whose records recovery dropped (file gone or invalid) */
     uint64_t shard_bytes;    /* target shard size */
-    uint64_t quarantined;    /* files in DIR/quarantine/ (kept, never deleted) */
+    uint64_t quarantined;    /* files in DIR/quarantine/ (kept under its retention rule, docs/STORE.md) */
     uint64_t unverified;     /* blocks in shards without a digest table (put
                                 without tokens, or written before the digest:
                                 kvx_store_reindex derives theirs) */
@@ -679,6 +679,7 @@ typedef struct kvx_store_stats {
     uint64_t tier_bytes_up;   /* value bytes sent */
     uint64_t tier_bytes_down; /* value bytes received */
     uint64_t tier_up;         /* 1: the tier answered (or a probe now did); 0: down or none */
+    uint64_t quarantine_bytes; /* bytes of those files: they count toward capacity_bytes */
 } kvx_store_stats;
 
 /* Creates a new store directory (0700) with fixed geometry and capacity. */
@@ -880,6 +881,52 @@ KVX_API int kvx_store_reindex(kvx_store *s);
  * aside, builds a fresh one from shards/, removes the old one on success
  * (puts it back on failure). */
 KVX_API int kvx_store_reindex_dir(const char *dir, uint32_t flags);
+
+/* What a recovery or reindex did (or, for a plan, will do), by file
+ * (docs/STORE.md "Recovery at open" and "Quarantine"). */
+typedef struct kvx_recovery_report {
+    uint64_t rebuilt;          /* 1: a fresh index from the files; 0: the catalog stood */
+    uint64_t shards_kept;      /* shard files indexed */
+    uint64_t blocks_indexed;   /* entries the index holds */
+    uint64_t quarantined;      /* shard files moved to quarantine/ (damaged, foreign, a lost claim) */
+    uint64_t deleted_unacked;  /* shard files of a commit that never answered, deleted */
+    uint64_t deleted_dropped;  /* sound victims of a committed eviction or compaction, deleted */
+    uint64_t temporaries;      /* staging/ files removed: temporaries and spent marks */
+    uint64_t left_alone;       /* entries that are not kvx's to touch (not regular files, other names) */
+    uint64_t expired;          /* quarantine/ files its retention rule removed */
+    uint64_t failed;           /* steps that could not be done (they stay for the next recovery) */
+} kvx_recovery_report;
+
+/* kvx_store_reindex_dir, and what it did in *out (nullable). */
+KVX_API int kvx_store_reindex_dir_report(const char *dir, uint32_t flags, kvx_recovery_report *out);
+/* What this writer's open (its recovery), its last kvx_store_reindex or
+ * its last kvx_store_gc (quarantined only) did; all zero for a reader. */
+KVX_API int kvx_store_recovery(const kvx_store *s, kvx_recovery_report *out);
+
+/* A reindex's plan, computed from the files and changing nothing: what
+ * `kvx store reindex` (kvx_store_reindex_dir) would do with every file.
+ * It takes no lock, never reads index/, and works on a read-only mount
+ * and while a writer runs (staging/ then holds that writer's work in
+ * progress, planned as a crash would leave it). Free with
+ * kvx_store_plan_free. */
+typedef struct kvx_store_plan kvx_store_plan;
+typedef struct kvx_plan_step {
+    const char *dir;      /* "shards", "staging" or "quarantine" */
+    const char *name;     /* the file's name in dir */
+    const char *action;   /* "keep", "quarantine", "delete" or "leave" */
+    const char *reason;   /* why (never empty) */
+    uint64_t bytes;       /* its size */
+    int64_t shard_byte;   /* keep: the shard byte it holds; else -1 */
+    uint64_t indexed;     /* keep: entries the index will hold from it */
+} kvx_plan_step;
+KVX_API int kvx_store_plan_reindex(kvx_store_plan **out, const char *dir);
+KVX_API size_t kvx_store_plan_steps(const kvx_store_plan *p);
+/* Step i (strings valid until kvx_store_plan_free). */
+KVX_API int kvx_store_plan_step(const kvx_store_plan *p, size_t i, kvx_plan_step *out);
+KVX_API void kvx_store_plan_summary(const kvx_store_plan *p, kvx_recovery_report *out);
+/* The next sequence number the rebuilt index will hold. */
+KVX_API uint64_t kvx_store_plan_next_seq(const kvx_store_plan *p);
+KVX_API void kvx_store_plan_free(kvx_store_plan *p);
 /* Evicts to capacity and compacts mostly-dead or small shards. */
 KVX_API int kvx_store_gc(kvx_store *s);
 /* A snapshot of the live shards, each with a reference the caller drops

@@ -78,7 +78,7 @@ static void test_reindex_repairs_any_index_damage(void **state)
         if (r.rc != 0) fprintf(stderr, "damage: %s\n", damage[i]);
         EXPECT_RC(r, 0);
         assert_non_null(strstr(r.out, "reindexed "));
-        assert_non_null(strstr(r.out, ": 12 blocks in"));
+        assert_non_null(strstr(r.out, ": 12 block(s) in"));
         assert_null(strstr(r.err, "kvx store reindex "));
         cli_run_free(&r);
         assert_int_equal(served_all(dir), NSEQ * NB);
@@ -155,12 +155,131 @@ static void test_reindex_on_read_only_mount(void **state)
     rmdir(mnt);
 }
 
+/* Flips one byte of the first shard file's tables (its meta CRC then
+ * fails): a shard reindex must set aside. Returns its name in name. */
+static void damage_first_shard(const char *dir, char name[64])
+{
+    char names[16][64], p[700];
+    assert_true(su_list_names(dir, "shards", names, 16) >= 2);
+    memcpy(name, names[0], 64);
+    snprintf(p, sizeof p, "%s/shards/%s", dir, name);
+    FILE *f = fopen(p, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0x41, SEEK_SET), 0);
+    int c = fgetc(f);
+    assert_int_equal(fseek(f, 0x41, SEEK_SET), 0);
+    fputc(c ^ 0x5a, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* `kvx store reindex --dry-run` prints the plan (human and --json) and
+ * changes nothing: on a read-only mount, and while a writer holds the
+ * store; the reindex then does what it said, exits 1 because it set a
+ * shard aside and says so on its result line. Before, reindex moved the
+ * damaged shard to quarantine/ and said only "N blocks", exit 0. */
+/* PROMISE: RECOVER-36, RECOVER-37 */
+static void test_reindex_dry_run_then_reindex(void **state)
+{
+    (void)state;
+    char mnt[300], dir[400], cmd[1200], name[64];
+    snprintf(mnt, sizeof mnt, "%s/dry", su_root);
+    snprintf(dir, sizeof dir, "%s/s", mnt);
+    assert_int_equal(mkdir(mnt, 0700), 0);
+    snprintf(cmd, sizeof cmd, "mount -t tmpfs -o size=16m tmpfs '%s' 2>/dev/null", mnt);
+    int mounted = system(cmd) == 0;
+    filled_store(dir);
+    damage_first_shard(dir, name);
+    run_shell(": > %s/shards/notes.txt", dir);
+    if (mounted) {
+        snprintf(cmd, sizeof cmd, "mount -o remount,ro '%s'", mnt);
+        assert_int_equal(system(cmd), 0);
+    }
+    cli_run r = CLI(NULL, "store", "reindex", "--dry-run", dir);
+    EXPECT_RC(r, 0);
+    char want[200];
+    snprintf(want, sizeof want, "quarantine shards/%s", name);
+    assert_non_null(strstr(r.out, want));
+    assert_non_null(strstr(r.out, "leave      shards/notes.txt"));
+    assert_non_null(strstr(r.out, "would keep"));
+    assert_non_null(strstr(r.out, "quarantine 1,"));
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "reindex", "--dry-run", "--json", dir);
+    jval *j = run_json(&r, 0);
+    jval *sum = jget(j, "summary");
+    assert_non_null(sum);
+    assert_int_equal((int)jget(sum, "quarantined")->num, 1);
+    assert_int_equal((int)jget(sum, "left_alone")->num, 1);
+    assert_true(jget(j, "steps")->n >= 3);
+    jfree(j);
+    cli_run_free(&r);
+    if (mounted) {
+        snprintf(cmd, sizeof cmd, "mount -o remount,rw '%s'", mnt);
+        assert_int_equal(system(cmd), 0);
+    }
+    /* nothing moved by the plan */
+    snprintf(cmd, sizeof cmd, "%s/shards/%s", dir, name);
+    struct stat st;
+    assert_int_equal(stat(cmd, &st), 0);
+    /* while a writer holds the store */
+    kvx_store *w = su_reopen(dir, KVX_STORE_NOWAIT);
+    r = CLI(NULL, "store", "reindex", "--dry-run", dir);
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, want));
+    cli_run_free(&r);
+    kvx_store_close(w);
+    /* the reindex does what the plan said, and says so */
+    r = CLI(NULL, "store", "reindex", dir);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.out, "1 shard file(s) set aside in quarantine/"));
+    assert_non_null(strstr(r.err, "quarantine/"));
+    cli_run_free(&r);
+    snprintf(cmd, sizeof cmd, "%s/quarantine/%s", dir, name);
+    assert_int_equal(stat(cmd, &st), 0);
+    r = CLI(NULL, "store", "reindex", dir); /* nothing left to set aside */
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    if (mounted) {
+        snprintf(cmd, sizeof cmd, "umount '%s'", mnt);
+        assert_int_equal(system(cmd), 0);
+    }
+    su_rm_rf(mnt);
+}
+
+/* An empty store is not an error: stat, verify, gc, reindex and its dry
+ * run succeed and say 0. */
+/* PROMISE: RECOVER-39 */
+static void test_empty_store_commands(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/empty", su_root);
+    kvx_store *s = su_create(dir, (su_spec){.capacity = 16ull << 20});
+    kvx_store_close(s);
+    static const char *const cmds[][4] = {
+        {"store", "stat", NULL}, {"store", "verify", NULL}, {"store", "gc", NULL},
+        {"store", "reindex", NULL}, {"store", "reindex", "--dry-run", NULL},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        const char *argv[6] = {0};
+        size_t n = 0;
+        for (; cmds[i][n]; n++) argv[n] = cmds[i][n];
+        argv[n] = dir;
+        cli_run r = cli_runv(NULL, argv);
+        if (r.rc != 0) fail_msg("kvx %s %s on an empty store: exit %d: %s", cmds[i][0], cmds[i][1], r.rc, r.err);
+        assert_non_null(strstr(r.out, "0 "));
+        cli_run_free(&r);
+    }
+    su_rm_rf(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reindex_repairs_any_index_damage),
         cmocka_unit_test(test_reindex_failure_does_not_point_at_itself),
         cmocka_unit_test(test_reindex_on_read_only_mount),
+        cmocka_unit_test(test_reindex_dry_run_then_reindex),
+        cmocka_unit_test(test_empty_store_commands),
     };
     return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }

@@ -326,8 +326,10 @@ static kvx_store *deleted_setup(char *dir, size_t cap, char name[64])
  * the dropped file with every entry: a key deleted with an acknowledged
  * delete came back, and a key deleted and put again answered its old bytes.
  * Now every drop (eviction, compaction, gc) first gives each victim a durable
- * second name in staging/ (its drop mark); recovery moves a file beside its
- * mark that the catalog no longer names to quarantine/. */
+ * second name in staging/ (its drop mark); recovery finishes the drop of a
+ * file beside its mark that the catalog no longer names: deleted when
+ * sound, as the drop would have (it went to quarantine/ before, which
+ * then grew by a file per crash), quarantined when damaged. */
 /* PROMISE: DUR-14 */
 static void test_gc_crash_drop_not_adopted(void **state)
 {
@@ -357,9 +359,13 @@ static void test_gc_crash_drop_not_adopted(void **state)
         fail_msg("a key deleted (acknowledged) before gc's crash answers %d (0: its deleted bytes came back)", j);
     if (k) fail_msg("a key deleted and put again answers %d after gc's crash (1: the deleted page's bytes)", k);
     assert_int_equal(check1(s, "L", PB, 1), 0);
-    /* the dropped file: not in shards/, its bytes in quarantine/ */
+    /* the dropped file, sound: deleted, as the committed drop would have */
     assert_false(in_dir(dir, "shards", oname, NULL));
-    assert_true(in_dir(dir, "quarantine", oname, NULL));
+    assert_false(in_dir(dir, "quarantine", oname, NULL));
+    kvx_recovery_report r;
+    assert_int_equal(kvx_store_recovery(s, &r), 0);
+    assert_int_equal(r.deleted_dropped, 1);
+    assert_int_equal(r.quarantined, 0);
     char names[8][64];
     assert_int_equal(su_list_names(dir, "staging", names, 8), 0);
     kvx_store_close(s);

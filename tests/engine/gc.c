@@ -274,6 +274,78 @@ static void test_pin_follows_salvage(void **state)
     free(p);
 }
 
+/* Flips the byte at off of dir/shards/name. */
+static void flip_at(const char *dir, const char *name, long off)
+{
+    char p[700];
+    snprintf(p, sizeof p, "%.300s/shards/%.64s", dir, name);
+    FILE *f = fopen(p, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, off, SEEK_SET), 0);
+    int c = fgetc(f);
+    assert_int_equal(fseek(f, off, SEEK_SET), 0);
+    fputc(c ^ 0x40, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* One flipped byte in a shard's coordinate table made every gc fail with
+ * a false EIO ("shard N cannot be opened to copy its blocks") and salvage
+ * nothing, not even the other shards' good blocks. Now gc judges every
+ * shard first: that one goes to quarantine/ whole (its tables, which
+ * locate and name its blocks, cannot be trusted), a shard with one damaged
+ * page has its good blocks salvaged, the run succeeds, and its note and
+ * kvx_store_recovery name what was set aside. */
+/* PROMISE: RECOVER-38 */
+static void test_gc_damaged_table_does_not_stop_gc(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10});
+    for (uint64_t q = 1; q <= 6; q++) su_put_flush(s, q, 4);
+    kvx_store_close(s);
+    char names[64][64];
+    size_t n = su_list_names(dir, "shards", names, 64);
+    assert_true(n >= 3);
+    flip_at(dir, names[0], 0x41); /* the coordinate table: the meta CRC fails */
+    s = su_reopen(dir, 0); /* sizes and inodes unchanged: the catalog stands */
+    /* a page of the last shard: its CRC fails, the other pages are good */
+    kvx_shard **all = NULL;
+    size_t ns = 0;
+    assert_int_equal(kvx_store_shards(&all, &ns, s), 0);
+    uint64_t page_off = 0;
+    char page_name[64] = "";
+    for (size_t i = 0; i < ns; i++) {
+        kvx_entry e;
+        if (!page_name[0] && kvx_shard_get_info(all[i])->num_blocks >= 2 && kvx_shard_entry(&e, all[i], 1) == 0 &&
+            strcmp(kvx_shard_path(all[i]) + strlen(kvx_shard_path(all[i])) - 20, names[0]) != 0) {
+            page_off = e.offset;
+            snprintf(page_name, sizeof page_name, "%s", kvx_shard_path(all[i]) + strlen(kvx_shard_path(all[i])) - 20);
+        }
+        kvx_shard_close(all[i]);
+    }
+    kvx_free(all);
+    assert_true(page_name[0]);
+    flip_at(dir, page_name, (long)page_off + 3);
+    int rc = kvx_store_gc(s);
+    if (rc) fail_msg("gc with one damaged table: %s (%s)", kvx_err_name(rc), kvx_last_error());
+    assert_non_null(strstr(kvx_last_error(), names[0]));
+    kvx_recovery_report r;
+    assert_int_equal(kvx_store_recovery(s, &r), 0);
+    assert_int_equal(r.quarantined, 2);
+    /* every block of the other shards, and the damaged page's neighbours,
+     * still served */
+    size_t served = 0;
+    for (uint64_t q = 1; q <= 6; q++) served += su_served_prefix(s, q, 4);
+    kvx_store_close(s);
+    char qp[700];
+    struct stat st;
+    snprintf(qp, sizeof qp, "%s/quarantine/%s", dir, names[0]);
+    assert_int_equal(stat(qp, &st), 0);
+    snprintf(qp, sizeof qp, "%s/quarantine/%s", dir, page_name);
+    assert_int_equal(stat(qp, &st), 0);
+    if (served < 24 - 4 - 4) fail_msg("%zu of 24 blocks served after gc: good blocks were lost", served);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test by name (a glob) */
@@ -282,6 +354,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_headless_chain_gc),
         cmocka_unit_test(test_gc_sparse_coordinates),
         cmocka_unit_test(test_pin_follows_salvage),
+        cmocka_unit_test(test_gc_damaged_table_does_not_stop_gc),
     };
     return cmocka_run_group_tests_name("engine/gc", tests, su_setup, su_teardown);
 }

@@ -1,5 +1,5 @@
 /*
- * recover.c - engine/store_recover.c, what a writer does when it opens a
+ * recover.c - engine/store_apply.c (with store_plan.c), what a writer does when it opens a
  * store (DESIGN.md trust rules 2 to 4): nothing acknowledged is deleted on
  * the word of the index or of a check; shards cut, extended, replaced by a
  * FIFO or a directory; staging/ emptied and the generation floor kept
