@@ -108,6 +108,8 @@ type Stats struct {
 	Hits, Misses, Evictions, EvictedBlocks    uint64
 	Compactions, PendingBlocks, DroppedShards uint64
 	ShardBytes                                uint64
+	// Files in DIR/quarantine/ and their bytes (counted in the capacity).
+	Quarantined, QuarantineBytes uint64
 	// The shared tier, this handle's counts (docs/TIER.md).
 	TierHits, TierMisses, TierErrors, TierBad uint64
 	TierReplaced, TierWrites                  uint64
@@ -554,6 +556,7 @@ func (s *Store) Stat() (Stats, error) {
 		Evictions: uint64(st.evictions), EvictedBlocks: uint64(st.evicted_blocks),
 		Compactions: uint64(st.compactions), PendingBlocks: uint64(st.pending_blocks),
 		DroppedShards: uint64(st.dropped_shards), ShardBytes: uint64(st.shard_bytes),
+		Quarantined: uint64(st.quarantined), QuarantineBytes: uint64(st.quarantine_bytes),
 		TierHits: uint64(st.tier_hits), TierMisses: uint64(st.tier_misses), TierErrors: uint64(st.tier_errors),
 		TierBad: uint64(st.tier_bad), TierReplaced: uint64(st.tier_replaced), TierWrites: uint64(st.tier_writes),
 		TierBytesUp: uint64(st.tier_bytes_up), TierBytesDown: uint64(st.tier_bytes_down), TierUp: st.tier_up != 0,

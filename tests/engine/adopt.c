@@ -1,5 +1,5 @@
 /*
- * adopt.c - engine/store_recover.c's adoption: a valid shard the catalog
+ * adopt.c - engine/store_plan.c and store_apply.c, adoption: a valid shard the catalog
  * does not name (a stale index put back, a backup restored, a drop a crash
  * undid) is adopted, or moved to quarantine/, never served wrong and never
  * brings back what a delete or a rewrite replaced; dropped files carry a

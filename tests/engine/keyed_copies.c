@@ -1,6 +1,6 @@
 /*
  * tests/engine/keyed_copies.c - two copies of a key are "the same page" only when
- * their bytes are equal (engine/store_recover.c: st_same_page), never by
+ * their bytes are equal (engine/store_commit.c: st_same_bytes), never by
  * length and CRC-32, which four chosen bytes forge.
  *
  * Before: a key deleted and put again with a page of equal length and
