@@ -608,7 +608,9 @@ static int st_list_q(kvx_store *s, int fd, const char *name, void *ctx)
     q->bytes = alloc < (uint64_t)st.st_size ? alloc : (uint64_t)st.st_size;
     char wn[300];
     snprintf(wn, sizeof wn, "%s.why", name);
-    q->when = kvx_os.fstatat(fd, wn, &w, AT_SYMLINK_NOFOLLOW) == 0 ? (int64_t)w.st_mtime : (int64_t)st.st_mtime;
+    /* without its note: a removal cut between the two unlinks (the note
+     * goes first), or a note that could not be written: the oldest */
+    q->when = kvx_os.fstatat(fd, wn, &w, AT_SYMLINK_NOFOLLOW) == 0 ? (int64_t)w.st_mtime : INT64_MIN;
     return 0;
 }
 
@@ -667,10 +669,12 @@ int kvx_st_quarantine_expire(kvx_store *s, const char *name)
 {
     int qfd = kvx_os.openat(s->dirfd, "quarantine", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
     if (qfd < 0) return -errno;
-    int rc = kvx_os.unlinkat(qfd, name, 0) == 0 || errno == ENOENT ? 0 : -errno;
+    /* the note first: a crash between the two leaves the file, which the
+     * next pass takes first (store_plan.c st_list_q), never a note alone */
     char wn[300];
     snprintf(wn, sizeof wn, "%s.why", name);
-    if (!rc) kvx_os.unlinkat(qfd, wn, 0);
+    kvx_os.unlinkat(qfd, wn, 0);
+    int rc = kvx_os.unlinkat(qfd, name, 0) == 0 || errno == ENOENT ? 0 : -errno;
     kvx_os.close(qfd);
     return rc;
 }
@@ -701,6 +705,13 @@ int kvx_st_plan_make(kvx_store *s, unsigned mode, kvx_st_plan **out)
     if (mode & ST_PLAN_STAGING) rc = kvx_st_each_file(s, s->stagingfd, st_plan_staging_file, p);
     for (size_t i = 0; i < p->nunacked; i++)
         if (p->unacked[i] >= p->next_seq) p->next_seq = p->unacked[i] + 1;
+    if (!rc && (mode & ST_PLAN_STAGING_ONLY)) {
+        for (size_t i = 0; i < p->n; i++)
+            if (p->steps[i].kind == ST_K_COMMIT_MARK) p->steps[i].act = ST_ACT_LEAVE; /* the evidence stays */
+        p->rebuild = 0;
+        *out = p;
+        return 0;
+    }
     /* the catalog stands when nothing changed behind its back */
     p->rebuild = 1;
     if (!rc && (mode & ST_PLAN_REBUILD))

@@ -62,6 +62,8 @@ typedef struct st_pick {
 enum {
     ST_PLAN_STAGING = 1, /* read staging/ (a writer's open; not an open writer's reindex) */
     ST_PLAN_REBUILD = 2, /* always a fresh catalog (reindex), never the catalog as it is */
+    ST_PLAN_STAGING_ONLY = 4, /* staging/ and a committed drop's victims only, the catalog left as it
+                               * is (before a previous release's store is migrated); commit marks stay */
 };
 
 typedef struct kvx_st_plan {

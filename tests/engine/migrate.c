@@ -364,6 +364,38 @@ static void test_unmigrated_without_index_refused(void **state)
     }
 }
 
+/* A store of the previous release whose last writer died in the middle
+ * of a drop (its victim still in shards/, its drop mark beside it in
+ * staging/, the catalog committed) and left a temporary file: the
+ * writer's open finishes the drop and clears staging/ first, so the
+ * catalog names exactly the files again, and migrates it. */
+/* PROMISE: RECOVER-31 */
+static void test_old_store_with_a_cut_drop_migrates(void **state)
+{
+    (void)state;
+    char dir[300], cmd[2048];
+    copy_fixture(dir, sizeof dir, "store-keyed-v2");
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && f=$(ls shards | head -1) && cp shards/$f shards/00000000000000f0.kvx && "
+             "ln shards/00000000000000f0.kvx staging/.00000000000000f0.kvx.tmp.drop && "
+             ": > staging/.00000000000000f1.kvx.tmp.77",
+             dir);
+    assert_int_equal(system(cmd), 0);
+    kvx_store *s = NULL;
+    int rc = kvx_store_open(&s, dir, NULL, 0);
+    if (rc) fail_msg("open: %s (%s)", kvx_err_name(rc), kvx_last_error());
+    unsigned v, k;
+    store_version(dir, &v, &k);
+    assert_true(v == 3 && k == 1);
+    check_keys(s);
+    kvx_store_close(s);
+    char p[600];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/shards/00000000000000f0.kvx", dir);
+    assert_int_not_equal(stat(p, &st), 0);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test by name (a glob) */
@@ -372,6 +404,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_writer_keeps_and_extends_old_store),
         cmocka_unit_test(test_reindex_of_old_store),
         cmocka_unit_test(test_keyed_fixture_migrated),
+        cmocka_unit_test(test_old_store_with_a_cut_drop_migrates),
         cmocka_unit_test(test_crash_mid_migration_resumes),
         cmocka_unit_test(test_unmigrated_without_index_refused),
     };

@@ -350,6 +350,122 @@ static void test_plan_changes_nothing_and_apply_follows_it(void **state)
     kvx_store_close(s);
 }
 
+/* Kill points of a recovery's apply: the k-th call that changes a name
+ * (a move to quarantine/, an unlink in shards/, staging/ or quarantine/),
+ * or the k-th fsync. */
+static long apply_calls, apply_kill_at;
+static int apply_kill_fsync;
+static void apply_tick(void)
+{
+    if (++apply_calls == apply_kill_at) raise(SIGKILL);
+}
+static int apply_unlinkat(int fd, const char *p, int flags)
+{
+    if (!apply_kill_fsync) apply_tick();
+    return real_os.unlinkat(fd, p, flags);
+}
+static int apply_rename_noreplace(const char *a, const char *b)
+{
+    if (!apply_kill_fsync) apply_tick();
+    return real_os.rename_noreplace(a, b);
+}
+static int apply_fsync(int fd)
+{
+    if (apply_kill_fsync) apply_tick();
+    return real_os.fsync(fd);
+}
+
+/* A store with every kind of work for recovery: a commit that never
+ * answered (its mark and files), a damaged shard the catalog does not
+ * know, a writer's temporary, quarantine/ over its retention. */
+static void messy_store(char *dir, size_t cap)
+{
+    kvx_store *s = su_store(dir, cap, (su_spec){.capacity = 1 << 20, .shard_bytes = 16 << 10});
+    for (uint64_t q = 1; q <= 4; q++) su_put_flush(s, q, 8);
+    kvx_store_close(s);
+    killed_writer(dir, 7000, 2);
+    char names[64][64], p[800];
+    assert_true(su_list_names(dir, "shards", names, 64) >= 3);
+    snprintf(p, sizeof p, "%s/shards/%s", dir, names[0]);
+    FILE *f = fopen(p, "r+b");
+    assert_non_null(f);
+    fseek(f, 0x41, SEEK_SET);
+    fputc(0xee, f);
+    fclose(f);
+    plant(dir, "staging", ".00000000000000aa.kvx.tmp.99", 100, 0);
+    time_t t0 = time(NULL) - 5000;
+    for (int i = 0; i < 66; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "old%02d.kvx", i);
+        plant(dir, "quarantine", name, 4096, t0 + i);
+    }
+}
+
+/* What a store holds, as text: its files by directory (shards/ and
+ * quarantine/ names, staging/ entries) and every block it serves. */
+static void outcome(const char *dir, char *out, size_t cap)
+{
+    char a[8192], b[8192], c[4096];
+    su_names_of(dir, "shards", a, sizeof a);
+    su_names_of(dir, "quarantine", b, sizeof b);
+    su_names_of(dir, "staging", c, sizeof c);
+    kvx_store *s = su_reopen(dir, KVX_STORE_READONLY);
+    size_t served[6] = {0};
+    for (uint64_t q = 1; q <= 4; q++) served[q] = su_served_prefix(s, q, 8);
+    kvx_store_close(s);
+    snprintf(out, cap, "shards: %s\nquarantine: %s\nstaging: %s\nserved: %zu %zu %zu %zu\n", a, b, c, served[1],
+             served[2], served[3], served[4]);
+}
+
+/* The apply is idempotent: a writer's recovery killed (SIGKILL) at every
+ * step it takes (each move, unlink and fsync), then another recovery,
+ * leaves the store exactly as one uninterrupted recovery does: the same
+ * files in shards/, quarantine/ and staging/, the same blocks served. */
+/* PROMISE: RECOVER-40 */
+static void test_apply_killed_at_every_step(void **state)
+{
+    (void)state;
+    char dir[300];
+    static char want[32768], got[32768];
+    messy_store(dir, sizeof dir);
+    kvx_store *s = su_reopen(dir, 0);
+    kvx_store_close(s);
+    outcome(dir, want, sizeof want);
+    int points = 0;
+    for (int fs = 0; fs < 2; fs++) {
+        for (long k = 1;; k++) {
+            messy_store(dir, sizeof dir);
+            fflush(NULL);
+            pid_t pid = fork();
+            assert_true(pid >= 0);
+            if (pid == 0) {
+                kvx_os_reset();
+                real_os = kvx_os;
+                kvx_os.unlinkat = apply_unlinkat;
+                kvx_os.rename_noreplace = apply_rename_noreplace;
+                kvx_os.fsync = apply_fsync;
+                apply_calls = 0;
+                apply_kill_at = k;
+                apply_kill_fsync = fs;
+                kvx_store *w = NULL;
+                _exit(kvx_store_open(&w, dir, NULL, 0) ? 3 : 0); /* past the last step: exits */
+            }
+            int st = 0;
+            assert_int_equal(waitpid(pid, &st, 0), pid);
+            s = su_reopen(dir, 0);
+            kvx_store_close(s);
+            outcome(dir, got, sizeof got);
+            if (strcmp(want, got) != 0)
+                fail_msg("recovery killed at its %s %ld, then recovered:\n%s\nan uninterrupted recovery:\n%s",
+                         fs ? "fsync" : "name change", k, got, want);
+            if (!WIFSIGNALED(st)) break; /* the whole recovery ran: every step was cut once */
+            points++;
+        }
+    }
+    printf("recovery killed at %d points, each then recovered as an uninterrupted one\n", points);
+    assert_true(points >= 10);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test by name (a glob) */
@@ -357,6 +473,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_quarantine_bounded_after_kills),
         cmocka_unit_test(test_quarantine_retention),
         cmocka_unit_test(test_plan_changes_nothing_and_apply_follows_it),
+        cmocka_unit_test(test_apply_killed_at_every_step),
     };
     return cmocka_run_group_tests_name("engine/plan", tests, su_setup, su_teardown);
 }
