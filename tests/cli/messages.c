@@ -1,0 +1,260 @@
+/*
+ * messages.c - the `kvx` command tells the truth about what it did and
+ * what helps (cli/cmd_store.c put, get and verify; cli/cmd_warmup.c;
+ * cli/cmd_shard.c): empty is not an error; a block in a damaged shard is
+ * named as damaged, never as missing; a put that stores nothing, or that
+ * no store of that capacity could hold, says why and exits 1; every hint
+ * names a command that helps with what was found.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <dirent.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#include <cmocka.h>
+
+#include "kvx.h"
+#include "lib/cli.h"
+
+static char tmpdir[256];
+
+/* L=2, Hkv=1, D=8, B=4, fp16; tokens 0..13: three full blocks and a tail. */
+static const kvx_geometry G = {2, 1, 8, 4, KVX_QUANT_FP16, 0};
+
+#define NT 14
+
+#define NB 3
+
+static uint32_t toks[NT];
+
+static uint64_t hashes[NB];
+
+static char envp[300], tokp[300];
+
+static void path_in(char *out, size_t cap, const char *name) { snprintf(out, cap, "%s/%s", tmpdir, name); }
+
+/* A v1 envelope of nb blocks: hash h[b] (0 = unregistered) and n_tokens[b]
+ * tokens each, payloads of finite f16 values that differ per block. */
+static size_t make_env(uint8_t **outp, uint32_t nb, const uint64_t *h, const uint32_t *ntok)
+{
+    size_t P = kvx_envelope_payload_bytes(1, &G);
+    uint16_t *pl = calloc(nb ? nb : 1, P);
+    kvx_envelope_block_in *in = calloc(nb ? nb : 1, sizeof *in);
+    for (uint32_t b = 0; b < nb; b++) {
+        for (size_t i = 0; i < P / 2; i++)
+            pl[b * P / 2 + i] = kvx_f32_to_f16((float)((int)((i * 5 + b * 3) % 17) - 8) / 4.0f);
+        in[b] = (kvx_envelope_block_in){h[b], ntok ? ntok[b] : G.block_tokens, pl + b * P / 2, NULL};
+    }
+    size_t len;
+    assert_int_equal(kvx_envelope_size(&len, 1, &G, nb), 0);
+    *outp = malloc(len);
+    assert_int_equal(kvx_envelope_export(*outp, len, 1, &G, in, nb), 0);
+    free(pl);
+    free(in);
+    return len;
+}
+
+static void write_env(const char *path, uint32_t nb, const uint64_t *h, const uint32_t *ntok)
+{
+    uint8_t *e;
+    size_t n = make_env(&e, nb, h, ntok);
+    write_bytes(path, e, n);
+    free(e);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/kvx-test-cli-messages-XXXXXX");
+    if (!mkdtemp(tmpdir)) return -1;
+    for (uint32_t i = 0; i < NT; i++) toks[i] = 1000 + i * 3;
+    kvx_block_hashes(hashes, toks, NT, G.block_tokens);
+    path_in(envp, sizeof envp, "seq.env");
+    path_in(tokp, sizeof tokp, "seq.tokens");
+    write_env(envp, NB, hashes, NULL);
+    FILE *f = fopen(tokp, "w");
+    for (uint32_t i = 0; i < NT; i++) fprintf(f, "%u ", toks[i]);
+    fclose(f);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    rm_rf(tmpdir);
+    return 0;
+}
+
+static void create_store(const char *dir, const char *capacity)
+{
+    cli_run r = CLI(NULL, "store", "create", dir, "--layers", "2", "--kv-heads", "1", "--head-dim",
+                    "8", "--block-tokens", "4", "--quant", "fp16", "--capacity", capacity);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+}
+
+/* A sealed shard of n entries (0 allowed) at path. */
+static void write_shard(const char *path, uint32_t n)
+{
+    kvx_shard_writer_options o;
+    kvx_shard_writer_options_init(&o);
+    o.geometry = G;
+    o.max_entries = n ? n : 1;
+    o.flags = KVX_FLAG_HASHES;
+    kvx_shard_writer *w = NULL;
+    assert_int_equal(kvx_shard_writer_create(&w, path, &o), 0);
+    size_t pb = (size_t)kvx_page_bytes(&G, G.block_tokens);
+    uint16_t *page = calloc(1, pb);
+    for (uint32_t i = 0; i < n; i++) {
+        kvx_entry_in e;
+        memset(&e, 0, sizeof e);
+        e.radix_block = (uint16_t)i;
+        e.token_count = G.block_tokens;
+        e.page = page;
+        e.hash = hashes[i % NB];
+        assert_int_equal(kvx_shard_writer_add(w, &e), 0);
+    }
+    free(page);
+    assert_int_equal(kvx_shard_writer_seal(w), 0);
+}
+
+/* Warmup's --json "pages", exit 0 expected. */
+static double warmup_pages(const char *const *args)
+{
+    cli_run r = cli_runv(NULL, args);
+    jval *v = run_json(&r, 0);
+    double pages = jget(v, "pages")->num;
+    assert_int_equal(jget(v, "crc_failures")->num, 0);
+    jfree(v);
+    cli_run_free(&r);
+    return pages;
+}
+
+/* PROMISE: CLI-8 */
+static void test_empty_is_not_an_error(void **state)
+{
+    (void)state;
+    char st[320], empty[320], full[320], keyed[320];
+    path_in(st, sizeof st, "empty-store");
+    create_store(st, "64MiB");
+    /* An empty store warms up 0 pages, exit 0, text and JSON. */
+    cli_run r = CLI(NULL, "warmup", st);
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, "warmed up 0 page(s), 0 B from 0 shard(s)"));
+    assert_string_equal(r.err, "");
+    cli_run_free(&r);
+    assert_true(warmup_pages((const char *const[]){"warmup", "--json", st, NULL}) == 0);
+    assert_true(warmup_pages((const char *const[]){"warmup", "--json", "--io", "pread", st, NULL}) == 0);
+    assert_true(warmup_pages((const char *const[]){"warmup", "--json", "--sink", "discard", st, NULL}) == 0);
+    /* verify of an empty store: OK, 0 blocks. */
+    r = CLI(NULL, "store", "verify", st);
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, "OK (0 blocks in 0 shard(s))"));
+    cli_run_free(&r);
+
+    /* A shard of 0 entries: verify says OK with 0 entries; warmup of it
+     * alone and beside shards with entries counts only the real pages. */
+    path_in(empty, sizeof empty, "empty.kvx");
+    path_in(full, sizeof full, "three.kvx");
+    write_shard(empty, 0);
+    write_shard(full, NB);
+    r = CLI(NULL, "verify", empty, full);
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, "OK (0 entries"));
+    assert_non_null(strstr(r.out, "OK (3 entries"));
+    cli_run_free(&r);
+    r = CLI(NULL, "warmup", empty);
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, "warmed up 0 page(s)"));
+    cli_run_free(&r);
+    assert_true(warmup_pages((const char *const[]){"warmup", "--json", empty, full, empty, NULL}) == NB);
+    assert_true(warmup_pages((const char *const[]){"warmup", "--json", empty, st, full, NULL}) == NB);
+
+    /* A keyed store that holds only a delete (its page compacted away):
+     * nothing to warm up, no error. */
+    path_in(keyed, sizeof keyed, "keyed");
+    r = CLI(NULL, "store", "create", keyed, "--page-bytes", "4096", "--capacity", "64MiB");
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_open(&s, keyed, NULL, 0), 0);
+    uint8_t page[100];
+    memset(page, 7, sizeof page);
+    kvx_key k = {"the-key", 7};
+    const void *pages[1] = {page};
+    size_t lens[1] = {sizeof page}, fresh = 0, deleted = 0;
+    assert_int_equal(kvx_store_keyed_put(s, NULL, &k, pages, lens, 1, &fresh), 0);
+    assert_int_equal(fresh, 1);
+    assert_int_equal(kvx_store_flush(s), 0);
+    assert_int_equal(kvx_store_keyed_delete(s, &k, 1, &deleted), 0);
+    assert_int_equal(deleted, 1);
+    kvx_store_close(s);
+    r = CLI(NULL, "store", "gc", keyed);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    assert_true(warmup_pages((const char *const[]){"warmup", "--json", keyed, NULL}) == 0);
+    r = CLI(NULL, "warmup", keyed);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+}
+
+/* stat and gc of an empty store (their code is cmd_store.c's run_stat and
+ * run_gc): exit 0, and they say 0. */
+/* PROMISE: CLI-8 */
+static void test_stat_and_gc_of_an_empty_store(void **state)
+{
+    (void)state;
+    char st[320];
+    path_in(st, sizeof st, "empty-stat-gc");
+    create_store(st, "64MiB");
+    cli_run r = CLI(NULL, "store", "stat", st);
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, "blocks       0"));
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "stat", "--json", st);
+    jval *v = run_json(&r, 0);
+    assert_true(jget(v, "blocks")->num == 0);
+    assert_true(jget(v, "shards")->num == 0);
+    jfree(v);
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "gc", st);
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, "0 -> 0 shard(s)"));
+    cli_run_free(&r);
+}
+
+/* A FIFO where warmup expects a shard or a store: refused by type at
+ * once, never opened (an open would wait for a writer forever); the other
+ * inputs are still warmed up. */
+/* PROMISE: CLI-8 */
+static void test_warmup_fifo_input(void **state)
+{
+    (void)state;
+    char fifo[320], full[320];
+    path_in(fifo, sizeof fifo, "warm.fifo");
+    path_in(full, sizeof full, "fifo-beside.kvx");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    write_shard(full, NB);
+    cli_run r = CLI(NULL, "warmup", fifo, full);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "FIFO"));
+    assert_non_null(strstr(r.out, "warmed up 3 page(s)"));
+    cli_run_free(&r);
+    r = CLI(NULL, "warmup", fifo);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "FIFO"));
+    cli_run_free(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_empty_is_not_an_error),
+        cmocka_unit_test(test_stat_and_gc_of_an_empty_store),
+        cmocka_unit_test(test_warmup_fifo_input),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
