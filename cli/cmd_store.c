@@ -529,7 +529,9 @@ static const cli_cmd cmd_put = {
 /* ----------------------------------------------------------------- get */
 
 /* Why the block named hash could not be served, on stderr (one line, and
- * a hint line where there is something to do). */
+ * a hint line where there is something to do). detail is the library's
+ * message for this block ("" or NULL: none): for damage it names the
+ * shard file and what is wrong with it. */
 static void say_unserved(const cli_cmd *self, const char *dir, uint64_t hash, int code,
                          const char *detail)
 {
@@ -552,13 +554,47 @@ static void say_unserved(const cli_cmd *self, const char *dir, uint64_t hash, in
     case KVX_EMETACRC:
     case KVX_ECORRUPT:
     case KVX_ETRUNC:
-        fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " is in the store but damaged: %s (%s)\n"
-                        "  hint: 'kvx store verify %s' names every damaged shard and page\n",
+        if (!strncmp(d, "index", 5)) { /* a damaged catalog record, not a shard */
+            fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " cannot be looked up: the store's index "
+                            "is damaged: %s (%s)\n  hint: 'kvx store reindex %s' rebuilds the "
+                            "index from the shard files\n", self->name, hash, d, kvx_err_name(code),
+                    dir);
+            break;
+        }
+        /* Readers never repair (DESIGN.md rule 3): say what a writer can do. */
+        fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " is in the store, but damaged: %s (%s)\n",
+                self->name, hash, d, kvx_err_name(code));
+        if (code == KVX_ECORRUPT) /* the shard file cannot be opened or used at all */
+            fprintf(stderr, "  hint: no block of that shard file can be served; 'kvx store gc %s' "
+                            "(or any writer) moves it to %s/quarantine/ (kept, not deleted); put "
+                            "this block again from its source; 'kvx store verify %s' names every "
+                            "damaged shard\n", dir, dir, dir);
+        else /* a damaged or missing page in a shard that opens */
+            fprintf(stderr, "  hint: this block's page is lost; 'kvx store gc %s' copies the "
+                            "shard's good blocks into a new shard and moves the damaged file to "
+                            "%s/quarantine/ (kept, not deleted); put this block again from its "
+                            "source; 'kvx store verify %s' names every damaged page\n", dir, dir,
+                    dir);
+        break;
+    case KVX_EPATH:
+        fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " is in the store's index, but its shard "
+                        "is not a file kvx reads: %s (%s)\n"
+                        "  hint: kvx never moves or deletes what is not a regular file: move it "
+                        "out of %s/shards/, then 'kvx store reindex %s' rebuilds the index from "
+                        "the files that are there; put the block again from its source\n",
+                self->name, hash, d, kvx_err_name(code), dir, dir);
+        break;
+    case -ENOENT:
+        fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " is in the store's index, but its shard "
+                        "file is gone: %s (%s)\n"
+                        "  hint: the block is lost: put it again from its source; 'kvx store "
+                        "reindex %s' rebuilds the index from the files that are there\n",
                 self->name, hash, d, kvx_err_name(code), dir);
         break;
     default:
         fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " could not be read: %s (%s)\n", self->name,
                 hash, d, kvx_err_name(code));
+        if (code == -EAGAIN) fprintf(stderr, "  hint: try again\n");
     }
 }
 
@@ -693,14 +729,12 @@ static int run_get(const cli_cmd *self, int argc, char **argv)
             }
         }
     } else {
-        int rc = kvx_store_get_hashes(views, status, s, hashes, n);
+        /* One call per hash, so each block that is not served is named
+         * with the library's own words for it (which shard, what damage). */
         for (size_t i = 0; i < n; i++) {
-            if (status[i] == 1) { /* the batch stopped before it */
-                cli_fail_code(self, rc ? rc : KVX_EINVALID, "lookup failed");
-                goto done;
-            }
+            status[i] = kvx_store_get_hash(&views[i], s, hashes[i]);
             if (status[i] != 0) {
-                say_unserved(self, dir, hashes[i], status[i], NULL);
+                say_unserved(self, dir, hashes[i], status[i], kvx_last_error());
                 bad++;
             }
         }
@@ -741,6 +775,14 @@ static const cli_cmd cmd_get = {
     "--tokens), held only unverified (stored without tokens), or damaged.\n"
     "Then nothing is written.\n"
     "\n"
+    "A block in a damaged shard is never called missing: the shard file is\n"
+    "named with its damage (a page that fails its CRC or lies past the end of\n"
+    "the file; a file that cannot be opened or is not this store's, is gone,\n"
+    "or is not a regular file) and what helps. get is a reader and never\n"
+    "repairs: 'kvx store gc DIR' copies a damaged shard's good blocks into a\n"
+    "new shard, and a writer moves a file that cannot be used to quarantine/\n"
+    "(kept, not deleted).\n"
+    "\n"
     "With --tokens, each HASH must be the hash of one of the prompt's full\n"
     "blocks, and the block is picked by the prompt's digest: the one whose\n"
     "whole prefix equals the prompt's.\n"
@@ -762,7 +804,8 @@ static const cli_cmd cmd_get = {
     "  -h, --help             show this help\n"
     "\n"
     "Exit status: 0 success, 1 a block not served (missing, ambiguous,\n"
-    "unverified, damaged, not in the tokens) or another failure, 2 usage error.\n",
+    "unverified, damaged or in a damaged shard, not in the tokens) or another\n"
+    "failure, 2 usage error.\n",
     run_get,
 };
 

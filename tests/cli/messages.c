@@ -133,6 +133,51 @@ static double warmup_pages(const char *const *args)
     return pages;
 }
 
+static void hexs(char *out, size_t cap, uint64_t h) { snprintf(out, cap, "0x%016llx", (unsigned long long)h); }
+
+/* A store holding the NB blocks of seq.env, put with their tokens. */
+static void store_with_blocks(const char *dir)
+{
+    create_store(dir, "64MiB");
+    cli_run r = CLI(NULL, "store", "put", dir, envp, "--tokens", tokp);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+}
+
+/* The path of the store's only shard file. */
+static void only_shard(char *out, size_t cap, const char *dir)
+{
+    char sd[400];
+    snprintf(sd, sizeof sd, "%s/shards", dir);
+    DIR *d = opendir(sd);
+    assert_non_null(d);
+    struct dirent *de;
+    int n = 0;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;
+        snprintf(out, cap, "%s/%s", sd, de->d_name);
+        n++;
+    }
+    closedir(d);
+    assert_int_equal(n, 1);
+}
+
+/* get of a block whose shard is damaged, expecting exit 1, naming the
+ * block, the shard file and "damaged", never "not in the store". */
+static cli_run get_damaged(const char *dir, const char *shard_name, const char *hash, const char *tokens)
+{
+    char out[320];
+    path_in(out, sizeof out, "damaged-get.env");
+    cli_run r = tokens ? CLI(NULL, "store", "get", dir, "-o", out, "--format", "v1", "--tokens", tokens, hash)
+                       : CLI(NULL, "store", "get", dir, "-o", out, "--format", "v1", hash);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, hash));
+    assert_non_null(strstr(r.err, shard_name));
+    assert_null(strstr(r.err, "not in the store"));
+    assert_false(file_exists(out));
+    return r;
+}
+
 /* PROMISE: CLI-8 */
 static void test_empty_is_not_an_error(void **state)
 {
@@ -249,12 +294,108 @@ static void test_warmup_fifo_input(void **state)
     cli_run_free(&r);
 }
 
+/* PROMISE: CLI-9 */
+static void test_get_names_a_damaged_shard(void **state)
+{
+    (void)state;
+    char st[320], shard[1024], h0[24], h2[24], q[600];
+    hexs(h0, sizeof h0, hashes[0]);
+    hexs(h2, sizeof h2, hashes[2]);
+
+    /* A page that fails its CRC: its block is named damaged with the
+     * shard file; gc is what helps; the good blocks still serve. */
+    path_in(st, sizeof st, "rot");
+    store_with_blocks(st);
+    only_shard(shard, sizeof shard, st);
+    const char *name = strrchr(shard, '/') + 1;
+    flip_bits(shard, page_offset(shard, 0) + 5, 0x20);
+    cli_run r = get_damaged(st, name, h0, NULL);
+    assert_non_null(strstr(r.err, "damaged"));
+    assert_non_null(strstr(r.err, "CRC"));
+    assert_non_null(strstr(r.err, "kvx store gc"));
+    assert_non_null(strstr(r.err, "quarantine/"));
+    cli_run_free(&r);
+    r = get_damaged(st, name, h0, tokp);
+    assert_non_null(strstr(r.err, "kvx store gc"));
+    cli_run_free(&r);
+    char out[320];
+    path_in(out, sizeof out, "good.env");
+    r = CLI(NULL, "store", "get", st, "-o", out, "--format", "v1", h2);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+
+    /* Cut inside its tables: the file no longer opens. The block is in a
+     * damaged shard, named with why; reading never repairs (the file stays
+     * where it is, nothing goes to quarantine/). */
+    path_in(st, sizeof st, "cut");
+    store_with_blocks(st);
+    only_shard(shard, sizeof shard, st);
+    name = strrchr(shard, '/') + 1;
+    assert_int_equal(truncate(shard, 100), 0);
+    r = get_damaged(st, name, h0, NULL);
+    assert_non_null(strstr(r.err, "damaged"));
+    assert_non_null(strstr(r.err, "past the end of the file"));
+    assert_non_null(strstr(r.err, "quarantine/"));
+    cli_run_free(&r);
+    r = get_damaged(st, name, h2, tokp);
+    assert_non_null(strstr(r.err, "damaged"));
+    cli_run_free(&r);
+    assert_true(file_exists(shard));
+    snprintf(q, sizeof q, "%s/quarantine", st);
+    struct stat sb;
+    assert_true(stat(q, &sb) != 0 || sb.st_nlink == 2);
+
+    /* Its header and tables rotted: the meta checksum fails. */
+    path_in(st, sizeof st, "meta");
+    store_with_blocks(st);
+    only_shard(shard, sizeof shard, st);
+    name = strrchr(shard, '/') + 1;
+    flip_bits(shard, 70, 0x01);
+    r = get_damaged(st, name, h0, NULL);
+    assert_non_null(strstr(r.err, "damaged"));
+    assert_non_null(strstr(r.err, "meta_crc32c"));
+    cli_run_free(&r);
+
+    /* The file is gone: said so, and the index's record is what is left. */
+    path_in(st, sizeof st, "gone");
+    store_with_blocks(st);
+    only_shard(shard, sizeof shard, st);
+    name = strrchr(shard, '/') + 1;
+    assert_int_equal(unlink(shard), 0);
+    r = get_damaged(st, name, h0, NULL);
+    assert_non_null(strstr(r.err, "gone"));
+    assert_non_null(strstr(r.err, "kvx store reindex"));
+    cli_run_free(&r);
+
+    /* A directory where the shard file belongs: named by type; kvx leaves
+     * it alone, so no hint says a writer moves it. */
+    path_in(st, sizeof st, "dir");
+    store_with_blocks(st);
+    only_shard(shard, sizeof shard, st);
+    name = strrchr(shard, '/') + 1;
+    assert_int_equal(unlink(shard), 0);
+    assert_int_equal(mkdir(shard, 0700), 0);
+    r = get_damaged(st, name, h0, NULL);
+    assert_non_null(strstr(r.err, "directory"));
+    assert_null(strstr(r.err, "quarantine"));
+    cli_run_free(&r);
+
+    /* A block that truly is not there is still "not in the store". */
+    path_in(st, sizeof st, "plain-miss");
+    store_with_blocks(st);
+    r = CLI(NULL, "store", "get", st, "-o", out, "--format", "v1", "0x1234");
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "not in the store"));
+    cli_run_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_empty_is_not_an_error),
         cmocka_unit_test(test_stat_and_gc_of_an_empty_store),
         cmocka_unit_test(test_warmup_fifo_input),
+        cmocka_unit_test(test_get_names_a_damaged_shard),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
