@@ -419,6 +419,53 @@ static const cli_cmd cmd_create = {
 
 /* ----------------------------------------------------------------- put */
 
+/* The blocks of an envelope, by what put does with them. */
+typedef struct env_counts {
+    uint32_t hashed;  /* full blocks with a hash: the ones put stores */
+    uint32_t unnamed; /* full blocks with hash 0 (unregistered): never stored */
+    uint32_t partial; /* fewer than B tokens: never stored */
+    uint32_t block_tokens;
+} env_counts;
+
+/* 1 and *c filled when env parses (without a geometry to match), else 0. */
+static int count_envelope(env_counts *c, const void *env, size_t len)
+{
+    memset(c, 0, sizeof *c);
+    kvx_envelope e;
+    if (kvx_envelope_parse(&e, env, len, NULL) != 0) return 0;
+    c->block_tokens = e.geometry.block_tokens;
+    for (uint32_t i = 0; i < e.n_blocks; i++) {
+        kvx_envelope_block b;
+        if (kvx_envelope_block_at(&b, &e, i) != 0) return 0;
+        if (b.hash) c->hashed++;
+        else if (b.n_tokens == e.geometry.block_tokens) c->unnamed++;
+        else c->partial++;
+    }
+    return 1;
+}
+
+/* A failed put (flushed 0) or flush (1) of envp, named. A put larger than
+ * the store's whole capacity is no matter for gc: say so, with both sizes. */
+static void put_failure(const cli_cmd *self, kvx_store *s, int rc, const char *envp, int flushed)
+{
+    if (rc != KVX_ECAPACITY) {
+        if (flushed) cli_fail_code(self, rc, "the blocks of '%s' could not be made durable", envp);
+        else cli_fail_code(self, rc, "cannot put '%s'", envp);
+        return;
+    }
+    char detail[1024], cap[32];
+    snprintf(detail, sizeof detail, "%s", kvx_last_error()); /* stat would replace it */
+    kvx_store_stats st;
+    if (kvx_store_stat(&st, s) == 0) cli_fmt_size(cap, sizeof cap, st.capacity_bytes);
+    else snprintf(cap, sizeof cap, "?");
+    fprintf(stderr, "kvx %s: cannot put '%s': it is larger than the store's whole capacity of %s: "
+                    "%s (%s)\n"
+                    "  hint: gc cannot make room for it (it only evicts and compacts what the store "
+                    "holds); put the sequence in smaller envelopes, or create a store with a larger "
+                    "--capacity (a store's capacity is fixed when it is created)\n",
+            self->name, envp, cap, *detail ? detail : kvx_strerror(rc), kvx_err_name(rc));
+}
+
 static int run_put(const cli_cmd *self, int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -456,6 +503,25 @@ static int run_put(const cli_cmd *self, int argc, char **argv)
         free(toks);
         return CLI_FAIL;
     }
+    /* What the envelope holds: a block is stored only under its hash, so
+     * one whose hash is 0 ("unregistered": a partial tail, or a full block
+     * its writer did not name) is never stored. A malformed envelope is
+     * left for the library to name. */
+    env_counts c;
+    int parsed = count_envelope(&c, env, len);
+    if (parsed && c.hashed == 0 && c.unnamed) {
+        char b[16] = "B";
+        snprintf(b, sizeof b, "%u", c.block_tokens);
+        cli_fail(self, "nothing stored: the %u full block(s) of '%s' all have block hash 0, which "
+                       "marks a block as unregistered; a block is stored only under its chained "
+                       "hash%s", c.unnamed, envp,
+                 tokfile ? " (--tokens does not name blocks: the envelope's hashes do)" : "");
+        fprintf(stderr, "  hint: write the envelope with each full block's chained hash ('kvx hash "
+                        "--block-tokens %s TOKEN...' prints them from the tokens)\n", b);
+        free(env);
+        free(toks);
+        return CLI_FAIL;
+    }
     kvx_store *s = NULL;
     if (open_writer(self, &s, dir, wait) != CLI_OK) {
         free(env);
@@ -464,31 +530,28 @@ static int run_put(const cli_cmd *self, int argc, char **argv)
     }
     size_t fresh = 0;
     int rc = kvx_store_put_envelope(s, env, len, toks, ntok, &fresh);
+    int flushed = 0;
+    if (rc == 0) {
+        flushed = 1;
+        rc = kvx_store_flush(s);
+    }
     if (rc != 0) {
+        put_failure(self, s, rc, envp, flushed);
         kvx_store_close(s);
         free(env);
         free(toks);
-        return cli_fail_code(self, rc, "cannot put '%s'", envp);
-    }
-    rc = kvx_store_flush(s);
-    if (rc != 0) {
-        kvx_store_close(s);
-        free(env);
-        free(toks);
-        return cli_fail_code(self, rc, "the blocks of '%s' could not be made durable", envp);
-    }
-    kvx_envelope e;
-    uint32_t full = 0;
-    if (kvx_envelope_parse(&e, env, len, NULL) == 0) {
-        for (uint32_t i = 0; i < e.n_blocks; i++) {
-            kvx_envelope_block b;
-            if (kvx_envelope_block_at(&b, &e, i) == 0 && b.hash != 0) full++;
-        }
+        return CLI_FAIL;
     }
     kvx_store_close(s);
     free(env);
     free(toks);
-    printf("%zu new block(s) of %u full block(s) stored durably in %s\n", fresh, full, dir);
+    printf("%zu new block(s) of %u full block(s) stored durably in %s", fresh, parsed ? c.hashed : 0,
+           dir);
+    if (parsed && c.unnamed)
+        printf("; %u full block(s) with hash 0 (unregistered) not stored", c.unnamed);
+    if (parsed && c.partial)
+        printf("; %u partial block(s) not stored (a partial block never is)", c.partial);
+    printf("\n");
     return CLI_OK;
 }
 
@@ -508,6 +571,15 @@ static const cli_cmd cmd_put = {
     "prefix lookup never serves them and a get by hash refuses them, until a\n"
     "put with the tokens stores the verified block.\n"
     "\n"
+    "A block is stored only under its chained hash: a partial block, and a\n"
+    "full block whose hash is 0 (unregistered), are not stored, and the\n"
+    "result line counts them. An envelope of 0 blocks or of partial blocks\n"
+    "only stores nothing and exits 0; one whose full blocks all have hash 0\n"
+    "stores nothing and exits 1, saying so (--tokens does not name blocks).\n"
+    "A put larger than the store's whole capacity exits 1 naming both sizes:\n"
+    "gc cannot make room for it; put smaller envelopes, or create a store\n"
+    "with a larger --capacity.\n"
+    "\n"
     "One writer at a time: while another process writes the store, put waits\n"
     "for it (saying once which pid holds the store) unless told otherwise.\n"
     "\n"
@@ -521,8 +593,8 @@ static const cli_cmd cmd_put = {
     "  -h, --help             show this help\n"
     "\n"
     "Exit status: 0 blocks durable, 1 failure (bad envelope, wrong geometry,\n"
-    "disk full, the store held by another writer past --wait...), 2 usage\n"
-    "error.\n",
+    "every full block with hash 0, a put larger than the capacity, disk full,\n"
+    "the store held by another writer past --wait...), 2 usage error.\n",
     run_put,
 };
 

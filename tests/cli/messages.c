@@ -389,6 +389,92 @@ static void test_get_names_a_damaged_shard(void **state)
     cli_run_free(&r);
 }
 
+/* PROMISE: CLI-10 */
+static void test_put_of_unhashed_blocks_says_why(void **state)
+{
+    (void)state;
+    char st[320], zero[320], mixed[320], tail[320], none[320];
+    path_in(st, sizeof st, "unhashed");
+    create_store(st, "64MiB");
+    /* Every full block with hash 0: nothing stored, exit 1, with or
+     * without --tokens, saying why and what to do. */
+    path_in(zero, sizeof zero, "zero.env");
+    const uint64_t z[NB] = {0, 0, 0};
+    write_env(zero, NB, z, NULL);
+    cli_run r = CLI(NULL, "store", "put", st, zero, "--tokens", tokp);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "nothing stored"));
+    assert_non_null(strstr(r.err, "hash 0"));
+    assert_non_null(strstr(r.err, "kvx hash"));
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "put", st, zero);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "hash 0"));
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "stat", "--json", st);
+    jval *v = run_json(&r, 0);
+    assert_true(jget(v, "blocks")->num == 0);
+    jfree(v);
+    cli_run_free(&r);
+
+    /* Some named, one not: the named ones are stored, exit 0, and the
+     * result line counts the other. */
+    path_in(mixed, sizeof mixed, "mixed.env");
+    const uint64_t m[2] = {hashes[0], 0};
+    write_env(mixed, 2, m, NULL);
+    r = CLI(NULL, "store", "put", st, mixed, "--tokens", tokp);
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, "1 new block(s) of 1 full block(s)"));
+    assert_non_null(strstr(r.out, "1 full block(s) with hash 0"));
+    cli_run_free(&r);
+
+    /* Only a partial tail, and no blocks at all: nothing to store is no
+     * error. */
+    path_in(tail, sizeof tail, "tail.env");
+    const uint64_t t[1] = {0};
+    const uint32_t tn[1] = {2};
+    write_env(tail, 1, t, tn);
+    r = CLI(NULL, "store", "put", st, tail);
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, "0 new block(s) of 0 full block(s)"));
+    assert_non_null(strstr(r.out, "1 partial block(s) not stored"));
+    cli_run_free(&r);
+    path_in(none, sizeof none, "none.env");
+    write_env(none, 0, NULL, NULL);
+    r = CLI(NULL, "store", "put", st, none);
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, "0 new block(s) of 0 full block(s)"));
+    cli_run_free(&r);
+}
+
+/* PROMISE: CLI-11 */
+static void test_put_larger_than_the_capacity(void **state)
+{
+    (void)state;
+    char st[320], big[320];
+    path_in(st, sizeof st, "small");
+    create_store(st, "512KiB");
+    /* 300 blocks of 4 KiB pages: more than 512 KiB whatever gc does. */
+    enum { N = 300 };
+    uint32_t *tk = malloc(N * 4 * sizeof *tk);
+    uint64_t *h = malloc(N * sizeof *h);
+    for (uint32_t i = 0; i < N * 4; i++) tk[i] = 7 + i;
+    kvx_block_hashes(h, tk, N * 4, 4);
+    path_in(big, sizeof big, "big.env");
+    write_env(big, N, h, NULL);
+    free(tk);
+    free(h);
+    cli_run r = CLI(NULL, "store", "put", st, big);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "larger than the store's whole capacity of 512 KiB"));
+    assert_non_null(strstr(r.err, "bytes, more than the store's capacity of 524288 bytes"));
+    assert_non_null(strstr(r.err, "--capacity"));
+    assert_non_null(strstr(r.err, "smaller envelopes"));
+    assert_null(strstr(r.err, "run 'kvx store gc'"));
+    assert_non_null(strstr(r.err, "gc cannot make room"));
+    cli_run_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -396,6 +482,8 @@ int main(void)
         cmocka_unit_test(test_stat_and_gc_of_an_empty_store),
         cmocka_unit_test(test_warmup_fifo_input),
         cmocka_unit_test(test_get_names_a_damaged_shard),
+        cmocka_unit_test(test_put_of_unhashed_blocks_says_why),
+        cmocka_unit_test(test_put_larger_than_the_capacity),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
