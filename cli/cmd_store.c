@@ -1177,10 +1177,15 @@ static int writer_opts(const cli_cmd *self, int argc, char **argv, double *wait,
 
 typedef struct verify_ctx {
     const char *dir;
-    uint64_t pages;  /* damaged pages: nothing mends them */
-    uint64_t others; /* index or shard structure */
+    uint64_t pages;  /* damaged or missing pages of shards that open: gc salvages the rest */
+    uint64_t files;  /* shard files that cannot be opened or are not this store's */
+    uint64_t index;  /* the index and the shards disagree */
+    uint64_t others; /* anything else (something not a shard file in shards/...) */
 } verify_ctx;
 
+/* Sorts each problem by what can help (the report's own words: "shards/F:
+ * entry N: ..." is a page, "shards/F (shard N): ..." a whole file,
+ * "index..." or an entry without its index record the index). */
 static void store_report(void *ctx, const char *what, int code)
 {
     verify_ctx *v = ctx;
@@ -1189,7 +1194,11 @@ static void store_report(void *ctx, const char *what, int code)
         return;
     }
     printf("%s: BAD: %s (%s)\n", v->dir, what, kvx_err_name(code));
-    if (code == KVX_EPAGECRC) v->pages++;
+    int entry = !strncmp(what, "shards/", 7) && strstr(what, ": entry ") != NULL;
+    if (code == KVX_EPATH) v->others++; /* not a regular file: kvx leaves it alone */
+    else if (entry && (code == KVX_EPAGECRC || code == KVX_ETRUNC)) v->pages++;
+    else if (!strncmp(what, "index", 5) || (entry && code == KVX_ENOTFOUND)) v->index++;
+    else if (!strncmp(what, "shards/", 7) && strstr(what, " (shard ")) v->files++;
     else v->others++;
 }
 
@@ -1201,20 +1210,33 @@ static int run_sverify(const cli_cmd *self, int argc, char **argv)
     kvx_store *s = NULL;
     if (open_store(self, &s, dir, KVX_STORE_READONLY) != CLI_OK) return CLI_FAIL;
     uint64_t bad = 0;
-    verify_ctx v = {dir, 0, 0};
+    verify_ctx v = {dir, 0, 0, 0, 0};
     int rc = kvx_store_verify(s, &bad, store_report, &v);
     kvx_store_stats st;
     int src = kvx_store_stat(&st, s);
     kvx_store_close(s);
     fflush(stdout);
     if (bad) {
+        /* Each hint names only a command that helps with what was found. */
         fprintf(stderr, "kvx store verify: %" PRIu64 " problem(s) in %s\n", bad, dir);
         if (v.pages)
-            fprintf(stderr, "  hint: a page that fails its CRC cannot be mended: its block is no "
-                            "longer served; put it again from its source\n");
-        if (v.others || !v.pages)
-            fprintf(stderr, "  hint: 'kvx store reindex %s' rebuilds the index from the shards\n",
-                    dir);
+            fprintf(stderr, "  hint: a page that fails its CRC (or lies past the end of its file) "
+                            "cannot be mended, and its block is no longer served; 'kvx store gc %s' "
+                            "copies the shard's good blocks into a new shard and moves the damaged "
+                            "file to %s/quarantine/ (kept, not deleted); put the lost blocks again "
+                            "from their source\n", dir, dir);
+        if (v.files)
+            fprintf(stderr, "  hint: 'kvx store reindex %s' rebuilds the index from the shard files "
+                            "that are there and moves a damaged or foreign shard file to "
+                            "%s/quarantine/ (kept, not deleted); the blocks it held are lost: put "
+                            "them again from their source\n", dir, dir);
+        if (v.index)
+            fprintf(stderr, "  hint: 'kvx store reindex %s' rebuilds the index from the shard "
+                            "files\n", dir);
+        if (v.others)
+            fprintf(stderr, "  hint: kvx never moves or deletes what is not a regular file: move "
+                            "it out of %s/shards/, then 'kvx store reindex %s' rebuilds the index "
+                            "from the files that are there\n", dir, dir);
         return CLI_FAIL;
     }
     if (rc != 0) return cli_fail_code(self, rc, "cannot verify '%s'", dir);
@@ -1231,7 +1253,14 @@ static const cli_cmd cmd_sverify = {
     "Usage: kvx store verify DIR\n"
     "\n"
     "Checks every shard's structure and every page's CRC, and that the index\n"
-    "and the shards agree. Each problem is printed on its own line.\n"
+    "and the shards agree. Each problem is printed on its own line; an empty\n"
+    "store is OK (0 blocks). A hint names what helps each kind of problem:\n"
+    "for damaged or missing pages 'kvx store gc DIR', which copies the\n"
+    "shard's good blocks into a new shard; for a shard file that cannot be\n"
+    "opened or is not this store's 'kvx store reindex DIR', which rebuilds\n"
+    "the index from the files and moves such a file to quarantine/; for an\n"
+    "index that disagrees with the shards 'kvx store reindex DIR'. Moved\n"
+    "files are kept, never deleted.\n"
     "\n"
     "Options:\n"
     "  -h, --help  show this help\n"

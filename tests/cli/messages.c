@@ -475,6 +475,57 @@ static void test_put_larger_than_the_capacity(void **state)
     cli_run_free(&r);
 }
 
+/* PROMISE: CLI-12 */
+static void test_verify_hints_name_what_helps(void **state)
+{
+    (void)state;
+    char st[320], shard[1024];
+    /* Damaged pages: gc salvages the good blocks; reindex mends nothing
+     * there and is not named. */
+    path_in(st, sizeof st, "vrot");
+    store_with_blocks(st);
+    only_shard(shard, sizeof shard, st);
+    flip_bits(shard, page_offset(shard, 1) + 3, 0x10);
+    cli_run r = CLI(NULL, "store", "verify", st);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "kvx store gc"));
+    assert_non_null(strstr(r.err, "good blocks"));
+    assert_null(strstr(r.err, "reindex"));
+    cli_run_free(&r);
+    /* A page past the end of the file (cut between pages): the same. */
+    path_in(st, sizeof st, "vcut-pages");
+    store_with_blocks(st);
+    only_shard(shard, sizeof shard, st);
+    assert_int_equal(truncate(shard, (off_t)page_offset(shard, 1)), 0);
+    r = CLI(NULL, "store", "verify", st);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "kvx store gc"));
+    assert_null(strstr(r.err, "reindex"));
+    cli_run_free(&r);
+    /* A file that does not open: reindex, saying it quarantines (kept,
+     * not deleted), never that it "rebuilds the index" alone. */
+    path_in(st, sizeof st, "vcut");
+    store_with_blocks(st);
+    only_shard(shard, sizeof shard, st);
+    assert_int_equal(truncate(shard, 100), 0);
+    r = CLI(NULL, "store", "verify", st);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "kvx store reindex"));
+    assert_non_null(strstr(r.err, "quarantine/ (kept, not deleted)"));
+    assert_null(strstr(r.err, "rebuilds the index from the shards\n"));
+    cli_run_free(&r);
+    /* ... and the hint is true: reindex moves it there. */
+    r = CLI(NULL, "store", "reindex", st);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+    char q[1200];
+    snprintf(q, sizeof q, "%s/quarantine/%s", st, strrchr(shard, '/') + 1);
+    assert_true(file_exists(q));
+    r = CLI(NULL, "store", "verify", st);
+    EXPECT_RC(r, 0);
+    cli_run_free(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -484,6 +535,7 @@ int main(void)
         cmocka_unit_test(test_get_names_a_damaged_shard),
         cmocka_unit_test(test_put_of_unhashed_blocks_says_why),
         cmocka_unit_test(test_put_larger_than_the_capacity),
+        cmocka_unit_test(test_verify_hints_name_what_helps),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
