@@ -381,7 +381,7 @@ const cli_cmd cli_cmd_verify = {
     "per good file and one line per problem: each bad file, and each bad\n"
     "entry with its index, coordinate and reason. A path that is not a\n"
     "regular file (a FIFO, device, socket or directory) is a bad file, named\n"
-    "with its type, and is not opened.\n"
+    "with its type, and is not opened. A shard of 0 entries is good.\n"
     "\n"
     "Options:\n"
     "  -q, --quiet  print only problems\n"

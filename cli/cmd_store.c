@@ -419,6 +419,53 @@ static const cli_cmd cmd_create = {
 
 /* ----------------------------------------------------------------- put */
 
+/* The blocks of an envelope, by what put does with them. */
+typedef struct env_counts {
+    uint32_t hashed;  /* full blocks with a hash: the ones put stores */
+    uint32_t unnamed; /* full blocks with hash 0 (unregistered): never stored */
+    uint32_t partial; /* fewer than B tokens: never stored */
+    uint32_t block_tokens;
+} env_counts;
+
+/* 1 and *c filled when env parses (without a geometry to match), else 0. */
+static int count_envelope(env_counts *c, const void *env, size_t len)
+{
+    memset(c, 0, sizeof *c);
+    kvx_envelope e;
+    if (kvx_envelope_parse(&e, env, len, NULL) != 0) return 0;
+    c->block_tokens = e.geometry.block_tokens;
+    for (uint32_t i = 0; i < e.n_blocks; i++) {
+        kvx_envelope_block b;
+        if (kvx_envelope_block_at(&b, &e, i) != 0) return 0;
+        if (b.hash) c->hashed++;
+        else if (b.n_tokens == e.geometry.block_tokens) c->unnamed++;
+        else c->partial++;
+    }
+    return 1;
+}
+
+/* A failed put (flushed 0) or flush (1) of envp, named. A put larger than
+ * the store's whole capacity is no matter for gc: say so, with both sizes. */
+static void put_failure(const cli_cmd *self, kvx_store *s, int rc, const char *envp, int flushed)
+{
+    if (rc != KVX_ECAPACITY) {
+        if (flushed) cli_fail_code(self, rc, "the blocks of '%s' could not be made durable", envp);
+        else cli_fail_code(self, rc, "cannot put '%s'", envp);
+        return;
+    }
+    char detail[1024], cap[32];
+    snprintf(detail, sizeof detail, "%s", kvx_last_error()); /* stat would replace it */
+    kvx_store_stats st;
+    if (kvx_store_stat(&st, s) == 0) cli_fmt_size(cap, sizeof cap, st.capacity_bytes);
+    else snprintf(cap, sizeof cap, "?");
+    fprintf(stderr, "kvx %s: cannot put '%s': it is larger than the store's whole capacity of %s: "
+                    "%s (%s)\n"
+                    "  hint: gc cannot make room for it (it only evicts and compacts what the store "
+                    "holds); put the sequence in smaller envelopes, or create a store with a larger "
+                    "--capacity (a store's capacity is fixed when it is created)\n",
+            self->name, envp, cap, *detail ? detail : kvx_strerror(rc), kvx_err_name(rc));
+}
+
 static int run_put(const cli_cmd *self, int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -456,6 +503,25 @@ static int run_put(const cli_cmd *self, int argc, char **argv)
         free(toks);
         return CLI_FAIL;
     }
+    /* What the envelope holds: a block is stored only under its hash, so
+     * one whose hash is 0 ("unregistered": a partial tail, or a full block
+     * its writer did not name) is never stored. A malformed envelope is
+     * left for the library to name. */
+    env_counts c;
+    int parsed = count_envelope(&c, env, len);
+    if (parsed && c.hashed == 0 && c.unnamed) {
+        char b[16] = "B";
+        snprintf(b, sizeof b, "%u", c.block_tokens);
+        cli_fail(self, "nothing stored: the %u full block(s) of '%s' all have block hash 0, which "
+                       "marks a block as unregistered; a block is stored only under its chained "
+                       "hash%s", c.unnamed, envp,
+                 tokfile ? " (--tokens does not name blocks: the envelope's hashes do)" : "");
+        fprintf(stderr, "  hint: write the envelope with each full block's chained hash ('kvx hash "
+                        "--block-tokens %s TOKEN...' prints them from the tokens)\n", b);
+        free(env);
+        free(toks);
+        return CLI_FAIL;
+    }
     kvx_store *s = NULL;
     if (open_writer(self, &s, dir, wait) != CLI_OK) {
         free(env);
@@ -464,31 +530,28 @@ static int run_put(const cli_cmd *self, int argc, char **argv)
     }
     size_t fresh = 0;
     int rc = kvx_store_put_envelope(s, env, len, toks, ntok, &fresh);
+    int flushed = 0;
+    if (rc == 0) {
+        flushed = 1;
+        rc = kvx_store_flush(s);
+    }
     if (rc != 0) {
+        put_failure(self, s, rc, envp, flushed);
         kvx_store_close(s);
         free(env);
         free(toks);
-        return cli_fail_code(self, rc, "cannot put '%s'", envp);
-    }
-    rc = kvx_store_flush(s);
-    if (rc != 0) {
-        kvx_store_close(s);
-        free(env);
-        free(toks);
-        return cli_fail_code(self, rc, "the blocks of '%s' could not be made durable", envp);
-    }
-    kvx_envelope e;
-    uint32_t full = 0;
-    if (kvx_envelope_parse(&e, env, len, NULL) == 0) {
-        for (uint32_t i = 0; i < e.n_blocks; i++) {
-            kvx_envelope_block b;
-            if (kvx_envelope_block_at(&b, &e, i) == 0 && b.hash != 0) full++;
-        }
+        return CLI_FAIL;
     }
     kvx_store_close(s);
     free(env);
     free(toks);
-    printf("%zu new block(s) of %u full block(s) stored durably in %s\n", fresh, full, dir);
+    printf("%zu new block(s) of %u full block(s) stored durably in %s", fresh, parsed ? c.hashed : 0,
+           dir);
+    if (parsed && c.unnamed)
+        printf("; %u full block(s) with hash 0 (unregistered) not stored", c.unnamed);
+    if (parsed && c.partial)
+        printf("; %u partial block(s) not stored (a partial block never is)", c.partial);
+    printf("\n");
     return CLI_OK;
 }
 
@@ -508,6 +571,15 @@ static const cli_cmd cmd_put = {
     "prefix lookup never serves them and a get by hash refuses them, until a\n"
     "put with the tokens stores the verified block.\n"
     "\n"
+    "A block is stored only under its chained hash: a partial block, and a\n"
+    "full block whose hash is 0 (unregistered), are not stored, and the\n"
+    "result line counts them. An envelope of 0 blocks or of partial blocks\n"
+    "only stores nothing and exits 0; one whose full blocks all have hash 0\n"
+    "stores nothing and exits 1, saying so (--tokens does not name blocks).\n"
+    "A put larger than the store's whole capacity exits 1 naming both sizes:\n"
+    "gc cannot make room for it; put smaller envelopes, or create a store\n"
+    "with a larger --capacity.\n"
+    "\n"
     "One writer at a time: while another process writes the store, put waits\n"
     "for it (saying once which pid holds the store) unless told otherwise.\n"
     "\n"
@@ -521,15 +593,17 @@ static const cli_cmd cmd_put = {
     "  -h, --help             show this help\n"
     "\n"
     "Exit status: 0 blocks durable, 1 failure (bad envelope, wrong geometry,\n"
-    "disk full, the store held by another writer past --wait...), 2 usage\n"
-    "error.\n",
+    "every full block with hash 0, a put larger than the capacity, disk full,\n"
+    "the store held by another writer past --wait...), 2 usage error.\n",
     run_put,
 };
 
 /* ----------------------------------------------------------------- get */
 
 /* Why the block named hash could not be served, on stderr (one line, and
- * a hint line where there is something to do). */
+ * a hint line where there is something to do). detail is the library's
+ * message for this block ("" or NULL: none): for damage it names the
+ * shard file and what is wrong with it. */
 static void say_unserved(const cli_cmd *self, const char *dir, uint64_t hash, int code,
                          const char *detail)
 {
@@ -552,13 +626,47 @@ static void say_unserved(const cli_cmd *self, const char *dir, uint64_t hash, in
     case KVX_EMETACRC:
     case KVX_ECORRUPT:
     case KVX_ETRUNC:
-        fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " is in the store but damaged: %s (%s)\n"
-                        "  hint: 'kvx store verify %s' names every damaged shard and page\n",
+        if (!strncmp(d, "index", 5)) { /* a damaged catalog record, not a shard */
+            fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " cannot be looked up: the store's index "
+                            "is damaged: %s (%s)\n  hint: 'kvx store reindex %s' rebuilds the "
+                            "index from the shard files\n", self->name, hash, d, kvx_err_name(code),
+                    dir);
+            break;
+        }
+        /* Readers never repair (DESIGN.md rule 3): say what a writer can do. */
+        fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " is in the store, but damaged: %s (%s)\n",
+                self->name, hash, d, kvx_err_name(code));
+        if (code == KVX_ECORRUPT) /* the shard file cannot be opened or used at all */
+            fprintf(stderr, "  hint: no block of that shard file can be served; 'kvx store gc %s' "
+                            "(or any writer) moves it to %s/quarantine/ (kept, not deleted); put "
+                            "this block again from its source; 'kvx store verify %s' names every "
+                            "damaged shard\n", dir, dir, dir);
+        else /* a damaged or missing page in a shard that opens */
+            fprintf(stderr, "  hint: this block's page is lost; 'kvx store gc %s' copies the "
+                            "shard's good blocks into a new shard and moves the damaged file to "
+                            "%s/quarantine/ (kept, not deleted); put this block again from its "
+                            "source; 'kvx store verify %s' names every damaged page\n", dir, dir,
+                    dir);
+        break;
+    case KVX_EPATH:
+        fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " is in the store's index, but its shard "
+                        "is not a file kvx reads: %s (%s)\n"
+                        "  hint: kvx never moves or deletes what is not a regular file: move it "
+                        "out of %s/shards/, then 'kvx store reindex %s' rebuilds the index from "
+                        "the files that are there; put the block again from its source\n",
+                self->name, hash, d, kvx_err_name(code), dir, dir);
+        break;
+    case -ENOENT:
+        fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " is in the store's index, but its shard "
+                        "file is gone: %s (%s)\n"
+                        "  hint: the block is lost: put it again from its source; 'kvx store "
+                        "reindex %s' rebuilds the index from the files that are there\n",
                 self->name, hash, d, kvx_err_name(code), dir);
         break;
     default:
         fprintf(stderr, "kvx %s: block 0x%016" PRIx64 " could not be read: %s (%s)\n", self->name,
                 hash, d, kvx_err_name(code));
+        if (code == -EAGAIN) fprintf(stderr, "  hint: try again\n");
     }
 }
 
@@ -693,14 +801,12 @@ static int run_get(const cli_cmd *self, int argc, char **argv)
             }
         }
     } else {
-        int rc = kvx_store_get_hashes(views, status, s, hashes, n);
+        /* One call per hash, so each block that is not served is named
+         * with the library's own words for it (which shard, what damage). */
         for (size_t i = 0; i < n; i++) {
-            if (status[i] == 1) { /* the batch stopped before it */
-                cli_fail_code(self, rc ? rc : KVX_EINVALID, "lookup failed");
-                goto done;
-            }
+            status[i] = kvx_store_get_hash(&views[i], s, hashes[i]);
             if (status[i] != 0) {
-                say_unserved(self, dir, hashes[i], status[i], NULL);
+                say_unserved(self, dir, hashes[i], status[i], kvx_last_error());
                 bad++;
             }
         }
@@ -741,6 +847,14 @@ static const cli_cmd cmd_get = {
     "--tokens), held only unverified (stored without tokens), or damaged.\n"
     "Then nothing is written.\n"
     "\n"
+    "A block in a damaged shard is never called missing: the shard file is\n"
+    "named with its damage (a page that fails its CRC or lies past the end of\n"
+    "the file; a file that cannot be opened or is not this store's, is gone,\n"
+    "or is not a regular file) and what helps. get is a reader and never\n"
+    "repairs: 'kvx store gc DIR' copies a damaged shard's good blocks into a\n"
+    "new shard, and a writer moves a file that cannot be used to quarantine/\n"
+    "(kept, not deleted).\n"
+    "\n"
     "With --tokens, each HASH must be the hash of one of the prompt's full\n"
     "blocks, and the block is picked by the prompt's digest: the one whose\n"
     "whole prefix equals the prompt's.\n"
@@ -762,7 +876,8 @@ static const cli_cmd cmd_get = {
     "  -h, --help             show this help\n"
     "\n"
     "Exit status: 0 success, 1 a block not served (missing, ambiguous,\n"
-    "unverified, damaged, not in the tokens) or another failure, 2 usage error.\n",
+    "unverified, damaged or in a damaged shard, not in the tokens) or another\n"
+    "failure, 2 usage error.\n",
     run_get,
 };
 
@@ -1068,10 +1183,15 @@ static int writer_opts(const cli_cmd *self, int argc, char **argv, double *wait,
 
 typedef struct verify_ctx {
     const char *dir;
-    uint64_t pages;  /* damaged pages: nothing mends them */
-    uint64_t others; /* index or shard structure */
+    uint64_t pages;  /* damaged or missing pages of shards that open: gc salvages the rest */
+    uint64_t files;  /* shard files that cannot be opened or are not this store's */
+    uint64_t index;  /* the index and the shards disagree */
+    uint64_t others; /* anything else (something not a shard file in shards/...) */
 } verify_ctx;
 
+/* Sorts each problem by what can help (the report's own words: "shards/F:
+ * entry N: ..." is a page, "shards/F (shard N): ..." a whole file,
+ * "index..." or an entry without its index record the index). */
 static void store_report(void *ctx, const char *what, int code)
 {
     verify_ctx *v = ctx;
@@ -1080,7 +1200,11 @@ static void store_report(void *ctx, const char *what, int code)
         return;
     }
     printf("%s: BAD: %s (%s)\n", v->dir, what, kvx_err_name(code));
-    if (code == KVX_EPAGECRC) v->pages++;
+    int entry = !strncmp(what, "shards/", 7) && strstr(what, ": entry ") != NULL;
+    if (code == KVX_EPATH) v->others++; /* not a regular file: kvx leaves it alone */
+    else if (entry && (code == KVX_EPAGECRC || code == KVX_ETRUNC)) v->pages++;
+    else if (!strncmp(what, "index", 5) || (entry && code == KVX_ENOTFOUND)) v->index++;
+    else if (!strncmp(what, "shards/", 7) && strstr(what, " (shard ")) v->files++;
     else v->others++;
 }
 
@@ -1092,20 +1216,33 @@ static int run_sverify(const cli_cmd *self, int argc, char **argv)
     kvx_store *s = NULL;
     if (open_store(self, &s, dir, KVX_STORE_READONLY) != CLI_OK) return CLI_FAIL;
     uint64_t bad = 0;
-    verify_ctx v = {dir, 0, 0};
+    verify_ctx v = {dir, 0, 0, 0, 0};
     int rc = kvx_store_verify(s, &bad, store_report, &v);
     kvx_store_stats st;
     int src = kvx_store_stat(&st, s);
     kvx_store_close(s);
     fflush(stdout);
     if (bad) {
+        /* Each hint names only a command that helps with what was found. */
         fprintf(stderr, "kvx store verify: %" PRIu64 " problem(s) in %s\n", bad, dir);
         if (v.pages)
-            fprintf(stderr, "  hint: a page that fails its CRC cannot be mended: its block is no "
-                            "longer served; put it again from its source\n");
-        if (v.others || !v.pages)
-            fprintf(stderr, "  hint: 'kvx store reindex %s' rebuilds the index from the shards\n",
-                    dir);
+            fprintf(stderr, "  hint: a page that fails its CRC (or lies past the end of its file) "
+                            "cannot be mended, and its block is no longer served; 'kvx store gc %s' "
+                            "copies the shard's good blocks into a new shard and moves the damaged "
+                            "file to %s/quarantine/ (kept, not deleted); put the lost blocks again "
+                            "from their source\n", dir, dir);
+        if (v.files)
+            fprintf(stderr, "  hint: 'kvx store reindex %s' rebuilds the index from the shard files "
+                            "that are there and moves a damaged or foreign shard file to "
+                            "%s/quarantine/ (kept, not deleted); the blocks it held are lost: put "
+                            "them again from their source\n", dir, dir);
+        if (v.index)
+            fprintf(stderr, "  hint: 'kvx store reindex %s' rebuilds the index from the shard "
+                            "files\n", dir);
+        if (v.others)
+            fprintf(stderr, "  hint: kvx never moves or deletes what is not a regular file: move "
+                            "it out of %s/shards/, then 'kvx store reindex %s' rebuilds the index "
+                            "from the files that are there\n", dir, dir);
         return CLI_FAIL;
     }
     if (rc != 0) return cli_fail_code(self, rc, "cannot verify '%s'", dir);
@@ -1122,7 +1259,14 @@ static const cli_cmd cmd_sverify = {
     "Usage: kvx store verify DIR\n"
     "\n"
     "Checks every shard's structure and every page's CRC, and that the index\n"
-    "and the shards agree. Each problem is printed on its own line.\n"
+    "and the shards agree. Each problem is printed on its own line; an empty\n"
+    "store is OK (0 blocks). A hint names what helps each kind of problem:\n"
+    "for damaged or missing pages 'kvx store gc DIR', which copies the\n"
+    "shard's good blocks into a new shard; for a shard file that cannot be\n"
+    "opened or is not this store's 'kvx store reindex DIR', which rebuilds\n"
+    "the index from the files and moves such a file to quarantine/; for an\n"
+    "index that disagrees with the shards 'kvx store reindex DIR'. Moved\n"
+    "files are kept, never deleted.\n"
     "\n"
     "Options:\n"
     "  -h, --help  show this help\n"

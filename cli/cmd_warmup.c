@@ -265,6 +265,13 @@ static int run_warmup(const cli_cmd *self, int argc, char **argv)
         }
         o.host_buf = host;
         o.host_buf_bytes = sink_bytes;
+    } else if (sink == KVX_SINK_HOST) {
+        /* Nothing to hold (an empty store, shards of 0 entries or only
+         * tombstones): the library still wants a buffer, so give it one
+         * of 0 bytes. Empty is not an error: 0 pages are warmed up. */
+        static unsigned char none;
+        o.host_buf = &none;
+        o.host_buf_bytes = 0;
     } else if (sink == KVX_SINK_GPU) {
         kvx_gpu_options go = KVX_GPU_OPTIONS_INIT;
         go.arena_bytes = sink_bytes + 8 * pages + 4096;
@@ -379,7 +386,8 @@ const cli_cmd cli_cmd_warmup = {
     "(io_uring, O_DIRECT where the file system allows), checks each page's\n"
     "CRC-32 and copies it to the sink while the next reads are in flight.\n"
     "A page failing its CRC is counted, named and not delivered. A progress\n"
-    "bar is drawn on a terminal.\n"
+    "bar is drawn on a terminal. Empty is no error: a store with no blocks\n"
+    "(or only deletes) and a shard of 0 entries warm up 0 pages, exit 0.\n"
     "\n"
     "Every input that cannot be opened is named on standard error (the rest\n"
     "is still warmed up, and the exit status is 1): a shard file that does\n"

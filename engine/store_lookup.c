@@ -15,10 +15,14 @@
  */
 #include "store.h"
 #include "common/digest.h"
+#include "common/os.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* The last shard a prompt's lookup used, with its own reference: the next
  * block of a prompt usually lives in the same shard, and (byte, gen) names
@@ -28,6 +32,7 @@ typedef struct st_hc {
     uint32_t byte;
     uint64_t gen;
     int gone; /* a location's shard could not be had (moved since the snapshot?) */
+    kvx_cat_loc gone_loc; /* the first such location */
 } st_hc;
 
 static kvx_shard *st_hc_get(kvx_store *s, st_hc *hc, uint32_t byte, uint64_t gen)
@@ -57,6 +62,7 @@ static int st_try_loc(kvx_store *s, const kvx_cat_loc *loc, const st_query *q, k
     uint32_t byte = KVX_COORD_SHARD(loc->coord);
     kvx_shard *sh = st_hc_get(s, hc, byte, loc->gen);
     if (!sh) {
+        if (hc && !hc->gone) hc->gone_loc = *loc;
         if (hc) hc->gone = 1;
         return KVX_ENOTFOUND;
     }
@@ -107,6 +113,57 @@ miss:
     return KVX_ENOTFOUND;
 }
 
+/* Why the shard of loc could not be had, for a lookup by hash, tokens or
+ * coordinate that found nothing else (never for a prefix: there a damaged
+ * block is a miss). The file is looked at again, read-only: a reader never
+ * repairs. KVX_ECORRUPT when the file is there but cannot be used
+ * (malformed, a bad checksum, cut short, not this store's), KVX_EPATH when
+ * it is not a regular file, -ENOENT when it is gone, -EAGAIN when it opens now (a passing
+ * failure, or a file a rewrite moved since the snapshot); the message
+ * names the block, the file and the reason. */
+static int st_shard_unusable(kvx_store *s, const kvx_cat_loc *loc, uint64_t hash)
+{
+    char name[32], why[512];
+    kvx_st_shard_name(name, loc->gen);
+    struct stat st;
+    int code = KVX_ECORRUPT;
+    if (kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        int e = errno;
+        code = e == ENOENT ? -ENOENT : -EAGAIN;
+        snprintf(why, sizeof why, "%s", e == ENOENT ? "the file is gone" : strerror(e));
+    } else if (!S_ISREG(st.st_mode)) {
+        code = KVX_EPATH; /* as verify names it: kvx leaves such a thing alone */
+        snprintf(why, sizeof why, "it is a %s, not a regular file", kvx_file_type_name(st.st_mode));
+    } else {
+        char *path = kvx_st_join(s->shards_path, name);
+        kvx_shard *sh = NULL;
+        int rc = path ? kvx_shard_open_at(&sh, s->shardsfd, name, path, 0) : -ENOMEM;
+        free(path);
+        if (rc == 0) {
+            char ours[300] = "";
+            int orc = kvx_shard_get_info(sh)->shard_id != KVX_COORD_SHARD(loc->coord)
+                          ? KVX_ESHARDID
+                          : kvx_st_shard_ours(s, sh, ours, sizeof ours);
+            kvx_shard_close(sh);
+            if (orc == 0) {
+                code = -EAGAIN;
+                snprintf(why, sizeof why, "it could not be opened a moment ago, and opens now");
+            } else if (orc == KVX_ESHARDID) {
+                snprintf(why, sizeof why, "it holds another shard byte than %u (KVX_ESHARDID)",
+                         KVX_COORD_SHARD(loc->coord));
+            } else {
+                snprintf(why, sizeof why, "%s (%s)", ours, kvx_err_name(orc));
+            }
+        } else {
+            if (st_open_transient(rc)) code = -EAGAIN;
+            snprintf(why, sizeof why, "%s (%s)", *kvx_last_error() ? kvx_last_error() : kvx_strerror(rc),
+                     kvx_err_name(rc));
+        }
+    }
+    return kvx_fail(code, "store: block %016llx is indexed in shards/%s (coordinate 0x%08x), which cannot be read: %s",
+                    (unsigned long long)hash, name, loc->coord, why);
+}
+
 /* Every location of q->hash, in order, until one answers. A damaged
  * copy does not end the search (a good copy may follow: a put stores the
  * block again when its only copy is damaged); when none answers, the
@@ -147,10 +204,16 @@ int kvx_st_lookup(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx_view 
     return st_lookup_hc(s, snap, q, out, NULL);
 }
 
+/* What st_get_by_hash answers when no verified block answered and some
+ * location of the hash lies in a shard that could not be had (hc->gone):
+ * the caller looks again in a fresh snapshot, then names the shard. */
+#define ST_UNUSABLE 1
+
 /* A get by hash alone (DESIGN.md rule 1): the one verified block holding
  * hash, KVX_EAMBIGUOUS when several do, KVX_EUNVERIFIED when only
- * unverified ones do. */
-static int st_get_by_hash(kvx_store *s, kvx_cat_snap *snap, uint64_t hash, kvx_view *out)
+ * unverified ones do; ST_UNUSABLE when none does but a location's shard
+ * could not be had (hc->gone_loc): it may hold the block. */
+static int st_get_by_hash(kvx_store *s, kvx_cat_snap *snap, uint64_t hash, kvx_view *out, st_hc *hc)
 {
     st_query q = {.hash = hash, .parent = 0, .toks = NULL, .digest = NULL};
     /* copies of one block (a carried or adopted duplicate) share its
@@ -162,7 +225,7 @@ static int st_get_by_hash(kvx_store *s, kvx_cat_snap *snap, uint64_t hash, kvx_v
     kvx_cat_loc loc;
     size_t unknown = 0; /* locations in a shard that cannot be opened now */
     for (size_t i = 0; (rc = kvx_cat_loc_at(snap, hash, i, &loc)) == 0; i++) {
-        int r = st_try_loc(s, &loc, &q, NULL, NULL, d, 0);
+        int r = st_try_loc(s, &loc, &q, NULL, hc, d, 0);
         if (r == KVX_ENOTFOUND) {
             /* a miss, or a passing failure to open the shard (the cache then
              * holds no verdict on that generation): another block may hold
@@ -194,6 +257,7 @@ static int st_get_by_hash(kvx_store *s, kvx_cat_snap *snap, uint64_t hash, kvx_v
         return kvx_fail(-EAGAIN, "store: hash %016llx: %zu of its locations sit in a shard that cannot be opened "
                                  "now, so it cannot be called unique: try again, or give the tokens",
                         (unsigned long long)hash, unknown);
+    if (verified == 0 && hc->gone) return ST_UNUSABLE;
     if (verified == 0 && unverified)
         return kvx_fail(KVX_EUNVERIFIED, "store: block %016llx is held only unverified (stored without its tokens)",
                         (unsigned long long)hash);
@@ -207,6 +271,31 @@ static int st_get_by_hash(kvx_store *s, kvx_cat_snap *snap, uint64_t hash, kvx_v
     return rc2 == KVX_ENOTFOUND
                ? kvx_fail(KVX_ENOTFOUND, "store: no block with hash %016llx", (unsigned long long)hash)
                : rc2;
+}
+
+/* st_get_by_hash, looking once more in a fresh snapshot (*snap replaced;
+ * NULL when that failed) when a location's shard could not be had: a
+ * rewrite (compaction, eviction's carry, gc) may have moved the block since
+ * the snapshot began, and files go only after their commit. When the shard
+ * still cannot be had, its damage is the answer, not "not found": a reader
+ * never repairs, and the block may be in it. */
+static int st_get_by_hash_once(kvx_store *s, kvx_cat_snap **snap, uint64_t hash, kvx_view *out)
+{
+    st_hc hc = {NULL, 0, 0, 0, {0, 0}};
+    int rc = st_get_by_hash(s, *snap, hash, out, &hc);
+    if (rc == ST_UNUSABLE) {
+        kvx_cat_snap_end(*snap);
+        *snap = NULL;
+        hc.gone = 0;
+        if ((rc = kvx_cat_snap_begin(s->cat, snap))) {
+            *snap = NULL;
+        } else {
+            rc = st_get_by_hash(s, *snap, hash, out, &hc);
+            if (rc == ST_UNUSABLE) rc = st_shard_unusable(s, &hc.gone_loc, hash);
+        }
+    }
+    kvx_shard_close(hc.sh);
+    return rc;
 }
 
 static void st_view_clear(kvx_view *v) { memset(v, 0, sizeof *v); }
@@ -236,7 +325,24 @@ KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate)
     if (rc == 0) {
         kvx_cat_loc loc = {coordinate, cv.gen};
         st_query q = {.hash = cv.hash, .parent = 0, .toks = NULL, .digest = NULL};
-        rc = st_try_loc(s, &loc, &q, out, NULL, NULL, 1);
+        st_hc hc = {NULL, 0, 0, 0, {0, 0}};
+        rc = st_try_loc(s, &loc, &q, out, &hc, NULL, 1);
+        kvx_shard_close(hc.sh);
+        /* the shard the index names for it could not be had: say so (the
+         * coordinate's shard byte may have been rewritten since the
+         * snapshot: a fresh look decides) */
+        if (rc == KVX_ENOTFOUND && hc.gone) {
+            kvx_cat_snap_end(snap);
+            if ((rc = kvx_cat_snap_begin(s->cat, &snap))) return rc;
+            if ((rc = kvx_cat_coord_get(snap, coordinate, &cv)) == 0) {
+                loc.gen = cv.gen;
+                q.hash = cv.hash;
+                hc = (st_hc){NULL, 0, 0, 0, {0, 0}};
+                rc = st_try_loc(s, &loc, &q, out, &hc, NULL, 1);
+                kvx_shard_close(hc.sh);
+                if (rc == KVX_ENOTFOUND && hc.gone) rc = st_shard_unusable(s, &loc, q.hash);
+            }
+        }
     }
     kvx_cat_snap_end(snap);
     if (rc == KVX_ENOTFOUND) rc = kvx_fail(KVX_ENOTFOUND, "store: no block at coordinate 0x%08x", coordinate);
@@ -253,8 +359,8 @@ KVX_API int kvx_store_get_hash(kvx_view *out, kvx_store *s, uint64_t hash)
     kvx_cat_snap *snap;
     int rc = kvx_cat_snap_begin(s->cat, &snap);
     if (rc) return rc;
-    rc = st_get_by_hash(s, snap, hash, out);
-    kvx_cat_snap_end(snap);
+    rc = st_get_by_hash_once(s, &snap, hash, out);
+    if (snap) kvx_cat_snap_end(snap);
     if (rc == 0 || rc == KVX_ENOTFOUND) kvx_st_note(s, out, rc == 0, rc != 0, 1);
     return rc;
 }
@@ -271,10 +377,16 @@ KVX_API int kvx_store_get_hashes(kvx_view *out_views, int *out_status, kvx_store
     if (rc) return rc;
     uint64_t misses = 0;
     for (size_t i = 0; i < n; i++) {
-        out_status[i] = st_get_by_hash(s, snap, hashes[i], &out_views[i]);
+        if (!snap) { /* a failed fresh snapshot ends the batch: the rest are not looked up */
+            out_status[i] = rc;
+            misses++;
+            continue;
+        }
+        out_status[i] = st_get_by_hash_once(s, &snap, hashes[i], &out_views[i]);
+        if (!snap) rc = out_status[i];
         if (out_status[i]) misses++;
     }
-    kvx_cat_snap_end(snap);
+    if (snap) kvx_cat_snap_end(snap);
     kvx_st_note(s, out_views, n, misses, 1); /* views of misses are zeroed (shard NULL) */
     return 0;
 }
@@ -304,7 +416,7 @@ int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const 
     uint64_t parent = 0, h = want ? kvx_block_hash(0, tokens, B) : 0;
     if (want) kvx_digest_step(&dc, digest[0], NULL, tokens, B);
     size_t i = 0;
-    st_hc hc = {NULL, 0, 0, 0};
+    st_hc hc = {NULL, 0, 0, 0, {0, 0}};
     int retried = 0;
     for (; i < want; i++) {
         const uint32_t *t = tokens + i * B;
@@ -375,8 +487,23 @@ KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tok
     int rc = kvx_cat_snap_begin(s->cat, &snap);
     if (!rc) {
         st_query q = {.hash = h[n - 1], .parent = n > 1 ? h[n - 2] : 0, .toks = tokens + (n - 1) * B, .digest = d[n - 1]};
-        rc = kvx_st_lookup(s, snap, &q, out);
-        kvx_cat_snap_end(snap);
+        st_hc hc = {NULL, 0, 0, 0, {0, 0}};
+        rc = st_lookup_hc(s, snap, &q, out, &hc);
+        if (rc == KVX_ENOTFOUND && hc.gone) {
+            /* as for a get by hash: once more in a fresh snapshot, then the
+             * shard that could not be had is named (it may hold the block) */
+            kvx_cat_snap_end(snap);
+            snap = NULL;
+            hc.gone = 0;
+            if ((rc = kvx_cat_snap_begin(s->cat, &snap)) == 0) {
+                rc = st_lookup_hc(s, snap, &q, out, &hc);
+                if (rc == KVX_ENOTFOUND && hc.gone) rc = st_shard_unusable(s, &hc.gone_loc, q.hash);
+            } else {
+                snap = NULL;
+            }
+        }
+        kvx_shard_close(hc.sh);
+        if (snap) kvx_cat_snap_end(snap);
         if (rc == KVX_ENOTFOUND)
             rc = kvx_fail(KVX_ENOTFOUND, "store: no verified block %016llx for these tokens (block %zu)",
                           (unsigned long long)h[n - 1], n - 1);

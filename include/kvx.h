@@ -775,7 +775,17 @@ KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate);
 /* By hash alone: answers only when exactly one verified block holds hash.
  * Several verified blocks (an FNV collision): KVX_EAMBIGUOUS; only
  * unverified ones: KVX_EUNVERIFIED; none: KVX_ENOTFOUND. The message
- * names the hash. Use kvx_store_get_block to pick one by digest. */
+ * names the hash. Use kvx_store_get_block to pick one by digest.
+ * Damage is not "not found" (here, in kvx_store_get_block and
+ * kvx_store_get; a prefix lookup still treats it as a miss): a block
+ * whose page fails its CRC or lies past the end of its file is
+ * KVX_EPAGECRC / KVX_ETRUNC, and when no block answers while the index
+ * places one in a shard file that cannot be used, the answer is
+ * KVX_ECORRUPT (the file is malformed, fails its checksum, is cut short
+ * or is not this store's), KVX_EPATH (not a regular file), -ENOENT (gone)
+ * or -EAGAIN (it could not be opened just now); the message names the
+ * file and why. Nothing is repaired: a writer (gc) salvages or
+ * quarantines. */
 KVX_API int kvx_store_get_hash(kvx_view *out, kvx_store *s, uint64_t hash);
 /* Batch by hash: out_views[i] / out_status[i] (0 or the codes above). */
 KVX_API int kvx_store_get_hashes(kvx_view *out_views, int *out_status, kvx_store *s,
