@@ -514,9 +514,11 @@ static void test_verify_hints_name_what_helps(void **state)
     assert_non_null(strstr(r.err, "quarantine/ (kept, not deleted)"));
     assert_null(strstr(r.err, "rebuilds the index from the shards\n"));
     cli_run_free(&r);
-    /* ... and the hint is true: reindex moves it there. */
+    /* ... and the hint is true: reindex moves it there (and exits 1,
+     * saying so: a shard was set aside, RECOVER-37). */
     r = CLI(NULL, "store", "reindex", st);
-    EXPECT_RC(r, 0);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.out, "1 shard file(s) set aside in quarantine/"));
     cli_run_free(&r);
     char q[1200];
     snprintf(q, sizeof q, "%s/quarantine/%s", st, strrchr(shard, '/') + 1);
