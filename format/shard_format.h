@@ -28,6 +28,16 @@
 #define KVX_FLAGS_KNOWN                                                                               \
     (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_META_CRC | KVX_FLAG_DIGEST | KVX_FLAG_KEYS | \
      KVX_FLAG_SEQ | KVX_FLAG_TOMB)
+/* The largest block_tokens a shard may declare (writer and reader): a
+ * lineage record is 8 + 4*B bytes, so B sizes a table; 2^20 is 16 times
+ * the store's own limit (65535) and far above any model's block size. */
+#define KVX_MAX_BLOCK_TOKENS (1u << 20)
+/* What a header may make its reader read and copy at open (the tables and
+ * the spectral bundle): at most KVX_HELD_FACTOR times the bytes of data
+ * the file holds, plus KVX_HELD_SLACK (BOUND-7; the envelope's bound,
+ * BOUND-6, has the same shape). */
+#define KVX_HELD_FACTOR 64u
+#define KVX_HELD_SLACK ((uint64_t)1 << 20)
 /* Tombstone table values. */
 #define KVX_TOMB_PAGE 0u
 #define KVX_TOMB_DELETE 1u
@@ -174,6 +184,15 @@ static inline int kvx_shard_layout_for(kvx_shard_layout *out, uint64_t n, uint32
     *out = l;
     return 0;
 }
+
+/* Bounds of what open reads for a header (shard_bounds.c, DESIGN.md rule
+ * 5): every table of lay ends within the file (else KVX_ETRUNC naming the
+ * table), and the tables plus bundle_bytes of spectral bundle are at most
+ * KVX_HELD_FACTOR x the bytes of data fd holds + KVX_HELD_SLACK (else
+ * KVX_ETRUNC naming the largest). st is fd's fstat. */
+struct stat;
+int kvx_shard_check_tables(int fd, const struct stat *st, const kvx_shard_header *h, const kvx_shard_layout *lay,
+                           uint64_t bundle_bytes);
 
 /* Spectral bundle bytes (sub-header + records) for the given counts, or 0
  * on overflow. */

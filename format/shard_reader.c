@@ -151,6 +151,10 @@ static int check_header(const kvx_shard_header *h)
                         h->num_layers, h->kv_heads, h->head_dim);
     if (h->num_blocks > KVX_MAX_ENTRIES)
         return kvx_fail(KVX_EFORMAT, "header: num_blocks %u exceeds %u", h->num_blocks, KVX_MAX_ENTRIES);
+    /* B sizes the lineage table (8 + 4*B bytes an entry): an absurd B is
+     * refused here, before any size is computed from it (BOUND-7) */
+    if (h->block_tokens > KVX_MAX_BLOCK_TOKENS)
+        return kvx_fail(KVX_EFORMAT, "header: block_tokens %u exceeds %u", h->block_tokens, KVX_MAX_BLOCK_TOKENS);
     if (h->flags & ~KVX_FLAGS_KNOWN)
         return kvx_fail(KVX_EFORMAT, "header: unknown flags bits 0x%x", h->flags & ~KVX_FLAGS_KNOWN);
     if ((h->flags & KVX_FLAG_LINEAGE) && !(h->flags & KVX_FLAG_HASHES))
@@ -389,8 +393,9 @@ static int load_entries(kvx_shard *s, const kvx_shard_header *h, const kvx_shard
     return 0;
 }
 
-static int load_spectral(kvx_shard *s, const kvx_shard_header *h, uint64_t file_size)
+static int load_spectral(kvx_shard *s, const kvx_shard_header *h, const kvx_shard_layout *lay, const struct stat *st)
 {
+    uint64_t file_size = (uint64_t)st->st_size;
     uint8_t sub[KVX_SPECTRAL_HEADER_BYTES];
     if (h->spectral_offset + KVX_SPECTRAL_HEADER_BYTES > file_size)
         return kvx_fail(KVX_ETRUNC, "spectral bundle at %llu lies past the end of the file",
@@ -406,6 +411,7 @@ static int load_spectral(kvx_shard *s, const kvx_shard_header *h, uint64_t file_
         return kvx_fail(KVX_EOVERLAP, "spectral bundle [%llu, %llu) overlaps the KV section at %llu",
                         (unsigned long long)h->spectral_offset, (unsigned long long)end,
                         (unsigned long long)h->kv_data_offset);
+    if ((rc = kvx_shard_check_tables(s->fd, st, h, lay, len))) return rc;
     uint8_t *buf = malloc((size_t)len);
     if (!buf) return kvx_fail(-ENOMEM, "out of memory for the spectral bundle");
     rc = read_exact(s->fd, buf, (size_t)len, h->spectral_offset, "spectral bundle");
@@ -417,8 +423,9 @@ static int load_spectral(kvx_shard *s, const kvx_shard_header *h, uint64_t file_
     return rc;
 }
 
-static int open_validated(kvx_shard *s, uint64_t file_size)
+static int open_validated(kvx_shard *s, const struct stat *st)
 {
+    uint64_t file_size = (uint64_t)st->st_size;
     uint8_t hdr[KVX_HEADER_BYTES];
     if (file_size < 8)
         return kvx_fail(KVX_ETRUNC, "file is %llu bytes, shorter than the magic",
@@ -445,9 +452,8 @@ static int open_validated(kvx_shard *s, uint64_t file_size)
     if (h.spectral_offset && h.spectral_offset >= h.kv_data_offset)
         return kvx_fail(KVX_EOVERLAP, "spectral_offset %llu lies inside the KV section at %llu",
                         (unsigned long long)h.spectral_offset, (unsigned long long)h.kv_data_offset);
-    if (lay.tables_end > file_size)
-        return kvx_fail(KVX_ETRUNC, "tables end at %llu, past the end of the file (%llu)",
-                        (unsigned long long)lay.tables_end, (unsigned long long)file_size);
+    /* each table within the file, all of them within what it holds */
+    if ((rc = kvx_shard_check_tables(s->fd, st, &h, &lay, 0))) return rc;
     if (h.kv_data_offset > file_size)
         return kvx_fail(KVX_ETRUNC, "kv_data_offset %llu lies past the end of the file (%llu)",
                         (unsigned long long)h.kv_data_offset, (unsigned long long)file_size);
@@ -482,7 +488,7 @@ static int open_validated(kvx_shard *s, uint64_t file_size)
     if (!rc) rc = load_entries(s, &h, &lay, tables, file_size);
     free(tables);
     if (rc) return rc;
-    if (h.spectral_offset && (rc = load_spectral(s, &h, file_size))) return rc;
+    if (h.spectral_offset && (rc = load_spectral(s, &h, &lay, st))) return rc;
     return 0;
 }
 
@@ -523,7 +529,7 @@ int kvx_shard_open_at(kvx_shard **out, int dirfd, const char *name, const char *
     } else if (!S_ISREG(st.st_mode)) {
         rc = kvx_fail(KVX_EINVALID, "%s: not a regular file but a %s", path, kvx_file_type_name(st.st_mode));
     }
-    if (!rc) rc = open_validated(s, (uint64_t)st.st_size);
+    if (!rc) rc = open_validated(s, &st);
     if (!rc) {
         s->map_len = (size_t)st.st_size;
         s->mtime = st.st_mtim;

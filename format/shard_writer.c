@@ -117,6 +117,9 @@ static int check_options(const kvx_shard_writer_options *o)
         return kvx_fail(KVX_EINVALID, "writer options: a digest table needs KVX_FLAG_LINEAGE");
     if ((f & KVX_FLAG_HASHES) && !g->block_tokens)
         return kvx_fail(KVX_EINVALID, "writer options: a hash table needs geometry.block_tokens");
+    if (g->block_tokens > KVX_MAX_BLOCK_TOKENS) /* the reader refuses more (BOUND-7) */
+        return kvx_fail(KVX_EINVALID, "writer options: geometry.block_tokens %u exceeds %u", g->block_tokens,
+                        KVX_MAX_BLOCK_TOKENS);
     if ((f & KVX_FLAG_SCALES) && !kvx_quant_is_fp8(g->quant))
         return kvx_fail(KVX_EINVALID, "writer options: a scale table is only for FP8 shards");
     if (o->spectral) {

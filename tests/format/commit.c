@@ -320,8 +320,8 @@ static void test_commit_reader_refusals(void **state)
         {"bit 8", 56, 4, flags | 0x100u, 1, 0, KVX_EFORMAT, "unknown flags bits 0x100"},
         {"seq changed, CRC not", c_seq + 0, 8, 3, 0, 0, KVX_EMETACRC, "meta_crc32c"},
         {"tomb changed, CRC not", c_tomb + 2, 1, 1, 0, 0, KVX_EMETACRC, "meta_crc32c"},
-        {"cut inside the seq table", 0, 0, 0, 0, c_seq + 12, KVX_ETRUNC, "tables end"},
-        {"cut inside the tomb table", 0, 0, 0, 0, c_tomb + 2, KVX_ETRUNC, "tables end"},
+        {"cut inside the seq table", 0, 0, 0, 0, c_seq + 12, KVX_ETRUNC, "sequence table"},
+        {"cut inside the tomb table", 0, 0, 0, 0, c_tomb + 2, KVX_ETRUNC, "tombstone table"},
         {"unchanged", 56, 4, flags, 1, 0, KVX_OK, ""},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
