@@ -139,7 +139,7 @@ class KvxSecondaryTier(_Base):
     medium = Medium.STORAGE
 
     def __init__(self, offloading_spec, primary_kv_view, tier_type, path=None, capacity="64GiB",
-                 enable_kv_events=False, locality=None, n_read_threads=2, role="auto", revision=None,
+                 enable_kv_events=False, locality=None, n_read_threads=8, role="auto", revision=None,
                  model_path=None, prefix_caching_hash_algo=None, allow_non_cryptographic_hash=False,
                  per_rank_path=False, shard_bytes=0, nosync=False, verify=False, backpressure_detector=None):
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
