@@ -1058,6 +1058,45 @@ static PyObject *store_keyed_keys(PyObject *self, PyObject *u)
     return set;
 }
 
+/* evicted(max=65536) -> (list, dropped): what this handle's evictions
+ * removed since the last call, oldest first (kvx_store_evicted): a keyed
+ * store's keys as bytes, a block store's block hashes as ints; dropped:
+ * how many were removed but not kept (the caller lagged past
+ * KVX_EVICTED_MAX, or a victim's entries could not be read back). A
+ * reader handle answers ([], 0). The GIL is released for the C call. */
+static PyObject *store_evicted(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"max", NULL};
+    Py_ssize_t max = (Py_ssize_t)KVX_EVICTED_MAX;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|n:evicted", kwlist, &max)) return NULL;
+    if (max < 1 || (size_t)max > KVX_EVICTED_MAX) {
+        PyErr_Format(PyExc_ValueError, "kvx: evicted: max is 1..%u, not %zd", KVX_EVICTED_MAX, max);
+        return NULL;
+    }
+    kvxpy_store *st = (kvxpy_store *)self;
+    kvx_evicted *ev = PyMem_Malloc((size_t)max * sizeof *ev);
+    if (!ev) return PyErr_NoMemory();
+    size_t n = 0;
+    uint64_t dropped = 0;
+    int rc;
+    STORE_CALL(st, rc, kvx_store_evicted(st->s, ev, (size_t)max, &n, &dropped));
+    if (rc) {
+        PyMem_Free(ev);
+        return store_fail(rc);
+    }
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    for (size_t i = 0; list && i < n; i++) {
+        PyObject *o = ev[i].key_len ? PyBytes_FromStringAndSize((const char *)ev[i].key, ev[i].key_len)
+                                    : PyLong_FromUnsignedLongLong((unsigned long long)ev[i].hash);
+        if (!o) Py_CLEAR(list);
+        else if (PyList_SetItem(list, (Py_ssize_t)i, o) < 0) Py_CLEAR(list); /* steals o */
+    }
+    PyMem_Free(ev);
+    if (!list) return NULL;
+    PyObject *r = Py_BuildValue("(NK)", list, (unsigned long long)dropped);
+    return r;
+}
+
 /* ---- stat, verify --------------------------------------------------------- */
 
 static PyObject *store_stat(PyObject *self, PyObject *u)
@@ -1423,6 +1462,9 @@ static PyMethodDef store_methods[] = {
      "[bool] per key, True where a copy of it (sound or damaged) was there and is deleted."},
     {"keyed_keys", store_keyed_keys, METH_NOARGS,
      "keyed_keys() -> set of bytes: every key the live shards name (held, deleted or replaced copies alike)."},
+    {"evicted", (PyCFunction)(void (*)(void))store_evicted, METH_VARARGS | METH_KEYWORDS,
+     "evicted(max=65536) -> (list, dropped): what this handle's evictions removed since the last call, oldest "
+     "first: a keyed store's keys (bytes), a block store's block hashes (int); dropped: removed but not kept."},
     {"stat", store_stat, METH_NOARGS, "stat() -> dict of the store's counters."},
     {"verify", store_verify, METH_NOARGS,
      "verify() -> [{'what', 'code', 'name'}]: every problem found ([] when intact)."},

@@ -372,3 +372,36 @@ def test_keyed_misuse_without_numpy(tmp_path):
     assert v[0] is None and bytes(v[1]) == b"x" * 64
     st.close()
     assert bytes(v[1]) == b"x" * 64
+
+
+# PROMISE: PY-12
+def test_evicted_reports_the_keys_eviction_removed(tmp_path):
+    """evicted() hands over, oldest first and once, the keys this handle's evictions removed: each is no longer
+    held, every key is held or reported (never both), a reader handle reports nothing, misuse raises."""
+    d = str(tmp_path / "ev")
+    st = kvx.Store.create(d, page_bytes=4096, capacity=512 << 10, shard_bytes=32 << 10, nosync=True)
+    assert st.evicted() == ([], 0)
+    keys = [b"chunk-%03d" % i for i in range(300)]
+    for i, k in enumerate(keys):
+        st.keyed_put([k], [rand_bytes(i, 3000)])
+        if i % 4 == 3:
+            st.flush()
+    st.flush()
+    ev, dropped = st.evicted(max=40)  # a partial take: the rest stays for the next call
+    rest, dropped2 = st.evicted()
+    assert dropped == dropped2 == 0
+    got = ev + rest
+    assert len(ev) == 40 and len(got) > 40 and all(isinstance(k, bytes) for k in got)
+    assert len(set(got)) == len(got) and got == sorted(got)  # oldest first: put in this order
+    held, _ = st.keyed_exists(keys)
+    assert {k for k, h in zip(keys, held) if not h} == set(got)
+    assert st.evicted() == ([], 0)  # taken
+    with pytest.raises(ValueError):
+        st.evicted(max=0)
+    with pytest.raises(ValueError):
+        st.evicted(max=(1 << 16) + 1)
+    st.close()
+    with kvx.Store.open(d, readonly=True) as r:
+        assert r.evicted() == ([], 0)
+    with pytest.raises(ValueError):
+        st.evicted()  # closed

@@ -6,7 +6,10 @@
   drain_completions, close).
 - kvx.integrations.sglang.KvxHiCacheStorage: SGLang HiCache's storage
   backend (--hicache-storage-backend dynamic), zero-copy over the host pool.
+- kvx.integrations.vllm.KvxSecondaryTier: a secondary tier of vLLM's
+  TieringOffloadingSpec (out-of-tree, "module_path"), over the primary
+  tier's host slots.
 
-Both keep their pages in a kvx keyed store (Store.create(dir,
+Each keeps its pages in a kvx keyed store (Store.create(dir,
 page_bytes=N)), one directory per process.
 """
