@@ -69,6 +69,7 @@ typedef struct st_cache {
     uint64_t gen;
     kvx_shard *sh; /* one reference, owned by the cache */
     int bad;       /* the file is missing or failed validation */
+    char why[240]; /* bad: the verdict, for quarantine/'s note */
 } st_cache;
 
 typedef struct st_use {

@@ -69,15 +69,22 @@ kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
     kvx_shard *sh = NULL;
     struct stat st;
     int bad = 1, transient = 0;
+    char why[240] = "gone from shards/";
     int sr = kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW);
+    if (sr == 0 && !S_ISREG(st.st_mode)) snprintf(why, sizeof why, "not a regular file");
     if (sr == 0 && S_ISREG(st.st_mode)) {
         char *path = kvx_st_join(s->shards_path, name);
         int rc = path ? kvx_shard_open_at(&sh, s->shardsfd, name, path, 0) : -ENOMEM;
         free(path);
         if (rc == 0) {
-            char why[300];
-            if (kvx_shard_get_info(sh)->shard_id == byte && kvx_st_shard_ours(s, sh, why, sizeof why) == 0) bad = 0;
-        } else if (st_open_transient(rc)) {
+            if (kvx_shard_get_info(sh)->shard_id != byte)
+                snprintf(why, sizeof why, "holds shard byte %u, registered as byte %u",
+                         kvx_shard_get_info(sh)->shard_id, byte);
+            else if (kvx_st_shard_ours(s, sh, why, sizeof why) == 0)
+                bad = 0;
+        } else if (!st_open_transient(rc)) {
+            snprintf(why, sizeof why, "cannot be validated: %s (%s)", kvx_last_error(), kvx_err_name(rc));
+        } else {
             /* EIO, EMFILE, ENOMEM, no mapping-guard slot...: a miss now,
              * not a verdict on the file */
             transient = 1;
@@ -95,6 +102,7 @@ kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
         c->gen = gen;
         c->sh = bad ? NULL : sh;
         c->bad = bad;
+        snprintf(c->why, sizeof c->why, "%s", bad ? why : "");
         sh = bad ? sh : NULL;
     }
     kvx_shard *r = c->bad || c->gen != gen ? NULL : kvx_shard_ref(c->sh);

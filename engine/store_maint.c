@@ -199,9 +199,18 @@ int kvx_st_drop_bad_shards(kvx_store *s)
     int rc = kvx_st_drop_write(s, &d);
     if (rc) return rc;
     int n = 0;
-    for (int b = 0; b < ST_SLOTS; b++) n += victims[b];
+    for (int b = 0; b < ST_SLOTS; b++) {
+        if (!victims[b]) continue;
+        n++;
+        uint8_t one[ST_SLOTS] = {0};
+        one[b] = 1;
+        char why[320];
+        pthread_rwlock_rdlock(&s->cache_lock);
+        snprintf(why, sizeof why, "could not be used when first opened: %s", s->cache[b].why);
+        pthread_rwlock_unlock(&s->cache_lock);
+        kvx_st_after_drop(s, one, why);
+    }
     s->dropped += (uint64_t)n;
-    kvx_st_after_drop(s, victims, "could not be opened or validated when it was first used (see kvx store verify)");
     kvx_fail(KVX_ECORRUPT, "store %s: %d damaged shard(s) moved to quarantine/", s->dir, n);
     return 0;
 }

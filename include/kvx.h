@@ -880,11 +880,13 @@ KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad,
  * of the old one is read). The built-in batch's unflushed blocks are
  * flushed first (the next kvx_store_flush acknowledges them); while another
  * kvx_store_batch holds unflushed blocks, KVX_EBUSY and nothing changes
- * (flush or destroy it first). Files in shards/ that cannot be validated,
- * that are foreign, or that claim a shard byte a newer file holds move to
- * DIR/quarantine/ (never deleted); then 0 and kvx_last_error() says how
- * many. Shards written before the digest existed are rewritten with the
- * digests derived by walking lineage from blocks whose parent is 0. */
+ * (flush or destroy it first). It is the plan of kvx_store_plan_reindex,
+ * applied: files in shards/ that cannot be validated, that are foreign, or
+ * that claim a shard byte a newer file holds move to DIR/quarantine/ (kept
+ * under its retention rule, docs/STORE.md "Quarantine"); files of a commit
+ * that never answered are deleted (never acknowledged); then 0, and
+ * kvx_store_recovery and kvx_last_error() say what was done. Stores
+ * written before the prefix digest are refused (KVX_EVERSION). */
 KVX_API int kvx_store_reindex(kvx_store *s);
 /* The same for a store that may not open: index/ missing or damaged. Takes
  * the writer lock (KVX_STORE_NOWAIT: KVX_EBUSY at once), moves index/
