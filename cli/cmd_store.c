@@ -1486,7 +1486,8 @@ static int run_gc(const cli_cmd *self, int argc, char **argv)
     if (rc != 0) return cli_fail_code(self, rc, "gc of '%s' failed", dir);
     char x[32], y[32];
     printf("gc %s: %" PRIu64 " -> %" PRIu64 " shard(s), %s -> %s, %" PRIu64
-           " block(s) evicted, %" PRIu64 " compaction(s), %" PRIu64 " damaged shard file(s) set aside\n",
+           " block(s) dropped (evicted, in a damaged shard, or their chain's head gone), %" PRIu64
+           " compaction(s), %" PRIu64 " damaged shard file(s) set aside\n",
            dir, a.shards, b.shards, cli_fmt_size(x, sizeof x, a.bytes),
            cli_fmt_size(y, sizeof y, b.bytes), b.evicted_blocks - a.evicted_blocks,
            b.compactions - a.compactions, r.quarantined);
