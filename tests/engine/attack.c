@@ -1,0 +1,307 @@
+/*
+ * attack.c - a hostile review of recovery's plan and apply, quarantine/,
+ * gc and reindex (engine/store_plan.c, store_apply.c, store_names.c,
+ * store_maint.c, store_open.c). Each test is a break found by the review:
+ * it fails until the library is fixed.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/os.h"
+#include "lib/store.h"
+
+/* Writes dir/sub/name with n bytes (not sparse) and, when why, a .why note. */
+static void plant(const char *dir, const char *sub, const char *name, size_t n, int why)
+{
+    char p[800];
+    snprintf(p, sizeof p, "%.300s/%.20s", dir, sub);
+    mkdir(p, 0700);
+    snprintf(p, sizeof p, "%.300s/%.20s/%.200s", dir, sub, name);
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    char *buf = malloc(n ? n : 1);
+    memset(buf, 0x5a, n);
+    assert_int_equal(fwrite(buf, 1, n, f), n);
+    free(buf);
+    assert_int_equal(fclose(f), 0);
+    if (!why) return;
+    snprintf(p, sizeof p, "%.300s/%.20s/%.200s.why", dir, sub, name);
+    f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("planted by the test\n", f);
+    fclose(f);
+}
+
+static int exists(const char *dir, const char *sub, const char *name)
+{
+    char p[800];
+    struct stat st;
+    snprintf(p, sizeof p, "%.300s/%.20s/%.200s", dir, sub, name);
+    return lstat(p, &st) == 0;
+}
+
+/* staging/.<seq 16 hex>.pending as an empty regular file (dir: a directory). */
+static void plant_mark(const char *dir, uint64_t seq, int as_dir)
+{
+    char p[800];
+    snprintf(p, sizeof p, "%.300s/staging/.%016" PRIx64 ".pending", dir, seq);
+    if (as_dir) {
+        assert_int_equal(mkdir(p, 0700), 0);
+        return;
+    }
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    fclose(f);
+}
+
+/* A commit mark in staging/ for a number the sound catalog already
+ * published (its meta/next_seq is above it, and it names the commit's
+ * files): the mark cannot be of a commit that never answered, yet a
+ * writer's open deletes every acknowledged file whose entries carry that
+ * number. A stale or planted mark (a backup that copied staging/ mid-flush
+ * and shards/ and index/ after it) wipes acknowledged data. */
+static void test_stale_commit_mark_deletes_acknowledged_files(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){0});
+    for (uint64_t q = 1; q <= 4; q++) su_put_flush(s, q, 6);
+    for (uint64_t q = 1; q <= 4; q++) assert_int_equal(su_served_prefix(s, q, 6), 6);
+    kvx_store_close(s);
+    /* the numbers the acknowledged commits used (and a few above) */
+    for (uint64_t n = 1; n <= 8; n++) plant_mark(dir, n, 0);
+    s = su_reopen(dir, 0);
+    for (uint64_t q = 1; q <= 4; q++)
+        if (su_served_prefix(s, q, 6) != 6)
+            fail_msg("sequence %" PRIu64 " (acknowledged, named by the sound catalog) is gone after a writer's open "
+                     "found a commit mark of its number in staging/",
+                     q);
+    kvx_store_close(s);
+}
+
+/* quarantine/'s retention counts and deletes every regular file there,
+ * oldest first, and a file without a .why note is "the oldest": a file
+ * kvx never put there (a user's note, a copy kept for a bug report) is
+ * the first one deleted. */
+static void test_retention_deletes_a_file_kvx_never_wrote(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){0});
+    su_put_flush(s, 1, 6);
+    kvx_store_close(s);
+    plant(dir, "quarantine", "my-notes.txt", 9, 0);
+    for (int i = 0; i < 64; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "%016x.kvx", 0x1000 + i);
+        plant(dir, "quarantine", name, 64, 1);
+    }
+    s = su_reopen(dir, 0);
+    assert_int_equal(kvx_store_gc(s), 0);
+    kvx_store_close(s);
+    if (!exists(dir, "quarantine", "my-notes.txt"))
+        fail_msg("quarantine/my-notes.txt, a file kvx never wrote, was deleted by retention");
+}
+
+/* A file in quarantine/ that retention has not judged yet (a user's file
+ * put there after the writer opened) counts as "unpublished bytes" at the
+ * next flush: when it is larger than the capacity, eviction drops every
+ * live shard (the live bytes were far below the capacity, and retention
+ * keeps quarantine/ within a quarter of it), and only then does
+ * retention delete the file. */
+static void test_quarantine_file_evicts_every_live_shard(void **state)
+{
+    (void)state;
+    char dir[300];
+    const uint64_t cap = 2 << 20;
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = cap, .shard_bytes = 64 << 10});
+    for (uint64_t q = 1; q <= 8; q++) su_put_flush(s, q, 6);
+    kvx_store_stats st = su_stat(s);
+    assert_true(st.bytes < cap / 2);
+    plant(dir, "quarantine", "00000000000000ff.kvx", (size_t)cap * 2, 1);
+    su_put_flush(s, 100, 6);
+    size_t kept = 0;
+    for (uint64_t q = 1; q <= 8; q++) kept += su_served_prefix(s, q, 6) == 6;
+    st = su_stat(s);
+    kvx_store_close(s);
+    if (kept < 8)
+        fail_msg("a %" PRIu64 "-byte file in quarantine/ made one flush evict %zu of 8 sequences (live bytes were "
+                 "under half the %" PRIu64 "-byte capacity); live bytes now %" PRIu64,
+                 cap * 2, 8 - kept, cap, st.bytes);
+}
+
+/* More than 256 commit marks in staging/, none with a file: every one is
+ * spent (no file carries its number), yet the writer's open, gc and
+ * reindex are all refused with EIO ("more than 256 commit marks"), which
+ * names neither the cause's fix nor an I/O error: the store cannot be
+ * opened to write until someone removes files from staging/ by hand. */
+static void test_many_spent_marks_refuse_the_writer(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){0});
+    su_put_flush(s, 1, 6);
+    kvx_store_close(s);
+    for (uint64_t n = 0; n < 300; n++) plant_mark(dir, 1000 + n, 0);
+    kvx_store *w = NULL;
+    int rc = kvx_store_open(&w, dir, NULL, 0);
+    if (rc)
+        fail_msg("a writer's open with 300 spent commit marks (no file carries their numbers): %s (%s)",
+                 kvx_err_name(rc), kvx_last_error());
+    assert_int_equal(su_served_prefix(w, 1, 6), 6);
+    kvx_store_close(w);
+}
+
+/* A copy of fixture name at dir (with the staging/ git cannot keep). */
+static void copy_fixture(char *dir, size_t cap, const char *name)
+{
+    su_new_dir(dir, cap);
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "cp -r '%s/tests/lib/fixtures/%s' '%s' && mkdir -p '%s/staging' && chmod -R u+rwX,go-rwx '%s'",
+             KVX_SOURCE_DIR, name, dir, dir, dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* `kvx store reindex --dry-run` (kvx_store_plan_reindex) on a store of the
+ * release before sequence numbers answers a full plan (keep 13 shards,
+ * 76 blocks, rc 0), but the reindex it describes is refused with
+ * KVX_EVERSION: the dry run promises what the reindex will not do. */
+static void test_dry_run_promises_a_reindex_that_is_refused(void **state)
+{
+    (void)state;
+    char dir[300];
+    copy_fixture(dir, sizeof dir, "store-v1");
+    kvx_store_plan *p = NULL;
+    int prc = kvx_store_plan_reindex(&p, dir);
+    size_t nsteps = p ? kvx_store_plan_steps(p) : 0;
+    kvx_store_plan_free(p);
+    int rrc = kvx_store_reindex_dir(dir, KVX_STORE_NOWAIT);
+    char msg[600];
+    snprintf(msg, sizeof msg, "%s", kvx_last_error());
+    if ((prc == 0) != (rrc == 0))
+        fail_msg("dry run: %s (%zu steps); the reindex itself: %s (%s)", kvx_err_name(prc), nsteps,
+                 kvx_err_name(rrc), msg);
+}
+
+/* ---- keyed stores ---- */
+
+#define PB 512
+
+static kvx_key key_of(const char *str) { return (kvx_key){str, strlen(str)}; }
+
+static void fill(uint8_t *p, const char *k, int version)
+{
+    su_page(p, PB, kvx_key_hash(k, strlen(k)) + (uint64_t)version);
+}
+
+static void put_key(kvx_store *s, kvx_store_batch *b, const char *k, int version)
+{
+    uint8_t page[PB];
+    fill(page, k, version);
+    kvx_key key = key_of(k);
+    const void *pages[1] = {page};
+    size_t lens[1] = {PB};
+    int rc = kvx_store_keyed_put(s, b, &key, pages, lens, 1, NULL);
+    if (rc) fail_msg("keyed put %s: %s (%s)", k, kvx_err_name(rc), kvx_last_error());
+}
+
+/* The version of key k served (its page compared), 0 when not served. */
+static int served_version(kvx_store *s, const char *k)
+{
+    kvx_key key = key_of(k);
+    kvx_view v;
+    int st = -1;
+    assert_int_equal(kvx_store_keyed_get(&v, &st, s, &key, 1), 0);
+    if (st) return 0;
+    int got = -1;
+    for (int ver = 1; ver < 8 && got < 0; ver++) {
+        uint8_t want[PB];
+        fill(want, k, ver);
+        if (v.page_bytes == PB && memcmp(v.page, want, PB) == 0) got = ver;
+    }
+    kvx_view_release(&v);
+    return got;
+}
+
+static void sh(const char *fmt, const char *dir)
+{
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, fmt, dir, dir, dir, dir);
+    if (system(cmd) != 0) fail_msg("shell: %s", cmd);
+}
+
+/* The reader's check counts as a commit mark anything in staging/ with a
+ * mark's name (kvx_st_commit_marks never looks at its type), while the
+ * writer's plan leaves a directory of that name alone and keeps the
+ * commit's files. With an old index/ put back, a directory named like the
+ * delete's mark makes a keyed reader serve a page its owner deleted (an
+ * acknowledged delete undone), where without it the reader refuses with
+ * KVX_ESTALE, and the writer keeps the tombstone. */
+static void test_reader_counts_a_directory_as_a_mark(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
+    put_key(s, NULL, "gone", 1);
+    assert_int_equal(kvx_store_flush(s), 0);
+    kvx_store_close(s);
+    sh("cp -a '%s/index' '%s/index.bak'", dir);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    kvx_key key = key_of("gone");
+    size_t deleted = 0;
+    assert_int_equal(kvx_store_keyed_delete(s, &key, 1, &deleted), 0);
+    assert_int_equal(deleted, 1);
+    kvx_store_plan *p = NULL;
+    kvx_store_close(s);
+    assert_int_equal(kvx_store_plan_reindex(&p, dir), 0);
+    uint64_t next = kvx_store_plan_next_seq(p); /* the delete's number is next - 1 */
+    kvx_store_plan_free(p);
+    sh("rm -rf '%s/index' && mv '%s/index.bak' '%s/index'", dir);
+    plant_mark(dir, next - 1, 1);
+    kvx_store *r = NULL;
+    int rc = kvx_store_open(&r, dir, NULL, KVX_STORE_READONLY);
+    if (rc == 0) {
+        int v = served_version(r, "gone");
+        kvx_store_close(r);
+        if (v) fail_msg("a reader served the deleted key's page (version %d): its delete's tombstone file was taken "
+                        "for a commit that never answered because staging/ holds a DIRECTORY of that mark's name",
+                        v);
+    }
+    /* the writer agrees that the delete stands */
+    s = su_reopen(dir, 0);
+    assert_int_equal(served_version(s, "gone"), 0);
+    kvx_store_close(s);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stale_commit_mark_deletes_acknowledged_files),
+        cmocka_unit_test(test_retention_deletes_a_file_kvx_never_wrote),
+        cmocka_unit_test(test_quarantine_file_evicts_every_live_shard),
+        cmocka_unit_test(test_many_spent_marks_refuse_the_writer),
+        cmocka_unit_test(test_dry_run_promises_a_reindex_that_is_refused),
+        cmocka_unit_test(test_reader_counts_a_directory_as_a_mark),
+    };
+    return cmocka_run_group_tests(tests, su_setup, su_teardown);
+}
