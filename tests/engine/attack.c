@@ -291,6 +291,74 @@ static void test_reader_counts_a_directory_as_a_mark(void **state)
     kvx_store_close(s);
 }
 
+/* A kill at the removal of a multi-file commit's mark (the mark is there,
+ * so the commit never answered: DUR-4 says it lands whole or not at all). */
+static kvx_os_ops real_os;
+static int kill_unlinkat(int fd, const char *name, int flags)
+{
+    if (strstr(name, ".pending") && faccessat(fd, name, F_OK, 0) == 0) raise(SIGKILL);
+    return real_os.unlinkat(fd, name, flags);
+}
+
+/* A keyed batch whose page for a key holds the very bytes another batch
+ * committed since (kvx_st_supersede gives it that commit's older number)
+ * writes a file whose entries do not all carry its own number. Killed
+ * before its mark goes, recovery deletes the batch's other files (all of
+ * the mark's number) but keeps and publishes that one, with the batch's
+ * new pages in it: a commit that never answered lands in part. */
+static void test_unanswered_keyed_commit_lands_in_part(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir,
+                            (su_spec){.page_bytes = PB, .capacity = 64ull << 20, .shard_bytes = 16 << 10});
+    kvx_store_close(s);
+    static const char *const xs[] = {"x1", "x2", "x3", "x4", "x5", "x6", "x7", "x8", "x9"};
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        if (kvx_store_open(&s, dir, NULL, 0)) _exit(3);
+        kvx_store_batch *b1 = NULL, *b2 = NULL;
+        if (kvx_store_batch_create(&b1, s) || kvx_store_batch_create(&b2, s)) _exit(4);
+        /* b1: "same" and x1 in one put (one file) */
+        uint8_t p0[PB], p1[PB];
+        fill(p0, "same", 1);
+        fill(p1, "x1", 1);
+        kvx_key k2[2] = {key_of("same"), key_of("x1")};
+        const void *pg[2] = {p0, p1};
+        size_t ln[2] = {PB, PB};
+        if (kvx_store_keyed_put(s, b1, k2, pg, ln, 2, NULL)) _exit(5);
+        /* b2 commits the very same bytes for "same" meanwhile */
+        put_key(s, b2, "same", 1);
+        if (kvx_store_batch_flush(b2)) _exit(6);
+        for (int i = 1; i < 9; i++) put_key(s, b1, xs[i], 1);
+        kvx_os_reset();
+        real_os = kvx_os;
+        kvx_os.unlinkat = kill_unlinkat;
+        kvx_store_batch_flush(b1);
+        _exit(7); /* no mark: a one-file commit */
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (!WIFSIGNALED(st)) {
+        fail_msg("the writer exited %d before its kill point", WEXITSTATUS(st));
+    }
+    s = su_reopen(dir, 0);
+    int n = 0;
+    char which[64] = "";
+    for (int i = 0; i < 9; i++)
+        if (served_version(s, xs[i])) {
+            n++;
+            strncat(which, xs[i], sizeof which - strlen(which) - 2);
+            strcat(which, " ");
+        }
+    assert_int_equal(served_version(s, "same"), 1);
+    kvx_store_close(s);
+    if (n != 0 && n != 9)
+        fail_msg("a batch of 9 new keys killed before its commit mark went: %d of them published (%s)", n, which);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -302,6 +370,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_many_spent_marks_refuse_the_writer),
         cmocka_unit_test(test_dry_run_promises_a_reindex_that_is_refused),
         cmocka_unit_test(test_reader_counts_a_directory_as_a_mark),
+        cmocka_unit_test(test_unanswered_keyed_commit_lands_in_part),
     };
     return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }
