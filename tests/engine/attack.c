@@ -408,6 +408,25 @@ static void test_damaged_tombstone_file_brings_a_deleted_key_back(void **state)
                     v);
 }
 
+/* kvx_store_reindex_dir clears "a previous attempt's" index.old/ by
+ * unlinking its data.mdb and lock.mdb without asking whose they are: a
+ * user's own copy of index/ kept there (cp -a index index.old, the
+ * obvious name for a backup before a repair) is deleted, though kvx never
+ * wrote that directory. */
+static void test_reindex_deletes_a_users_index_old(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){0});
+    su_put_flush(s, 1, 6);
+    kvx_store_close(s);
+    sh("cp -a '%s/index' '%s/index.old' && echo mine > '%s/index.old/README'", dir);
+    assert_int_equal(kvx_store_reindex_dir(dir, KVX_STORE_NOWAIT), 0);
+    assert_true(exists(dir, "index.old", "README"));
+    if (!exists(dir, "index.old", "data.mdb"))
+        fail_msg("reindex deleted index.old/data.mdb, a user's copy beside a README kvx never wrote");
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -421,6 +440,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_reader_counts_a_directory_as_a_mark),
         cmocka_unit_test(test_unanswered_keyed_commit_lands_in_part),
         cmocka_unit_test(test_damaged_tombstone_file_brings_a_deleted_key_back),
+        cmocka_unit_test(test_reindex_deletes_a_users_index_old),
     };
     return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }
