@@ -60,7 +60,7 @@ const char *cli_hint(int code)
     case -ENOSPC: return "free some disk space or lower the store's capacity";
     case -EEXIST: return "choose another path or remove the existing one";
     case KVX_EMAGIC: return "the file is not of the expected kind (a KVX shard or a TLKV envelope)";
-    case KVX_EVERSION: return "this kvx does not read that format version; upgrade kvx";
+    case KVX_EVERSION: return "written by another release of kvx: the message says which, and what to do";
     case KVX_ESHAPE: return "the geometry differs: check L, Hkv, D and B";
     case KVX_EMODEL: return "the store was made for another model";
     case KVX_EMETACRC:

@@ -296,7 +296,12 @@ void kvx_st_unlink_shard(kvx_store *s, uint64_t gen);
 /* Moves shards/<name> to quarantine/<name> (a numeric suffix on a clash,
  * never replacing a file) with the reason in <name>.why. Writer only. */
 int kvx_st_quarantine(kvx_store *s, const char *name, const char *why);
-/* Files in quarantine/ (not counting .why notes). */
+/* Is name one kvx gives a file in quarantine/ (<16 hex>.kvx, or with a
+ * numeric suffix ".<k>" on a clash)? Anything else there is not kvx's:
+ * never counted, never removed. */
+int kvx_st_quarantine_name(const char *name);
+/* kvx's files in quarantine/ (not counting .why notes), and their bytes
+ * held on disk. */
 uint64_t kvx_st_quarantine_count(kvx_store *s, uint64_t *bytes);
 /* quarantine/'s retention (docs/STORE.md "Quarantine"): at most a quarter
  * of the capacity in bytes and ST_QUARANTINE_FILES files; past either,
@@ -634,6 +639,11 @@ void kvx_st_batch_free_bufs(kvx_store_batch *x);
 /* kvx_store_close: every batch's unflushed blocks dropped, the callers'
  * batches detached (they take only kvx_store_batch_destroy). Under wmu. */
 void kvx_st_batches_close(kvx_store *s);
+
+/* store_keyed.c: tombstones for keys, one commit per 65,535, without a
+ * catalog lookup (recovery keeping the deletes a damaged file may have
+ * held). Under wmu, or in a writer's open. */
+int kvx_st_tombstone_keys(kvx_store *s, const kvx_key *keys, size_t n);
 
 /* store_apply.c */
 int kvx_st_reindex_locked(kvx_store *s);

@@ -113,7 +113,7 @@ int kvx_st_plan_apply(kvx_store *s, kvx_st_plan *p)
      * both directories), then deleted */
     for (size_t i = 0; i < p->n; i++) {
         st_step *x = &p->steps[i];
-        if (x->where != ST_IN_SHARDS || x->act != ST_ACT_QUARANTINE) continue;
+        if (x->where != ST_IN_SHARDS || x->act != ST_ACT_QUARANTINE || x->deferred) continue;
         char why[600];
         snprintf(why, sizeof why, "recovery: %s", x->why);
         int rc = kvx_st_quarantine(s, x->name, why);
@@ -175,6 +175,27 @@ int kvx_st_plan_apply(kvx_store *s, kvx_st_plan *p)
         for (int b = 0; b < ST_SLOTS; b++) kvx_st_cache_drop(s, (uint32_t)b);
         rc = st_write_catalog(s, p, carry);
         if (!rc) rc = kvx_st_registry_load(s);
+    }
+    /* 3b. the deletes a damaged keyed file may hold, made durable before
+     * it goes (a crash before: it is still in shards/, the next plan does
+     * this again); then it goes. If they cannot be written now, it stays
+     * in shards/ (not indexed) for the next recovery. */
+    int kept_deletes = 1;
+    if (!rc && p->ntomb_keys) {
+        int t = kvx_st_tombstone_keys(s, p->tomb_keys, p->ntomb_keys);
+        if (t) {
+            kept_deletes = 0;
+            for (size_t i = 0; i < p->n; i++)
+                if (p->steps[i].deferred) ST_NOTE_FAIL(&p->steps[i], t);
+        }
+    }
+    for (size_t i = 0; !rc && kept_deletes && i < p->n; i++) {
+        st_step *x = &p->steps[i];
+        if (!x->deferred) continue;
+        char why[600];
+        snprintf(why, sizeof why, "recovery: %s", x->why);
+        int q = kvx_st_quarantine(s, x->name, why);
+        if (q) ST_NOTE_FAIL(x, q);
     }
     /* 4. quarantine/'s retention */
     for (size_t i = 0; !rc && i < p->n; i++) {
@@ -299,23 +320,28 @@ KVX_API int kvx_store_reindex(kvx_store *s)
  * aside), else KVX_EVERSION naming the version and the fix. */
 static int st_migrate_or_refuse(kvx_store *s)
 {
-    uint64_t marks[ST_SLOTS];
+    uint64_t *marks = NULL;
     size_t nmarks = 0;
-    int rc = kvx_st_commit_marks(s, marks, &nmarks), current = 0;
+    int rc = kvx_st_commit_marks(s, &marks, &nmarks), current = 0;
+    free(marks);
     if (rc) return rc;
     if (s->index_live && nmarks == 0) {
         if ((rc = kvx_st_migrate_leftovers(s))) return rc;
         current = kvx_st_catalog_current(s, 0, NULL, 0, NULL);
         if (current < 0) return current;
     }
-    if (!current)
-        return kvx_fail(KVX_EVERSION,
-                        "store %s: STORE version %u (kvx 0.x, before sequence numbers) and its index/ is missing, "
-                        "damaged or does not name the files in shards/: only its catalog knows its deletes, so it "
-                        "cannot be migrated: open it once as the writer with its index/ intact, or recreate it: it is "
-                        "a cache",
-                        s->dir, s->version);
+    if (!current) return kvx_st_refuse_unmigrated(s);
     return kvx_st_migrate(s);
+}
+
+int kvx_st_refuse_unmigrated(const kvx_store *s)
+{
+    return kvx_fail(KVX_EVERSION,
+                    "store %s: STORE version %u (kvx 0.x, before sequence numbers) and its index/ is missing, "
+                    "damaged, set aside by reindex or does not name the files in shards/: only its catalog knows "
+                    "its deletes, so it cannot be migrated: open it once as the writer with its index/ intact, or "
+                    "recreate it: it is a cache",
+                    s->dir, s->version);
 }
 
 int kvx_st_recover(kvx_store *s)
@@ -363,7 +389,7 @@ int kvx_st_reader_check(kvx_store *s)
      * now is a passing mismatch: asked again. (A block store has neither:
      * every copy of a block is the block, checked by its digest.) */
     if (!s->keyed) return 0;
-    uint64_t marks[ST_SLOTS];
+    uint64_t *marks = NULL;
     size_t nmarks = 0;
     int rc = 0;
     for (int attempt = 0; attempt < 200; attempt++) {
@@ -372,12 +398,18 @@ int kvx_st_reader_check(kvx_store *s)
             nanosleep(&ts, NULL);
             if ((rc = kvx_st_registry_load(s))) break;
         }
-        if ((rc = kvx_st_commit_marks(s, marks, &nmarks))) break;
+        free(marks);
+        marks = NULL;
+        if ((rc = kvx_st_commit_marks(s, &marks, &nmarks))) break;
         rc = kvx_st_catalog_current(s, 1, marks, nmarks, NULL);
         if (rc < 0) break;
-        if (rc == 1) return 0;
+        if (rc == 1) {
+            free(marks);
+            return 0;
+        }
         rc = 0;
     }
+    free(marks);
     if (rc) return rc;
     return kvx_fail(KVX_ESTALE,
                     "store %s: index/ does not name the files in shards/ (an index/ from elsewhere or an older copy, "

@@ -221,6 +221,27 @@ static int sk_write_tombs(kvx_store *s, st_open *po, const kvx_key *const *tombs
     return rc;
 }
 
+int kvx_st_tombstone_keys(kvx_store *s, const kvx_key *keys, size_t n)
+{
+    int rc = 0;
+    for (size_t at = 0; !rc && at < n;) {
+        size_t k = n - at < 65535 ? n - at : 65535; /* one tombstone file holds at most 65,535 */
+        const kvx_key **t = malloc(k * sizeof *t);
+        if (!t) return kvx_fail(-ENOMEM, "store: out of memory");
+        for (size_t i = 0; i < k; i++) t[i] = &keys[at + i];
+        st_open o = {0};
+        kvx_cat_edit e;
+        kvx_cat_edit_init(&e);
+        rc = sk_tomb_writer(s, &o, k);
+        if (!rc) rc = sk_write_tombs(s, &o, t, k, &e);
+        if (o.w) kvx_shard_writer_abort(o.w);
+        kvx_cat_edit_free(&e);
+        free(t);
+        at += k;
+    }
+    return rc;
+}
+
 KVX_API int kvx_store_keyed_delete(kvx_store *s, const kvx_key *keys, size_t n, size_t *out_deleted)
 {
     static const char fn[] = "kvx_store_keyed_delete";

@@ -13,6 +13,7 @@
  * shards/ durably.
  */
 #include "store.h"
+#include "format/format.h"
 #include "common/os.h"
 
 #include <errno.h>
@@ -182,6 +183,48 @@ void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const char *damaged
     if (kvx_st_quarantine_retain(s) != 0) kvx_clear_error();
 }
 
+/* A keyed shard dropped as bad may hold the newest record of keys (a
+ * delete, a newer page) that the sound catalog names nowhere else: their
+ * deletes are made durable (tombstones, one commit) before the file goes,
+ * so that no older copy comes back at a later reindex (docs/STORE.md
+ * rule 3). Its tables are read as they are (kvx_shard_salvage_keys): a
+ * key read wrong only becomes a miss. 0, or the failure (the shard then
+ * stays registered and bad, for the next pass). */
+static int st_keep_deletes(kvx_store *s, uint32_t b)
+{
+    if (!s->keyed) return 0;
+    char name[32];
+    uint64_t gen = s->reg->rec[b].gen;
+    kvx_st_shard_name(name, gen);
+    kvx_salvaged_key *v = NULL;
+    size_t n = 0;
+    if (kvx_shard_salvage_keys(s->shardsfd, name, &v, &n) != 0) { /* nothing readable: nothing to keep */
+        kvx_clear_error();
+        return 0;
+    }
+    kvx_key *keys = malloc((n ? n : 1) * sizeof *keys);
+    kvx_cat_snap *snap = NULL;
+    int rc = keys ? kvx_cat_snap_begin(s->cat, &snap) : kvx_fail(-ENOMEM, "store: out of memory");
+    size_t nk = 0;
+    for (size_t i = 0; !rc && i < n; i++) {
+        uint64_t h = kvx_key_hash(v[i].key, v[i].len);
+        int elsewhere = 0;
+        for (size_t j = 0; !rc && !elsewhere; j++) {
+            kvx_cat_loc loc;
+            int r = kvx_cat_loc_at(snap, h, j, &loc);
+            if (r == KVX_ENOTFOUND) break;
+            if (r) rc = r;
+            else elsewhere = loc.gen != gen;
+        }
+        if (!rc && !elsewhere) keys[nk++] = (kvx_key){v[i].key, v[i].len};
+    }
+    if (snap) kvx_cat_snap_end(snap);
+    if (!rc && nk) rc = kvx_st_tombstone_keys(s, keys, nk);
+    free(keys);
+    free(v);
+    return rc;
+}
+
 int kvx_st_drop_bad_shards(kvx_store *s)
 {
     uint8_t victims[ST_SLOTS] = {0};
@@ -194,6 +237,13 @@ int kvx_st_drop_bad_shards(kvx_store *s)
         }
     }
     pthread_rwlock_unlock(&s->cache_lock);
+    for (uint32_t b = 0; b < ST_SLOTS && any; b++)
+        if (victims[b] && st_keep_deletes(s, b) != 0) {
+            kvx_clear_error();
+            victims[b] = 0; /* its deletes could not be kept now: it stays, unserved, for the next pass */
+        }
+    any = 0;
+    for (int b = 0; b < ST_SLOTS; b++) any |= victims[b];
     if (!any) return 0;
     st_drop d = {s, victims, NULL, 0, NULL, 0, 0, 0, 1};
     int rc = kvx_st_drop_write(s, &d);
@@ -512,14 +562,15 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
 }
 
 /* Every batch's sealed but unpublished files count, and are kept. */
-/* quarantine/ counts toward the capacity (its retention keeps it within
- * a quarter of it): the live shards make room for it as for unpublished
- * bytes. */
+/* quarantine/ counts toward the capacity up to its retention's share (a
+ * quarter): the live shards make room for that much as for unpublished
+ * bytes; more is retention's to remove, never a reason to evict (one file
+ * put there must not empty the store). */
 int kvx_st_enforce_capacity(kvx_store *s)
 {
-    uint64_t qbytes = 0;
+    uint64_t qbytes = 0, qmax = kvx_st_quarantine_max_bytes(s);
     kvx_st_quarantine_count(s, &qbytes);
-    return kvx_st_evict(s, st_unpublished_bytes(s) + qbytes);
+    return kvx_st_evict(s, st_unpublished_bytes(s) + (qbytes < qmax ? qbytes : qmax));
 }
 
 static int st_live_shards(const kvx_store *s)

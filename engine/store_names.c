@@ -167,12 +167,23 @@ int kvx_st_quarantine(kvx_store *s, const char *name, const char *why)
     return rc ? kvx_fail(rc, "store %s: fsync after quarantining %s: %s", s->dir, name, strerror(-rc)) : 0;
 }
 
+int kvx_st_quarantine_name(const char *name)
+{
+    uint64_t gen;
+    if (strlen(name) < 20 || !kvx_st_name_prefix_gen(name, &gen)) return 0;
+    const char *rest = name + 20; /* "<16 hex>.kvx" */
+    if (!*rest) return 1;
+    if (*rest++ != '.' || !*rest) return 0;
+    for (; *rest; rest++)
+        if (*rest < '0' || *rest > '9') return 0;
+    return 1;
+}
+
 static int st_count_q(kvx_store *s, int fd, const char *name, void *ctx)
 {
     (void)s;
     uint64_t *n = ctx;
-    size_t len = strlen(name);
-    if (len >= 4 && strcmp(name + len - 4, ".why") == 0) return 0;
+    if (!kvx_st_quarantine_name(name)) return 0; /* a note, or a file kvx never put there */
     n[0]++;
     struct stat st;
     if (kvx_os.fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))

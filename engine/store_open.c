@@ -456,13 +456,13 @@ KVX_API int kvx_store_reindex_dir_report(const char *dir, uint32_t flags, kvx_re
     if (!rc) rc = st_lock(s, flags, 0);
     /* the old index is never read: moved aside, removed on success */
     int aside = 0;
-    char aside_name[48] = "index.old";
+    char aside_name[48] = ".index.aside"; /* a name kvx keeps for itself: a user's index.old/ is never touched */
     if (!rc && !s->index_missing) {
         st_rm_index_dir(s->dirfd, aside_name); /* a previous attempt's */
         int moved = kvx_os.renameat(s->dirfd, "index", s->dirfd, aside_name) == 0;
         if (!moved && (errno == ENOTEMPTY || errno == EEXIST || errno == ENOTDIR || errno == EISDIR)) {
-            /* index.old holds files not ours: leave it, use a name of our own */
-            snprintf(aside_name, sizeof aside_name, "index.old-%ld", (long)getpid());
+            /* .index.aside holds files not ours: leave it, use another name of our own */
+            snprintf(aside_name, sizeof aside_name, ".index.aside-%ld", (long)getpid());
             st_rm_index_dir(s->dirfd, aside_name);
             moved = kvx_os.renameat(s->dirfd, "index", s->dirfd, aside_name) == 0;
         }
@@ -510,6 +510,9 @@ KVX_API int kvx_store_plan_reindex(kvx_store_plan **out, const char *dir)
     s->flags = KVX_STORE_READONLY;
     int rc = st_open_dirs(s, dir, 1);
     kvx_st_plan *p = NULL;
+    /* the reindex it describes sets index/ aside, so a previous release's
+     * store (migrated only from its sound catalog) is refused as it is */
+    if (!rc && s->version < ST_STORE_VERSION) rc = kvx_st_refuse_unmigrated(s);
     if (!rc) rc = kvx_st_plan_make(s, ST_PLAN_STAGING | ST_PLAN_REBUILD, &p);
     if (!rc) rc = kvx_st_plan_wrap(out, p, dir);
     else kvx_st_plan_free(p);

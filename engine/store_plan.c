@@ -15,6 +15,7 @@
  */
 #include "store_plan.h"
 #include "common/os.h"
+#include "format/format.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -80,22 +81,51 @@ static int st_commit_mark_name(const char *name, uint64_t *seq)
     return 1;
 }
 
-static int st_collect_mark(kvx_store *s, int fd, const char *name, void *ctx)
+typedef struct st_marks {
+    uint64_t *v;
+    size_t n, cap;
+} st_marks;
+
+static int st_marks_add(st_marks *m, uint64_t seq)
 {
-    (void)fd;
-    uint64_t seq, *v = ctx; /* v[0]: count, then the numbers */
-    if (!st_commit_mark_name(name, &seq)) return 0;
-    if (v[0] == ST_SLOTS) return kvx_fail(-EIO, "store %s: more than %d commit marks in staging/", s->dir, ST_SLOTS);
-    v[1 + v[0]++] = seq;
+    if (m->n == m->cap) {
+        size_t cap = m->cap ? m->cap * 2 : 16;
+        uint64_t *v = realloc(m->v, cap * sizeof *v);
+        if (!v) return kvx_fail(-ENOMEM, "store: out of memory");
+        m->v = v;
+        m->cap = cap;
+    }
+    m->v[m->n++] = seq;
     return 0;
 }
 
-int kvx_st_commit_marks(kvx_store *s, uint64_t *seq, size_t *n)
+/* A commit mark is a regular file kvx made (O_CREAT|O_EXCL): a directory,
+ * FIFO or link under its name is none (the writer's plan leaves it alone). */
+static int st_is_mark(int fd, const char *name, uint64_t *seq)
 {
-    uint64_t v[1 + ST_SLOTS] = {0};
-    int rc = kvx_st_each_file(s, s->stagingfd, st_collect_mark, v);
-    *n = (size_t)v[0];
-    memcpy(seq, v + 1, *n * sizeof *seq);
+    struct stat st;
+    return st_commit_mark_name(name, seq) && kvx_os.fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+           S_ISREG(st.st_mode);
+}
+
+static int st_collect_mark(kvx_store *s, int fd, const char *name, void *ctx)
+{
+    uint64_t seq;
+    if (!st_is_mark(fd, name, &seq) || kvx_st_mark_spent(s, seq)) return 0;
+    return st_marks_add(ctx, seq);
+}
+
+int kvx_st_commit_marks(kvx_store *s, uint64_t **seq, size_t *n)
+{
+    st_marks m = {0};
+    int rc = kvx_st_each_file(s, s->stagingfd, st_collect_mark, &m);
+    if (rc) {
+        free(m.v);
+        m.v = NULL;
+        m.n = 0;
+    }
+    *seq = m.v;
+    *n = m.n;
     return rc;
 }
 
@@ -174,16 +204,26 @@ static int st_plan_staging_file(kvx_store *s, int fd, const char *name, void *ct
         snprintf(x->why, sizeof x->why, "not a regular file: left alone");
         return 0;
     }
-    if (st_commit_mark_name(name, &seq)) {
+    if (st_is_mark(fd, name, &seq)) {
         st_step *x = st_add(p, ST_IN_STAGING, ST_ACT_DELETE, ST_K_COMMIT_MARK, name);
         if (!x) return -ENOMEM;
         x->seq = seq;
+        if (kvx_st_mark_spent(s, seq)) { /* a stale mark: its commit landed (a torn backup, a mark put back) */
+            x->kind = ST_K_TEMP;
+            snprintf(x->why, sizeof x->why,
+                     "the mark of commit %" PRIu64 ", which the sound catalog says landed (its next sequence number "
+                     "is %" PRIu64 "): spent, its files stay",
+                     seq, s->next_seq);
+            return 0;
+        }
         snprintf(x->why, sizeof x->why,
                  "the mark of commit %" PRIu64 ", which never answered: removed once its files are gone", seq);
-        if (p->nunacked == ST_SLOTS)
-            return kvx_fail(-EIO, "store %s: more than %d commit marks in staging/", s->dir, ST_SLOTS);
-        p->unacked[p->nunacked++] = seq;
-        return 0;
+        st_marks m = {p->unacked, p->nunacked, p->capunacked};
+        int rc = st_marks_add(&m, seq);
+        p->unacked = m.v;
+        p->nunacked = m.n;
+        p->capunacked = m.cap;
+        return rc;
     }
     size_t len = strlen(name);
     if (name[0] == '.' && kvx_st_name_prefix_gen(name + 1, &gen)) {
@@ -217,16 +257,17 @@ static int st_holds_nothing(kvx_store *s, const char *name, const uint64_t *un, 
         return 1; /* foreign */
     }
     uint32_t n = kvx_shard_get_info(sh)->num_blocks;
-    int all = n > 0 && nun > 0;
-    for (uint32_t i = 0; i < n && all; i++) {
+    uint64_t max = 0;
+    for (uint32_t i = 0; i < n; i++) {
         uint64_t seq = 0;
-        int tomb = 0, hit = 0;
+        int tomb = 0;
         kvx_shard_entry_commit(sh, i, &seq, &tomb);
-        for (size_t k = 0; k < nun; k++) hit |= un[k] == seq;
-        all = hit;
+        if (seq > max) max = seq;
     }
     kvx_shard_close(sh);
-    return all;
+    int hit = 0; /* a file of a commit that never answered (st_file_seqs) */
+    for (size_t k = 0; k < nun && max; k++) hit |= un[k] == max;
+    return hit;
 }
 
 typedef struct st_unreg {
@@ -303,20 +344,22 @@ int kvx_st_catalog_current(kvx_store *s, int reader, const uint64_t *unacked, si
 /* ------------------------------------------------------------ shards/ */
 
 /* The largest sequence number of sh (0 without a sequence table), and
- * whether every entry carries a number of a commit that never answered. */
-static uint64_t st_file_seqs(const kvx_st_plan *p, const kvx_shard *sh, int *all_unacked, uint64_t *one)
+ * whether it is the number of a commit that never answered: then sh is a
+ * file of that commit (a commit writes its own number, and the older
+ * number of a copy whose bytes equal one another batch committed: never
+ * a newer one), and nothing of it was acknowledged. */
+static uint64_t st_file_seqs(const kvx_st_plan *p, const kvx_shard *sh, int *unacked, uint64_t *which)
 {
     uint32_t n = kvx_shard_get_info(sh)->num_blocks;
     uint64_t max = 0;
-    *all_unacked = n > 0 && p->nunacked > 0;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t seq = 0;
         int tomb = 0;
         kvx_shard_entry_commit(sh, i, &seq, &tomb);
         if (seq > max) max = seq;
-        if (*all_unacked && !st_unacked(p, seq)) *all_unacked = 0;
-        else if (*all_unacked) *one = seq;
     }
+    *unacked = max && st_unacked(p, max);
+    *which = max;
     return max;
 }
 
@@ -340,6 +383,42 @@ static int st_set_aside(kvx_st_plan *p, const char *name, uint64_t gen, uint64_t
     x->bytes = bytes;
     snprintf(x->why, sizeof x->why, "%s", why);
     return 0;
+}
+
+/* A keyed shard file whose meta checksum failed: its entries read as
+ * they are (kvx_shard_salvage_keys), appended to p->suspects. Its tables are
+ * unproven: they only ever make a key a miss (store_plan.c st_plan_hide),
+ * never serve a page. 0, or <0 when it cannot even be read so. */
+static int st_read_suspect(kvx_store *s, kvx_st_plan *p, const char *name)
+{
+    kvx_salvaged_key *v = NULL;
+    size_t n = 0;
+    int rc = kvx_shard_salvage_keys(s->shardsfd, name, &v, &n);
+    if (rc) {
+        kvx_clear_error();
+        return rc;
+    }
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (p->nsuspects == p->capsuspects) {
+            size_t cap = p->capsuspects ? p->capsuspects * 2 : 64;
+            st_suspect *w = realloc(p->suspects, cap * sizeof *w);
+            if (!w) {
+                rc = kvx_fail(-ENOMEM, "store: out of memory");
+                break;
+            }
+            p->suspects = w;
+            p->capsuspects = cap;
+        }
+        uint8_t *k = malloc(v[i].len);
+        if (!k) {
+            rc = kvx_fail(-ENOMEM, "store: out of memory");
+            break;
+        }
+        memcpy(k, v[i].key, v[i].len);
+        p->suspects[p->nsuspects++] = (st_suspect){kvx_key_hash(k, v[i].len), v[i].seq, k, v[i].len, v[i].tomb};
+    }
+    free(v);
+    return rc;
 }
 
 /* One entry of shards/ when the catalog is rebuilt: kept, quarantined
@@ -379,6 +458,19 @@ static int st_plan_shard_file(kvx_store *s, int fd, const char *name, void *ctx)
     if (rc) {
         snprintf(why, sizeof why, "cannot be validated: %s (%s)", kvx_last_error(), kvx_err_name(rc));
         kvx_clear_error();
+        size_t before = p->nsuspects;
+        if (rc == KVX_EMETACRC && s->keyed && st_read_suspect(s, p, name) == 0 && p->nsuspects > before) {
+            int r = st_set_aside(p, name, gen, (uint64_t)st.st_size, why);
+            if (r) return r;
+            st_step *x = &p->steps[p->n - 1];
+            x->deferred = 1;
+            size_t len = strlen(x->why);
+            snprintf(x->why + len, sizeof x->why - len,
+                     "; its tables read as they are name %zu key(s): each it may hold a newer record of is deleted "
+                     "(a durable tombstone) before it goes, so no older copy comes back",
+                     p->nsuspects - before);
+            return 0;
+        }
         return st_set_aside(p, name, gen, (uint64_t)st.st_size, why);
     }
     if (kvx_st_shard_ours(s, sh, whose, sizeof whose) != 0) {
@@ -449,6 +541,54 @@ static int st_page_sound(const kvx_st_plan *p, const st_kpage *a)
     return kvx_shard_page(&page, p->f[a->b].sh, a->idx, 1) == 0;
 }
 
+/* Does sound entry a name key (bytes, len)? */
+static int st_entry_is_key(const kvx_st_plan *p, const st_kpage *a, const uint8_t *key, size_t len)
+{
+    kvx_entry x;
+    if (kvx_shard_entry(&x, p->f[a->b].sh, a->idx)) return 0;
+    return x.key && x.key_len == len && memcmp(x.key, key, len) == 0;
+}
+
+/* Each key a damaged file (p->suspects) names with a number above every
+ * sound entry of that key: the damaged file may hold its newest record (a
+ * delete, or a newer page), so no sound copy is indexed (a miss, never an
+ * older copy) and the apply deletes it durably (p->tomb_keys) before the
+ * file goes to quarantine/. A key with no sound entry needs nothing. all
+ * is sorted by st_cmp_kpage. */
+static int st_plan_hide(kvx_st_plan *p, const st_kpage *all, size_t k)
+{
+    if (!p->nsuspects) return 0;
+    p->tomb_keys = calloc(p->nsuspects, sizeof *p->tomb_keys);
+    if (!p->tomb_keys) return kvx_fail(-ENOMEM, "store: out of memory");
+    for (size_t i = 0; i < p->nsuspects; i++) {
+        const st_suspect *x = &p->suspects[i];
+        /* the first entry of its name: newest first within a name */
+        size_t lo = 0, hi = k;
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (all[mid].hash < x->hash) lo = mid + 1;
+            else hi = mid;
+        }
+        uint64_t newest = 0;
+        for (size_t j = lo; j < k && all[j].hash == x->hash && !newest; j++)
+            if (st_entry_is_key(p, &all[j], x->key, x->len)) newest = all[j].seq;
+        if (!newest || x->seq <= newest) continue;
+        int dup = 0;
+        for (size_t t = 0; t < p->ntomb_keys && !dup; t++)
+            dup = p->tomb_keys[t].len == x->len && memcmp(p->tomb_keys[t].bytes, x->key, x->len) == 0;
+        if (dup) continue;
+        p->tomb_keys[p->ntomb_keys++] = (kvx_key){x->key, x->len};
+        size_t w = 0; /* its sound copy is not indexed */
+        for (size_t r = 0; r < p->npicks; r++) {
+            st_kpage a = {p->picks[r].hash, 0, p->picks[r].b, p->picks[r].idx, 0};
+            if (p->picks[r].hash == x->hash && st_entry_is_key(p, &a, x->key, x->len)) continue;
+            p->picks[w++] = p->picks[r];
+        }
+        p->npicks = w;
+    }
+    return 0;
+}
+
 /* A keyed store's live set: for each key, its entry with the highest
  * sequence number decides. A page is indexed (of several copies from one
  * commit, which hold the same bytes, a sound one); a tombstone hides the
@@ -496,8 +636,9 @@ static int st_plan_keyed(kvx_st_plan *p)
                 }
         p->picks[p->npicks++] = (st_pick){all[pick].hash, all[pick].b, all[pick].idx};
     }
+    int rc = st_plan_hide(p, all, k);
     free(all);
-    return 0;
+    return rc;
 }
 
 /* A keyed store written before sequence numbers keeps its deletes only in
@@ -591,9 +732,8 @@ static int st_list_q(kvx_store *s, int fd, const char *name, void *ctx)
 {
     (void)s;
     st_qlist *l = ctx;
-    size_t len = strlen(name);
     struct stat st, w;
-    if (len >= 4 && strcmp(name + len - 4, ".why") == 0) return 0;
+    if (!kvx_st_quarantine_name(name)) return 0; /* a note, or a file kvx never put there: not kvx's */
     if (kvx_os.fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode)) return 0;
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 64;
@@ -752,6 +892,10 @@ void kvx_st_plan_free(kvx_st_plan *p)
     for (int b = 0; b < ST_SLOTS; b++) kvx_shard_close(p->f[b].sh);
     free(p->steps);
     free(p->picks);
+    free(p->unacked);
+    for (size_t i = 0; i < p->nsuspects; i++) free(p->suspects[i].key);
+    free(p->suspects);
+    free(p->tomb_keys);
     free(p);
 }
 

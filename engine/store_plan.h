@@ -42,7 +42,17 @@ typedef struct st_step {
     int byte;         /* the shard byte a kept file holds; -1 none */
     uint64_t indexed; /* a kept file: entries the index holds from it */
     int failed;       /* set by the apply: this step could not be done */
+    int deferred;     /* quarantined only after the deletes it may hold are kept (tomb_keys) */
 } st_step;
+
+/* An entry of a keyed shard file whose checksum failed, read as it is:
+ * its key (copied), sequence number and kind are unproven. */
+typedef struct st_suspect {
+    uint64_t hash, seq;
+    uint8_t *key;
+    size_t len;
+    int tomb;
+} st_suspect;
 
 /* A file of shards/ the plan keeps, open when the catalog is rebuilt. */
 typedef struct st_found {
@@ -77,9 +87,13 @@ typedef struct kvx_st_plan {
     size_t npicks;
     uint64_t blocks;          /* entries the index holds once applied */
     uint64_t next_seq;        /* above every number in the files and marks */
-    uint64_t unacked[ST_SLOTS]; /* commit marks' numbers */
-    size_t nunacked;
+    uint64_t *unacked;        /* the numbers of commits that never answered (their marks) */
+    size_t nunacked, capunacked;
     uint64_t qbytes, qfiles;  /* quarantine/ once applied */
+    st_suspect *suspects;     /* rebuild of a keyed store: what damaged files may say */
+    size_t nsuspects, capsuspects;
+    kvx_key *tomb_keys;       /* keys a damaged file may hold newer records of: deleted durably */
+    size_t ntomb_keys;
 } kvx_st_plan;
 
 /* The plan for s (a loaded registry when the catalog may stand). 0 and
@@ -96,8 +110,13 @@ void kvx_st_plan_report(const kvx_st_plan *p, kvx_recovery_report *out);
  * record, unacked: commit marks' numbers)? 1 yes, 0 no, <0 error. */
 int kvx_st_catalog_current(kvx_store *s, int reader, const uint64_t *unacked, size_t nunacked,
                            const kvx_st_plan *skip);
-/* The numbers of the commit marks in staging/ (at most ST_SLOTS). */
-int kvx_st_commit_marks(kvx_store *s, uint64_t *seq, size_t *n);
+/* The numbers of the commits that never answered: the marks in staging/
+ * (regular files named .<seq 16 hex>.pending) that a sound catalog does
+ * not say landed (its next_seq is above a landed commit's number). *seq
+ * is malloc'd (free it), NULL when there are none. */
+int kvx_st_commit_marks(kvx_store *s, uint64_t **seq, size_t *n);
+/* Did mark seq's commit land, by the sound catalog (a spent mark)? */
+static inline int kvx_st_mark_spent(const kvx_store *s, uint64_t seq) { return s->index_live && seq < s->next_seq; }
 
 /* Adds quarantine/'s retention steps to p (the files p moves there
  * counted); p->qbytes, p->qfiles: quarantine/ once applied. */
@@ -111,5 +130,8 @@ int kvx_st_plan_wrap(kvx_store_plan **out, kvx_st_plan *p, const char *dir);
 
 /* store_apply.c: carries p out (writer lock held). */
 int kvx_st_plan_apply(kvx_store *s, kvx_st_plan *p);
+/* KVX_EVERSION for a previous release's store that cannot be migrated
+ * (no sound catalog: reindex sets index/ aside), naming the fix. */
+int kvx_st_refuse_unmigrated(const kvx_store *s);
 
 #endif

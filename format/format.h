@@ -17,6 +17,19 @@ int kvx_shard_page_checked(const void **out_page, const kvx_shard *s, uint32_t i
  * name messages and kvx_shard_path give. dirfd AT_FDCWD: path, as
  * kvx_shard_open. */
 int kvx_shard_open_at(kvx_shard **out, int dirfd, const char *name, const char *path, unsigned flags);
+/* What a keyed shard file whose checksum failed may still say: each
+ * entry's key, sequence number (0 without a sequence table) and whether
+ * it is a tombstone, read from its tables as they are (the header
+ * checked, every table within the file before it is read). Unproven: for
+ * keeping the deletes a damaged file may hold (recovery makes those keys
+ * misses), never for serving a page. *out: free(). */
+typedef struct kvx_salvaged_key {
+    uint8_t key[KVX_KEY_MAX];
+    size_t len;
+    uint64_t seq;
+    int tomb;
+} kvx_salvaged_key;
+int kvx_shard_salvage_keys(int dirfd, const char *name, kvx_salvaged_key **out, size_t *n);
 /* Entries whose page lies (partly) past the end of the file (never a
  * tombstone). */
 uint32_t kvx_shard_missing(const kvx_shard *s);

@@ -67,7 +67,7 @@ static void test_reindex_repairs_any_index_damage(void **state)
         "rm -r %s/index && mkfifo %s/index",                          /* a FIFO */
         "rm -r %s/index && ln -s /nonexistent %s/index",              /* a dangling symlink */
         "ln -sf /etc/passwd %s/index/data.mdb",                       /* data.mdb a symlink */
-        "mkdir %s/index.old && : > %s/index.old/not-ours",            /* a stuck index.old */
+        "mkdir %s/.index.aside && : > %s/.index.aside/not-ours",      /* a stuck .index.aside */
     };
     char dir[300];
     snprintf(dir, sizeof dir, "%s/reindex", su_root);

@@ -374,6 +374,7 @@ static void newest_shard(const char *dir, char *out, size_t cap)
  * back, served. STORE.md rule 3: a delete "survives the loss of index/
  * ... damage to the newest copy". A file that may hold tombstones and
  * cannot be read proves nothing about which older copies are live. */
+/* PROMISE: KEYED-13 */
 static void test_damaged_tombstone_file_brings_a_deleted_key_back(void **state)
 {
     (void)state;

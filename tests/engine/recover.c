@@ -402,7 +402,7 @@ static void test_index_lost(void **state)
         uint64_t bad = 9;
         assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
         kvx_store_close(s);
-        snprintf(cmd, sizeof cmd, "%s/index.old", dir);
+        snprintf(cmd, sizeof cmd, "%s/.index.aside", dir);
         assert_int_equal(access(cmd, F_OK), -1); /* removed on success */
     }
 }

@@ -255,7 +255,7 @@ static void test_reindex_dir_busy_and_crash(void **state)
     assert_int_equal(stat(ip, &now), 0);
     assert_true(now.st_ino == before.st_ino);
     char p2[700];
-    snprintf(p2, sizeof p2, "%s/index.old", dir);
+    snprintf(p2, sizeof p2, "%s/.index.aside", dir);
     assert_int_not_equal(access(p2, F_OK), 0);
     assert_int_equal(write(qfd[1], "x", 1), 1);
     wait_child(pid);
@@ -276,7 +276,7 @@ static void test_reindex_dir_busy_and_crash(void **state)
     int st = 0;
     assert_int_equal(waitpid(pid, &st, 0), pid);
     assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    assert_int_equal(access(p2, F_OK), 0); /* index.old/ left by the crash */
+    assert_int_equal(access(p2, F_OK), 0); /* .index.aside/ left by the crash */
     assert_int_not_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0); /* a reader names reindex */
     assert_int_equal(kvx_store_reindex_dir(dir, 0), 0);
     assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
@@ -284,7 +284,7 @@ static void test_reindex_dir_busy_and_crash(void **state)
     kvx_store_close(s);
 
     /* killed while the new index is being built (index/ new and empty,
-     * index.old/ the previous one) */
+     * .index.aside/ the previous one) */
     for (long k = 1; k <= 3; k++) {
         pid = fork();
         if (pid == 0) {
@@ -335,7 +335,7 @@ static int run_cli(const char *args)
  *
  * Reproducer: a server holds a KVX_STORE_READONLY handle; the operator
  * runs kvx_store_reindex_dir(DIR) from another process (index/ is renamed
- * to index.old/, a new index/ is built, index.old/ removed: STORE.md
+ * to .index.aside/, a new index/ is built, .index.aside/ removed: STORE.md
  * "Reindex", for a store whose index is lost or damaged); a writer then
  * puts and flushes a new prompt. The reader's handle still holds the LMDB
  * environment of the old, now unlinked, data.mdb (kvx_idx_open in
@@ -344,7 +344,7 @@ static int run_cli(const char *args)
  * the process restarts, and its usage records go to a deleted file.
  * Within one process it is worse: the registry keys environments by the
  * index directory's (dev, inode), and ext4 hands the freed inode of the
- * removed index.old/ to the next index/ made; kvx_store_reindex_dir (or
+ * removed .index.aside/ to the next index/ made; kvx_store_reindex_dir (or
  * any open) then finds the stale environment of the old directory and
  * "rebuilds" into the deleted file, leaving the real index/ empty (the
  * second half of this test probes it; whether ext4 reuses the inode in a
