@@ -41,7 +41,9 @@ static uint64_t bytes_in(const char *dir, const char *sub)
         struct stat st;
         char f[1100];
         snprintf(f, sizeof f, "%s/%.300s", p, e->d_name);
-        if (lstat(f, &st) == 0 && S_ISREG(st.st_mode) && !strstr(e->d_name, ".why")) {
+        /* kvx's names only (<16 hex>.kvx[.k]): stat's measure, notes and others' files aside */
+        int kvx_name = strlen(e->d_name) >= 20 && !strncmp(e->d_name + 16, ".kvx", 4) && !strstr(e->d_name, ".why");
+        if (kvx_name && lstat(f, &st) == 0 && S_ISREG(st.st_mode)) {
             uint64_t alloc = (uint64_t)st.st_blocks * 512; /* stat's measure: bytes held on disk */
             tot += alloc < (uint64_t)st.st_size ? alloc : (uint64_t)st.st_size;
         }
@@ -175,12 +177,13 @@ static void test_quarantine_retention(void **state)
     kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = cap, .shard_bytes = 64 << 10});
     kvx_store_close(s);
     time_t t0 = time(NULL) - 100000;
-    for (int i = 0; i < 70; i++) { /* 70 x 4 KiB, the oldest first */
+    for (int i = 0; i < 70; i++) { /* 70 x 4 KiB, the oldest first (names kvx gives: <16 hex>.kvx) */
         char name[32];
-        snprintf(name, sizeof name, "q%03d.kvx", i);
+        snprintf(name, sizeof name, "%016x.kvx", 0x100 + i);
         plant(dir, "quarantine", name, 4096, t0 + i);
     }
-    plant(dir, "quarantine", "big.kvx", 768 << 10, t0 + 1000); /* the newest */
+    plant(dir, "quarantine", "00000000000001ff.kvx.1", 768 << 10, t0 + 1000); /* the newest, a clash's suffix */
+    plant(dir, "quarantine", "notes.txt", 8192, t0 - 10); /* not kvx's: never counted, never removed */
     /* 71 files, 1,048 KiB: over 64 files and over 1 MiB (a quarter) */
     s = su_reopen(dir, 0);
     kvx_recovery_report r;
@@ -188,13 +191,14 @@ static void test_quarantine_retention(void **state)
     kvx_store_stats st = su_stat(s);
     for (int i = 0; i < 70; i++) {
         char name[32], why[40];
-        snprintf(name, sizeof name, "q%03d.kvx", i);
+        snprintf(name, sizeof name, "%016x.kvx", 0x100 + i);
         snprintf(why, sizeof why, "%s.why", name);
         if (exists(dir, "quarantine", name) != (i >= 7))
             fail_msg("quarantine/%s (the %d-th oldest) %s", name, i + 1, i >= 7 ? "was removed" : "was kept");
         assert_int_equal(exists(dir, "quarantine", why), i >= 7);
     }
-    assert_true(exists(dir, "quarantine", "big.kvx"));
+    assert_true(exists(dir, "quarantine", "00000000000001ff.kvx.1"));
+    assert_true(exists(dir, "quarantine", "notes.txt"));
     assert_int_equal(r.expired, 7);
     assert_int_equal(st.quarantined, 64);
     assert_int_equal(st.quarantine_bytes, bytes_in(dir, "quarantine"));
@@ -396,7 +400,7 @@ static void messy_store(char *dir, size_t cap)
     time_t t0 = time(NULL) - 5000;
     for (int i = 0; i < 66; i++) {
         char name[32];
-        snprintf(name, sizeof name, "old%02d.kvx", i);
+        snprintf(name, sizeof name, "%016x.kvx", 0x200 + i);
         plant(dir, "quarantine", name, 4096, t0 + i);
     }
 }
