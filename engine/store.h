@@ -533,7 +533,11 @@ void kvx_st_pshards(st_pshard *out, const kvx_store *s, uint64_t *const *r);
 /* After a committed drop: caches, files (deleted when sound, else
  * quarantined with `damaged` or the verdict as the reason). */
 void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const char *damaged);
-int kvx_st_drop_bad_shards(kvx_store *s);
+/* Keeps what bad shard b must not take with it (store_gc.c: a keyed
+ * shard's deletes): 0, or the failure (b then stays). */
+typedef int (*st_keep_fn)(kvx_store *s, uint32_t b);
+/* keep NULL (a flush): a keyed store's bad shards wait for gc. */
+int kvx_st_drop_bad_shards(kvx_store *s, st_keep_fn keep);
 /* pending: bytes of sealed, unpublished files (a put in progress). */
 int kvx_st_evict(kvx_store *s, uint64_t pending);
 /* Shard ids ran out with the store under its capacity (many small

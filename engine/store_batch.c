@@ -688,7 +688,7 @@ int kvx_st_flush_locked(kvx_store *s, kvx_store_batch *x)
     st_pending_reset(x);
     /* acknowledged from here on: what follows only tidies up */
     kvx_st_usage_persist(s);
-    kvx_st_drop_bad_shards(s);
+    kvx_st_drop_bad_shards(s, NULL);
     kvx_st_enforce_capacity(s);
     /* merge small shards when ids run low, or when their headers and
      * padding (about ST_SHARD_OVERHEAD each) would cost over 1 % of the

@@ -7,6 +7,7 @@
  * file goes to quarantine/.
  */
 #include "store.h"
+#include "format/format.h"
 #include "common/digest.h"
 
 #include <errno.h>
@@ -233,6 +234,47 @@ static int st_compact_deleted(kvx_store *s)
     return rc;
 }
 
+/* A keyed shard dropped as bad may hold the newest record of keys (a
+ * delete, a newer page) that the sound catalog names nowhere else: their
+ * deletes are made durable (tombstones, one commit) before the file goes,
+ * so that no older copy comes back at a later reindex (docs/STORE.md
+ * rule 3). Its tables are read as they are (kvx_shard_salvage_keys): a
+ * key read wrong only becomes a miss. 0, or the failure (the shard then
+ * stays registered and bad, for the next pass). */
+static int st_keep_deletes(kvx_store *s, uint32_t b)
+{
+    char name[32];
+    uint64_t gen = s->reg->rec[b].gen;
+    kvx_st_shard_name(name, gen);
+    kvx_salvaged_key *v = NULL;
+    size_t n = 0;
+    if (kvx_shard_salvage_keys(s->shardsfd, name, &v, &n) != 0) { /* nothing readable: nothing to keep */
+        kvx_clear_error();
+        return 0;
+    }
+    kvx_key *keys = malloc((n ? n : 1) * sizeof *keys);
+    kvx_cat_snap *snap = NULL;
+    int rc = keys ? kvx_cat_snap_begin(s->cat, &snap) : kvx_fail(-ENOMEM, "store: out of memory");
+    size_t nk = 0;
+    for (size_t i = 0; !rc && i < n; i++) {
+        uint64_t h = kvx_key_hash(v[i].key, v[i].len);
+        int elsewhere = 0;
+        for (size_t j = 0; !rc && !elsewhere; j++) {
+            kvx_cat_loc loc;
+            int r = kvx_cat_loc_at(snap, h, j, &loc);
+            if (r == KVX_ENOTFOUND) break;
+            if (r) rc = r;
+            else elsewhere = loc.gen != gen;
+        }
+        if (!rc && !elsewhere) keys[nk++] = (kvx_key){v[i].key, v[i].len};
+    }
+    if (snap) kvx_cat_snap_end(snap);
+    if (!rc && nk) rc = kvx_st_tombstone_keys(s, keys, nk);
+    free(keys);
+    free(v);
+    return rc;
+}
+
 /* Opens every live shard once: a verdict (a file that cannot be validated
  * or is not this store's) marks it bad, for kvx_st_drop_bad_shards to set
  * aside before anything copies from it. A passing failure marks nothing. */
@@ -257,7 +299,7 @@ KVX_API int kvx_store_gc(kvx_store *s)
      * is judged first, and a bad one set aside (with its reason) before
      * salvage, eviction or compaction copies from any */
     st_judge_all(s);
-    rc = kvx_st_drop_bad_shards(s);
+    rc = kvx_st_drop_bad_shards(s, st_keep_deletes);
     if (!rc) rc = st_salvage_damaged(s);
     if (!rc) rc = kvx_st_enforce_capacity(s);
     if (!rc) rc = s->keyed ? st_compact_deleted(s) : st_drop_headless(s);

@@ -13,7 +13,6 @@
  * shards/ durably.
  */
 #include "store.h"
-#include "format/format.h"
 #include "common/os.h"
 
 #include <errno.h>
@@ -183,49 +182,7 @@ void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const char *damaged
     if (kvx_st_quarantine_retain(s) != 0) kvx_clear_error();
 }
 
-/* A keyed shard dropped as bad may hold the newest record of keys (a
- * delete, a newer page) that the sound catalog names nowhere else: their
- * deletes are made durable (tombstones, one commit) before the file goes,
- * so that no older copy comes back at a later reindex (docs/STORE.md
- * rule 3). Its tables are read as they are (kvx_shard_salvage_keys): a
- * key read wrong only becomes a miss. 0, or the failure (the shard then
- * stays registered and bad, for the next pass). */
-static int st_keep_deletes(kvx_store *s, uint32_t b)
-{
-    if (!s->keyed) return 0;
-    char name[32];
-    uint64_t gen = s->reg->rec[b].gen;
-    kvx_st_shard_name(name, gen);
-    kvx_salvaged_key *v = NULL;
-    size_t n = 0;
-    if (kvx_shard_salvage_keys(s->shardsfd, name, &v, &n) != 0) { /* nothing readable: nothing to keep */
-        kvx_clear_error();
-        return 0;
-    }
-    kvx_key *keys = malloc((n ? n : 1) * sizeof *keys);
-    kvx_cat_snap *snap = NULL;
-    int rc = keys ? kvx_cat_snap_begin(s->cat, &snap) : kvx_fail(-ENOMEM, "store: out of memory");
-    size_t nk = 0;
-    for (size_t i = 0; !rc && i < n; i++) {
-        uint64_t h = kvx_key_hash(v[i].key, v[i].len);
-        int elsewhere = 0;
-        for (size_t j = 0; !rc && !elsewhere; j++) {
-            kvx_cat_loc loc;
-            int r = kvx_cat_loc_at(snap, h, j, &loc);
-            if (r == KVX_ENOTFOUND) break;
-            if (r) rc = r;
-            else elsewhere = loc.gen != gen;
-        }
-        if (!rc && !elsewhere) keys[nk++] = (kvx_key){v[i].key, v[i].len};
-    }
-    if (snap) kvx_cat_snap_end(snap);
-    if (!rc && nk) rc = kvx_st_tombstone_keys(s, keys, nk);
-    free(keys);
-    free(v);
-    return rc;
-}
-
-int kvx_st_drop_bad_shards(kvx_store *s)
+int kvx_st_drop_bad_shards(kvx_store *s, st_keep_fn keep)
 {
     uint8_t victims[ST_SLOTS] = {0};
     int any = 0;
@@ -237,8 +194,10 @@ int kvx_st_drop_bad_shards(kvx_store *s)
         }
     }
     pthread_rwlock_unlock(&s->cache_lock);
+    /* a keyed shard may hold deletes that must outlive it: set aside only
+     * by a caller that keeps them first (gc); else it waits, unserved */
     for (uint32_t b = 0; b < ST_SLOTS && any; b++)
-        if (victims[b] && st_keep_deletes(s, b) != 0) {
+        if (victims[b] && s->keyed && (!keep || keep(s, b) != 0)) {
             kvx_clear_error();
             victims[b] = 0; /* its deletes could not be kept now: it stays, unserved, for the next pass */
         }

@@ -18,6 +18,11 @@
 
 #include "store.h"
 
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 typedef enum st_act { ST_ACT_KEEP, ST_ACT_QUARANTINE, ST_ACT_DELETE, ST_ACT_LEAVE } st_act;
 typedef enum st_where { ST_IN_SHARDS, ST_IN_STAGING, ST_IN_QUARANTINE } st_where;
 
@@ -95,6 +100,29 @@ typedef struct kvx_st_plan {
     kvx_key *tomb_keys;       /* keys a damaged file may hold newer records of: deleted durably */
     size_t ntomb_keys;
 } kvx_st_plan;
+
+/* A new step of p (zeroed but for these), NULL on ENOMEM (kvx_fail said). */
+static inline st_step *st_add(kvx_st_plan *p, st_where where, st_act act, st_kind kind, const char *name)
+{
+    if (p->n == p->cap) {
+        size_t cap = p->cap ? p->cap * 2 : 64;
+        st_step *v = realloc(p->steps, cap * sizeof *v);
+        if (!v) {
+            kvx_fail(-ENOMEM, "store: out of memory");
+            return NULL;
+        }
+        p->steps = v;
+        p->cap = cap;
+    }
+    st_step *x = &p->steps[p->n++];
+    memset(x, 0, sizeof *x);
+    x->where = where;
+    x->act = act;
+    x->kind = kind;
+    x->byte = -1;
+    snprintf(x->name, sizeof x->name, "%s", name);
+    return x;
+}
 
 /* The plan for s (a loaded registry when the catalog may stand). 0 and
  * *out (kvx_st_plan_free), or an error: a passing failure opening a file,

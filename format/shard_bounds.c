@@ -12,7 +12,7 @@
  * 2 x 16 GiB for block_tokens 2^32-1. So, before anything is read for them:
  *
  *   1. block_tokens is at most KVX_MAX_BLOCK_TOKENS (the reader's
- *      check_header, with the other header fields);
+ *      kvx_shard_header_check, with the other header fields);
  *   2. each table ends within the file, its extent computed with overflow
  *      checks (kvx_shard_layout_for); else KVX_ETRUNC naming the table;
  *   3. the tables and the bundle together are at most KVX_HELD_FACTOR times

@@ -191,6 +191,9 @@ static inline int kvx_shard_layout_for(kvx_shard_layout *out, uint64_t n, uint32
  * KVX_HELD_FACTOR x the bytes of data fd holds + KVX_HELD_SLACK (else
  * KVX_ETRUNC naming the largest). st is fd's fstat. */
 struct stat;
+/* The header's own checks (magic aside): versions, geometry, limits. 0
+ * or the error naming the field. */
+int kvx_shard_header_check(const kvx_shard_header *h);
 int kvx_shard_check_tables(int fd, const struct stat *st, const kvx_shard_header *h, const kvx_shard_layout *lay,
                            uint64_t bundle_bytes);
 
