@@ -646,12 +646,12 @@ static int check_image(const char *img, int crash_in_recovery)
 
     /* 1. E: what the index named at the crash, in the kill -9 state. In
      * the middle of kvx_store_reindex_dir (index/ moved aside to
-     * index.old/, the new one not built yet) readers are refused with an
-     * error naming reindex: E is then what index.old/ names. */
+     * .index.aside/, the new one not built yet) readers are refused with an
+     * error naming reindex: E is then what .index.aside/ names. */
     int lk = lock_dir(twin);
     if ((rc = kvx_store_open(&s, twin, NULL, KVX_STORE_READONLY)) != 0) {
         char old[PATH_MAX], cur[PATH_MAX], aside[PATH_MAX];
-        PATHF(old, "%s/index.old", twin);
+        PATHF(old, "%s/.index.aside", twin);
         PATHF(cur, "%s/index", twin);
         PATHF(aside, "%s/index.new", twin);
         if (strstr(kvx_last_error(), "reindex") && access(old, F_OK) == 0 &&
