@@ -27,8 +27,9 @@
  * return with the upper halves of the vector registers dirty (no
  * vzeroupper), and every legacy-SSE instruction after them (OpenSSL's
  * SHA-NI, glibc's string functions) then pays the transition: a prefix
- * lookup, two record CRCs and one SHA-256 a block, ran 600-700 ns a block
- * against 480-530 without (bench_store lookup, bench/RESULTS.md). So:
+ * lookup, two record CRCs and one SHA-256 a block, ran 658-669 ns a block
+ * against 510-514 after this change (bench_store lookup, bench/RESULTS.md,
+ * issue 41). So:
  *  - short buffers (the catalog's records: a key of 4 or 8 bytes, then 16
  *    to 48 bytes, on every lookup) go to the SSE4.2 crc32 instruction
  *    itself, the same CRC (no inversion inside, as crc32_iscsi), with no
