@@ -39,7 +39,9 @@
  *                 request's durable round), kvx with its own eviction and
  *                 capacity_bytes = capacity x the bytes a block takes in a
  *                 shard by the format; prefix hit ratio and bytes written
- *                 (/proc/self/io write_bytes) per peer
+ *                 (/proc/self/io write_bytes) per peer, and kvx's bytes
+ *                 split by why (first writes, carries, merges, tables and
+ *                 records, catalog: the store's and the index's counters)
  *
  *   bench_peers [--mode all|rows|restart|trace] [--size small|large]
  *               [--blocks N] [--only PEER] [--trace FILE] [--trace-requests N]
@@ -64,7 +66,9 @@
 
 #include "bench_common.h"
 #include "kvx.h"
-#include "format/hash.h" /* kvx_block_hashes_multi (library internal) */
+#include "engine/store.h" /* the store's bytes written, by why (library internal) */
+#include "format/hash.h"   /* kvx_block_hashes_multi (library internal) */
+#include "index/index.h"   /* the catalog's bytes written (library internal) */
 
 #include <json-c/json.h>
 
@@ -519,7 +523,21 @@ typedef struct result {
     double put_mbps, restart_ms, open_ms, cold_gbps, p50_us, p99_us, amp;
     /* trace */
     double hit, lru_hit, written_gb, kv_written_gb, trace_s, end_amp;
+    /* kvx: where the bytes written went (GB): SPLIT_* */
+    double split[8];
 } result;
+
+/* kvx's bytes written in the trace, by why: the pages of its shard files
+ * (first writes of put pages, eviction's carries, compaction's merges, gc
+ * and the rest), the files' other bytes (header, tables, records,
+ * padding), the catalog's LMDB commits (the bytes those commits' thread
+ * dirtied), and what is left of the device total (/proc/self/io
+ * write_bytes: create, close, page granularity). */
+enum { SPLIT_PUT, SPLIT_CARRY, SPLIT_MERGE, SPLIT_OTHER, SPLIT_TABLES, SPLIT_CATALOG, SPLIT_REST, SPLIT_N };
+static const char *const split_name[SPLIT_N] = {"first writes of put pages", "eviction carries (pages)",
+                                                "merges (pages)",            "gc, migration (pages)",
+                                                "shard headers, tables, records", "catalog (LMDB commits)",
+                                                "the rest (device total - the above)"};
 
 static int cmp_d(const void *a, const void *b)
 {
@@ -915,6 +933,9 @@ static void run_trace(int kind, const char *base, const trace *tr, size_t cap, r
     uint64_t wb0 = io_write_bytes();
     double t0 = kvx_bench_now();
     peer_open(p, 1);
+    kvx_index *kix = kind == P_KVX ? kvx_cat_index(p->kvx->cat) : NULL;
+    uint64_t cat0 = 0;
+    if (kix) kix->count_io = 1, cat0 = kix->wrote;
     for (size_t q = 0; q < tr->nreq; q++) {
         const uint32_t *ids = tr->ids + tr->off[q];
         size_t nb = tr->off[q + 1] - tr->off[q];
@@ -972,10 +993,24 @@ static void run_trace(int kind, const char *base, const trace *tr, size_t cap, r
                    "%llu compactions\n",
                    (unsigned long long)st.blocks, (unsigned long long)st.shards, (unsigned long long)st.evictions,
                    (unsigned long long)st.evicted_blocks, (unsigned long long)st.compactions);
+        const kvx_store *s = p->kvx;
+        uint64_t tables = 0;
+        for (int w = 0; w < ST_WROTE_N; w++) {
+            r->split[SPLIT_PUT + w] = (double)s->wrote[w].pages / 1e9;
+            tables += s->wrote[w].files - s->wrote[w].pages;
+        }
+        r->split[SPLIT_TABLES] = (double)tables / 1e9;
+        r->split[SPLIT_CATALOG] = (double)(kix->wrote - cat0) / 1e9;
+        kix->count_io = 0;
     }
     peer_close(p);
     r->trace_s = kvx_bench_now() - t0;
     r->written_gb = (double)(io_write_bytes() - wb0) / 1e9;
+    if (kind == P_KVX) {
+        double known = 0;
+        for (int j = 0; j < SPLIT_REST; j++) known += r->split[j];
+        r->split[SPLIT_REST] = r->written_gb - known;
+    }
     r->kv_written_gb = (double)written * (double)g_pb / 1e9;
     r->hit = (double)hits / (double)tr->nids;
     r->end_amp = (double)walk(p->dir, 0) / ((double)cap * (double)g_pb);
@@ -1244,6 +1279,15 @@ int main(int argc, char **argv)
                    k == P_KVX ? "kvx's own (capacity bytes)" : "the bench's exact LRU", 100.0 * r->hit,
                    r->written_gb, r->kv_written_gb, r->kv_written_gb > 0 ? r->written_gb / r->kv_written_gb : 0,
                    r->trace_s, r->end_amp);
+        }
+        if (res[P_KVX].trace_ran && res[P_KVX].kv_written_gb > 0) {
+            const result *r = &res[P_KVX];
+            printf("\nkvx's bytes written in the trace, by why (x: over the %.3f GB of KV put)\n",
+                   r->kv_written_gb);
+            for (int j = 0; j < SPLIT_N; j++)
+                printf("  %-36s %8.3f GB %6.3fx\n", split_name[j], r->split[j], r->split[j] / r->kv_written_gb);
+            printf("  %-36s %8.3f GB %6.3fx\n", "device total (/proc/self/io)", r->written_gb,
+                   r->written_gb / r->kv_written_gb);
         }
     }
     printf("\nratio to the best peer in this run (1.00 = best; put, cold, hit: value/best, the rest: best/value)\n");

@@ -65,6 +65,11 @@
 #define ST_SHARD_OVERHEAD (8u << 10) /* about a shard's header and padding */
 #define ST_TARGET_DIV 64 /* default shard size: capacity / this (at least 512 KiB) */
 
+/* Why a shard file was written (kvx_store's wrote[]): a flush's new
+ * blocks (and a keyed store's tombstones), eviction's carry, compaction's
+ * merge, anything else (gc's salvage, a migration). */
+enum { ST_WROTE_PUT, ST_WROTE_CARRY, ST_WROTE_MERGE, ST_WROTE_OTHER, ST_WROTE_N };
+
 typedef struct st_cache {
     uint64_t gen;
     kvx_shard *sh; /* one reference, owned by the cache */
@@ -215,6 +220,13 @@ struct kvx_store {
                             is below the cut, and carries nothing (set by
                             kvx_st_evict_for_ids for its first pass) */
     uint64_t carried;      /* blocks this handle carried forward (benchmarks) */
+    /* bytes of the shard files this handle wrote, by why (benchmarks:
+     * bench_peers --mode trace prints the split): pages, the pages' bytes
+     * added; files, the sealed files' whole sizes (pages, tables, records,
+     * header and padding). Under wmu. */
+    struct {
+        uint64_t pages, files;
+    } wrote[ST_WROTE_N];
     /* what evictions removed, not yet taken (kvx_store_evicted): a ring
      * of ev_n from ev_head, growing up to KVX_EVICTED_MAX; under ev_mu */
     pthread_mutex_t ev_mu;
@@ -459,9 +471,10 @@ typedef struct st_move {
     int tomb;     /* a tombstone (keyed stores): carried, never indexed */
 } st_move;
 /* Copies the moves' blocks into new sealed shards (in shards/, not yet
- * published) of the given flags; a bad page is not copied (new_gen 0). */
+ * published) of the given flags; a bad page is not copied (new_gen 0).
+ * why (ST_WROTE_*): what s->wrote counts the files under. */
 int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t *busy, st_sealed **io_out,
-                   size_t *io_n);
+                   size_t *io_n, int why);
 /* Appends the entries of shard b as moves, each with its recency r[i];
  * with hot_only, only entries used after hot_after. */
 int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, uint64_t hot_after, st_move **mv,

@@ -277,6 +277,7 @@ static int st_put_one(kvx_store *s, kvx_store_batch *x, int kind, const st_query
     e.digest = kind == ST_KIND_LINEAGE ? q->digest : NULL;
     e.scales = kvx_quant_is_fp8(s->g.quant) && !s->keyed ? scales : NULL;
     if ((rc = kvx_shard_writer_add(o->w, &e))) return rc;
+    s->wrote[ST_WROTE_PUT].pages += s->keyed ? q->page_len : s->page_bytes;
     if (!e.digest && !s->keyed) o->nunv++; /* keyed pages are not "unverified" blocks */
     st_query pq = *q;
     /* a plain block keeps no tokens or digest; a keyed page keeps its

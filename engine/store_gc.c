@@ -103,7 +103,8 @@ static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, size_
     uint32_t src = s->reg->rec[b].flags;
     uint32_t flags = src & (KVX_FLAG_HASHES | KVX_FLAG_LINEAGE | KVX_FLAG_SCALES | KVX_FLAG_KEYS | KVX_FLAG_DIGEST |
                             KVX_FLAG_SEQ | KVX_FLAG_TOMB);
-    if (nmv) rc = kvx_st_rewrite(s, mv, nmv, flags, busy, &added, &nadded); /* bad pages are not copied */
+    /* bad pages are not copied */
+    if (nmv) rc = kvx_st_rewrite(s, mv, nmv, flags, busy, &added, &nadded, ST_WROTE_OTHER);
     if (!rc) {
         st_drop d = {s, victims, added, nadded, mv, nmv, 0, 1, damaged};
         rc = kvx_st_drop_write(s, &d);

@@ -476,7 +476,8 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
     st_sealed *added = NULL;
     size_t nadded = 0;
     uint8_t busy[ST_SLOTS] = {0};
-    if (!rc && nmv && kvx_st_rewrite(s, mv, nmv, kvx_st_kind_flags(s, ST_KIND_LINEAGE), busy, &added, &nadded) != 0) {
+    if (!rc && nmv &&
+        kvx_st_rewrite(s, mv, nmv, kvx_st_kind_flags(s, ST_KIND_LINEAGE), busy, &added, &nadded, ST_WROTE_CARRY) != 0) {
         nmv = 0; /* carrying is an optimisation: evict without it */
         nadded = 0;
         kvx_clear_error();
@@ -488,7 +489,8 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
         else {
             mv = all_mv;
             size_t before = nadded;
-            rc = kvx_st_rewrite(s, tmv, ntmv, kvx_st_kind_flags(s, ST_KIND_PLAIN), busy, &added, &nadded);
+            rc = kvx_st_rewrite(s, tmv, ntmv, kvx_st_kind_flags(s, ST_KIND_PLAIN), busy, &added, &nadded,
+                                ST_WROTE_CARRY);
             if (rc) {
                 kvx_st_unlink_sealed(s, added, before);
                 nadded = 0;
@@ -638,7 +640,7 @@ int kvx_st_compact(kvx_store *s, int full)
         st_sealed *added = NULL;
         size_t nadded = 0;
         uint8_t busy[ST_SLOTS] = {0};
-        if (nmv) rc = kvx_st_rewrite(s, mv, nmv, flags, busy, &added, &nadded); /* sealed: durable */
+        if (nmv) rc = kvx_st_rewrite(s, mv, nmv, flags, busy, &added, &nadded, ST_WROTE_MERGE); /* sealed: durable */
         if (!rc) {
             st_drop d = {s, victims, added, nadded, mv, nmv, 0, 1, 0};
             rc = kvx_st_drop_write(s, &d);

@@ -86,7 +86,8 @@ static int st_migrate_shard(kvx_store *s, uint32_t b)
     uint32_t flags = kvx_st_kind_flags(s, (s->reg->rec[b].flags & KVX_FLAG_LINEAGE) ? ST_KIND_LINEAGE : ST_KIND_PLAIN);
     st_sealed *added = NULL;
     size_t nadded = 0;
-    if (!rc && nmv) rc = kvx_st_rewrite(s, mv, nmv, flags, busy, &added, &nadded); /* bad pages are not copied */
+    /* bad pages are not copied */
+    if (!rc && nmv) rc = kvx_st_rewrite(s, mv, nmv, flags, busy, &added, &nadded, ST_WROTE_OTHER);
     if (!rc) {
         st_drop d = {s, victims, added, nadded, mv, nmv, 0, 0, 0};
         rc = kvx_st_drop_write(s, &d);

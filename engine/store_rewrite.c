@@ -17,7 +17,7 @@
  * page is not carried (its move gets new_gen 0 and it leaves the index
  * with its shard). */
 int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t *busy, st_sealed **io_out,
-                      size_t *io_n)
+                      size_t *io_n, int why)
 {
     st_open o = {0};
     int rc = 0;
@@ -78,6 +78,7 @@ int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t 
          * sequence numbers takes 1, older than every commit since */
         if (!rc && (flags & KVX_FLAG_SEQ)) rc = kvx_shard_writer_set_seq(o.w, ni, seq ? seq : 1);
         if (rc) break;
+        if (!tomb) s->wrote[why].pages += e.bytes;
         m->seq = seq;
         m->tomb = tomb;
         if (!in.digest && !tomb && !(flags & KVX_FLAG_KEYS)) o.nunv++;
@@ -93,6 +94,7 @@ int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t 
             }
             *io_out = arr;
             if ((rc = kvx_st_writer_seal(s, &o, &x, 0))) break;
+            s->wrote[why].files += x.bytes;
             x.last_use = last_use ? last_use : x.last_use;
             arr[(*io_n)++] = x;
             last_use = 0;
@@ -105,6 +107,7 @@ int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t 
         else {
             *io_out = arr;
             if (!(rc = kvx_st_writer_seal(s, &o, &x, 0))) {
+                s->wrote[why].files += x.bytes;
                 x.last_use = last_use ? last_use : x.last_use;
                 arr[(*io_n)++] = x;
             }

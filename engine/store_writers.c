@@ -176,6 +176,7 @@ int kvx_st_seal_parked(kvx_store *s, st_sealed *v, size_t n, uint64_t seq)
             return kvx_fail(-errno, "store %s: stat staging/%s: %s", s->dir, v[i].staged, strerror(errno));
         v[i].bytes = (uint64_t)st.st_size;
         v[i].ino = (uint64_t)st.st_ino; /* a rename keeps it */
+        s->wrote[ST_WROTE_PUT].files += v[i].bytes;
     }
     return 0;
 }

@@ -616,7 +616,32 @@ static int idx_write_run(MDB_txn *txn, void *p)
     return 0;
 }
 
+static int idx_write(kvx_index *ix, kvx_idx_body body, void *ctx);
+
+/* write_bytes of /proc/thread-self/io (0 when it cannot be read). */
+static uint64_t idx_thread_write_bytes(void)
+{
+    char buf[512];
+    int fd = open("/proc/thread-self/io", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = '\0';
+    const char *p = strstr(buf, "\nwrite_bytes: ");
+    return p ? strtoull(p + 14, NULL, 10) : 0;
+}
+
 int kvx_idx_write(kvx_index *ix, kvx_idx_body body, void *ctx)
+{
+    if (!ix->count_io) return idx_write(ix, body, ctx);
+    uint64_t before = idx_thread_write_bytes();
+    int rc = idx_write(ix, body, ctx);
+    ix->wrote += idx_thread_write_bytes() - before;
+    return rc;
+}
+
+static int idx_write(kvx_index *ix, kvx_idx_body body, void *ctx)
 {
     if (ix->rdonly_env) return kvx_fail(-EROFS, "index: opened read-only (no write permission)");
     int rc = idx_poisoned(ix);

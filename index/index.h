@@ -154,6 +154,11 @@ typedef struct kvx_index {
     dev_t db_dev;
     ino_t db_ino;
     int64_t next_check_ns; /* CLOCK_MONOTONIC_COARSE; racy reads are fine */
+    /* benchmarks (bench_peers --mode trace): with count_io set, wrote adds
+     * the bytes each kvx_idx_write's thread dirtied in the page cache
+     * (/proc/thread-self/io write_bytes around it): the catalog's writes */
+    int count_io;
+    uint64_t wrote;
     /* process-wide registry */
     dev_t dev;
     ino_t ino;
