@@ -313,7 +313,7 @@ int kvx_st_quarantine(kvx_store *s, const char *name, const char *why);
  * never counted, never removed. */
 int kvx_st_quarantine_name(const char *name);
 /* kvx's files in quarantine/ (not counting .why notes), and their bytes
- * held on disk. */
+ * held on disk (store_quarantine.c). */
 uint64_t kvx_st_quarantine_count(kvx_store *s, uint64_t *bytes);
 /* quarantine/'s retention (docs/STORE.md "Quarantine"): at most a quarter
  * of the capacity in bytes and ST_QUARANTINE_FILES files; past either,

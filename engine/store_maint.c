@@ -147,6 +147,7 @@ int kvx_st_drop_write(kvx_store *s, st_drop *d)
 void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const char *damaged)
 {
     uint8_t gone[ST_SLOTS] = {0}; /* out of shards/: its mark may go */
+    uint64_t q0 = s->quarantined;
     int unlinked = 0;
     for (int b = 0; b < ST_SLOTS; b++) {
         if (!victims[b]) continue;
@@ -178,8 +179,8 @@ void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const char *damaged
         st_mark_name(mark, sizeof mark, s->reg->rec[b].gen, damaged != NULL);
         kvx_os.unlinkat(s->stagingfd, mark, 0); /* no fsync: recovery removes a mark whose file is gone */
     }
-    /* quarantine/'s retention (this drop may have added to it) */
-    if (kvx_st_quarantine_retain(s) != 0) kvx_clear_error();
+    /* quarantine/'s retention, when this drop added to it */
+    if (s->quarantined != q0 && kvx_st_quarantine_retain(s) != 0) kvx_clear_error();
 }
 
 int kvx_st_drop_bad_shards(kvx_store *s, st_keep_fn keep)

@@ -179,31 +179,6 @@ int kvx_st_quarantine_name(const char *name)
     return 1;
 }
 
-static int st_count_q(kvx_store *s, int fd, const char *name, void *ctx)
-{
-    (void)s;
-    uint64_t *n = ctx;
-    if (!kvx_st_quarantine_name(name)) return 0; /* a note, or a file kvx never put there */
-    n[0]++;
-    struct stat st;
-    if (kvx_os.fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode))
-        n[1] += (uint64_t)st.st_blocks * 512 < (uint64_t)st.st_size ? (uint64_t)st.st_blocks * 512
-                                                                     : (uint64_t)st.st_size;
-    return 0;
-}
-
-uint64_t kvx_st_quarantine_count(kvx_store *s, uint64_t *bytes)
-{
-    uint64_t n[2] = {0, 0};
-    int qfd = kvx_os.openat(s->dirfd, ST_QUARANTINE, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (qfd >= 0) {
-        if (kvx_st_each_file(s, qfd, st_count_q, n) != 0) kvx_clear_error();
-        kvx_os.close(qfd);
-    }
-    if (bytes) *bytes = n[1];
-    return n[0];
-}
-
 /* A file of the store directory, only when it is a regular file (store.h). */
 int kvx_st_open_file(kvx_store *s, const char *name, int flags, mode_t mode, int *out_fd)
 {

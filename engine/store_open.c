@@ -514,7 +514,7 @@ KVX_API int kvx_store_plan_reindex(kvx_store_plan **out, const char *dir)
      * store (migrated only from its sound catalog) is refused as it is */
     if (!rc && s->version < ST_STORE_VERSION) rc = kvx_st_refuse_unmigrated(s);
     if (!rc) rc = kvx_st_plan_make(s, ST_PLAN_STAGING | ST_PLAN_REBUILD, &p);
-    if (!rc) rc = kvx_st_plan_wrap(out, p, dir);
+    if (!rc) rc = kvx_st_plan_wrap(out, p);
     else kvx_st_plan_free(p);
     st_free(s);
     if (!rc) kvx_clear_error();

@@ -217,6 +217,24 @@ static int st_plan_staging_file(kvx_store *s, int fd, const char *name, void *ct
 
 /* ------------------------------------------------- the catalog as it is */
 
+/* The largest sequence number of sh's entries (0 without a sequence
+ * table): a file whose largest number is that of a commit that never
+ * answered is a file of that commit (a commit writes its own number, and
+ * the older number of a copy whose bytes equal one another batch
+ * committed, never a newer one), and nothing of it was acknowledged. */
+static uint64_t st_max_seq(const kvx_shard *sh)
+{
+    uint32_t n = kvx_shard_get_info(sh)->num_blocks;
+    uint64_t max = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t seq = 0;
+        int tomb = 0;
+        kvx_shard_entry_commit(sh, i, &seq, &tomb);
+        if (seq > max) max = seq;
+    }
+    return max;
+}
+
 /* Can unregistered file name hold no record a reader must know: it is not
  * a valid shard of this store, or every entry carries the number of a
  * commit that never answered? (Opened only when unregistered: rare.) */
@@ -234,16 +252,9 @@ static int st_holds_nothing(kvx_store *s, const char *name, const uint64_t *un, 
         kvx_shard_close(sh);
         return 1; /* foreign */
     }
-    uint32_t n = kvx_shard_get_info(sh)->num_blocks;
-    uint64_t max = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t seq = 0;
-        int tomb = 0;
-        kvx_shard_entry_commit(sh, i, &seq, &tomb);
-        if (seq > max) max = seq;
-    }
+    uint64_t max = st_max_seq(sh);
     kvx_shard_close(sh);
-    int hit = 0; /* a file of a commit that never answered (st_file_seqs) */
+    int hit = 0; /* a file of a commit that never answered (st_max_seq) */
     for (size_t k = 0; k < nun && max; k++) hit |= un[k] == max;
     return hit;
 }
@@ -320,26 +331,6 @@ int kvx_st_catalog_current(kvx_store *s, int reader, const uint64_t *unacked, si
 }
 
 /* ------------------------------------------------------------ shards/ */
-
-/* The largest sequence number of sh (0 without a sequence table), and
- * whether it is the number of a commit that never answered: then sh is a
- * file of that commit (a commit writes its own number, and the older
- * number of a copy whose bytes equal one another batch committed: never
- * a newer one), and nothing of it was acknowledged. */
-static uint64_t st_file_seqs(const kvx_st_plan *p, const kvx_shard *sh, int *unacked, uint64_t *which)
-{
-    uint32_t n = kvx_shard_get_info(sh)->num_blocks;
-    uint64_t max = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint64_t seq = 0;
-        int tomb = 0;
-        kvx_shard_entry_commit(sh, i, &seq, &tomb);
-        if (seq > max) max = seq;
-    }
-    *unacked = max && st_unacked(p, max);
-    *which = max;
-    return max;
-}
 
 /* Does file a hold a shard byte against file b? By their records: the
  * newer sequence numbers, then more entries; equal in both, they are the
@@ -455,11 +446,10 @@ static int st_plan_shard_file(kvx_store *s, int fd, const char *name, void *ctx)
         kvx_shard_close(sh);
         return st_set_aside(p, name, gen, (uint64_t)st.st_size, whose);
     }
-    int unacked = 0;
-    uint64_t useq = 0;
-    st_found cand = {gen, sh, (uint64_t)st.st_size, st_file_seqs(p, sh, &unacked, &useq), (uint64_t)st.st_ino, ""};
+    uint64_t useq = st_max_seq(sh);
+    st_found cand = {gen, sh, (uint64_t)st.st_size, useq, (uint64_t)st.st_ino, ""};
     snprintf(cand.name, sizeof cand.name, "%s", name);
-    if (unacked) {
+    if (useq && st_unacked(p, useq)) {
         kvx_shard_close(sh);
         st_step *x = st_add(p, ST_IN_SHARDS, ST_ACT_DELETE, ST_K_SHARD, name);
         if (!x) return -ENOMEM;
@@ -687,6 +677,7 @@ static int st_plan_keep_registered(kvx_store *s, kvx_st_plan *p)
         x->bytes = s->reg->rec[b].file_bytes;
         x->byte = (int)b;
         x->indexed = s->reg->rec[b].n_entries;
+        p->blocks += x->indexed;
         snprintf(x->why, sizeof x->why, "named by the sound catalog, as it is (size and inode as recorded)");
     }
     return 0;
@@ -735,7 +726,6 @@ int kvx_st_plan_make(kvx_store *s, unsigned mode, kvx_st_plan **out)
         if (!rc) rc = st_plan_index(s, p);
     } else if (!rc) {
         rc = st_plan_keep_registered(s, p);
-        for (uint32_t b = 0; b < ST_SLOTS; b++) p->blocks += s->reg->live[b] ? s->reg->rec[b].n_entries : 0;
     }
     if (!rc) rc = kvx_st_plan_retention(s, p);
     if (rc) {
@@ -786,9 +776,8 @@ struct kvx_store_plan {
     kvx_st_plan *p;
 };
 
-int kvx_st_plan_wrap(kvx_store_plan **out, kvx_st_plan *p, const char *dir)
+int kvx_st_plan_wrap(kvx_store_plan **out, kvx_st_plan *p)
 {
-    (void)dir;
     kvx_store_plan *h = calloc(1, sizeof *h);
     if (!h) {
         kvx_st_plan_free(p);

@@ -154,7 +154,7 @@ int kvx_st_quarantine_expire(kvx_store *s, const char *name);
 
 /* The public plan (kvx_store_plan) taking p (freed with it, or now on
  * failure): 0 or ENOMEM. */
-int kvx_st_plan_wrap(kvx_store_plan **out, kvx_st_plan *p, const char *dir);
+int kvx_st_plan_wrap(kvx_store_plan **out, kvx_st_plan *p);
 
 /* store_apply.c: carries p out (writer lock held). */
 int kvx_st_plan_apply(kvx_store *s, kvx_st_plan *p);

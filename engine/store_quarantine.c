@@ -18,13 +18,13 @@
 typedef struct st_qfile {
     char name[256];
     uint64_t bytes;
-    int64_t when; /* quarantined at: its .why note's mtime, else the file's */
+    int64_t when; /* quarantined at: its .why note's mtime (INT64_MIN without one) */
 } st_qfile;
 
 typedef struct st_qlist {
     st_qfile *v;
     size_t n, cap;
-    int qfd;
+    int ages; /* also read each file's note for its age (retention) */
 } st_qlist;
 
 static int st_list_q(kvx_store *s, int fd, const char *name, void *ctx)
@@ -45,12 +45,34 @@ static int st_list_q(kvx_store *s, int fd, const char *name, void *ctx)
     snprintf(q->name, sizeof q->name, "%s", name);
     uint64_t alloc = (uint64_t)st.st_blocks * 512;
     q->bytes = alloc < (uint64_t)st.st_size ? alloc : (uint64_t)st.st_size;
+    if (!l->ages) return 0;
     char wn[300];
     snprintf(wn, sizeof wn, "%s.why", name);
     /* without its note: a removal cut between the two unlinks (the note
      * goes first), or a note that could not be written: the oldest */
     q->when = kvx_os.fstatat(fd, wn, &w, AT_SYMLINK_NOFOLLOW) == 0 ? (int64_t)w.st_mtime : INT64_MIN;
     return 0;
+}
+
+/* kvx's regular files in quarantine/ (none when it is missing). */
+static int st_qlist_read(kvx_store *s, st_qlist *l)
+{
+    int qfd = kvx_os.openat(s->dirfd, "quarantine", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (qfd < 0) return 0;
+    int rc = kvx_st_each_file(s, qfd, st_list_q, l);
+    kvx_os.close(qfd);
+    return rc;
+}
+
+uint64_t kvx_st_quarantine_count(kvx_store *s, uint64_t *bytes)
+{
+    st_qlist l = {0};
+    if (st_qlist_read(s, &l) != 0) kvx_clear_error(); /* a count, not a verdict */
+    uint64_t b = 0;
+    for (size_t i = 0; i < l.n; i++) b += l.v[i].bytes;
+    free(l.v);
+    if (bytes) *bytes = b;
+    return l.n;
 }
 
 static int st_cmp_qfile(const void *a, const void *b)
@@ -72,13 +94,8 @@ int kvx_st_plan_retention(kvx_store *s, kvx_st_plan *p)
             in_bytes += p->steps[i].bytes;
             in_files++;
         }
-    st_qlist l = {0};
-    l.qfd = kvx_os.openat(s->dirfd, "quarantine", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
-    int rc = 0;
-    if (l.qfd >= 0) {
-        rc = kvx_st_each_file(s, l.qfd, st_list_q, &l);
-        kvx_os.close(l.qfd);
-    }
+    st_qlist l = {.ages = 1};
+    int rc = st_qlist_read(s, &l);
     uint64_t bytes = in_bytes, files = in_files;
     for (size_t i = 0; i < l.n; i++) bytes += l.v[i].bytes;
     files += l.n;
@@ -109,7 +126,7 @@ int kvx_st_quarantine_expire(kvx_store *s, const char *name)
     int qfd = kvx_os.openat(s->dirfd, "quarantine", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC, 0);
     if (qfd < 0) return -errno;
     /* the note first: a crash between the two leaves the file, which the
-     * next pass takes first (store_plan.c st_list_q), never a note alone */
+     * next pass takes first (st_list_q), never a note alone */
     char wn[300];
     snprintf(wn, sizeof wn, "%s.why", name);
     kvx_os.unlinkat(qfd, wn, 0);

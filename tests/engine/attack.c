@@ -27,36 +27,6 @@
 #include "common/os.h"
 #include "lib/store.h"
 
-/* Writes dir/sub/name with n bytes (not sparse) and, when why, a .why note. */
-static void plant(const char *dir, const char *sub, const char *name, size_t n, int why)
-{
-    char p[800];
-    snprintf(p, sizeof p, "%.300s/%.20s", dir, sub);
-    mkdir(p, 0700);
-    snprintf(p, sizeof p, "%.300s/%.20s/%.200s", dir, sub, name);
-    FILE *f = fopen(p, "wb");
-    assert_non_null(f);
-    char *buf = malloc(n ? n : 1);
-    memset(buf, 0x5a, n);
-    assert_int_equal(fwrite(buf, 1, n, f), n);
-    free(buf);
-    assert_int_equal(fclose(f), 0);
-    if (!why) return;
-    snprintf(p, sizeof p, "%.300s/%.20s/%.200s.why", dir, sub, name);
-    f = fopen(p, "w");
-    assert_non_null(f);
-    fputs("planted by the test\n", f);
-    fclose(f);
-}
-
-static int exists(const char *dir, const char *sub, const char *name)
-{
-    char p[800];
-    struct stat st;
-    snprintf(p, sizeof p, "%.300s/%.20s/%.200s", dir, sub, name);
-    return lstat(p, &st) == 0;
-}
-
 /* staging/.<seq 16 hex>.pending as an empty regular file (dir: a directory). */
 static void plant_mark(const char *dir, uint64_t seq, int as_dir)
 {
@@ -107,16 +77,16 @@ static void test_retention_deletes_a_file_kvx_never_wrote(void **state)
     kvx_store *s = su_store(dir, sizeof dir, (su_spec){0});
     su_put_flush(s, 1, 6);
     kvx_store_close(s);
-    plant(dir, "quarantine", "my-notes.txt", 9, 0);
+    su_plant(dir, "quarantine", "my-notes.txt", 9, 0);
     for (int i = 0; i < 64; i++) {
         char name[32];
         snprintf(name, sizeof name, "%016x.kvx", 0x1000 + i);
-        plant(dir, "quarantine", name, 64, 1);
+        su_plant(dir, "quarantine", name, 64, time(NULL));
     }
     s = su_reopen(dir, 0);
     assert_int_equal(kvx_store_gc(s), 0);
     kvx_store_close(s);
-    if (!exists(dir, "quarantine", "my-notes.txt"))
+    if (!su_exists(dir, "quarantine", "my-notes.txt"))
         fail_msg("quarantine/my-notes.txt, a file kvx never wrote, was deleted by retention");
 }
 
@@ -135,7 +105,7 @@ static void test_quarantine_file_evicts_every_live_shard(void **state)
     for (uint64_t q = 1; q <= 8; q++) su_put_flush(s, q, 6);
     kvx_store_stats st = su_stat(s);
     assert_true(st.bytes < cap / 2);
-    plant(dir, "quarantine", "00000000000000ff.kvx", (size_t)cap * 2, 1);
+    su_plant(dir, "quarantine", "00000000000000ff.kvx", (size_t)cap * 2, time(NULL));
     su_put_flush(s, 100, 6);
     size_t kept = 0;
     for (uint64_t q = 1; q <= 8; q++) kept += su_served_prefix(s, q, 6) == 6;
@@ -423,8 +393,8 @@ static void test_reindex_deletes_a_users_index_old(void **state)
     kvx_store_close(s);
     sh("cp -a '%s/index' '%s/index.old' && echo mine > '%s/index.old/README'", dir);
     assert_int_equal(kvx_store_reindex_dir(dir, KVX_STORE_NOWAIT), 0);
-    assert_true(exists(dir, "index.old", "README"));
-    if (!exists(dir, "index.old", "data.mdb"))
+    assert_true(su_exists(dir, "index.old", "README"));
+    if (!su_exists(dir, "index.old", "data.mdb"))
         fail_msg("reindex deleted index.old/data.mdb, a user's copy beside a README kvx never wrote");
 }
 

@@ -130,39 +130,6 @@ static void test_quarantine_bounded_after_kills(void **state)
                  st.quarantined, q);
     assert_int_equal(st.quarantine_bytes, q);
 }
-/* Writes dir/sub/name with n bytes (not sparse) and, when why_at is not 0,
- * its .why note dated why_at. */
-static void plant(const char *dir, const char *sub, const char *name, size_t n, time_t why_at)
-{
-    char p[800];
-    snprintf(p, sizeof p, "%.300s/%.20s", dir, sub);
-    mkdir(p, 0700);
-    snprintf(p, sizeof p, "%.300s/%.20s/%.200s", dir, sub, name);
-    FILE *f = fopen(p, "wb");
-    assert_non_null(f);
-    char *buf = malloc(n ? n : 1);
-    memset(buf, 0x5a, n);
-    assert_int_equal(fwrite(buf, 1, n, f), n);
-    free(buf);
-    assert_int_equal(fclose(f), 0);
-    if (!why_at) return;
-    snprintf(p, sizeof p, "%.300s/%.20s/%.200s.why", dir, sub, name);
-    f = fopen(p, "w");
-    assert_non_null(f);
-    fputs("planted by the test\n", f);
-    fclose(f);
-    struct timespec ts[2] = {{why_at, 0}, {why_at, 0}};
-    assert_int_equal(utimensat(AT_FDCWD, p, ts, 0), 0);
-}
-
-static int exists(const char *dir, const char *sub, const char *name)
-{
-    char p[800];
-    struct stat st;
-    snprintf(p, sizeof p, "%.300s/%.20s/%.200s", dir, sub, name);
-    return lstat(p, &st) == 0;
-}
-
 /* quarantine/'s retention: at most a quarter of the capacity in bytes and
  * 64 files; past either, a writer's open removes the oldest (by the time
  * of its .why note) first, with its note, and keeps the newest; stat
@@ -180,10 +147,10 @@ static void test_quarantine_retention(void **state)
     for (int i = 0; i < 70; i++) { /* 70 x 4 KiB, the oldest first (names kvx gives: <16 hex>.kvx) */
         char name[32];
         snprintf(name, sizeof name, "%016x.kvx", 0x100 + i);
-        plant(dir, "quarantine", name, 4096, t0 + i);
+        su_plant(dir, "quarantine", name, 4096, t0 + i);
     }
-    plant(dir, "quarantine", "00000000000001ff.kvx.1", 768 << 10, t0 + 1000); /* the newest, a clash's suffix */
-    plant(dir, "quarantine", "notes.txt", 8192, t0 - 10); /* not kvx's: never counted, never removed */
+    su_plant(dir, "quarantine", "00000000000001ff.kvx.1", 768 << 10, t0 + 1000); /* the newest, a clash's suffix */
+    su_plant(dir, "quarantine", "notes.txt", 8192, t0 - 10); /* not kvx's: never counted, never removed */
     /* 71 files, 1,048 KiB: over 64 files and over 1 MiB (a quarter) */
     s = su_reopen(dir, 0);
     kvx_recovery_report r;
@@ -193,12 +160,12 @@ static void test_quarantine_retention(void **state)
         char name[32], why[40];
         snprintf(name, sizeof name, "%016x.kvx", 0x100 + i);
         snprintf(why, sizeof why, "%s.why", name);
-        if (exists(dir, "quarantine", name) != (i >= 7))
+        if (su_exists(dir, "quarantine", name) != (i >= 7))
             fail_msg("quarantine/%s (the %d-th oldest) %s", name, i + 1, i >= 7 ? "was removed" : "was kept");
-        assert_int_equal(exists(dir, "quarantine", why), i >= 7);
+        assert_int_equal(su_exists(dir, "quarantine", why), i >= 7);
     }
-    assert_true(exists(dir, "quarantine", "00000000000001ff.kvx.1"));
-    assert_true(exists(dir, "quarantine", "notes.txt"));
+    assert_true(su_exists(dir, "quarantine", "00000000000001ff.kvx.1"));
+    assert_true(su_exists(dir, "quarantine", "notes.txt"));
     assert_int_equal(r.expired, 7);
     assert_int_equal(st.quarantined, 64);
     assert_int_equal(st.quarantine_bytes, bytes_in(dir, "quarantine"));
@@ -283,8 +250,8 @@ static void test_plan_changes_nothing_and_apply_follows_it(void **state)
     fseek(f, 0x41, SEEK_SET);
     fputc(0xee, f);
     fclose(f);
-    plant(dir, "staging", ".00000000000000aa.kvx.tmp.1234", 100, 0);
-    plant(dir, "shards", "notes.txt", 10, 0);
+    su_plant(dir, "staging", ".00000000000000aa.kvx.tmp.1234", 100, 0);
+    su_plant(dir, "shards", "notes.txt", 10, 0);
     snprintf(p, sizeof p, "%s/shards/00000000000000ff.kvx", dir);
     assert_int_equal(mkfifo(p, 0600), 0);
     static char before[65536], after[65536];
@@ -342,7 +309,7 @@ static void test_plan_changes_nothing_and_apply_follows_it(void **state)
     assert_int_equal(got.shards_kept, want.shards_kept);
     assert_int_equal(got.blocks_indexed, want.blocks_indexed);
     assert_int_equal(got.failed, 0);
-    assert_true(exists(dir, "quarantine", names[0]));
+    assert_true(su_exists(dir, "quarantine", names[0]));
     /* applied: nothing left to do but keep and leave alone */
     assert_int_equal(kvx_store_plan_reindex(&plan, dir), 0);
     kvx_store_plan_summary(plan, &want);
@@ -396,12 +363,12 @@ static void messy_store(char *dir, size_t cap)
     fseek(f, 0x41, SEEK_SET);
     fputc(0xee, f);
     fclose(f);
-    plant(dir, "staging", ".00000000000000aa.kvx.tmp.99", 100, 0);
+    su_plant(dir, "staging", ".00000000000000aa.kvx.tmp.99", 100, 0);
     time_t t0 = time(NULL) - 5000;
     for (int i = 0; i < 66; i++) {
         char name[32];
         snprintf(name, sizeof name, "%016x.kvx", 0x200 + i);
-        plant(dir, "quarantine", name, 4096, t0 + i);
+        su_plant(dir, "quarantine", name, 4096, t0 + i);
     }
 }
 
@@ -530,7 +497,7 @@ static void test_damaged_tombstone_file_gc_then_reindex(void **state)
     fclose(f);
     s = su_reopen(dir, 0); /* the catalog stands (size and inode unchanged) */
     assert_int_equal(kvx_store_gc(s), 0);
-    assert_true(exists(dir, "quarantine", names_on_disk[1]));
+    assert_true(su_exists(dir, "quarantine", names_on_disk[1]));
     assert_int_equal(keyed_served(s, "dead", 1), 0);
     assert_int_equal(keyed_served(s, "alive", 1), 1);
     kvx_store_close(s);

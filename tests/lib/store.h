@@ -27,6 +27,9 @@
 
 #include <cmocka.h>
 
+#include <fcntl.h>
+#include <time.h>
+
 #include "pages.h"
 
 /* What su_store and su_create make. */
@@ -370,5 +373,39 @@ static inline void su_forge_crc(uint8_t *p, size_t n, uint32_t want)
  * appended to both collides block for block. */
 static const uint32_t COLL_A[4] __attribute__((unused)) = {2849051040u, 4145281261u, 3375848879u, 1394986490u};
 static const uint32_t COLL_B[4] __attribute__((unused)) = {2849051040u, 4145281261u, 3465670547u, 1026208435u};
+
+/* Writes dir/sub/name (sub made if missing) with n bytes, not sparse, and,
+ * when note_at is not 0, its quarantine note name.why dated note_at. */
+static inline void su_plant(const char *dir, const char *sub, const char *name, size_t n, time_t note_at)
+{
+    char p[800];
+    snprintf(p, sizeof p, "%.300s/%.20s", dir, sub);
+    mkdir(p, 0700);
+    snprintf(p, sizeof p, "%.300s/%.20s/%.200s", dir, sub, name);
+    FILE *f = fopen(p, "wb");
+    assert_non_null(f);
+    char *buf = malloc(n ? n : 1);
+    memset(buf, 0x5a, n);
+    assert_int_equal(fwrite(buf, 1, n, f), n);
+    free(buf);
+    assert_int_equal(fclose(f), 0);
+    if (!note_at) return;
+    snprintf(p, sizeof p, "%.300s/%.20s/%.200s.why", dir, sub, name);
+    f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("planted by the test\n", f);
+    fclose(f);
+    struct timespec ts[2] = {{note_at, 0}, {note_at, 0}};
+    assert_int_equal(utimensat(AT_FDCWD, p, ts, 0), 0);
+}
+
+/* Does dir/sub/name exist (any type, never followed)? */
+static inline int su_exists(const char *dir, const char *sub, const char *name)
+{
+    char p[800];
+    struct stat st;
+    snprintf(p, sizeof p, "%.300s/%.20s/%.200s", dir, sub, name);
+    return lstat(p, &st) == 0;
+}
 
 #endif
