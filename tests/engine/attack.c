@@ -47,6 +47,7 @@ static void plant_mark(const char *dir, uint64_t seq, int as_dir)
  * writer's open deletes every acknowledged file whose entries carry that
  * number. A stale or planted mark (a backup that copied staging/ mid-flush
  * and shards/ and index/ after it) wipes acknowledged data. */
+/* PROMISE: RECOVER-34 */
 static void test_stale_commit_mark_deletes_acknowledged_files(void **state)
 {
     (void)state;
@@ -70,6 +71,7 @@ static void test_stale_commit_mark_deletes_acknowledged_files(void **state)
  * oldest first, and a file without a .why note is "the oldest": a file
  * kvx never put there (a user's note, a copy kept for a bug report) is
  * the first one deleted. */
+/* PROMISE: RECOVER-35 */
 static void test_retention_deletes_a_file_kvx_never_wrote(void **state)
 {
     (void)state;
@@ -96,6 +98,7 @@ static void test_retention_deletes_a_file_kvx_never_wrote(void **state)
  * live shard (the live bytes were far below the capacity, and retention
  * keeps quarantine/ within a quarter of it), and only then does
  * retention delete the file. */
+/* PROMISE: RECOVER-35 */
 static void test_quarantine_file_evicts_every_live_shard(void **state)
 {
     (void)state;
@@ -122,6 +125,7 @@ static void test_quarantine_file_evicts_every_live_shard(void **state)
  * reindex are all refused with EIO ("more than 256 commit marks"), which
  * names neither the cause's fix nor an I/O error: the store cannot be
  * opened to write until someone removes files from staging/ by hand. */
+/* PROMISE: RECOVER-34 */
 static void test_many_spent_marks_refuse_the_writer(void **state)
 {
     (void)state;
@@ -154,6 +158,7 @@ static void copy_fixture(char *dir, size_t cap, const char *name)
  * release before sequence numbers answers a full plan (keep 13 shards,
  * 76 blocks, rc 0), but the reindex it describes is refused with
  * KVX_EVERSION: the dry run promises what the reindex will not do. */
+/* PROMISE: RECOVER-36 */
 static void test_dry_run_promises_a_reindex_that_is_refused(void **state)
 {
     (void)state;
@@ -225,6 +230,7 @@ static void sh(const char *fmt, const char *dir)
  * delete's mark makes a keyed reader serve a page its owner deleted (an
  * acknowledged delete undone), where without it the reader refuses with
  * KVX_ESTALE, and the writer keeps the tombstone. */
+/* PROMISE: RECOVER-1 */
 static void test_reader_counts_a_directory_as_a_mark(void **state)
 {
     (void)state;
@@ -276,6 +282,7 @@ static int kill_unlinkat(int fd, const char *name, int flags)
  * before its mark goes, recovery deletes the batch's other files (all of
  * the mark's number) but keeps and publishes that one, with the batch's
  * new pages in it: a commit that never answered lands in part. */
+/* PROMISE: DUR-4 */
 static void test_unanswered_keyed_commit_lands_in_part(void **state)
 {
     (void)state;
@@ -384,6 +391,7 @@ static void test_damaged_tombstone_file_brings_a_deleted_key_back(void **state)
  * user's own copy of index/ kept there (cp -a index index.old, the
  * obvious name for a backup before a repair) is deleted, though kvx never
  * wrote that directory. */
+/* PROMISE: RECOVER-19 */
 static void test_reindex_deletes_a_users_index_old(void **state)
 {
     (void)state;
