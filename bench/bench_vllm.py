@@ -73,7 +73,7 @@ def gib(nbytes, secs):
     return nbytes / secs / (1 << 30)
 
 
-prim = D.Primary(2 * N, CB)
+prim = D.Primary(2 * N, CB, aligned=True)  # vLLM's CPU tier is pinned, page-aligned memory
 for i in range(N):
     prim.fill(i, i)
 want = [prim.get(i) for i in range(N)]

@@ -145,6 +145,11 @@ int kvx_os_pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
     return 0;
 }
 
+void kvx_os_writeback_start(int fd, uint64_t off, uint64_t len)
+{
+    (void)sync_file_range(fd, (off_t)off, (off_t)len, SYNC_FILE_RANGE_WRITE);
+}
+
 int kvx_os_pread_all(int fd, void *buf, size_t len, uint64_t off, size_t *out_got)
 {
     char *p = buf;

@@ -115,6 +115,11 @@ void kvx_os_reset(void);
  * -errno; a read that hits end of file returns -EIO... unless out_got is
  * given, which then receives the bytes read. */
 int kvx_os_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
+/* Starts writeback of [off, off + len) of fd and returns at once
+ * (sync_file_range SYNC_FILE_RANGE_WRITE): advisory, durability is still
+ * the fsync's; errors are ignored. */
+void kvx_os_writeback_start(int fd, uint64_t off, uint64_t len);
+#define KVX_WRITEBACK_STEP ((uint64_t)1 << 20)
 int kvx_os_pread_all(int fd, void *buf, size_t len, uint64_t off, size_t *out_got);
 /* fsync of a directory by path. */
 int kvx_os_fsync_dir(const char *dir);

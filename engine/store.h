@@ -263,6 +263,8 @@ typedef struct st_query {
     const uint8_t *key;    /* a keyed page: every hit compares the whole key */
     uint32_t key_len;
     uint32_t page_len;     /* a keyed put: the page's own length */
+    void *dst;             /* a read into the caller's memory (kvx_store_keyed_read): */
+    size_t dst_cap;        /* the view's page is dst, read and checked there */
 } st_query;
 
 /* ------------------------------------------------------------------ */

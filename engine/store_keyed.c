@@ -64,8 +64,10 @@ KVX_API int kvx_store_keyed_put(kvx_store *s, kvx_store_batch *b, const kvx_key 
     return kvx_st_put_keyed(s, x, keys, pages, page_lens, n, out_new);
 }
 
-/* One snapshot for the whole batch; each key looked up whole. */
-static int sk_lookup_all(kvx_view *views, int *status, kvx_store *s, const kvx_key *keys, size_t n)
+/* One snapshot for the whole batch; each key looked up whole; with dst,
+ * key i's page is read into dst[i] (dst_cap[i] bytes) and checked there. */
+static int sk_lookup_all(kvx_view *views, int *status, kvx_store *s, const kvx_key *keys, size_t n,
+                         void *const *dst, const size_t *dst_cap)
 {
     kvx_cat_snap *snap;
     int rc = kvx_cat_snap_begin(s->cat, &snap);
@@ -75,9 +77,15 @@ static int sk_lookup_all(kvx_view *views, int *status, kvx_store *s, const kvx_k
         uint8_t digest[KVX_DIGEST_BYTES];
         st_query q;
         sk_query(&q, digest, &keys[i]);
+        if (dst) {
+            q.dst = dst[i];
+            q.dst_cap = dst_cap[i];
+        }
         sk_view_clear(&views[i]);
         status[i] = kvx_st_lookup(s, snap, &q, &views[i]);
-        if (status[i] && status[i] != KVX_ENOTFOUND && status[i] != KVX_EPAGECRC && status[i] != KVX_ETRUNC) {
+        int damage = status[i] == KVX_EPAGECRC || status[i] == KVX_ETRUNC ||
+                     (dst && (status[i] == KVX_ECAPACITY || (status[i] < 0 && status[i] > -4096)));
+        if (status[i] && status[i] != KVX_ENOTFOUND && !damage) {
             /* a damaged catalog record or a failed read: an error, not a miss */
             rc = status[i];
             for (size_t j = 0; j <= i; j++) kvx_view_release(&views[j]);
@@ -102,8 +110,36 @@ KVX_API int kvx_store_keyed_get(kvx_view *out_views, int *out_status, kvx_store 
     if (rc) return rc;
     for (size_t i = 0; i < n; i++) sk_view_clear(&out_views[i]);
     if (n == 0) return 0;
-    rc = sk_lookup_all(out_views, out_status, s, keys, n);
+    rc = sk_lookup_all(out_views, out_status, s, keys, n, NULL, NULL);
     if (!rc) kvx_clear_error();
+    return rc;
+}
+
+KVX_API int kvx_store_keyed_read(int *out_status, size_t *out_lens, kvx_store *s, const kvx_key *keys, size_t n,
+                                 void *const *dst, const size_t *dst_cap)
+{
+    static const char fn[] = "kvx_store_keyed_read";
+    if (!s || (n && (!out_status || !dst || !dst_cap))) return kvx_fail(KVX_EINVALID, "%s: NULL argument", fn);
+    int rc = kvx_st_kind_check(s, 1, fn);
+    if (!rc) rc = sk_check_keys(keys, n, fn);
+    if (rc) return rc;
+    for (size_t i = 0; i < n; i++) {
+        if (!dst[i]) return kvx_fail(KVX_EINVALID, "%s: dst[%zu] is NULL", fn, i);
+        if (dst_cap[i] < s->page_bytes)
+            return kvx_fail(KVX_EINVALID, "%s: dst_cap[%zu] is %zu bytes, under the store's page_bytes %llu", fn, i,
+                            dst_cap[i], (unsigned long long)s->page_bytes);
+    }
+    if (out_lens) memset(out_lens, 0, n * sizeof *out_lens);
+    if (n == 0) return 0;
+    kvx_view *v = malloc(n * sizeof *v);
+    if (!v) return kvx_fail(-ENOMEM, "%s: out of memory", fn);
+    rc = sk_lookup_all(v, out_status, s, keys, n, dst, dst_cap);
+    if (!rc) {
+        for (size_t i = 0; i < n && out_lens; i++) out_lens[i] = out_status[i] ? 0 : v[i].page_bytes;
+        kvx_views_release(v, n);
+        kvx_clear_error();
+    }
+    free(v);
     return rc;
 }
 
@@ -124,7 +160,7 @@ KVX_API int kvx_store_keyed_exists(uint8_t *out_held, size_t *out_leading, kvx_s
         free(st);
         return kvx_fail(-ENOMEM, "%s: out of memory", fn);
     }
-    rc = sk_lookup_all(v, st, s, keys, n);
+    rc = sk_lookup_all(v, st, s, keys, n, NULL, NULL);
     if (!rc) {
         size_t lead = 0;
         int leading = 1;

@@ -52,6 +52,14 @@ static kvx_shard *st_hc_get(kvx_store *s, st_hc *hc, uint32_t byte, uint64_t gen
 /* Is entry e a verified block (stored with its tokens and digest)? */
 static int st_verified(const kvx_entry *e) { return e->tokens && e->digest; }
 
+/* Is rc a page's damage (the lookup tries the hash's other copies), not
+ * the call's failure? A read into the caller's memory that the OS failed
+ * (-EIO: a bad sector) is one page's damage too. */
+static int st_damage(const st_query *q, int rc)
+{
+    return rc == KVX_EPAGECRC || rc == KVX_ETRUNC || (q->dst && (rc == KVX_ECAPACITY || (rc < 0 && rc > -4096)));
+}
+
 /* Does the block at loc answer q? 0 and a view; KVX_ENOTFOUND when it is
  * another block (or no longer there); KVX_EPAGECRC / KVX_ETRUNC when it is
  * the block but its page is damaged or missing. check_page 0: the entry
@@ -88,22 +96,27 @@ static int st_try_loc(kvx_store *s, const kvx_cat_loc *loc, const st_query *q, k
         kvx_shard_close(sh);
         return 0;
     }
-    const void *page;
-    /* KVX_STORE_VERIFY (kvx.h): every served page's CRC, not once per handle */
-    rc = s->flags & KVX_STORE_VERIFY ? kvx_shard_page(&page, sh, idx, 1) : kvx_shard_page_checked(&page, sh, idx);
+    const void *page = q->dst;
+    size_t page_len = e.bytes;
+    if (q->dst) /* read into the caller's memory and checked there, every time */
+        rc = kvx_shard_page_read(sh, idx, q->dst, q->dst_cap, &page_len);
+    else /* KVX_STORE_VERIFY (kvx.h): every served page's CRC, not once per handle */
+        rc = s->flags & KVX_STORE_VERIFY ? kvx_shard_page(&page, sh, idx, 1) : kvx_shard_page_checked(&page, sh, idx);
     if (rc) {
         kvx_shard_close(sh);
-        if (rc == KVX_EPAGECRC || rc == KVX_ETRUNC)
+        if (st_damage(q, rc))
             return kvx_fail(rc, "store: block %016llx (coordinate 0x%08x, shards/%016llx.kvx): %s",
                             (unsigned long long)q->hash, loc->coord, (unsigned long long)loc->gen,
-                            rc == KVX_EPAGECRC ? "page CRC mismatch" : "page missing (file truncated)");
+                            rc == KVX_EPAGECRC ? "page CRC mismatch"
+                            : rc == KVX_ETRUNC ? "page missing (file truncated)"
+                                               : strerror(-rc));
         return rc;
     }
     out->coordinate = e.coordinate;
     out->token_count = e.token_count;
     out->hash = e.hash;
     out->page = page;
-    out->page_bytes = e.bytes;
+    out->page_bytes = page_len;
     out->scales = e.scales;
     out->shard = sh;
     out->entry = idx;
@@ -175,7 +188,7 @@ static int st_lookup_hc(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx
     int rc = kvx_cat_loc_at(snap, q->hash, 0, &loc);
     if (rc) return rc; /* KVX_ENOTFOUND (no message) or the catalog's error */
     rc = st_try_loc(s, &loc, q, out, hc, NULL, 1);
-    if (rc != KVX_ENOTFOUND && rc != KVX_EPAGECRC && rc != KVX_ETRUNC) return rc;
+    if (rc != KVX_ENOTFOUND && !st_damage(q, rc)) return rc;
     int damage = rc == KVX_ENOTFOUND ? 0 : rc;
     /* other blocks under the same hash (collisions, unverified copies) */
     int res = KVX_ENOTFOUND;
@@ -185,7 +198,7 @@ static int st_lookup_hc(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx
             break;
         }
         res = st_try_loc(s, &loc, q, out, hc, NULL, 1);
-        if (res == KVX_EPAGECRC || res == KVX_ETRUNC) {
+        if (st_damage(q, res)) {
             damage = res;
             res = KVX_ENOTFOUND;
         } else if (res != KVX_ENOTFOUND) {

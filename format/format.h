@@ -12,6 +12,27 @@
  * goes through. KVX_EPAGECRC, or KVX_ETRUNC for a missing page, or
  * KVX_ENOTFOUND for a tombstone (no page). */
 int kvx_shard_page_checked(const void **out_page, const kvx_shard *s, uint32_t index);
+/* Where entry index's page lies in s's file, for a read into the
+ * caller's memory (kvx_shard_page_read). KVX_ENOTFOUND for a tombstone,
+ * KVX_ETRUNC for a page past the end of the file, KVX_EINVALID for a
+ * shard in memory. */
+typedef struct kvx_page_span {
+    int fd;        /* the handle's descriptor */
+    int direct_fd; /* an O_DIRECT one of the same file, or < 0 */
+    uint64_t offset;
+    uint32_t bytes, crc32, coordinate;
+    const uint8_t *map; /* the file's mapping, for a residency check only */
+} kvx_page_span;
+int kvx_shard_page_span(kvx_page_span *out, kvx_shard *s, uint32_t index);
+/* Reads entry index's page into dst (cap bytes, at least the page's) and
+ * checks its CRC-32 there, every time: *out_len = its length on 0.
+ * Pages the page cache holds are copied from it; the others are read
+ * with O_DIRECT straight into dst when dst and the page are 4096-aligned
+ * (no second copy, nothing left in the cache), else through the cache.
+ * KVX_EPAGECRC (dst holds the bad bytes), KVX_ETRUNC (the file ends
+ * before the page does), KVX_ECAPACITY (cap too small: nothing read),
+ * a read's -errno; on any failure dst's contents are unspecified. */
+int kvx_shard_page_read(kvx_shard *s, uint32_t index, void *dst, size_t cap, size_t *out_len);
 /* kvx_shard_open of name under directory dirfd, never through a symlink
  * (KVX_EPATH: a symlink put where the store checked a file); path is the
  * name messages and kvx_shard_path give. dirfd AT_FDCWD: path, as

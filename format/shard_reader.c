@@ -34,6 +34,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -83,6 +84,9 @@ struct kvx_shard {
     struct timespec mtime; /* st_mtim at open */
     uint32_t n_missing;
     uint64_t *by_coord; /* (coordinate << 32 | index), sorted */
+    /* kvx_shard_page_span: an O_DIRECT descriptor of the same file, opened
+     * on first need (-1: not yet; -2: none to be had) */
+    atomic_int direct_fd;
     int has_spectral;
     kvx_spectral spectral;
     uint32_t *spectral_ids;
@@ -102,6 +106,7 @@ static void shard_free(kvx_shard *s)
         kvx_os.munmap((void *)s->map, s->map_len);
     }
     if (s->fd >= 0) kvx_os.close(s->fd);
+    if (atomic_load(&s->direct_fd) >= 0) kvx_os.close(atomic_load(&s->direct_fd));
     free(s->path);
     free(s->recs);
     free(s->hashes);
@@ -510,6 +515,7 @@ int kvx_shard_open_at(kvx_shard **out, int dirfd, const char *name, const char *
     }
     s->guard_slot = -1;
     atomic_init(&s->refs, 1);
+    atomic_init(&s->direct_fd, -1);
     /* O_NONBLOCK: a FIFO given as a shard must not block the open. Under a
      * directory, never through a symlink: what was checked to be a file
      * may have been replaced since */
@@ -750,6 +756,42 @@ int kvx_shard_page_checked(const void **out_page, const kvx_shard *s, uint32_t i
     return kvx_shard_page(out_page, s, index, 1);
 }
 
+/* The O_DIRECT descriptor of s's file: /proc/self/fd/N names the very
+ * file s opened, whatever has been renamed since. */
+static int shard_direct_fd(kvx_shard *s)
+{
+    int fd = atomic_load_explicit(&s->direct_fd, memory_order_acquire);
+    if (fd != -1) return fd;
+    char name[40];
+    snprintf(name, sizeof name, "/proc/self/fd/%d", s->fd);
+    int mine = kvx_os.open(name, O_RDONLY | O_CLOEXEC | O_DIRECT | O_NOCTTY, 0), want = -1;
+    if (mine < 0) mine = -2;
+    if (!atomic_compare_exchange_strong(&s->direct_fd, &want, mine) && mine >= 0) kvx_os.close(mine);
+    return atomic_load_explicit(&s->direct_fd, memory_order_acquire);
+}
+
+int kvx_shard_page_span(kvx_page_span *out, kvx_shard *s, uint32_t index)
+{
+    if (s->mem || index >= s->n)
+        return kvx_fail(KVX_EINVALID, "kvx_shard_page_span: index %u of a shard of %u entries%s", index, s->n,
+                        s->mem ? " in memory" : "");
+    const shard_rec *r = &s->recs[index];
+    if (is_tomb(s, index))
+        return kvx_fail(KVX_ENOTFOUND, "entry %u (coordinate 0x%08x) of %s is a tombstone (a keyed delete): it has no page",
+                        index, r->coordinate, s->path);
+    if (r->missing)
+        return kvx_fail(KVX_ETRUNC, "entry %u (coordinate 0x%08x): page lies past the end of %s (missing)", index,
+                        r->coordinate, s->path);
+    out->fd = s->fd;
+    out->direct_fd = shard_direct_fd(s);
+    out->offset = r->offset;
+    out->bytes = r->bytes;
+    out->crc32 = r->crc32;
+    out->map = s->map;
+    out->coordinate = r->coordinate;
+    return 0;
+}
+
 uint32_t kvx_shard_missing(const kvx_shard *s) { return s ? s->n_missing : 0; }
 
 int kvx_shard_mem(kvx_shard **out, const kvx_geometry *g, uint32_t n, void **pages, const uint64_t *hashes,
@@ -767,6 +809,7 @@ int kvx_shard_mem(kvx_shard **out, const kvx_geometry *g, uint32_t n, void **pag
                  : kvx_fail(-ENOMEM, "shard: out of memory");
     }
     atomic_init(&s->refs, 1);
+    atomic_init(&s->direct_fd, -2);
     s->fd = -1;
     s->mem = 1;
     s->pages = pages;

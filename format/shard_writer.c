@@ -54,6 +54,7 @@ struct kvx_shard_writer {
     uint64_t spectral_len;
     uint64_t spectral_offset, kv_data_offset;
     uint64_t kv_end;        /* end of the last page, relative to kv_data_offset */
+    uint64_t wb_from;       /* absolute: the pages before it were handed to writeback */
     uint8_t *seen;          /* bitmap of the 2^24 in-shard coordinates */
     int no_replace;         /* seal with RENAME_NOREPLACE (store writers) */
     int unnamed;            /* fd is an O_TMPFILE: linked under a name at seal */
@@ -247,6 +248,7 @@ int kvx_shard_writer_create(kvx_shard_writer **out, const char *path,
      * 1/4 of one page. Small pages keep 4096 (the gap would outweigh them). */
     uint64_t full_page = kvx_page_bytes(&w->g, w->g.block_tokens ? w->g.block_tokens : 1);
     w->kv_data_offset = kvx_align_up(end, full_page >= KVX_LARGE_PAGE ? KVX_LARGE_ALIGN : KVX_PAGE_ALIGN);
+    w->wb_from = w->kv_data_offset;
     w->seen = calloc((size_t)1 << 21, 1); /* 2^24 bits; pages stay untouched until used */
     w->path = strdup(path);
     if (!w->seen || !w->path) {
@@ -399,6 +401,12 @@ int kvx_shard_writer_add(kvx_shard_writer *w, const kvx_entry_in *e)
         return kvx_fail(KVX_EOVERFLOW, "entry: file offset overflows");
     rc = kvx_os_pwrite_all(w->fd, e->page, (size_t)bytes, abs);
     if (rc) return kvx_fail(rc, "%s: writing page %u failed: %s", w->tmp_path, w->n, strerror(-rc));
+    /* each MiB of pages goes to the disk while the next is copied, so the
+     * seal's fsync waits for the last one only, not for every byte */
+    if (abs + bytes >= w->wb_from + KVX_WRITEBACK_STEP) {
+        kvx_os_writeback_start(w->fd, w->wb_from, abs + bytes - w->wb_from);
+        w->wb_from = abs + bytes;
+    }
 
     uint8_t *c = w->coords + (size_t)w->n * KVX_ENTRY_BYTES;
     kvx_store32(c + KVX_E_COORD, coord);

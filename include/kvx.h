@@ -995,6 +995,20 @@ KVX_API int kvx_store_keyed_put(kvx_store *s, kvx_store_batch *b, const kvx_key 
  * too). Returns 0 unless the call itself failed (bad key: KVX_EINVALID). */
 KVX_API int kvx_store_keyed_get(kvx_view *out_views, int *out_status, kvx_store *s,
                                 const kvx_key *keys, size_t n);
+/* Reads n keyed pages into the caller's memory: page i into dst[i]
+ * (dst_cap[i] bytes, at least the store's page_bytes: KVX_EINVALID naming
+ * the index otherwise), its CRC-32 checked there after the read, every
+ * time. out_status[i] 0 and out_lens[i] (nullable) its length; or
+ * KVX_ENOTFOUND (not held), KVX_EPAGECRC / KVX_ETRUNC (only damaged
+ * copies), a read's -errno (-EIO): then dst[i]'s bytes are unspecified
+ * (it may hold part of a page, or bad bytes: never use them) and
+ * out_lens[i] is 0. Pages the page cache holds are copied from it; others
+ * are read with O_DIRECT straight into dst[i] when it and the page are
+ * 4096-aligned (a pinned host buffer), else through the cache. For loads
+ * that copy pages out (vLLM's host slots); kvx_store_keyed_get hands
+ * out zero-copy views instead. Returns 0 unless the call failed. */
+KVX_API int kvx_store_keyed_read(int *out_status, size_t *out_lens, kvx_store *s, const kvx_key *keys,
+                                 size_t n, void *const *dst, const size_t *dst_cap);
 /* out_held[i] (nullable) = 1 when key i is held (published, its page
  * sound); *out_leading (nullable) = the number of leading keys held. */
 KVX_API int kvx_store_keyed_exists(uint8_t *out_held, size_t *out_leading, kvx_store *s,

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -550,6 +551,129 @@ static void test_damaged_page(void **state)
     kvx_store_close(s);
 }
 
+/* 1 when every 4 KiB page of path's [off, off + len) is in the page cache. */
+static int file_resident(const char *path, uint64_t off, size_t len)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    assert_true(m != MAP_FAILED);
+    size_t from = (size_t)(off - off % 4096), np = (off + len - from + 4095) / 4096;
+    unsigned char *vec = malloc(np);
+    assert_int_equal(mincore((uint8_t *)m + from, off + len - from, vec), 0);
+    int all = 1;
+    for (size_t i = 0; i < np; i++) all &= vec[i] & 1;
+    free(vec);
+    munmap(m, (size_t)st.st_size);
+    close(fd);
+    return all;
+}
+
+/* kvx_store_keyed_read: pages read into the caller's buffers (aligned or
+ * not), byte-identical; a miss and a short page say so; a buffer under the
+ * page size is refused before anything is read; a page out of the cache
+ * is read with O_DIRECT (where the file system has it: the cache is left
+ * as it was); a damaged page is KVX_EPAGECRC, and so is one rewritten in
+ * place with its old mtime put back after an earlier read (the bytes are
+ * checked where they land, every time). */
+/* PROMISE: KEYED-14 */
+static void test_keyed_read_into_buffers(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
+    const char *k[2] = {"full", "short"};
+    size_t lens[2] = {PB, 17};
+    put_keys(s, NULL, k, lens, 2);
+    assert_int_equal(kvx_store_flush(s), 0);
+    uint8_t *aligned = aligned_alloc(4096, PB), *raw = malloc(PB + 1), *odd = raw + 1, *want = malloc(PB);
+    kvx_key q[3] = {key_of(k[0]), key_of("missing"), key_of(k[1])};
+    void *dst[3] = {aligned, odd, odd};
+    size_t cap[3] = {PB, PB, PB}, got[3];
+    int st[3];
+    assert_int_equal(kvx_store_keyed_read(st, got, s, q, 3, dst, cap), 0);
+    assert_int_equal(st[0], 0);
+    assert_int_equal(st[1], KVX_ENOTFOUND);
+    assert_int_equal(st[2], 0);
+    assert_int_equal(got[0], PB);
+    assert_int_equal(got[1], 0);
+    assert_int_equal(got[2], 17);
+    fill_page(want, PB, k[0]);
+    assert_memory_equal(aligned, want, PB);
+    fill_page(want, 17, k[1]);
+    assert_memory_equal(odd, want, 17);
+    /* a buffer under the page size: refused, naming it */
+    cap[1] = PB - 1;
+    assert_int_equal(kvx_store_keyed_read(st, got, s, q, 3, dst, cap), KVX_EINVALID);
+    assert_non_null(strstr(kvx_last_error(), "dst_cap[1]"));
+    cap[1] = PB;
+    kvx_store_close(s);
+
+    /* out of the page cache: read straight into the aligned buffer */
+    char names[4][64], path[500];
+    assert_int_equal(su_list_names(dir, "shards", names, 4), 1);
+    snprintf(path, sizeof path, "%s/shards/%s", dir, names[0]);
+    kvx_shard *sh;
+    assert_int_equal(kvx_shard_open(&sh, path, 0), 0);
+    kvx_entry e0, e1;
+    uint32_t i0 = 0; /* k0's entry: the full page */
+    assert_int_equal(kvx_shard_entry(&e0, sh, 0), 0);
+    if (e0.bytes != PB) i0 = 1;
+    assert_int_equal(kvx_shard_entry(&e0, sh, i0), 0);
+    assert_int_equal(kvx_shard_entry(&e1, sh, 1 - i0), 0);
+    kvx_shard_close(sh);
+    assert_int_equal(e0.bytes, PB);
+    int direct_fd = open(path, O_RDONLY | O_DIRECT);
+    int has_direct = direct_fd >= 0;
+    if (has_direct) close(direct_fd);
+    s = su_reopen(dir, 0);
+    /* the shard's handle opened first (reading its tables brings the small
+     * file's pages in), then the cache dropped */
+    assert_int_equal(kvx_store_keyed_read(st, got, s, &q[2], 1, &dst[2], &cap[2]), 0);
+    assert_int_equal(st[0], 0);
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+    has_direct = has_direct && !file_resident(path, e0.offset, PB);
+    memset(aligned, 0, PB);
+    assert_int_equal(kvx_store_keyed_read(st, got, s, q, 1, dst, cap), 0);
+    assert_int_equal(st[0], 0);
+    fill_page(want, PB, k[0]);
+    assert_memory_equal(aligned, want, PB);
+    /* O_DIRECT left the cache as it was: the page is still not in it */
+    if (has_direct) assert_false(file_resident(path, e0.offset, PB));
+    kvx_store_close(s);
+
+    /* damage: k0's page flipped; k1 still served */
+    assert_int_equal(su_flip_page_byte(path, i0), 0);
+    s = su_reopen(dir, 0);
+    assert_int_equal(kvx_store_keyed_read(st, got, s, q, 3, dst, cap), 0);
+    assert_int_equal(st[0], KVX_EPAGECRC);
+    assert_int_equal(got[0], 0);
+    assert_int_equal(st[2], 0);
+    /* k1 rewritten in place after a read, its mtime put back: still caught */
+    struct stat before;
+    assert_int_equal(stat(path, &before), 0);
+    fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, (off_t)e1.offset + 3), 1);
+    b ^= 0x10;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)e1.offset + 3), 1);
+    struct timespec ts[2] = {before.st_atim, before.st_mtim};
+    assert_int_equal(futimens(fd, ts), 0);
+    close(fd);
+    assert_int_equal(kvx_store_keyed_read(st, got, s, &q[2], 1, &dst[2], &cap[2]), 0);
+    assert_int_equal(st[0], KVX_EPAGECRC);
+    kvx_store_close(s);
+    free(aligned);
+    free(raw);
+    free(want);
+}
+
 /* Keys with NUL bytes, a key that is a prefix of another, 255 bytes,
  * 256 bytes (refused), all through reopen and reindex. */
 /* PROMISE: KEYED-2 */
@@ -1065,6 +1189,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_batches_and_unflushed),
         cmocka_unit_test(test_capacity_eviction_reindex),
         cmocka_unit_test(test_damaged_page),
+        cmocka_unit_test(test_keyed_read_into_buffers),
         cmocka_unit_test(test_awkward_keys),
         cmocka_unit_test(test_same_key_twice_in_one_put),
         cmocka_unit_test(test_newest_copy_damaged),

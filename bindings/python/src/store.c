@@ -845,6 +845,58 @@ static int keyed_get_into_c(kvx_store *s, const kvx_key *k, size_t n, size_t gro
     return 0;
 }
 
+/* keyed_read_into(keys, buffers) -> [bool]: reads each held page straight
+ * into its writable buffer (kvx_store_keyed_read: its CRC-32 checked there,
+ * O_DIRECT into 4096-aligned memory when the page is not cached). Each
+ * buffer holds at least the store's page_bytes (kvx.InvalidError
+ * otherwise); True when the page was read and its length is the buffer's.
+ * False: a key not held leaves its buffer untouched; any other (a damaged
+ * page, a read error, a shorter page) leaves it zeroed. One call, the GIL
+ * released. */
+static PyObject *store_keyed_read_into(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"keys", "buffers", NULL};
+    kvxpy_store *st = (kvxpy_store *)self;
+    PyObject *keys, *bufs;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO:keyed_read_into", kwlist, &keys, &bufs)) return NULL;
+    keyed_keys kk;
+    keyed_bufs kb;
+    if (keyed_keys_get(&kk, keys, "keyed_read_into") < 0) return NULL;
+    if (keyed_bufs_get(&kb, bufs, kk.n, 1, "keyed_read_into") < 0) {
+        keyed_keys_release(&kk);
+        return NULL;
+    }
+    size_t m = kk.n ? kk.n : 1;
+    int *status = PyMem_Malloc(m * sizeof *status);
+    size_t *lens = PyMem_Malloc(m * sizeof *lens);
+    PyObject *list = NULL;
+    if (!status || !lens) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    int rc = 0;
+    STORE_CALL(st, rc, kvx_store_keyed_read(status, lens, st->s, kk.k, kk.n, (void *const *)kb.p, kb.len));
+    if (rc) {
+        store_fail(rc);
+        goto out;
+    }
+    for (size_t i = 0; i < kk.n; i++) {
+        int ok = status[i] == 0 && lens[i] == kb.len[i];
+        /* a buffer the read wrote but that is not the page (damage, a read
+         * error, a shorter page) is zeroed: it never keeps bad bytes */
+        if (!ok && status[i] != KVX_ENOTFOUND) memset((void *)kb.p[i], 0, kb.len[i]);
+        status[i] = ok;
+    }
+    if ((list = PyList_New((Py_ssize_t)kk.n)))
+        for (size_t i = 0; i < kk.n; i++) PyList_SetItem(list, (Py_ssize_t)i, PyBool_FromLong(status[i]));
+out:
+    keyed_bufs_release(&kb);
+    keyed_keys_release(&kk);
+    PyMem_Free(status);
+    PyMem_Free(lens);
+    return list;
+}
+
 /* keyed_get_into(keys, buffers, group=1) -> [bool]: copies each held page
  * into its (writable) buffer, whose length must be the page's; a miss, or a
  * length that differs, gives False and leaves that buffer untouched. With
@@ -1455,6 +1507,10 @@ static PyMethodDef store_methods[] = {
      "keyed_get_into(keys, buffers, group=1) -> [bool]: copies each held page into its writable buffer (lengths "
      "must be equal); False leaves that buffer untouched. group > 1: each run of `group` keys is copied whole or "
      "not at all."},
+    {"keyed_read_into", (PyCFunction)(void (*)(void))store_keyed_read_into, METH_VARARGS | METH_KEYWORDS,
+     "keyed_read_into(keys, buffers) -> list[bool]: each held page read straight into its writable buffer (at least "
+     "page_bytes long) and CRC-checked there (O_DIRECT into 4096-aligned memory when not cached); True when read and "
+     "its length is the buffer's. False: untouched when the key is not held, else zeroed (never bad bytes)."},
     {"keyed_exists", store_keyed_exists, METH_O,
      "keyed_exists(keys) -> ([bool], leading): which keys are held and how many leading keys are."},
     {"keyed_delete", (PyCFunction)(void (*)(void))store_keyed_delete, METH_VARARGS | METH_KEYWORDS,

@@ -83,6 +83,34 @@ def test_get_into(ks):
         ks.keyed_get_into(["a", "b"], [bytearray(PB)])
 
 
+# PROMISE: PY-20
+def test_read_into(ks):
+    """keyed_read_into: each held page read into its buffer (an mmap: 4096-aligned, as a pinned host slot is) and
+    checked there; a miss leaves its buffer untouched; a shorter page is False and its buffer zeroed; a buffer
+    under page_bytes, or a read-only one, is refused before anything is read."""
+    import mmap
+    p = pages(2, seed=7)
+    ks.keyed_put(["a", "b", "short"], [p[0], p[1], p[0][:100]])
+    ks.flush()
+    slab = mmap.mmap(-1, 4 * PB)
+    view = memoryview(slab)
+    out = [view[0:PB], bytearray(b"\xee" * PB), view[PB:2 * PB], view[2 * PB:3 * PB]]
+    out[3][:] = b"\x55" * PB
+    assert ks.keyed_read_into(["a", "missing", "b", "short"], out) == [True, False, True, False]
+    assert bytes(out[0]) == p[0] and bytes(out[2]) == p[1]
+    assert out[1] == bytearray(b"\xee" * PB)  # a miss: untouched
+    assert bytes(out[3]) == bytes(PB)  # read, but not a whole buffer: zeroed
+    with pytest.raises(kvx.InvalidError, match=r"dst_cap\[0\]"):
+        ks.keyed_read_into(["a"], [bytearray(PB - 1)])
+    with pytest.raises(TypeError):
+        ks.keyed_read_into(["a"], [bytes(PB)])  # read-only
+    with pytest.raises(ValueError):
+        ks.keyed_read_into(["a", "b"], [bytearray(PB)])
+    for o in (out[0], out[2], out[3], view):
+        o.release()
+    slab.close()
+
+
 # PROMISE: PY-8
 def test_get_into_groups(ks):
     """group=2: each pair of keys is copied whole or not at all; a pair with one key missing leaves both

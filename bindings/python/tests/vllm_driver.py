@@ -17,6 +17,7 @@ The primary view is a bytearray of N slots, shaped as upstream's
 """
 import array
 import hashlib
+import mmap
 import importlib
 import time
 
@@ -42,9 +43,11 @@ def make_spec(model="Qwen/Qwen3-8B", dtype="bfloat16", tokens_per_hash=16, block
 class Primary:
     """The CPU primary tier's memory: n slots of slot_bytes, and the 2-D memoryview vLLM hands a tier."""
 
-    def __init__(self, n, slot_bytes):
+    def __init__(self, n, slot_bytes, aligned=False):
+        """aligned: the slots in an anonymous mmap (4096-aligned, as vLLM's pinned host tensor is), not a
+        bytearray."""
         self.n, self.slot = n, slot_bytes
-        self.buf = bytearray(n * slot_bytes)
+        self.buf = mmap.mmap(-1, n * slot_bytes) if aligned else bytearray(n * slot_bytes)
         self.view = memoryview(self.buf).cast("B", (n, slot_bytes))
 
     def fill(self, i, seed):

@@ -424,7 +424,7 @@ class KvxSecondaryTier(_Base):
             job_id, keys, cids, _ = item
             t0 = time.monotonic()
             try:
-                oks = self._store.keyed_get_into(keys, [self._slot(c) for c in cids])
+                oks = self._store.keyed_read_into(keys, [self._slot(c) for c in cids])
             except Exception as e:
                 self._fail("load", e)
                 oks = [False] * len(keys)

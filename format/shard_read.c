@@ -1,0 +1,96 @@
+/*
+ * shard_read.c - a page read into the caller's memory and checked there
+ * (format/format.h kvx_shard_page_read): the path of a load that copies
+ * pages out anyway (vLLM's and LMCache's host slots), where a zero-copy
+ * view would cost a page fault per 4 KiB, a CRC pass over the mapping and
+ * then the copy.
+ *
+ * Rule (DESIGN.md rule 1): the bytes checked are the bytes handed over.
+ * The CRC-32 runs over dst after the read, every time, so a page that
+ * changed on disk since an earlier check is caught here too.
+ */
+#include "format/format.h"
+#include "common/os.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define SR_ALIGN 4096u
+
+/* Does the page cache hold every 4 KiB page of [off, off + len)? mincore
+ * over the handle's mapping: no I/O, no side effect. */
+static int sr_resident(const uint8_t *map, uint64_t off, uint64_t len)
+{
+    if (!map || !len) return 0;
+    long ps = sysconf(_SC_PAGESIZE);
+    if (ps <= 0) return 0;
+    uint64_t from = off - off % (uint64_t)ps, to = off + len;
+    unsigned char vec[256];
+    while (from < to) {
+        uint64_t span = to - from, most = (uint64_t)sizeof vec * (uint64_t)ps;
+        if (span > most) span = most;
+        if (mincore((void *)(map + from), (size_t)span, vec) != 0) return 0;
+        for (uint64_t i = 0; i < (span + (uint64_t)ps - 1) / (uint64_t)ps; i++)
+            if (!(vec[i] & 1)) return 0;
+        from += span;
+    }
+    return 1;
+}
+
+/* O_DIRECT reads of the 4096-aligned head of the page into dst; *got is
+ * how far they came (the rest is read through the cache). */
+static int sr_direct(int dfd, uint8_t *dst, uint64_t off, uint64_t len, uint64_t *got)
+{
+    uint64_t want = len - len % SR_ALIGN;
+    *got = 0;
+    while (*got < want) {
+        size_t chunk = want - *got > ((size_t)1 << 30) ? (size_t)1 << 30 : (size_t)(want - *got);
+        ssize_t n = kvx_os.pread(dfd, dst + *got, chunk, (off_t)(off + *got));
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            /* EINVAL: a device whose logical block is larger than 4096,
+             * or a file system without O_DIRECT reads: the cache reads it */
+            return errno == EINVAL && *got == 0 ? 0 : -errno;
+        }
+        if (n == 0) break;
+        *got += (uint64_t)n;
+        if ((uint64_t)n % SR_ALIGN) break; /* the end of the file: the cache path says how short */
+    }
+    if (*got % SR_ALIGN) *got -= *got % SR_ALIGN;
+    return 0;
+}
+
+int kvx_shard_page_read(kvx_shard *s, uint32_t index, void *dst, size_t cap, size_t *out_len)
+{
+    *out_len = 0;
+    kvx_page_span sp;
+    int rc = kvx_shard_page_span(&sp, s, index);
+    if (rc) return rc;
+    if (cap < sp.bytes)
+        return kvx_fail(KVX_ECAPACITY, "entry %u (coordinate 0x%08x): the page is %u bytes, the buffer %zu", index,
+                        sp.coordinate, sp.bytes, cap);
+    uint8_t *d = dst;
+    uint64_t got = 0;
+    if (sp.direct_fd >= 0 && (uintptr_t)d % SR_ALIGN == 0 && sp.offset % SR_ALIGN == 0 &&
+        !sr_resident(sp.map, sp.offset, sp.bytes)) {
+        rc = sr_direct(sp.direct_fd, d, sp.offset, sp.bytes, &got);
+        if (rc) return kvx_fail(rc, "entry %u (coordinate 0x%08x): read: %s", index, sp.coordinate, strerror(-rc));
+    }
+    size_t tail = 0;
+    if (got < sp.bytes) {
+        rc = kvx_os_pread_all(sp.fd, d + got, (size_t)(sp.bytes - got), sp.offset + got, &tail);
+        if (rc) return kvx_fail(rc, "entry %u (coordinate 0x%08x): read: %s", index, sp.coordinate, strerror(-rc));
+    }
+    if (got + tail < sp.bytes)
+        return kvx_fail(KVX_ETRUNC, "entry %u (coordinate 0x%08x): the file ends %llu bytes into the page of %u",
+                        index, sp.coordinate, (unsigned long long)(got + tail), sp.bytes);
+    uint32_t crc = kvx_crc32(0, d, sp.bytes);
+    if (crc != sp.crc32)
+        return kvx_fail(KVX_EPAGECRC, "entry %u (coordinate 0x%08x): page CRC-32 0x%08x, stored 0x%08x", index,
+                        sp.coordinate, crc, sp.crc32);
+    *out_len = sp.bytes;
+    return 0;
+}
