@@ -8,7 +8,7 @@ readv into the slot), on the same disk; and the load against fio's
 sequential read of the same bytes at the chunk size, in one run.
 
     /usr/bin/python3 bench/bench_vllm.py [BUILD_DIR [WORK_DIR]] [--chunk-bytes N] [--chunks N] [--job N]
-                                         [--file-threads N] [--read-threads N]
+                                         [--file-threads N] [--read-threads N] [--rounds N]
 
 BUILD_DIR (default build) holds python/kvx; WORK_DIR (default
 /var/tmp/kvxbench-vllm, which must be on the disk under test, not tmpfs) is
@@ -30,6 +30,11 @@ warm and the script says so).
   --bs=<chunk> --ioengine=psync` (one job, queue depth 1) and the same with
   `--ioengine=libaio --iodepth=8`; where fio is missing, an O_DIRECT pread
   loop of the same bytes at the chunk size instead (said in the output).
+
+Each round (--rounds, default 3) runs every phase once, in that order, on
+a fresh store and file tree: on a shared machine a busy moment lands on
+both sides of a ratio rather than one. Each round's ratios are printed,
+then min-median-max.
 """
 import argparse
 import concurrent.futures
@@ -49,6 +54,7 @@ p.add_argument("--chunks", type=int, default=256)
 p.add_argument("--job", type=int, default=8)
 p.add_argument("--file-threads", type=int, default=16)
 p.add_argument("--read-threads", type=int, default=16)
+p.add_argument("--rounds", type=int, default=3)
 a = p.parse_args()
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(a.build, "python"))
@@ -79,34 +85,44 @@ for i in range(N):
 want = [prim.get(i) for i in range(N)]
 keys = [D.key(i) for i in range(N)]
 jobs = [(keys[j:j + J], list(range(j, min(j + J, N)))) for j in range(0, N, J)]
-out = {}
+
 
 # ---- kvx through the tier --------------------------------------------------------------------------------------
-drop()
-tier = D.create_secondary_tier(D.tier_config(os.path.join(a.work, "kvx"), capacity=4 * TOTAL, revision="bench",
-                                             n_read_threads=a.read_threads), prim.view, D.make_spec())
-m = D.Manager(tier)
-t0 = time.monotonic()
-ids = [m.submit_store(k, s) for k, s in jobs]
-assert all(r.success for r in m.wait(ids, timeout=600))
-out["kvx_store"] = gib(TOTAL, time.monotonic() - t0)
-tier.shutdown()
-drop()
-tier = D.create_secondary_tier(D.tier_config(os.path.join(a.work, "kvx"), capacity=4 * TOTAL, revision="bench",
-                                             n_read_threads=a.read_threads), prim.view, D.make_spec())
-m = D.Manager(tier)
-for i in range(N, 2 * N):
-    prim.buf[i * CB:(i + 1) * CB] = bytes(CB)
-t0 = time.monotonic()
-ids = [m.submit_load(k, [N + s for s in sl]) for k, sl in jobs]
-assert all(r.success for r in m.wait(ids, timeout=600))
-out["kvx_load"] = gib(TOTAL, time.monotonic() - t0)
-assert all(prim.get(N + i) == want[i] for i in range(N))
-tier.shutdown()
+def kvx_tier():
+    return D.create_secondary_tier(D.tier_config(os.path.join(a.work, "kvx"), capacity=4 * TOTAL, revision="bench",
+                                                 n_read_threads=a.read_threads), prim.view, D.make_spec())
+
+
+def kvx_store():
+    shutil.rmtree(os.path.join(a.work, "kvx"), ignore_errors=True)
+    drop()
+    tier = kvx_tier()
+    m = D.Manager(tier)
+    t0 = time.monotonic()
+    ids = [m.submit_store(k, s) for k, s in jobs]
+    assert all(r.success for r in m.wait(ids, timeout=600))
+    secs = time.monotonic() - t0
+    tier.shutdown()
+    return gib(TOTAL, secs)
+
+
+def kvx_load():
+    drop()
+    tier = kvx_tier()
+    m = D.Manager(tier)
+    for i in range(N, 2 * N):
+        prim.buf[i * CB:(i + 1) * CB] = bytes(CB)
+    t0 = time.monotonic()
+    ids = [m.submit_load(k, [N + s for s in sl]) for k, sl in jobs]
+    assert all(r.success for r in m.wait(ids, timeout=600))
+    secs = time.monotonic() - t0
+    assert all(prim.get(N + i) == want[i] for i in range(N))
+    tier.shutdown()
+    return gib(TOTAL, secs)
+
 
 # ---- one file per chunk (vLLM's fs tier I/O) -------------------------------------------------------------------
 O_DIRECT = getattr(os, "O_DIRECT", 0)
-flat = prim.view.cast("B")
 aligned = mmap.mmap(-1, 2 * N * CB)  # O_DIRECT needs aligned memory: the fs tier's primary view is an mmap too
 aligned[:] = prim.buf
 aview = memoryview(aligned)
@@ -146,16 +162,23 @@ def run_jobs(fn, slot0):
             f.result()
 
 
-drop()
-t0 = time.monotonic()
-run_jobs(store_block, 0)
-out["files_store"] = gib(TOTAL, time.monotonic() - t0)
-drop()
-aligned[N * CB:] = bytes(N * CB)
-t0 = time.monotonic()
-run_jobs(load_block, N)
-out["files_load"] = gib(TOTAL, time.monotonic() - t0)
-assert all(aligned[(N + i) * CB:(N + i + 1) * CB] == want[i] for i in range(N))
+def files_store():
+    shutil.rmtree(fdir, ignore_errors=True)
+    drop()
+    t0 = time.monotonic()
+    run_jobs(store_block, 0)
+    return gib(TOTAL, time.monotonic() - t0)
+
+
+def files_load():
+    drop()
+    aligned[N * CB:] = bytes(N * CB)
+    t0 = time.monotonic()
+    run_jobs(load_block, N)
+    secs = time.monotonic() - t0
+    assert all(aligned[(N + i) * CB:(N + i + 1) * CB] == want[i] for i in range(N))
+    return gib(TOTAL, secs)
+
 
 # ---- fio: sequential read of the same bytes at the chunk size --------------------------------------------------
 seq = os.path.join(a.work, "seq.bin")
@@ -164,28 +187,50 @@ with open(seq, "wb") as f:
         f.write(want[i])
     os.fsync(f.fileno())
 fio = shutil.which("fio")
-for name, eng in (("fio_qd1", ["--ioengine=psync"]), ("fio_qd8", ["--ioengine=libaio", "--iodepth=8"])):
+
+
+def fio_read(eng):
     drop()
     if fio:
         r = subprocess.run([fio, "--name=seq", f"--filename={seq}", "--rw=read", "--direct=1", f"--bs={CB}",
                             f"--size={TOTAL}", "--output-format=json"] + eng, capture_output=True, text=True,
                            check=True)
         rd = json.loads(r.stdout)["jobs"][0]["read"]
-        out[name] = rd["io_bytes"] / (rd["runtime"] / 1000.0) / (1 << 30)
-    elif name == "fio_qd1":
-        fd = os.open(seq, os.O_RDONLY | O_DIRECT)
-        t0 = time.monotonic()
-        for i in range(N):
-            os.preadv(fd, [aview[:CB]], i * CB)
-        out["pread_qd1"] = gib(TOTAL, time.monotonic() - t0)
-        os.close(fd)
+        return rd["io_bytes"] / (rd["runtime"] / 1000.0) / (1 << 30)
+    fd = os.open(seq, os.O_RDONLY | O_DIRECT)
+    t0 = time.monotonic()
+    for i in range(N):
+        os.preadv(fd, [aview[:CB]], i * CB)
+    os.close(fd)
+    return gib(TOTAL, time.monotonic() - t0)
 
+
+# ---- rounds: every phase once a round, interleaved, so a busy moment of a shared machine lands on all sides ----
+phases = [("kvx_store", kvx_store), ("files_store", files_store), ("kvx_load", kvx_load), ("files_load", files_load),
+          ("fio_qd1", lambda: fio_read(["--ioengine=psync"])),
+          ("fio_qd8", lambda: fio_read(["--ioengine=libaio", "--iodepth=8"]))]
+rows = []
+print(f"chunks {N} x {CB} B ({TOTAL >> 20} MiB), jobs of {J}, {a.rounds} rounds; cold cache: "
+      f"{'yes' if can_drop else 'NO (not root)'}; fio: {fio or 'absent: an O_DIRECT pread loop (qd1) instead'}")
+print("round  load  kvx_store files_store kvx_load files_load fio_qd1 fio_qd8 (GiB/s) | store k/f  load k/f  "
+      "load/fio_qd1  load/fio_qd8")
+for r in range(a.rounds):
+    out = {name: fn() for name, fn in phases}
+    out["store"] = out["kvx_store"] / out["files_store"]
+    out["load"] = out["kvx_load"] / out["files_load"]
+    out["qd1"] = out["kvx_load"] / out["fio_qd1"]
+    out["qd8"] = out["kvx_load"] / out["fio_qd8"]
+    rows.append(out)
+    print(f"{r + 1:5d} {os.getloadavg()[0]:5.1f} {out['kvx_store']:10.3f} {out['files_store']:11.3f} "
+          f"{out['kvx_load']:8.3f} {out['files_load']:10.3f} {out['fio_qd1']:7.3f} {out['fio_qd8']:7.3f}        | "
+          f"{out['store']:8.2f}x {out['load']:8.2f}x {out['qd1']:12.2f} {out['qd8']:13.2f}")
 shutil.rmtree(a.work, ignore_errors=True)
-print(f"chunks {N} x {CB} B ({TOTAL >> 20} MiB), jobs of {J}; cold cache: {'yes' if can_drop else 'NO (not root)'};"
-      f" fio: {fio or 'absent: O_DIRECT pread loop instead'}; load {os.getloadavg()[0]:.1f}")
-for k, v in out.items():
-    print(f"{k:12s} {v:7.3f} GiB/s")
-ref = out.get("fio_qd1", out.get("pread_qd1"))
-print(f"kvx/files store {out['kvx_store'] / out['files_store']:.2f}x, load {out['kvx_load'] / out['files_load']:.2f}x;"
-      f" kvx load / seq read qd1 {out['kvx_load'] / ref:.2f}" +
-      (f", / fio qd8 {out['kvx_load'] / out['fio_qd8']:.2f}" if "fio_qd8" in out else ""))
+
+
+def mmm(k):
+    v = sorted(o[k] for o in rows)
+    return f"{v[0]:.2f}-{v[len(v) // 2]:.2f}-{v[-1]:.2f}"
+
+
+print(f"min-median-max over {len(rows)} rounds: kvx/files store {mmm('store')}x, load {mmm('load')}x; "
+      f"kvx load / fio qd1 {mmm('qd1')}, / fio qd8 {mmm('qd8')}")

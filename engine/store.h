@@ -265,6 +265,7 @@ typedef struct st_query {
     uint32_t page_len;     /* a keyed put: the page's own length */
     void *dst;             /* a read into the caller's memory (kvx_store_keyed_read): */
     size_t dst_cap;        /* the view's page is dst, read and checked there */
+    int no_page;           /* the entry alone (kvx_store_keyed_contains): a view of page NULL */
 } st_query;
 
 /* ------------------------------------------------------------------ */

@@ -67,7 +67,7 @@ KVX_API int kvx_store_keyed_put(kvx_store *s, kvx_store_batch *b, const kvx_key 
 /* One snapshot for the whole batch; each key looked up whole; with dst,
  * key i's page is read into dst[i] (dst_cap[i] bytes) and checked there. */
 static int sk_lookup_all(kvx_view *views, int *status, kvx_store *s, const kvx_key *keys, size_t n,
-                         void *const *dst, const size_t *dst_cap)
+                         void *const *dst, const size_t *dst_cap, int no_page)
 {
     kvx_cat_snap *snap;
     int rc = kvx_cat_snap_begin(s->cat, &snap);
@@ -81,6 +81,7 @@ static int sk_lookup_all(kvx_view *views, int *status, kvx_store *s, const kvx_k
             q.dst = dst[i];
             q.dst_cap = dst_cap[i];
         }
+        q.no_page = no_page;
         sk_view_clear(&views[i]);
         status[i] = kvx_st_lookup(s, snap, &q, &views[i]);
         int damage = status[i] == KVX_EPAGECRC || status[i] == KVX_ETRUNC ||
@@ -110,7 +111,7 @@ KVX_API int kvx_store_keyed_get(kvx_view *out_views, int *out_status, kvx_store 
     if (rc) return rc;
     for (size_t i = 0; i < n; i++) sk_view_clear(&out_views[i]);
     if (n == 0) return 0;
-    rc = sk_lookup_all(out_views, out_status, s, keys, n, NULL, NULL);
+    rc = sk_lookup_all(out_views, out_status, s, keys, n, NULL, NULL, 0);
     if (!rc) kvx_clear_error();
     return rc;
 }
@@ -133,7 +134,7 @@ KVX_API int kvx_store_keyed_read(int *out_status, size_t *out_lens, kvx_store *s
     if (n == 0) return 0;
     kvx_view *v = malloc(n * sizeof *v);
     if (!v) return kvx_fail(-ENOMEM, "%s: out of memory", fn);
-    rc = sk_lookup_all(v, out_status, s, keys, n, dst, dst_cap);
+    rc = sk_lookup_all(v, out_status, s, keys, n, dst, dst_cap, 0);
     if (!rc) {
         for (size_t i = 0; i < n && out_lens; i++) out_lens[i] = out_status[i] ? 0 : v[i].page_bytes;
         kvx_views_release(v, n);
@@ -143,10 +144,10 @@ KVX_API int kvx_store_keyed_read(int *out_status, size_t *out_lens, kvx_store *s
     return rc;
 }
 
-KVX_API int kvx_store_keyed_exists(uint8_t *out_held, size_t *out_leading, kvx_store *s, const kvx_key *keys,
-                                   size_t n)
+/* exists and contains: which keys are held, and how many leading ones. */
+static int sk_held(uint8_t *out_held, size_t *out_leading, kvx_store *s, const kvx_key *keys, size_t n, int no_page,
+                   const char *fn)
 {
-    static const char fn[] = "kvx_store_keyed_exists";
     if (out_leading) *out_leading = 0;
     if (!s) return kvx_fail(KVX_EINVALID, "%s: store is NULL", fn);
     int rc = kvx_st_kind_check(s, 1, fn);
@@ -160,7 +161,7 @@ KVX_API int kvx_store_keyed_exists(uint8_t *out_held, size_t *out_leading, kvx_s
         free(st);
         return kvx_fail(-ENOMEM, "%s: out of memory", fn);
     }
-    rc = sk_lookup_all(v, st, s, keys, n, NULL, NULL);
+    rc = sk_lookup_all(v, st, s, keys, n, NULL, NULL, no_page);
     if (!rc) {
         size_t lead = 0;
         int leading = 1;
@@ -177,6 +178,18 @@ KVX_API int kvx_store_keyed_exists(uint8_t *out_held, size_t *out_leading, kvx_s
     free(v);
     free(st);
     return rc;
+}
+
+KVX_API int kvx_store_keyed_exists(uint8_t *out_held, size_t *out_leading, kvx_store *s, const kvx_key *keys,
+                                   size_t n)
+{
+    return sk_held(out_held, out_leading, s, keys, n, 0, "kvx_store_keyed_exists");
+}
+
+KVX_API int kvx_store_keyed_contains(uint8_t *out_held, size_t *out_leading, kvx_store *s, const kvx_key *keys,
+                                     size_t n)
+{
+    return sk_held(out_held, out_leading, s, keys, n, 1, "kvx_store_keyed_contains");
 }
 
 /* Does the entry at loc hold exactly this key? */

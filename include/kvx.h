@@ -1013,6 +1013,14 @@ KVX_API int kvx_store_keyed_read(int *out_status, size_t *out_lens, kvx_store *s
  * sound); *out_leading (nullable) = the number of leading keys held. */
 KVX_API int kvx_store_keyed_exists(uint8_t *out_held, size_t *out_leading, kvx_store *s,
                                    const kvx_key *keys, size_t n);
+/* As kvx_store_keyed_exists, without reading a page: held means indexed,
+ * its shard usable and its entry naming the whole key; a damaged page is
+ * found when it is read (kvx_store_keyed_read / _get answer
+ * KVX_EPAGECRC), never served. Each key held counts as a hit and a use,
+ * as for a get. For a tier's lookups and touches, where
+ * reading every page to answer "held?" would read it twice. */
+KVX_API int kvx_store_keyed_contains(uint8_t *out_held, size_t *out_leading, kvx_store *s,
+                                     const kvx_key *keys, size_t n);
 /* The owner deletes keyed pages it named (DESIGN.md rule 2): a commit of
  * its own, one tombstone per key held (a small shard file with the
  * commit's sequence number, docs/STORE.md), durable when 0 returns, and

@@ -674,6 +674,57 @@ static void test_keyed_read_into_buffers(void **state)
     free(want);
 }
 
+/* kvx_store_keyed_contains: held without a page read (a damaged page is
+ * held here, a miss for exists, KVX_EPAGECRC when read); each key it finds
+ * counts as a hit, each it does not as a miss, as for a get. */
+/* PROMISE: KEYED-15 */
+static void test_keyed_contains_no_page_read(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
+    const char *k[1] = {"p0"};
+    size_t lens[1] = {PB};
+    put_keys(s, NULL, k, lens, 1);
+    assert_int_equal(kvx_store_flush(s), 0);
+    kvx_store_stats a, b;
+    assert_int_equal(kvx_store_stat(&a, s), 0);
+    kvx_key p0 = key_of("p0"), gone = key_of("never");
+    kvx_key both[2] = {p0, gone};
+    uint8_t h[2] = {9, 9};
+    size_t lead = 0;
+    assert_int_equal(kvx_store_keyed_contains(h, &lead, s, both, 2), 0);
+    assert_int_equal(h[0], 1);
+    assert_int_equal(h[1], 0);
+    assert_int_equal(lead, 1);
+    assert_int_equal(kvx_store_stat(&b, s), 0);
+    assert_int_equal(b.hits - a.hits, 1);
+    assert_int_equal(b.misses - a.misses, 1);
+    kvx_store_close(s);
+
+    /* a damaged page: contains says held (it reads no page), exists does
+     * not, and a read refuses it */
+    char sn[4][64], path[500];
+    assert_int_equal(su_list_names(dir, "shards", sn, 4), 1);
+    snprintf(path, sizeof path, "%s/shards/%s", dir, sn[0]);
+    assert_int_equal(su_flip_page_byte(path, 0), 0);
+    s = su_reopen(dir, 0);
+    h[0] = h[1] = 9;
+    assert_int_equal(kvx_store_keyed_contains(h, &lead, s, both, 2), 0);
+    assert_int_equal(h[0], 1);
+    assert_int_equal(h[1], 0);
+    assert_int_equal(kvx_store_keyed_exists(h, &lead, s, both, 2), 0);
+    assert_int_equal(h[0], 0);
+    uint8_t *buf = malloc(PB);
+    void *dst[1] = {buf};
+    size_t cap[1] = {PB};
+    int st[1];
+    assert_int_equal(kvx_store_keyed_read(st, NULL, s, &p0, 1, dst, cap), 0);
+    assert_int_equal(st[0], KVX_EPAGECRC);
+    free(buf);
+    kvx_store_close(s);
+}
+
 /* Keys with NUL bytes, a key that is a prefix of another, 255 bytes,
  * 256 bytes (refused), all through reopen and reindex. */
 /* PROMISE: KEYED-2 */
@@ -1190,6 +1241,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_capacity_eviction_reindex),
         cmocka_unit_test(test_damaged_page),
         cmocka_unit_test(test_keyed_read_into_buffers),
+        cmocka_unit_test(test_keyed_contains_no_page_read),
         cmocka_unit_test(test_awkward_keys),
         cmocka_unit_test(test_same_key_twice_in_one_put),
         cmocka_unit_test(test_newest_copy_damaged),

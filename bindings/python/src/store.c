@@ -955,11 +955,12 @@ out:
 
 /* keyed_exists(keys) -> ([bool], leading): which keys are held, and how
  * many leading keys of the list are. */
-static PyObject *store_keyed_exists(PyObject *self, PyObject *arg)
+/* keyed_exists / keyed_contains: ([bool], leading). */
+static PyObject *keyed_held(PyObject *self, PyObject *arg, int read_pages, const char *what)
 {
     kvxpy_store *st = (kvxpy_store *)self;
     keyed_keys kk;
-    if (keyed_keys_get(&kk, arg, "keyed_exists") < 0) return NULL;
+    if (keyed_keys_get(&kk, arg, what) < 0) return NULL;
     uint8_t *held = PyMem_Calloc(kk.n ? kk.n : 1, 1);
     size_t leading = 0;
     PyObject *out = NULL, *list = NULL;
@@ -968,7 +969,10 @@ static PyObject *store_keyed_exists(PyObject *self, PyObject *arg)
         PyErr_NoMemory();
         goto done;
     }
-    STORE_CALL(st, rc, kvx_store_keyed_exists(held, &leading, st->s, kk.k, kk.n));
+    if (read_pages)
+        STORE_CALL(st, rc, kvx_store_keyed_exists(held, &leading, st->s, kk.k, kk.n));
+    else
+        STORE_CALL(st, rc, kvx_store_keyed_contains(held, &leading, st->s, kk.k, kk.n));
     if (rc) {
         store_fail(rc);
         goto done;
@@ -980,6 +984,13 @@ done:
     keyed_keys_release(&kk);
     PyMem_Free(held);
     return out;
+}
+
+static PyObject *store_keyed_exists(PyObject *self, PyObject *arg) { return keyed_held(self, arg, 1, "keyed_exists"); }
+
+static PyObject *store_keyed_contains(PyObject *self, PyObject *arg)
+{
+    return keyed_held(self, arg, 0, "keyed_contains");
 }
 
 /* One C pass under the store's lock: which keys the index names a copy of
@@ -1513,6 +1524,9 @@ static PyMethodDef store_methods[] = {
      "its length is the buffer's. False: untouched when the key is not held, else zeroed (never bad bytes)."},
     {"keyed_exists", store_keyed_exists, METH_O,
      "keyed_exists(keys) -> ([bool], leading): which keys are held and how many leading keys are."},
+    {"keyed_contains", store_keyed_contains, METH_O,
+     "keyed_contains(keys) -> ([bool], leading): as keyed_exists without reading a page (a damaged page is found "
+     "when read); each key found counts as a hit and a use."},
     {"keyed_delete", (PyCFunction)(void (*)(void))store_keyed_delete, METH_VARARGS | METH_KEYWORDS,
      "keyed_delete(keys, each=False) -> pages deleted (durable on return; keys not held are ignored). each=True: "
      "[bool] per key, True where a copy of it (sound or damaged) was there and is deleted."},

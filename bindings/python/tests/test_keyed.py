@@ -4,6 +4,7 @@ keyed_delete, durability at flush, zero-copy views, errors."""
 import array
 import ctypes
 import gc
+import os
 import threading
 
 import pytest
@@ -109,6 +110,34 @@ def test_read_into(ks):
     for o in (out[0], out[2], out[3], view):
         o.release()
     slab.close()
+
+
+# PROMISE: PY-21
+def test_contains_reads_no_page(ks, tmp_path):
+    """keyed_contains: which keys are held, and the leading count, without reading a page: a damaged page is held
+    there, not for keyed_exists, and refused by a read; each key found is a hit in stat()."""
+    p = pages(2, seed=8)
+    ks.keyed_put(["a", "b"], p)
+    ks.flush()
+    h0 = ks.stat()["hits"]
+    assert ks.keyed_contains(["a", "missing", "b"]) == ([True, False, True], 1)
+    assert ks.stat()["hits"] == h0 + 2
+    ks.close()
+    d = str(tmp_path / "keyed")
+    shards = os.path.join(d, "shards")
+    (name,) = [n for n in os.listdir(shards) if n.endswith(".kvx")]
+    with open(os.path.join(shards, name), "r+b") as f:
+        data = f.read()
+        at = data.find(p[1]) + 100
+        f.seek(at)
+        f.write(bytes([data[at] ^ 0xFF]))
+    st = kvx.Store.open(d)
+    try:
+        assert st.keyed_contains(["b"]) == ([True], 1)
+        assert st.keyed_exists(["b"]) == ([False], 0)
+        assert st.keyed_read_into(["b"], [bytearray(PB)]) == [False]
+    finally:
+        st.close()
 
 
 # PROMISE: PY-8

@@ -6,6 +6,7 @@ import ctypes
 import errno
 import os
 import threading
+import time
 
 import pytest
 
@@ -213,6 +214,40 @@ def test_damaged_page_is_a_failed_load_never_wrong_bytes(tmp_path):
         assert not r.success and key(2) not in r.successful_keys and len(r.successful_keys) == 3
         assert p.get(12) == bytes(SLOT)  # zeroed, not the damaged page
         assert m.lookup([key(2)]) == [MISS]  # a damaged page is not held
+    finally:
+        t.shutdown()
+
+
+# PROMISE: PY-22
+def test_touch_and_lookups_read_no_page_and_count_as_uses(tmp_path):
+    """touch() returns at once and counts each key as a use in kvx's eviction order (a hit in the store's stat) on
+    the lookup thread; a lookup reads no page (a damaged page answers HIT until its load fails, then MISS until
+    the key is stored again)."""
+    t, p, m = tier(tmp_path)
+    try:
+        fill(p, range(4))
+        assert m.store([key(i) for i in range(4)], range(4)).success
+        hits0 = t.kvx_stats()["store"]["hits"]
+        t.touch([key(0), key(1), key(9)], None)
+        t.drain_jobs()
+        deadline = time.monotonic() + 10
+        while t.kvx_stats()["store"]["hits"] < hits0 + 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        st = t.kvx_stats()["store"]
+        assert st["hits"] == hits0 + 2  # key(9) was never stored: a miss, not a hit
+        page2 = p.get(2)
+        d = t.dir
+    finally:
+        t.shutdown()
+    _damage(d, page2)
+    t, p, m = tier(tmp_path, primary=Primary(64, SLOT))
+    try:
+        assert m.lookup([key(2)]) == [HIT]  # held: no page was read to answer
+        r = m.load([key(2)], [20])
+        assert not r.success and p.get(20) == bytes(SLOT)
+        assert m.lookup([key(2)]) == [MISS]  # its load failed: a MISS from now on
+        fill(p, [2])
+        assert m.store([key(2)], [2]).success is True
     finally:
         t.shutdown()
 

@@ -94,6 +94,18 @@ __all__ = ["KvxSecondaryTier", "HAVE_VLLM", "run_config"]
 
 log = logging.getLogger("kvx.integrations.vllm")
 
+
+_BAD_KEYS_MAX = 65536  # failed loads remembered as MISS (oldest forgotten first)
+
+
+class _Touch:
+    """A touch for the lookup thread: keys to count as used."""
+
+    __slots__ = ("keys",)
+
+    def __init__(self, keys):
+        self.keys = keys
+
 HASH_BYTES = 32  # a SHA-256 block hash (sha256, sha256_cbor); xxhash's are 16
 _NON_CRYPTO = ("xxhash", "xxhash_cbor")
 _LOG_EVERY = 30.0
@@ -202,6 +214,9 @@ class KvxSecondaryTier(_Base):
         self._cv = threading.Condition()
         self._inflight = 0
         self._closed = False
+        # keys whose load failed (damaged, or gone since the lookup): MISS until stored again. kvx_store_keyed_contains
+        # reads no page, so without this a damaged page would answer HIT again after its load failed. Bounded.
+        self._bad = {}
         self._wq = queue.SimpleQueue()
         self._rq = queue.SimpleQueue()
         self._lq = queue.SimpleQueue()
@@ -383,6 +398,8 @@ class KvxSecondaryTier(_Base):
         for job_id, keys, cids, t_sub in group:
             n = len(keys)
             if ok:
+                for k in keys:
+                    self._bad.pop(k, None)
                 self._count(stores=1, chunks_stored=n, bytes_stored=n * self._bs)
                 if self._events is not None and keys:
                     with self._ev_mu:
@@ -431,6 +448,10 @@ class KvxSecondaryTier(_Base):
             dt = time.monotonic() - t0
             good = [k for k, ok in zip(keys, oks) if ok]
             bad = [k for k, ok in zip(keys, oks) if not ok]
+            for k in bad:
+                self._bad[k] = True
+                while len(self._bad) > _BAD_KEYS_MAX:
+                    self._bad.pop(next(iter(self._bad)), None)
             self._count(loads=1, chunks_loaded=len(good), bytes_loaded=len(good) * self._bs,
                         chunks_load_missed=len(bad), loads_failed=1 if bad else 0,
                         loads_partial=1 if bad and good else 0)
@@ -448,9 +469,16 @@ class KvxSecondaryTier(_Base):
             batch = self._lq.get()
             if batch is _STOP:
                 return
+            if isinstance(batch, _Touch):
+                try:  # a use for kvx's eviction order; nothing to answer
+                    self._store.keyed_contains(batch.keys)
+                except Exception as e:
+                    self._fail("touch", e)
+                continue
             keys = [k for k, _ in batch]
-            try:
-                held, _ = self._store.keyed_exists(keys)
+            try:  # held without reading the pages: a load reads and checks each one
+                held, _ = self._store.keyed_contains(keys)
+                held = [h and k not in self._bad for k, h in zip(keys, held)]
             except Exception as e:
                 self._fail("lookup", e)
                 self._count(lookups_failed=len(keys))
@@ -574,7 +602,16 @@ class KvxSecondaryTier(_Base):
         return False
 
     def touch(self, keys, req_context):
-        return  # kvx keeps its own recency (hits at lookup and load)
+        """Marks the keys recently used in kvx's eviction order: one keyed_contains call on the lookup thread
+        (nothing is read; never blocks the scheduler)."""
+        if self._closed or not keys:
+            return
+        try:
+            keys = [k for k in keys if isinstance(k, (bytes, bytearray))]
+            if keys:
+                self._lq.put(_Touch(keys))
+        except Exception as e:
+            self._fail("touch", e)
 
     def drain_jobs(self):
         """Wait until every submitted job has run; their results wait for get_finished_jobs()."""
