@@ -1645,6 +1645,60 @@ static void test_keyed_read_races_writer(void **state)
     kvx_store_close(r.s);
 }
 
+/* A page damaged on disk after its shard's handle checked it (a put of the
+ * held key checks it; the bytes rewritten in place, the mtime put back as
+ * a bad sector leaves it): kvx_store_keyed_read says KVX_EPAGECRC every
+ * time, and a put of the key writes it again (it was skipped as held,
+ * for good: a tier's lookups said held and every load failed). */
+/* PROMISE: KEYED-14 */
+static void test_keyed_put_rewrites_page_damaged_since_checked(void **state)
+{
+    (void)state;
+    char dir[300], path[500];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
+    const char *k = "rot";
+    size_t len = PB, added = 99;
+    put_keys(s, NULL, &k, &len, 1);
+    assert_int_equal(kvx_store_flush(s), 0);
+    uint8_t *page = malloc(PB), *buf = aligned_alloc(4096, PB);
+    fill_page(page, PB, k);
+    kvx_key q = key_of(k);
+    const void *pages[1] = {page};
+    assert_int_equal(kvx_store_keyed_put(s, NULL, &q, pages, &len, 1, &added), 0);
+    assert_int_equal(added, 0); /* held: the handle checked the page */
+    kr_shard_of(dir, path, sizeof path);
+    kvx_shard *sh;
+    kvx_entry e;
+    assert_int_equal(kvx_shard_open(&sh, path, 0), 0);
+    assert_int_equal(kvx_shard_entry(&e, sh, 0), 0);
+    kvx_shard_close(sh);
+    struct stat before;
+    assert_int_equal(stat(path, &before), 0);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, (off_t)e.offset + 3), 1);
+    b ^= 0x10;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)e.offset + 3), 1);
+    struct timespec ts[2] = {before.st_atim, before.st_mtim};
+    assert_int_equal(futimens(fd, ts), 0);
+    close(fd);
+    void *dst = buf;
+    size_t cap = PB, got;
+    int st;
+    assert_int_equal(kvx_store_keyed_read(&st, &got, s, &q, 1, &dst, &cap), 0);
+    assert_int_equal(st, KVX_EPAGECRC);
+    assert_int_equal(kvx_store_keyed_put(s, NULL, &q, pages, &len, 1, &added), 0);
+    assert_int_equal(added, 1); /* written again */
+    assert_int_equal(kvx_store_flush(s), 0);
+    assert_int_equal(kvx_store_keyed_read(&st, &got, s, &q, 1, &dst, &cap), 0);
+    assert_int_equal(st, 0);
+    assert_memory_equal(buf, page, PB);
+    kvx_store_close(s);
+    free(page);
+    free(buf);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test by name (a glob) */
@@ -1668,6 +1722,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_keyed_read_no_fd_leak),
         cmocka_unit_test(test_keyed_read_faults),
         cmocka_unit_test(test_keyed_read_races_writer),
+        cmocka_unit_test(test_keyed_put_rewrites_page_damaged_since_checked),
         cmocka_unit_test(test_keyed_contains_no_page_read),
         cmocka_unit_test(test_awkward_keys),
         cmocka_unit_test(test_same_key_twice_in_one_put),
