@@ -1629,6 +1629,7 @@ static void test_keyed_read_races_writer(void **state)
     kr_race r;
     memset(&r, 0, sizeof r);
     r.seed = (unsigned)time(NULL);
+    int fds = kr_fd_count();
     r.s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 256u << 10, .shard_bytes = 128u << 10});
     r.dir = dir;
     pthread_t w, rd[3], dr;
@@ -1642,7 +1643,12 @@ static void test_keyed_read_races_writer(void **state)
                   (int)r.wrong);
     assert_int_equal(atomic_load(&r.wrong), 0);
     assert_true(atomic_load(&r.reads_ok) > 0);
+    /* n = 0 reads nothing and needs no arrays */
+    assert_int_equal(kvx_store_keyed_read(NULL, NULL, r.s, NULL, 0, NULL, NULL), 0);
     kvx_store_close(r.s);
+    /* shards collected and handles dropped while their O_DIRECT
+     * descriptors were opened by racing readers: none left open */
+    assert_int_equal(kr_fd_count(), fds);
 }
 
 /* A page damaged on disk after its shard's handle checked it (a put of the
