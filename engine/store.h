@@ -266,6 +266,7 @@ typedef struct st_query {
     void *dst;             /* a read into the caller's memory (kvx_store_keyed_read): */
     size_t dst_cap;        /* the view's page is dst, read and checked there */
     int no_page;           /* the entry alone (kvx_store_keyed_contains): a view of page NULL */
+    int verify_page;       /* the page's CRC-32 now, not once per handle (a keyed put's held check) */
 } st_query;
 
 /* ------------------------------------------------------------------ */

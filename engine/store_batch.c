@@ -575,7 +575,10 @@ int kvx_st_put_block(kvx_store_batch *x, const st_query *q, const void *page, co
     return rc;
 }
 
-/* Keyed pages (store_keyed.c checked the arguments): as st_put, by key. */
+/* Keyed pages (store_keyed.c checked the arguments): as st_put, by key. A
+ * key counts as held only when its page's CRC-32 holds now: a page damaged
+ * since its shard's handle first checked it (kvx_store_keyed_read finds it
+ * so, every time) is written again, never skipped for good. */
 int kvx_st_put_keyed(kvx_store *s, kvx_store_batch *x, const kvx_key *keys, const void *const *pages,
                      const size_t *page_lens, size_t n, size_t *out_new)
 {
@@ -589,7 +592,7 @@ int kvx_st_put_keyed(kvx_store *s, kvx_store_batch *x, const kvx_key *keys, cons
     for (size_t i = 0; i < n; i++) kvx_sha256(d[i], keys[i].bytes, keys[i].len);
 #define ST_KEYED_Q(i)                                                                                          \
     {.hash = kvx_key_name(d[i], keys[i].bytes, keys[i].len), .digest = d[i], .key = keys[i].bytes,             \
-     .key_len = (uint32_t)keys[i].len, .page_len = (uint32_t)page_lens[i]}
+     .key_len = (uint32_t)keys[i].len, .page_len = (uint32_t)page_lens[i], .verify_page = 1}
     pthread_mutex_lock(&s->wmu);
     int rc = st_fits(s, x, n, "kvx_store_keyed_put");
     kvx_cat_snap *snap;

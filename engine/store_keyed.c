@@ -64,6 +64,10 @@ KVX_API int kvx_store_keyed_put(kvx_store *s, kvx_store_batch *b, const kvx_key 
     return kvx_st_put_keyed(s, x, keys, pages, page_lens, n, out_new);
 }
 
+/* The bytes a read may write into buffer i: its capacity, no more than
+ * the store's page size (a longer page is damage, never read). */
+static size_t sk_span(const kvx_store *s, size_t cap) { return cap < s->page_bytes ? cap : (size_t)s->page_bytes; }
+
 /* One snapshot for the whole batch; each key looked up whole; with dst,
  * key i's page is read into dst[i] (dst_cap[i] bytes) and checked there. */
 static int sk_lookup_all(kvx_view *views, int *status, kvx_store *s, const kvx_key *keys, size_t n,
@@ -79,7 +83,7 @@ static int sk_lookup_all(kvx_view *views, int *status, kvx_store *s, const kvx_k
         sk_query(&q, digest, &keys[i]);
         if (dst) {
             q.dst = dst[i];
-            q.dst_cap = dst_cap[i];
+            q.dst_cap = sk_span(s, dst_cap[i]); /* what sk_check_apart saw apart */
         }
         q.no_page = no_page;
         sk_view_clear(&views[i]);
@@ -116,6 +120,39 @@ KVX_API int kvx_store_keyed_get(kvx_view *out_views, int *out_status, kvx_store 
     return rc;
 }
 
+typedef struct sk_range {
+    uintptr_t from, to;
+    size_t i;
+} sk_range;
+
+static int sk_range_cmp(const void *a, const void *b)
+{
+    const sk_range *x = a, *y = b;
+    return x->from < y->from ? -1 : x->from > y->from;
+}
+
+/* Do two of the n buffers overlap? A page read and checked in one would
+ * be overwritten by another key's read and still reported read. */
+static int sk_check_apart(const kvx_store *s, void *const *dst, const size_t *dst_cap, size_t n, const char *fn)
+{
+    if (n < 2) return 0;
+    sk_range *r = malloc(n * sizeof *r);
+    if (!r) return kvx_fail(-ENOMEM, "%s: out of memory", fn);
+    for (size_t i = 0; i < n; i++) {
+        r[i].from = (uintptr_t)dst[i];
+        r[i].to = r[i].from + sk_span(s, dst_cap[i]);
+        r[i].i = i;
+    }
+    qsort(r, n, sizeof *r, sk_range_cmp);
+    int rc = 0;
+    for (size_t j = 1; j < n && !rc; j++)
+        if (r[j].from < r[j - 1].to)
+            rc = kvx_fail(KVX_EINVALID, "%s: dst[%zu] and dst[%zu] overlap (each page needs a buffer of its own)", fn,
+                          r[j - 1].i < r[j].i ? r[j - 1].i : r[j].i, r[j - 1].i < r[j].i ? r[j].i : r[j - 1].i);
+    free(r);
+    return rc;
+}
+
 KVX_API int kvx_store_keyed_read(int *out_status, size_t *out_lens, kvx_store *s, const kvx_key *keys, size_t n,
                                  void *const *dst, const size_t *dst_cap)
 {
@@ -130,6 +167,7 @@ KVX_API int kvx_store_keyed_read(int *out_status, size_t *out_lens, kvx_store *s
             return kvx_fail(KVX_EINVALID, "%s: dst_cap[%zu] is %zu bytes, under the store's page_bytes %llu", fn, i,
                             dst_cap[i], (unsigned long long)s->page_bytes);
     }
+    if ((rc = sk_check_apart(s, dst, dst_cap, n, fn))) return rc;
     if (out_lens) memset(out_lens, 0, n * sizeof *out_lens);
     if (n == 0) return 0;
     kvx_view *v = malloc(n * sizeof *v);

@@ -103,7 +103,8 @@ static int st_try_loc(kvx_store *s, const kvx_cat_loc *loc, const st_query *q, k
     else if (q->dst) /* read into the caller's memory and checked there, every time */
         rc = kvx_shard_page_read(sh, idx, q->dst, q->dst_cap, &page_len);
     else /* KVX_STORE_VERIFY (kvx.h): every served page's CRC, not once per handle */
-        rc = s->flags & KVX_STORE_VERIFY ? kvx_shard_page(&page, sh, idx, 1) : kvx_shard_page_checked(&page, sh, idx);
+        rc = s->flags & KVX_STORE_VERIFY || q->verify_page ? kvx_shard_page(&page, sh, idx, 1)
+                                                           : kvx_shard_page_checked(&page, sh, idx);
     if (rc) {
         kvx_shard_close(sh);
         if (st_damage(q, rc))

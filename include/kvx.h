@@ -997,8 +997,9 @@ KVX_API int kvx_store_keyed_get(kvx_view *out_views, int *out_status, kvx_store 
                                 const kvx_key *keys, size_t n);
 /* Reads n keyed pages into the caller's memory: page i into dst[i]
  * (dst_cap[i] bytes, at least the store's page_bytes: KVX_EINVALID naming
- * the index otherwise), its CRC-32 checked there after the read, every
- * time. out_status[i] 0 and out_lens[i] (nullable) its length; or
+ * the index otherwise; the buffers' first min(dst_cap[i], page_bytes)
+ * bytes must not overlap: KVX_EINVALID naming two), its CRC-32 checked
+ * there after the read, every time. out_status[i] 0 and out_lens[i] (nullable) its length; or
  * KVX_ENOTFOUND (not held), KVX_EPAGECRC / KVX_ETRUNC (only damaged
  * copies), a read's -errno (-EIO): then dst[i]'s bytes are unspecified
  * (it may hold part of a page, or bad bytes: never use them) and

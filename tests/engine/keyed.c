@@ -19,12 +19,17 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <dirent.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 
 #include <cmocka.h>
 
 #include "common/digest.h"
 #include "engine/store.h"
 #include "lib/store.h"
+#include "lib/fault.h"
 
 #define PB 8192u /* the test store's page size */
 
@@ -588,9 +593,9 @@ static void test_keyed_read_into_buffers(void **state)
     size_t lens[2] = {PB, 17};
     put_keys(s, NULL, k, lens, 2);
     assert_int_equal(kvx_store_flush(s), 0);
-    uint8_t *aligned = aligned_alloc(4096, PB), *raw = malloc(PB + 1), *odd = raw + 1, *want = malloc(PB);
+    uint8_t *aligned = aligned_alloc(4096, PB), *raw = malloc(2 * PB + 1), *odd = raw + 1, *want = malloc(PB);
     kvx_key q[3] = {key_of(k[0]), key_of("missing"), key_of(k[1])};
-    void *dst[3] = {aligned, odd, odd};
+    void *dst[3] = {aligned, odd + PB, odd}; /* each a buffer of its own */
     size_t cap[3] = {PB, PB, PB}, got[3];
     int st[3];
     assert_int_equal(kvx_store_keyed_read(st, got, s, q, 3, dst, cap), 0);
@@ -1224,6 +1229,482 @@ static void test_keyed_options_padding_ignored(void **state)
     kvx_store_close(s);
 }
 
+/* ---- kvx_store_keyed_read under attack ---- */
+
+/* The shard file of dir that holds key k (a store of one shard: its only
+ * file), and the entry of k in it. */
+static void kr_shard_of(const char *dir, char *path, size_t cap)
+{
+    char names[4][64];
+    assert_int_equal(su_list_names(dir, "shards", names, 4), 1);
+    snprintf(path, cap, "%s/shards/%s", dir, names[0]);
+}
+
+static void kr_drop_cache(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+}
+
+/* One buffer given for two keys, or two that overlap: refused before
+ * anything is read. Else a page read and checked into the buffer is
+ * overwritten by the next key's read (a damaged one's bad bytes) and
+ * still reported read (status 0). */
+/* PROMISE: KEYED-14 */
+static void test_keyed_read_overlapping_buffers_refused(void **state)
+{
+    (void)state;
+    char dir[300], path[500];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
+    const char *k[2] = {"good", "bad"};
+    size_t lens[2] = {PB, PB};
+    put_keys(s, NULL, k, lens, 2);
+    assert_int_equal(kvx_store_flush(s), 0);
+    kvx_store_close(s);
+    kr_shard_of(dir, path, sizeof path);
+    kvx_shard *sh;
+    assert_int_equal(kvx_shard_open(&sh, path, 0), 0);
+    kvx_entry e;
+    assert_int_equal(kvx_shard_entry(&e, sh, 0), 0);
+    uint32_t bad = e.hash == kvx_key_hash("bad", 3) ? 0 : 1;
+    kvx_shard_close(sh);
+    assert_int_equal(su_flip_page_byte(path, bad), 0);
+    s = su_reopen(dir, 0);
+    uint8_t *buf = aligned_alloc(4096, 2 * PB), *want = malloc(PB);
+    fill_page(want, PB, "good");
+    kvx_key q[2] = {key_of("good"), key_of("bad")};
+    size_t cap[2] = {PB, PB}, got[2];
+    int st[2];
+    void *same[2] = {buf, buf}, *part[2] = {buf, buf + PB - 64}, *apart[2] = {buf, buf + PB};
+    for (int t = 0; t < 2; t++) {
+        void **dst = t == 0 ? same : part;
+        st[0] = st[1] = 99;
+        int rc = kvx_store_keyed_read(st, got, s, q, 2, dst, cap);
+        /* never "read" with other bytes in the buffer */
+        if (rc == 0 && st[0] == 0) assert_memory_equal(buf, want, PB);
+        assert_int_equal(rc, KVX_EINVALID);
+        assert_non_null(strstr(kvx_last_error(), "overlap"));
+    }
+    /* side by side: both read, the good one whole */
+    assert_int_equal(kvx_store_keyed_read(st, got, s, q, 2, apart, cap), 0);
+    assert_int_equal(st[0], 0);
+    assert_int_equal(st[1], KVX_EPAGECRC);
+    assert_memory_equal(buf, want, PB);
+    kvx_store_close(s);
+    free(buf);
+    free(want);
+}
+
+/* Pages whose lengths are not multiples of 4096, the last one at the very
+ * end of the file, read out of the page cache into aligned and unaligned
+ * buffers (O_DIRECT for the aligned head, the cache for the tail), on the
+ * test's file system and on tmpfs (no O_DIRECT there on older kernels);
+ * with KVX_STORE_VERIFY and read-only too. Byte for byte, every time. */
+/* PROMISE: KEYED-14 */
+static void test_keyed_read_odd_lengths_out_of_cache(void **state)
+{
+    (void)state;
+    const char *roots[2] = {su_root, "/dev/shm"};
+    for (int r = 0; r < 2; r++) {
+        char dir[300], path[500];
+        if (r == 0) {
+            su_new_dir(dir, sizeof dir);
+        } else {
+            snprintf(dir, sizeof dir, "%s/kvx-keyed-read-%d", roots[r], (int)getpid());
+            su_rm_rf(dir);
+        }
+        kvx_store *s = su_create(dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
+        const char *k[6] = {"a4097", "b6000", "c1", "d4096", "e8191", "f8192"};
+        size_t lens[6] = {4097, 6000, 2, 4096, 8190, PB};
+        put_keys(s, NULL, k, lens, 6);
+        assert_int_equal(kvx_store_flush(s), 0);
+        kvx_store_close(s);
+        kr_shard_of(dir, path, sizeof path);
+        uint32_t flags[3] = {0, KVX_STORE_VERIFY, KVX_STORE_READONLY};
+        uint8_t *al = aligned_alloc(4096, 8 * PB), *raw = malloc(8 * PB + 1), *want = malloc(PB);
+        for (int f = 0; f < 3; f++) {
+            s = su_reopen(dir, flags[f]);
+            for (int pass = 0; pass < 3; pass++) {
+                kr_drop_cache(path);
+                kvx_key q[6];
+                void *dst[6];
+                size_t cap[6], got[6];
+                int st[6];
+                for (int i = 0; i < 6; i++) {
+                    q[i] = key_of(k[i]);
+                    dst[i] = pass == 1 ? raw + 1 + (size_t)i * PB : al + (size_t)i * PB;
+                    cap[i] = PB;
+                }
+                memset(al, 0xEE, 8 * PB);
+                memset(raw, 0xEE, 8 * PB + 1);
+                assert_int_equal(kvx_store_keyed_read(st, got, s, q, 6, dst, cap), 0);
+                for (int i = 0; i < 6; i++) {
+                    assert_int_equal(st[i], 0);
+                    assert_int_equal(got[i], lens[i]);
+                    fill_page(want, lens[i], k[i]);
+                    assert_memory_equal(dst[i], want, lens[i]);
+                }
+            }
+            kvx_store_close(s);
+        }
+        free(al);
+        free(raw);
+        free(want);
+        if (r == 1) su_rm_rf(dir);
+    }
+}
+
+/* The shard file cut short under an open store, at a 4096 boundary inside
+ * a page (O_DIRECT reads end there), at an odd byte, and before the page:
+ * KVX_ETRUNC, never a signal, never status 0; pages before the cut still
+ * read. */
+/* PROMISE: KEYED-14 */
+static void test_keyed_read_truncated_under_handle(void **state)
+{
+    (void)state;
+    int cuts[3] = {4096, 1000, -1};
+    for (int c = 0; c < 3; c++) {
+        char dir[300], path[500];
+        kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
+        const char *k[2] = {"first", "last"};
+        size_t lens[2] = {PB, PB};
+        put_keys(s, NULL, k, lens, 2);
+        assert_int_equal(kvx_store_flush(s), 0);
+        kr_shard_of(dir, path, sizeof path);
+        uint8_t *buf = aligned_alloc(4096, 2 * PB), *want = malloc(PB);
+        kvx_key q[2] = {key_of("first"), key_of("last")};
+        void *dst[2] = {buf, buf + PB};
+        size_t cap[2] = {PB, PB}, got[2];
+        int st[2];
+        assert_int_equal(kvx_store_keyed_read(st, got, s, q, 2, dst, cap), 0);
+        assert_int_equal(st[0] | st[1], 0);
+        /* the later page's offset */
+        kvx_shard *sh;
+        assert_int_equal(kvx_shard_open(&sh, path, 0), 0);
+        kvx_entry e0, e1;
+        assert_int_equal(kvx_shard_entry(&e0, sh, 0), 0);
+        assert_int_equal(kvx_shard_entry(&e1, sh, 1), 0);
+        kvx_shard_close(sh);
+        kvx_entry *late = e0.offset > e1.offset ? &e0 : &e1;
+        int late_i = late->hash == kvx_key_hash("last", 4) ? 1 : 0;
+        off_t cut = cuts[c] < 0 ? (off_t)late->offset - 1 : (off_t)late->offset + cuts[c];
+        assert_int_equal(truncate(path, cut), 0);
+        kr_drop_cache(path);
+        memset(buf, 0, 2 * PB);
+        assert_int_equal(kvx_store_keyed_read(st, got, s, q, 2, dst, cap), 0);
+        assert_int_not_equal(st[late_i], 0);
+        assert_int_equal(got[late_i], 0);
+        if (cuts[c] >= 0) {
+            assert_int_equal(st[1 - late_i], 0);
+            fill_page(want, PB, k[1 - late_i]);
+            assert_memory_equal(dst[1 - late_i], want, PB);
+        }
+        kvx_store_close(s);
+        free(buf);
+        free(want);
+    }
+}
+
+static int kr_fd_count(void)
+{
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return -1;
+    while (readdir(d)) n++;
+    closedir(d);
+    return n;
+}
+
+/* Many shards read with O_DIRECT (each handle opens a second descriptor),
+ * the store closed: no descriptor left open. */
+/* PROMISE: KEYED-14 */
+static void test_keyed_read_no_fd_leak(void **state)
+{
+    (void)state;
+    int before = kr_fd_count();
+    char dir[300], path[500];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
+    char names[40][16];
+    for (int i = 0; i < 40; i++) {
+        snprintf(names[i], sizeof names[i], "fd%d", i);
+        const char *k = names[i];
+        size_t len = PB;
+        put_keys(s, NULL, &k, &len, 1);
+        assert_int_equal(kvx_store_flush(s), 0); /* a shard each */
+    }
+    uint8_t *buf = aligned_alloc(4096, PB), *want = malloc(PB);
+    for (int round = 0; round < 3; round++) {
+        char sh[64][64];
+        size_t nsh = su_list_names(dir, "shards", sh, 64);
+        for (size_t j = 0; j < nsh; j++) {
+            snprintf(path, sizeof path, "%s/shards/%s", dir, sh[j]);
+            kr_drop_cache(path);
+        }
+        for (int i = 0; i < 40; i++) {
+            kvx_key q = key_of(names[i]);
+            void *dst = buf;
+            size_t cap = PB, got;
+            int st;
+            assert_int_equal(kvx_store_keyed_read(&st, &got, s, &q, 1, &dst, &cap), 0);
+            assert_int_equal(st, 0);
+            fill_page(want, PB, names[i]);
+            assert_memory_equal(buf, want, PB);
+        }
+    }
+    kvx_store_close(s);
+    assert_int_equal(kr_fd_count(), before);
+    free(buf);
+    free(want);
+}
+
+/* A failed read (EIO, a short read) at each of the read's calls in turn,
+ * the O_DIRECT descriptor's open (what a missing /proc does) among them:
+ * a key's status is 0 only with its page's bytes; the store reads it
+ * again afterwards. */
+/* PROMISE: KEYED-14 */
+static void test_keyed_read_faults(void **state)
+{
+    (void)state;
+    char dir[300], path[500];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
+    const char *k[3] = {"x1", "x2", "x3"};
+    size_t lens[3] = {PB, 6000, PB};
+    put_keys(s, NULL, k, lens, 3);
+    assert_int_equal(kvx_store_flush(s), 0);
+    kvx_store_close(s);
+    kr_shard_of(dir, path, sizeof path);
+    uint8_t *buf = aligned_alloc(4096, 3 * PB), *want = malloc(PB);
+    kvx_key q[3] = {key_of(k[0]), key_of(k[1]), key_of(k[2])};
+    void *dst[3] = {buf, buf + PB, buf + 2 * PB};
+    size_t cap[3] = {PB, PB, PB}, got[3];
+    int st[3];
+    int modes[2] = {FAULT_ERRNO, FAULT_SHORT};
+    unsigned kinds[2] = {FAULT_RW, FAULT_OPEN};
+    for (int m = 0; m < 2; m++)
+        for (int kd = 0; kd < 2; kd++) {
+            long total = 0;
+            for (long at = 1; at < 40; at++) {
+                s = su_reopen(dir, 0);
+                kr_drop_cache(path);
+                fault_install();
+                fault_only = kinds[kd];
+                fault_reset(at, EIO, modes[m]);
+                memset(buf, 0, 3 * PB);
+                int rc = kvx_store_keyed_read(st, got, s, q, 3, dst, cap);
+                long hits = fault_hits;
+                fault_uninstall();
+                if (rc == 0)
+                    for (int i = 0; i < 3; i++) {
+                        if (st[i]) continue;
+                        assert_int_equal(got[i], lens[i]);
+                        fill_page(want, lens[i], k[i]);
+                        assert_memory_equal(dst[i], want, lens[i]);
+                    }
+                assert_int_equal(kvx_store_keyed_read(st, got, s, q, 3, dst, cap), 0);
+                for (int i = 0; i < 3; i++) assert_int_equal(st[i], 0);
+                kvx_store_close(s);
+                total += hits;
+                if (!hits) break;
+            }
+            assert_true(total > 0);
+        }
+    free(buf);
+    free(want);
+}
+
+/* ---- readers racing a writer that puts, deletes, evicts and collects ---- */
+
+#define KR_KEYS 48
+typedef struct kr_race {
+    kvx_store *s;
+    const char *dir;
+    atomic_int stop;
+    atomic_long reads_ok, reads_miss;
+    atomic_int wrong;
+    unsigned seed;
+} kr_race;
+
+static void kr_name(char *out, size_t cap, int i) { snprintf(out, cap, "race-%02d", i); }
+
+/* Version ver of key's page: su_key_fill with ver in its first 8 bytes. */
+static void kr_fill(uint8_t *p, const char *key, uint64_t ver)
+{
+    su_key_fill(p, PB, key, strlen(key), ver);
+    memcpy(p, &ver, 8);
+}
+
+static void *kr_writer(void *arg)
+{
+    kr_race *r = arg;
+    uint8_t *p = malloc(PB);
+    unsigned seed = r->seed;
+    for (uint64_t ver = 1; ver < 600; ver++) {
+        char name[32];
+        kr_name(name, sizeof name, (int)(rand_r(&seed) % KR_KEYS));
+        kvx_key k = key_of(name);
+        if (rand_r(&seed) % 3 == 0) {
+            assert_int_equal(kvx_store_keyed_delete(r->s, &k, 1, NULL), 0);
+        } else {
+            kr_fill(p, name, ver);
+            const void *pages[1] = {p};
+            size_t len = PB;
+            assert_int_equal(kvx_store_keyed_put(r->s, NULL, &k, pages, &len, 1, NULL), 0);
+            assert_int_equal(kvx_store_flush(r->s), 0);
+        }
+        if (ver % 25 == 0) assert_int_equal(kvx_store_gc(r->s), 0);
+    }
+    atomic_store(&r->stop, 1);
+    free(p);
+    return NULL;
+}
+
+static void *kr_reader(void *arg)
+{
+    kr_race *r = arg;
+    unsigned seed = r->seed ^ (unsigned)(uintptr_t)pthread_self();
+    uint8_t *buf = aligned_alloc(4096, 4 * (PB + 4096)), *want = malloc(PB);
+    while (!atomic_load(&r->stop)) {
+        char names[4][32];
+        kvx_key q[4];
+        void *dst[4];
+        size_t cap[4], got[4];
+        int st[4];
+        for (int i = 0; i < 4; i++) {
+            kr_name(names[i], sizeof names[i], (int)(rand_r(&seed) % KR_KEYS));
+            q[i] = key_of(names[i]);
+            dst[i] = buf + (size_t)i * (PB + 4096) + (rand_r(&seed) % 2 ? 0 : 8); /* aligned or not */
+            cap[i] = PB;
+        }
+        if (kvx_store_keyed_read(st, got, r->s, q, 4, dst, cap) != 0) continue;
+        for (int i = 0; i < 4; i++) {
+            if (st[i]) {
+                atomic_fetch_add(&r->reads_miss, 1);
+                continue;
+            }
+            uint64_t ver;
+            memcpy(&ver, dst[i], 8);
+            kr_fill(want, names[i], ver);
+            if (got[i] != PB || memcmp(dst[i], want, PB) != 0) atomic_fetch_add(&r->wrong, 1);
+            else atomic_fetch_add(&r->reads_ok, 1);
+        }
+    }
+    free(buf);
+    free(want);
+    return NULL;
+}
+
+/* Drops the shards' pages from the page cache, over and over: the
+ * readers' aligned reads go to O_DIRECT. */
+static void *kr_dropper(void *arg)
+{
+    kr_race *r = arg;
+    char sub[400], path[700];
+    snprintf(sub, sizeof sub, "%s/shards", r->dir);
+    while (!atomic_load(&r->stop)) {
+        DIR *d = opendir(sub);
+        struct dirent *de;
+        while (d && (de = readdir(d))) {
+            snprintf(path, sizeof path, "%s/%s", sub, de->d_name);
+            int fd = open(path, O_RDONLY);
+            if (fd < 0) continue;
+            (void)posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+            close(fd);
+        }
+        if (d) closedir(d);
+    }
+    return NULL;
+}
+
+/* Three threads read keyed pages (in and out of the page cache, aligned
+ * buffers and not) while a writer puts new versions of the same keys,
+ * deletes them, evicts (a small capacity) and collects: every page
+ * reported read is one version of its key, whole. */
+/* PROMISE: KEYED-14 */
+static void test_keyed_read_races_writer(void **state)
+{
+    (void)state;
+    char dir[300];
+    kr_race r;
+    memset(&r, 0, sizeof r);
+    r.seed = (unsigned)time(NULL);
+    int fds = kr_fd_count();
+    r.s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 256u << 10, .shard_bytes = 128u << 10});
+    r.dir = dir;
+    pthread_t w, rd[3], dr;
+    assert_int_equal(pthread_create(&dr, NULL, kr_dropper, &r), 0);
+    assert_int_equal(pthread_create(&w, NULL, kr_writer, &r), 0);
+    for (int i = 0; i < 3; i++) assert_int_equal(pthread_create(&rd[i], NULL, kr_reader, &r), 0);
+    pthread_join(w, NULL);
+    for (int i = 0; i < 3; i++) pthread_join(rd[i], NULL);
+    pthread_join(dr, NULL);
+    print_message("race seed %u: %ld read, %ld missed, %d wrong\n", r.seed, (long)r.reads_ok, (long)r.reads_miss,
+                  (int)r.wrong);
+    assert_int_equal(atomic_load(&r.wrong), 0);
+    assert_true(atomic_load(&r.reads_ok) > 0);
+    /* n = 0 reads nothing and needs no arrays */
+    assert_int_equal(kvx_store_keyed_read(NULL, NULL, r.s, NULL, 0, NULL, NULL), 0);
+    kvx_store_close(r.s);
+    /* shards collected and handles dropped while their O_DIRECT
+     * descriptors were opened by racing readers: none left open */
+    assert_int_equal(kr_fd_count(), fds);
+}
+
+/* A page damaged on disk after its shard's handle checked it (a put of the
+ * held key checks it; the bytes rewritten in place, the mtime put back as
+ * a bad sector leaves it): kvx_store_keyed_read says KVX_EPAGECRC every
+ * time, and a put of the key writes it again (it was skipped as held,
+ * for good: a tier's lookups said held and every load failed). */
+/* PROMISE: KEYED-14 */
+static void test_keyed_put_rewrites_page_damaged_since_checked(void **state)
+{
+    (void)state;
+    char dir[300], path[500];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
+    const char *k = "rot";
+    size_t len = PB, added = 99;
+    put_keys(s, NULL, &k, &len, 1);
+    assert_int_equal(kvx_store_flush(s), 0);
+    uint8_t *page = malloc(PB), *buf = aligned_alloc(4096, PB);
+    fill_page(page, PB, k);
+    kvx_key q = key_of(k);
+    const void *pages[1] = {page};
+    assert_int_equal(kvx_store_keyed_put(s, NULL, &q, pages, &len, 1, &added), 0);
+    assert_int_equal(added, 0); /* held: the handle checked the page */
+    kr_shard_of(dir, path, sizeof path);
+    kvx_shard *sh;
+    kvx_entry e;
+    assert_int_equal(kvx_shard_open(&sh, path, 0), 0);
+    assert_int_equal(kvx_shard_entry(&e, sh, 0), 0);
+    kvx_shard_close(sh);
+    struct stat before;
+    assert_int_equal(stat(path, &before), 0);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t b;
+    assert_int_equal(pread(fd, &b, 1, (off_t)e.offset + 3), 1);
+    b ^= 0x10;
+    assert_int_equal(pwrite(fd, &b, 1, (off_t)e.offset + 3), 1);
+    struct timespec ts[2] = {before.st_atim, before.st_mtim};
+    assert_int_equal(futimens(fd, ts), 0);
+    close(fd);
+    void *dst = buf;
+    size_t cap = PB, got;
+    int st;
+    assert_int_equal(kvx_store_keyed_read(&st, &got, s, &q, 1, &dst, &cap), 0);
+    assert_int_equal(st, KVX_EPAGECRC);
+    assert_int_equal(kvx_store_keyed_put(s, NULL, &q, pages, &len, 1, &added), 0);
+    assert_int_equal(added, 1); /* written again */
+    assert_int_equal(kvx_store_flush(s), 0);
+    assert_int_equal(kvx_store_keyed_read(&st, &got, s, &q, 1, &dst, &cap), 0);
+    assert_int_equal(st, 0);
+    assert_memory_equal(buf, page, PB);
+    kvx_store_close(s);
+    free(page);
+    free(buf);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test by name (a glob) */
@@ -1241,6 +1722,13 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_capacity_eviction_reindex),
         cmocka_unit_test(test_damaged_page),
         cmocka_unit_test(test_keyed_read_into_buffers),
+        cmocka_unit_test(test_keyed_read_overlapping_buffers_refused),
+        cmocka_unit_test(test_keyed_read_odd_lengths_out_of_cache),
+        cmocka_unit_test(test_keyed_read_truncated_under_handle),
+        cmocka_unit_test(test_keyed_read_no_fd_leak),
+        cmocka_unit_test(test_keyed_read_faults),
+        cmocka_unit_test(test_keyed_read_races_writer),
+        cmocka_unit_test(test_keyed_put_rewrites_page_damaged_since_checked),
         cmocka_unit_test(test_keyed_contains_no_page_read),
         cmocka_unit_test(test_awkward_keys),
         cmocka_unit_test(test_same_key_twice_in_one_put),

@@ -1521,7 +1521,8 @@ static PyMethodDef store_methods[] = {
     {"keyed_read_into", (PyCFunction)(void (*)(void))store_keyed_read_into, METH_VARARGS | METH_KEYWORDS,
      "keyed_read_into(keys, buffers) -> list[bool]: each held page read straight into its writable buffer (at least "
      "page_bytes long) and CRC-checked there (O_DIRECT into 4096-aligned memory when not cached); True when read and "
-     "its length is the buffer's. False: untouched when the key is not held, else zeroed (never bad bytes)."},
+     "its length is the buffer's. False: untouched when the key is not held, else zeroed (never bad bytes). "
+     "Buffers that overlap are refused (kvx.InvalidError)."},
     {"keyed_exists", store_keyed_exists, METH_O,
      "keyed_exists(keys) -> ([bool], leading): which keys are held and how many leading keys are."},
     {"keyed_contains", store_keyed_contains, METH_O,

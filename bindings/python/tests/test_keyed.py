@@ -112,6 +112,65 @@ def test_read_into(ks):
     slab.close()
 
 
+# PROMISE: PY-20
+def test_read_into_refuses_shared_and_odd_buffers(ks, tmp_path):
+    """keyed_read_into: one buffer given for two keys, or two views that overlap, is refused before anything is
+    read (else a later key's read, a damaged page zeroed, overwrote a page reported read); a non-contiguous view is
+    refused; a bytearray another thread tries to resize during the read cannot be (BufferError), and every page
+    reported read is whole."""
+    p = pages(2, seed=11)
+    ks.keyed_put(["good", "bad"], p)
+    ks.flush()
+    ks.close()
+    d = str(tmp_path / "keyed")
+    shards = os.path.join(d, "shards")
+    (name,) = [n for n in os.listdir(shards) if n.endswith(".kvx")]
+    with open(os.path.join(shards, name), "r+b") as f:
+        data = f.read()
+        at = data.find(p[1]) + 100
+        f.seek(at)
+        f.write(bytes([data[at] ^ 0xFF]))
+    st = kvx.Store.open(d)
+    try:
+        b = bytearray(PB)
+        with pytest.raises(kvx.InvalidError, match="overlap"):
+            st.keyed_read_into(["good", "bad"], [b, b])
+        slab = bytearray(2 * PB)
+        v = memoryview(slab)
+        with pytest.raises(kvx.InvalidError, match="overlap"):
+            st.keyed_read_into(["good", "bad"], [v[0:PB], v[PB - 8:2 * PB - 8]])
+        assert st.keyed_read_into(["good", "bad"], [v[0:PB], v[PB:2 * PB]]) == [True, False]
+        assert bytes(v[0:PB]) == p[0] and bytes(v[PB:2 * PB]) == bytes(PB)
+        with pytest.raises(TypeError):
+            st.keyed_read_into(["good"], [memoryview(bytearray(2 * PB))[::2]])
+        stop, resized, refused = threading.Event(), [0], [0]
+        bufs = [bytearray(PB) for _ in range(64)]
+
+        def resize():
+            while not stop.is_set():
+                for x in bufs:
+                    try:
+                        x.extend(b"\0")
+                        del x[PB:]
+                        resized[0] += 1
+                    except BufferError:
+                        refused[0] += 1
+
+        th = threading.Thread(target=resize)
+        th.start()
+        try:
+            for _ in range(200):
+                got = st.keyed_read_into(["good"] * 64, bufs)
+                for ok, x in zip(got, bufs):
+                    assert not ok or bytes(x[:PB]) == p[0]
+        finally:
+            stop.set()
+            th.join()
+        v.release()
+    finally:
+        st.close()
+
+
 # PROMISE: PY-21
 def test_contains_reads_no_page(ks, tmp_path):
     """keyed_contains: which keys are held, and the leading count, without reading a page: a damaged page is held

@@ -252,6 +252,38 @@ def test_touch_and_lookups_read_no_page_and_count_as_uses(tmp_path):
         t.shutdown()
 
 
+# PROMISE: PY-22
+def test_damaged_page_stored_again_loads_again(tmp_path):
+    """A page damaged on disk after the store had checked it (a second store of the key: held, its CRC checked once
+    for the open shard): its load fails, and storing the key again makes it load again, byte-identical; never a
+    HIT whose every load fails."""
+    t, p, m = tier(tmp_path)
+    try:
+        fill(p, range(4))
+        assert m.store([key(2)], [2]).success
+        assert m.store([key(2)], [2]).success  # held: the shard's handle checked the page
+        page2 = p.get(2)
+        fn = None
+        for root, _, files in os.walk(t.dir):
+            for f in files:
+                with open(os.path.join(root, f), "rb") as fh:
+                    if page2 in fh.read():
+                        fn = os.path.join(root, f)
+        st0 = os.stat(fn)
+        _damage(t.dir, page2)
+        os.utime(fn, ns=(st0.st_atime_ns, st0.st_mtime_ns))  # as a bad sector leaves it
+        assert m.lookup([key(2)]) == [HIT]
+        assert not m.load([key(2)], [20]).success
+        assert m.lookup([key(2)]) == [MISS]
+        assert m.store([key(2)], [2]).success
+        for _ in range(2):
+            r = m.load([key(2)], [21])
+            assert r.success, "stored again, yet its load fails"
+            assert p.get(21) == page2
+    finally:
+        t.shutdown()
+
+
 @pytest.fixture
 def small_tmpfs(tmp_path):
     """A 4 MiB tmpfs (mount(2)); skipped, naming why, where mounting is refused (CI runs as root)."""

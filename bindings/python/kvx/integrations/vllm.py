@@ -217,6 +217,7 @@ class KvxSecondaryTier(_Base):
         # keys whose load failed (damaged, or gone since the lookup): MISS until stored again. kvx_store_keyed_contains
         # reads no page, so without this a damaged page would answer HIT again after its load failed. Bounded.
         self._bad = {}
+        self._bad_mu = threading.Lock()  # readers add and trim, the writer removes: never iterated while changed
         self._wq = queue.SimpleQueue()
         self._rq = queue.SimpleQueue()
         self._lq = queue.SimpleQueue()
@@ -398,8 +399,9 @@ class KvxSecondaryTier(_Base):
         for job_id, keys, cids, t_sub in group:
             n = len(keys)
             if ok:
-                for k in keys:
-                    self._bad.pop(k, None)
+                with self._bad_mu:
+                    for k in keys:
+                        self._bad.pop(k, None)
                 self._count(stores=1, chunks_stored=n, bytes_stored=n * self._bs)
                 if self._events is not None and keys:
                     with self._ev_mu:
@@ -448,10 +450,11 @@ class KvxSecondaryTier(_Base):
             dt = time.monotonic() - t0
             good = [k for k, ok in zip(keys, oks) if ok]
             bad = [k for k, ok in zip(keys, oks) if not ok]
-            for k in bad:
-                self._bad[k] = True
-                while len(self._bad) > _BAD_KEYS_MAX:
-                    self._bad.pop(next(iter(self._bad)), None)
+            with self._bad_mu:
+                for k in bad:
+                    self._bad[k] = True
+                    while len(self._bad) > _BAD_KEYS_MAX:
+                        self._bad.pop(next(iter(self._bad)), None)
             self._count(loads=1, chunks_loaded=len(good), bytes_loaded=len(good) * self._bs,
                         chunks_load_missed=len(bad), loads_failed=1 if bad else 0,
                         loads_partial=1 if bad and good else 0)
