@@ -387,6 +387,28 @@ KVX_API int kvx_store_evicted(kvx_store *s, kvx_evicted *out, size_t max, size_t
     return 0;
 }
 
+/* Keeps the moves that are no tombstones (in order): how many. */
+static size_t st_drop_tombs(st_move *mv, size_t n)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!mv[i].tomb) mv[w++] = mv[i];
+    return w;
+}
+
+/* Puts the moves out of lineage shards first: how many. */
+static size_t st_lineage_first(const kvx_store *s, st_move *mv, size_t n)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!(s->reg->rec[KVX_COORD_SHARD(mv[i].src_coord)].flags & KVX_FLAG_LINEAGE)) continue;
+        st_move t = mv[w];
+        mv[w++] = mv[i];
+        mv[i] = t;
+    }
+    return w;
+}
+
 /* When the live shard bytes exceed the capacity, evicts whole shards down
  * to 1/64 below it (the goal).
  *
@@ -451,9 +473,14 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
         victims[b] = 1;
         freed += s->reg->rec[b].file_bytes;
         room = kvx_st_carry_room(freed, s->entry_bytes);
-        if ((s->reg->rec[b].flags & KVX_FLAG_LINEAGE) && !s->evict_cold_only &&
-            kvx_st_collect(s, b, r[b], 1, cut, &mv, &nmv, &capmv, SIZE_MAX) != 0)
-            kvx_clear_error(); /* carrying is optional: the shard is evicted anyway */
+        /* its blocks above the cut, of either kind (a keyed store's pages
+         * are plain): carrying is optional, the shard is evicted anyway */
+        size_t from = nmv;
+        if (!s->evict_cold_only && kvx_st_collect(s, b, r[b], 1, cut, &mv, &nmv, &capmv, SIZE_MAX) != 0) {
+            kvx_clear_error();
+            nmv = from;
+        }
+        nmv = from + st_drop_tombs(mv + from, nmv - from); /* those go with the tombstones below */
         /* a keyed shard's tombstones are not optional: each still hiding
          * an older copy is carried (kvx_st_collect takes only those: with
          * a cut above every recency, no page) */
@@ -473,12 +500,21 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
         kvx_clear_error();
         nmv = 0;
     }
-    if (nmv) qsort(mv, nmv, sizeof *mv, kvx_st_cmp_move_age);
+    /* each kind into shards of its own, oldest first */
+    size_t nlin = st_lineage_first(s, mv, nmv);
+    if (nlin) qsort(mv, nlin, sizeof *mv, kvx_st_cmp_move_age);
+    if (nmv > nlin) qsort(mv + nlin, nmv - nlin, sizeof *mv, kvx_st_cmp_move_age);
     st_sealed *added = NULL;
     size_t nadded = 0;
     uint8_t busy[ST_SLOTS] = {0};
-    if (!rc && nmv &&
-        kvx_st_rewrite(s, mv, nmv, kvx_st_kind_flags(s, ST_KIND_LINEAGE), busy, &added, &nadded, ST_WROTE_CARRY) != 0) {
+    int crc = 0;
+    if (!rc && nlin)
+        crc = kvx_st_rewrite(s, mv, nlin, kvx_st_kind_flags(s, ST_KIND_LINEAGE), busy, &added, &nadded, ST_WROTE_CARRY);
+    if (!rc && !crc && nmv > nlin)
+        crc = kvx_st_rewrite(s, mv + nlin, nmv - nlin, kvx_st_kind_flags(s, ST_KIND_PLAIN), busy, &added, &nadded,
+                             ST_WROTE_CARRY);
+    if (crc) {
+        kvx_st_unlink_sealed(s, added, nadded); /* the other kind's, when it was written */
         nmv = 0; /* carrying is an optimisation: evict without it */
         nadded = 0;
         kvx_clear_error();

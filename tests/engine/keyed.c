@@ -525,6 +525,43 @@ static void test_capacity_eviction_reindex(void **state)
     kvx_store_close(s);
 }
 
+/* Eviction in a keyed store keeps the pages used: keys read after every
+ * flush outlive keys of the same age never read, though small flushes are
+ * merged many times before the first eviction and every victim holds both
+ * (a victim's used pages are carried with their recency). */
+/* PROMISE: STORE-6 */
+static void test_used_pages_outlive_unused(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 2ull << 20});
+    char names[300][16];
+    kvx_key hot[8];
+    for (int i = 0; i < 300; i++) {
+        snprintf(names[i], sizeof names[i], "page-%d", i);
+        const char *k[1] = {names[i]};
+        size_t lens[1] = {PB};
+        put_keys(s, NULL, k, lens, 1);
+        if (i < 8) hot[i] = key_of(names[i]);
+        if (i % 8 != 7) continue;
+        assert_int_equal(kvx_store_flush(s), 0);
+        uint8_t held[8];
+        size_t lead = 0;
+        assert_int_equal(kvx_store_keyed_exists(held, &lead, s, hot, 8), 0); /* a use of each */
+        if (lead != 8) fail_msg("page-0..7 used after every flush, lost after put %d", i);
+    }
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_true(st.compactions > 0);
+    assert_true(st.evictions > 0);
+    assert_true(st.bytes <= st.capacity_bytes);
+    for (int i = 0; i < 8; i++) assert_true(served_ok(s, names[i], PB));
+    /* put just after them, never used: the oldest unused pages are gone */
+    for (int i = 8; i < 16; i++) assert_false(served_ok(s, names[i], PB));
+    for (int i = 288; i < 296; i++) assert_true(served_ok(s, names[i], PB)); /* the last flush's */
+    kvx_store_close(s);
+}
+
 /* A damaged page is reported, not served; verify names it. */
 /* PROMISE: KEYED-5 */
 static void test_damaged_page(void **state)
@@ -1720,6 +1757,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_whole_key_compared),
         cmocka_unit_test(test_batches_and_unflushed),
         cmocka_unit_test(test_capacity_eviction_reindex),
+        cmocka_unit_test(test_used_pages_outlive_unused),
         cmocka_unit_test(test_damaged_page),
         cmocka_unit_test(test_keyed_read_into_buffers),
         cmocka_unit_test(test_keyed_read_overlapping_buffers_refused),

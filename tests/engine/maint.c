@@ -117,6 +117,33 @@ static void test_recency_per_block(void **state)
     kvx_store_close(s);
 }
 
+/* The same in a block store of small flushes: a prefix read after every
+ * flush outlives blocks of the same age never read, though the small
+ * flushes are merged many times before the first eviction. */
+/* PROMISE: STORE-6 */
+static void test_recency_kept_through_merges(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s =
+        su_store(dir, sizeof dir, (su_spec){.capacity = 2 << 20, .shard_bytes = 256 << 10, .flags = KVX_STORE_NOWAIT});
+    uint64_t h[16];
+    for (uint64_t q = 0; q < 400; q++) {
+        su_put_shared(s, q, 8, 0, h);
+        assert_int_equal(kvx_store_flush(s), 0);
+        if (q && su_prefix_shared(s, 0, 8, 0, 1) != 8)
+            fail_msg("seq 0 read after every flush, lost at %llu", (unsigned long long)q);
+    }
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    assert_true(st.compactions > 0);
+    assert_true(st.evictions > 0);
+    assert_int_equal(su_prefix_shared(s, 0, 8, 0, 1), 8);
+    assert_int_equal(su_prefix_shared(s, 1, 8, 0, 1), 0); /* as old, never read: gone */
+    assert_int_equal(su_prefix_shared(s, 399, 8, 0, 1), 8);
+    kvx_store_close(s);
+}
+
 /* PROMISE: STORE-8 */
 static void test_small_flushes_compacted(void **state)
 {
@@ -1140,6 +1167,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_capacity_eviction_and_views),
         cmocka_unit_test(test_hot_blocks_carried),
         cmocka_unit_test(test_recency_per_block),
+        cmocka_unit_test(test_recency_kept_through_merges),
         cmocka_unit_test(test_small_flushes_compacted),
         cmocka_unit_test(test_capacity_limits),
         cmocka_unit_test(test_shard_ids_exhausted),
