@@ -17,8 +17,8 @@
  * The calls: files (open, openat, dup, close, pread, pwrite, fsync,
  * fdatasync, ftruncate, fstat, fstatat, statx, flock, mmap, munmap), names
  * (rename, rename_noreplace, renameat, linkat, unlink, unlinkat, mkdir,
- * mkdirat), a directory walk (dir_open, dir_next, dir_close) and the
- * io_uring completion and wait filters. Members follow the libc convention (-1 or
+ * mkdirat), a directory walk (dir_open, dir_next, dir_close), the
+ * io_uring completion and wait filters and the boot id. Members follow the libc convention (-1 or
  * NULL or MAP_FAILED, and errno); the kvx_os_* helpers below turn that
  * into kvx's "0 or -errno" and loop over short transfers and EINTR.
  *
@@ -105,6 +105,12 @@ typedef struct kvx_os_ops {
     /* the result of each io_uring wait of a reap (0 or -errno), so tests
      * can fail a wait for good (-EBUSY): identity by default */
     int (*uring_wait)(int rc);
+    /* ---- the running kernel's boot id (/proc/sys/kernel/random/boot_id,
+     * a new random value every boot), NUL-terminated in buf: 0 or -1 and
+     * errno. The store's lagging index (docs/STORE.md "Durability") tells
+     * by it whether the machine went down since a writer's unsynced
+     * catalog commits, so tests swap it to model a reboot. */
+    int (*boot_id)(char *buf, size_t cap);
 } kvx_os_ops;
 
 /* The table in use. Tests may replace entries; restore with kvx_os_reset. */

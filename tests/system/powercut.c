@@ -485,6 +485,15 @@ static void check_recovered(const ck_ctx *x, const char *store)
         }
     }
     kvx_store_stat(&st, s);
+    /* what recovery's own eviction removed (a store over its capacity after
+     * the cut: a flush's file that landed, victims whose unlink did not),
+     * by hash: an index rebuilt from the files (a lagging one, after a
+     * cut) starts its counters again from 0 */
+    static kvx_evicted ev[512];
+    size_t nev = 0;
+    uint64_t ev_lost = 0;
+    if (kvx_store_evicted(s, ev, sizeof ev / sizeof ev[0], &nev, &ev_lost) != 0) nev = 0, ev_lost = 1;
+    if (ev_lost) nev = 0;
     if (st.dropped_shards > x->tw.dropped_shards)
         ck_fail("recovery%s dropped %" PRIu64 " shard(s) as missing or damaged", when,
                 st.dropped_shards - x->tw.dropped_shards);
@@ -498,8 +507,12 @@ static void check_recovered(const ck_ctx *x, const char *store)
         if (n != lead)
             ck_fail("after recovery%s: prefix of seq %u serves %zu blocks, get_block holds the first %u", when, q->id,
                     n, lead);
-        for (uint32_t b = 0; b < q->nb; b++)
-            if (x->e[i * W_MAXNB + b] && !hw[i * W_MAXNB + b]) missing[nmiss++] = hash[i * W_MAXNB + b];
+        for (uint32_t b = 0; b < q->nb; b++) {
+            if (!x->e[i * W_MAXNB + b] || hw[i * W_MAXNB + b]) continue;
+            int evicted = 0;
+            for (size_t j = 0; j < nev && !evicted; j++) evicted = ev[j].hash == hash[i * W_MAXNB + b];
+            if (!evicted) missing[nmiss++] = hash[i * W_MAXNB + b];
+        }
     }
     if (nmiss > 1) qsort(missing, nmiss, sizeof *missing, cmp_u64);
     size_t uniq = 0;
@@ -612,6 +625,7 @@ static void check_crash_in_recovery(const ck_ctx *x, const char *img, const char
         PATHF(when, " (power cut again during recovery, at %s)", de->d_name + 4);
         ck_ctx y = *x;
         y.when = when;
+        pc_reboot();
         check_recovered(&y, p);
     }
     if (dp) closedir(dp);
@@ -648,6 +662,7 @@ static int check_image(const char *img, int crash_in_recovery)
      * the middle of kvx_store_reindex_dir (index/ moved aside to
      * .index.aside/, the new one not built yet) readers are refused with an
      * error naming reindex: E is then what .index.aside/ names. */
+    pc_same_boot(); /* kill -9 keeps the machine's boot (and a lagging index whole in the page cache) */
     int lk = lock_dir(twin);
     if ((rc = kvx_store_open(&s, twin, NULL, KVX_STORE_READONLY)) != 0) {
         char old[PATH_MAX], cur[PATH_MAX], aside[PATH_MAX];
@@ -668,7 +683,9 @@ static int check_image(const char *img, int crash_in_recovery)
     s = NULL;
     if (lk >= 0) close(lk);
 
-    /* 2. the power-cut store, same index, no recovery: every block of E */
+    /* 2. the power-cut store, same index, no recovery: every block of E
+     * (a power cut is a reboot: a lagging index's readers are refused) */
+    pc_reboot();
     lk = lock_dir(store);
     if ((rc = kvx_store_open(&s, store, NULL, KVX_STORE_READONLY)) != 0) {
         /* a power cut during kvx_store_reindex_dir: readers are refused
@@ -1307,6 +1324,7 @@ static void test_powercut_batches(void **state)
     assert_true(pcw_nimgs >= 20);
     (void)pc_compare_tree;
     size_t npartial = 0, ninfl_imgs = 0;
+    pc_reboot(); /* a power cut is a reboot: a lagging index/ is not read */
     for (size_t i = 0; i < pcw_nimgs; i++) {
         const pcw_img *m = &pcw_imgs[i];
         char p[600];
@@ -1337,6 +1355,7 @@ static void test_powercut_batches(void **state)
         kvx_store_close(r);
         su_rm_rf(p);
     }
+    pc_same_boot();
     print_message("powercut: %zu images, %zu inside a flush, %zu with the flushing batch partly served\n", pcw_nimgs,
                   ninfl_imgs, npartial);
     assert_true(ninfl_imgs > 0); /* crash points inside flushes were taken */
@@ -1796,6 +1815,7 @@ static int k_check_image(const char *img)
     long a0[K_KEYS], a1[K_KEYS], a2[K_KEYS];
     kvx_store *s = NULL;
     int rc;
+    pc_reboot(); /* a power cut is a reboot */
     if (k_open_writer(&s, store, "recovery") != 0) return ck_fails;
     k_judge(&x, s, a0, "after recovery");
     PATHF(p, "%s/outcome", img);
