@@ -28,9 +28,12 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
+
+#define WRITER_SEEN_BYTES ((size_t)1 << 21) /* the seen bitmap: 2^24 bits */
 
 struct kvx_shard_writer {
     kvx_geometry g;
@@ -54,7 +57,7 @@ struct kvx_shard_writer {
     uint64_t spectral_len;
     uint64_t spectral_offset, kv_data_offset;
     uint64_t kv_end;        /* end of the last page, relative to kv_data_offset */
-    uint8_t *seen;          /* bitmap of the 2^24 in-shard coordinates */
+    uint8_t *seen;          /* bitmap of the 2^24 in-shard coordinates (WRITER_SEEN_BYTES, mmap) */
     int no_replace;         /* seal with RENAME_NOREPLACE (store writers) */
     int unnamed;            /* fd is an O_TMPFILE: linked under a name at seal */
 };
@@ -73,7 +76,7 @@ static void writer_free(kvx_shard_writer *w)
     free(w->seqs);
     free(w->tombs);
     free(w->spectral);
-    free(w->seen);
+    if (w->seen) munmap(w->seen, WRITER_SEEN_BYTES);
     free(w);
 }
 
@@ -247,7 +250,12 @@ int kvx_shard_writer_create(kvx_shard_writer **out, const char *path,
      * 1/4 of one page. Small pages keep 4096 (the gap would outweigh them). */
     uint64_t full_page = kvx_page_bytes(&w->g, w->g.block_tokens ? w->g.block_tokens : 1);
     w->kv_data_offset = kvx_align_up(end, full_page >= KVX_LARGE_PAGE ? KVX_LARGE_ALIGN : KVX_PAGE_ALIGN);
-    w->seen = calloc((size_t)1 << 21, 1); /* 2^24 bits; pages stay untouched until used */
+    /* 2^24 bits, zero pages mapped on first use: a calloc of this size
+     * comes from the heap once glibc's mmap threshold has grown past it
+     * (after the first writer's free), and then zeroes all 2 MiB, each
+     * time a writer is made (anonymous memory, not file I/O: no seam) */
+    w->seen = mmap(NULL, WRITER_SEEN_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (w->seen == MAP_FAILED) w->seen = NULL;
     w->path = strdup(path);
     if (!w->seen || !w->path) {
         writer_free(w);
