@@ -1254,7 +1254,6 @@ int main(int argc, char **argv)
     }
 
     result res[P_COUNT] = {{0}};
-    double fio_put = do_rows && !restart_only && (only < 0 || only == P_KVX) ? fio_put_mbps(dir) : 0;
     for (int k = 0; k < P_COUNT && do_rows; k++) {
         if (only >= 0 && k != only) continue;
 #ifndef KVX_BENCH_ROCKSDB
@@ -1263,6 +1262,9 @@ int main(int argc, char **argv)
         res[k] = run_peer(k, dir, restart_only);
         fprintf(stderr, "bench_peers: %s done\n", peer_name[k]);
     }
+    /* after the peers: a reference run just before kvx left its file's
+     * removal (discards) and the host's write-back to kvx's put row */
+    double fio_put = do_rows && !restart_only && (only < 0 || only == P_KVX) ? fio_put_mbps(dir) : 0;
     double lru_hit = do_trace ? lru_prefix_ratio(&tr, (size_t)trace_cap) : 0;
     for (int k = 0; k < P_COUNT && do_trace; k++) {
         if (only >= 0 && k != only) continue;
