@@ -705,6 +705,43 @@ done:
     return r;
 }
 
+/* ------------------------------------------- fio reference: durable put */
+
+/* fio writing the bytes the put row writes (every prompt's NB pages, in
+ * order) into one new file in dir: sequential, bs = one page, psync, one
+ * fdatasync per prompt (--fdatasync=NB), no preallocation. MB/s (10^6),
+ * or 0 when fio is not on PATH or fails. */
+static double fio_put_mbps(const char *dir)
+{
+    if (system("command -v fio >/dev/null 2>&1") != 0) return 0;
+    char file[1100], cmd[2400];
+    snprintf(file, sizeof file, "%s/fio-put.dat", dir);
+    unlink(file);
+    snprintf(cmd, sizeof cmd,
+             "fio --name=put --filename='%s' --rw=write --bs=%" PRIu64 " --size=%" PRIu64
+             " --fdatasync=%d --fallocate=none --ioengine=psync --output-format=terse --terse-version=3"
+             " 2>/dev/null | awk -F';' '{print $48}'",
+             file, g_pb, g_pb * NB * (uint64_t)g_prompts, NB);
+    FILE *p = popen(cmd, "r");
+    double kib = 0;
+    if (!p) return 0;
+    if (fscanf(p, "%lf", &kib) != 1) kib = 0;
+    pclose(p);
+    unlink(file);
+    return kib * 1024.0 / 1e6; /* terse bandwidth is KiB/s */
+}
+
+static void fio_put_print(double fio, double kvx)
+{
+    if (fio <= 0) {
+        printf("\nfio reference (durable put): fio not on PATH, not run\n");
+        return;
+    }
+    printf("\nfio reference (durable put): the same bytes, bs %" PRIu64 " (one page), one fdatasync per prompt "
+           "(%d pages), psync, a new file: %.1f MB/s; kvx put / fio = %.2f\n",
+           g_pb, NB, fio, kvx > 0 ? kvx / fio : 0);
+}
+
 /* ------------------------------------------------------------ the trace */
 
 typedef struct trace {
@@ -1225,6 +1262,9 @@ int main(int argc, char **argv)
         res[k] = run_peer(k, dir, restart_only);
         fprintf(stderr, "bench_peers: %s done\n", peer_name[k]);
     }
+    /* after the peers: a reference run just before kvx left its file's
+     * removal (discards) and the host's write-back to kvx's put row */
+    double fio_put = do_rows && !restart_only && (only < 0 || only == P_KVX) ? fio_put_mbps(dir) : 0;
     double lru_hit = do_trace ? lru_prefix_ratio(&tr, (size_t)trace_cap) : 0;
     for (int k = 0; k < P_COUNT && do_trace; k++) {
         if (only >= 0 && k != only) continue;
@@ -1265,6 +1305,7 @@ int main(int argc, char **argv)
                    r->put_mbps, r->restart_ms, r->cold_gbps, r->p50_us, r->p99_us, r->amp, r->open_ms);
         }
     }
+    if (do_rows && !restart_only && (only < 0 || only == P_KVX)) fio_put_print(fio_put, res[P_KVX].put_mbps);
     if (do_trace) {
         printf("\ntrace %s: %zu requests, %zu block references, capacity %ld blocks (%.2f GiB of pages); "
                "the exact LRU's prefix hit ratio %.2f %%\n",

@@ -28,6 +28,21 @@ static int os_fstatat(int dirfd, const char *path, struct stat *st, int flags)
 }
 static int os_uring_result(int res, size_t requested) { (void)requested; return res; }
 static int os_uring_wait(int rc) { return rc; }
+static int os_boot_id(char *buf, size_t cap)
+{
+    int rc = kvx_os_read_text("/proc/sys/kernel/random/boot_id", buf, cap);
+    if (rc) {
+        errno = -rc;
+        return -1;
+    }
+    size_t n = strlen(buf);
+    while (n && (buf[n - 1] == '\n' || buf[n - 1] == ' ')) buf[--n] = '\0';
+    if (n < 8) { /* not a boot id */
+        errno = ENODATA;
+        return -1;
+    }
+    return 0;
+}
 
 /* The directory walk: a kvx_os_dir is the DIR itself. Opening by name
  * (not by fdopendir on the caller's descriptor) gives the walk its own
@@ -104,7 +119,8 @@ static int os_rename_noreplace(const char *from, const char *to)
     .dir_next = os_dir_next, \
     .dir_close = os_dir_close, \
     .uring_result = os_uring_result, \
-    .uring_wait = os_uring_wait \
+    .uring_wait = os_uring_wait, \
+    .boot_id = os_boot_id \
 }
 
 const char *kvx_file_type_name(unsigned int mode)

@@ -17,8 +17,8 @@
  * The calls: files (open, openat, dup, close, pread, pwrite, fsync,
  * fdatasync, ftruncate, fstat, fstatat, statx, flock, mmap, munmap), names
  * (rename, rename_noreplace, renameat, linkat, unlink, unlinkat, mkdir,
- * mkdirat), a directory walk (dir_open, dir_next, dir_close) and the
- * io_uring completion and wait filters. Members follow the libc convention (-1 or
+ * mkdirat), a directory walk (dir_open, dir_next, dir_close), the
+ * io_uring completion and wait filters and the boot id. Members follow the libc convention (-1 or
  * NULL or MAP_FAILED, and errno); the kvx_os_* helpers below turn that
  * into kvx's "0 or -errno" and loop over short transfers and EINTR.
  *
@@ -105,6 +105,12 @@ typedef struct kvx_os_ops {
     /* the result of each io_uring wait of a reap (0 or -errno), so tests
      * can fail a wait for good (-EBUSY): identity by default */
     int (*uring_wait)(int rc);
+    /* ---- the running kernel's boot id (/proc/sys/kernel/random/boot_id,
+     * a new random value every boot), NUL-terminated in buf: 0 or -1 and
+     * errno. The store's lagging index (docs/STORE.md "Durability") tells
+     * by it whether the machine went down since a writer's unsynced
+     * catalog commits, so tests swap it to model a reboot. */
+    int (*boot_id)(char *buf, size_t cap);
 } kvx_os_ops;
 
 /* The table in use. Tests may replace entries; restore with kvx_os_reset. */
@@ -119,7 +125,10 @@ int kvx_os_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
  * (sync_file_range SYNC_FILE_RANGE_WRITE): advisory, durability is still
  * the fsync's; errors are ignored. */
 void kvx_os_writeback_start(int fd, uint64_t off, uint64_t len);
-#define KVX_WRITEBACK_STEP ((uint64_t)1 << 20)
+/* a shard writer hands its pages to writeback in steps of this many bytes:
+ * a flush smaller than one step is left to the seal's fsync (measured: a
+ * step per page made 4 MiB flushes of 64 KiB pages slower) */
+#define KVX_WRITEBACK_STEP ((uint64_t)8 << 20)
 int kvx_os_pread_all(int fd, void *buf, size_t len, uint64_t off, size_t *out_got);
 /* fsync of a directory by path. */
 int kvx_os_fsync_dir(const char *dir);

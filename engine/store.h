@@ -236,6 +236,10 @@ struct kvx_store {
     uint64_t ev_dropped;
     int index_live;        /* the index names next_gen (not lost or empty) */
     int index_missing;     /* index/ was not there at open */
+    int lagging;           /* the writer's catalog commits skip LMDB's syncs:
+                              its mark DIR/UNSYNCED is durable (store_lag.c) */
+    int lag_found;         /* at open: 1 a mark of this boot, 2 one of an
+                              earlier boot (index/ set aside), 0 none */
     uint64_t quarantined;  /* files this handle moved to quarantine/ */
     char qnote[1024];      /* " <name> (<reason>);" of each, since gc cleared it */
     kvx_recovery_report recovery; /* what this writer's open, or its last reindex, did */
@@ -368,6 +372,12 @@ uint64_t *kvx_st_rec_get(kvx_store *s, uint32_t byte, uint64_t gen, uint32_t n);
 void kvx_st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses, int count);
 /* Writes this handle's batched counters and referenced bits. */
 int kvx_st_usage_persist(kvx_store *s);
+
+/* store_lag.c: the writer's lagging catalog (docs/STORE.md "Durability") */
+#define ST_LAG_MARK "UNSYNCED"
+int kvx_st_lag_read(kvx_store *s);
+void kvx_st_lag_start(kvx_store *s);
+int kvx_st_lag_stop(kvx_store *s);
 /* Per-shard last use and referenced bits, as persisted. */
 typedef struct st_usage_view {
     uint64_t last_use;

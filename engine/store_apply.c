@@ -361,6 +361,10 @@ int kvx_st_recover(kvx_store *s)
     char note[1200]; /* what recovery set aside, for the caller to show */
     st_note(s);
     snprintf(note, sizeof note, "%s", kvx_last_error());
+    /* the last writer's mark (store_lag.c): the catalog is whole now
+     * (rebuilt, or whole in the page cache); synced, then the mark goes,
+     * before anything else commits (the eviction below) */
+    if (s->lag_found && (rc = kvx_st_lag_stop(s))) return rc;
     /* a crash between a flush's publication and its eviction leaves the
      * store one shard over: evict now, so repeated crashes cannot add up.
      * Live bytes only: quarantine/'s share is made room for by the next

@@ -664,6 +664,9 @@ int kvx_st_flush_locked(kvx_store *s, kvx_store_batch *x)
      *  4. the catalog edit, then the answer. If the edit fails, the
      *     shards/ names go again (durably) and the flush fails. */
     for (int k = 0; k < 2 && !rc; k++) rc = st_seal_cur(s, x, k);
+    /* the catalog's commits lag the files from the first flush on: the
+     * files are the acknowledgement (store_lag.c) */
+    if (!rc && x->nsealed && !s->lagging) kvx_st_lag_start(s);
     kvx_cat_edit e;
     kvx_cat_edit_init(&e);
     if (!rc && x->nsealed) {

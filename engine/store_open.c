@@ -40,6 +40,7 @@ static kvx_store *st_alloc(void)
 static void st_free(kvx_store *s)
 {
     kvx_st_tier_detach(s, 0);
+    if (s->lagging && kvx_st_lag_stop(s) != 0) kvx_clear_error(); /* the mark stays: the next open knows */
     for (int i = 0; i < ST_SLOTS; i++) {
         kvx_shard_close(s->cache[i].sh);
         free(s->use[i].bits);
@@ -212,8 +213,36 @@ static void st_cat_close(kvx_store *s)
     s->reg = &st_no_registry;
 }
 
+static void st_rm_index_dir(int dirfd, const char *name);
+
+/* A mark DIR/UNSYNCED (store_lag.c) before the catalog opens: of an
+ * earlier boot, index/ may be torn by the power cut: a writer removes it
+ * unread (recovery then rebuilds it from the files), a reader refuses. */
+static int st_lag_open(kvx_store *s)
+{
+    int lag = kvx_st_lag_read(s);
+    if (lag < 0) return lag;
+    s->lag_found = lag;
+    if (lag != 2) return 0;
+    if (!s->writer)
+        return kvx_fail(KVX_ESTALE,
+                        "store %s: its writer ran with an unsynced index (%s) when the machine last went down, so "
+                        "index/ may be torn: a reader never repairs; open the store once as the writer (its recovery "
+                        "rebuilds the index from the files) or run 'kvx store reindex %s'",
+                        s->dir, ST_LAG_MARK, s->dir);
+    if (!s->index_missing) {
+        st_rm_index_dir(s->dirfd, "index");
+        if (kvx_os.fsync(s->dirfd) != 0)
+            return kvx_fail(-errno, "store %s: fsync after removing an unsynced index/: %s", s->dir, strerror(errno));
+        s->index_missing = 1;
+    }
+    return 0;
+}
+
 static int st_finish_open(kvx_store *s, int create)
 {
+    int rc = st_lag_open(s);
+    if (rc) return rc;
     if (s->index_missing) {
         if (!s->writer)
             return kvx_fail(KVX_ECORRUPT, "store %s: index/ is missing: run 'kvx store reindex %s'", s->dir, s->dir);
@@ -223,7 +252,7 @@ static int st_finish_open(kvx_store *s, int create)
     }
     /* a writer may meet an empty index/ (lost index): it creates the
      * databases and recovery rebuilds them from the shards */
-    int rc = st_cat_open(s, create || s->writer);
+    rc = st_cat_open(s, create || s->writer);
     if (rc) return rc;
     if (s->writer) return kvx_st_recover(s);
     /* readers never repair (DESIGN.md rule 3): a stale or damaged record

@@ -707,6 +707,9 @@ int kvx_st_plan_make(kvx_store *s, unsigned mode, kvx_st_plan **out)
     p->rebuild = 1;
     if (!rc && (mode & ST_PLAN_REBUILD))
         snprintf(p->rebuild_why, sizeof p->rebuild_why, "reindex: a fresh index from the files (index/ is not read)");
+    else if (!rc && s->lag_found == 2)
+        snprintf(p->rebuild_why, sizeof p->rebuild_why,
+                 "index/ was set aside unread: its writer's commits were not synced when the machine went down");
     else if (!rc && !s->index_live)
         snprintf(p->rebuild_why, sizeof p->rebuild_why, "index/ is missing, empty or lost");
     else if (!rc && p->nunacked)

@@ -28,9 +28,12 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
+
+#define WRITER_SEEN_BYTES ((size_t)1 << 21) /* the seen bitmap: 2^24 bits */
 
 struct kvx_shard_writer {
     kvx_geometry g;
@@ -55,7 +58,7 @@ struct kvx_shard_writer {
     uint64_t spectral_offset, kv_data_offset;
     uint64_t kv_end;        /* end of the last page, relative to kv_data_offset */
     uint64_t wb_from;       /* absolute: the pages before it were handed to writeback */
-    uint8_t *seen;          /* bitmap of the 2^24 in-shard coordinates */
+    uint8_t *seen;          /* bitmap of the 2^24 in-shard coordinates (WRITER_SEEN_BYTES, mmap) */
     int no_replace;         /* seal with RENAME_NOREPLACE (store writers) */
     int unnamed;            /* fd is an O_TMPFILE: linked under a name at seal */
 };
@@ -74,7 +77,7 @@ static void writer_free(kvx_shard_writer *w)
     free(w->seqs);
     free(w->tombs);
     free(w->spectral);
-    free(w->seen);
+    if (w->seen) munmap(w->seen, WRITER_SEEN_BYTES);
     free(w);
 }
 
@@ -249,7 +252,12 @@ int kvx_shard_writer_create(kvx_shard_writer **out, const char *path,
     uint64_t full_page = kvx_page_bytes(&w->g, w->g.block_tokens ? w->g.block_tokens : 1);
     w->kv_data_offset = kvx_align_up(end, full_page >= KVX_LARGE_PAGE ? KVX_LARGE_ALIGN : KVX_PAGE_ALIGN);
     w->wb_from = w->kv_data_offset;
-    w->seen = calloc((size_t)1 << 21, 1); /* 2^24 bits; pages stay untouched until used */
+    /* 2^24 bits, zero pages mapped on first use: a calloc of this size
+     * comes from the heap once glibc's mmap threshold has grown past it
+     * (after the first writer's free), and then zeroes all 2 MiB, each
+     * time a writer is made (anonymous memory, not file I/O: no seam) */
+    w->seen = mmap(NULL, WRITER_SEEN_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (w->seen == MAP_FAILED) w->seen = NULL;
     w->path = strdup(path);
     if (!w->seen || !w->path) {
         writer_free(w);
@@ -401,7 +409,7 @@ int kvx_shard_writer_add(kvx_shard_writer *w, const kvx_entry_in *e)
         return kvx_fail(KVX_EOVERFLOW, "entry: file offset overflows");
     rc = kvx_os_pwrite_all(w->fd, e->page, (size_t)bytes, abs);
     if (rc) return kvx_fail(rc, "%s: writing page %u failed: %s", w->tmp_path, w->n, strerror(-rc));
-    /* each MiB of pages goes to the disk while the next is copied, so the
+    /* each step of pages goes to the disk while the next is copied, so the
      * seal's fsync waits for the last one only, not for every byte */
     if (abs + bytes >= w->wb_from + KVX_WRITEBACK_STEP) {
         kvx_os_writeback_start(w->fd, w->wb_from, abs + bytes - w->wb_from);

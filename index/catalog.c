@@ -52,6 +52,8 @@ void kvx_cat_close(kvx_catalog *cat)
 
 int kvx_cat_readonly(const kvx_catalog *cat) { return cat->ix->rdonly_env; }
 
+int kvx_cat_lag(kvx_catalog *cat, int on) { return kvx_idx_lag(cat->ix, on); }
+
 int kvx_cat_check_file(const char *path, const char *store_dir, int create)
 {
     return kvx_idx_check_file(path, store_dir, create);

@@ -130,6 +130,10 @@ void kvx_cat_close(kvx_catalog *cat);
 /* 1 when the catalog was opened read-only (no write permission): edits
  * are refused with -EROFS. */
 int kvx_cat_readonly(const kvx_catalog *cat);
+/* on: commits skip LMDB's syncs from now on (the store's writer, once its
+ * mark says so durably: engine/store_lag.c); off: syncing again, then the
+ * file synced: 0 once every earlier commit is durable. */
+int kvx_cat_lag(kvx_catalog *cat, int on);
 /* Checks DIR/index/data.mdb's meta pages without opening it (what open
  * checks first): 0, KVX_ECORRUPT naming the field, or -errno. */
 int kvx_cat_check_file(const char *path, const char *store_dir, int create);

@@ -273,7 +273,53 @@ static int idx_open_new(kvx_index *ix, const char *path, int create, int nosync)
     return 0;
 }
 
+/* MDB_NOSYNC on or off for the shared environment, changed while
+ * holding LMDB's writer lock (a write transaction, aborted), so no commit
+ * of another thread reads the flag half way (LMDB reads it at the data
+ * sync and again at the meta write). registry_mu held. */
 static void idx_adopt_size(kvx_index *ix);
+
+static int idx_set_nosync(kvx_index *ix, int on, const char *what)
+{
+    int e = 0;
+    for (int attempt = 0; !ix->rdonly_env && attempt < 8; attempt++) {
+        pthread_rwlock_rdlock(&ix->resize);
+        MDB_txn *txn = NULL;
+        e = mdb_txn_begin(ix->env, NULL, 0, &txn);
+        if (!e) {
+            e = mdb_env_set_flags(ix->env, MDB_NOSYNC, on ? 1 : 0);
+            mdb_txn_abort(txn);
+        }
+        pthread_rwlock_unlock(&ix->resize);
+        if (e != MDB_MAP_RESIZED) break;
+        idx_adopt_size(ix); /* another process grew the map */
+    }
+    return e ? kvx_idx_errp(ix, e, what) : 0;
+}
+
+int kvx_idx_lag(kvx_index *ix, int on)
+{
+    pthread_mutex_lock(&registry_mu);
+    int rc = 0;
+    if (ix->rdonly_env) {
+        rc = kvx_fail(-EROFS, "index %s: read-only", ix->path);
+    } else if (on && !ix->lag) {
+        rc = ix->nosync ? 0 : idx_set_nosync(ix, 1, "stop syncing each commit");
+        if (!rc) ix->lag = 1;
+    } else if (!on && ix->lag) {
+        /* syncing again first, so no commit after this sync is unsynced */
+        rc = ix->nosync ? 0 : idx_set_nosync(ix, 0, "turn syncing back on");
+        if (!rc) ix->lag = 0;
+    }
+    if (!rc && !on) {
+        pthread_rwlock_rdlock(&ix->resize);
+        int e = mdb_env_sync(ix->env, 1);
+        pthread_rwlock_unlock(&ix->resize);
+        if (e) rc = kvx_idx_errp(ix, e, "sync");
+    }
+    pthread_mutex_unlock(&registry_mu);
+    return rc;
+}
 
 int kvx_idx_open(kvx_index **out, const char *path, int create, int nosync)
 {
@@ -287,29 +333,13 @@ int kvx_idx_open(kvx_index **out, const char *path, int create, int nosync)
     int have_db = kvx_os.fstatat(AT_FDCWD, dbpath, &dbst, 0) == 0;
     pthread_mutex_lock(&registry_mu);
     kvx_index *ix = idx_registered(&st, have_db ? &dbst : NULL);
-    if (ix && !nosync && ix->nosync) {
+    if (ix && !nosync && ix->nosync && !ix->lag) {
         /* an earlier handle asked for NOSYNC, this one did not: the shared
          * environment syncs from now on, or this handle would acknowledge
-         * commits a power cut takes back. Changed while holding LMDB's
-         * writer lock (a write transaction, aborted), so no commit of
-         * another thread reads the flag half way (LMDB reads it at the
-         * data sync and again at the meta write) */
-        int e = 0;
-        for (int attempt = 0; !ix->rdonly_env && attempt < 8; attempt++) {
-            pthread_rwlock_rdlock(&ix->resize);
-            MDB_txn *txn = NULL;
-            e = mdb_txn_begin(ix->env, NULL, 0, &txn);
-            if (!e) {
-                e = mdb_env_set_flags(ix->env, MDB_NOSYNC, 0);
-                mdb_txn_abort(txn);
-            }
-            pthread_rwlock_unlock(&ix->resize);
-            if (e != MDB_MAP_RESIZED) break;
-            idx_adopt_size(ix); /* another process grew the map */
-        }
-        if (e) {
-            int rc = kvx_idx_errp(ix, e, "turn syncing back on"); /* before our reference goes */
-            ix->refs--;
+         * commits a power cut takes back */
+        int rc = idx_set_nosync(ix, 0, "turn syncing back on");
+        if (rc) {
+            ix->refs--; /* the message names the index before our reference goes */
             pthread_mutex_unlock(&registry_mu);
             return rc;
         }

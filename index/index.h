@@ -137,6 +137,7 @@ typedef struct kvx_index {
     int rdonly_env; /* opened MDB_RDONLY (directory not writable) */
     int nolock;     /* ... and MDB_NOLOCK (lock.mdb cannot be opened) */
     int nosync;     /* MDB_NOSYNC now: every handle of it asked for it */
+    int lag;        /* MDB_NOSYNC now for the store's writer (kvx_idx_lag) */
     int guard_slot; /* the LMDB map's catalog slot (sigbus.h), -1: none */
     char *path;     /* the index directory */
     char *store;    /* the store directory (its parent), for messages */
@@ -192,6 +193,13 @@ int kvx_idx_check_file(const char *path, const char *store_dir, int create);
  * the walk. */
 int kvx_idx_open(kvx_index **out, const char *path, int create, int nosync);
 void kvx_idx_close(kvx_index *ix);
+/* on: the environment's commits skip LMDB's syncs (MDB_NOSYNC) until
+ * called with off, which turns syncing back on (unless every handle asked
+ * for nosync) and then syncs the file (mdb_env_sync, forced): 0 once
+ * every commit made before is durable. A power cut between the two may
+ * leave data.mdb torn (LMDB keeps its integrity only with its syncs): the
+ * store's writer marks the time durably first (engine/store_lag.c). */
+int kvx_idx_lag(kvx_index *ix, int on);
 
 /* A read transaction (from the pool); end it with kvx_idx_read_end, in the
  * same thread. Refused (KVX_ECORRUPT) once the map is poisoned (see 5.

@@ -263,6 +263,7 @@ static void test_several_batches_one_fails(void **state)
     su_new_dir(dir, sizeof dir);
     kvx_store *s = su_create(dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 16 << 10, .flags = KVX_STORE_NOWAIT});
     kvx_store_batch *b[3];
+    su_lagging(s); /* the first flush's mark (store_lag.c) is not what this counts */
     for (int i = 0; i < 3; i++) assert_int_equal(kvx_store_batch_create(&b[i], s), 0);
     for (int r = 0; r < 2; r++)
         for (int i = 0; i < 3; i++) assert_int_equal(su_put_batch(s, b[i], 100 + (uint64_t)(i * 10 + r), NULL), 0);
@@ -425,6 +426,7 @@ static void test_stream_finish_fails_midpublish(void **state)
         ch[i].crc32c = kvx_crc32c(0, env[i], len);
     }
     kvx_views_release(views, nv);
+    su_lagging(b); /* the first flush's mark (store_lag.c) is not what this counts */
     static char before[16384], now[16384];
     su_names_of(db, "shards", before, sizeof before);
     kvx_xfer_stream *st = NULL;
@@ -449,7 +451,7 @@ static void test_stream_finish_fails_midpublish(void **state)
     assert_int_equal(su_n_files(db, "staging"), 0);
     kvx_store_stats sst;
     assert_int_equal(kvx_store_stat(&sst, b), 0);
-    assert_int_equal(sst.blocks, 0);
+    assert_int_equal(sst.blocks, 1); /* su_lagging's */
     /* again, no fault */
     assert_int_equal(kvx_xfer_stream_create(&st, b), 0);
     for (size_t i = 0; i < NBS; i++) assert_int_equal(kvx_xfer_stream_chunk(st, &ch[i], NULL), 0);

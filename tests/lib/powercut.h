@@ -49,7 +49,11 @@
  *   fsyncs its own commit; the model assumes a committed LMDB transaction is
  *   durable when mdb_txn_commit returns, and that no transaction is in
  *   flight at a crash point (crash points are seam calls, made outside
- *   LMDB calls). index/ is therefore copied as it is at the crash point.
+ *   LMDB calls). index/ is therefore copied as it is at the crash point,
+ *   except while the store's UNSYNCED mark is in the root (a lagging
+ *   index, engine/store_lag.c: commits without LMDB's syncs): then a
+ *   power-cut image's index/data.mdb is arbitrary (pc_mangle_lagging_index),
+ *   and the image is opened in a new boot (pc_reboot).
  * - Calls that change a tracked directory or file outside the seam cannot
  *   be seen; the ones the seam sees in an untracked place (a create,
  *   rename, unlink or mkdir outside the root, a write to a file the model
@@ -953,6 +957,45 @@ static int pc_image_dir(int d, const char *path, int all)
 /* Writes the post-crash image of the root into dst (a new directory): a
  * random power loss drawn from seed, or with all = 1 every change applied
  * (what kill -9 would leave). Uses libc only, never the seam. 0 or -errno. */
+/* A lagging index (engine/store_lag.c): while the store's UNSYNCED mark
+ * is in the root, its writer's LMDB commits skip LMDB's syncs, so a power
+ * cut may leave data.mdb as anything: torn, old, or as it was. In an image
+ * whose root holds the mark, index/data.mdb is one of (by the image's
+ * seed) as copied, cut to a random number of 4 KiB pages (none included),
+ * a few pages overwritten with random bytes, or gone. */
+static inline int pc_mangle_lagging_index(const char *dst)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/UNSYNCED", dst);
+    if (access(p, F_OK) != 0) return 0;
+    snprintf(p, sizeof p, "%s/index/data.mdb", dst);
+    struct stat st;
+    if (stat(p, &st) != 0) return 0;
+    uint64_t pages = (uint64_t)st.st_size / 4096;
+    switch (pc_rand() % 4) {
+    case 0: return 0;
+    case 1: return truncate(p, (off_t)((pages ? pc_rand() % pages : 0) * 4096)) ? -errno : 0;
+    case 2: {
+        int fd = open(p, O_WRONLY);
+        if (fd < 0) return -errno;
+        for (int i = 0; i < 3 && pages; i++) {
+            uint8_t junk[4096];
+            for (size_t j = 0; j < sizeof junk; j += 8) {
+                uint64_t v = pc_rand();
+                memcpy(junk + j, &v, 8);
+            }
+            if (pwrite(fd, junk, sizeof junk, (off_t)((pc_rand() % pages) * 4096)) != (ssize_t)sizeof junk) {
+                close(fd);
+                return -EIO;
+            }
+        }
+        close(fd);
+        return 0;
+    }
+    default: return unlink(p) ? -errno : 0;
+    }
+}
+
 static inline int pc_image(const char *dst, uint64_t seed, int all)
 {
     pc_rng = pc_mix(seed ^ 0x5043555450574552ull);
@@ -965,7 +1008,35 @@ static inline int pc_image(const char *dst, uint64_t seed, int all)
     for (size_t i = 0; i < pc_nrens; i++) pc_rens[i].coin = -1;
     if (mkdir(dst, 0700) != 0) return -errno;
     if (pc_ndirs == 0) return -EINVAL;
-    return pc_image_dir(0, dst, all);
+    int rc = pc_image_dir(0, dst, all);
+    if (!rc && !all) rc = pc_mangle_lagging_index(dst);
+    return rc;
+}
+
+/* The boot an image is opened in (kvx_os.boot_id): a power cut is a
+ * reboot. pc_reboot() starts a new one (a boot id the store never saw),
+ * pc_same_boot() goes back to the machine's own (the kill -9 twin, the
+ * workload). */
+static char pc_boot[64];
+static unsigned pc_boots;
+static int (*pc_real_boot_id)(char *buf, size_t cap);
+static inline int pc_boot_id(char *buf, size_t cap)
+{
+    if ((size_t)snprintf(buf, cap, "%s", pc_boot) >= cap) {
+        errno = ERANGE;
+        return -1;
+    }
+    return 0;
+}
+static inline void pc_reboot(void)
+{
+    if (!pc_real_boot_id) pc_real_boot_id = kvx_os.boot_id;
+    snprintf(pc_boot, sizeof pc_boot, "powercut-boot-%u-%ld", ++pc_boots, (long)getpid());
+    kvx_os.boot_id = pc_boot_id;
+}
+static inline void pc_same_boot(void)
+{
+    if (pc_real_boot_id) kvx_os.boot_id = pc_real_boot_id;
 }
 
 /* Compares a tree (an image made with all = 1) with the live root, file by

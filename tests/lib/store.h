@@ -181,6 +181,12 @@ static inline int su_put_batch(kvx_store *s, kvx_store_batch *b, uint64_t seq, s
     return rc;
 }
 
+/* A handle's first flush also makes its UNSYNCED mark durable (the
+ * lagging catalog, engine/store_lag.c): one put + flush of a sequence of
+ * its own (seq 999983), so a test that counts a later flush's calls counts
+ * only that flush's. */
+static inline void su_lagging(kvx_store *s) { su_put_flush(s, 999983, 1); }
+
 /* Sequences with a shared prefix (su_tokens' shared): put n_blocks of seq
  * (with a partial tail token; the hashes in h) and the blocks it added;
  * the put must succeed. */
