@@ -12,6 +12,11 @@
  * goes through. KVX_EPAGECRC, or KVX_ETRUNC for a missing page, or
  * KVX_ENOTFOUND for a tombstone (no page). */
 int kvx_shard_page_checked(const void **out_page, const kvx_shard *s, uint32_t index);
+/* Asks the kernel, at once, for the pages of entries index[0..n) that
+ * this handle has not CRC-checked yet (one hint per contiguous file
+ * range); nothing waits, nothing is checked or handed out. A prefix
+ * lookup calls it with its whole run before it checks the first page. */
+void kvx_shard_willneed(kvx_shard *s, const uint32_t *index, size_t n, int skip_first);
 /* kvx_shard_open of name under directory dirfd, never through a symlink
  * (KVX_EPATH: a symlink put where the store checked a file); path is the
  * name messages and kvx_shard_path give. dirfd AT_FDCWD: path, as
