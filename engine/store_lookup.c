@@ -52,6 +52,10 @@ static kvx_shard *st_hc_get(kvx_store *s, st_hc *hc, uint32_t byte, uint64_t gen
 /* Is entry e a verified block (stored with its tokens and digest)? */
 static int st_verified(const kvx_entry *e) { return e->tokens && e->digest; }
 
+/* check_page ST_ENTRY_ONLY: the entry alone is matched and a view made
+ * whose page is not yet set (NULL): the caller checks it (st_run_pages). */
+#define ST_ENTRY_ONLY 2
+
 /* Does the block at loc answer q? 0 and a view; KVX_ENOTFOUND when it is
  * another block (or no longer there); KVX_EPAGECRC / KVX_ETRUNC when it is
  * the block but its page is damaged or missing. check_page 0: the entry
@@ -88,7 +92,8 @@ static int st_try_loc(kvx_store *s, const kvx_cat_loc *loc, const st_query *q, k
         kvx_shard_close(sh);
         return 0;
     }
-    const void *page;
+    const void *page = NULL;
+    if (check_page == ST_ENTRY_ONLY) goto view; /* the page is checked later (a prefix's run) */
     /* KVX_STORE_VERIFY (kvx.h): every served page's CRC, not once per handle */
     rc = s->flags & KVX_STORE_VERIFY ? kvx_shard_page(&page, sh, idx, 1) : kvx_shard_page_checked(&page, sh, idx);
     if (rc) {
@@ -99,6 +104,7 @@ static int st_try_loc(kvx_store *s, const kvx_cat_loc *loc, const st_query *q, k
                             rc == KVX_EPAGECRC ? "page CRC mismatch" : "page missing (file truncated)");
         return rc;
     }
+view:
     out->coordinate = e.coordinate;
     out->token_count = e.token_count;
     out->hash = e.hash;
@@ -169,12 +175,13 @@ static int st_shard_unusable(kvx_store *s, const kvx_cat_loc *loc, uint64_t hash
  * block again when its only copy is damaged); when none answers, the
  * damage is reported rather than "not found". A damaged catalog record or
  * a failed read ends it with that error. */
-static int st_lookup_hc(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx_view *out, st_hc *hc)
+static int st_lookup_hc(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx_view *out, st_hc *hc,
+                        int check_page)
 {
     kvx_cat_loc loc;
     int rc = kvx_cat_loc_at(snap, q->hash, 0, &loc);
     if (rc) return rc; /* KVX_ENOTFOUND (no message) or the catalog's error */
-    rc = st_try_loc(s, &loc, q, out, hc, NULL, 1);
+    rc = st_try_loc(s, &loc, q, out, hc, NULL, check_page);
     if (rc != KVX_ENOTFOUND && rc != KVX_EPAGECRC && rc != KVX_ETRUNC) return rc;
     int damage = rc == KVX_ENOTFOUND ? 0 : rc;
     /* other blocks under the same hash (collisions, unverified copies) */
@@ -184,7 +191,7 @@ static int st_lookup_hc(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx
             if (rc != KVX_ENOTFOUND) res = rc;
             break;
         }
-        res = st_try_loc(s, &loc, q, out, hc, NULL, 1);
+        res = st_try_loc(s, &loc, q, out, hc, NULL, check_page);
         if (res == KVX_EPAGECRC || res == KVX_ETRUNC) {
             damage = res;
             res = KVX_ENOTFOUND;
@@ -201,7 +208,7 @@ static int st_lookup_hc(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx
 
 int kvx_st_lookup(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx_view *out)
 {
-    return st_lookup_hc(s, snap, q, out, NULL);
+    return st_lookup_hc(s, snap, q, out, NULL, 1);
 }
 
 /* What st_get_by_hash answers when no verified block answered and some
@@ -391,6 +398,58 @@ KVX_API int kvx_store_get_hashes(kvx_view *out_views, int *out_status, kvx_store
     return 0;
 }
 
+/* The pages of a prefix's run, views[0..n) (entries matched, pages not
+ * yet set): every page not yet checked is asked of the kernel at once
+ * (kvx_shard_willneed, one call per shard a run of views shares), then
+ * each is checked in order as it lands, exactly as st_try_loc checks it.
+ * A page that fails is looked up again in full (every location of its
+ * hash, pages checked: a good copy may follow, and the message left is
+ * the one a lookup leaves). Returns how many views are served; the views
+ * from the first that is not are released, and *out_rc is that block's
+ * error. */
+static size_t st_run_pages(kvx_store *s, kvx_cat_snap *snap, st_hc *hc, kvx_view *views, size_t n,
+                           const uint32_t *tokens, int *out_rc)
+{
+    uint32_t idx[64];
+    for (size_t a = 0; a < n;) {
+        size_t b = a, k = 0;
+        for (; b < n && views[b].shard == views[a].shard && k < sizeof idx / sizeof idx[0]; b++)
+            idx[k++] = views[b].entry;
+        /* the run's first range, at a file's start, is left to the fault
+         * that checks it first (format/shard_reader.c) */
+        kvx_shard_willneed(views[a].shard, idx, k, a == 0);
+        a = b;
+    }
+    uint32_t B = s->g.block_tokens;
+    for (size_t i = 0; i < n; i++) {
+        kvx_view *v = &views[i];
+        const void *page;
+        int rc = s->flags & KVX_STORE_VERIFY ? kvx_shard_page(&page, v->shard, v->entry, 1)
+                                              : kvx_shard_page_checked(&page, v->shard, v->entry);
+        if (rc == 0) {
+            v->page = page;
+            continue;
+        }
+        /* the rare path: the block once more, as a lookup of it alone */
+        uint64_t hash = v->hash;
+        kvx_view_release(v);
+        uint8_t(*d)[KVX_DIGEST_BYTES] = malloc((i + 1) * KVX_DIGEST_BYTES);
+        if (!d) {
+            rc = kvx_fail(-ENOMEM, "store: out of memory");
+        } else {
+            kvx_prefix_digests(d, tokens, (i + 1) * B, B);
+            st_query q = {.hash = hash, .parent = i ? views[i - 1].hash : 0, .toks = tokens + i * B, .digest = d[i]};
+            rc = st_lookup_hc(s, snap, &q, v, hc, 1);
+            free(d);
+        }
+        if (rc == 0) continue;
+        kvx_views_release(views + i + 1, n - i - 1);
+        *out_rc = rc;
+        return i;
+    }
+    return n;
+}
+
 /* kvx_store_prefix's local part (the public call is in store_prefix.c,
  * which continues into the shared tier). */
 int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
@@ -431,7 +490,7 @@ int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const 
         }
         st_query q = {.hash = h, .parent = parent, .toks = t, .digest = d};
         hc.gone = 0;
-        rc = st_lookup_hc(s, snap, &q, &out_views[i], &hc);
+        rc = st_lookup_hc(s, snap, &q, &out_views[i], &hc, ST_ENTRY_ONLY);
         if (rc == KVX_ENOTFOUND && hc.gone && !retried) {
             /* the file the snapshot named is gone: a rewrite (compaction,
              * eviction's carry, gc) that moved its blocks committed after
@@ -443,11 +502,19 @@ int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const 
                 snap = NULL;
                 break;
             }
-            rc = st_lookup_hc(s, snap, &q, &out_views[i], &hc);
+            rc = st_lookup_hc(s, snap, &q, &out_views[i], &hc, ST_ENTRY_ONLY);
         }
         if (rc) break;
         parent = h;
         h = next;
+    }
+    if (i && snap) { /* the run's pages: asked for at once, then checked in order */
+        int prc = 0;
+        size_t m = st_run_pages(s, snap, &hc, out_views, i, tokens, &prc);
+        if (m < i) {
+            i = m;
+            rc = prc;
+        }
     }
     if (snap) kvx_cat_snap_end(snap);
     kvx_shard_close(hc.sh);
@@ -488,7 +555,7 @@ KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tok
     if (!rc) {
         st_query q = {.hash = h[n - 1], .parent = n > 1 ? h[n - 2] : 0, .toks = tokens + (n - 1) * B, .digest = d[n - 1]};
         st_hc hc = {NULL, 0, 0, 0, {0, 0}};
-        rc = st_lookup_hc(s, snap, &q, out, &hc);
+        rc = st_lookup_hc(s, snap, &q, out, &hc, 1);
         if (rc == KVX_ENOTFOUND && hc.gone) {
             /* as for a get by hash: once more in a fresh snapshot, then the
              * shard that could not be had is named (it may hold the block) */
@@ -496,7 +563,7 @@ KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tok
             snap = NULL;
             hc.gone = 0;
             if ((rc = kvx_cat_snap_begin(s->cat, &snap)) == 0) {
-                rc = st_lookup_hc(s, snap, &q, out, &hc);
+                rc = st_lookup_hc(s, snap, &q, out, &hc, 1);
                 if (rc == KVX_ENOTFOUND && hc.gone) rc = st_shard_unusable(s, &hc.gone_loc, q.hash);
             } else {
                 snap = NULL;
