@@ -398,30 +398,31 @@ KVX_API int kvx_store_get_hashes(kvx_view *out_views, int *out_status, kvx_store
     return 0;
 }
 
-/* The pages of a prefix's run, views[0..n) (entries matched, pages not
- * yet set): every page not yet checked is asked of the kernel at once
- * (kvx_shard_willneed, one call per shard a run of views shares), then
- * each is checked in order as it lands, exactly as st_try_loc checks it.
+/* The pages of a prefix's run, views[from..n) (entries matched, pages not
+ * yet set; views before from are served): every page not yet checked is
+ * asked of the kernel at once (kvx_shard_willneed, one call per shard a
+ * run of views shares), then each is checked in order as it lands,
+ * exactly as st_try_loc checks it.
  * A page that fails is looked up again in full (every location of its
  * hash, pages checked: a good copy may follow, and the message left is
  * the one a lookup leaves). Returns how many views are served; the views
  * from the first that is not are released, and *out_rc is that block's
  * error. */
-static size_t st_run_pages(kvx_store *s, kvx_cat_snap *snap, st_hc *hc, kvx_view *views, size_t n,
+static size_t st_run_pages(kvx_store *s, kvx_cat_snap *snap, st_hc *hc, kvx_view *views, size_t from, size_t n,
                            const uint32_t *tokens, int *out_rc)
 {
     uint32_t idx[64];
-    for (size_t a = 0; a < n;) {
+    for (size_t a = from; a < n;) {
         size_t b = a, k = 0;
         for (; b < n && views[b].shard == views[a].shard && k < sizeof idx / sizeof idx[0]; b++)
             idx[k++] = views[b].entry;
         /* the run's first range, at a file's start, is left to the fault
          * that checks it first (format/shard_reader.c) */
-        kvx_shard_willneed(views[a].shard, idx, k, a == 0);
+        kvx_shard_willneed(views[a].shard, idx, k, a == from);
         a = b;
     }
     uint32_t B = s->g.block_tokens;
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = from; i < n; i++) {
         kvx_view *v = &views[i];
         const void *page;
         int rc = s->flags & KVX_STORE_VERIFY ? kvx_shard_page(&page, v->shard, v->entry, 1)
@@ -477,6 +478,7 @@ int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const 
     size_t i = 0;
     st_hc hc = {NULL, 0, 0, 0, {0, 0}};
     int retried = 0;
+    size_t done = 0; /* views whose pages are checked */
     for (; i < want; i++) {
         const uint32_t *t = tokens + i * B;
         uint8_t *d = digest[i & 1];
@@ -505,12 +507,23 @@ int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const 
             rc = st_lookup_hc(s, snap, &q, &out_views[i], &hc, ST_ENTRY_ONLY);
         }
         if (rc) break;
+        if (i == 0 && kvx_shard_at_start(out_views[0].shard, out_views[0].entry)) {
+            /* a run from a file's start: its first page now, so the
+             * fault's read-ahead (large folios) is in flight while the
+             * other entries are matched */
+            int prc = 0;
+            if (st_run_pages(s, snap, &hc, out_views, 0, 1, tokens, &prc) == 0) {
+                rc = prc;
+                break;
+            }
+            done = 1;
+        }
         parent = h;
         h = next;
     }
-    if (i && snap) { /* the run's pages: asked for at once, then checked in order */
+    if (i > done && snap) { /* the run's pages: asked for at once, then checked in order */
         int prc = 0;
-        size_t m = st_run_pages(s, snap, &hc, out_views, i, tokens, &prc);
+        size_t m = st_run_pages(s, snap, &hc, out_views, done, i, tokens, &prc);
         if (m < i) {
             i = m;
             rc = prc;

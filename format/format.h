@@ -17,6 +17,9 @@ int kvx_shard_page_checked(const void **out_page, const kvx_shard *s, uint32_t i
  * range); nothing waits, nothing is checked or handed out. A prefix
  * lookup calls it with its whole run before it checks the first page. */
 void kvx_shard_willneed(kvx_shard *s, const uint32_t *index, size_t n, int skip_first);
+/* Does page index start within the first read-ahead window of the file's
+ * pages (where a fault reads ahead from the start, in large folios)? */
+int kvx_shard_at_start(const kvx_shard *s, uint32_t index);
 /* kvx_shard_open of name under directory dirfd, never through a symlink
  * (KVX_EPATH: a symlink put where the store checked a file); path is the
  * name messages and kvx_shard_path give. dirfd AT_FDCWD: path, as

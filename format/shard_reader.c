@@ -678,38 +678,37 @@ static void shard_prefetch(kvx_shard *s, const shard_rec *r)
     (void)posix_fadvise(s->fd, (off_t)from, (off_t)(to - from), POSIX_FADV_WILLNEED);
 }
 
-/*
- * Read-ahead for a whole run at once (a prefix lookup matches every
- * block's entry before it checks a page, so it knows the run): one
- * posix_fadvise WILLNEED per contiguous file range, in steps (one call
- * reads at most the device's read-ahead size). Pages this handle checked
- * already, missing pages and tombstones are left out (a warm prompt makes
- * no system call). skip_first leaves a first range at the file's start
- * to the fault that checks it first: from there the kernel's read-around
- * takes large folios where a hint takes single pages (deeper in, it runs
- * into pages cached behind it). Nothing is checked or handed out here.
- */
+int kvx_shard_at_start(const kvx_shard *s, uint32_t index)
+{
+    return s && !s->mem && index < s->n && s->recs[index].offset < s->recs[0].offset + KVX_SHARD_RA;
+}
+
+/* A run's pages at once: one WILLNEED per contiguous range, in steps (a
+ * call reads at most the device's read-ahead size), leaving out pages
+ * this handle checked (a warm prompt makes no system call). skip_first
+ * leaves a first range at the file's start to the fault that checks it:
+ * from there the kernel's read-around takes large folios where a hint
+ * takes single pages. Nothing is checked or handed out here. */
 #define KVX_SHARD_HINT_STEP ((uint64_t)1 << 20)
 static void shard_hint(kvx_shard *s, uint64_t from, uint64_t to)
 {
     if (to > s->map_len) to = s->map_len;
     if (from >= to) return;
-    /* WILLNEED reads at most the device's read-ahead size a call: ask in
-     * steps, so a long run is asked for whole */
     for (uint64_t at = from; at < to; at += KVX_SHARD_HINT_STEP) {
         uint64_t end = to - at > KVX_SHARD_HINT_STEP ? at + KVX_SHARD_HINT_STEP : to;
         (void)posix_fadvise(s->fd, (off_t)at, (off_t)(end - at), POSIX_FADV_WILLNEED);
     }
     uint64_t have = atomic_load_explicit(&s->ra_end, memory_order_relaxed);
     while (have < to && !atomic_compare_exchange_weak_explicit(&s->ra_end, &have, to, memory_order_relaxed,
-                                                                memory_order_relaxed)) {
-    }
+                                                                memory_order_relaxed))
+        ;
 }
 
 void kvx_shard_willneed(kvx_shard *s, const uint32_t *index, size_t n, int skip_first)
 {
     if (!s || s->mem || !index) return;
     uint64_t from = 0, to = 0;
+    uint32_t k0 = 0;
     int first = 1;
     for (size_t i = 0; i <= n; i++) {
         uint32_t k = i < n ? index[i] : UINT32_MAX;
@@ -721,12 +720,13 @@ void kvx_shard_willneed(kvx_shard *s, const uint32_t *index, size_t n, int skip_
             continue;
         }
         if (to > from) {
-            if (!(first && skip_first && from < s->recs[0].offset + KVX_SHARD_RA)) shard_hint(s, from, to);
+            if (!(first && skip_first && kvx_shard_at_start(s, k0))) shard_hint(s, from, to);
             first = 0;
         }
-        if (i < n) from = s->recs[k].offset, to = from + s->recs[k].bytes;
+        if (i < n) from = s->recs[k].offset, to = from + s->recs[k].bytes, k0 = k;
     }
 }
+
 
 int kvx_shard_page(const void **out_page, const kvx_shard *s, uint32_t index, int verify)
 {
