@@ -682,22 +682,19 @@ int kvx_shard_at_start(const kvx_shard *s, uint32_t index)
 {
     return s && !s->mem && index < s->n && s->recs[index].offset < s->recs[0].offset + KVX_SHARD_RA;
 }
-
 /* A run's pages at once: one WILLNEED per contiguous range, in steps (a
- * call reads at most the device's read-ahead size), leaving out pages
- * this handle checked (a warm prompt makes no system call). skip_first
- * leaves a first range at the file's start to the fault that checks it:
- * from there the kernel's read-around takes large folios where a hint
- * takes single pages. Nothing is checked or handed out here. */
+ * call reads at most the device's read-ahead size), leaving out pages this
+ * handle checked (a warm prompt makes no system call). skip_first leaves a
+ * first range at the file's start to the fault that checks it (its
+ * read-around takes large folios, a hint single pages). */
 #define KVX_SHARD_HINT_STEP ((uint64_t)1 << 20)
 static void shard_hint(kvx_shard *s, uint64_t from, uint64_t to)
 {
     if (to > s->map_len) to = s->map_len;
     if (from >= to) return;
-    for (uint64_t at = from; at < to; at += KVX_SHARD_HINT_STEP) {
-        uint64_t end = to - at > KVX_SHARD_HINT_STEP ? at + KVX_SHARD_HINT_STEP : to;
-        (void)posix_fadvise(s->fd, (off_t)at, (off_t)(end - at), POSIX_FADV_WILLNEED);
-    }
+    for (uint64_t at = from; at < to; at += KVX_SHARD_HINT_STEP)
+        (void)posix_fadvise(s->fd, (off_t)at, (off_t)(to - at > KVX_SHARD_HINT_STEP ? KVX_SHARD_HINT_STEP : to - at),
+                            POSIX_FADV_WILLNEED);
     uint64_t have = atomic_load_explicit(&s->ra_end, memory_order_relaxed);
     while (have < to && !atomic_compare_exchange_weak_explicit(&s->ra_end, &have, to, memory_order_relaxed,
                                                                 memory_order_relaxed))
@@ -708,8 +705,7 @@ void kvx_shard_willneed(kvx_shard *s, const uint32_t *index, size_t n, int skip_
 {
     if (!s || s->mem || !index) return;
     uint64_t from = 0, to = 0;
-    uint32_t k0 = 0;
-    int first = 1;
+    uint32_t k0 = 0, first = 1;
     for (size_t i = 0; i <= n; i++) {
         uint32_t k = i < n ? index[i] : UINT32_MAX;
         if (i < n && (k >= s->n || s->recs[k].missing || is_tomb(s, k) ||
@@ -720,7 +716,12 @@ void kvx_shard_willneed(kvx_shard *s, const uint32_t *index, size_t n, int skip_
             continue;
         }
         if (to > from) {
-            if (!(first && skip_first && kvx_shard_at_start(s, k0))) shard_hint(s, from, to);
+            /* a run continuing the last one checked (a sequential reader):
+             * as much again past its end */
+            uint64_t last = atomic_load_explicit(&s->last_end, memory_order_relaxed);
+            uint64_t ahead = from >= last && from - last < 4096 ? to - from : 0;
+            if (!(first && skip_first && kvx_shard_at_start(s, k0))) shard_hint(s, from, to + ahead);
+            else if (ahead) shard_hint(s, to, to + ahead);
             first = 0;
         }
         if (i < n) from = s->recs[k].offset, to = from + s->recs[k].bytes, k0 = k;
