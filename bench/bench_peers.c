@@ -29,7 +29,11 @@
  *                 exec of this program) opens the store and serves the
  *                 first prompt: fork to that first hit
  *   cold GB/s     the cache dropped again, the store opened in this
- *                 process (not timed), every prompt's pages read once
+ *                 process (not timed), every prompt's pages read once;
+ *                 for kvx, when fio is on PATH, the disk's own figure
+ *                 right after: fio reading kvx's shard files (the same
+ *                 bytes) sequentially, O_DIRECT, io_uring, --fio-bs and
+ *                 --fio-depth (1 MiB, 32), and kvx cold / fio
  *   p50/p99 us    warm prefix get of a 64-block prompt: hashes, lookups
  *                 and the pages copied into one host buffer
  *   space amp     bytes on disk (st_blocks) over bytes of KV
@@ -45,7 +49,8 @@
  *
  *   bench_peers [--mode all|rows|restart|trace] [--size small|large]
  *               [--blocks N] [--only PEER] [--trace FILE] [--trace-requests N]
- *               [--trace-capacity N] [--tsv FILE] DIR
+ *               [--trace-capacity N] [--fio-bs BYTES] [--fio-depth N] [--no-fio]
+ *               [--tsv FILE] DIR
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -93,6 +98,9 @@ static unsigned char *g_pages; /* one prompt's pages */
 static unsigned char *g_dst;   /* where a get copies one prompt's pages */
 static int g_nosync;           /* building a data set only (--mode restart): no syncs */
 static int g_trace_mode;       /* the trace replay: no key set, deletes */
+static long g_fio_bs = 1 << 20; /* the fio reference's block size (--fio-bs) */
+static long g_fio_depth = 32;   /* and its queue depth (--fio-depth) */
+static int g_fio = 1;           /* --no-fio: leave the reference out */
 
 static void fail(const char *what, int rc)
 {
@@ -521,6 +529,8 @@ static size_t peer_get(peer *p, size_t q)
 typedef struct result {
     int ran, trace_ran;
     double put_mbps, restart_ms, open_ms, cold_gbps, p50_us, p99_us, amp;
+    double fio_gbps, fio_gb; /* kvx: fio reading its shard files (0: not run) */
+    size_t fio_files;
     /* trace */
     double hit, lru_hit, written_gb, kv_written_gb, trace_s, end_amp;
     /* kvx: where the bytes written went (GB): SPLIT_* */
@@ -640,6 +650,97 @@ static void sync_dir(const char *dir)
     }
 }
 
+/* ------------------------------------------------------------ fio */
+
+/* Is fio on PATH? */
+static int fio_found(void)
+{
+    const char *path = getenv("PATH");
+    char buf[4096];
+    while (path && *path) {
+        const char *c = strchr(path, ':');
+        size_t n = c ? (size_t)(c - path) : strlen(path);
+        snprintf(buf, sizeof buf, "%.*s/fio", (int)n, path);
+        if (n && access(buf, X_OK) == 0) return 1;
+        path = c ? c + 1 : NULL;
+    }
+    return 0;
+}
+
+/* The disk's reference for the cold row: fio reading the very files kvx
+ * read (DIR/shards/, the same bytes where they lie, plus their headers
+ * and tables; fio's --opendir), one after another, each from its start to
+ * its end: O_DIRECT, io_uring, g_fio_bs blocks, g_fio_depth deep. The
+ * files' cached pages are dropped first, as for kvx. Returns GB/s (0 when
+ * fio fails: the line says why); *gb and *nfiles get what it read. */
+static double fio_ref(const char *store, double *gb, size_t *nfiles)
+{
+    char sdir[1100];
+    snprintf(sdir, sizeof sdir, "%s/shards", store);
+    DIR *d = opendir(sdir);
+    if (!d) return 0;
+    size_t n = 0;
+    struct dirent *e;
+    uint64_t bytes = 0;
+    while ((e = readdir(d))) {
+        struct stat st;
+        char path[1400];
+        snprintf(path, sizeof path, "%s/%s", sdir, e->d_name);
+        if (e->d_name[0] == '.' || lstat(path, &st) || !S_ISREG(st.st_mode)) continue;
+        n++;
+        bytes += (uint64_t)st.st_size;
+    }
+    closedir(d);
+    char bs[32], depth[32], fn[1200];
+    snprintf(bs, sizeof bs, "--bs=%ld", g_fio_bs);
+    snprintf(depth, sizeof depth, "--iodepth=%ld", g_fio_depth);
+    snprintf(fn, sizeof fn, "--opendir=%s", sdir);
+    walk(sdir, 1);
+    int pfd[2];
+    if (pipe(pfd)) fail("pipe", -errno);
+    pid_t pid = fork();
+    if (pid < 0) fail("fork", -errno);
+    if (pid == 0) {
+        close(pfd[0]);
+        dup2(pfd[1], 1);
+        execlp("fio", "fio", "--name=kvx-shards", "--readonly", "--rw=read", "--direct=1", "--ioengine=io_uring",
+               bs, depth, "--file_service_type=sequential", "--output-format=json", fn, (char *)NULL);
+        _exit(127);
+    }
+    close(pfd[1]);
+    size_t got = 0, ocap = 1 << 16;
+    char *out = malloc(ocap);
+    ssize_t r;
+    while (out && (r = read(pfd[0], out + got, ocap - 1 - got)) > 0)
+        if ((got += (size_t)r) == ocap - 1 && !(out = realloc(out, ocap *= 2))) break;
+    close(pfd[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    double gbps = 0;
+    if (out) {
+        out[got] = 0;
+        char *j = strchr(out, '{'); /* fio may print notes before the JSON */
+        json_object *o = j ? json_tokener_parse(j) : NULL, *jobs, *job, *rd, *v;
+        if (o && json_object_object_get_ex(o, "jobs", &jobs) && (job = json_object_array_get_idx(jobs, 0)) &&
+            json_object_object_get_ex(job, "read", &rd) && json_object_object_get_ex(rd, "io_bytes", &v)) {
+            double io = (double)json_object_get_int64(v);
+            json_object *rt;
+            double ms = json_object_object_get_ex(rd, "runtime", &rt) ? (double)json_object_get_int64(rt) : 0;
+            if (ms > 0) gbps = io / (ms / 1e3) / 1e9;
+            *gb = io / 1e9;
+        }
+        if (o) json_object_put(o);
+    }
+    if (!WIFEXITED(st) || WEXITSTATUS(st) || gbps <= 0)
+        fprintf(stderr, "bench_peers: the fio reference failed (exit %d): the cold row has no fio ratio\n",
+                WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    *nfiles = n;
+    if (gbps > 0 && *gb * 1e9 < (double)bytes * 0.99)
+        fprintf(stderr, "bench_peers: fio read %.3f GB of the shard files' %.3f\n", *gb, (double)bytes / 1e9);
+    free(out);
+    return gbps;
+}
+
 static result run_peer(int kind, const char *base, int restart_only)
 {
     result r = {0};
@@ -672,6 +773,9 @@ static result run_peer(int kind, const char *base, int restart_only)
     double t0 = kvx_bench_now();
     for (size_t q = 0; q < g_prompts; q++) expect_full(peer_get(p, q), q, "cold", kind);
     r.cold_gbps = kv / (kvx_bench_now() - t0) / 1e9;
+    /* the disk's own figure for the same bytes, right after (the cache
+     * dropped again; kvx's store stays open, its pages evicted) */
+    if (kind == P_KVX && g_fio && fio_found()) r.fio_gbps = fio_ref(p->dir, &r.fio_gb, &r.fio_files);
 
     /* warm latency: every prompt once more to warm, then up to 2048
      * samples in a shuffled order (fewer when a peer needs over 5 s) */
@@ -710,10 +814,10 @@ done:
 /* fio writing the bytes the put row writes (every prompt's NB pages, in
  * order) into one new file in dir: sequential, bs = one page, psync, one
  * fdatasync per prompt (--fdatasync=NB), no preallocation. MB/s (10^6),
- * or 0 when fio is not on PATH or fails. */
+ * or 0 when fio is not on PATH, fails, or --no-fio. */
 static double fio_put_mbps(const char *dir)
 {
-    if (system("command -v fio >/dev/null 2>&1") != 0) return 0;
+    if (!g_fio || !fio_found()) return 0;
     char file[1100], cmd[2400];
     snprintf(file, sizeof file, "%s/fio-put.dat", dir);
     unlink(file);
@@ -734,7 +838,7 @@ static double fio_put_mbps(const char *dir)
 static void fio_put_print(double fio, double kvx)
 {
     if (fio <= 0) {
-        printf("\nfio reference (durable put): fio not on PATH, not run\n");
+        printf("\nfio reference (durable put): %s, not run\n", !g_fio ? "--no-fio" : "fio not on PATH or failed");
         return;
     }
     printf("\nfio reference (durable put): the same bytes, bs %" PRIu64 " (one page), one fdatasync per prompt "
@@ -1084,7 +1188,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: bench_peers [--mode all|rows|restart|trace] [--size small|large] [--blocks N]\n"
             "                   [--only PEER] [--trace FILE] [--trace-requests N]\n"
-            "                   [--trace-capacity N] [--tsv FILE] DIR\n"
+            "                   [--trace-capacity N] [--fio-bs BYTES] [--fio-depth N] [--no-fio]\n"
+            "                   [--tsv FILE] DIR\n"
             "  kvx against the stores engine teams persist KV in, same pages, keys and\n"
             "  durability: kvx | file per block | RocksDB (BlobDB) | LMDB values\n"
             "  (PEER for --only: kvx, file, rocksdb, lmdb). Each peer's files live in\n"
@@ -1112,6 +1217,11 @@ static void usage(FILE *f)
             "--blocks N: blocks stored (a multiple of %d: prompts of %d blocks).\n"
             "--trace FILE: default %s\n"
             "--trace-requests N: the trace's first N requests (0: all of them).\n"
+            "--fio-bs BYTES, --fio-depth N: the cold row's disk reference (default 1048576, 32):\n"
+            "  when fio is on PATH, right after kvx's cold row it reads kvx's shard files (the\n"
+            "  same bytes) (fio --opendir), each start to end: --rw=read --direct=1\n"
+            "  --ioengine=io_uring at that block size and depth; kvx cold / fio is printed (and\n"
+            "  in the TSV). --no-fio leaves it out.\n"
             "--tsv FILE: each row's value and ratio to the best peer, one line a peer and row.\n"
             "DIR needs free space for 2.5x the KV bytes (pages x blocks) + 1 GiB, and for the\n"
             "trace the pages of its block references + 1 GiB; checked first.\n"
@@ -1152,6 +1262,12 @@ int main(int argc, char **argv)
             trace_req = strtol(argv[++i], NULL, 10);
         } else if (!strcmp(a, "--trace-capacity") && more) {
             trace_cap = strtol(argv[++i], NULL, 10);
+        } else if (!strcmp(a, "--fio-bs") && more) {
+            g_fio_bs = strtol(argv[++i], NULL, 10);
+        } else if (!strcmp(a, "--fio-depth") && more) {
+            g_fio_depth = strtol(argv[++i], NULL, 10);
+        } else if (!strcmp(a, "--no-fio")) {
+            g_fio = 0;
         } else if (!strcmp(a, "--tsv") && more) {
             tsv = argv[++i];
         } else if (!strcmp(a, "--child") && more) {
@@ -1176,7 +1292,7 @@ int main(int argc, char **argv)
     int do_trace = !strcmp(mode, "all") || !strcmp(mode, "trace");
     int restart_only = !strcmp(mode, "restart");
     if (!dir || (strcmp(g_size, "small") && strcmp(g_size, "large")) || (!do_rows && !do_trace) ||
-        trace_cap < 0) {
+        trace_cap < 0 || g_fio_bs < 4096 || g_fio_bs % 4096 || g_fio_depth < 1 || g_fio_depth > 4096) {
         usage(stderr);
         return 2;
     }
@@ -1306,6 +1422,16 @@ int main(int argc, char **argv)
         }
     }
     if (do_rows && !restart_only && (only < 0 || only == P_KVX)) fio_put_print(fio_put, res[P_KVX].put_mbps);
+    const result *rk = &res[P_KVX];
+    if (do_rows && rk->ran && rk->fio_gbps > 0)
+        printf("\ncold read against the disk: fio read kvx's %zu shard files (%.3f GB, the same bytes plus "
+               "their tables) sequentially, O_DIRECT, io_uring, bs %ld, iodepth %ld: %.2f GB/s; kvx cold "
+               "%.2f GB/s = %.2fx fio\n",
+               rk->fio_files, rk->fio_gb, g_fio_bs, g_fio_depth, rk->fio_gbps, rk->cold_gbps,
+               rk->cold_gbps / rk->fio_gbps);
+    else if (do_rows && rk->ran && !restart_only)
+        printf("\ncold read against the disk: no fio reference (%s)\n",
+               !g_fio ? "--no-fio" : fio_found() ? "fio failed" : "fio is not on PATH");
     if (do_trace) {
         printf("\ntrace %s: %zu requests, %zu block references, capacity %ld blocks (%.2f GiB of pages); "
                "the exact LRU's prefix hit ratio %.2f %%\n",
@@ -1353,6 +1479,9 @@ int main(int argc, char **argv)
         }
         printf("\n");
     }
+    if (tf && rk->ran && rk->fio_gbps > 0)
+        fprintf(tf, "cold / fio\tkvx\t%.6g\t%.4f\tfio bs %ld iodepth %ld: %.6g GB/s\n", rk->cold_gbps,
+                rk->cold_gbps / rk->fio_gbps, g_fio_bs, g_fio_depth, rk->fio_gbps);
     if (tf) fclose(tf);
     free(tr.ids);
     free(tr.off);

@@ -60,6 +60,10 @@ static int st_damage(const st_query *q, int rc)
     return rc == KVX_EPAGECRC || rc == KVX_ETRUNC || (q->dst && (rc == KVX_ECAPACITY || (rc < 0 && rc > -4096)));
 }
 
+/* check_page ST_ENTRY_ONLY: the entry alone is matched and a view made
+ * whose page is not yet set (NULL): the caller checks it (st_run_pages). */
+#define ST_ENTRY_ONLY 2
+
 /* Does the block at loc answer q? 0 and a view; KVX_ENOTFOUND when it is
  * another block (or no longer there); KVX_EPAGECRC / KVX_ETRUNC when it is
  * the block but its page is damaged or missing. check_page 0: the entry
@@ -98,9 +102,8 @@ static int st_try_loc(kvx_store *s, const kvx_cat_loc *loc, const st_query *q, k
     }
     const void *page = q->dst;
     size_t page_len = e.bytes;
-    if (q->no_page)
-        rc = 0;
-    else if (q->dst) /* read into the caller's memory and checked there, every time */
+    if (check_page == ST_ENTRY_ONLY || q->no_page) goto view; /* checked later (a prefix's run), or never read */
+    if (q->dst) /* read into the caller's memory and checked there, every time */
         rc = kvx_shard_page_read(sh, idx, q->dst, q->dst_cap, &page_len);
     else /* KVX_STORE_VERIFY (kvx.h): every served page's CRC, not once per handle */
         rc = s->flags & KVX_STORE_VERIFY || q->verify_page ? kvx_shard_page(&page, sh, idx, 1)
@@ -115,6 +118,7 @@ static int st_try_loc(kvx_store *s, const kvx_cat_loc *loc, const st_query *q, k
                                                : strerror(-rc));
         return rc;
     }
+view:
     out->coordinate = e.coordinate;
     out->token_count = e.token_count;
     out->hash = e.hash;
@@ -185,12 +189,13 @@ static int st_shard_unusable(kvx_store *s, const kvx_cat_loc *loc, uint64_t hash
  * block again when its only copy is damaged); when none answers, the
  * damage is reported rather than "not found". A damaged catalog record or
  * a failed read ends it with that error. */
-static int st_lookup_hc(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx_view *out, st_hc *hc)
+static int st_lookup_hc(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx_view *out, st_hc *hc,
+                        int check_page)
 {
     kvx_cat_loc loc;
     int rc = kvx_cat_loc_at(snap, q->hash, 0, &loc);
     if (rc) return rc; /* KVX_ENOTFOUND (no message) or the catalog's error */
-    rc = st_try_loc(s, &loc, q, out, hc, NULL, 1);
+    rc = st_try_loc(s, &loc, q, out, hc, NULL, check_page);
     if (rc != KVX_ENOTFOUND && !st_damage(q, rc)) return rc;
     int damage = rc == KVX_ENOTFOUND ? 0 : rc;
     /* other blocks under the same hash (collisions, unverified copies) */
@@ -200,7 +205,7 @@ static int st_lookup_hc(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx
             if (rc != KVX_ENOTFOUND) res = rc;
             break;
         }
-        res = st_try_loc(s, &loc, q, out, hc, NULL, 1);
+        res = st_try_loc(s, &loc, q, out, hc, NULL, check_page);
         if (st_damage(q, res)) {
             damage = res;
             res = KVX_ENOTFOUND;
@@ -217,7 +222,7 @@ static int st_lookup_hc(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx
 
 int kvx_st_lookup(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx_view *out)
 {
-    return st_lookup_hc(s, snap, q, out, NULL);
+    return st_lookup_hc(s, snap, q, out, NULL, 1);
 }
 
 /* What st_get_by_hash answers when no verified block answered and some
@@ -407,6 +412,59 @@ KVX_API int kvx_store_get_hashes(kvx_view *out_views, int *out_status, kvx_store
     return 0;
 }
 
+/* The pages of a prefix's run, views[from..n) (entries matched, pages not
+ * yet set; views before from are served): every page not yet checked is
+ * asked of the kernel at once (kvx_shard_willneed, one call per shard a
+ * run of views shares), then each is checked in order as it lands,
+ * exactly as st_try_loc checks it.
+ * A page that fails is looked up again in full (every location of its
+ * hash, pages checked: a good copy may follow, and the message left is
+ * the one a lookup leaves). Returns how many views are served; the views
+ * from the first that is not are released, and *out_rc is that block's
+ * error. */
+static size_t st_run_pages(kvx_store *s, kvx_cat_snap *snap, st_hc *hc, kvx_view *views, size_t from, size_t n,
+                           const uint32_t *tokens, int *out_rc)
+{
+    uint32_t idx[64];
+    for (size_t a = from; a < n;) {
+        size_t b = a, k = 0;
+        for (; b < n && views[b].shard == views[a].shard && k < sizeof idx / sizeof idx[0]; b++)
+            idx[k++] = views[b].entry;
+        /* the run's first range, at a file's start, is left to the fault
+         * that checks it first (format/shard_reader.c) */
+        kvx_shard_willneed(views[a].shard, idx, k, a == from);
+        a = b;
+    }
+    uint32_t B = s->g.block_tokens;
+    for (size_t i = from; i < n; i++) {
+        kvx_view *v = &views[i];
+        const void *page;
+        int rc = s->flags & KVX_STORE_VERIFY ? kvx_shard_page(&page, v->shard, v->entry, 1)
+                                              : kvx_shard_page_checked(&page, v->shard, v->entry);
+        if (rc == 0) {
+            v->page = page;
+            continue;
+        }
+        /* the rare path: the block once more, as a lookup of it alone */
+        uint64_t hash = v->hash;
+        kvx_view_release(v);
+        uint8_t(*d)[KVX_DIGEST_BYTES] = malloc((i + 1) * KVX_DIGEST_BYTES);
+        if (!d) {
+            rc = kvx_fail(-ENOMEM, "store: out of memory");
+        } else {
+            kvx_prefix_digests(d, tokens, (i + 1) * B, B);
+            st_query q = {.hash = hash, .parent = i ? views[i - 1].hash : 0, .toks = tokens + i * B, .digest = d[i]};
+            rc = st_lookup_hc(s, snap, &q, v, hc, 1);
+            free(d);
+        }
+        if (rc == 0) continue;
+        kvx_views_release(views + i + 1, n - i - 1);
+        *out_rc = rc;
+        return i;
+    }
+    return n;
+}
+
 /* kvx_store_prefix's local part (the public call is in store_prefix.c,
  * which continues into the shared tier). */
 int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
@@ -434,6 +492,7 @@ int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const 
     size_t i = 0;
     st_hc hc = {NULL, 0, 0, 0, {0, 0}};
     int retried = 0;
+    size_t done = 0; /* views whose pages are checked */
     for (; i < want; i++) {
         const uint32_t *t = tokens + i * B;
         uint8_t *d = digest[i & 1];
@@ -447,7 +506,7 @@ int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const 
         }
         st_query q = {.hash = h, .parent = parent, .toks = t, .digest = d};
         hc.gone = 0;
-        rc = st_lookup_hc(s, snap, &q, &out_views[i], &hc);
+        rc = st_lookup_hc(s, snap, &q, &out_views[i], &hc, ST_ENTRY_ONLY);
         if (rc == KVX_ENOTFOUND && hc.gone && !retried) {
             /* the file the snapshot named is gone: a rewrite (compaction,
              * eviction's carry, gc) that moved its blocks committed after
@@ -459,11 +518,30 @@ int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const 
                 snap = NULL;
                 break;
             }
-            rc = st_lookup_hc(s, snap, &q, &out_views[i], &hc);
+            rc = st_lookup_hc(s, snap, &q, &out_views[i], &hc, ST_ENTRY_ONLY);
         }
         if (rc) break;
+        if (i == 0 && kvx_shard_at_start(out_views[0].shard, out_views[0].entry)) {
+            /* a run from a file's start: its first page now, so the
+             * fault's read-ahead (large folios) is in flight while the
+             * other entries are matched */
+            int prc = 0;
+            if (st_run_pages(s, snap, &hc, out_views, 0, 1, tokens, &prc) == 0) {
+                rc = prc;
+                break;
+            }
+            done = 1;
+        }
         parent = h;
         h = next;
+    }
+    if (i > done && snap) { /* the run's pages: asked for at once, then checked in order */
+        int prc = 0;
+        size_t m = st_run_pages(s, snap, &hc, out_views, done, i, tokens, &prc);
+        if (m < i) {
+            i = m;
+            rc = prc;
+        }
     }
     if (snap) kvx_cat_snap_end(snap);
     kvx_shard_close(hc.sh);
@@ -504,7 +582,7 @@ KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tok
     if (!rc) {
         st_query q = {.hash = h[n - 1], .parent = n > 1 ? h[n - 2] : 0, .toks = tokens + (n - 1) * B, .digest = d[n - 1]};
         st_hc hc = {NULL, 0, 0, 0, {0, 0}};
-        rc = st_lookup_hc(s, snap, &q, out, &hc);
+        rc = st_lookup_hc(s, snap, &q, out, &hc, 1);
         if (rc == KVX_ENOTFOUND && hc.gone) {
             /* as for a get by hash: once more in a fresh snapshot, then the
              * shard that could not be had is named (it may hold the block) */
@@ -512,7 +590,7 @@ KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tok
             snap = NULL;
             hc.gone = 0;
             if ((rc = kvx_cat_snap_begin(s->cat, &snap)) == 0) {
-                rc = st_lookup_hc(s, snap, &q, out, &hc);
+                rc = st_lookup_hc(s, snap, &q, out, &hc, 1);
                 if (rc == KVX_ENOTFOUND && hc.gone) rc = st_shard_unusable(s, &hc.gone_loc, q.hash);
             } else {
                 snap = NULL;

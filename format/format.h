@@ -33,6 +33,14 @@ int kvx_shard_page_span(kvx_page_span *out, kvx_shard *s, uint32_t index);
  * before the page does), KVX_ECAPACITY (cap too small: nothing read),
  * a read's -errno; on any failure dst's contents are unspecified. */
 int kvx_shard_page_read(kvx_shard *s, uint32_t index, void *dst, size_t cap, size_t *out_len);
+/* Asks the kernel, at once, for the pages of entries index[0..n) that
+ * this handle has not CRC-checked yet (one hint per contiguous file
+ * range); nothing waits, nothing is checked or handed out. A prefix
+ * lookup calls it with its whole run before it checks the first page. */
+void kvx_shard_willneed(kvx_shard *s, const uint32_t *index, size_t n, int skip_first);
+/* Does page index start within the first read-ahead window of the file's
+ * pages (where a fault reads ahead from the start, in large folios)? */
+int kvx_shard_at_start(const kvx_shard *s, uint32_t index);
 /* kvx_shard_open of name under directory dirfd, never through a symlink
  * (KVX_EPATH: a symlink put where the store checked a file); path is the
  * name messages and kvx_shard_path give. dirfd AT_FDCWD: path, as

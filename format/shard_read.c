@@ -10,15 +10,55 @@
  * changed on disk since an earlier check is caught here too.
  */
 #include "format/format.h"
+#include "format/shard_format.h"
+#include "format/shard_handle.h"
 #include "common/os.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #define SR_ALIGN 4096u
+
+/* The O_DIRECT descriptor of s's file: /proc/self/fd/N names the very
+ * file s opened, whatever has been renamed since. */
+static int shard_direct_fd(kvx_shard *s)
+{
+    int fd = atomic_load_explicit(&s->direct_fd, memory_order_acquire);
+    if (fd != -1) return fd;
+    char name[40];
+    snprintf(name, sizeof name, "/proc/self/fd/%d", s->fd);
+    int mine = kvx_os.open(name, O_RDONLY | O_CLOEXEC | O_DIRECT | O_NOCTTY, 0), want = -1;
+    if (mine < 0) mine = -2;
+    if (!atomic_compare_exchange_strong(&s->direct_fd, &want, mine) && mine >= 0) kvx_os.close(mine);
+    return atomic_load_explicit(&s->direct_fd, memory_order_acquire);
+}
+
+int kvx_shard_page_span(kvx_page_span *out, kvx_shard *s, uint32_t index)
+{
+    if (s->mem || index >= s->n)
+        return kvx_fail(KVX_EINVALID, "kvx_shard_page_span: index %u of a shard of %u entries%s", index, s->n,
+                        s->mem ? " in memory" : "");
+    const shard_rec *r = &s->recs[index];
+    if (is_tomb(s, index))
+        return kvx_fail(KVX_ENOTFOUND, "entry %u (coordinate 0x%08x) of %s is a tombstone (a keyed delete): it has no page",
+                        index, r->coordinate, s->path);
+    if (r->missing)
+        return kvx_fail(KVX_ETRUNC, "entry %u (coordinate 0x%08x): page lies past the end of %s (missing)", index,
+                        r->coordinate, s->path);
+    out->fd = s->fd;
+    out->direct_fd = shard_direct_fd(s);
+    out->offset = r->offset;
+    out->bytes = r->bytes;
+    out->crc32 = r->crc32;
+    out->map = s->map;
+    out->coordinate = r->coordinate;
+    return 0;
+}
 
 /* Does the page cache hold every 4 KiB page of [off, off + len)? mincore
  * over the handle's mapping: no I/O, no side effect. */

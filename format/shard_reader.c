@@ -25,6 +25,7 @@
  * it), then has every page checked again, and the bad ones refused.
  */
 #include "shard_format.h"
+#include "shard_handle.h"
 #include "format.h"
 #include "common/os.h"
 #include "common/sigbus.h"
@@ -41,59 +42,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-typedef struct shard_rec {
-    uint32_t coordinate, token_count;
-    uint64_t offset; /* absolute */
-    uint32_t bytes, crc32;
-    int missing; /* the page lies (partly) past the end of the file */
-} shard_rec;
-
-struct kvx_shard {
-    atomic_int refs;
-    kvx_shard_info info;
-    char *path;
-    int fd;
-    const uint8_t *map;
-    size_t map_len;
-    int guard_slot;
-    uint32_t n;
-    shard_rec *recs;
-    uint64_t *hashes;  /* n, or NULL */
-    uint64_t *parents; /* n, or NULL */
-    uint32_t *tokens;  /* n * B, or NULL */
-    float *scales;     /* n * L*2*Hkv, or NULL */
-    uint8_t *digests;  /* n * 32, or NULL */
-    uint8_t *keys;     /* n * KVX_KEY_RECORD (u8 len, key, zeros), or NULL */
-    uint64_t *seqs;    /* n sequence numbers (each != 0), or NULL */
-    uint8_t *tombs;    /* n tombstone bytes (0 page, 1 tombstone), or NULL */
-    uint64_t min_seq;  /* the smallest of seqs; 0 without them */
-    uint64_t scale_count;
-    /* one bit per page: its CRC passed since this handle was opened
-     * (DESIGN.md rule 1: a view is checked before it is first handed out) */
-    _Atomic uint64_t *checked;
-    /* shard_prefetch: where the last first check's page ended, and the end
-     * of the file range last asked for */
-    _Atomic uint64_t last_end, ra_end;
-    /* shard_whole: when the file's size and mtime were last looked at
-     * (ms), and whether it was found shorter than at open or modified
-     * since (or a read of the mapping faulted): from then on every page is
-     * checked again before it is handed out */
-    _Atomic uint64_t size_seen_ms;
-    atomic_int cut;
-    struct timespec mtime; /* st_mtim at open */
-    uint32_t n_missing;
-    uint64_t *by_coord; /* (coordinate << 32 | index), sorted */
-    /* kvx_shard_page_span: an O_DIRECT descriptor of the same file, opened
-     * on first need (-1: not yet; -2: none to be had) */
-    atomic_int direct_fd;
-    int has_spectral;
-    kvx_spectral spectral;
-    uint32_t *spectral_ids;
-    float *spectral_psi;
-    int mem;       /* kvx_shard_mem: pages on the heap, no file */
-    void **pages;  /* kvx_shard_mem: n pages, each malloc'd */
-};
 
 static void shard_free(kvx_shard *s)
 {
@@ -613,7 +561,6 @@ int kvx_shard_entry_commit(const kvx_shard *s, uint32_t index, uint64_t *out_seq
 uint64_t kvx_shard_min_seq(const kvx_shard *s) { return s ? s->min_seq : 0; }
 
 /* Is entry index a tombstone (no page)? */
-static int is_tomb(const kvx_shard *s, uint32_t index) { return s->tombs && s->tombs[index] == KVX_TOMB_DELETE; }
 
 int kvx_shard_find(uint32_t *out_index, const kvx_shard *s, uint32_t coordinate)
 {
@@ -632,11 +579,6 @@ int kvx_shard_find(uint32_t *out_index, const kvx_shard *s, uint32_t coordinate)
     return kvx_fail(KVX_ENOTFOUND, "coordinate 0x%08x is not in %s", coordinate, s->path);
 }
 
-/* The page of entry index (a file's mapping, or kvx_shard_mem's heap). */
-static const uint8_t *page_at(const kvx_shard *s, uint32_t index)
-{
-    return s->mem ? (const uint8_t *)s->pages[index] : s->map + s->recs[index].offset;
-}
 
 static int page_crc(const kvx_shard *s, uint32_t index)
 {
@@ -683,6 +625,57 @@ static void shard_prefetch(kvx_shard *s, const shard_rec *r)
         return; /* another thread asked just now */
     (void)posix_fadvise(s->fd, (off_t)from, (off_t)(to - from), POSIX_FADV_WILLNEED);
 }
+
+int kvx_shard_at_start(const kvx_shard *s, uint32_t index)
+{
+    return s && !s->mem && index < s->n && s->recs[index].offset < s->recs[0].offset + KVX_SHARD_RA;
+}
+/* A run's pages at once: one WILLNEED per contiguous range, in steps (a
+ * call reads at most the device's read-ahead size), leaving out pages this
+ * handle checked (a warm prompt makes no system call). skip_first leaves a
+ * first range at the file's start to the fault that checks it (its
+ * read-around takes large folios, a hint single pages). */
+#define KVX_SHARD_HINT_STEP ((uint64_t)1 << 20)
+static void shard_hint(kvx_shard *s, uint64_t from, uint64_t to)
+{
+    if (to > s->map_len) to = s->map_len;
+    if (from >= to) return;
+    for (uint64_t at = from; at < to; at += KVX_SHARD_HINT_STEP)
+        (void)posix_fadvise(s->fd, (off_t)at, (off_t)(to - at > KVX_SHARD_HINT_STEP ? KVX_SHARD_HINT_STEP : to - at),
+                            POSIX_FADV_WILLNEED);
+    uint64_t have = atomic_load_explicit(&s->ra_end, memory_order_relaxed);
+    while (have < to && !atomic_compare_exchange_weak_explicit(&s->ra_end, &have, to, memory_order_relaxed,
+                                                                memory_order_relaxed))
+        ;
+}
+
+void kvx_shard_willneed(kvx_shard *s, const uint32_t *index, size_t n, int skip_first)
+{
+    if (!s || s->mem || !index) return;
+    uint64_t from = 0, to = 0;
+    uint32_t k0 = 0, first = 1;
+    for (size_t i = 0; i <= n; i++) {
+        uint32_t k = i < n ? index[i] : UINT32_MAX;
+        if (i < n && (k >= s->n || s->recs[k].missing || is_tomb(s, k) ||
+                      (atomic_load_explicit(&s->checked[k / 64], memory_order_relaxed) >> (k % 64) & 1)))
+            continue;
+        if (i < n && to > from && s->recs[k].offset >= from && s->recs[k].offset <= to + 4096) {
+            if (s->recs[k].offset + s->recs[k].bytes > to) to = s->recs[k].offset + s->recs[k].bytes; /* continues it */
+            continue;
+        }
+        if (to > from) {
+            /* a run continuing the last one checked (a sequential reader):
+             * as much again past its end */
+            uint64_t last = atomic_load_explicit(&s->last_end, memory_order_relaxed);
+            uint64_t ahead = from >= last && from - last < 4096 ? to - from : 0;
+            if (!(first && skip_first && kvx_shard_at_start(s, k0))) shard_hint(s, from, to + ahead);
+            else if (ahead) shard_hint(s, to, to + ahead);
+            first = 0;
+        }
+        if (i < n) from = s->recs[k].offset, to = from + s->recs[k].bytes, k0 = k;
+    }
+}
+
 
 int kvx_shard_page(const void **out_page, const kvx_shard *s, uint32_t index, int verify)
 {
@@ -754,42 +747,6 @@ int kvx_shard_page_checked(const void **out_page, const kvx_shard *s, uint32_t i
         return 0;
     }
     return kvx_shard_page(out_page, s, index, 1);
-}
-
-/* The O_DIRECT descriptor of s's file: /proc/self/fd/N names the very
- * file s opened, whatever has been renamed since. */
-static int shard_direct_fd(kvx_shard *s)
-{
-    int fd = atomic_load_explicit(&s->direct_fd, memory_order_acquire);
-    if (fd != -1) return fd;
-    char name[40];
-    snprintf(name, sizeof name, "/proc/self/fd/%d", s->fd);
-    int mine = kvx_os.open(name, O_RDONLY | O_CLOEXEC | O_DIRECT | O_NOCTTY, 0), want = -1;
-    if (mine < 0) mine = -2;
-    if (!atomic_compare_exchange_strong(&s->direct_fd, &want, mine) && mine >= 0) kvx_os.close(mine);
-    return atomic_load_explicit(&s->direct_fd, memory_order_acquire);
-}
-
-int kvx_shard_page_span(kvx_page_span *out, kvx_shard *s, uint32_t index)
-{
-    if (s->mem || index >= s->n)
-        return kvx_fail(KVX_EINVALID, "kvx_shard_page_span: index %u of a shard of %u entries%s", index, s->n,
-                        s->mem ? " in memory" : "");
-    const shard_rec *r = &s->recs[index];
-    if (is_tomb(s, index))
-        return kvx_fail(KVX_ENOTFOUND, "entry %u (coordinate 0x%08x) of %s is a tombstone (a keyed delete): it has no page",
-                        index, r->coordinate, s->path);
-    if (r->missing)
-        return kvx_fail(KVX_ETRUNC, "entry %u (coordinate 0x%08x): page lies past the end of %s (missing)", index,
-                        r->coordinate, s->path);
-    out->fd = s->fd;
-    out->direct_fd = shard_direct_fd(s);
-    out->offset = r->offset;
-    out->bytes = r->bytes;
-    out->crc32 = r->crc32;
-    out->map = s->map;
-    out->coordinate = r->coordinate;
-    return 0;
 }
 
 uint32_t kvx_shard_missing(const kvx_shard *s) { return s ? s->n_missing : 0; }

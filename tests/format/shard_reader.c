@@ -27,6 +27,7 @@
 #include <cmocka.h>
 
 #include "common/sigbus.h"
+#include "format/format.h"
 #include "format/shard_format.h"
 #include "kvx.h"
 #include "lib/shard.h"
@@ -507,6 +508,47 @@ static void test_page_crc_in_a_run(void **state)
     kvx_shard_close(s);
 }
 
+/* kvx_shard_willneed (a prefix lookup's whole run asked for at once)
+ * checks nothing and hands nothing out: after it, a page altered on disk
+ * is still refused and the others still pass their check and read back as
+ * written; indices past the end, a NULL handle and pages already checked
+ * are skipped. */
+/* PROMISE: FORMAT-10 */
+static void test_willneed_checks_nothing(void **state)
+{
+    (void)state;
+    fixture f;
+    fixture_init(&f, KVX_QUANT_E4M3, ALL_FLAGS, 1);
+    const char *path = path_of("hint.kvx");
+    assert_int_equal(write_fixture(&f, path), 0);
+    kvx_shard *s;
+    assert_int_equal(kvx_shard_open(&s, path, 0), 0);
+    kvx_entry e;
+    assert_int_equal(kvx_shard_entry(&e, s, 1), 0);
+    int fd = open(path, O_WRONLY);
+    assert_true(fd >= 0);
+    uint8_t x = (uint8_t)(f.page[1][0] ^ 0x80);
+    assert_int_equal(pwrite(fd, &x, 1, (off_t)e.offset), 1); /* the shared mapping sees it */
+    close(fd);
+    uint32_t idx[NENT + 2];
+    for (uint32_t i = 0; i < NENT; i++) idx[i] = NENT - 1 - i; /* any order */
+    idx[NENT] = NENT;                                          /* past the end */
+    idx[NENT + 1] = UINT32_MAX;
+    kvx_shard_willneed(NULL, idx, NENT + 2, 0);
+    kvx_shard_willneed(s, NULL, 3, 0);
+    for (int pass = 0; pass < 2; pass++) {
+        kvx_shard_willneed(s, idx, NENT + 2, pass);
+        const void *p;
+        for (uint32_t i = 0; i < NENT; i++) {
+            kvx_entry ei;
+            assert_int_equal(kvx_shard_entry(&ei, s, i), 0);
+            assert_int_equal(kvx_shard_page_checked(&p, s, i), i == 1 ? KVX_EPAGECRC : 0);
+            if (i != 1) assert_memory_equal(p, f.page[i], ei.bytes);
+        }
+    }
+    kvx_shard_close(s);
+}
+
 /* PROMISE: FORMAT-13 */
 static void test_truncated_after_open(void **state)
 {
@@ -735,6 +777,7 @@ int main(int argc, char **argv)
         cmocka_unit_test_setup(test_validation_rules, fx_clean),
         cmocka_unit_test_setup(test_page_crc, fx_clean),
         cmocka_unit_test_setup(test_page_crc_in_a_run, fx_clean),
+        cmocka_unit_test_setup(test_willneed_checks_nothing, fx_clean),
         cmocka_unit_test_setup(test_truncated_after_open, fx_clean),
         cmocka_unit_test_setup(test_foreign_sigbus_not_swallowed, fx_clean),
         cmocka_unit_test_setup(test_open_errors, fx_clean),
