@@ -27,9 +27,11 @@ warm and the script says so).
   --read-threads 16 readers too, and its one writer); as upstream,
   no fsync (O_DIRECT writes reach the device, not necessarily its media).
 - fio: a file of the same total bytes, cold, `fio --rw=read --direct=1
-  --bs=<chunk> --ioengine=psync` (one job, queue depth 1) and the same with
-  `--ioengine=libaio --iodepth=8`; where fio is missing, an O_DIRECT pread
-  loop of the same bytes at the chunk size instead (said in the output).
+  --bs=<chunk> --ioengine=psync` (one job, queue depth 1), the same with
+  `--ioengine=libaio --iodepth=8`, and the tier's own concurrency:
+  --read-threads jobs, each reading its share in order at queue depth 1;
+  where fio is missing, an O_DIRECT pread loop of the same bytes at the
+  chunk size instead (said in the output).
 
 Each round (--rounds, default 3) runs every phase once, in that order, on
 a fresh store and file tree: on a shared machine a busy moment lands on
@@ -192,10 +194,10 @@ fio = shutil.which("fio")
 def fio_read(eng):
     drop()
     if fio:
+        size = [] if any(e.startswith("--size=") for e in eng) else [f"--size={TOTAL}"]
         r = subprocess.run([fio, "--name=seq", f"--filename={seq}", "--rw=read", "--direct=1", f"--bs={CB}",
-                            f"--size={TOTAL}", "--output-format=json"] + eng, capture_output=True, text=True,
-                           check=True)
-        rd = json.loads(r.stdout)["jobs"][0]["read"]
+                            "--output-format=json"] + size + eng, capture_output=True, text=True, check=True)
+        rd = json.loads(r.stdout)["jobs"][0]["read"]  # --group_reporting: one entry for all jobs
         return rd["io_bytes"] / (rd["runtime"] / 1000.0) / (1 << 30)
     fd = os.open(seq, os.O_RDONLY | O_DIRECT)
     t0 = time.monotonic()
@@ -208,22 +210,28 @@ def fio_read(eng):
 # ---- rounds: every phase once a round, interleaved, so a busy moment of a shared machine lands on all sides ----
 phases = [("kvx_store", kvx_store), ("files_store", files_store), ("kvx_load", kvx_load), ("files_load", files_load),
           ("fio_qd1", lambda: fio_read(["--ioengine=psync"])),
-          ("fio_qd8", lambda: fio_read(["--ioengine=libaio", "--iodepth=8"]))]
+          ("fio_qd8", lambda: fio_read(["--ioengine=libaio", "--iodepth=8"])),
+          # the tier's own concurrency: --read-threads readers, each reading its share of the bytes in order
+          ("fio_par", lambda: fio_read(["--ioengine=psync", f"--numjobs={a.read_threads}", "--group_reporting",
+                                        f"--offset_increment={TOTAL // a.read_threads}",
+                                        f"--size={TOTAL // a.read_threads}"]))]
 rows = []
 print(f"chunks {N} x {CB} B ({TOTAL >> 20} MiB), jobs of {J}, {a.rounds} rounds; cold cache: "
       f"{'yes' if can_drop else 'NO (not root)'}; fio: {fio or 'absent: an O_DIRECT pread loop (qd1) instead'}")
-print("round  load  kvx_store files_store kvx_load files_load fio_qd1 fio_qd8 (GiB/s) | store k/f  load k/f  "
-      "load/fio_qd1  load/fio_qd8")
+print(f"round  load  kvx_store files_store kvx_load files_load fio_qd1 fio_qd8 fio_par{a.read_threads} (GiB/s) | "
+      "store k/f  load k/f  load/fio_qd1  load/fio_qd8  load/fio_par")
 for r in range(a.rounds):
     out = {name: fn() for name, fn in phases}
     out["store"] = out["kvx_store"] / out["files_store"]
     out["load"] = out["kvx_load"] / out["files_load"]
     out["qd1"] = out["kvx_load"] / out["fio_qd1"]
     out["qd8"] = out["kvx_load"] / out["fio_qd8"]
+    out["par"] = out["kvx_load"] / out["fio_par"]
     rows.append(out)
     print(f"{r + 1:5d} {os.getloadavg()[0]:5.1f} {out['kvx_store']:10.3f} {out['files_store']:11.3f} "
-          f"{out['kvx_load']:8.3f} {out['files_load']:10.3f} {out['fio_qd1']:7.3f} {out['fio_qd8']:7.3f}        | "
-          f"{out['store']:8.2f}x {out['load']:8.2f}x {out['qd1']:12.2f} {out['qd8']:13.2f}")
+          f"{out['kvx_load']:8.3f} {out['files_load']:10.3f} {out['fio_qd1']:7.3f} {out['fio_qd8']:7.3f} "
+          f"{out['fio_par']:9.3f}         | "
+          f"{out['store']:8.2f}x {out['load']:8.2f}x {out['qd1']:12.2f} {out['qd8']:13.2f} {out['par']:13.2f}")
 shutil.rmtree(a.work, ignore_errors=True)
 
 
@@ -233,4 +241,4 @@ def mmm(k):
 
 
 print(f"min-median-max over {len(rows)} rounds: kvx/files store {mmm('store')}x, load {mmm('load')}x; "
-      f"kvx load / fio qd1 {mmm('qd1')}, / fio qd8 {mmm('qd8')}")
+      f"kvx load / fio qd1 {mmm('qd1')}, / fio qd8 {mmm('qd8')}, / fio {a.read_threads} jobs {mmm('par')}")

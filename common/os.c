@@ -143,6 +143,8 @@ kvx_os_ops kvx_os = KVX_OS_DEFAULTS;
 
 void kvx_os_reset(void) { kvx_os = default_ops; }
 
+int kvx_os_seam_is_default(void) { return memcmp(&kvx_os, &default_ops, sizeof kvx_os) == 0; }
+
 int kvx_os_pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
 {
     const char *p = buf;

@@ -12,6 +12,7 @@
  */
 #include "store.h"
 #include "common/digest.h"
+#include "format/format.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -171,14 +172,49 @@ KVX_API int kvx_store_keyed_read(int *out_status, size_t *out_lens, kvx_store *s
     if (out_lens) memset(out_lens, 0, n * sizeof *out_lens);
     if (n == 0) return 0;
     kvx_view *v = malloc(n * sizeof *v);
-    if (!v) return kvx_fail(-ENOMEM, "%s: out of memory", fn);
-    rc = sk_lookup_all(v, out_status, s, keys, n, dst, dst_cap, 0);
-    if (!rc) {
-        for (size_t i = 0; i < n && out_lens; i++) out_lens[i] = out_status[i] ? 0 : v[i].page_bytes;
-        kvx_views_release(v, n);
-        kvx_clear_error();
+    kvx_shard **sh = malloc(n * sizeof *sh);
+    uint32_t *idx = malloc(n * sizeof *idx);
+    void **d = malloc(n * sizeof *d);
+    size_t *cap = malloc(n * sizeof *cap), *len = malloc(n * sizeof *len), *at = malloc(n * sizeof *at), m = 0;
+    int *st = malloc(n * sizeof *st);
+    if (!v || !sh || !idx || !d || !cap || !len || !at || !st) {
+        rc = kvx_fail(-ENOMEM, "%s: out of memory", fn);
+        goto out;
     }
+    /* 1. every key's entry, no page read; 2. the held pages read at once
+     * (their O_DIRECT reads in flight together) and checked where they
+     * landed; 3. a page that failed: its key looked up and read again
+     * alone, which tries its other copies and names the damage */
+    rc = sk_lookup_all(v, out_status, s, keys, n, NULL, NULL, 1);
+    if (rc) goto out;
+    for (size_t i = 0; i < n; i++)
+        if (out_status[i] == 0) {
+            sh[m] = v[i].shard;
+            idx[m] = v[i].entry;
+            d[m] = dst[i];
+            cap[m] = dst_cap[i];
+            at[m++] = i;
+        }
+    kvx_shard_pages_read(sh, idx, m, d, cap, st, len);
+    kvx_views_release(v, n);
+    for (size_t k = 0; k < m && !rc; k++) {
+        size_t i = at[k];
+        if (out_lens) out_lens[i] = st[k] ? 0 : len[k];
+        if (!st[k]) continue;
+        rc = sk_lookup_all(&v[i], &out_status[i], s, &keys[i], 1, &dst[i], &dst_cap[i], 0);
+        if (!rc && out_lens) out_lens[i] = out_status[i] ? 0 : v[i].page_bytes;
+        if (!rc) kvx_view_release(&v[i]);
+    }
+    if (!rc) kvx_clear_error();
+out:
     free(v);
+    free(sh);
+    free(idx);
+    free(d);
+    free(cap);
+    free(len);
+    free(at);
+    free(st);
     return rc;
 }
 

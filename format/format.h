@@ -33,6 +33,12 @@ int kvx_shard_page_span(kvx_page_span *out, kvx_shard *s, uint32_t index);
  * before the page does), KVX_ECAPACITY (cap too small: nothing read),
  * a read's -errno; on any failure dst's contents are unspecified. */
 int kvx_shard_page_read(kvx_shard *s, uint32_t index, void *dst, size_t cap, size_t *out_len);
+/* kvx_shard_page_read of n pages (s[i]'s entry index[i] into dst[i], cap[i]
+ * bytes; out_rc[i], out_len[i]), their O_DIRECT reads in flight together
+ * (io_uring, up to 64 at once) rather than one after another: a load's
+ * pages stream from the disk while the first are checked. */
+void kvx_shard_pages_read(kvx_shard *const *s, const uint32_t *index, size_t n, void *const *dst, const size_t *cap,
+                          int *out_rc, size_t *out_len);
 /* Asks the kernel, at once, for the pages of entries index[0..n) that
  * this handle has not CRC-checked yet (one hint per contiguous file
  * range); nothing waits, nothing is checked or handed out. A prefix

@@ -411,7 +411,7 @@ int kvx_shard_writer_add(kvx_shard_writer *w, const kvx_entry_in *e)
     if (rc) return kvx_fail(rc, "%s: writing page %u failed: %s", w->tmp_path, w->n, strerror(-rc));
     /* each step of pages goes to the disk while the next is copied, so the
      * seal's fsync waits for the last one only, not for every byte */
-    if (abs + bytes >= w->wb_from + KVX_WRITEBACK_STEP) {
+    if (abs + bytes >= w->kv_data_offset + KVX_WRITEBACK_AFTER && abs + bytes >= w->wb_from + KVX_WRITEBACK_STEP) {
         kvx_os_writeback_start(w->fd, w->wb_from, abs + bytes - w->wb_from);
         w->wb_from = abs + bytes;
     }

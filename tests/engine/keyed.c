@@ -1393,6 +1393,75 @@ static void test_keyed_read_odd_lengths_out_of_cache(void **state)
     }
 }
 
+/* Pages read together (their O_DIRECT reads in flight at once): one
+ * damaged in the middle of the batch is KVX_EPAGECRC, the pages around it
+ * read byte for byte. */
+/* PROMISE: KEYED-14 */
+static void test_keyed_read_batch_with_damage(void **state)
+{
+    (void)state;
+    char dir[300], path[500];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
+    const char *k[4] = {"w0", "w1", "w2", "w3"};
+    size_t lens[4] = {PB, PB, PB, PB};
+    put_keys(s, NULL, k, lens, 4);
+    assert_int_equal(kvx_store_flush(s), 0);
+    kvx_store_close(s);
+    kr_shard_of(dir, path, sizeof path);
+    kvx_shard *sh;
+    assert_int_equal(kvx_shard_open(&sh, path, 0), 0);
+    uint32_t bad = 0;
+    for (uint32_t i = 0; i < 4; i++) {
+        kvx_entry e;
+        assert_int_equal(kvx_shard_entry(&e, sh, i), 0);
+        if (e.key_len == 2 && memcmp(e.key, "w2", 2) == 0) bad = i;
+    }
+    kvx_shard_close(sh);
+    assert_int_equal(su_flip_page_byte(path, bad), 0);
+    s = su_reopen(dir, 0);
+    kvx_key w0 = key_of("w0");
+    uint8_t held = 0;
+    assert_int_equal(kvx_store_keyed_contains(&held, NULL, s, &w0, 1), 0); /* the shard opened (its tables read) */
+    assert_int_equal(held, 1);
+    uint8_t *al = aligned_alloc(4096, 4 * PB), *want = malloc(PB);
+    for (int pass = 0; pass < 2; pass++) { /* out of the cache (read together, O_DIRECT), then all in it */
+        if (pass == 0) {
+            kr_drop_cache(path);
+        } else {
+            int fd = open(path, O_RDONLY);
+            assert_true(fd >= 0);
+            static char sink[65536];
+            while (read(fd, sink, sizeof sink) > 0) {
+            }
+            close(fd);
+        }
+        memset(al, 0xEE, 4 * PB);
+        kvx_key q[4];
+        void *dst[4];
+        size_t cap[4], got[4];
+        int st[4];
+        for (int i = 0; i < 4; i++) {
+            q[i] = key_of(k[i]);
+            dst[i] = al + (size_t)i * PB;
+            cap[i] = PB;
+        }
+        assert_int_equal(kvx_store_keyed_read(st, got, s, q, 4, dst, cap), 0);
+        for (int i = 0; i < 4; i++) {
+            if (i == 2) {
+                assert_int_equal(st[i], KVX_EPAGECRC);
+                assert_int_equal(got[i], 0);
+                continue;
+            }
+            assert_int_equal(st[i], 0);
+            fill_page(want, PB, k[i]);
+            assert_memory_equal(dst[i], want, PB);
+        }
+    }
+    free(al);
+    free(want);
+    kvx_store_close(s);
+}
+
 /* The shard file cut short under an open store, at a 4096 boundary inside
  * a page (O_DIRECT reads end there), at an odd byte, and before the page:
  * KVX_ETRUNC, never a signal, never status 0; pages before the cut still
@@ -1760,6 +1829,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_used_pages_outlive_unused),
         cmocka_unit_test(test_damaged_page),
         cmocka_unit_test(test_keyed_read_into_buffers),
+        cmocka_unit_test(test_keyed_read_batch_with_damage),
         cmocka_unit_test(test_keyed_read_overlapping_buffers_refused),
         cmocka_unit_test(test_keyed_read_odd_lengths_out_of_cache),
         cmocka_unit_test(test_keyed_read_truncated_under_handle),
