@@ -422,6 +422,14 @@ int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const 
  * error (a damaged catalog record, an LMDB failure). Every block holding
  * the hash is tried. */
 int kvx_st_lookup(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx_view *out);
+/* Is a lookup's rc one page's damage (the lookup tries the hash's other
+ * copies; a batch calls it a miss), not the call's failure? For a read
+ * into the caller's memory (read 1), a read the OS failed (-EIO: a bad
+ * sector) or a page over the buffer is one page's damage too. */
+static inline int kvx_st_damage(int read, int rc)
+{
+    return rc == KVX_EPAGECRC || rc == KVX_ETRUNC || (read && (rc == KVX_ECAPACITY || (rc < 0 && rc > -4096)));
+}
 
 /* store_writers.c */
 /* The header flags of a shard of kind (ST_KIND_*). */

@@ -89,9 +89,7 @@ static int sk_lookup_all(kvx_view *views, int *status, kvx_store *s, const kvx_k
         q.no_page = no_page;
         sk_view_clear(&views[i]);
         status[i] = kvx_st_lookup(s, snap, &q, &views[i]);
-        int damage = status[i] == KVX_EPAGECRC || status[i] == KVX_ETRUNC ||
-                     (dst && (status[i] == KVX_ECAPACITY || (status[i] < 0 && status[i] > -4096)));
-        if (status[i] && status[i] != KVX_ENOTFOUND && !damage) {
+        if (status[i] && status[i] != KVX_ENOTFOUND && !kvx_st_damage(dst != NULL, status[i])) {
             /* a damaged catalog record or a failed read: an error, not a miss */
             rc = status[i];
             for (size_t j = 0; j <= i; j++) kvx_view_release(&views[j]);

@@ -52,13 +52,6 @@ static kvx_shard *st_hc_get(kvx_store *s, st_hc *hc, uint32_t byte, uint64_t gen
 /* Is entry e a verified block (stored with its tokens and digest)? */
 static int st_verified(const kvx_entry *e) { return e->tokens && e->digest; }
 
-/* Is rc a page's damage (the lookup tries the hash's other copies), not
- * the call's failure? A read into the caller's memory that the OS failed
- * (-EIO: a bad sector) is one page's damage too. */
-static int st_damage(const st_query *q, int rc)
-{
-    return rc == KVX_EPAGECRC || rc == KVX_ETRUNC || (q->dst && (rc == KVX_ECAPACITY || (rc < 0 && rc > -4096)));
-}
 
 /* check_page ST_ENTRY_ONLY: the entry alone is matched and a view made
  * whose page is not yet set (NULL): the caller checks it (st_run_pages). */
@@ -110,7 +103,7 @@ static int st_try_loc(kvx_store *s, const kvx_cat_loc *loc, const st_query *q, k
                                                            : kvx_shard_page_checked(&page, sh, idx);
     if (rc) {
         kvx_shard_close(sh);
-        if (st_damage(q, rc))
+        if (kvx_st_damage(q->dst != NULL, rc))
             return kvx_fail(rc, "store: block %016llx (coordinate 0x%08x, shards/%016llx.kvx): %s",
                             (unsigned long long)q->hash, loc->coord, (unsigned long long)loc->gen,
                             rc == KVX_EPAGECRC ? "page CRC mismatch"
@@ -196,7 +189,7 @@ static int st_lookup_hc(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx
     int rc = kvx_cat_loc_at(snap, q->hash, 0, &loc);
     if (rc) return rc; /* KVX_ENOTFOUND (no message) or the catalog's error */
     rc = st_try_loc(s, &loc, q, out, hc, NULL, check_page);
-    if (rc != KVX_ENOTFOUND && !st_damage(q, rc)) return rc;
+    if (rc != KVX_ENOTFOUND && !kvx_st_damage(q->dst != NULL, rc)) return rc;
     int damage = rc == KVX_ENOTFOUND ? 0 : rc;
     /* other blocks under the same hash (collisions, unverified copies) */
     int res = KVX_ENOTFOUND;
@@ -206,7 +199,7 @@ static int st_lookup_hc(kvx_store *s, kvx_cat_snap *snap, const st_query *q, kvx
             break;
         }
         res = st_try_loc(s, &loc, q, out, hc, NULL, check_page);
-        if (st_damage(q, res)) {
+        if (kvx_st_damage(q->dst != NULL, res)) {
             damage = res;
             res = KVX_ENOTFOUND;
         } else if (res != KVX_ENOTFOUND) {
