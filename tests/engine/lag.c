@@ -330,6 +330,114 @@ static void test_lag_reindex_with_mark(void **state)
     kvx_store_close(r);
 }
 
+/* While no_shards is set, a shard of shards/ opens once; opened again
+ * (the judge of an eviction's victim after its commit) it fails with
+ * EMFILE: a passing failure, no verdict. */
+static int no_shards;
+static char seen[64][24];
+static int n_seen;
+static int (*real_openat)(int, const char *, int, mode_t);
+static int shards_emfile(int dirfd, const char *name, int flags, mode_t mode)
+{
+    size_t n = strlen(name);
+    if (no_shards && n == 20 && strcmp(name + 16, ".kvx") == 0) {
+        for (int i = 0; i < n_seen; i++)
+            if (strcmp(seen[i], name) == 0) {
+                errno = EMFILE;
+                return -1;
+            }
+        if (n_seen < 64) snprintf(seen[n_seen++], sizeof seen[0], "%s", name);
+    }
+    return real_openat(dirfd, name, flags, mode);
+}
+
+#define LAG_PB 4096
+static int lag_key_put_flush(kvx_store *s, const char *k)
+{
+    int rc = su_key_put(s, NULL, k, strlen(k), LAG_PB, 1, NULL);
+    return rc ? rc : kvx_store_flush(s);
+}
+
+/* A keyed page evicted (not carried) whose file stays in shards/ beside
+ * its drop mark (it could not be judged: EMFILE), then deleted by its
+ * owner (not held: no tombstone), must not come back after a power cut:
+ * the eviction's catalog commit is what said the file is gone, and with
+ * the catalog lagging that commit is lost. The writer process dies
+ * without close; the next open is in another boot.
+ * KNOWN BREAK, not fixed: the rebuild adopts the victims again (docs/STORE.md
+ * recovery rule 7: without a sound catalog the reindex judges the file)
+ * and the deleted page is served; with the catalog synced, recovery
+ * deleted them. Runs (and fails) with KVX_LAG_KNOWN_BREAKS=1. */
+static void test_lag_evicted_then_deleted_stays_gone(void **state)
+{
+    (void)state;
+    if (!getenv("KVX_LAG_KNOWN_BREAKS")) {
+        print_message("known break, skipped: set KVX_LAG_KNOWN_BREAKS=1 to run it\n");
+        skip();
+    }
+    char dir[300], names[600][16];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = LAG_PB, .capacity = 2ull << 20});
+    kvx_store_close(s);
+    int pfd[2];
+    assert_int_equal(pipe(pfd), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        real_openat = kvx_os.openat;
+        kvx_os.openat = shards_emfile;
+        if (kvx_store_open(&s, dir, NULL, 0) != 0) _exit(2);
+        int gone = -1, last = 0;
+        for (int i = 0; i < 600 && gone < 0; i++) {
+            last = i;
+            snprintf(names[i], sizeof names[i], "page-%d", i);
+            kvx_store_stats st;
+            if (kvx_store_stat(&st, s) != 0) _exit(3);
+            no_shards = st.bytes + 2 * LAG_PB > st.capacity_bytes; /* this flush evicts */
+            n_seen = 0;
+            if (lag_key_put_flush(s, names[i]) != 0) _exit(4);
+            no_shards = 0;
+            if (kvx_store_stat(&st, s) != 0) _exit(5);
+            if (!st.evictions) continue;
+            for (int j = 0; j <= i && gone < 0; j++)
+                if (su_key_check(s, names[j], strlen(names[j]), LAG_PB, 1) == KVX_ENOTFOUND) gone = j;
+        }
+        if (gone < 0) _exit(6);
+        /* the owner deletes most of what is held and gc reclaims it: the
+         * store is far under its capacity */
+        for (int j = gone + 1; j < last; j++) {
+            kvx_key d = {names[j], strlen(names[j])};
+            if (kvx_store_keyed_delete(s, &d, 1, NULL) != 0) _exit(9);
+        }
+        if (kvx_store_gc(s) != 0) _exit(10);
+        kvx_key k = {names[gone], strlen(names[gone])};
+        size_t deleted = 9;
+        if (kvx_store_keyed_delete(s, &k, 1, &deleted) != 0) _exit(7);
+        if (deleted != 0) _exit(11); /* not held: no tombstone */
+        if (write(pfd[1], &gone, sizeof gone) != (ssize_t)sizeof gone) _exit(8);
+        _exit(0); /* no close: the catalog lags */
+    }
+    close(pfd[1]);
+    int gone = -1, st = 0;
+    assert_int_equal(read(pfd[0], &gone, sizeof gone), (ssize_t)sizeof gone);
+    close(pfd[0]);
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    char name[16];
+    snprintf(name, sizeof name, "page-%d", gone);
+    snprintf(fake_boot, sizeof fake_boot, "another-boot-%ld", (long)getpid());
+    kvx_os.boot_id = fake_boot_id;
+    s = su_reopen(dir, 0);
+    kvx_recovery_report rep;
+    assert_int_equal(kvx_store_recovery(s, &rep), 0);
+    assert_int_equal(rep.rebuilt, 1);
+    int got = su_key_check(s, name, strlen(name), LAG_PB, 1);
+    if (got != KVX_ENOTFOUND)
+        fail_msg("%s, evicted and then deleted by its owner, is served again after a power cut (%s)", name,
+                 got == 0 ? "its old page" : kvx_err_name(got));
+    kvx_store_close(s);
+}
+
 int main(int argc, char **argv)
 {
     if (argc > 1) cmocka_set_test_filter(argv[1]);
@@ -341,6 +449,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_lag_odd_marks),
         cmocka_unit_test(test_lag_writers_in_sequence),
         cmocka_unit_test_teardown(test_lag_reindex_with_mark, boot_off),
+        cmocka_unit_test_teardown(test_lag_evicted_then_deleted_stays_gone, boot_off),
     };
     return cmocka_run_group_tests_name("engine/lag", tests, su_setup, su_teardown);
 }
