@@ -52,7 +52,8 @@ int kvx_st_lag_read(kvx_store *s)
     /* a torn, poisoned or foreign mark, or no boot id to compare: an
      * earlier boot's, as far as anyone can tell */
     if (st_lag_text(want, sizeof want) != 0) return 2;
-    return strcmp(have, want) == 0 ? 1 : 2;
+    /* exactly: every byte read (a NUL within, zeros after the text) */
+    return got == strlen(want) && memcmp(have, want, got) == 0 ? 1 : 2;
 }
 
 /* DIR/UNSYNCED holds text, durably (written beside, fsynced, renamed
