@@ -75,9 +75,27 @@ static int st_lag_write(kvx_store *s, const char *text)
     return 0;
 }
 
+/* A drop's mark in staging/ (".drop", ".dropq")? */
+static int st_lag_drop_mark(kvx_store *s, int fd, const char *name, void *ctx)
+{
+    (void)s;
+    (void)fd;
+    size_t len = strlen(name);
+    if ((len > 5 && strcmp(name + len - 5, ".drop") == 0) || (len > 6 && strcmp(name + len - 6, ".dropq") == 0))
+        *(int *)ctx = 1;
+    return 0;
+}
+
 void kvx_st_lag_start(kvx_store *s)
 {
     if (s->lagging || !s->writer || !s->cat || kvx_cat_readonly(s->cat) || (s->flags & KVX_STORE_NOSYNC)) return;
+    /* a drop's victim still beside its mark: only a sound, synced catalog
+     * lets recovery finish that drop (kvx_st_after_drop) */
+    int marks = 0;
+    if (kvx_st_each_file(s, s->stagingfd, st_lag_drop_mark, &marks) != 0 || marks) {
+        kvx_clear_error();
+        return;
+    }
     char text[256];
     /* no boot id (no /proc), or the mark cannot be made durable: the
      * catalog's commits stay synced, as before */

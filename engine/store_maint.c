@@ -172,13 +172,24 @@ void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const char *damaged
             if (q) kvx_clear_error();
         }
     }
-    if (unlinked && kvx_os_fsync_dir(s->shards_path) != 0) return; /* the marks stay: recovery sorts it out */
+    int left = unlinked && kvx_os_fsync_dir(s->shards_path) != 0; /* the marks stay: recovery sorts it out */
     for (int b = 0; b < ST_SLOTS; b++) {
-        if (!gone[b]) continue;
+        if (!victims[b]) continue;
+        if (!gone[b] || left) {
+            left = 1;
+            continue;
+        }
         char mark[64];
         st_mark_name(mark, sizeof mark, s->reg->rec[b].gen, damaged != NULL);
         kvx_os.unlinkat(s->stagingfd, mark, 0); /* no fsync: recovery removes a mark whose file is gone */
     }
+    /* A victim left beside its mark is finished by recovery only on the
+     * word of a sound catalog that no longer names it; a lagging catalog
+     * is set aside after a power cut, and the victim would come back (with
+     * keys its owner deleted since: not held, so no tombstone). So the
+     * catalog is synced now and lags no more while a drop mark remains
+     * (kvx_st_lag_start looks). */
+    if (left && s->lagging && kvx_st_lag_stop(s) != 0) kvx_clear_error();
     /* quarantine/'s retention, when this drop added to it */
     if (s->quarantined != q0 && kvx_st_quarantine_retain(s) != 0) kvx_clear_error();
 }
