@@ -593,6 +593,22 @@ static void test_damaged_page(void **state)
     kvx_store_close(s);
 }
 
+/* The path of dir's only shard file (a store of one shard). */
+static void kr_shard_of(const char *dir, char *path, size_t cap)
+{
+    char names[4][64];
+    assert_int_equal(su_list_names(dir, "shards", names, 4), 1);
+    snprintf(path, cap, "%s/shards/%s", dir, names[0]);
+}
+
+static void kr_drop_cache(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+}
+
 /* 1 when every 4 KiB page of path's [off, off + len) is in the page cache. */
 static int file_resident(const char *path, uint64_t off, size_t len)
 {
@@ -654,9 +670,8 @@ static void test_keyed_read_into_buffers(void **state)
     kvx_store_close(s);
 
     /* out of the page cache: read straight into the aligned buffer */
-    char names[4][64], path[500];
-    assert_int_equal(su_list_names(dir, "shards", names, 4), 1);
-    snprintf(path, sizeof path, "%s/shards/%s", dir, names[0]);
+    char path[500];
+    kr_shard_of(dir, path, sizeof path);
     kvx_shard *sh;
     assert_int_equal(kvx_shard_open(&sh, path, 0), 0);
     kvx_entry e0, e1;
@@ -675,10 +690,7 @@ static void test_keyed_read_into_buffers(void **state)
      * file's pages in), then the cache dropped */
     assert_int_equal(kvx_store_keyed_read(st, got, s, &q[2], 1, &dst[2], &cap[2]), 0);
     assert_int_equal(st[0], 0);
-    int fd = open(path, O_RDONLY);
-    assert_true(fd >= 0);
-    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
-    close(fd);
+    kr_drop_cache(path);
     has_direct = has_direct && !file_resident(path, e0.offset, PB);
     memset(aligned, 0, PB);
     assert_int_equal(kvx_store_keyed_read(st, got, s, q, 1, dst, cap), 0);
@@ -699,7 +711,7 @@ static void test_keyed_read_into_buffers(void **state)
     /* k1 rewritten in place after a read, its mtime put back: still caught */
     struct stat before;
     assert_int_equal(stat(path, &before), 0);
-    fd = open(path, O_RDWR);
+    int fd = open(path, O_RDWR);
     assert_true(fd >= 0);
     uint8_t b;
     assert_int_equal(pread(fd, &b, 1, (off_t)e1.offset + 3), 1);
@@ -746,9 +758,8 @@ static void test_keyed_contains_no_page_read(void **state)
 
     /* a damaged page: contains says held (it reads no page), exists does
      * not, and a read refuses it */
-    char sn[4][64], path[500];
-    assert_int_equal(su_list_names(dir, "shards", sn, 4), 1);
-    snprintf(path, sizeof path, "%s/shards/%s", dir, sn[0]);
+    char path[500];
+    kr_shard_of(dir, path, sizeof path);
     assert_int_equal(su_flip_page_byte(path, 0), 0);
     s = su_reopen(dir, 0);
     h[0] = h[1] = 9;
@@ -1267,23 +1278,6 @@ static void test_keyed_options_padding_ignored(void **state)
 }
 
 /* ---- kvx_store_keyed_read under attack ---- */
-
-/* The shard file of dir that holds key k (a store of one shard: its only
- * file), and the entry of k in it. */
-static void kr_shard_of(const char *dir, char *path, size_t cap)
-{
-    char names[4][64];
-    assert_int_equal(su_list_names(dir, "shards", names, 4), 1);
-    snprintf(path, cap, "%s/shards/%s", dir, names[0]);
-}
-
-static void kr_drop_cache(const char *path)
-{
-    int fd = open(path, O_RDONLY);
-    assert_true(fd >= 0);
-    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
-    close(fd);
-}
 
 /* One buffer given for two keys, or two that overlap: refused before
  * anything is read. Else a page read and checked into the buffer is

@@ -122,6 +122,21 @@ def as_array(pages, store):
     return np.frombuffer(bytes(pages), dtype=np.float16).reshape(shape).copy()
 
 
+def damage_page(d, page):
+    """Flips one byte of page inside the file under d that holds it (a store's shard); returns that file."""
+    for root, _, files in os.walk(d):
+        for f in files:
+            fn = os.path.join(root, f)
+            with open(fn, "r+b") as fh:
+                data = fh.read()
+                at = data.find(page)
+                if at >= 0:
+                    fh.seek(at + 100)
+                    fh.write(bytes([data[at + 100] ^ 0xFF]))
+                    return fn
+    raise AssertionError("page not found in any file")
+
+
 def run_child(code, timeout=60):
     """Runs code in a fresh interpreter (the tests' directory and this sys.path): (returncode, output)."""
     env = dict(os.environ)

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 import kvx
-from conftest import GEOM, needs_numpy, np, rand_bytes, seq_tokens
+from conftest import GEOM, damage_page, needs_numpy, np, rand_bytes, seq_tokens
 
 PB = 8192
 
@@ -123,13 +123,7 @@ def test_read_into_refuses_shared_and_odd_buffers(ks, tmp_path):
     ks.flush()
     ks.close()
     d = str(tmp_path / "keyed")
-    shards = os.path.join(d, "shards")
-    (name,) = [n for n in os.listdir(shards) if n.endswith(".kvx")]
-    with open(os.path.join(shards, name), "r+b") as f:
-        data = f.read()
-        at = data.find(p[1]) + 100
-        f.seek(at)
-        f.write(bytes([data[at] ^ 0xFF]))
+    damage_page(os.path.join(d, "shards"), p[1])
     st = kvx.Store.open(d)
     try:
         b = bytearray(PB)
@@ -183,13 +177,7 @@ def test_contains_reads_no_page(ks, tmp_path):
     assert ks.stat()["hits"] == h0 + 2
     ks.close()
     d = str(tmp_path / "keyed")
-    shards = os.path.join(d, "shards")
-    (name,) = [n for n in os.listdir(shards) if n.endswith(".kvx")]
-    with open(os.path.join(shards, name), "r+b") as f:
-        data = f.read()
-        at = data.find(p[1]) + 100
-        f.seek(at)
-        f.write(bytes([data[at] ^ 0xFF]))
+    damage_page(os.path.join(d, "shards"), p[1])
     st = kvx.Store.open(d)
     try:
         assert st.keyed_contains(["b"]) == ([True], 1)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 import kvx
-from conftest import run_child
+from conftest import damage_page, run_child
 from kvx.integrations import vllm as kv
 from vllm_driver import LookupResult, Manager, Primary, S, create_secondary_tier, key, make_spec, tier_config
 
@@ -181,21 +181,6 @@ def test_eviction_reports_removed_events_and_only_those(tmp_path):
         t.shutdown()
 
 
-def _damage(d, page):
-    """Flip one byte of page inside the shard file that holds it."""
-    for root, _, files in os.walk(d):
-        for f in files:
-            fn = os.path.join(root, f)
-            with open(fn, "r+b") as fh:
-                data = fh.read()
-                at = data.find(page)
-                if at >= 0:
-                    fh.seek(at + 100)
-                    fh.write(bytes([data[at + 100] ^ 0xFF]))
-                    return fn
-    raise AssertionError("page not found in any file")
-
-
 # PROMISE: PY-16
 def test_damaged_page_is_a_failed_load_never_wrong_bytes(tmp_path):
     """A page damaged on disk: its load fails (its slot zeroed: the read lands in the slot, and the damaged bytes
@@ -206,7 +191,7 @@ def test_damaged_page_is_a_failed_load_never_wrong_bytes(tmp_path):
     page2 = p.get(2)
     d = t.dir
     t.shutdown()
-    _damage(d, page2)
+    damage_page(d, page2)
     t, p, m = tier(tmp_path, primary=Primary(64, SLOT))
     try:
         p.buf[12 * SLOT:13 * SLOT] = b"\x11" * SLOT
@@ -239,7 +224,7 @@ def test_touch_and_lookups_read_no_page_and_count_as_uses(tmp_path):
         d = t.dir
     finally:
         t.shutdown()
-    _damage(d, page2)
+    damage_page(d, page2)
     t, p, m = tier(tmp_path, primary=Primary(64, SLOT))
     try:
         assert m.lookup([key(2)]) == [HIT]  # held: no page was read to answer
@@ -270,7 +255,7 @@ def test_damaged_page_stored_again_loads_again(tmp_path):
                     if page2 in fh.read():
                         fn = os.path.join(root, f)
         st0 = os.stat(fn)
-        _damage(t.dir, page2)
+        damage_page(t.dir, page2)
         os.utime(fn, ns=(st0.st_atime_ns, st0.st_mtime_ns))  # as a bad sector leaves it
         assert m.lookup([key(2)]) == [HIT]
         assert not m.load([key(2)], [20]).success
