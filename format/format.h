@@ -101,6 +101,53 @@ uint32_t kvx_shard_writer_max(const kvx_shard_writer *w);
  * without entries. O(1) (computed at open). */
 uint64_t kvx_shard_min_seq(const kvx_shard *s);
 
+/* Active shards (docs/FORMAT.md "Active shards and their journal"): a
+ * shard file that grows by appends, each commit's entries made durable by
+ * one journal record, and is sealed in place into a standard KVX file.
+ * The file is found and judged only by these parameters (the caller's: a
+ * store knows its geometry, flags and reserve); its journal header must
+ * match them, ident included (32 bytes naming the file: a record copied
+ * from another file does not chain). */
+typedef struct kvx_active_params {
+    kvx_geometry geometry;
+    uint8_t shard_id;
+    uint32_t max_entries; /* the tables' reserve, 1..KVX_MAX_ENTRIES */
+    uint32_t flags;       /* the tables (KVX_FLAG_SEQ required; not META_CRC) */
+    uint8_t ident[32];
+} kvx_active_params;
+/* Creates the active file at path (O_EXCL: never over an existing file)
+ * with its journal header, durable (the file, then its directory) before
+ * it returns. Pages go in with kvx_shard_writer_add as for any writer. */
+int kvx_shard_writer_create_active(kvx_shard_writer **out, const char *path, const kvx_active_params *p);
+/* Continues the active file at path after a crash or a close: its whole
+ * records are its entries; an unsealed tail is zeroed (durably) before
+ * the next append goes there. KVX_EMAGIC / KVX_EFORMAT / KVX_ECORRUPT as
+ * kvx_journal_read, and the tables' own checks (a sealed file's). */
+int kvx_shard_writer_resume(kvx_shard_writer **out, const char *path, const kvx_active_params *p);
+/* The commit of the entries added since the last append: every one gets
+ * seq (those without a number), the pages are made durable (fdatasync),
+ * then one record naming them, durable too. seq must be above the last
+ * record's (KVX_EINVALID). 0 with nothing to append. On a failure after
+ * the first write the writer is broken: every later call but abort fails
+ * (KVX_EINVALID), and the file is what a crash there leaves. */
+int kvx_shard_writer_append(kvx_shard_writer *w, uint64_t seq);
+/* Forgets the entries added since the last append (their pages stay as
+ * unused bytes). */
+void kvx_shard_writer_rollback(kvx_shard_writer *w);
+/* Entries the active file's records hold (0 for another writer). */
+uint32_t kvx_shard_writer_appended(const kvx_shard_writer *w);
+/* Seals an active file in place: the header and tables of its appended
+ * entries written at offset 0 (the journal stays, unused, between the
+ * tables and the pages), fsync, then renamed to sealed_path (never over a
+ * file: -EEXIST) and its directory fsynced. Entries added since the last
+ * append: KVX_EINVALID (append or roll back first). Frees w whatever the
+ * result; on failure the active file stays as it was, under its name. */
+int kvx_shard_writer_seal_active(kvx_shard_writer *w, const char *sealed_path);
+/* Opens an active file as a shard: its entries are its whole records'
+ * (kvx_journal_read), checked as a sealed file's tables are; everything
+ * else (pages, checks, handles) as kvx_shard_open_at. */
+int kvx_shard_open_active(kvx_shard **out, int dirfd, const char *name, const char *path, const kvx_active_params *p);
+
 /* kvx_envelope_parse without its crc32c check, for an envelope inside a
  * container whose own checksum covering every byte of it just passed (a
  * shared tier value, tier/value.c): every other rule is checked. */

@@ -26,6 +26,7 @@
  */
 #include "shard_format.h"
 #include "shard_handle.h"
+#include "shard_journal.h"
 #include "format.h"
 #include "common/os.h"
 #include "common/sigbus.h"
@@ -445,12 +446,53 @@ static int open_validated(kvx_shard *s, const struct stat *st)
     return 0;
 }
 
+/* An active file: its whole records' entries, checked as a sealed
+ * file's tables are (shard_journal.c reads them into that layout). */
+static int open_journal(kvx_shard *s, const struct stat *st, const kvx_active_params *p)
+{
+    kvx_journal_state js;
+    int rc = kvx_journal_read(s->fd, (uint64_t)st->st_size, p, &js);
+    if (rc) return rc;
+    kvx_shard_layout lay;
+    if (kvx_shard_layout_for(&lay, js.n, js.h.flags, js.h.block_tokens, js.h.num_layers, js.h.kv_heads)) {
+        free(js.tables);
+        return kvx_fail(KVX_EOVERFLOW, "active shard: table sizes overflow"); /* cannot: n <= max_entries */
+    }
+    kvx_geometry *g = &s->info.geometry;
+    *g = p->geometry;
+    s->info.format_version = js.h.format_version;
+    s->info.num_blocks = s->n = js.n;
+    s->info.kv_data_offset = js.h.kv_data_offset;
+    s->info.flags = js.h.flags;
+    s->info.file_size = (uint64_t)st->st_size;
+    /* a file not yet grown to its KV section holds no page at all */
+    uint64_t size = (uint64_t)st->st_size < js.h.kv_data_offset ? js.h.kv_data_offset : (uint64_t)st->st_size;
+    rc = load_entries(s, &js.h, &lay, js.tables, size);
+    free(js.tables);
+    return rc;
+}
+
+static int shard_open(kvx_shard **out, int dirfd, const char *name, const char *path, unsigned flags,
+                      const kvx_active_params *active);
+
 int kvx_shard_open(kvx_shard **out, const char *path, unsigned flags)
 {
-    return kvx_shard_open_at(out, AT_FDCWD, path, path, flags);
+    return shard_open(out, AT_FDCWD, path, path, flags, NULL);
 }
 
 int kvx_shard_open_at(kvx_shard **out, int dirfd, const char *name, const char *path, unsigned flags)
+{
+    return shard_open(out, dirfd, name, path, flags, NULL);
+}
+
+int kvx_shard_open_active(kvx_shard **out, int dirfd, const char *name, const char *path, const kvx_active_params *p)
+{
+    if (!p) return kvx_fail(KVX_EINVALID, "kvx_shard_open_active: NULL parameters");
+    return shard_open(out, dirfd, name, path, 0, p);
+}
+
+static int shard_open(kvx_shard **out, int dirfd, const char *name, const char *path, unsigned flags,
+                      const kvx_active_params *active)
 {
     if (!out || !path || !name) return kvx_fail(KVX_EINVALID, "kvx_shard_open: out and path must not be NULL");
     *out = NULL;
@@ -483,7 +525,7 @@ int kvx_shard_open_at(kvx_shard **out, int dirfd, const char *name, const char *
     } else if (!S_ISREG(st.st_mode)) {
         rc = kvx_fail(KVX_EINVALID, "%s: not a regular file but a %s", path, kvx_file_type_name(st.st_mode));
     }
-    if (!rc) rc = open_validated(s, &st);
+    if (!rc) rc = active ? open_journal(s, &st, active) : open_validated(s, &st);
     if (!rc) {
         s->map_len = (size_t)st.st_size;
         s->mtime = st.st_mtim;

@@ -17,8 +17,7 @@
  * still 0 is refused.
  * Every OS call goes through kvx_os so tests can make each one fail.
  */
-#include "shard_format.h"
-#include "format.h"
+#include "shard_writer_impl.h"
 #include "common/os.h"
 #include "common/digest.h"
 
@@ -33,37 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define WRITER_SEEN_BYTES ((size_t)1 << 21) /* the seen bitmap: 2^24 bits */
-
-struct kvx_shard_writer {
-    kvx_geometry g;
-    uint8_t shard_id;
-    uint32_t max_entries, flags;
-    char *path, *tmp_path;
-    int fd;
-    uint32_t n, cap;        /* entries added, entries allocated in the tables */
-    uint8_t *coords;        /* cap * 24 */
-    uint64_t *hashes;       /* cap */
-    uint8_t *lineage;       /* cap * (8 + 4B) */
-    uint8_t *digests;       /* cap * 32 */
-    float *scales;          /* cap * L*2*Hkv */
-    uint8_t *keys;          /* cap * KVX_KEY_RECORD */
-    uint64_t *seqs;         /* cap: sequence numbers (KVX_FLAG_SEQ), 0 = not yet set */
-    uint32_t seq_from;      /* every entry below it has its sequence number */
-    uint8_t *tombs;         /* cap: KVX_TOMB_PAGE / KVX_TOMB_DELETE (KVX_FLAG_TOMB) */
-    uint64_t scale_count;   /* L*2*Hkv */
-    uint64_t lineage_rec;
-    uint8_t *spectral;      /* encoded bundle, or NULL */
-    uint64_t spectral_len;
-    uint64_t spectral_offset, kv_data_offset;
-    uint64_t kv_end;        /* end of the last page, relative to kv_data_offset */
-    uint64_t wb_from;       /* absolute: the pages before it were handed to writeback */
-    uint8_t *seen;          /* bitmap of the 2^24 in-shard coordinates (WRITER_SEEN_BYTES, mmap) */
-    int no_replace;         /* seal with RENAME_NOREPLACE (store writers) */
-    int unnamed;            /* fd is an O_TMPFILE: linked under a name at seal */
-};
-
-static void writer_free(kvx_shard_writer *w)
+void kvx_sw_free(kvx_shard_writer *w)
 {
     if (!w) return;
     free(w->path);
@@ -81,13 +50,14 @@ static void writer_free(kvx_shard_writer *w)
     free(w);
 }
 
-/* Closes and removes the temporary file, then frees w. */
-static void writer_discard(kvx_shard_writer *w)
+/* Closes and removes the temporary file (an active file stays: its
+ * records were acknowledged), then frees w. */
+void kvx_sw_discard(kvx_shard_writer *w)
 {
     if (!w) return;
     if (w->fd >= 0) kvx_os.close(w->fd);
-    if (w->tmp_path && !w->unnamed) kvx_os.unlink(w->tmp_path);
-    writer_free(w);
+    if (w->tmp_path && !w->unnamed && !w->active) kvx_os.unlink(w->tmp_path);
+    kvx_sw_free(w);
 }
 
 static int check_options(const kvx_shard_writer_options *o)
@@ -197,12 +167,9 @@ static int open_temp(kvx_shard_writer *w, const char *staging_dir)
     return kvx_fail(-EEXIST, "%s: no free temporary name", w->path);
 }
 
-int kvx_shard_writer_create(kvx_shard_writer **out, const char *path,
-                            const kvx_shard_writer_options *opts)
+/* A writer of opts for path, its file not yet opened. */
+int kvx_sw_new(kvx_shard_writer **out, const char *path, const kvx_shard_writer_options *opts)
 {
-    if (!out || !path || !opts)
-        return kvx_fail(KVX_EINVALID, "kvx_shard_writer_create: NULL argument");
-    *out = NULL;
     int rc = check_options(opts);
     if (rc) return rc;
     kvx_shard_writer *w = calloc(1, sizeof *w);
@@ -221,7 +188,7 @@ int kvx_shard_writer_create(kvx_shard_writer **out, const char *path,
     if (kvx_shard_layout_for(&lay, w->max_entries, w->flags, w->g.block_tokens, w->g.num_layers,
                              w->g.kv_heads)) {
         uint32_t max = w->max_entries;
-        writer_free(w);
+        kvx_sw_free(w);
         return kvx_fail(KVX_EOVERFLOW, "table sizes for %u entries overflow", max);
     }
     w->lineage_rec = lay.lineage_rec;
@@ -231,18 +198,18 @@ int kvx_shard_writer_create(kvx_shard_writer **out, const char *path,
         w->spectral_len = kvx_spectral_bundle_bytes(sp->n_cartridges, sp->n_layers, sp->dim, sp->rank);
         w->spectral_offset = kvx_align_up(end, KVX_SECTION_ALIGN);
         if (w->spectral_len > SIZE_MAX / 2 || !kvx_add64(&end, w->spectral_offset, w->spectral_len)) {
-            writer_free(w);
+            kvx_sw_free(w);
             return kvx_fail(KVX_EOVERFLOW, "spectral bundle size overflows");
         }
         w->spectral = malloc((size_t)w->spectral_len);
         if (!w->spectral) {
-            writer_free(w);
+            kvx_sw_free(w);
             return kvx_fail(-ENOMEM, "out of memory for the spectral bundle");
         }
         kvx_spectral_encode(w->spectral, sp);
     }
     if (end > UINT64_MAX - KVX_PAGE_ALIGN) {
-        writer_free(w);
+        kvx_sw_free(w);
         return kvx_fail(KVX_EOVERFLOW, "section sizes overflow");
     }
     /* Large pages start on a 1 MiB boundary: writes of whole pages then line
@@ -260,11 +227,24 @@ int kvx_shard_writer_create(kvx_shard_writer **out, const char *path,
     if (w->seen == MAP_FAILED) w->seen = NULL;
     w->path = strdup(path);
     if (!w->seen || !w->path) {
-        writer_free(w);
+        kvx_sw_free(w);
         return kvx_fail(-ENOMEM, "out of memory");
     }
+    *out = w;
+    return 0;
+}
+
+int kvx_shard_writer_create(kvx_shard_writer **out, const char *path,
+                            const kvx_shard_writer_options *opts)
+{
+    if (!out || !path || !opts)
+        return kvx_fail(KVX_EINVALID, "kvx_shard_writer_create: NULL argument");
+    *out = NULL;
+    kvx_shard_writer *w;
+    int rc = kvx_sw_new(&w, path, opts);
+    if (rc) return rc;
     if ((rc = open_temp(w, opts->staging_dir))) {
-        writer_free(w);
+        kvx_sw_free(w);
         return rc;
     }
     *out = w;
@@ -296,7 +276,7 @@ static void put_commit(kvx_shard_writer *w, uint8_t tomb)
 }
 
 /* Grows the in-memory tables to hold at least need entries. */
-static int grow(kvx_shard_writer *w, uint32_t need)
+int kvx_sw_grow(kvx_shard_writer *w, uint32_t need)
 {
     if (need <= w->cap) return 0;
     uint32_t cap = w->cap ? w->cap : 16;
@@ -346,6 +326,7 @@ static int grow(kvx_shard_writer *w, uint32_t need)
 int kvx_shard_writer_add(kvx_shard_writer *w, const kvx_entry_in *e)
 {
     if (!w || !e) return kvx_fail(KVX_EINVALID, "kvx_shard_writer_add: NULL argument");
+    if (w->broken) return kvx_fail(KVX_EINVALID, "kvx_shard_writer_add: %s: an append failed: the writer is broken", w->path);
     if (w->n >= w->max_entries)
         return kvx_fail(KVX_EFULL, "shard is full: max_entries %u reached", w->max_entries);
     uint32_t B = w->g.block_tokens;
@@ -401,7 +382,7 @@ int kvx_shard_writer_add(kvx_shard_writer *w, const kvx_entry_in *e)
     uint32_t key = coord & 0xFFFFFFu;
     if (w->seen[key >> 3] & (1u << (key & 7)))
         return kvx_fail(KVX_EDUPLICATE, "entry: coordinate 0x%08x was already added", coord);
-    int rc = grow(w, w->n + 1);
+    int rc = kvx_sw_grow(w, w->n + 1);
     if (rc) return rc;
 
     uint64_t rel = kvx_align_up(w->kv_end, KVX_PAGE_ALIGN), abs;
@@ -451,6 +432,7 @@ int kvx_shard_writer_add_tombstone(kvx_shard_writer *w, uint16_t radix_block, co
     if (!w) return kvx_fail(KVX_EINVALID, "kvx_shard_writer_add_tombstone: NULL writer");
     if (!(w->flags & KVX_FLAG_TOMB))
         return kvx_fail(KVX_EINVALID, "tombstone: the shard has no tombstone table (KVX_FLAG_TOMB)");
+    if (w->broken) return kvx_fail(KVX_EINVALID, "tombstone: %s: an append failed: the writer is broken", w->path);
     if (w->n >= w->max_entries)
         return kvx_fail(KVX_EFULL, "shard is full: max_entries %u reached", w->max_entries);
     int rc = check_key(key, key_len);
@@ -459,7 +441,7 @@ int kvx_shard_writer_add_tombstone(kvx_shard_writer *w, uint16_t radix_block, co
     uint32_t ck = coord & 0xFFFFFFu;
     if (w->seen[ck >> 3] & (1u << (ck & 7)))
         return kvx_fail(KVX_EDUPLICATE, "tombstone: coordinate 0x%08x was already added", coord);
-    if ((rc = grow(w, w->n + 1))) return rc;
+    if ((rc = kvx_sw_grow(w, w->n + 1))) return rc;
     /* token_count 1, offset 0, bytes 0, crc 0: no page, no KV bytes */
     uint8_t *c = w->coords + (size_t)w->n * KVX_ENTRY_BYTES;
     memset(c, 0, KVX_ENTRY_BYTES);
@@ -507,7 +489,7 @@ uint64_t kvx_shard_writer_bytes(const kvx_shard_writer *w)
 
 /* Header and the tables for the n entries actually added, contiguous from
  * offset 0, with the meta CRC filled in. */
-static int build_head(kvx_shard_writer *w, uint8_t **out, size_t *out_len)
+int kvx_sw_build_head(kvx_shard_writer *w, uint8_t **out, size_t *out_len)
 {
     kvx_shard_layout lay;
     uint32_t flags = w->flags | KVX_FLAG_META_CRC;
@@ -582,8 +564,12 @@ static int link_unnamed(kvx_shard_writer *w)
 static int writer_seal(kvx_shard_writer *w, char *keep_name, size_t keep_cap)
 {
     if (!w) return kvx_fail(KVX_EINVALID, "kvx_shard_writer_seal: NULL writer");
+    if (w->active) {
+        kvx_sw_discard(w); /* closes it; the active file stays */
+        return kvx_fail(KVX_EINVALID, "kvx_shard_writer_seal: an active file is sealed by kvx_shard_writer_seal_active");
+    }
     if (keep_name && (w->unnamed || !w->tmp_path || strlen(w->tmp_path) >= PATH_MAX)) {
-        writer_discard(w);
+        kvx_sw_discard(w);
         return kvx_fail(KVX_EINVALID, "shard writer: a staged seal needs a named temporary file (staging_dir)");
     }
     /* every entry of a sequence table carries its commit's number: a 0
@@ -592,12 +578,12 @@ static int writer_seal(kvx_shard_writer *w, char *keep_name, size_t keep_cap)
         if (w->seqs[i] == 0) {
             char path[PATH_MAX];
             snprintf(path, sizeof path, "%s", w->path);
-            writer_discard(w);
+            kvx_sw_discard(w);
             return kvx_fail(KVX_EINVALID, "%s: seal refused: entry %u has no sequence number (0)", path, i);
         }
     uint8_t *head = NULL;
     size_t head_len = 0;
-    int rc = build_head(w, &head, &head_len);
+    int rc = kvx_sw_build_head(w, &head, &head_len);
     const char *step = "building the header";
     if (!rc) {
         step = "writing the header and tables";
@@ -637,7 +623,7 @@ static int writer_seal(kvx_shard_writer *w, char *keep_name, size_t keep_cap)
             memcpy(keep_name, base, strlen(base) + 1);
             free(w->tmp_path);
             w->tmp_path = NULL; /* kept: writer_free must not unlink it */
-            writer_free(w);
+            kvx_sw_free(w);
             return 0;
         }
     }
@@ -658,12 +644,12 @@ static int writer_seal(kvx_shard_writer *w, char *keep_name, size_t keep_cap)
         if (rc > 0) rc = -EIO; /* paranoia: an errno of 0 is still a failure */
         char path[PATH_MAX];
         snprintf(path, sizeof path, "%s", w->path);
-        writer_discard(w);
+        kvx_sw_discard(w);
         return kvx_fail(rc, "%s: seal failed while %s: %s", path, step, kvx_strerror(rc));
     }
     free(w->tmp_path);
     w->tmp_path = NULL;
-    writer_free(w);
+    kvx_sw_free(w);
     return 0;
 }
 
@@ -672,13 +658,13 @@ int kvx_shard_writer_seal(kvx_shard_writer *w) { return writer_seal(w, NULL, 0);
 int kvx_shard_writer_seal_staged(kvx_shard_writer *w, char *name, size_t cap)
 {
     if (!name || !cap) {
-        writer_discard(w);
+        kvx_sw_discard(w);
         return kvx_fail(KVX_EINVALID, "kvx_shard_writer_seal_staged: no room for the name");
     }
     return writer_seal(w, name, cap);
 }
 
-void kvx_shard_writer_abort(kvx_shard_writer *w) { writer_discard(w); }
+void kvx_shard_writer_abort(kvx_shard_writer *w) { kvx_sw_discard(w); }
 
 int kvx_shard_writer_page(const kvx_shard_writer *w, uint32_t index, void *buf, size_t cap, uint32_t *out_len)
 {

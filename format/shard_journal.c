@@ -1,0 +1,260 @@
+/*
+ * shard_journal.c - an active shard's journal: where it lies, its header,
+ * and reading its records back into the tables a sealed file would hold.
+ *
+ * Rule kept: a record counts only when it reads whole, in its place and
+ * chained to the one before (its CRC-32C covers its header, its rows and
+ * the previous record's CRC, the first the journal header's, which names
+ * the file's parameters and identity). A commit returns only after its
+ * record is durable, so bytes after the last such record were never
+ * acknowledged: they are the unsealed tail, never damage. What is damage:
+ * a record magic after a record that fails (the journal only grows, so a
+ * failing record with records after it was whole once).
+ */
+#include "shard_journal.h"
+#include "common/os.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+int kvx_journal_geom_for(kvx_journal_geom *out, const kvx_active_params *p)
+{
+    if (!out || !p) return kvx_fail(KVX_EINVALID, "active shard: NULL parameters");
+    if (p->max_entries < 1 || p->max_entries > KVX_MAX_ENTRIES)
+        return kvx_fail(KVX_EINVALID, "active shard: max_entries %u is not in 1..%u", p->max_entries,
+                        KVX_MAX_ENTRIES);
+    if (!(p->flags & KVX_FLAG_SEQ))
+        return kvx_fail(KVX_EINVALID, "active shard: flags 0x%x lack KVX_FLAG_SEQ (a record carries its commit's number)",
+                        p->flags);
+    if (p->flags & KVX_FLAG_META_CRC)
+        return kvx_fail(KVX_EINVALID, "active shard: flags 0x%x carry KVX_FLAG_META_CRC (the seal sets it)", p->flags);
+    const kvx_geometry *g = &p->geometry;
+    kvx_journal_geom jg;
+    memset(&jg, 0, sizeof jg);
+    if (kvx_shard_layout_for(&jg.max, p->max_entries, p->flags, g->block_tokens, g->num_layers, g->kv_heads) ||
+        kvx_shard_layout_for(&jg.one, 1, p->flags, g->block_tokens, g->num_layers, g->kv_heads))
+        return kvx_fail(KVX_EOVERFLOW, "active shard: table sizes for %u entries overflow", p->max_entries);
+    jg.row_bytes = jg.one.tables_end - KVX_HEADER_BYTES;
+    /* room for max_entries rows, each in its own record at worst (a
+     * commit of one block), every record 8-aligned */
+    uint64_t per = kvx_align_up(KVX_RECORD_HEADER_BYTES + jg.row_bytes, 8), rows;
+    if (!kvx_mul64(&rows, per, p->max_entries) || !kvx_add64(&jg.journal_bytes, rows, KVX_JOURNAL_HEADER_BYTES))
+        return kvx_fail(KVX_EOVERFLOW, "active shard: journal size overflows");
+    jg.journal_off = kvx_align_up(jg.max.tables_end, KVX_SECTION_ALIGN);
+    uint64_t end;
+    if (!kvx_add64(&end, jg.journal_off, jg.journal_bytes) || end > UINT64_MAX / 2)
+        return kvx_fail(KVX_EOVERFLOW, "active shard: journal end overflows");
+    uint64_t full_page = kvx_page_bytes(g, g->block_tokens ? g->block_tokens : 1);
+    jg.kv_data_offset = kvx_align_up(end, full_page >= KVX_LARGE_PAGE ? KVX_LARGE_ALIGN : KVX_PAGE_ALIGN);
+    *out = jg;
+    return 0;
+}
+
+void kvx_journal_header_encode(uint8_t *out, const kvx_active_params *p, const kvx_journal_geom *jg,
+                               uint32_t *out_crc)
+{
+    kvx_shard_header h = {
+        .format_version = KVX_FORMAT_VERSION,
+        .num_layers = (uint16_t)p->geometry.num_layers,
+        .kv_heads = (uint16_t)p->geometry.kv_heads,
+        .head_dim = (uint16_t)p->geometry.head_dim,
+        .num_blocks = p->max_entries,
+        .block_tokens = p->geometry.block_tokens,
+        .model_signature = p->geometry.model_signature,
+        .quant = p->geometry.quant,
+        .kv_data_offset = jg->kv_data_offset,
+        .flags = p->flags,
+    };
+    memset(out, 0, KVX_JOURNAL_HEADER_BYTES);
+    kvx_header_encode(out, &h);
+    memcpy(out, KVX_JOURNAL_MAGIC, 8);
+    out[64] = p->shard_id;
+    kvx_store64(out + 72, jg->journal_off);
+    kvx_store64(out + 80, jg->journal_bytes);
+    memcpy(out + 88, p->ident, sizeof p->ident);
+    uint32_t crc = kvx_crc32c(0, out, KVX_JOURNAL_HEADER_BYTES - 4);
+    kvx_store32(out + KVX_JOURNAL_HEADER_BYTES - 4, crc);
+    if (out_crc) *out_crc = crc;
+}
+
+/* The CRC of a record: its header's first 28 bytes, its rows, then the
+ * previous record's CRC (little-endian). */
+static uint32_t record_crc(const uint8_t *rec, uint64_t row_total, uint32_t prev)
+{
+    uint8_t p4[4];
+    kvx_store32(p4, prev);
+    uint32_t crc = kvx_crc32c(0, rec, KVX_R_CRC);
+    crc = kvx_crc32c(crc, rec + KVX_RECORD_HEADER_BYTES, (size_t)row_total);
+    return kvx_crc32c(crc, p4, 4);
+}
+
+/* Scatters one row (an entry's slice of every table, in table order) into
+ * tables laid out for n entries (lay), at entry index i. */
+static void row_scatter(uint8_t *tables, const kvx_shard_layout *lay, const kvx_journal_geom *jg, uint32_t i,
+                        const uint8_t *row)
+{
+    const struct {
+        uint64_t off, width;
+    } t[] = {
+        {lay->coord_off, jg->one.coord_bytes},     {lay->hash_off, jg->one.hash_bytes},
+        {lay->lineage_off, jg->one.lineage_bytes}, {lay->digest_off, jg->one.digest_bytes},
+        {lay->scale_off, jg->one.scale_bytes},     {lay->key_off, jg->one.key_bytes},
+        {lay->seq_off, jg->one.seq_bytes},         {lay->tomb_off, jg->one.tomb_bytes},
+    };
+    for (size_t k = 0; k < sizeof t / sizeof t[0]; k++) {
+        if (!t[k].width) continue;
+        memcpy(tables + (t[k].off - KVX_HEADER_BYTES) + (size_t)i * t[k].width, row, (size_t)t[k].width);
+        row += t[k].width;
+    }
+}
+
+/* Does a record magic lie at an 8-aligned offset of buf[from, len)? */
+static int magic_after(const uint8_t *buf, uint64_t from, uint64_t len)
+{
+    for (uint64_t at = kvx_align_up(from, 8); at + 8 <= len; at += 8)
+        if (memcmp(buf + at, KVX_RECORD_MAGIC, 8) == 0) return 1;
+    return 0;
+}
+
+int kvx_journal_read(int fd, uint64_t file_size, const kvx_active_params *p, kvx_journal_state *out)
+{
+    if (!out) return kvx_fail(KVX_EINVALID, "kvx_journal_read: NULL argument");
+    memset(out, 0, sizeof *out);
+    kvx_journal_geom jg;
+    int rc = kvx_journal_geom_for(&jg, p);
+    if (rc) return rc;
+    if (file_size < jg.journal_off + KVX_JOURNAL_HEADER_BYTES)
+        return kvx_fail(KVX_ETRUNC, "active shard: the file (%llu bytes) ends before its journal header at %llu",
+                        (unsigned long long)file_size, (unsigned long long)jg.journal_off);
+    /* the journal as far as the file holds it (a region never written
+     * reads as zeros, which is no record) */
+    uint64_t len = jg.journal_bytes;
+    if (file_size - jg.journal_off < len) len = file_size - jg.journal_off;
+    uint8_t *buf = malloc((size_t)len);
+    if (!buf) return kvx_fail(-ENOMEM, "active shard: out of memory for a journal of %llu bytes", (unsigned long long)len);
+    size_t got = 0;
+    rc = kvx_os_pread_all(fd, buf, (size_t)len, jg.journal_off, &got);
+    if (rc) {
+        free(buf);
+        return kvx_fail(rc, "active shard: reading the journal at %llu: %s", (unsigned long long)jg.journal_off,
+                        strerror(-rc));
+    }
+    len = got;
+    uint8_t want[KVX_JOURNAL_HEADER_BYTES];
+    uint32_t chain;
+    kvx_journal_header_encode(want, p, &jg, &chain);
+    if (len < KVX_JOURNAL_HEADER_BYTES || memcmp(buf, KVX_JOURNAL_MAGIC, 8) != 0) {
+        free(buf);
+        return kvx_fail(KVX_EMAGIC, "active shard: no journal header (magic %s) at offset %llu", KVX_JOURNAL_MAGIC,
+                        (unsigned long long)jg.journal_off);
+    }
+    if (memcmp(buf, want, KVX_JOURNAL_HEADER_BYTES) != 0) {
+        uint32_t crc = kvx_crc32c(0, buf, KVX_JOURNAL_HEADER_BYTES - 4);
+        int whole = crc == kvx_load32(buf + KVX_JOURNAL_HEADER_BYTES - 4);
+        free(buf);
+        if (!whole) return kvx_fail(KVX_ECORRUPT, "active shard: the journal header fails its CRC-32C");
+        return kvx_fail(KVX_EFORMAT,
+                        "active shard: the journal header names another file (geometry, flags, reserve, "
+                        "shard or identity differ from the store's)");
+    }
+
+    /* pass 1: the whole, chained records */
+    uint64_t pos = KVX_JOURNAL_HEADER_BYTES, seq = 0;
+    uint32_t n = 0, records = 0;
+    for (;;) {
+        if (pos + KVX_RECORD_HEADER_BYTES > len) break;
+        const uint8_t *r = buf + pos;
+        if (memcmp(r + KVX_R_MAGIC, KVX_RECORD_MAGIC, 8) != 0) break;
+        uint32_t first = kvx_load32(r + KVX_R_FIRST), count = kvx_load32(r + KVX_R_COUNT);
+        uint32_t row_bytes = kvx_load32(r + KVX_R_ROW_BYTES);
+        uint64_t total = (uint64_t)count * row_bytes;
+        if (row_bytes != jg.row_bytes || count == 0 || count > p->max_entries ||
+            total > len - pos - KVX_RECORD_HEADER_BYTES)
+            break; /* not whole: judged below */
+        uint32_t crc = record_crc(r, total, chain);
+        if (crc != kvx_load32(r + KVX_R_CRC)) break;
+        uint64_t rseq = kvx_load64(r + KVX_R_SEQ);
+        if (first != n || (uint64_t)first + count > p->max_entries) {
+            free(buf);
+            return kvx_fail(KVX_EFORMAT, "active shard: record %u (offset %llu) names entries %u..%llu, expected from %u",
+                            records, (unsigned long long)(jg.journal_off + pos), first,
+                            (unsigned long long)first + count - 1, n);
+        }
+        if (rseq <= seq) {
+            free(buf);
+            return kvx_fail(KVX_EFORMAT, "active shard: record %u has sequence number %llu, not above %llu", records,
+                            (unsigned long long)rseq, (unsigned long long)seq);
+        }
+        seq = rseq;
+        chain = crc;
+        n += count;
+        records++;
+        pos = kvx_align_up(pos + KVX_RECORD_HEADER_BYTES + total, 8);
+    }
+    /* a record torn by a crash is the last thing the journal holds; its
+     * own rows (a key may hold any bytes) are not searched when its header
+     * says where they end */
+    uint64_t after = pos + 8;
+    if (pos + KVX_RECORD_HEADER_BYTES <= len && memcmp(buf + pos, KVX_RECORD_MAGIC, 8) == 0 &&
+        kvx_load32(buf + pos + KVX_R_ROW_BYTES) == jg.row_bytes &&
+        kvx_load32(buf + pos + KVX_R_COUNT) <= p->max_entries)
+        after = pos + KVX_RECORD_HEADER_BYTES + (uint64_t)kvx_load32(buf + pos + KVX_R_COUNT) * jg.row_bytes;
+    if (pos < len && magic_after(buf, after, len)) {
+        free(buf);
+        return kvx_fail(KVX_ECORRUPT, "active shard: record %u at offset %llu fails its checks and records follow it",
+                        records, (unsigned long long)(jg.journal_off + pos));
+    }
+    uint64_t tail = pos < len ? len : pos;
+    while (tail > pos && buf[tail - 1] == 0) tail--;
+
+    /* pass 2: the tables of n entries, as a sealed file lays them out */
+    kvx_shard_layout lay;
+    if (kvx_shard_layout_for(&lay, n, p->flags, p->geometry.block_tokens, p->geometry.num_layers,
+                             p->geometry.kv_heads)) {
+        free(buf);
+        return kvx_fail(KVX_EOVERFLOW, "active shard: table sizes overflow"); /* cannot: n <= max_entries */
+    }
+    size_t tlen = (size_t)(lay.tables_end - KVX_HEADER_BYTES);
+    uint8_t *tables = malloc(tlen ? tlen : 1);
+    if (!tables) {
+        free(buf);
+        return kvx_fail(-ENOMEM, "active shard: out of memory for the tables of %u entries", n);
+    }
+    uint64_t kv_end = 0;
+    uint32_t i = 0;
+    for (uint64_t at = KVX_JOURNAL_HEADER_BYTES; at < pos;) {
+        const uint8_t *r = buf + at;
+        uint32_t count = kvx_load32(r + KVX_R_COUNT);
+        const uint8_t *row = r + KVX_RECORD_HEADER_BYTES;
+        for (uint32_t k = 0; k < count; k++, i++, row += jg.row_bytes) {
+            row_scatter(tables, &lay, &jg, i, row);
+            uint64_t end = kvx_load64(row + KVX_E_OFFSET) + kvx_load32(row + KVX_E_BYTES);
+            if (end > kv_end && end >= kvx_load64(row + KVX_E_OFFSET)) kv_end = end;
+        }
+        at = kvx_align_up(at + KVX_RECORD_HEADER_BYTES + (uint64_t)count * jg.row_bytes, 8);
+    }
+    free(buf);
+    kvx_shard_header h = {
+        .format_version = KVX_FORMAT_VERSION,
+        .num_layers = (uint16_t)p->geometry.num_layers,
+        .kv_heads = (uint16_t)p->geometry.kv_heads,
+        .head_dim = (uint16_t)p->geometry.head_dim,
+        .num_blocks = n,
+        .block_tokens = p->geometry.block_tokens,
+        .model_signature = p->geometry.model_signature,
+        .quant = p->geometry.quant,
+        .kv_data_offset = jg.kv_data_offset,
+        .flags = p->flags,
+    };
+    out->h = h;
+    out->tables = tables;
+    out->n = n;
+    out->records = records;
+    out->next_pos = jg.journal_off + pos;
+    out->tail_end = jg.journal_off + tail;
+    out->chain = chain;
+    out->last_seq = seq;
+    out->kv_end = kv_end;
+    return 0;
+}
