@@ -50,7 +50,11 @@
 /* The STORE file's format version: 3 = sequence numbers and tombstones.
  * 1 and 2 (the previous release: one u32, 1 blocks or 2 keyed) are
  * migrated at the first writer open. */
-#define ST_STORE_VERSION 3
+#define ST_STORE_VERSION 4
+/* The first version with sequence numbers: 3 needs no rewrite to become 4
+ * (4 only marks a store that may hold an active shard, so that a release
+ * before appends refuses it instead of misreading it), 1 and 2 do. */
+#define ST_STORE_SEQ_VERSION 3
 #define ST_STORE_BLOCKS 0 /* the STORE file's kind field */
 #define ST_STORE_KEYED 1
 #define ST_COMPACT_AT 192 /* live shards before a flush merges small ones */
@@ -113,7 +117,26 @@ typedef struct st_open {
     uint32_t flags;
     uint32_t cap;  /* entries reserved in its tables */
     uint32_t nunv; /* entries added without a digest (unverified) */
+    int active;    /* w is the store's active shard's (s->act.w), not the batch's own */
 } st_open;
+
+/* The store's active shard (store_active.c): one file of the lineage kind
+ * that grows by appends, each flush's blocks one journal record, until it
+ * is full or the writer closes, when it is sealed in place. One batch at a
+ * time owns it (its unflushed blocks are in it); the others write their
+ * own files meanwhile. Under wmu. */
+typedef struct st_active {
+    kvx_shard_writer *w;     /* NULL: none open */
+    uint8_t byte;
+    uint64_t gen, ino;
+    uint64_t created_ns;     /* its catalog record's, from its first append */
+    struct kvx_store_batch *owner; /* the batch whose unflushed blocks it holds, or NULL */
+    uint32_t nunv;           /* appended entries without a digest */
+    int registered;          /* the catalog names it (its first append committed) */
+    int committed;           /* the owner's flush appended (until it is released) */
+    uint32_t nunv_commit;    /* of that append, the entries without a digest */
+    int broken;              /* an append or its catalog edit failed */
+} st_active;
 
 typedef struct st_sealed {
     uint8_t byte;
@@ -210,6 +233,7 @@ struct kvx_store {
     kvx_store_batch own;      /* the built-in batch of kvx_store_put/flush */
     kvx_store_batch *batches; /* every live batch, own first */
     uint64_t next_gen;
+    st_active act;
     /* the sequence number the next commit takes (DESIGN.md "The files are
      * the whole truth"): every entry a commit writes carries it in its
      * file's sequence table; a keyed delete is a tombstone entry with its
@@ -298,6 +322,8 @@ int kvx_st_kind_check(const kvx_store *s, int keyed, const char *fn);
  * -errno with a message (store_names.c). */
 int kvx_st_open_file(kvx_store *s, const char *name, int flags, mode_t mode, int *out_fd);
 int kvx_st_writer_check(kvx_store *s, const char *fn);
+/* The header flags of a shard of kind (ST_KIND_*). */
+uint32_t kvx_st_kind_flags(const kvx_store *s, int kind);
 
 /* store_names.c */
 /* "%016llx.kvx" of gen into buf (32 bytes). */
@@ -311,6 +337,19 @@ int kvx_st_name_prefix_gen(const char *name, uint64_t *gen);
 /* Calls fn for every entry of directory fd but . and .. */
 typedef int (*st_dir_fn)(kvx_store *s, int dirfd, const char *name, void *ctx);
 int kvx_st_each_file(kvx_store *s, int fd, st_dir_fn fn, void *ctx);
+/* The active shard (store_active.c, docs/STORE.md "Appends"): the name
+ * ".<gen 16 hex>.<byte 2 hex>.kvx.active" in shards/ (ST_ACTIVE_NAME_MAX
+ * bytes with its NUL), parsed back (1 and gen, byte; 0: not one); the
+ * parameters its journal is laid out and named by (the lineage kind's
+ * flags, the store's reserve, its name as identity). */
+#define ST_ACTIVE_NAME_MAX 40
+void kvx_st_active_name(char *buf, uint64_t gen, uint32_t byte);
+int kvx_st_parse_active_name(const char *name, uint64_t *gen, uint32_t *byte);
+void kvx_st_active_params(const kvx_store *s, uint32_t byte, uint64_t gen, kvx_active_params *p);
+/* Opens shard (byte, gen): shards/<gen>.kvx, or else its active file, or
+ * else (sealed between the two) the sealed name again. name (cap bytes,
+ * nullable): the name last tried. kvx_shard_open_at's results. */
+int kvx_st_open_gen(kvx_store *s, uint32_t byte, uint64_t gen, kvx_shard **out, char *name, size_t cap);
 /* Unlinks shards/<gen>.kvx (a file the catalog does not name). */
 void kvx_st_unlink_shard(kvx_store *s, uint64_t gen);
 /* Moves shards/<name> to quarantine/<name> (a numeric suffix on a clash,
@@ -340,6 +379,9 @@ int kvx_st_shard_ours(const kvx_store *s, const kvx_shard *sh, char *why, size_t
 /* A new reference on the shard (byte, gen), opened lazily; NULL when it
  * cannot be opened (then marked bad, unless the failure was transient). */
 kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen);
+/* Forgets the cached handle of byte if it is still sh (an active shard's
+ * handle that grew stale: its file has entries the handle has not). */
+void kvx_st_cache_stale(kvx_store *s, uint32_t byte, const kvx_shard *sh);
 /* Forgets the cached handle of byte (drops the cache's reference). */
 void kvx_st_cache_drop(kvx_store *s, uint32_t byte);
 /* Entries of sh with a hash but no prefix digest (unverified). */
@@ -432,11 +474,12 @@ static inline int kvx_st_damage(int read, int rc)
 }
 
 /* store_writers.c */
-/* The header flags of a shard of kind (ST_KIND_*). */
-uint32_t kvx_st_kind_flags(const kvx_store *s, int kind);
 /* A writer in staging/ for a new generation on a free shard byte (extra:
  * bytes also taken), reserving `reserve` entries. */
 int kvx_st_writer_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_open *o, uint32_t reserve);
+/* A free shard byte (not live, not any batch's, not the active shard's,
+ * not in extra) and a generation no file in shards/ has. */
+int kvx_st_alloc_gen(kvx_store *s, const uint8_t *extra, uint8_t *out_byte, uint64_t *out_gen);
 /* A keyed store's writer for n tombstones (a delete's file): not bounded
  * by the shard size, at most 65,535. */
 int kvx_st_writer_begin_tombs(kvx_store *s, st_open *o, uint32_t n);
@@ -479,6 +522,30 @@ int kvx_st_seal_parked(kvx_store *s, st_sealed *v, size_t n, uint64_t seq);
 /* Removes sealed, unpublished files: every name each has (staging/,
  * shards/). */
 void kvx_st_unlink_sealed(kvx_store *s, st_sealed *v, size_t n);
+
+/* store_active.c: the active shard (docs/STORE.md "Appends"), under wmu */
+/* Gives batch x's blocks of kind the active shard (o set, o->active): 1;
+ * 0 when it is not for them (another kind, a keyed store, a whole batch,
+ * a store before version 4, another batch's blocks in it); <0 an error. */
+int kvx_st_active_take(kvx_store *s, kvx_store_batch *x, int kind, st_open *o);
+/* Does x have blocks in the active shard not yet appended? */
+int kvx_st_active_pending(const kvx_store *s, const kvx_store_batch *x);
+/* x's flush: its blocks in the active shard appended (record durable)
+ * with seq, the shard's catalog record into e (x's blocks are added by the
+ * flush with the rest of x's). 0 with nothing to append. */
+int kvx_st_active_append(kvx_store *s, kvx_store_batch *x, uint64_t seq, kvx_cat_edit *e);
+/* After x's flush (ok: its catalog edit committed) or its failure: x
+ * no longer owns the active shard; a failure rolls back what x added
+ * (or, after a durable record, leaves the file to recovery); a full
+ * shard is sealed. */
+void kvx_st_active_release(kvx_store *s, kvx_store_batch *x, int ok);
+/* Seals the active shard in place (no batch owning it): 0, or the
+ * failure (the file stays whole under one of its names). */
+int kvx_st_active_seal(kvx_store *s);
+/* A writer's open, before the plan: every active file in shards/ sealed
+ * in place (its whole records), removed when it holds none, moved to
+ * quarantine/ when it cannot be read. */
+int kvx_st_active_recover(kvx_store *s);
 
 /* store_rewrite.c */
 /* A block to copy (eviction's carry, compaction, salvage). */
@@ -597,6 +664,9 @@ int kvx_st_migrate_leftovers(kvx_store *s);
  * ST_STORE_VERSION, last. A crash anywhere leaves a store the next writer
  * open migrates on. */
 int kvx_st_migrate(kvx_store *s);
+/* STORE in this release's version (ST_STORE_VERSION): temp, fsync,
+ * rename, fsync of DIR; s->version follows. */
+int kvx_st_write_store_file(kvx_store *s);
 
 /* store_commit.c */
 /* Appends v to x's sealed (or parked) files. */
@@ -612,6 +682,7 @@ int kvx_st_supersede(kvx_store *s, kvx_store_batch *x, kvx_cat_edit *e);
  * pinned). Under wmu. */
 static inline int st_is_pinned(const kvx_store *s, uint32_t b)
 {
+    if (s->act.w && s->act.byte == b) return 1; /* the active shard: sealed before anything may drop it */
     for (const kvx_store_batch *x = s->batches; x; x = x->next)
         if (x->pinned[b] && x->pin_gen[b] == s->reg->rec[b].gen) return 1;
     return 0;

@@ -248,7 +248,11 @@ static int st_plan_and_apply(kvx_store *s, unsigned mode)
 int kvx_st_reindex_locked(kvx_store *s)
 {
     kvx_st_discard_pending(&s->own);
-    int rc = st_plan_and_apply(s, ST_PLAN_REBUILD);
+    /* the plan reads sealed files: the active shard is sealed first (no
+     * other batch owns it: kvx_store_reindex refused a busy one) */
+    int rc = kvx_st_active_seal(s);
+    if (rc) return rc;
+    rc = st_plan_and_apply(s, ST_PLAN_REBUILD);
     if (!rc) st_note(s);
     return rc;
 }
@@ -348,15 +352,21 @@ int kvx_st_recover(kvx_store *s)
 {
     int rc = kvx_st_registry_load(s);
     if (!rc) rc = kvx_st_registry_refuse_predigest(s);
+    /* active shards a writer left (a crash, a failed seal): sealed in
+     * place, so the plan reads every shard as a sealed file */
+    if (!rc) rc = kvx_st_active_recover(s);
     /* a store of the previous release: migrated from its sound catalog,
      * the only record of its keyed deletes (store_migrate.c), or refused */
-    if (!rc && s->version < ST_STORE_VERSION) {
+    if (!rc && s->version < ST_STORE_SEQ_VERSION) {
         /* its last writer's leftovers first (a temporary, a drop cut after
          * its commit), so that its sound catalog names exactly its files */
         rc = st_plan_and_apply(s, ST_PLAN_STAGING | ST_PLAN_STAGING_ONLY);
         if (!rc) rc = st_migrate_or_refuse(s);
     }
     if (!rc) rc = st_plan_and_apply(s, ST_PLAN_STAGING);
+    /* version 3 becomes 4 by its STORE file alone (nothing to rewrite):
+     * from here a release before active shards refuses it */
+    if (!rc && s->version < ST_STORE_VERSION) rc = kvx_st_write_store_file(s);
     if (rc) return rc;
     char note[1200]; /* what recovery set aside, for the caller to show */
     st_note(s);

@@ -180,6 +180,8 @@ void kvx_st_discard_pending(kvx_store_batch *x)
         x->lost += x->ok_pend;
         x->batch_blocks -= x->ok_pend < x->batch_blocks ? x->ok_pend : x->batch_blocks;
     }
+    /* the active shard's entries of x are rolled back, the shard kept */
+    kvx_st_active_release(x->s, x, 0);
     for (int k = 0; k < 2; k++) {
         if (x->cur[k].w) kvx_shard_writer_abort(x->cur[k].w);
         memset(&x->cur[k], 0, sizeof x->cur[k]);
@@ -192,7 +194,7 @@ void kvx_st_discard_pending(kvx_store_batch *x)
 static int st_seal_cur(kvx_store *s, kvx_store_batch *x, int kind)
 {
     st_open *o = &x->cur[kind];
-    if (!o->w) return 0;
+    if (!o->w || o->active) return 0; /* the active shard's: appended by the flush */
     if (kvx_shard_writer_count(o->w) == 0) {
         kvx_shard_writer_abort(o->w);
         o->w = NULL;
@@ -244,6 +246,10 @@ static int st_put_one(kvx_store *s, kvx_store_batch *x, int kind, const st_query
 {
     st_open *o = &x->cur[kind];
     int rc;
+    if (!o->w && (rc = kvx_st_active_take(s, x, kind, o)) < 0) {
+        if (rc != KVX_EFULL) return rc;
+        kvx_clear_error(); /* out of shard ids: a writer of its own, below, frees some */
+    }
     if (!o->w) {
         uint32_t hint = x->reserve_hint;
         if (x->npend > hint) hint = x->npend > UINT32_MAX / 2 ? UINT32_MAX : (uint32_t)x->npend;
@@ -285,7 +291,12 @@ static int st_put_one(kvx_store *s, kvx_store_batch *x, int kind, const st_query
     if (kind != ST_KIND_LINEAGE) pq.toks = NULL, pq.digest = q->key ? q->digest : NULL;
     if ((rc = st_pending_add(s, x, &pq, KVX_COORD(o->byte, idx, 0), kind, o->gen))) return rc;
     if (x->reserve_hint > 0) x->reserve_hint--;
-    if (idx + 1 >= o->cap || kvx_shard_writer_bytes(o->w) >= s->target) {
+    if (o->active) {
+        /* the active shard full: x's blocks in it are appended now (a
+         * flush inside a put, as when shard ids run out), and it is sealed */
+        if (idx + 1 >= o->cap || kvx_shard_writer_bytes(o->w) + s->page_bytes > s->target)
+            rc = kvx_st_flush_locked(s, x);
+    } else if (idx + 1 >= o->cap || kvx_shard_writer_bytes(o->w) >= s->target) {
         rc = st_seal_cur(s, x, kind);
         if (!rc) rc = st_room_for_pending(s, x);
     }
@@ -664,23 +675,35 @@ int kvx_st_flush_locked(kvx_store *s, kvx_store_batch *x)
      *  4. the catalog edit, then the answer. If the edit fails, the
      *     shards/ names go again (durably) and the flush fails. */
     for (int k = 0; k < 2 && !rc; k++) rc = st_seal_cur(s, x, k);
+    /*  5. blocks in the active shard (store_active.c): after the files'
+     *     commit, one journal record (its pages durable first) with the
+     *     next number: the record is their acknowledgement, then the same
+     *     catalog edit names them. */
+    int act = kvx_st_active_pending(s, x);
     /* the catalog's commits lag the files from the first flush on: the
      * files are the acknowledgement (store_lag.c) */
-    if (!rc && x->nsealed && !s->lagging) kvx_st_lag_start(s);
+    if (!rc && (x->nsealed || act) && !s->lagging) kvx_st_lag_start(s);
     kvx_cat_edit e;
     kvx_cat_edit_init(&e);
-    if (!rc && x->nsealed) {
-        uint64_t seq = s->next_seq++;
-        if (s->keyed) rc = kvx_st_supersede(s, x, &e);
-        if (!rc) rc = kvx_st_seal_parked(s, x->sealed, x->nsealed, seq);
+    if (!rc && (x->nsealed || act)) {
+        uint64_t seq = 0;
         int linked = 0, marked = 0;
-        if (!rc && !(rc = kvx_st_link_files(s, x->sealed, x->nsealed, seq, &marked))) linked = 1;
-        if (!rc) rc = kvx_st_unstage_files(s, seq, marked);
+        if (x->nsealed) {
+            seq = s->next_seq++;
+            if (s->keyed) rc = kvx_st_supersede(s, x, &e);
+            if (!rc) rc = kvx_st_seal_parked(s, x->sealed, x->nsealed, seq);
+            if (!rc && !(rc = kvx_st_link_files(s, x->sealed, x->nsealed, seq, &marked))) linked = 1;
+            if (!rc) rc = kvx_st_unstage_files(s, seq, marked);
+        }
+        if (!rc && act) rc = kvx_st_active_append(s, x, s->next_seq++, &e);
         if (!rc) rc = st_publish(s, x, &e);
         if (!rc) kvx_st_published(x->sealed, x->nsealed);
         else if (linked) kvx_st_unpublish(s, x->sealed, x->nsealed, seq, marked);
     }
     kvx_cat_edit_free(&e);
+    int act_byte = act ? s->act.byte : -1;
+    uint64_t act_gen = s->act.gen;
+    kvx_st_active_release(s, x, rc == 0);
     if (rc) {
         kvx_st_discard_pending(x);
         return rc;
@@ -691,6 +714,7 @@ int kvx_st_flush_locked(kvx_store *s, kvx_store_batch *x)
          * pinned with the held */
         kvx_st_pin(x, x->sealed[i].byte, x->sealed[i].gen);
     }
+    if (act_byte >= 0) kvx_st_pin(x, (uint32_t)act_byte, act_gen); /* sealed just now, maybe */
     if (s->tier && !x->no_tier) kvx_st_tier_published(s, x); /* write-behind (queued, not waited for) */
     st_pending_reset(x);
     /* acknowledged from here on: what follows only tidies up */

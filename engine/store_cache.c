@@ -64,34 +64,27 @@ kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
     }
     pthread_rwlock_unlock(&s->cache_lock);
 
-    char name[32];
-    kvx_st_shard_name(name, gen);
     kvx_shard *sh = NULL;
-    struct stat st;
     int bad = 1, transient = 0;
     char why[240] = "gone from shards/";
-    int sr = kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW);
-    if (sr == 0 && !S_ISREG(st.st_mode)) snprintf(why, sizeof why, "not a regular file");
-    if (sr == 0 && S_ISREG(st.st_mode)) {
-        char *path = kvx_st_join(s->shards_path, name);
-        int rc = path ? kvx_shard_open_at(&sh, s->shardsfd, name, path, 0) : -ENOMEM;
-        free(path);
-        if (rc == 0) {
-            if (kvx_shard_get_info(sh)->shard_id != byte)
-                snprintf(why, sizeof why, "holds shard byte %u, registered as byte %u",
-                         kvx_shard_get_info(sh)->shard_id, byte);
-            else if (kvx_st_shard_ours(s, sh, why, sizeof why) == 0)
-                bad = 0;
-        } else if (!st_open_transient(rc)) {
-            snprintf(why, sizeof why, "cannot be validated: %s (%s)", kvx_last_error(), kvx_err_name(rc));
-        } else {
-            /* EIO, EMFILE, ENOMEM, no mapping-guard slot...: a miss now,
-             * not a verdict on the file */
-            transient = 1;
-        }
-    } else if (sr != 0 && errno != ENOENT) {
-        transient = 1; /* EACCES, EIO...: not a verdict; something not a
-                          regular file where the shard belongs is one */
+    /* its sealed name, or its active one (store_active.c) */
+    int rc = kvx_st_open_gen(s, byte, gen, &sh, NULL, 0);
+    if (rc == 0) {
+        if (kvx_shard_get_info(sh)->shard_id != byte)
+            snprintf(why, sizeof why, "holds shard byte %u, registered as byte %u", kvx_shard_get_info(sh)->shard_id,
+                     byte);
+        else if (kvx_st_shard_ours(s, sh, why, sizeof why) == 0)
+            bad = 0;
+    } else if (rc == -ENOENT) {
+        kvx_clear_error(); /* gone: a verdict */
+    } else if (!st_open_transient(rc)) {
+        /* malformed, a bad checksum, a symlink or not a regular file where
+         * the shard belongs */
+        snprintf(why, sizeof why, "cannot be validated: %s (%s)", kvx_last_error(), kvx_err_name(rc));
+    } else {
+        /* EIO, EMFILE, EACCES, ENOMEM, no mapping-guard slot...: a miss
+         * now, not a verdict on the file */
+        transient = 1;
     }
     if (transient) return NULL;
     pthread_rwlock_wrlock(&s->cache_lock);
@@ -110,6 +103,19 @@ kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
     kvx_shard_close(old);
     kvx_shard_close(sh);
     return r;
+}
+
+void kvx_st_cache_stale(kvx_store *s, uint32_t byte, const kvx_shard *sh)
+{
+    pthread_rwlock_wrlock(&s->cache_lock);
+    kvx_shard *old = s->cache[byte].sh == sh ? s->cache[byte].sh : NULL;
+    if (old) {
+        s->cache[byte].sh = NULL;
+        s->cache[byte].gen = 0;
+        s->cache[byte].bad = 0;
+    }
+    pthread_rwlock_unlock(&s->cache_lock);
+    kvx_shard_close(old);
 }
 
 void kvx_st_cache_drop(kvx_store *s, uint32_t byte)
@@ -138,11 +144,8 @@ uint32_t kvx_st_count_unverified(const kvx_shard *sh)
  * (why filled), -1 cannot tell now (a passing failure). */
 int kvx_st_shard_sound(kvx_store *s, uint32_t b, uint64_t gen, char *why, size_t cap)
 {
-    char name[32], path[4096];
-    kvx_st_shard_name(name, gen);
-    snprintf(path, sizeof path, "%s/%s", s->shards_path, name);
     kvx_shard *sh = NULL;
-    int rc = kvx_shard_open_at(&sh, s->shardsfd, name, path, 0);
+    int rc = kvx_st_open_gen(s, b, gen, &sh, NULL, 0);
     if (rc == -ENOENT) return 1; /* nothing left to delete */
     if (rc && st_open_transient(rc)) return -1;
     if (rc) {

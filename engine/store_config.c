@@ -51,7 +51,7 @@ int kvx_st_config_decode(const uint8_t *b, kvx_geometry *g, uint64_t *cap, uint6
     if (version == 1 || version == 2) {
         if (kind != 0) return kvx_fail(KVX_ECORRUPT, "store: STORE file: version %u with kind %u", version, kind);
         kind = version == 1 ? ST_STORE_BLOCKS : ST_STORE_KEYED;
-    } else if (version != ST_STORE_VERSION) {
+    } else if (version != ST_STORE_VERSION && version != ST_STORE_SEQ_VERSION) {
         return kvx_fail(KVX_EVERSION, "store: STORE file: version %u unknown (this kvx reads 1 to %u)", version,
                         ST_STORE_VERSION);
     } else if (kind != ST_STORE_BLOCKS && kind != ST_STORE_KEYED) {
@@ -134,4 +134,15 @@ int kvx_st_writer_check(kvx_store *s, const char *fn)
     if (!s) return kvx_fail(KVX_EINVALID, "%s: store is NULL", fn);
     if (!s->writer) return kvx_fail(KVX_EINVALID, "%s: store was opened KVX_STORE_READONLY", fn);
     return 0;
+}
+
+uint32_t kvx_st_kind_flags(const kvx_store *s, int kind)
+{
+    /* every shard carries its entries' sequence numbers; a keyed store's
+     * shards (its only kind) also a tombstone table: a delete is an entry */
+    if (s->keyed) return KVX_FLAG_KEYS | KVX_FLAG_SEQ | KVX_FLAG_TOMB;
+    uint32_t f = KVX_FLAG_HASHES | KVX_FLAG_SEQ;
+    if (kind == ST_KIND_LINEAGE) f |= KVX_FLAG_LINEAGE | KVX_FLAG_DIGEST;
+    if (kvx_quant_is_fp8(s->g.quant)) f |= KVX_FLAG_SCALES;
+    return f;
 }

@@ -72,6 +72,17 @@ static int st_try_loc(kvx_store *s, const kvx_cat_loc *loc, const st_query *q, k
         return KVX_ENOTFOUND;
     }
     uint32_t idx = KVX_COORD_BLOCK(loc->coord);
+    if (idx >= kvx_shard_get_info(sh)->num_blocks) {
+        /* an active shard grown since this handle opened (store_active.c):
+         * once, a fresh handle */
+        if (hc && hc->sh == sh) {
+            kvx_shard_close(hc->sh);
+            hc->sh = NULL;
+        }
+        kvx_st_cache_stale(s, byte, sh);
+        kvx_shard_close(sh);
+        if (!(sh = st_hc_get(s, hc, byte, loc->gen))) return KVX_ENOTFOUND;
+    }
     kvx_entry e;
     int rc = kvx_shard_entry(&e, sh, idx);
     if (rc || e.coordinate != loc->coord || e.hash != q->hash || e.token_count != (s->keyed ? 1 : s->g.block_tokens))
@@ -136,11 +147,17 @@ miss:
  * names the block, the file and the reason. */
 static int st_shard_unusable(kvx_store *s, const kvx_cat_loc *loc, uint64_t hash)
 {
-    char name[32], why[512];
+    char name[ST_ACTIVE_NAME_MAX], why[512];
     kvx_st_shard_name(name, loc->gen);
     struct stat st;
     int code = KVX_ECORRUPT;
-    if (kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    int sr = kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW);
+    if (sr != 0 && errno == ENOENT) { /* an active shard's (store_active.c) */
+        kvx_st_active_name(name, loc->gen, KVX_COORD_SHARD(loc->coord));
+        sr = kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW);
+        if (sr != 0 && errno == ENOENT) kvx_st_shard_name(name, loc->gen);
+    }
+    if (sr != 0) {
         int e = errno;
         code = e == ENOENT ? -ENOENT : -EAGAIN;
         snprintf(why, sizeof why, "%s", e == ENOENT ? "the file is gone" : strerror(e));
@@ -148,10 +165,8 @@ static int st_shard_unusable(kvx_store *s, const kvx_cat_loc *loc, uint64_t hash
         code = KVX_EPATH; /* as verify names it: kvx leaves such a thing alone */
         snprintf(why, sizeof why, "it is a %s, not a regular file", kvx_file_type_name(st.st_mode));
     } else {
-        char *path = kvx_st_join(s->shards_path, name);
         kvx_shard *sh = NULL;
-        int rc = path ? kvx_shard_open_at(&sh, s->shardsfd, name, path, 0) : -ENOMEM;
-        free(path);
+        int rc = kvx_st_open_gen(s, KVX_COORD_SHARD(loc->coord), loc->gen, &sh, NULL, 0);
         if (rc == 0) {
             char ours[300] = "";
             int orc = kvx_shard_get_info(sh)->shard_id != KVX_COORD_SHARD(loc->coord)

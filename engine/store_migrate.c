@@ -102,8 +102,7 @@ static int st_migrate_shard(kvx_store *s, uint32_t b)
     return rc;
 }
 
-/* STORE in this release's version: temp, fsync, rename, fsync of DIR. */
-static int st_write_store_file(kvx_store *s)
+int kvx_st_write_store_file(kvx_store *s)
 {
     uint8_t cfg[ST_CONFIG_BYTES];
     kvx_st_config_encode(cfg, &s->g, s->capacity, s->target);
@@ -116,6 +115,7 @@ static int st_write_store_file(kvx_store *s)
     if (!rc && kvx_os.renameat(s->dirfd, "STORE.tmp", s->dirfd, "STORE") != 0) rc = -errno;
     if (!rc && kvx_os.fsync(s->dirfd) != 0) rc = -errno;
     if (rc) return kvx_fail(rc, "store %s: migration: write STORE: %s", s->dir, strerror(-rc));
+    s->version = ST_STORE_VERSION;
     return 0;
 }
 
@@ -124,7 +124,7 @@ int kvx_st_migrate(kvx_store *s)
     int rc = 0;
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++)
         if (s->reg->live[b] && !(s->reg->rec[b].flags & KVX_FLAG_SEQ)) rc = st_migrate_shard(s, b);
-    if (!rc) rc = st_write_store_file(s);
+    if (!rc) rc = kvx_st_write_store_file(s);
     if (rc) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", kvx_last_error());

@@ -24,6 +24,75 @@
 
 void kvx_st_shard_name(char *buf, uint64_t gen) { snprintf(buf, 32, "%016" PRIx64 ".kvx", gen); }
 
+void kvx_st_active_name(char *buf, uint64_t gen, uint32_t byte)
+{
+    snprintf(buf, ST_ACTIVE_NAME_MAX, ".%016" PRIx64 ".%02x.kvx.active", gen, byte & 0xFFu);
+}
+
+int kvx_st_parse_active_name(const char *name, uint64_t *gen, uint32_t *byte)
+{
+    char back[ST_ACTIVE_NAME_MAX];
+    unsigned long long g;
+    unsigned b;
+    int used = 0;
+    if (strlen(name) != 31 || sscanf(name, ".%16llx.%2x.kvx.active%n", &g, &b, &used) != 2 || used != 31) return 0;
+    kvx_st_active_name(back, g, b); /* one spelling only: lower-case hex, every digit */
+    if (strcmp(back, name) != 0) return 0;
+    *gen = g;
+    *byte = b;
+    return 1;
+}
+
+void kvx_st_active_params(const kvx_store *s, uint32_t byte, uint64_t gen, kvx_active_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->geometry = s->g;
+    p->shard_id = (uint8_t)byte;
+    p->max_entries = s->max_entries;
+    p->flags = kvx_st_kind_flags(s, ST_KIND_LINEAGE);
+    /* the file's name, as the journal header's identity: a journal copied
+     * under another name, or another store's, is not this file's */
+    memcpy(p->ident, "kvx active shard", 16);
+    kvx_store64(p->ident + 16, gen);
+    p->ident[24] = (uint8_t)byte;
+}
+
+int kvx_st_open_gen(kvx_store *s, uint32_t byte, uint64_t gen, kvx_shard **out, char *name, size_t cap)
+{
+    char sealed[32], active[ST_ACTIVE_NAME_MAX];
+    kvx_st_shard_name(sealed, gen);
+    kvx_st_active_name(active, gen, byte);
+    kvx_active_params p;
+    kvx_st_active_params(s, byte, gen, &p);
+    /* sealed, else active, else sealed again: a seal renames the active
+     * file to its sealed name between two of these opens */
+    int rc = -ENOENT;
+    for (int k = 0; k < 3 && rc == -ENOENT; k++) {
+        const char *n = k == 1 ? active : sealed;
+        if (name) snprintf(name, cap, "%s", n);
+        /* a regular file, never through a symlink (the open refuses one
+         * too, with O_NOFOLLOW) */
+        struct stat st;
+        if (kvx_os.fstatat(s->shardsfd, n, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+            rc = -errno;
+            if (rc != -ENOENT) return kvx_fail(rc, "store %s: stat shards/%s: %s", s->dir, n, strerror(-rc));
+            continue;
+        }
+        if (!S_ISREG(st.st_mode))
+            return kvx_fail(KVX_EPATH, "store %s: shards/%s is a %s, not a regular file", s->dir, n,
+                            kvx_file_type_name(st.st_mode));
+        char *path = kvx_st_join(s->shards_path, n);
+        if (!path) return kvx_fail(-ENOMEM, "store: out of memory");
+        rc = k == 1 ? kvx_shard_open_active(out, s->shardsfd, n, path, &p) : kvx_shard_open_at(out, s->shardsfd, n, path, 0);
+        free(path);
+    }
+    if (rc == -ENOENT) {
+        if (name) kvx_st_shard_name(name, gen);
+        return kvx_fail(-ENOENT, "store %s: shards/%s is gone", s->dir, sealed);
+    }
+    return rc;
+}
+
 char *kvx_st_join(const char *a, const char *b)
 {
     size_t la = strlen(a), lb = strlen(b);

@@ -541,7 +541,7 @@ KVX_API int kvx_store_plan_reindex(kvx_store_plan **out, const char *dir)
     kvx_st_plan *p = NULL;
     /* the reindex it describes sets index/ aside, so a previous release's
      * store (migrated only from its sound catalog) is refused as it is */
-    if (!rc && s->version < ST_STORE_VERSION) rc = kvx_st_refuse_unmigrated(s);
+    if (!rc && s->version < ST_STORE_SEQ_VERSION) rc = kvx_st_refuse_unmigrated(s);
     if (!rc) rc = kvx_st_plan_make(s, ST_PLAN_STAGING | ST_PLAN_REBUILD, &p);
     if (!rc) rc = kvx_st_plan_wrap(out, p);
     else kvx_st_plan_free(p);
@@ -557,6 +557,9 @@ KVX_API void kvx_store_close(kvx_store *s)
      * batches the caller did not destroy are detached, not freed */
     pthread_mutex_lock(&s->wmu);
     kvx_st_batches_close(s);
+    /* the active shard sealed in place; a failure leaves it whole, for the
+     * next writer's recovery to seal */
+    if (kvx_st_active_seal(s) != 0) kvx_clear_error();
     pthread_mutex_unlock(&s->wmu);
     kvx_st_usage_persist(s);
     kvx_st_tier_detach(s, 2000); /* the write-behind: sent, or dropped after 2 s */

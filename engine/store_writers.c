@@ -28,6 +28,7 @@ static int st_alloc_byte(kvx_store *s, const uint8_t *extra, uint8_t *out)
             if (x->cur[k].w) used[x->cur[k].byte] = 1;
         for (size_t i = 0; i < x->nsealed; i++) used[x->sealed[i].byte] = 1;
     }
+    if (s->act.w) used[s->act.byte] = 1;
     for (int b = 0; b < ST_SLOTS; b++) {
         if (!used[b] && !(extra && extra[b])) {
             *out = (uint8_t)b;
@@ -42,22 +43,11 @@ static int st_alloc_byte(kvx_store *s, const uint8_t *extra, uint8_t *out)
                     s->dir, (unsigned long long)s->capacity, (unsigned long long)s->target);
 }
 
-uint32_t kvx_st_kind_flags(const kvx_store *s, int kind)
-{
-    /* every shard carries its entries' sequence numbers; a keyed store's
-     * shards (its only kind) also a tombstone table: a delete is an entry */
-    if (s->keyed) return KVX_FLAG_KEYS | KVX_FLAG_SEQ | KVX_FLAG_TOMB;
-    uint32_t f = KVX_FLAG_HASHES | KVX_FLAG_SEQ;
-    if (kind == ST_KIND_LINEAGE) f |= KVX_FLAG_LINEAGE | KVX_FLAG_DIGEST;
-    if (kvx_quant_is_fp8(s->g.quant)) f |= KVX_FLAG_SCALES;
-    return f;
-}
-
 /* reserve: table entries to reserve. A shard's tables are sized when it is
  * created, so a writer reserves what it is about to receive (the put's
  * blocks, at least the batch so far), not the shard maximum: small flushes
  * then seal tight files instead of files padded with empty tables. */
-static int st_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_open *o, uint32_t reserve, uint32_t max)
+int kvx_st_alloc_gen(kvx_store *s, const uint8_t *extra, uint8_t *out_byte, uint64_t *out_gen)
 {
     uint8_t b = 0;
     int rc = st_alloc_byte(s, extra, &b);
@@ -76,6 +66,19 @@ static int st_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_open 
     }
     if (!gen)
         return kvx_fail(KVX_EFULL, "store %s: 4096 generations in a row name files already in shards/", s->dir);
+    *out_byte = b;
+    *out_gen = gen;
+    return 0;
+}
+
+static int st_begin(kvx_store *s, uint32_t flags, const uint8_t *extra, st_open *o, uint32_t reserve, uint32_t max)
+{
+    uint8_t b = 0;
+    uint64_t gen = 0;
+    char name[32];
+    int rc = kvx_st_alloc_gen(s, extra, &b, &gen);
+    if (rc) return rc;
+    kvx_st_shard_name(name, gen);
     /* the writer's temporary file lives in staging/ (emptied by recovery);
      * a rewrite's seal renames it into shards/ and fsyncs shards/, a
      * commit's waits there, parked, for its flush (kvx_st_link_files). */

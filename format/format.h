@@ -136,6 +136,9 @@ int kvx_shard_writer_append(kvx_shard_writer *w, uint64_t seq);
 void kvx_shard_writer_rollback(kvx_shard_writer *w);
 /* Entries the active file's records hold (0 for another writer). */
 uint32_t kvx_shard_writer_appended(const kvx_shard_writer *w);
+/* Bytes of the journal written so far: its header and records (0 for
+ * another writer). */
+uint64_t kvx_shard_writer_journal_used(const kvx_shard_writer *w);
 /* Seals an active file in place: the header and tables of its appended
  * entries written at offset 0 (the journal stays, unused, between the
  * tables and the pages), fsync, then renamed to sealed_path (never over a

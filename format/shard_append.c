@@ -291,9 +291,24 @@ void kvx_shard_writer_rollback(kvx_shard_writer *w)
     }
     w->n = w->appended;
     if (w->seq_from > w->n) w->seq_from = w->n;
+    /* the next page goes right after the last appended one; the seal's
+     * size ends there too */
+    w->kv_end = 0;
+    for (uint32_t i = 0; i < w->n; i++) {
+        const uint8_t *c = w->coords + (size_t)i * KVX_ENTRY_BYTES;
+        uint64_t end = kvx_load64(c + KVX_E_OFFSET) + kvx_load32(c + KVX_E_BYTES);
+        if (end > w->kv_end) w->kv_end = end;
+    }
 }
 
 uint32_t kvx_shard_writer_appended(const kvx_shard_writer *w) { return w && w->active ? w->appended : 0; }
+
+uint64_t kvx_shard_writer_journal_used(const kvx_shard_writer *w)
+{
+    if (!w || !w->active) return 0;
+    kvx_journal_geom jg;
+    return kvx_journal_geom_for(&jg, &w->ap) ? 0 : w->jpos - jg.journal_off;
+}
 
 int kvx_shard_writer_seal_active(kvx_shard_writer *w, const char *sealed_path)
 {
@@ -322,7 +337,9 @@ int kvx_shard_writer_seal_active(kvx_shard_writer *w, const char *sealed_path)
         step = "setting the file size";
         uint64_t bytes = kvx_shard_writer_bytes(w);
         rc = kvx_os.fstat(w->fd, &st) ? -errno : 0;
-        if (!rc && (uint64_t)st.st_size < bytes) rc = kvx_os.ftruncate(w->fd, (off_t)bytes) ? -errno : 0;
+        /* to the end of the last appended page, rounded to 4096: what the
+         * store registered; pages of entries rolled back past it go */
+        if (!rc && (uint64_t)st.st_size != bytes) rc = kvx_os.ftruncate(w->fd, (off_t)bytes) ? -errno : 0;
     }
     if (!rc) {
         step = "fsync of the file";

@@ -62,6 +62,8 @@ struct kvx_shard {
     kvx_spectral spectral;
     uint32_t *spectral_ids;
     float *spectral_psi;
+    int active;    /* kvx_shard_open_active: its writer appends, so a moved
+                      mtime is no sign of damage (a shorter file still is) */
     int mem;       /* kvx_shard_mem: pages on the heap, no file */
     void **pages;  /* kvx_shard_mem: n pages, each malloc'd */
 };

@@ -469,6 +469,11 @@ static int open_journal(kvx_shard *s, const struct stat *st, const kvx_active_pa
     uint64_t size = (uint64_t)st->st_size < js.h.kv_data_offset ? js.h.kv_data_offset : (uint64_t)st->st_size;
     rc = load_entries(s, &js.h, &lay, js.tables, size);
     free(js.tables);
+    if (!rc && js.n && s->info.shard_id != p->shard_id)
+        return kvx_fail(KVX_ESHARDID, "active shard: entry 0 has shard %u, the file is shard %u's", s->info.shard_id,
+                        p->shard_id);
+    s->info.shard_id = p->shard_id;
+    s->active = 1;
     return rc;
 }
 
@@ -774,7 +779,7 @@ static int shard_whole(kvx_shard *s)
         return 1; /* looked at just now (by this thread or another) */
     struct stat st;
     if (kvx_os.fstat(s->fd, &st) == 0 && (uint64_t)st.st_size >= s->map_len &&
-        st.st_mtim.tv_sec == s->mtime.tv_sec && st.st_mtim.tv_nsec == s->mtime.tv_nsec)
+        (s->active || (st.st_mtim.tv_sec == s->mtime.tv_sec && st.st_mtim.tv_nsec == s->mtime.tv_nsec)))
         return 1;
     atomic_store_explicit(&s->cut, 1, memory_order_relaxed);
     return 0;

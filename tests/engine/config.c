@@ -28,9 +28,10 @@ static void rw_store(const char *dir, uint8_t *b, int write)
 
 static unsigned u16(const uint8_t *p) { return (unsigned)p[0] | (unsigned)p[1] << 8; }
 
-/* A block store's STORE: version 3, kind 0; a keyed one's: version 3,
+/* A block store's STORE: version 4, kind 0; a keyed one's: version 4,
  * kind 1, its page size at 56. Another version, or kind, with a valid
- * checksum: KVX_EVERSION naming it. */
+ * checksum: KVX_EVERSION naming it. A version 3 store (before active
+ * shards) opens; a reader leaves it 3, a writer's open makes it 4. */
 /* PROMISE: STORE-19 */
 static void test_store_file_version_and_kind(void **state)
 {
@@ -47,16 +48,16 @@ static void test_store_file_version_and_kind(void **state)
     uint8_t b[64], k[64];
     rw_store(dir, b, 0);
     rw_store(kdir, k, 0);
-    assert_int_equal(u16(b + 8), 3);
+    assert_int_equal(u16(b + 8), 4);
     assert_int_equal(u16(b + 10), 0);
-    assert_int_equal(u16(k + 8), 3);
+    assert_int_equal(u16(k + 8), 4);
     assert_int_equal(u16(k + 10), 1);
     assert_int_equal(u16(k + 56), 4096);
     const struct {
         int off;
         uint8_t v;
         const char *says;
-    } bad[2] = {{8, 4, "version 4"}, {10, 2, "kind 2"}};
+    } bad[2] = {{8, 5, "version 5"}, {10, 2, "kind 2"}};
     for (int i = 0; i < 2; i++) {
         uint8_t x[64];
         memcpy(x, b, 64);
@@ -70,6 +71,22 @@ static void test_store_file_version_and_kind(void **state)
     rw_store(dir, b, 1);
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
     kvx_store_close(s);
+    uint8_t v3[64];
+    memcpy(v3, b, 64);
+    v3[8] = 3;
+    uint32_t crc = kvx_crc32c(0, v3, 60);
+    memcpy(v3 + 60, &crc, 4);
+    rw_store(dir, v3, 1);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
+    kvx_store_close(s);
+    uint8_t now[64];
+    rw_store(dir, now, 0);
+    assert_int_equal(u16(now + 8), 3); /* a reader never repairs */
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    kvx_store_close(s);
+    rw_store(dir, now, 0);
+    assert_int_equal(u16(now + 8), 4);
+    assert_memory_equal(now, b, 64);
 }
 
 int main(int argc, char **argv)

@@ -142,7 +142,7 @@ static void test_writer_keeps_and_extends_old_store(void **state)
     assert_int_equal(kvx_store_open(&s, dir, &g, 0), 0);
     unsigned v, k;
     store_version(dir, &v, &k);
-    assert_true(v == 3 && k == 0);
+    assert_true(v == 4 && k == 0);
     check_stats(s, 76);
     check_contents(s, 12);
     all_shards_seq(s);
@@ -227,7 +227,7 @@ static void test_keyed_fixture_migrated(void **state)
     assert_true(v == 2 && k == 0);
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
     store_version(dir, &v, &k);
-    assert_true(v == 3 && k == 1);
+    assert_true(v == 4 && k == 1);
     check_keys(s);
     all_shards_seq(s);
     assert_int_equal(kvx_store_reindex(s), 0);
@@ -311,7 +311,7 @@ static void test_crash_mid_migration_resumes(void **state)
         if (rc) fail_msg("killed at op %d: the next writer open failed: %s", n, kvx_last_error());
         unsigned v, k;
         store_version(dir, &v, &k);
-        assert_true(v == 3 && k == 1);
+        assert_true(v == 4 && k == 1);
         check_keys(s);
         all_shards_seq(s);
         kvx_store_close(s);
@@ -386,7 +386,7 @@ static void test_old_store_with_a_cut_drop_migrates(void **state)
     if (rc) fail_msg("open: %s (%s)", kvx_err_name(rc), kvx_last_error());
     unsigned v, k;
     store_version(dir, &v, &k);
-    assert_true(v == 3 && k == 1);
+    assert_true(v == 4 && k == 1);
     check_keys(s);
     kvx_store_close(s);
     char p[600];

@@ -1,0 +1,266 @@
+/*
+ * store_active.c - the store's active shard (docs/STORE.md "Appends"):
+ * one file of the lineage kind that grows by appends, a flush's blocks
+ * one journal record (format/shard_append.c), so small flushes stop
+ * making small files that compaction must merge (each merged page written
+ * again; issue 41 "one write per byte put").
+ *
+ * Rule kept: an active shard's blocks are acknowledged by its record (its
+ * pages durable first, then the record), and the catalog names them only
+ * after; nothing removes or shortens an active file but its own seal (in
+ * place, pages unmoved) or recovery's seal; an active file that cannot be
+ * read goes to quarantine/, never away. One batch at a time owns it: its
+ * unflushed blocks are in it, so an append never carries another batch's
+ * blocks; the other batches write their own files meanwhile.
+ */
+#include "store.h"
+#include "common/os.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* Is the active writer full (no room for one more block)? */
+static int st_active_full(const kvx_store *s, kvx_shard_writer *w)
+{
+    return kvx_shard_writer_count(w) >= s->max_entries || kvx_shard_writer_bytes(w) + s->page_bytes > s->target;
+}
+
+/* A new active shard on a free byte and a new generation. */
+static int st_active_create(kvx_store *s)
+{
+    uint8_t b;
+    uint64_t gen;
+    int rc = kvx_st_alloc_gen(s, NULL, &b, &gen);
+    if (rc) return rc;
+    char name[ST_ACTIVE_NAME_MAX];
+    kvx_st_active_name(name, gen, b);
+    char *path = kvx_st_join(s->shards_path, name);
+    if (!path) return kvx_fail(-ENOMEM, "store: out of memory");
+    kvx_active_params p;
+    kvx_st_active_params(s, b, gen, &p);
+    kvx_shard_writer *w;
+    rc = kvx_shard_writer_create_active(&w, path, &p);
+    free(path);
+    if (rc) return rc;
+    struct stat st;
+    if (kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        rc = -errno;
+        kvx_shard_writer_abort(w);
+        kvx_os.unlinkat(s->shardsfd, name, 0); /* nothing acknowledged in it yet */
+        return kvx_fail(rc, "store %s: stat shards/%s: %s", s->dir, name, strerror(-rc));
+    }
+    memset(&s->act, 0, sizeof s->act);
+    s->act.w = w;
+    s->act.byte = b;
+    s->act.gen = gen;
+    s->act.ino = (uint64_t)st.st_ino;
+    return 0;
+}
+
+/* Closes the active writer without a seal: the file stays as its records
+ * left it (a live shard read by its active name, sealed by the next
+ * writer's recovery), or goes when it never held a record. */
+static void st_active_drop(kvx_store *s)
+{
+    if (!s->act.w) return;
+    int empty = kvx_shard_writer_appended(s->act.w) == 0 && !s->act.registered;
+    kvx_shard_writer_abort(s->act.w);
+    if (empty) {
+        char name[ST_ACTIVE_NAME_MAX];
+        kvx_st_active_name(name, s->act.gen, s->act.byte);
+        kvx_os.unlinkat(s->shardsfd, name, 0);
+    }
+    memset(&s->act, 0, sizeof s->act);
+}
+
+int kvx_st_active_seal(kvx_store *s)
+{
+    if (!s->act.w || s->act.owner) return 0;
+    if (kvx_shard_writer_appended(s->act.w) == 0 && !s->act.registered) {
+        st_active_drop(s);
+        return 0;
+    }
+    char name[32];
+    kvx_st_shard_name(name, s->act.gen);
+    char *path = kvx_st_join(s->shards_path, name);
+    if (!path) return kvx_fail(-ENOMEM, "store: out of memory");
+    /* the header and tables the seal writes: about the journal's rows */
+    uint64_t tables = kvx_shard_writer_journal_used(s->act.w);
+    int rc = kvx_shard_writer_seal_active(s->act.w, path); /* frees the writer */
+    free(path);
+    if (!rc) s->wrote[ST_WROTE_PUT].files += tables;
+    /* on a failure the file is whole under one of its names: readers find
+     * either, the next writer's recovery seals it */
+    memset(&s->act, 0, sizeof s->act);
+    return rc;
+}
+
+/* KVX_NO_APPEND=1 in the environment: every flush writes its own file,
+ * as before active shards (docs/STORE.md "Appends"; the tests of that
+ * path set it). Read once. */
+static int st_no_append(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("KVX_NO_APPEND");
+        v = e && e[0] == '1';
+    }
+    return v;
+}
+
+int kvx_st_active_take(kvx_store *s, kvx_store_batch *x, int kind, st_open *o)
+{
+    if (kind != ST_KIND_LINEAGE || s->keyed || x->whole || s->version < ST_STORE_VERSION || st_no_append()) return 0;
+    if (s->act.owner && s->act.owner != x) return 0; /* another batch's blocks are in it */
+    if (s->act.w && st_active_full(s, s->act.w)) {
+        int rc = kvx_st_active_seal(s);
+        if (rc) kvx_clear_error(); /* tidy-up: the file is whole; a new one takes the blocks */
+    }
+    if (!s->act.w) {
+        int rc = st_active_create(s);
+        if (rc) return rc;
+    }
+    memset(o, 0, sizeof *o);
+    o->w = s->act.w;
+    o->byte = s->act.byte;
+    o->gen = s->act.gen;
+    o->flags = kvx_st_kind_flags(s, ST_KIND_LINEAGE);
+    o->cap = s->max_entries;
+    o->active = 1;
+    s->act.owner = x;
+    return 1;
+}
+
+int kvx_st_active_pending(const kvx_store *s, const kvx_store_batch *x)
+{
+    return s->act.w && s->act.owner == x &&
+           kvx_shard_writer_count(s->act.w) > kvx_shard_writer_appended(s->act.w);
+}
+
+int kvx_st_active_append(kvx_store *s, kvx_store_batch *x, uint64_t seq, kvx_cat_edit *e)
+{
+    if (!kvx_st_active_pending(s, x)) return 0;
+    kvx_shard_writer *w = s->act.w;
+    uint64_t journal = kvx_shard_writer_journal_used(w), before = kvx_shard_writer_appended(w);
+    int rc = kvx_shard_writer_append(w, seq);
+    if (rc) {
+        s->act.broken = 1;
+        return rc;
+    }
+    uint32_t nunv = 0;
+    for (int k = 0; k < 2; k++)
+        if (x->cur[k].active) nunv += x->cur[k].nunv;
+    uint64_t now = kvx_st_now_ns();
+    kvx_cat_shard rec = {s->act.gen,
+                         kvx_shard_writer_bytes(w),
+                         s->act.registered ? s->act.created_ns : now,
+                         kvx_shard_writer_appended(w),
+                         kvx_st_kind_flags(s, ST_KIND_LINEAGE) | KVX_FLAG_META_CRC,
+                         s->act.nunv + nunv,
+                         s->act.ino};
+    rc = s->act.registered ? kvx_cat_edit_put_shard(e, s->act.byte, &rec)
+                           : kvx_cat_edit_add_shard(e, s->act.byte, &rec, now);
+    if (rc) {
+        s->act.broken = 1; /* appended, and the catalog cannot say so: see kvx_st_active_release */
+        return rc;
+    }
+    s->act.created_ns = rec.created_ns;
+    s->act.nunv_commit = nunv;
+    s->act.committed = 1;
+    /* what the file gained, for the benchmarks' split: its pages (each
+     * also counted as put) and this record */
+    s->wrote[ST_WROTE_PUT].files +=
+        (kvx_shard_writer_appended(w) - before) * s->page_bytes + kvx_shard_writer_journal_used(w) - journal;
+    return 0;
+}
+
+void kvx_st_active_release(kvx_store *s, kvx_store_batch *x, int ok)
+{
+    for (int k = 0; k < 2; k++)
+        if (x->cur[k].active) memset(&x->cur[k], 0, sizeof x->cur[k]);
+    if (!s || s->act.owner != x) return;
+    s->act.owner = NULL;
+    if (!s->act.w) return;
+    int appended = s->act.committed;
+    s->act.committed = 0;
+    if (s->act.broken || (!ok && appended)) {
+        /* an append, or the catalog edit after it, failed: the file keeps
+         * what its records say (a record whose edit failed was never
+         * acknowledged, and adopting it later serves nothing wrong: a
+         * block is its own proof); no more appends to it, the next
+         * recovery seals it */
+        st_active_drop(s);
+        return;
+    }
+    if (!ok) {
+        kvx_shard_writer_rollback(s->act.w);
+    } else if (appended) {
+        s->act.registered = 1;
+        s->act.nunv += s->act.nunv_commit;
+    }
+    s->act.nunv_commit = 0;
+    if (kvx_shard_writer_appended(s->act.w) == 0 && !s->act.registered) {
+        st_active_drop(s);
+        return;
+    }
+    if (st_active_full(s, s->act.w) && kvx_st_active_seal(s)) kvx_clear_error(); /* whole either way */
+}
+
+/* One active file of recovery: sealed in place (its whole records), or
+ * removed when it holds none, or set aside when it cannot be read. */
+static int st_active_recover_one(kvx_store *s, int dirfd, const char *name, void *ctx)
+{
+    (void)dirfd;
+    int *failed = ctx;
+    uint64_t gen;
+    uint32_t byte;
+    if (!kvx_st_parse_active_name(name, &gen, &byte)) return 0;
+    struct stat st;
+    if (kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT ? 0 : -errno;
+    if (!S_ISREG(st.st_mode)) return 0; /* never followed: the plan leaves it alone */
+    char *path = kvx_st_join(s->shards_path, name), sealed[32];
+    kvx_st_shard_name(sealed, gen);
+    char *spath = kvx_st_join(s->shards_path, sealed);
+    if (!path || !spath) {
+        free(path);
+        free(spath);
+        return kvx_fail(-ENOMEM, "store: out of memory");
+    }
+    kvx_active_params p;
+    kvx_st_active_params(s, byte, gen, &p);
+    kvx_shard_writer *w;
+    int rc = kvx_shard_writer_resume(&w, path, &p);
+    if (rc && !st_open_transient(rc)) {
+        char why[480];
+        snprintf(why, sizeof why, "an active shard that cannot be read: %s (%s)", kvx_last_error(), kvx_err_name(rc));
+        kvx_clear_error();
+        rc = kvx_st_quarantine(s, name, why);
+    } else if (!rc && kvx_shard_writer_appended(w) == 0) {
+        kvx_shard_writer_abort(w); /* no record: nothing in it was acknowledged */
+        rc = kvx_os.unlinkat(s->shardsfd, name, 0) ? -errno : 0;
+        if (!rc) rc = kvx_os.fsync(s->shardsfd) ? -errno : 0;
+        if (rc) rc = kvx_fail(rc, "store %s: removing the empty active file shards/%s: %s", s->dir, name, strerror(-rc));
+    } else if (!rc) {
+        rc = kvx_shard_writer_seal_active(w, spath);
+        if (rc == -EEXIST) { /* a sealed file of its generation: no writer makes both */
+            char why[480];
+            snprintf(why, sizeof why, "an active shard whose sealed name shards/%s is taken", sealed);
+            kvx_clear_error();
+            rc = kvx_st_quarantine(s, name, why);
+        }
+    }
+    free(path);
+    free(spath);
+    if (rc) ++*failed;
+    return rc;
+}
+
+int kvx_st_active_recover(kvx_store *s)
+{
+    int failed = 0;
+    return kvx_st_each_file(s, s->shardsfd, st_active_recover_one, &failed);
+}

@@ -1,0 +1,350 @@
+/*
+ * active.c - engine/store_active.c: a block store's flushes append to one
+ * active shard (one journal record a flush, no new file), served at once
+ * by the writer and by readers whose handles opened before; the shard is
+ * sealed in place when full, at close, at reindex and by the next
+ * writer's recovery after a kill; an unflushed batch's pages in it are
+ * never adopted; a failed append loses nothing acknowledged; an active
+ * file that cannot be read goes to quarantine/; a second batch writes its
+ * own file meanwhile; eviction never takes the active shard.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/os.h"
+#include "lib/fault.h"
+#include "lib/store.h"
+
+/* How many names of dir/sub end in suffix (sealed ".kvx" or ".active"). */
+static size_t count_suffix(const char *dir, const char *sub, const char *suffix)
+{
+    static char names[1024][64];
+    size_t n = su_list_names(dir, sub, names, 1024), k = 0;
+    for (size_t i = 0; i < n; i++) {
+        size_t l = strlen(names[i]), sl = strlen(suffix);
+        if (l >= sl && strcmp(names[i] + l - sl, suffix) == 0) k++;
+    }
+    return k;
+}
+
+/* The active file's name in dir/shards (the test fails unless exactly one). */
+static void active_name(const char *dir, char *out, size_t cap)
+{
+    static char names[1024][64];
+    size_t n = su_list_names(dir, "shards", names, 1024), k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strstr(names[i], ".active")) {
+            snprintf(out, cap, "%.63s", names[i]);
+            k++;
+        }
+    assert_int_equal(k, 1);
+}
+
+/* PROMISE: STORE-20 */
+static void test_flushes_append_to_one_file(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20, .flags = KVX_STORE_NOWAIT});
+    kvx_store *early = su_reopen(dir, KVX_STORE_READONLY); /* its handles open before the appends */
+    for (uint64_t q = 1; q <= 8; q++) {
+        su_put_flush(s, q, SU_NB);
+        assert_int_equal(su_prefix_nb(early, 1), SU_NB); /* a handle opened at flush 1 sees the later ones */
+        assert_int_equal(su_prefix_nb(early, q), SU_NB);
+    }
+    /* one file for eight flushes, nothing staged */
+    assert_int_equal(count_suffix(dir, "shards", ".active"), 1);
+    assert_int_equal(count_suffix(dir, "shards", ".kvx"), 0);
+    assert_int_equal(su_n_files(dir, "staging"), 0);
+    for (uint64_t q = 1; q <= 8; q++) {
+        assert_int_equal(su_prefix_nb(s, q), SU_NB);
+        assert_int_equal(su_prefix_nb(early, q), SU_NB);
+    }
+    kvx_store_stats st = su_stat(s);
+    assert_int_equal(st.blocks, 8 * SU_NB);
+    assert_int_equal(st.shards, 1);
+    su_verify_clean(s);
+    su_verify_clean(early);
+    kvx_store *late = su_reopen(dir, KVX_STORE_READONLY);
+    for (uint64_t q = 1; q <= 8; q++) assert_int_equal(su_prefix_nb(late, q), SU_NB);
+    kvx_store_close(late);
+    /* close seals it in place: the same inode under its sealed name */
+    char name[64], path[600];
+    active_name(dir, name, sizeof name);
+    snprintf(path, sizeof path, "%s/shards/%s", dir, name);
+    struct stat a;
+    assert_int_equal(stat(path, &a), 0);
+    kvx_store_close(s);
+    assert_int_equal(count_suffix(dir, "shards", ".active"), 0);
+    assert_int_equal(count_suffix(dir, "shards", ".kvx"), 1);
+    snprintf(path, sizeof path, "%s/shards/%.16s.kvx", dir, name + 1);
+    struct stat b;
+    assert_int_equal(stat(path, &b), 0);
+    assert_true(a.st_ino == b.st_ino);
+    kvx_shard *sh;
+    assert_int_equal(kvx_shard_open(&sh, path, KVX_OPEN_VERIFY_PAGES), 0); /* a standard KVX file */
+    assert_int_equal(kvx_shard_get_info(sh)->num_blocks, 8 * SU_NB);
+    kvx_shard_close(sh);
+    for (uint64_t q = 1; q <= 8; q++) assert_int_equal(su_prefix_nb(early, q), SU_NB); /* across the seal */
+    kvx_store_close(early);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    kvx_recovery_report rep;
+    assert_int_equal(kvx_store_recovery(s, &rep), 0);
+    assert_int_equal(rep.rebuilt, 0); /* the catalog names the sealed file as it is */
+    for (uint64_t q = 1; q <= 8; q++) assert_int_equal(su_prefix_nb(s, q), SU_NB);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
+/* PROMISE: STORE-20 */
+static void test_full_active_shard_sealed_and_next_begun(void **state)
+{
+    (void)state;
+    char dir[300];
+    /* 256 KiB shards: a few prompts fill one */
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 256 << 10});
+    for (uint64_t q = 1; q <= 40; q++) su_put_flush(s, q, SU_NB);
+    assert_true(count_suffix(dir, "shards", ".active") <= 1); /* none when the last flush filled it */
+    assert_true(count_suffix(dir, "shards", ".kvx") >= 2);
+    for (uint64_t q = 1; q <= 40; q++) assert_int_equal(su_prefix_nb(s, q), SU_NB);
+    kvx_store_stats st = su_stat(s);
+    assert_int_equal(st.blocks, 40 * SU_NB);
+    assert_int_equal(st.compactions, 0); /* nothing small to merge */
+    su_verify_clean(s);
+    kvx_store_close(s);
+    s = su_reopen(dir, 0);
+    for (uint64_t q = 1; q <= 40; q++) assert_int_equal(su_prefix_nb(s, q), SU_NB);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
+/* A writer process: flushes seqs [first, first + n), then puts seq
+ * first + n without a flush (its pages in the active file), then dies
+ * (SIGKILL). */
+static void killed_with_unflushed(const char *dir, uint64_t first, uint64_t n)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        kvx_store *c = NULL;
+        if (kvx_store_open(&c, dir, NULL, KVX_STORE_NOWAIT)) _exit(2);
+        for (uint64_t q = first; q < first + n; q++)
+            if (su_put_seq(c, q, SU_NB)) _exit(3);
+        su_put_nb(c, first + n);
+        raise(SIGKILL);
+        _exit(4);
+    }
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFSIGNALED(ws));
+}
+
+/* PROMISE: STORE-21 */
+static void test_kill9_then_recovery_seals(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20});
+    su_put_flush(s, 1, SU_NB);
+    kvx_store_close(s);
+    killed_with_unflushed(dir, 10, 5);
+    assert_int_equal(count_suffix(dir, "shards", ".active"), 1);
+    /* a reader before any writer: every acknowledged block, from the
+     * active file as the killed writer left it; it changes nothing */
+    kvx_store *r = su_reopen(dir, KVX_STORE_READONLY);
+    for (uint64_t q = 10; q < 15; q++) assert_int_equal(su_prefix_nb(r, q), SU_NB);
+    assert_int_equal(su_prefix_nb(r, 15), 0);
+    kvx_store_close(r);
+    assert_int_equal(count_suffix(dir, "shards", ".active"), 1);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    assert_int_equal(count_suffix(dir, "shards", ".active"), 0); /* sealed by recovery */
+    assert_int_equal(su_prefix_nb(s, 1), SU_NB);
+    for (uint64_t q = 10; q < 15; q++) assert_int_equal(su_prefix_nb(s, q), SU_NB);
+    assert_int_equal(su_prefix_nb(s, 15), 0); /* put, never flushed: never adopted */
+    assert_int_equal(su_stat(s).blocks, 6 * SU_NB);
+    su_verify_clean(s);
+    /* the same put, flushed now, is served */
+    su_put_flush(s, 15, SU_NB);
+    assert_int_equal(su_prefix_nb(s, 15), SU_NB);
+    kvx_store_close(s);
+    /* and once more from scratch: a reindex from the files alone */
+    assert_int_equal(kvx_store_reindex_dir(dir, 0), 0);
+    s = su_reopen(dir, 0);
+    for (uint64_t q = 10; q < 16; q++) assert_int_equal(su_prefix_nb(s, q), SU_NB);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
+/* PROMISE: STORE-21 */
+static void test_unreadable_active_file_quarantined(void **state)
+{
+    (void)state;
+    char dir[300], name[64], path[700];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20});
+    kvx_store_close(s);
+    killed_with_unflushed(dir, 20, 3);
+    active_name(dir, name, sizeof name);
+    snprintf(path, sizeof path, "%s/shards/%s", dir, name);
+    /* its journal header, every byte of which its CRC covers, flipped */
+    kvx_geometry g;
+    s = su_reopen(dir, KVX_STORE_READONLY);
+    assert_int_equal(kvx_store_get_geometry(&g, s), 0);
+    kvx_store_close(s);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    long off = -1;
+    char buf[8];
+    for (long at = 64; at < 8 << 20 && off < 0; at += 64) {
+        if (fseek(f, at, SEEK_SET) || fread(buf, 1, 8, f) != 8) break;
+        if (memcmp(buf, "KVXJRNL1", 8) == 0) off = at;
+    }
+    assert_true(off > 0);
+    assert_int_equal(fseek(f, off + 90, SEEK_SET), 0);
+    int c = fgetc(f);
+    assert_int_equal(fseek(f, off + 90, SEEK_SET), 0);
+    fputc(c ^ 1, f);
+    fclose(f);
+    struct stat before;
+    assert_int_equal(stat(path, &before), 0);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    /* never deleted: moved to quarantine/ whole, with its reason */
+    assert_int_equal(count_suffix(dir, "shards", ".active"), 0);
+    snprintf(path, sizeof path, "%s/quarantine/%s", dir, name);
+    struct stat after;
+    assert_int_equal(stat(path, &after), 0);
+    assert_true(after.st_ino == before.st_ino && after.st_size == before.st_size);
+    snprintf(path, sizeof path, "%s/quarantine/%s.why", dir, name);
+    assert_int_equal(access(path, F_OK), 0);
+    for (uint64_t q = 20; q < 23; q++) assert_int_equal(su_prefix_nb(s, q), 0); /* a miss, never wrong */
+    su_put_flush(s, 30, SU_NB);
+    assert_int_equal(su_prefix_nb(s, 30), SU_NB);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
+/* PROMISE: STORE-22 */
+static void test_failed_append_loses_nothing_acknowledged(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20, .flags = KVX_STORE_NOWAIT});
+    su_put_flush(s, 1, SU_NB);
+    su_put_flush(s, 2, SU_NB);
+    /* the next flush's syncs fail, one after another: the append's
+     * (pages, record) and anything after */
+    for (long k = 1; k <= 2; k++) {
+        su_put_nb(s, 40 + (uint64_t)k);
+        fault_install();
+        fault_only = FAULT_SYNC;
+        fault_reset(k, EIO, FAULT_ERRNO);
+        int rc = kvx_store_flush(s);
+        fault_uninstall();
+        assert_int_not_equal(rc, 0);
+        /* the flush failed: its blocks are not served (a miss), the
+         * acknowledged ones are */
+        assert_int_equal(su_prefix_nb(s, 40 + (uint64_t)k), 0);
+        assert_int_equal(su_prefix_nb(s, 1), SU_NB);
+        assert_int_equal(su_prefix_nb(s, 2), SU_NB);
+        /* the store goes on, in a new active shard */
+        su_put_flush(s, 50 + (uint64_t)k, SU_NB);
+        assert_int_equal(su_prefix_nb(s, 50 + (uint64_t)k), SU_NB);
+    }
+    su_verify_clean(s);
+    kvx_store_close(s);
+    s = su_reopen(dir, 0);
+    for (uint64_t q = 1; q <= 2; q++) assert_int_equal(su_prefix_nb(s, q), SU_NB);
+    for (uint64_t q = 51; q <= 52; q++) assert_int_equal(su_prefix_nb(s, q), SU_NB);
+    /* a failed flush's blocks: all of a prompt or none of it (one record) */
+    for (uint64_t q = 41; q <= 42; q++) {
+        size_t n = su_prefix_nb(s, q);
+        assert_true(n == 0 || n == SU_NB);
+    }
+    assert_int_equal(count_suffix(dir, "shards", ".active"), 0);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
+/* PROMISE: STORE-20 */
+static void test_second_batch_writes_its_own_file(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20});
+    kvx_store_batch *b;
+    assert_int_equal(kvx_store_batch_create(&b, s), 0);
+    su_put_nb(s, 1);                                    /* the built-in batch owns the active shard */
+    assert_int_equal(su_put_batch(s, b, 2, NULL), 0);   /* b: a file of its own, staged */
+    assert_int_equal(su_n_files(dir, "staging"), 1);
+    assert_int_equal(kvx_store_batch_flush(b), 0);
+    assert_int_equal(su_prefix_nb(s, 2), SU_NB);
+    assert_int_equal(su_prefix_nb(s, 1), 0);            /* not flushed yet */
+    assert_int_equal(kvx_store_flush(s), 0);
+    assert_int_equal(su_prefix_nb(s, 1), SU_NB);
+    /* destroyed unflushed, b's blocks go and the active shard is b's next */
+    assert_int_equal(su_put_batch(s, b, 3, NULL), 0);
+    kvx_store_batch_destroy(b);
+    assert_int_equal(su_prefix_nb(s, 3), 0);
+    su_put_flush(s, 4, SU_NB);
+    assert_int_equal(su_prefix_nb(s, 4), SU_NB);
+    su_verify_clean(s);
+    kvx_store_close(s);
+    s = su_reopen(dir, 0);
+    for (uint64_t q = 1; q <= 4; q++) assert_int_equal(su_prefix_nb(s, q), q == 3 ? 0 : SU_NB);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
+/* PROMISE: STORE-23 */
+static void test_eviction_and_reindex_with_an_active_shard(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s =
+        su_store(dir, sizeof dir, (su_spec){.capacity = 2 << 20, .shard_bytes = 256 << 10, .flags = KVX_STORE_NOSYNC});
+    uint64_t q = 1;
+    for (; q <= 200; q++) su_put_flush(s, q, SU_NB);
+    kvx_store_stats st = su_stat(s);
+    assert_true(st.evictions > 0);
+    assert_true(st.bytes <= st.capacity_bytes);
+    /* the newest prompts are in the active shard, never evicted while
+     * it is: the last ones are all served */
+    for (uint64_t k = q - 3; k < q; k++) assert_int_equal(su_prefix_nb(s, k), SU_NB);
+    su_verify_clean(s);
+    /* reindex seals it first, then reads every file */
+    assert_int_equal(kvx_store_reindex(s), 0);
+    assert_int_equal(count_suffix(dir, "shards", ".active"), 0);
+    for (uint64_t k = q - 3; k < q; k++) assert_int_equal(su_prefix_nb(s, k), SU_NB);
+    su_put_flush(s, q, SU_NB);
+    assert_int_equal(su_prefix_nb(s, q), SU_NB);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
+int main(int argc, char **argv)
+{
+    unsetenv("KVX_NO_APPEND");
+    if (argc > 1) cmocka_set_test_filter(argv[1]);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_flushes_append_to_one_file),
+        cmocka_unit_test(test_full_active_shard_sealed_and_next_begun),
+        cmocka_unit_test(test_kill9_then_recovery_seals),
+        cmocka_unit_test(test_unreadable_active_file_quarantined),
+        cmocka_unit_test(test_failed_append_loses_nothing_acknowledged),
+        cmocka_unit_test(test_second_batch_writes_its_own_file),
+        cmocka_unit_test(test_eviction_and_reindex_with_an_active_shard),
+    };
+    return cmocka_run_group_tests_name("engine/active", tests, su_setup, su_teardown);
+}
