@@ -8,8 +8,10 @@
  * the file's parameters and identity). A commit returns only after its
  * record is durable, so bytes after the last such record were never
  * acknowledged: they are the unsealed tail, never damage. What is damage:
- * a record magic after a record that fails (the journal only grows, so a
- * failing record with records after it was whole once).
+ * a record magic where a record after a failing one would begin, or past
+ * the furthest the failing record could reach (the journal only grows, so
+ * a failing record with records after it was whole once); never a magic
+ * inside the rows a torn record may hold (a key may hold any bytes).
  */
 #include "shard_journal.h"
 #include "common/os.h"
@@ -109,10 +111,26 @@ static void row_scatter(uint8_t *tables, const kvx_shard_layout *lay, const kvx_
     }
 }
 
-/* Does a record magic lie at an 8-aligned offset of buf[from, len)? */
-static int magic_after(const uint8_t *buf, uint64_t from, uint64_t len)
+/* Is there a record after the one at pos that fails its checks? The record
+ * the writer put at pos held c rows for some c in 1..room (room: the
+ * entries left in the reserve), so the record after it began at one of
+ * the places align8(pos + header + c * row_bytes), and nothing it wrote
+ * reaches past the last of them. A record magic at one of those places,
+ * or at any 8-aligned place past them, is a record after it: the failing
+ * record was whole once (damage). Its header is not believed (a flipped
+ * count would hide the records after it), and its own rows are not
+ * searched but where a row begins (the coordinate entry: coordinate,
+ * tokens, a 4096-aligned page offset, which no magic spells), so a key
+ * that holds a magic in a torn record is not mistaken for a record. */
+static int later_record(const uint8_t *buf, uint64_t pos, uint64_t len, uint64_t row_bytes, uint32_t room)
 {
-    for (uint64_t at = kvx_align_up(from, 8); at + 8 <= len; at += 8)
+    uint64_t at = pos;
+    for (uint32_t c = 1; c <= room; c++) {
+        at = kvx_align_up(pos + KVX_RECORD_HEADER_BYTES + (uint64_t)c * row_bytes, 8);
+        if (at + 8 > len) return 0;
+        if (memcmp(buf + at, KVX_RECORD_MAGIC, 8) == 0) return 1;
+    }
+    for (at += 8; at + 8 <= len; at += 8)
         if (memcmp(buf + at, KVX_RECORD_MAGIC, 8) == 0) return 1;
     return 0;
 }
@@ -192,15 +210,7 @@ int kvx_journal_read(int fd, uint64_t file_size, const kvx_active_params *p, kvx
         records++;
         pos = kvx_align_up(pos + KVX_RECORD_HEADER_BYTES + total, 8);
     }
-    /* a record torn by a crash is the last thing the journal holds; its
-     * own rows (a key may hold any bytes) are not searched when its header
-     * says where they end */
-    uint64_t after = pos + 8;
-    if (pos + KVX_RECORD_HEADER_BYTES <= len && memcmp(buf + pos, KVX_RECORD_MAGIC, 8) == 0 &&
-        kvx_load32(buf + pos + KVX_R_ROW_BYTES) == jg.row_bytes &&
-        kvx_load32(buf + pos + KVX_R_COUNT) <= p->max_entries)
-        after = pos + KVX_RECORD_HEADER_BYTES + (uint64_t)kvx_load32(buf + pos + KVX_R_COUNT) * jg.row_bytes;
-    if (pos < len && magic_after(buf, after, len)) {
+    if (pos < len && later_record(buf, pos, len, jg.row_bytes, p->max_entries - n)) {
         free(buf);
         return kvx_fail(KVX_ECORRUPT, "active shard: record %u at offset %llu fails its checks and records follow it",
                         records, (unsigned long long)(jg.journal_off + pos));
