@@ -270,12 +270,387 @@ static void test_flip_in_middle_record_is_damage(void **state)
     assert_null(w);
 }
 
+/* Appends to the active file at path a record of count rows (rows), first
+ * entry first, sequence number seq, chained to its last whole record (as
+ * a hostile writer that knows the format would). */
+static void craft(const char *path, const kvx_active_params *p, const uint8_t *rows, uint32_t count, uint32_t first,
+                  uint64_t seq)
+{
+    kvx_journal_geom jg;
+    assert_int_equal(kvx_journal_geom_for(&jg, p), 0);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    struct stat st;
+    assert_int_equal(fstat(fd, &st), 0);
+    kvx_journal_state js;
+    assert_int_equal(kvx_journal_read(fd, (uint64_t)st.st_size, p, &js), 0);
+    free(js.tables);
+    size_t rb = (size_t)(count * jg.row_bytes), len = KVX_RECORD_HEADER_BYTES + rb;
+    uint8_t *rec = calloc(1, len);
+    memcpy(rec, KVX_RECORD_MAGIC, 8);
+    kvx_store64(rec + KVX_R_SEQ, seq);
+    kvx_store32(rec + KVX_R_FIRST, first);
+    kvx_store32(rec + KVX_R_COUNT, count);
+    kvx_store32(rec + KVX_R_ROW_BYTES, (uint32_t)jg.row_bytes);
+    memcpy(rec + KVX_RECORD_HEADER_BYTES, rows, rb);
+    uint8_t p4[4];
+    kvx_store32(p4, js.chain);
+    uint32_t crc = kvx_crc32c(kvx_crc32c(kvx_crc32c(0, rec, KVX_R_CRC), rows, rb), p4, 4);
+    kvx_store32(rec + KVX_R_CRC, crc);
+    assert_int_equal(pwrite(fd, rec, len, (off_t)js.next_pos), (ssize_t)len);
+    close(fd);
+    free(rec);
+}
+
+/* Records that read whole and chain but name what no writer writes: each
+ * refused with its own code naming the entry, as in a sealed file's
+ * tables, or its page missing (past the end of the file); never a crash,
+ * never a read outside the file. */
+/* PROMISE: FORMAT-38 */
+static void test_crafted_chained_records_checked(void **state)
+{
+    (void)state;
+    kvx_active_params p = jparams();
+    char path[512];
+    snprintf(path, sizeof path, "%s", path_of(".c.active"));
+    uint32_t counts[] = {1, 1};
+    uint64_t R = jrow_bytes(&p);
+    uint8_t *row0 = malloc(R), *row1 = malloc(R), *row = malloc(2 * R);
+    jbuild(path, &p, counts, 2);
+    get(path, row0, R, jrecord_at(&p, counts, 0) + KVX_RECORD_HEADER_BYTES);
+    get(path, row1, R, jrecord_at(&p, counts, 1) + KVX_RECORD_HEADER_BYTES);
+    size_t bytes = 0;
+    uint8_t *orig = read_file(path, &bytes);
+    enum { K = 24, SEQ = 24 + 256, TOMB = 24 + 256 + 8 };
+    struct {
+        const char *what;
+        int rc; /* 0: opens, entry 2's page refused */
+    } cases[] = {
+        {"duplicate coordinate", KVX_EDUPLICATE},
+        {"another shard's coordinate", KVX_ESHARDID},
+        {"overlapping page", KVX_EOVERLAP},
+        {"page past the end", 0},
+        {"page offset wrapping", KVX_EPAGE},
+        {"page bytes 2^32-1", KVX_EPAGE},
+        {"key length 0", KVX_EFORMAT},
+        {"bytes after the key", KVX_EFORMAT},
+        {"tombstone byte 7", KVX_EFORMAT},
+        {"sequence number 0 in the row", KVX_EFORMAT},
+        {"record sequence number equal", KVX_EFORMAT},
+        {"record sequence number lower", KVX_EFORMAT},
+        {"first entry skips one", KVX_EFORMAT},
+        {"first entry repeats", KVX_EFORMAT},
+        {"two rows, one coordinate", KVX_EDUPLICATE},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        write_bytes(path, orig, bytes);
+        memcpy(row, row1, R);
+        uint32_t first = 2, count = 1;
+        uint64_t seq = 30;
+        uint32_t coord = kvx_load32(row1 + KVX_E_COORD);
+        kvx_store32(row + KVX_E_COORD, (coord & 0xFF000000u) | 0x7777u); /* a free coordinate */
+        uint64_t off1 = kvx_load64(row1 + KVX_E_OFFSET);
+        kvx_store64(row + KVX_E_OFFSET, off1 + 4096); /* a page of its own: past the end */
+        switch (c) {
+        case 0: memcpy(row + KVX_E_COORD, row0 + KVX_E_COORD, 4); break;
+        case 1: kvx_store32(row + KVX_E_COORD, ((coord & 0xFF000000u) ^ 0x01000000u) | 0x7777u); break;
+        case 2: kvx_store64(row + KVX_E_OFFSET, off1); break;
+        case 3: kvx_store64(row + KVX_E_OFFSET, off1 + (1ull << 40)); break;
+        case 4: kvx_store64(row + KVX_E_OFFSET, UINT64_MAX - 4095); break;
+        case 5: kvx_store32(row + KVX_E_BYTES, UINT32_MAX); break;
+        case 6: row[K] = 0; break;
+        case 7: row[K + 1 + row[K] + 3] = 'x'; break;
+        case 8: row[TOMB] = 7; break;
+        case 9: kvx_store64(row + SEQ, 0); break;
+        case 10: seq = 20; break;
+        case 11: seq = 15; break;
+        case 12: first = 3; break;
+        case 13: first = 1; break;
+        case 14:
+            memcpy(row + R, row, R);
+            count = 2;
+            break;
+        }
+        craft(path, &p, row, count, first, seq);
+        kvx_shard *s = NULL;
+        int rc = kvx_shard_open_active(&s, AT_FDCWD, path, path, &p);
+        if (rc != cases[c].rc) fprintf(stderr, "%s: %d: %s\n", cases[c].what, rc, rc ? kvx_last_error() : "");
+        if (cases[c].rc) {
+            assert_int_equal(rc, cases[c].rc);
+            assert_null(s);
+            kvx_shard_writer *w = (kvx_shard_writer *)1;
+            assert_int_equal(kvx_shard_writer_resume(&w, path, &p), cases[c].rc);
+            assert_null(w);
+            continue;
+        }
+        assert_int_equal(rc, 0);
+        assert_int_equal(kvx_shard_get_info(s)->num_blocks, 3);
+        const void *pg = NULL;
+        assert_int_not_equal(kvx_shard_page(&pg, s, 2, 1), 0);
+        assert_int_equal(kvx_shard_page(&pg, s, 1, 1), 0);
+        kvx_shard_close(s);
+    }
+    /* every entry of another shard than the file's (its journal header
+     * names the shard): refused, as a row of another shard among the
+     * file's own is */
+    unlink(path);
+    kvx_shard_writer *w;
+    assert_int_equal(kvx_shard_writer_create_active(&w, path, &p), 0);
+    jadd(w, 0);
+    assert_int_equal(kvx_shard_writer_append(w, 10), 0);
+    kvx_shard_writer_abort(w);
+    uint8_t *page_only = read_file(path, &bytes);
+    kvx_journal_geom jg;
+    assert_int_equal(kvx_journal_geom_for(&jg, &p), 0);
+    memset(page_only + jg.journal_off + KVX_JOURNAL_HEADER_BYTES, 0, (size_t)(KVX_RECORD_HEADER_BYTES + R));
+    write_bytes(path, page_only, bytes);
+    free(page_only);
+    memcpy(row, row0, R);
+    kvx_store32(row + KVX_E_COORD, kvx_load32(row0 + KVX_E_COORD) ^ 0x01000000u);
+    craft(path, &p, row, 1, 0, 10);
+    kvx_shard *s = (kvx_shard *)1;
+    assert_int_equal(kvx_shard_open_active(&s, AT_FDCWD, path, path, &p), KVX_ESHARDID);
+    assert_null(s);
+    assert_non_null(strstr(kvx_last_error(), "shard"));
+    w = (kvx_shard_writer *)1;
+    assert_int_equal(kvx_shard_writer_resume(&w, path, &p), KVX_ESHARDID);
+    assert_null(w);
+    free(orig);
+    free(row0);
+    free(row1);
+    free(row);
+}
+
+/* Not an active file at the path: a directory, a FIFO (the open does not
+ * block), a symlink to a directory, /dev/zero, a file of zeros, a file
+ * that ends inside the journal header or inside a record. Each refused
+ * with its code (or, cut inside a record, the records before it), by the
+ * reader and by the next writer, which never changes the file. */
+/* PROMISE: FORMAT-39 */
+static void test_not_an_active_file(void **state)
+{
+    (void)state;
+    kvx_active_params p = jparams();
+    kvx_journal_geom jg;
+    assert_int_equal(kvx_journal_geom_for(&jg, &p), 0);
+    char path[512];
+    kvx_shard *s = NULL;
+    kvx_shard_writer *w = NULL;
+    snprintf(path, sizeof path, "%s", path_of(".dir.active"));
+    assert_int_equal(mkdir(path, 0700), 0);
+    assert_int_equal(kvx_shard_open_active(&s, AT_FDCWD, path, path, &p), KVX_EINVALID);
+    assert_int_equal(kvx_shard_writer_resume(&w, path, &p), KVX_EINVALID);
+    assert_null(w);
+    assert_int_equal(symlink(path, path_of(".link.active")), 0);
+    assert_int_not_equal(kvx_shard_writer_resume(&w, path_of(".link.active"), &p), 0);
+    assert_null(w);
+    assert_int_equal(kvx_shard_writer_create_active(&w, path, &p), -EEXIST);
+    assert_int_equal(kvx_shard_writer_create_active(&w, path_of(".link.active"), &p), -EEXIST);
+    snprintf(path, sizeof path, "%s", path_of(".fifo.active"));
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_int_equal(kvx_shard_open_active(&s, AT_FDCWD, path, path, &p), KVX_EINVALID);
+    assert_int_equal(kvx_shard_writer_resume(&w, path, &p), KVX_EINVALID);
+    assert_int_equal(kvx_shard_open_active(&s, AT_FDCWD, "/dev/zero", "/dev/zero", &p), KVX_EINVALID);
+    assert_int_equal(kvx_shard_writer_resume(&w, "/dev/zero", &p), KVX_EINVALID);
+    assert_null(w);
+    assert_null(s);
+    /* zeros, of the journal's whole size and past it */
+    snprintf(path, sizeof path, "%s", path_of(".zero.active"));
+    uint8_t *zeros = calloc(1, (size_t)jg.kv_data_offset + 8192);
+    write_bytes(path, zeros, (size_t)jg.kv_data_offset + 8192);
+    assert_int_equal(kvx_shard_open_active(&s, AT_FDCWD, path, path, &p), KVX_EMAGIC);
+    assert_int_equal(kvx_shard_writer_resume(&w, path, &p), KVX_EMAGIC);
+    write_bytes(path, zeros, 100);
+    assert_int_equal(kvx_shard_open_active(&s, AT_FDCWD, path, path, &p), KVX_ETRUNC);
+    free(zeros);
+    /* cut inside the journal header, then inside the second record */
+    snprintf(path, sizeof path, "%s", path_of(".cut.active"));
+    uint32_t counts[] = {1, 2};
+    jbuild(path, &p, counts, 2);
+    assert_int_equal(truncate(path, (off_t)(jg.journal_off + 100)), 0);
+    assert_int_equal(kvx_shard_open_active(&s, AT_FDCWD, path, path, &p), KVX_ETRUNC);
+    assert_int_equal(kvx_shard_writer_resume(&w, path, &p), KVX_ETRUNC);
+    jbuild(path, &p, counts, 2);
+    assert_int_equal(truncate(path, (off_t)(jrecord_at(&p, counts, 1) + 100)), 0);
+    assert_int_equal(kvx_shard_open_active(&s, AT_FDCWD, path, path, &p), 0);
+    /* the pages lie past the end now: missing, never read */
+    assert_int_equal(kvx_shard_get_info(s)->num_blocks, 1);
+    const void *pg;
+    assert_int_equal(kvx_shard_page(&pg, s, 0, 1), KVX_ETRUNC);
+    kvx_shard_close(s);
+}
+
+struct reader_arg {
+    const char *path;
+    const kvx_active_params *p;
+    volatile int done;
+    int opens, errors;
+    uint32_t last;
+};
+
+static void *reader_main(void *v)
+{
+    struct reader_arg *a = v;
+    while (!a->done) {
+        kvx_shard *s = NULL;
+        int rc = kvx_shard_open_active(&s, AT_FDCWD, a->path, a->path, a->p);
+        a->opens++;
+        if (rc) {
+            fprintf(stderr, "open_active while appending: %d: %s\n", rc, kvx_last_error());
+            a->errors++;
+            continue;
+        }
+        uint32_t n = kvx_shard_get_info(s)->num_blocks;
+        if (n < a->last) a->errors++;
+        a->last = n;
+        for (uint32_t i = 0; i < n; i++) {
+            kvx_entry e;
+            char k[64];
+            key_of(k, i);
+            uint8_t want[64];
+            jpage(want, i);
+            const void *pg;
+            if (kvx_shard_entry(&e, s, i) || e.key_len != strlen(k) || memcmp(e.key, k, e.key_len) ||
+                kvx_shard_page(&pg, s, i, 1) || memcmp(pg, want, 64))
+                a->errors++;
+        }
+        kvx_shard_close(s);
+    }
+    return NULL;
+}
+
+/* A reader opening the file while a writer appends (one entry or three a
+ * record, keys spelling a record magic) sees a prefix of the records,
+ * each entry whole, and never an error. */
+/* PROMISE: FORMAT-40 */
+static void test_reader_during_appends_sees_prefix(void **state)
+{
+    (void)state;
+    kvx_active_params p = jparams();
+    char path[512];
+    snprintf(path, sizeof path, "%s", path_of(".r.active"));
+    kvx_shard_writer *w;
+    assert_int_equal(kvx_shard_writer_create_active(&w, path, &p), 0);
+    struct reader_arg a = {path, &p, 0, 0, 0, 0};
+    pthread_t t;
+    assert_int_equal(pthread_create(&t, NULL, reader_main, &a), 0);
+    uint32_t i = 0;
+    for (uint64_t seq = 1; i + 3 <= JMAX; seq++) {
+        uint32_t c = seq % 2 ? 1 : 3;
+        for (uint32_t k = 0; k < c; k++) jadd(w, i++);
+        assert_int_equal(kvx_shard_writer_append(w, seq), 0);
+    }
+    a.done = 1;
+    assert_int_equal(pthread_join(t, NULL), 0);
+    assert_int_equal(a.errors, 0);
+    assert_true(a.opens > 0);
+    assert_int_equal(kvx_shard_writer_seal_active(w, path_of("r.kvx")), 0);
+    kvx_shard *s;
+    assert_int_equal(kvx_shard_open(&s, path_of("r.kvx"), KVX_OPEN_VERIFY_PAGES), 0);
+    jcheck_shard(s, i);
+    kvx_shard_close(s);
+}
+
+/* A failure at each OS step of the seal (the header's write, the size,
+ * the fsync, the rename, the directory's fsync): the file, under one of
+ * its names, holds every appended entry; the active name with a sealed
+ * header at offset 0 (a crash before the rename) still opens as active,
+ * a next writer continues it and seals it; under the sealed name it
+ * passes kvx_shard_open with KVX_OPEN_VERIFY_PAGES. */
+/* PROMISE: FORMAT-41 */
+static void test_seal_fault_at_each_step(void **state)
+{
+    (void)state;
+    kvx_active_params p = jparams();
+    char path[512], sealed[512];
+    snprintf(path, sizeof path, "%s", path_of(".s.active"));
+    snprintf(sealed, sizeof sealed, "%s", path_of("s.kvx"));
+    uint32_t counts[] = {1, 2};
+    long calls = 0;
+    for (long k = 0;; k++) {
+        unlink(sealed);
+        jbuild(path, &p, counts, 2);
+        kvx_shard_writer *w;
+        assert_int_equal(kvx_shard_writer_resume(&w, path, &p), 0);
+        fault_install();
+        fault_reset(k, EIO, FAULT_ERRNO);
+        int rc = kvx_shard_writer_seal_active(w, sealed);
+        long hits = fault_hits;
+        if (!k) calls = fault_calls;
+        fault_uninstall();
+        if (k && !hits) break;
+        if (!k) assert_int_equal(rc, 0);
+        if (k) assert_int_not_equal(rc, 0);
+        kvx_shard *s;
+        if (access(sealed, F_OK) == 0) {
+            assert_int_equal(access(path, F_OK), -1);
+            assert_int_equal(kvx_shard_open(&s, sealed, KVX_OPEN_VERIFY_PAGES), 0);
+            jcheck_shard(s, 3);
+            kvx_shard_close(s);
+            continue;
+        }
+        jcheck(path, &p, 3);
+        assert_int_equal(kvx_shard_writer_resume(&w, path, &p), 0);
+        jadd(w, 3);
+        assert_int_equal(kvx_shard_writer_append(w, 40), 0);
+        assert_int_equal(kvx_shard_writer_seal_active(w, sealed), 0);
+        assert_int_equal(kvx_shard_open(&s, sealed, KVX_OPEN_VERIFY_PAGES), 0);
+        jcheck_shard(s, 4);
+        kvx_shard_close(s);
+    }
+    assert_true(calls >= 5);
+}
+
+/* A failure at each OS step of resume over a torn last record (the
+ * opens, the reads, the clearing of the tail, short or failed, and its
+ * sync): an error, and the file still opens with every acknowledged
+ * entry; the next resume clears the tail, appends and seals. */
+/* PROMISE: FORMAT-41 */
+static void test_resume_fault_at_each_step(void **state)
+{
+    (void)state;
+    kvx_active_params p = jparams();
+    char path[512];
+    snprintf(path, sizeof path, "%s", path_of(".u.active"));
+    uint32_t counts[] = {1, 2};
+    uint64_t at = jrecord_at(&p, counts, 1);
+    for (int mode = FAULT_ERRNO; mode <= FAULT_SHORT; mode++) {
+        for (long k = 0;; k++) {
+            jbuild(path, &p, counts, 2);
+            uint8_t z[8] = {0};
+            put(path, z, 8, at); /* the second record torn: its magic lost */
+            kvx_shard_writer *w = NULL;
+            fault_install();
+            fault_reset(k, EIO, mode);
+            int rc = kvx_shard_writer_resume(&w, path, &p);
+            long hits = fault_hits;
+            fault_uninstall();
+            if (k && !hits) break;
+            if (rc) {
+                assert_null(w);
+                jcheck(path, &p, 1);
+                assert_int_equal(kvx_shard_writer_resume(&w, path, &p), 0);
+            }
+            assert_int_equal(kvx_shard_writer_appended(w), 1);
+            jadd(w, 1);
+            assert_int_equal(kvx_shard_writer_append(w, 50), 0);
+            kvx_shard_writer_abort(w);
+            jcheck(path, &p, 2);
+        }
+    }
+}
+
 int main(void)
 {
     if (fx_mkdtemp("kvx-journal")) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_torn_record_any_part_is_unsealed_tail, fx_clean),
         cmocka_unit_test_setup(test_flip_in_middle_record_is_damage, fx_clean),
+        cmocka_unit_test_setup(test_crafted_chained_records_checked, fx_clean),
+        cmocka_unit_test_setup(test_not_an_active_file, fx_clean),
+        cmocka_unit_test_setup(test_reader_during_appends_sees_prefix, fx_clean),
+        cmocka_unit_test_setup(test_seal_fault_at_each_step, fx_clean),
+        cmocka_unit_test_setup(test_resume_fault_at_each_step, fx_clean),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
