@@ -238,6 +238,16 @@ int kvx_journal_read(int fd, uint64_t file_size, const kvx_active_params *p, kvx
         uint32_t count = kvx_load32(r + KVX_R_COUNT);
         const uint8_t *row = r + KVX_RECORD_HEADER_BYTES;
         for (uint32_t k = 0; k < count; k++, i++, row += jg.row_bytes) {
+            uint32_t coord = kvx_load32(row + KVX_E_COORD);
+            if (coord >> 24 != p->shard_id) {
+                /* the journal header names the file's shard: a sealed
+                 * file's check (every entry the shard of the first) would
+                 * let a file of another shard's entries through */
+                free(buf);
+                free(tables);
+                return kvx_fail(KVX_ESHARDID, "active shard: entry %u: coordinate 0x%08x has shard %u, the file's is %u",
+                                i, coord, coord >> 24, p->shard_id);
+            }
             row_scatter(tables, &lay, &jg, i, row);
             uint64_t end = kvx_load64(row + KVX_E_OFFSET) + kvx_load32(row + KVX_E_BYTES);
             if (end > kv_end && end >= kvx_load64(row + KVX_E_OFFSET)) kv_end = end;
