@@ -625,7 +625,10 @@ static void test_resume_fault_at_each_step(void **state)
             int rc = kvx_shard_writer_resume(&w, path, &p);
             long hits = fault_hits;
             fault_uninstall();
-            if (k && !hits) break;
+            if (k && !hits) {
+                kvx_shard_writer_abort(w);
+                break;
+            }
             if (rc) {
                 assert_null(w);
                 jcheck(path, &p, 1);
