@@ -643,6 +643,54 @@ static void test_resume_fault_at_each_step(void **state)
     }
 }
 
+/* One writer at a time: a second writer (resume) while one holds the
+ * file is refused (KVX_EBUSY) and changes nothing, so it never writes its
+ * record over one the first acknowledged; once the first is closed, the
+ * next writer continues. */
+/* PROMISE: FORMAT-42 */
+static void test_second_writer_refused(void **state)
+{
+    (void)state;
+    kvx_active_params p = jparams();
+    char path[512];
+    snprintf(path, sizeof path, "%s", path_of(".two.active"));
+    kvx_shard_writer *w1, *w2 = (kvx_shard_writer *)1;
+    assert_int_equal(kvx_shard_writer_create_active(&w1, path, &p), 0);
+    jadd(w1, 0);
+    assert_int_equal(kvx_shard_writer_append(w1, 10), 0);
+    int busy = kvx_shard_writer_resume(&w2, path, &p);
+    if (busy == 0) {
+        /* the damage a second writer does: its record where the first
+         * one's next goes */
+        jadd(w1, 1);
+        assert_int_equal(kvx_shard_writer_append(w1, 20), 0);
+        jadd(w2, 1);
+        assert_int_equal(kvx_shard_writer_append(w2, 30), 0);
+        kvx_shard_writer_abort(w2);
+        kvx_shard *s;
+        assert_int_equal(kvx_shard_open_active(&s, AT_FDCWD, path, path, &p), 0);
+        uint64_t q = 0;
+        assert_int_equal(kvx_shard_entry_commit(s, 1, &q, NULL), 0);
+        fprintf(stderr, "entry 1's sequence number: %llu (acknowledged at 20)\n", (unsigned long long)q);
+        kvx_shard_close(s);
+    }
+    assert_int_equal(busy, KVX_EBUSY);
+    assert_null(w2);
+    jadd(w1, 1);
+    assert_int_equal(kvx_shard_writer_append(w1, 20), 0);
+    kvx_shard_writer_abort(w1);
+    jcheck(path, &p, 2);
+    assert_int_equal(kvx_shard_writer_resume(&w2, path, &p), 0);
+    assert_int_equal(kvx_shard_writer_create_active(&w1, path, &p), -EEXIST);
+    kvx_shard_writer *w3 = (kvx_shard_writer *)1;
+    assert_int_equal(kvx_shard_writer_resume(&w3, path, &p), KVX_EBUSY);
+    assert_null(w3);
+    jadd(w2, 2);
+    assert_int_equal(kvx_shard_writer_append(w2, 30), 0);
+    kvx_shard_writer_abort(w2);
+    jcheck(path, &p, 3);
+}
+
 int main(void)
 {
     if (fx_mkdtemp("kvx-journal")) return 1;
@@ -654,6 +702,7 @@ int main(void)
         cmocka_unit_test_setup(test_reader_during_appends_sees_prefix, fx_clean),
         cmocka_unit_test_setup(test_seal_fault_at_each_step, fx_clean),
         cmocka_unit_test_setup(test_resume_fault_at_each_step, fx_clean),
+        cmocka_unit_test_setup(test_second_writer_refused, fx_clean),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
