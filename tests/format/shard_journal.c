@@ -21,7 +21,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -691,6 +693,75 @@ static void test_second_writer_refused(void **state)
     jcheck(path, &p, 3);
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#define JOURNAL_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define JOURNAL_ASAN 1
+#endif
+#endif
+
+/* A reader's memory follows the records, not the reserve: an active file
+ * whose journal has room for 1 GiB of rows (16384 entries of 64 KiB of
+ * scales each) and holds one record opens in a process whose address
+ * space has room for the file's mapping and less than 1 GiB more, and
+ * whose resident memory stays under 256 MiB. */
+/* PROMISE: FORMAT-43 */
+static void test_reader_memory_follows_records(void **state)
+{
+    (void)state;
+#ifdef JOURNAL_ASAN
+    skip(); /* the sanitizer reserves terabytes of address space */
+#else
+    kvx_active_params p;
+    memset(&p, 0, sizeof p);
+    p.geometry = (kvx_geometry){128, 64, 1, 1, KVX_QUANT_E4M3, 0x77ull};
+    p.shard_id = 9;
+    p.max_entries = 16384;
+    p.flags = KVX_FLAG_SCALES | KVX_FLAG_SEQ;
+    memset(p.ident, 3, sizeof p.ident);
+    kvx_journal_geom jg;
+    assert_int_equal(kvx_journal_geom_for(&jg, &p), 0);
+    assert_true(jg.journal_bytes > (1ull << 30));
+    char path[512];
+    snprintf(path, sizeof path, "%s", path_of(".big.active"));
+    kvx_shard_writer *w;
+    assert_int_equal(kvx_shard_writer_create_active(&w, path, &p), 0);
+    uint64_t pb = kvx_page_bytes(&p.geometry, 1);
+    uint8_t *page = malloc(pb);
+    for (uint64_t b = 0; b < pb; b++) page[b] = (uint8_t)(b * 7u);
+    kvx_entry_in e;
+    memset(&e, 0, sizeof e);
+    e.radix_block = 5;
+    e.token_count = 1;
+    e.page = page;
+    assert_int_equal(kvx_shard_writer_add(w, &e), 0);
+    assert_int_equal(kvx_shard_writer_append(w, 1), 0);
+    kvx_shard_writer_abort(w);
+    free(page);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct rlimit rl = {(rlim_t)st.st_size + (768ull << 20), (rlim_t)st.st_size + (768ull << 20)};
+        if (setrlimit(RLIMIT_AS, &rl)) _exit(2);
+        kvx_shard *s = NULL;
+        int rc = kvx_shard_open_active(&s, AT_FDCWD, path, path, &p);
+        if (rc) fprintf(stderr, "open_active under RLIMIT_AS: %d: %s\n", rc, kvx_last_error());
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        if (ru.ru_maxrss > 256 * 1024) fprintf(stderr, "open_active: max RSS %ld KiB\n", ru.ru_maxrss);
+        _exit(rc == 0 && kvx_shard_get_info(s)->num_blocks == 1 && ru.ru_maxrss <= 256 * 1024 ? 0 : 1);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    unlink(path);
+#endif
+}
+
 int main(void)
 {
     if (fx_mkdtemp("kvx-journal")) return 1;
@@ -703,6 +774,7 @@ int main(void)
         cmocka_unit_test_setup(test_seal_fault_at_each_step, fx_clean),
         cmocka_unit_test_setup(test_resume_fault_at_each_step, fx_clean),
         cmocka_unit_test_setup(test_second_writer_refused, fx_clean),
+        cmocka_unit_test_setup(test_reader_memory_follows_records, fx_clean),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
