@@ -83,6 +83,8 @@ typedef struct kvx_journal_state {
  * a rule (its first entry, its row width, a sequence number not above its
  * predecessor's): KVX_EFORMAT naming it. The tables are then checked as a
  * sealed file's are (by the caller). */
+/* Memory: the rows of the records read and a window of 1 MiB, never the
+ * journal's reserve. */
 int kvx_journal_read(int fd, uint64_t file_size, const kvx_active_params *p, kvx_journal_state *out);
 
 #endif
