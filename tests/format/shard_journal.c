@@ -762,6 +762,33 @@ static void test_reader_memory_follows_records(void **state)
 #endif
 }
 
+/* An active file sealed with no entry, or with entries rolled back after
+ * its last append (their pages past the last appended one), is a standard
+ * file that passes KVX_OPEN_VERIFY_PAGES with the appended entries. */
+/* PROMISE: FORMAT-41 */
+static void test_seal_empty_and_rolled_back(void **state)
+{
+    (void)state;
+    kvx_active_params p = jparams();
+    kvx_shard_writer *w;
+    kvx_shard *s;
+    assert_int_equal(kvx_shard_writer_create_active(&w, path_of(".e.active"), &p), 0);
+    assert_int_equal(kvx_shard_writer_seal_active(w, path_of("e.kvx")), 0);
+    assert_int_equal(kvx_shard_open(&s, path_of("e.kvx"), KVX_OPEN_VERIFY_PAGES), 0);
+    jcheck_shard(s, 0);
+    kvx_shard_close(s);
+    assert_int_equal(kvx_shard_writer_create_active(&w, path_of(".rb.active"), &p), 0);
+    jadd(w, 0);
+    assert_int_equal(kvx_shard_writer_append(w, 10), 0);
+    jadd(w, 1);
+    jadd(w, 2);
+    kvx_shard_writer_rollback(w);
+    assert_int_equal(kvx_shard_writer_seal_active(w, path_of("rb.kvx")), 0);
+    assert_int_equal(kvx_shard_open(&s, path_of("rb.kvx"), KVX_OPEN_VERIFY_PAGES), 0);
+    jcheck_shard(s, 1);
+    kvx_shard_close(s);
+}
+
 int main(void)
 {
     if (fx_mkdtemp("kvx-journal")) return 1;
@@ -775,6 +802,7 @@ int main(void)
         cmocka_unit_test_setup(test_resume_fault_at_each_step, fx_clean),
         cmocka_unit_test_setup(test_second_writer_refused, fx_clean),
         cmocka_unit_test_setup(test_reader_memory_follows_records, fx_clean),
+        cmocka_unit_test_setup(test_seal_empty_and_rolled_back, fx_clean),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
