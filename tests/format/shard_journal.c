@@ -569,36 +569,38 @@ static void test_seal_fault_at_each_step(void **state)
     snprintf(sealed, sizeof sealed, "%s", path_of("s.kvx"));
     uint32_t counts[] = {1, 2};
     long calls = 0;
-    for (long k = 0;; k++) {
-        unlink(sealed);
-        jbuild(path, &p, counts, 2);
-        kvx_shard_writer *w;
-        assert_int_equal(kvx_shard_writer_resume(&w, path, &p), 0);
-        fault_install();
-        fault_reset(k, EIO, FAULT_ERRNO);
-        int rc = kvx_shard_writer_seal_active(w, sealed);
-        long hits = fault_hits;
-        if (!k) calls = fault_calls;
-        fault_uninstall();
-        if (k && !hits) break;
-        if (!k) assert_int_equal(rc, 0);
-        if (k) assert_int_not_equal(rc, 0);
-        kvx_shard *s;
-        if (access(sealed, F_OK) == 0) {
-            assert_int_equal(access(path, F_OK), -1);
+    for (int mode = FAULT_ERRNO; mode <= FAULT_SHORT; mode++) {
+        for (long k = 0;; k++) {
+            unlink(sealed);
+            jbuild(path, &p, counts, 2);
+            kvx_shard_writer *w;
+            assert_int_equal(kvx_shard_writer_resume(&w, path, &p), 0);
+            fault_install();
+            fault_reset(k, mode == FAULT_SHORT ? EIO : ENOSPC, mode);
+            int rc = kvx_shard_writer_seal_active(w, sealed);
+            long hits = fault_hits;
+            if (!k) calls = fault_calls;
+            fault_uninstall();
+            if (k && !hits) break;
+            if (!k) assert_int_equal(rc, 0);
+            if (k && mode == FAULT_ERRNO) assert_int_not_equal(rc, 0);
+            kvx_shard *s;
+            if (access(sealed, F_OK) == 0) {
+                assert_int_equal(access(path, F_OK), -1);
+                assert_int_equal(kvx_shard_open(&s, sealed, KVX_OPEN_VERIFY_PAGES), 0);
+                jcheck_shard(s, 3);
+                kvx_shard_close(s);
+                continue;
+            }
+            jcheck(path, &p, 3);
+            assert_int_equal(kvx_shard_writer_resume(&w, path, &p), 0);
+            jadd(w, 3);
+            assert_int_equal(kvx_shard_writer_append(w, 40), 0);
+            assert_int_equal(kvx_shard_writer_seal_active(w, sealed), 0);
             assert_int_equal(kvx_shard_open(&s, sealed, KVX_OPEN_VERIFY_PAGES), 0);
-            jcheck_shard(s, 3);
+            jcheck_shard(s, 4);
             kvx_shard_close(s);
-            continue;
         }
-        jcheck(path, &p, 3);
-        assert_int_equal(kvx_shard_writer_resume(&w, path, &p), 0);
-        jadd(w, 3);
-        assert_int_equal(kvx_shard_writer_append(w, 40), 0);
-        assert_int_equal(kvx_shard_writer_seal_active(w, sealed), 0);
-        assert_int_equal(kvx_shard_open(&s, sealed, KVX_OPEN_VERIFY_PAGES), 0);
-        jcheck_shard(s, 4);
-        kvx_shard_close(s);
     }
     assert_true(calls >= 5);
 }
