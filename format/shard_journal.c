@@ -189,6 +189,26 @@ static int judge_rest(int fd, const kvx_journal_geom *jg, uint64_t pos, uint64_t
     return rc;
 }
 
+/* The CRC of the record at pos (header hdr, total bytes of rows), its rows
+ * read in windows of JOURNAL_WINDOW. */
+static int rows_crc(int fd, const kvx_journal_geom *jg, const uint8_t *hdr, uint64_t pos, uint64_t total,
+                    uint32_t prev, uint32_t *out)
+{
+    uint8_t *win = malloc((size_t)JOURNAL_WINDOW);
+    if (!win) return kvx_fail(-ENOMEM, "active shard: out of memory for a journal window");
+    uint32_t crc = kvx_crc32c(0, hdr, KVX_R_CRC);
+    int rc = 0;
+    for (uint64_t done = 0; done < total && !rc; done += JOURNAL_WINDOW) {
+        uint64_t wl = total - done < JOURNAL_WINDOW ? total - done : JOURNAL_WINDOW;
+        if (!(rc = jpread(fd, jg, win, wl, pos + KVX_RECORD_HEADER_BYTES + done))) crc = kvx_crc32c(crc, win, (size_t)wl);
+    }
+    free(win);
+    uint8_t p4[4];
+    kvx_store32(p4, prev);
+    *out = kvx_crc32c(crc, p4, 4);
+    return rc;
+}
+
 int kvx_journal_read(int fd, uint64_t file_size, const kvx_active_params *p, kvx_journal_state *out)
 {
     if (!out) return kvx_fail(KVX_EINVALID, "kvx_journal_read: NULL argument");
@@ -238,6 +258,13 @@ int kvx_journal_read(int fd, uint64_t file_size, const kvx_active_params *p, kvx
              * a writer wrote: not whole, its rows never read */
             whole = memcmp(r + KVX_R_MAGIC, KVX_RECORD_MAGIC, 8) == 0 && kvx_load32(r + KVX_R_ROW_BYTES) == R &&
                     count >= 1 && count <= p->max_entries - n && total <= len - pos - KVX_RECORD_HEADER_BYTES;
+        }
+        if (whole && total > JOURNAL_WINDOW) {
+            /* a long record: its CRC first, in windows, so a header that
+             * only claims many rows is never held */
+            uint32_t crc = 0;
+            if ((rc = rows_crc(fd, &jg, r, pos, total, chain, &crc))) break;
+            whole = crc == kvx_load32(r + KVX_R_CRC);
         }
         if (whole) {
             uint8_t *grown = realloc(rows, (size_t)((n + (uint64_t)count) * R) + 1);

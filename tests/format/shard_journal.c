@@ -705,7 +705,8 @@ static void test_second_writer_refused(void **state)
 
 /* A reader's memory follows the records, not the reserve: an active file
  * whose journal has room for 1 GiB of rows (16384 entries of 64 KiB of
- * scales each) and holds one record opens in a process whose address
+ * scales each) and holds one record (of 20 rows, 1.3 MiB) and a header
+ * claiming the rest opens in a process whose address
  * space has room for the file's mapping and less than 1 GiB more, and
  * whose resident memory stays under 256 MiB. */
 /* PROMISE: FORMAT-43 */
@@ -732,12 +733,15 @@ static void test_reader_memory_follows_records(void **state)
     uint64_t pb = kvx_page_bytes(&p.geometry, 1);
     uint8_t *page = malloc(pb);
     for (uint64_t b = 0; b < pb; b++) page[b] = (uint8_t)(b * 7u);
-    kvx_entry_in e;
-    memset(&e, 0, sizeof e);
-    e.radix_block = 5;
-    e.token_count = 1;
-    e.page = page;
-    assert_int_equal(kvx_shard_writer_add(w, &e), 0);
+    /* one record of 20 rows: 1.3 MiB, longer than the reader's window */
+    for (uint16_t b = 0; b < 20; b++) {
+        kvx_entry_in e;
+        memset(&e, 0, sizeof e);
+        e.radix_block = (uint16_t)(5 + b);
+        e.token_count = 1;
+        e.page = page;
+        assert_int_equal(kvx_shard_writer_add(w, &e), 0);
+    }
     assert_int_equal(kvx_shard_writer_append(w, 1), 0);
     kvx_shard_writer_abort(w);
     free(page);
@@ -753,8 +757,8 @@ static void test_reader_memory_follows_records(void **state)
     uint8_t hdr[KVX_RECORD_HEADER_BYTES] = {0};
     memcpy(hdr, KVX_RECORD_MAGIC, 8);
     kvx_store64(hdr + KVX_R_SEQ, 2);
-    kvx_store32(hdr + KVX_R_FIRST, 1);
-    kvx_store32(hdr + KVX_R_COUNT, p.max_entries - 1);
+    kvx_store32(hdr + KVX_R_FIRST, 20);
+    kvx_store32(hdr + KVX_R_COUNT, p.max_entries - 20);
     kvx_store32(hdr + KVX_R_ROW_BYTES, (uint32_t)jg.row_bytes);
     assert_int_equal(pwrite(fd, hdr, sizeof hdr, (off_t)js.next_pos), (ssize_t)sizeof hdr);
     close(fd);
@@ -769,7 +773,7 @@ static void test_reader_memory_follows_records(void **state)
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         if (ru.ru_maxrss > 256 * 1024) fprintf(stderr, "open_active: max RSS %ld KiB\n", ru.ru_maxrss);
-        _exit(rc == 0 && kvx_shard_get_info(s)->num_blocks == 1 && ru.ru_maxrss <= 256 * 1024 ? 0 : 1);
+        _exit(rc == 0 && kvx_shard_get_info(s)->num_blocks == 20 && ru.ru_maxrss <= 256 * 1024 ? 0 : 1);
     }
     int status = 0;
     assert_int_equal(waitpid(pid, &status, 0), pid);
