@@ -859,6 +859,44 @@ static void test_random_damage_in_one_record(void **state)
     free(buf);
 }
 
+/* The reserve filled by records of one row each (the journal's worst
+ * case, its every byte used): the file reads back whole, a next writer
+ * continues it (and is refused a further entry: KVX_EFULL) and seals. */
+/* PROMISE: FORMAT-41 */
+static void test_reserve_filled_one_row_a_record(void **state)
+{
+    (void)state;
+    kvx_active_params p = jparams();
+    char path[512];
+    snprintf(path, sizeof path, "%s", path_of(".full.active"));
+    uint32_t counts[JMAX];
+    for (uint32_t k = 0; k < JMAX; k++) counts[k] = 1;
+    jbuild(path, &p, counts, (int)JMAX);
+    kvx_journal_geom jg;
+    assert_int_equal(kvx_journal_geom_for(&jg, &p), 0);
+    assert_true(jrecord_at(&p, counts, (int)JMAX) == jg.journal_off + jg.journal_bytes);
+    jcheck(path, &p, JMAX);
+    kvx_shard_writer *w;
+    assert_int_equal(kvx_shard_writer_resume(&w, path, &p), 0);
+    char k[64];
+    key_of(k, JMAX);
+    uint8_t pg[64] = {1};
+    kvx_entry_in e;
+    memset(&e, 0, sizeof e);
+    e.radix_block = 9999;
+    e.token_count = 1;
+    e.page = pg;
+    e.key = k;
+    e.key_len = (uint32_t)strlen(k);
+    e.page_len = 64;
+    assert_int_equal(kvx_shard_writer_add(w, &e), KVX_EFULL);
+    assert_int_equal(kvx_shard_writer_seal_active(w, path_of("full.kvx")), 0);
+    kvx_shard *s;
+    assert_int_equal(kvx_shard_open(&s, path_of("full.kvx"), KVX_OPEN_VERIFY_PAGES), 0);
+    jcheck_shard(s, JMAX);
+    kvx_shard_close(s);
+}
+
 int main(void)
 {
     if (fx_mkdtemp("kvx-journal")) return 1;
@@ -874,6 +912,7 @@ int main(void)
         cmocka_unit_test_setup(test_reader_memory_follows_records, fx_clean),
         cmocka_unit_test_setup(test_seal_empty_and_rolled_back, fx_clean),
         cmocka_unit_test_setup(test_random_damage_in_one_record, fx_clean),
+        cmocka_unit_test_setup(test_reserve_filled_one_row_a_record, fx_clean),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
