@@ -200,9 +200,13 @@ int kvx_shard_writer_resume(kvx_shard_writer **out, const char *path, const kvx_
     if (js.tail_end > js.next_pos) {
         /* a torn record's bytes: zeros, durably, before the next record
          * goes there (a shorter record must not leave them behind it) */
-        size_t len = (size_t)(js.tail_end - js.next_pos);
-        uint8_t *zero = calloc(1, len);
-        rc = zero ? kvx_os_pwrite_all(w->fd, zero, len, js.next_pos) : -ENOMEM;
+        const uint64_t win = (uint64_t)1 << 20; /* a hostile tail may be the whole reserve */
+        uint8_t *zero = calloc(1, (size_t)win);
+        rc = zero ? 0 : -ENOMEM;
+        for (uint64_t at = js.next_pos; !rc && at < js.tail_end; at += win) {
+            uint64_t len = js.tail_end - at < win ? js.tail_end - at : win;
+            rc = kvx_os_pwrite_all(w->fd, zero, (size_t)len, at);
+        }
         free(zero);
         if (!rc) rc = kvx_os.fdatasync(w->fd) ? -errno : 0;
         if (rc) {
