@@ -926,6 +926,46 @@ static void test_reserve_filled_one_row_a_record(void **state)
     kvx_shard_close(s);
 }
 
+/* Parameters no writer accepts (an unknown quant, 0 or 2^16 layers, a
+ * head_dim of 0, no SEQ, a reserve of 0 or past KVX_MAX_ENTRIES): the
+ * reader and the writers refuse them with the writer's codes before they
+ * touch a file. */
+/* PROMISE: FORMAT-39 */
+static void test_bad_parameters_refused(void **state)
+{
+    (void)state;
+    kvx_active_params good = jparams();
+    char path[512];
+    snprintf(path, sizeof path, "%s", path_of(".bp.active"));
+    uint32_t counts[] = {1};
+    jbuild(path, &good, counts, 1);
+    for (int c = 0; c < 7; c++) {
+        kvx_active_params p = good;
+        switch (c) {
+        case 0: p.geometry.quant = 99; break;
+        case 1: p.geometry.num_layers = 0; break;
+        case 2: p.geometry.num_layers = 65536 + p.geometry.num_layers; break;
+        case 3: p.geometry.head_dim = 0; break;
+        case 4: p.flags &= ~KVX_FLAG_SEQ; break;
+        case 5: p.max_entries = 0; break;
+        case 6: p.max_entries = KVX_MAX_ENTRIES + 1; break;
+        }
+        kvx_shard *s = (kvx_shard *)1;
+        int rc = kvx_shard_open_active(&s, AT_FDCWD, path, path, &p);
+        if (rc != KVX_EINVALID && rc != KVX_EQUANT) fprintf(stderr, "case %d: %d: %s\n", c, rc, kvx_last_error());
+        assert_true(rc == KVX_EINVALID || rc == KVX_EQUANT);
+        assert_null(s);
+        kvx_shard_writer *w = (kvx_shard_writer *)1;
+        rc = kvx_shard_writer_resume(&w, path, &p);
+        assert_true(rc == KVX_EINVALID || rc == KVX_EQUANT);
+        assert_null(w);
+        rc = kvx_shard_writer_create_active(&w, path_of(".bp2.active"), &p);
+        assert_true(rc == KVX_EINVALID || rc == KVX_EQUANT);
+        assert_int_equal(access(path_of(".bp2.active"), F_OK), -1);
+    }
+    jcheck(path, &good, 1);
+}
+
 int main(void)
 {
     if (fx_mkdtemp("kvx-journal")) return 1;
@@ -942,6 +982,7 @@ int main(void)
         cmocka_unit_test_setup(test_seal_empty_and_rolled_back, fx_clean),
         cmocka_unit_test_setup(test_random_damage_in_one_record, fx_clean),
         cmocka_unit_test_setup(test_reserve_filled_one_row_a_record, fx_clean),
+        cmocka_unit_test_setup(test_bad_parameters_refused, fx_clean),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
