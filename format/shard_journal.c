@@ -33,6 +33,16 @@ int kvx_journal_geom_for(kvx_journal_geom *out, const kvx_active_params *p)
     if (p->flags & KVX_FLAG_META_CRC)
         return kvx_fail(KVX_EINVALID, "active shard: flags 0x%x carry KVX_FLAG_META_CRC (the seal sets it)", p->flags);
     const kvx_geometry *g = &p->geometry;
+    /* the geometry as the writer checks it: parameters no writer accepts
+     * name no file (and would not read as another file's journal) */
+    if (!kvx_quant_elem_size(g->quant)) return kvx_fail(KVX_EQUANT, "active shard: quant %u is unknown", g->quant);
+    if (g->num_layers < 1 || g->num_layers > 65535 || g->kv_heads < 1 || g->kv_heads > 65535 || g->head_dim < 1 ||
+        g->head_dim > 65535)
+        return kvx_fail(KVX_EINVALID, "active shard: num_layers %u, kv_heads %u, head_dim %u must be in 1..65535",
+                        g->num_layers, g->kv_heads, g->head_dim);
+    if (g->block_tokens > KVX_MAX_BLOCK_TOKENS)
+        return kvx_fail(KVX_EINVALID, "active shard: geometry.block_tokens %u exceeds %u", g->block_tokens,
+                        KVX_MAX_BLOCK_TOKENS);
     kvx_journal_geom jg;
     memset(&jg, 0, sizeof jg);
     if (kvx_shard_layout_for(&jg.max, p->max_entries, p->flags, g->block_tokens, g->num_layers, g->kv_heads) ||
