@@ -137,6 +137,34 @@ static int jpread(int fd, const kvx_journal_geom *jg, void *buf, uint64_t len, u
     return 0;
 }
 
+/* A window of the journal read ahead, so that records are parsed from
+ * memory, not with a read each. */
+typedef struct jwin {
+    int fd;
+    const kvx_journal_geom *jg;
+    uint64_t len;  /* the journal as far as the file holds it */
+    uint8_t *b;    /* JOURNAL_WINDOW bytes */
+    uint64_t at, n; /* b holds [at, at + n) */
+} jwin;
+
+/* Copies [rel, rel + len) of the journal (within w->len) into dst. */
+static int jget(jwin *w, void *dst, uint64_t len, uint64_t rel)
+{
+    if (rel >= w->at && rel + len <= w->at + w->n) {
+        memcpy(dst, w->b + (rel - w->at), (size_t)len);
+        return 0;
+    }
+    if (len > JOURNAL_WINDOW) return jpread(w->fd, w->jg, dst, len, rel);
+    uint64_t n = w->len - rel < JOURNAL_WINDOW ? w->len - rel : JOURNAL_WINDOW;
+    w->n = 0;
+    int rc = jpread(w->fd, w->jg, w->b, n, rel);
+    if (rc) return rc;
+    w->at = rel;
+    w->n = n;
+    memcpy(dst, w->b, (size_t)len);
+    return 0;
+}
+
 /* After the record at pos that fails its checks: is there a record after
  * it (*later), and where does the journal's last non-zero byte end
  * (*tail)? The record the writer put at pos held c rows for some c in
@@ -255,13 +283,16 @@ int kvx_journal_read(int fd, uint64_t file_size, const kvx_active_params *p, kvx
     uint64_t pos = KVX_JOURNAL_HEADER_BYTES, seq = 0, tail = pos;
     uint32_t n = 0, records = 0;
     uint8_t *rows = NULL;
+    uint64_t rows_cap = 0;
     uint8_t r[KVX_RECORD_HEADER_BYTES];
+    jwin jw = {fd, &jg, len, malloc((size_t)JOURNAL_WINDOW), 0, 0};
+    if (!jw.b) return kvx_fail(-ENOMEM, "active shard: out of memory for a journal window");
     for (int retries = 0;;) {
         uint32_t count = 0;
         uint64_t total = 0;
         int whole = 0;
         if (pos + KVX_RECORD_HEADER_BYTES <= len) {
-            if ((rc = jpread(fd, &jg, r, sizeof r, pos))) break;
+            if ((rc = jget(&jw, r, sizeof r, pos))) break;
             count = kvx_load32(r + KVX_R_COUNT);
             total = (uint64_t)count * R;
             /* a record of more rows than the reserve has left is not one
@@ -276,15 +307,21 @@ int kvx_journal_read(int fd, uint64_t file_size, const kvx_active_params *p, kvx
             if ((rc = rows_crc(fd, &jg, r, pos, total, chain, &crc))) break;
             whole = crc == kvx_load32(r + KVX_R_CRC);
         }
-        if (whole) {
-            uint8_t *grown = realloc(rows, (size_t)((n + (uint64_t)count) * R) + 1);
+        if (whole && (n + (uint64_t)count) * R > rows_cap) {
+            /* grown by half again at least (never past the reserve) */
+            uint64_t cap = (n + (uint64_t)count) * R, more = rows_cap + rows_cap / 2;
+            if (more > cap) cap = more < (uint64_t)p->max_entries * R ? more : (uint64_t)p->max_entries * R;
+            uint8_t *grown = realloc(rows, (size_t)cap);
             if (!grown) {
                 rc = kvx_fail(-ENOMEM, "active shard: out of memory for the rows of %llu entries",
                               (unsigned long long)n + count);
                 break;
             }
             rows = grown;
-            if ((rc = jpread(fd, &jg, rows + (size_t)n * R, total, pos + KVX_RECORD_HEADER_BYTES))) break;
+            rows_cap = cap;
+        }
+        if (whole) {
+            if ((rc = jget(&jw, rows + (size_t)n * R, total, pos + KVX_RECORD_HEADER_BYTES))) break;
             whole = record_crc(r, rows + (size_t)n * R, total, chain) == kvx_load32(r + KVX_R_CRC);
         }
         if (!whole) {
@@ -294,7 +331,10 @@ int kvx_journal_read(int fd, uint64_t file_size, const kvx_active_params *p, kvx
             /* a record after it: damage, unless the record at pos was
              * being written as we read it (a reader beside the writer):
              * read it again */
-            if (retries++ < 4) continue;
+            if (retries++ < 4) {
+                jw.n = 0; /* read it from the file again */
+                continue;
+            }
             rc = kvx_fail(KVX_ECORRUPT, "active shard: record %u at offset %llu fails its checks and records follow it",
                           records, (unsigned long long)(jg.journal_off + pos));
             break;
@@ -320,6 +360,7 @@ int kvx_journal_read(int fd, uint64_t file_size, const kvx_active_params *p, kvx
         pos = kvx_align_up(pos + KVX_RECORD_HEADER_BYTES + total, 8);
         tail = pos;
     }
+    free(jw.b);
     if (rc) {
         free(rows);
         return rc;
