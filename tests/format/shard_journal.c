@@ -392,6 +392,21 @@ static void test_crafted_chained_records_checked(void **state)
         assert_int_equal(kvx_shard_page(&pg, s, 1, 1), 0);
         kvx_shard_close(s);
     }
+    /* a last header whose count is 0, 2^32-1 or past the reserve, or
+     * whose first + count wraps: no record (never acknowledged), its rows
+     * never read */
+    uint32_t bad_counts[][2] = {{2, 0}, {2, UINT32_MAX}, {2, JMAX - 1}, {UINT32_MAX, 2}};
+    for (size_t c = 0; c < sizeof bad_counts / sizeof bad_counts[0]; c++) {
+        write_bytes(path, orig, bytes);
+        uint8_t h[KVX_RECORD_HEADER_BYTES] = {0};
+        memcpy(h, KVX_RECORD_MAGIC, 8);
+        kvx_store64(h + KVX_R_SEQ, 30);
+        kvx_store32(h + KVX_R_FIRST, bad_counts[c][0]);
+        kvx_store32(h + KVX_R_COUNT, bad_counts[c][1]);
+        kvx_store32(h + KVX_R_ROW_BYTES, (uint32_t)R);
+        put(path, h, sizeof h, jrecord_at(&p, counts, 2));
+        jcheck(path, &p, 2);
+    }
     /* every entry of another shard than the file's (its journal header
      * names the shard): refused, as a row of another shard among the
      * file's own is */
