@@ -10,7 +10,8 @@
  * writer never removes or shortens an active file: its records were
  * acknowledged. The seal writes the standard header and tables where the
  * reserve left room for them (the pages do not move), makes them durable,
- * and only then renames the file to its sealed name.
+ * and only then renames the file to its sealed name. One writer at a time:
+ * each holds an exclusive flock on the file until it closes it.
  */
 #include "shard_writer_impl.h"
 #include "shard_journal.h"
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -58,6 +60,18 @@ static int active_new(kvx_shard_writer **out, const char *path, const kvx_active
     return 0;
 }
 
+/* One writer at a time: an exclusive lock on the file, held until its fd
+ * is closed (abort, seal). A second writer would write its record where
+ * the first one's next goes, over a record the first acknowledged. */
+static int lock_writer(int fd, const char *path)
+{
+    if (kvx_os.flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
+    int e = errno;
+    if (e == EWOULDBLOCK || e == EAGAIN)
+        return kvx_fail(KVX_EBUSY, "%s: another writer holds the active file", path);
+    return kvx_fail(-e, "%s: locking the active file: %s", path, strerror(e));
+}
+
 int kvx_shard_writer_create_active(kvx_shard_writer **out, const char *path, const kvx_active_params *p)
 {
     if (out) *out = NULL;
@@ -73,8 +87,12 @@ int kvx_shard_writer_create_active(kvx_shard_writer **out, const char *path, con
     }
     uint8_t hdr[KVX_JOURNAL_HEADER_BYTES];
     kvx_journal_header_encode(hdr, p, &jg, &w->chain);
-    const char *step = "writing the journal header";
-    rc = kvx_os_pwrite_all(w->fd, hdr, sizeof hdr, jg.journal_off);
+    const char *step = "locking it";
+    rc = lock_writer(w->fd, path);
+    if (!rc) {
+        step = "writing the journal header";
+        rc = kvx_os_pwrite_all(w->fd, hdr, sizeof hdr, jg.journal_off);
+    }
     if (!rc) {
         step = "fsync of the file";
         rc = kvx_os.fsync(w->fd) ? -errno : 0;
@@ -128,23 +146,34 @@ int kvx_shard_writer_resume(kvx_shard_writer **out, const char *path, const kvx_
     kvx_shard_writer *w;
     int rc = active_new(&w, path, p, &jg);
     if (rc) return rc;
-    /* the file's records, checked as any reader checks them */
-    kvx_shard *check;
-    if ((rc = kvx_shard_open_active(&check, AT_FDCWD, path, path, p))) {
-        kvx_sw_free(w);
-        return rc;
-    }
-    kvx_shard_close(check);
     w->fd = kvx_os.open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
     struct stat st;
     if (w->fd < 0 || kvx_os.fstat(w->fd, &st) != 0) {
         int e = -errno;
         kvx_sw_discard(w);
+        if (e == -EISDIR) return kvx_fail(KVX_EINVALID, "%s: not a regular file but a directory", path);
         return kvx_fail(e, "%s: cannot open the active file: %s", path, strerror(-e));
     }
     if (!S_ISREG(st.st_mode)) {
         kvx_sw_discard(w);
         return kvx_fail(KVX_EINVALID, "%s: not a regular file but a %s", path, kvx_file_type_name(st.st_mode));
+    }
+    if ((rc = lock_writer(w->fd, path))) {
+        kvx_sw_discard(w);
+        return rc;
+    }
+    /* the file's records (no writer adds any now), checked as any reader
+     * checks them */
+    kvx_shard *check;
+    if ((rc = kvx_shard_open_active(&check, AT_FDCWD, path, path, p))) {
+        kvx_sw_discard(w);
+        return rc;
+    }
+    kvx_shard_close(check);
+    if (kvx_os.fstat(w->fd, &st) != 0) {
+        int e = -errno;
+        kvx_sw_discard(w);
+        return kvx_fail(e, "%s: fstat of the active file: %s", path, strerror(-e));
     }
     kvx_journal_state js;
     if ((rc = kvx_journal_read(w->fd, (uint64_t)st.st_size, p, &js))) {
@@ -171,9 +200,13 @@ int kvx_shard_writer_resume(kvx_shard_writer **out, const char *path, const kvx_
     if (js.tail_end > js.next_pos) {
         /* a torn record's bytes: zeros, durably, before the next record
          * goes there (a shorter record must not leave them behind it) */
-        size_t len = (size_t)(js.tail_end - js.next_pos);
-        uint8_t *zero = calloc(1, len);
-        rc = zero ? kvx_os_pwrite_all(w->fd, zero, len, js.next_pos) : -ENOMEM;
+        const uint64_t win = (uint64_t)1 << 20; /* a hostile tail may be the whole reserve */
+        uint8_t *zero = calloc(1, (size_t)win);
+        rc = zero ? 0 : -ENOMEM;
+        for (uint64_t at = js.next_pos; !rc && at < js.tail_end; at += win) {
+            uint64_t len = js.tail_end - at < win ? js.tail_end - at : win;
+            rc = kvx_os_pwrite_all(w->fd, zero, (size_t)len, at);
+        }
         free(zero);
         if (!rc) rc = kvx_os.fdatasync(w->fd) ? -errno : 0;
         if (rc) {

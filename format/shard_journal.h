@@ -74,13 +74,17 @@ typedef struct kvx_journal_state {
 /* Reads fd's journal (file_size bytes, laid out for p): every record that
  * reads whole and chained is one commit; the bytes after the last such
  * record are unsealed (never acknowledged: a commit returns only once its
- * record is durable) unless another record's magic follows at an
- * 8-aligned place, which is damage: KVX_ECORRUPT naming the record. A
+ * record is durable) unless another record's magic lies where a record
+ * after it would begin (for any count it could have held) or past the
+ * furthest it could reach, which is damage: KVX_ECORRUPT naming the
+ * record. A
  * journal header that is missing or differs from p's: KVX_EMAGIC /
  * KVX_EFORMAT (not this store's active file); a whole record that breaks
  * a rule (its first entry, its row width, a sequence number not above its
  * predecessor's): KVX_EFORMAT naming it. The tables are then checked as a
  * sealed file's are (by the caller). */
+/* Memory: the rows of the records read and a window of 1 MiB, never the
+ * journal's reserve. */
 int kvx_journal_read(int fd, uint64_t file_size, const kvx_active_params *p, kvx_journal_state *out);
 
 #endif

@@ -448,11 +448,19 @@ static int open_validated(kvx_shard *s, const struct stat *st)
 
 /* An active file: its whole records' entries, checked as a sealed
  * file's tables are (shard_journal.c reads them into that layout). */
-static int open_journal(kvx_shard *s, const struct stat *st, const kvx_active_params *p)
+static int open_journal(kvx_shard *s, struct stat *st, const kvx_active_params *p)
 {
     kvx_journal_state js;
     int rc = kvx_journal_read(s->fd, (uint64_t)st->st_size, p, &js);
     if (rc) return rc;
+    /* the file's size now: a record is written only after its pages, so
+     * every page a record read names lies within it (the size before the
+     * read may be older than the records read, with a writer appending) */
+    if (kvx_os.fstat(s->fd, st) != 0) {
+        int e = errno;
+        free(js.tables);
+        return kvx_fail(-e, "%s: fstat: %s", s->path, strerror(e));
+    }
     kvx_shard_layout lay;
     if (kvx_shard_layout_for(&lay, js.n, js.h.flags, js.h.block_tokens, js.h.num_layers, js.h.kv_heads)) {
         free(js.tables);
