@@ -134,6 +134,7 @@ typedef struct st_active {
     uint32_t nunv;           /* appended entries without a digest */
     int registered;          /* the catalog names it (its first append committed) */
     int committed;           /* the owner's flush appended (until it is released) */
+    uint32_t nunv_pending;   /* the owner's entries without a digest, not yet appended */
     uint32_t nunv_commit;    /* of that append, the entries without a digest */
     int broken;              /* an append or its catalog edit failed */
 } st_active;
@@ -379,6 +380,9 @@ int kvx_st_shard_ours(const kvx_store *s, const kvx_shard *sh, char *why, size_t
 /* A new reference on the shard (byte, gen), opened lazily; NULL when it
  * cannot be opened (then marked bad, unless the failure was transient). */
 kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen);
+/* kvx_st_shard_get, and once more with a fresh handle when the cached one
+ * holds fewer than min_entries (an active shard grown since it opened). */
+kvx_shard *kvx_st_shard_get_n(kvx_store *s, uint32_t byte, uint64_t gen, uint32_t min_entries);
 /* Forgets the cached handle of byte if it is still sh (an active shard's
  * handle that grew stale: its file has entries the handle has not). */
 void kvx_st_cache_stale(kvx_store *s, uint32_t byte, const kvx_shard *sh);
@@ -496,7 +500,9 @@ int kvx_st_writer_seal(kvx_store *s, st_open *o, st_sealed *out, int staged);
  *   none, its one rename is atomic), then every sealed file of v moves
  *   into shards/<gen>.kvx (never over an existing file) and shards/ is
  *   fsynced. While the mark is there, recovery takes every file whose
- *   entries all carry seq as never acknowledged. On failure the files
+ *   entries all carry seq as never acknowledged (and an active shard's
+ *   record of seq: force makes a mark for one file, when the commit also
+ *   appends to the active shard). On failure the files
  *   leave shards/ (durably), then the mark.
  *  kvx_st_unstage_files: the mark goes, durably: the commit, as the
  *   files tell it.
@@ -504,7 +510,7 @@ int kvx_st_writer_seal(kvx_store *s, st_open *o, st_sealed *out, int staged);
  *   shards/ names (durably); if it commits, kvx_st_published.
  * So a crash at any point publishes all of the commit or none of it. */
 void kvx_st_pending_name(char *buf, size_t cap, uint64_t seq);
-int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n, uint64_t seq, int *marked);
+int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n, uint64_t seq, int force, int *marked);
 void kvx_st_unlink_linked(kvx_store *s, st_sealed *v, size_t n);
 int kvx_st_unstage_files(kvx_store *s, uint64_t seq, int marked);
 /* A commit that failed after kvx_st_link_files: its files leave shards/

@@ -13,7 +13,7 @@
  * unflushed blocks are in it, so an append never carries another batch's
  * blocks; the other batches write their own files meanwhile.
  */
-#include "store.h"
+#include "store_plan.h"
 #include "common/os.h"
 
 #include <errno.h>
@@ -116,6 +116,7 @@ int kvx_st_active_take(kvx_store *s, kvx_store_batch *x, int kind, st_open *o)
 {
     if (kind != ST_KIND_LINEAGE || s->keyed || x->whole || s->version < ST_STORE_VERSION || st_no_append()) return 0;
     if (s->act.owner && s->act.owner != x) return 0; /* another batch's blocks are in it */
+    if (s->act.owner == x && s->act.w && st_active_full(s, s->act.w)) return 0; /* x's, full: a file of its own */
     if (s->act.w && st_active_full(s, s->act.w)) {
         int rc = kvx_st_active_seal(s);
         if (rc) kvx_clear_error(); /* tidy-up: the file is whole; a new one takes the blocks */
@@ -151,7 +152,7 @@ int kvx_st_active_append(kvx_store *s, kvx_store_batch *x, uint64_t seq, kvx_cat
         s->act.broken = 1;
         return rc;
     }
-    uint32_t nunv = 0;
+    uint32_t nunv = s->act.nunv_pending;
     for (int k = 0; k < 2; k++)
         if (x->cur[k].active) nunv += x->cur[k].nunv;
     uint64_t now = kvx_st_now_ns();
@@ -184,6 +185,7 @@ void kvx_st_active_release(kvx_store *s, kvx_store_batch *x, int ok)
         if (x->cur[k].active) memset(&x->cur[k], 0, sizeof x->cur[k]);
     if (!s || s->act.owner != x) return;
     s->act.owner = NULL;
+    s->act.nunv_pending = 0;
     if (!s->act.w) return;
     int appended = s->act.committed;
     s->act.committed = 0;
@@ -215,7 +217,6 @@ void kvx_st_active_release(kvx_store *s, kvx_store_batch *x, int ok)
 static int st_active_recover_one(kvx_store *s, int dirfd, const char *name, void *ctx)
 {
     (void)dirfd;
-    int *failed = ctx;
     uint64_t gen;
     uint32_t byte;
     if (!kvx_st_parse_active_name(name, &gen, &byte)) return 0;
@@ -233,7 +234,7 @@ static int st_active_recover_one(kvx_store *s, int dirfd, const char *name, void
     kvx_active_params p;
     kvx_st_active_params(s, byte, gen, &p);
     kvx_shard_writer *w;
-    int rc = kvx_shard_writer_resume(&w, path, &p);
+    int rc = kvx_shard_writer_resume_below(&w, path, &p, *(const uint64_t *)ctx);
     if (rc && !st_open_transient(rc)) {
         char why[480];
         snprintf(why, sizeof why, "an active shard that cannot be read: %s (%s)", kvx_last_error(), kvx_err_name(rc));
@@ -255,12 +256,18 @@ static int st_active_recover_one(kvx_store *s, int dirfd, const char *name, void
     }
     free(path);
     free(spath);
-    if (rc) ++*failed;
     return rc;
 }
 
 int kvx_st_active_recover(kvx_store *s)
 {
-    int failed = 0;
-    return kvx_st_each_file(s, s->shardsfd, st_active_recover_one, &failed);
+    /* a commit whose mark is still in staging/ never answered: its record
+     * (the last, one commit at a time) is the tail */
+    uint64_t *marks = NULL, below = UINT64_MAX;
+    size_t nmarks = 0;
+    int rc = kvx_st_commit_marks(s, &marks, &nmarks);
+    for (size_t i = 0; !rc && i < nmarks; i++)
+        if (marks[i] < below) below = marks[i];
+    free(marks);
+    return rc ? rc : kvx_st_each_file(s, s->shardsfd, st_active_recover_one, &below);
 }

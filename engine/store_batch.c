@@ -292,10 +292,12 @@ static int st_put_one(kvx_store *s, kvx_store_batch *x, int kind, const st_query
     if ((rc = st_pending_add(s, x, &pq, KVX_COORD(o->byte, idx, 0), kind, o->gen))) return rc;
     if (x->reserve_hint > 0) x->reserve_hint--;
     if (o->active) {
-        /* the active shard full: x's blocks in it are appended now (a
-         * flush inside a put, as when shard ids run out), and it is sealed */
-        if (idx + 1 >= o->cap || kvx_shard_writer_bytes(o->w) + s->page_bytes > s->target)
-            rc = kvx_st_flush_locked(s, x);
+        /* the active shard full: x's next blocks go to a file of its own;
+         * its flush appends these and publishes that in one commit */
+        if (idx + 1 >= o->cap || kvx_shard_writer_bytes(o->w) + s->page_bytes > s->target) {
+            s->act.nunv_pending += o->nunv;
+            memset(o, 0, sizeof *o);
+        }
     } else if (idx + 1 >= o->cap || kvx_shard_writer_bytes(o->w) >= s->target) {
         rc = st_seal_cur(s, x, kind);
         if (!rc) rc = st_room_for_pending(s, x);
@@ -686,19 +688,22 @@ int kvx_st_flush_locked(kvx_store *s, kvx_store_batch *x)
     kvx_cat_edit e;
     kvx_cat_edit_init(&e);
     if (!rc && (x->nsealed || act)) {
-        uint64_t seq = 0;
-        int linked = 0, marked = 0;
+        uint64_t seq = s->next_seq++;
+        int linked = 0, marked = 0, appended = 0;
         if (x->nsealed) {
-            seq = s->next_seq++;
             if (s->keyed) rc = kvx_st_supersede(s, x, &e);
             if (!rc) rc = kvx_st_seal_parked(s, x->sealed, x->nsealed, seq);
-            if (!rc && !(rc = kvx_st_link_files(s, x->sealed, x->nsealed, seq, &marked))) linked = 1;
-            if (!rc) rc = kvx_st_unstage_files(s, seq, marked);
+            /* with an append too, a mark even for one file: recovery then
+             * takes the files and the record as never acknowledged */
+            if (!rc && !(rc = kvx_st_link_files(s, x->sealed, x->nsealed, seq, act, &marked))) linked = 1;
         }
-        if (!rc && act) rc = kvx_st_active_append(s, x, s->next_seq++, &e);
+        if (!rc && act && !(rc = kvx_st_active_append(s, x, seq, &e))) appended = 1;
+        if (!rc && x->nsealed) rc = kvx_st_unstage_files(s, seq, marked);
         if (!rc) rc = st_publish(s, x, &e);
         if (!rc) kvx_st_published(x->sealed, x->nsealed);
-        else if (linked) kvx_st_unpublish(s, x->sealed, x->nsealed, seq, marked);
+        /* a record appended, then the commit failed: its mark stays (the
+         * files go), so recovery drops the record too */
+        else if (linked) kvx_st_unpublish(s, x->sealed, x->nsealed, seq, marked && !appended);
     }
     kvx_cat_edit_free(&e);
     int act_byte = act ? s->act.byte : -1;

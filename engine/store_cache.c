@@ -105,6 +105,18 @@ kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
     return r;
 }
 
+kvx_shard *kvx_st_shard_get_n(kvx_store *s, uint32_t byte, uint64_t gen, uint32_t min_entries)
+{
+    kvx_shard *sh = kvx_st_shard_get(s, byte, gen);
+    if (sh && kvx_shard_get_info(sh)->num_blocks < min_entries) {
+        /* an active shard's handle older than its last append */
+        kvx_st_cache_stale(s, byte, sh);
+        kvx_shard_close(sh);
+        sh = kvx_st_shard_get(s, byte, gen);
+    }
+    return sh;
+}
+
 void kvx_st_cache_stale(kvx_store *s, uint32_t byte, const kvx_shard *sh)
 {
     pthread_rwlock_wrlock(&s->cache_lock);

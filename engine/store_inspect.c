@@ -86,7 +86,7 @@ KVX_API int kvx_store_shards(kvx_shard ***out_shards, size_t *out_n, kvx_store *
     size_t n = 0;
     for (uint32_t b = 0; !rc && b < ST_SLOTS; b++) {
         if (!reg->live[b]) continue;
-        kvx_shard *sh = kvx_st_shard_get(s, b, reg->rec[b].gen);
+        kvx_shard *sh = kvx_st_shard_get_n(s, b, reg->rec[b].gen, reg->rec[b].n_entries);
         if (sh) arr[n++] = sh;
     }
     free(reg);

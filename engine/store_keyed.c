@@ -325,7 +325,7 @@ static int sk_write_tombs(kvx_store *s, st_open *po, const kvx_key *const *tombs
     uint64_t seq = s->next_seq++;
     rc = kvx_st_seal_parked(s, &v, 1, seq);
     int linked = 0, marked = 0;
-    if (!rc && !(rc = kvx_st_link_files(s, &v, 1, seq, &marked))) linked = 1;
+    if (!rc && !(rc = kvx_st_link_files(s, &v, 1, seq, 0, &marked))) linked = 1;
     if (!rc) rc = kvx_st_unstage_files(s, seq, marked);
     if (!rc) {
         kvx_st_register(e, &v);

@@ -227,7 +227,7 @@ void kvx_st_pending_name(char *buf, size_t cap, uint64_t seq)
     snprintf(buf, cap, ".%016llx.pending", (unsigned long long)seq);
 }
 
-int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n, uint64_t seq, int *marked)
+int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n, uint64_t seq, int force, int *marked)
 {
     char mark[40];
     kvx_st_pending_name(mark, sizeof mark, seq);
@@ -239,7 +239,7 @@ int kvx_st_link_files(kvx_store *s, st_sealed *v, size_t n, uint64_t seq, int *m
      * by the files' sequence numbers). One file needs none: its one
      * rename is all of the commit or none of it (found in shards/ without
      * its catalog edit, a recovery adopts it whole). */
-    *marked = files > 1;
+    *marked = files > 1 || (files && force);
     if (!*marked) goto move;
     if (kvx_os.unlinkat(s->stagingfd, mark, 0) != 0 && errno != ENOENT)
         return kvx_fail(-errno, "store %s: remove a stale staging/%s: %s", s->dir, mark, strerror(errno));

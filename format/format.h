@@ -124,6 +124,10 @@ int kvx_shard_writer_create_active(kvx_shard_writer **out, const char *path, con
  * the next append goes there. KVX_EMAGIC / KVX_EFORMAT / KVX_ECORRUPT as
  * kvx_journal_read, and the tables' own checks (a sealed file's). */
 int kvx_shard_writer_resume(kvx_shard_writer **out, const char *path, const kvx_active_params *p);
+/* The same, records from the first whose sequence number is at least
+ * below (a commit that never answered: its mark is still there) taken as
+ * the unsealed tail and cleared with it. */
+int kvx_shard_writer_resume_below(kvx_shard_writer **out, const char *path, const kvx_active_params *p, uint64_t below);
 /* The commit of the entries added since the last append: every one gets
  * seq (those without a number), the pages are made durable (fdatasync),
  * then one record naming them, durable too. seq must be above the last

@@ -141,6 +141,11 @@ static void entry_from_tables(kvx_shard_writer *w, const uint8_t *tables, const 
 
 int kvx_shard_writer_resume(kvx_shard_writer **out, const char *path, const kvx_active_params *p)
 {
+    return kvx_shard_writer_resume_below(out, path, p, UINT64_MAX);
+}
+
+int kvx_shard_writer_resume_below(kvx_shard_writer **out, const char *path, const kvx_active_params *p, uint64_t below)
+{
     if (out) *out = NULL;
     kvx_journal_geom jg;
     kvx_shard_writer *w;
@@ -176,7 +181,7 @@ int kvx_shard_writer_resume(kvx_shard_writer **out, const char *path, const kvx_
         return kvx_fail(e, "%s: fstat of the active file: %s", path, strerror(-e));
     }
     kvx_journal_state js;
-    if ((rc = kvx_journal_read(w->fd, (uint64_t)st.st_size, p, &js))) {
+    if ((rc = kvx_journal_read_below(w->fd, (uint64_t)st.st_size, p, below, &js))) {
         kvx_sw_discard(w);
         return rc;
     }

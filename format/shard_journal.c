@@ -249,6 +249,12 @@ static int rows_crc(int fd, const kvx_journal_geom *jg, const uint8_t *hdr, uint
 
 int kvx_journal_read(int fd, uint64_t file_size, const kvx_active_params *p, kvx_journal_state *out)
 {
+    return kvx_journal_read_below(fd, file_size, p, UINT64_MAX, out);
+}
+
+int kvx_journal_read_below(int fd, uint64_t file_size, const kvx_active_params *p, uint64_t below,
+                           kvx_journal_state *out)
+{
     if (!out) return kvx_fail(KVX_EINVALID, "kvx_journal_read: NULL argument");
     memset(out, 0, sizeof *out);
     kvx_journal_geom jg;
@@ -350,6 +356,13 @@ int kvx_journal_read(int fd, uint64_t file_size, const kvx_active_params *p, kvx
         if (rseq <= seq) {
             rc = kvx_fail(KVX_EFORMAT, "active shard: record %u has sequence number %llu, not above %llu", records,
                           (unsigned long long)rseq, (unsigned long long)seq);
+            break;
+        }
+        if (rseq >= below) {
+            /* a commit that never answered (the caller's mark): it and
+             * what follows are the tail */
+            uint64_t end = kvx_align_up(pos + KVX_RECORD_HEADER_BYTES + total, 8);
+            if (end > tail) tail = end;
             break;
         }
         seq = rseq;

@@ -86,5 +86,9 @@ typedef struct kvx_journal_state {
 /* Memory: the rows of the records read and a window of 1 MiB, never the
  * journal's reserve. */
 int kvx_journal_read(int fd, uint64_t file_size, const kvx_active_params *p, kvx_journal_state *out);
+/* The same, the records from the first whole one whose sequence number is
+ * at least below read as the tail (a commit that never answered). */
+int kvx_journal_read_below(int fd, uint64_t file_size, const kvx_active_params *p, uint64_t below,
+                           kvx_journal_state *out);
 
 #endif

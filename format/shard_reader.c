@@ -466,8 +466,7 @@ static int open_journal(kvx_shard *s, struct stat *st, const kvx_active_params *
         free(js.tables);
         return kvx_fail(KVX_EOVERFLOW, "active shard: table sizes overflow"); /* cannot: n <= max_entries */
     }
-    kvx_geometry *g = &s->info.geometry;
-    *g = p->geometry;
+    s->info.geometry = p->geometry;
     s->info.format_version = js.h.format_version;
     s->info.num_blocks = s->n = js.n;
     s->info.kv_data_offset = js.h.kv_data_offset;
@@ -477,10 +476,7 @@ static int open_journal(kvx_shard *s, struct stat *st, const kvx_active_params *
     uint64_t size = (uint64_t)st->st_size < js.h.kv_data_offset ? js.h.kv_data_offset : (uint64_t)st->st_size;
     rc = load_entries(s, &js.h, &lay, js.tables, size);
     free(js.tables);
-    if (!rc && js.n && s->info.shard_id != p->shard_id)
-        return kvx_fail(KVX_ESHARDID, "active shard: entry 0 has shard %u, the file is shard %u's", s->info.shard_id,
-                        p->shard_id);
-    s->info.shard_id = p->shard_id;
+    s->info.shard_id = p->shard_id; /* every entry's (kvx_journal_read checked) */
     s->active = 1;
     return rc;
 }
