@@ -641,6 +641,10 @@ void kvx_st_pshards(st_pshard *out, const kvx_store *s, uint64_t *const *r);
 /* After a committed drop: caches, files (deleted when sound, else
  * quarantined with `damaged` or the verdict as the reason). */
 void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const char *damaged);
+/* After a committed drop (an eviction, gc's rewrite): queues for
+ * kvx_store_evicted every block or key of the victims no live shard holds
+ * now (a carried or kept one is held where it went). */
+void kvx_st_note_evicted(kvx_store *s, const uint8_t *victims);
 /* Keeps what bad shard b must not take with it (store_gc.c: a keyed
  * shard's deletes): 0, or the failure (b then stays). */
 typedef int (*st_keep_fn)(kvx_store *s, uint32_t b);

@@ -32,7 +32,7 @@ int kvx_st_sealed_push(kvx_store_batch *x, const st_sealed *v)
  * Then *out (the shard, one reference) and *en are its entry. */
 static int st_loc_key(kvx_store *s, const kvx_cat_loc *loc, const uint8_t *digest, kvx_shard **out, kvx_entry *en)
 {
-    kvx_shard *sh = kvx_st_shard_get(s, KVX_COORD_SHARD(loc->coord), loc->gen);
+    kvx_shard *sh = kvx_st_shard_get_n(s, KVX_COORD_SHARD(loc->coord), loc->gen, KVX_COORD_BLOCK(loc->coord) + 1);
     if (!sh) return 0;
     uint8_t d[KVX_DIGEST_BYTES];
     if (kvx_shard_entry(en, sh, KVX_COORD_BLOCK(loc->coord)) == 0 && en->coordinate == loc->coord && en->key) {

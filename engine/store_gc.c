@@ -43,7 +43,7 @@ static int st_lin_gather(kvx_store *s, kvx_shard **sh, st_lin **out, size_t *out
     int rc = 0;
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
         if (!s->reg->live[b] || !(s->reg->rec[b].flags & KVX_FLAG_LINEAGE)) continue;
-        if (!(sh[b] = kvx_st_shard_get(s, b, s->reg->rec[b].gen))) {
+        if (!(sh[b] = kvx_st_shard_get_n(s, b, s->reg->rec[b].gen, s->reg->rec[b].n_entries))) {
             rc = ST_PASS_SKIPPED;
             break;
         }
@@ -108,8 +108,14 @@ static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, size_
     if (!rc) {
         st_drop d = {s, victims, added, nadded, mv, nmv, 0, 1, damaged};
         rc = kvx_st_drop_write(s, &d);
-        if (rc) kvx_st_unlink_sealed(s, added, nadded);
-        else kvx_st_after_drop(s, victims, damaged ? damaged_why : NULL);
+        if (rc) {
+            kvx_st_unlink_sealed(s, added, nadded);
+        } else {
+            /* what it did not keep (a headless chain, a bad page) is gone:
+             * reported as an eviction's drops are (STORE-18) */
+            kvx_st_note_evicted(s, victims);
+            kvx_st_after_drop(s, victims, damaged ? damaged_why : NULL);
+        }
     }
     free(added);
     free(mv);
@@ -124,7 +130,7 @@ static int st_salvage_damaged(kvx_store *s)
     int rc = 0;
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
         if (!s->reg->live[b]) continue;
-        kvx_shard *sh = kvx_st_shard_get(s, b, s->reg->rec[b].gen);
+        kvx_shard *sh = kvx_st_shard_get_n(s, b, s->reg->rec[b].gen, s->reg->rec[b].n_entries);
         if (!sh) continue;
         uint32_t bad = 0;
         int v = kvx_shard_verify(sh, &bad, NULL, NULL);
@@ -213,7 +219,7 @@ static int st_compact_deleted(kvx_store *s)
     int rc = 0;
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
         if (!s->reg->live[b] || !(s->reg->rec[b].flags & KVX_FLAG_KEYS) || st_is_pinned(s, b)) continue;
-        kvx_shard *sh = kvx_st_shard_get(s, b, s->reg->rec[b].gen);
+        kvx_shard *sh = kvx_st_shard_get_n(s, b, s->reg->rec[b].gen, s->reg->rec[b].n_entries);
         if (!sh) continue; /* not judged now: drop_bad_shards' business */
         uint32_t n = kvx_shard_get_info(sh)->num_blocks, live = 0;
         kvx_cat_snap *snap;
@@ -283,7 +289,7 @@ static void st_judge_all(kvx_store *s)
 {
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
         if (!s->reg->live[b]) continue;
-        kvx_shard_close(kvx_st_shard_get(s, b, s->reg->rec[b].gen));
+        kvx_shard_close(kvx_st_shard_get_n(s, b, s->reg->rec[b].gen, s->reg->rec[b].n_entries));
     }
     kvx_clear_error();
 }

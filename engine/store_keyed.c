@@ -267,7 +267,7 @@ KVX_API int kvx_store_keyed_contains(uint8_t *out_held, size_t *out_leading, kvx
 /* Does the entry at loc hold exactly this key? */
 static int sk_loc_has_key(kvx_store *s, const kvx_cat_loc *loc, const kvx_key *k)
 {
-    kvx_shard *sh = kvx_st_shard_get(s, KVX_COORD_SHARD(loc->coord), loc->gen);
+    kvx_shard *sh = kvx_st_shard_get_n(s, KVX_COORD_SHARD(loc->coord), loc->gen, KVX_COORD_BLOCK(loc->coord) + 1);
     if (!sh) return 0;
     kvx_entry e;
     int yes = kvx_shard_entry(&e, sh, KVX_COORD_BLOCK(loc->coord)) == 0 && e.coordinate == loc->coord && e.key &&

@@ -200,7 +200,10 @@ int kvx_st_drop_bad_shards(kvx_store *s, st_keep_fn keep)
     int any = 0;
     pthread_rwlock_rdlock(&s->cache_lock);
     for (int b = 0; b < ST_SLOTS; b++) {
-        if (s->reg->live[b] && s->cache[b].bad && s->cache[b].gen == s->reg->rec[b].gen) {
+        /* the active shard is judged when it is sealed, never dropped while
+         * its writer appends to it */
+        if (s->reg->live[b] && s->cache[b].bad && s->cache[b].gen == s->reg->rec[b].gen &&
+            !(s->act.w && s->act.byte == b)) {
             victims[b] = 1;
             any = 1;
         }
@@ -330,7 +333,7 @@ static int st_still_held(kvx_store *s, kvx_cat_snap *snap, const kvx_entry *e)
         if (rc == KVX_ENOTFOUND) return 0;
         if (rc) return 1; /* cannot tell: not reported (a report means gone) */
         if (!e->key) return 1;
-        kvx_shard *sh = kvx_st_shard_get(s, KVX_COORD_SHARD(loc.coord), loc.gen);
+        kvx_shard *sh = kvx_st_shard_get_n(s, KVX_COORD_SHARD(loc.coord), loc.gen, KVX_COORD_BLOCK(loc.coord) + 1);
         if (!sh) return 1;
         kvx_entry o;
         int same = kvx_shard_entry(&o, sh, KVX_COORD_BLOCK(loc.coord)) == 0 && o.key && o.key_len == e->key_len &&
@@ -343,7 +346,7 @@ static int st_still_held(kvx_store *s, kvx_cat_snap *snap, const kvx_entry *e)
 /* After an eviction's commit (the registry keeps each victim's last
  * record): queues every block or key of the victims that no live shard
  * holds now (a carried block is held where it was carried to). */
-static void st_note_evicted(kvx_store *s, const uint8_t *victims)
+void kvx_st_note_evicted(kvx_store *s, const uint8_t *victims)
 {
     char saved[512]; /* the caller's message (an eviction for a put's KVX_EFULL says why) */
     snprintf(saved, sizeof saved, "%s", kvx_last_error());
@@ -352,7 +355,7 @@ static void st_note_evicted(kvx_store *s, const uint8_t *victims)
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
         if (!victims[b]) continue;
         const kvx_cat_shard *rec = &s->reg->rec[b];
-        kvx_shard *sh = snap ? kvx_st_shard_get(s, b, rec->gen) : NULL;
+        kvx_shard *sh = snap ? kvx_st_shard_get_n(s, b, rec->gen, rec->n_entries) : NULL;
         if (!sh) { /* its entries cannot be named: counted */
             pthread_mutex_lock(&s->ev_mu);
             s->ev_dropped += rec->n_entries;
@@ -560,7 +563,7 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
     if (rc) {
         kvx_st_unlink_sealed(s, added, nadded);
     } else {
-        st_note_evicted(s, victims);
+        kvx_st_note_evicted(s, victims);
         kvx_st_after_drop(s, victims, NULL);
         kvx_st_rec_from_moves(s, mv, d.nmoves, added, nadded);
         for (size_t i = 0; i < d.nmoves; i++) s->carried += mv[i].new_gen != 0;
@@ -623,7 +626,7 @@ static int st_orphaned_shards(kvx_store *s, uint32_t flags, uint8_t *victims, in
     int rc = kvx_cat_snap_begin(s->cat, &snap);
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
         if (!s->reg->live[b] || s->reg->rec[b].flags != flags || victims[b] || st_is_pinned(s, b)) continue;
-        kvx_shard *sh = kvx_st_shard_get(s, b, s->reg->rec[b].gen);
+        kvx_shard *sh = kvx_st_shard_get_n(s, b, s->reg->rec[b].gen, s->reg->rec[b].n_entries);
         if (!sh) continue;
         uint32_t cnt = kvx_shard_get_info(sh)->num_blocks, orphans = 0;
         for (uint32_t i = 0; i < cnt && !rc; i++) {

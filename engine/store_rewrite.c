@@ -26,7 +26,7 @@ int kvx_st_rewrite(kvx_store *s, st_move *mv, size_t n, uint32_t flags, uint8_t 
     for (size_t i = 0; i < n && !rc; i++) {
         st_move *m = &mv[i];
         m->new_gen = 0;
-        kvx_shard *sh = kvx_st_shard_get(s, KVX_COORD_SHARD(m->src_coord), m->src_gen);
+        kvx_shard *sh = kvx_st_shard_get_n(s, KVX_COORD_SHARD(m->src_coord), m->src_gen, KVX_COORD_BLOCK(m->src_coord) + 1);
         if (!sh) {
             rc = kvx_fail(-EIO, "store: shard %u cannot be opened to copy its blocks", KVX_COORD_SHARD(m->src_coord));
             break;
@@ -168,7 +168,7 @@ static int st_tombs_needed(kvx_store *s, uint32_t b, const kvx_shard *sh, uint8_
     qsort(t, nt, sizeof *t, st_cmp_tomb);
     for (uint32_t f = 0; f < ST_SLOTS; f++) {
         if (f == b || !s->reg->live[f]) continue;
-        kvx_shard *o = kvx_st_shard_get(s, f, s->reg->rec[f].gen);
+        kvx_shard *o = kvx_st_shard_get_n(s, f, s->reg->rec[f].gen, s->reg->rec[f].n_entries);
         if (!o) { /* cannot tell now: every tombstone stays */
             for (size_t k = 0; k < nt; k++) needed[t[k].idx] = 1;
             continue;
@@ -199,7 +199,7 @@ static int st_tombs_needed(kvx_store *s, uint32_t b, const kvx_shard *sh, uint8_
 int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, uint64_t hot_after, st_move **mv,
                       size_t *n, size_t *cap, size_t limit)
 {
-    kvx_shard *sh = kvx_st_shard_get(s, b, s->reg->rec[b].gen);
+    kvx_shard *sh = kvx_st_shard_get_n(s, b, s->reg->rec[b].gen, s->reg->rec[b].n_entries);
     if (!sh) return kvx_fail(-EIO, "store: shard %u cannot be opened to copy its blocks", b);
     uint32_t cnt = kvx_shard_get_info(sh)->num_blocks;
     /* a keyed page its owner deleted is no longer indexed: never copied

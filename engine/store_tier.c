@@ -314,7 +314,7 @@ static void st_tier_write(kvx_store *s, struct st_tier *t, st_job *jobs, size_t 
     size_t m = 0;
     for (size_t i = 0; keys && kp && vals && lens && st && i < n; i++) {
         st_job *j = &jobs[i];
-        kvx_shard *sh = kvx_st_shard_get(s, KVX_COORD_SHARD(j->coord), j->gen);
+        kvx_shard *sh = kvx_st_shard_get_n(s, KVX_COORD_SHARD(j->coord), j->gen, KVX_COORD_BLOCK(j->coord) + 1);
         if (!sh) continue; /* evicted or compacted away since: nothing to send */
         uint32_t idx = KVX_COORD_BLOCK(j->coord);
         kvx_entry e;

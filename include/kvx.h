@@ -830,7 +830,8 @@ typedef struct kvx_evicted {
 
 /* Takes, oldest first, up to max of what this handle's evictions removed
  * since the last call: the blocks (block stores) or keys (keyed stores)
- * that an eviction dropped and no live shard holds afterwards (a block
+ * that an eviction, or gc (a headless chain, a bad page), dropped and no
+ * live shard holds afterwards (a block
  * carried forward, or a key whose newer copy lives on, is not reported).
  * *out_n: how many were written to out. out_dropped (may be NULL): how
  * many were removed but not kept, since the last call that asked: past
