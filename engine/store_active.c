@@ -117,6 +117,14 @@ int kvx_st_active_take(kvx_store *s, kvx_store_batch *x, int kind, st_open *o)
     if (kind != ST_KIND_LINEAGE || s->keyed || x->whole || s->version < ST_STORE_VERSION || st_no_append()) return 0;
     if (s->act.owner && s->act.owner != x) return 0; /* another batch's blocks are in it */
     if (s->act.owner == x && s->act.w && st_active_full(s, s->act.w)) return 0; /* x's, full: a file of its own */
+    if (!s->act.w) {
+        /* a shard size too small for the reserve and journal beside one
+         * page (a store of a few KiB shards): files of their own */
+        kvx_active_params p;
+        kvx_st_active_params(s, 0, 0, &p);
+        uint64_t kv = kvx_active_kv_offset(&p);
+        if (!kv || kv + 2 * s->page_bytes > s->target) return 0;
+    }
     if (s->act.w && st_active_full(s, s->act.w)) {
         int rc = kvx_st_active_seal(s);
         if (rc) kvx_clear_error(); /* tidy-up: the file is whole; a new one takes the blocks */

@@ -140,6 +140,9 @@ int kvx_shard_writer_append(kvx_shard_writer *w, uint64_t seq);
 void kvx_shard_writer_rollback(kvx_shard_writer *w);
 /* Entries the active file's records hold (0 for another writer). */
 uint32_t kvx_shard_writer_appended(const kvx_shard_writer *w);
+/* Where an active file of p's pages begin (its tables' reserve and its
+ * journal before them); 0 for parameters no writer takes. */
+uint64_t kvx_active_kv_offset(const kvx_active_params *p);
 /* Bytes of the journal written so far: its header and records (0 for
  * another writer). */
 uint64_t kvx_shard_writer_journal_used(const kvx_shard_writer *w);

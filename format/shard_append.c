@@ -341,6 +341,12 @@ void kvx_shard_writer_rollback(kvx_shard_writer *w)
 
 uint32_t kvx_shard_writer_appended(const kvx_shard_writer *w) { return w && w->active ? w->appended : 0; }
 
+uint64_t kvx_active_kv_offset(const kvx_active_params *p)
+{
+    kvx_journal_geom jg;
+    return kvx_journal_geom_for(&jg, p) ? 0 : jg.kv_data_offset;
+}
+
 uint64_t kvx_shard_writer_journal_used(const kvx_shard_writer *w)
 {
     if (!w || !w->active) return 0;
