@@ -802,6 +802,31 @@ KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tok
  * page, kvx_last_error() names it (else it is ""). One call per prompt. */
 KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s,
                              const uint32_t *tokens, size_t n_tokens, size_t max_views);
+/* The longest cached prefix of tokens, as kvx_store_prefix's store part
+ * serves it (the same blocks: hash, parent, tokens and prefix digest all
+ * equal the prompt's), its pages read into the caller's memory: block i's
+ * page_bytes at dst + i * dst_stride (dst_stride >= the store's
+ * page_bytes), its CRC-32 checked there after the read, at every call;
+ * out_scales (nullable) gets block i's L*2*Hkv scales at
+ * out_scales + i * L*2*Hkv (1.0 where the store keeps none). Up to
+ * max_blocks leading full blocks; *out_n is how many were served. The
+ * prefix ends before the first block that is not held, unverified, or
+ * whose every copy fails its CRC or its read (a damaged copy is passed
+ * over when a sound one follows): then kvx_last_error() names it (else
+ * it is ""). Only the first *out_n blocks are promised: the rest of dst
+ * (and of out_scales) up to max_blocks may have been written (part of a
+ * page, a damaged page's bytes: never use them). Pages the page cache
+ * holds are copied from it; the others are read with O_DIRECT straight
+ * into dst when dst and dst_stride are 4096-aligned, every read of the
+ * run in flight at once, else through the cache. The shared tier is not
+ * consulted (kvx_store_prefix's views do). Returns 0 whatever *out_n
+ * is; KVX_EINVALID naming the field for a NULL out_n, store, tokens (with
+ * n_tokens > 0) or dst (with max_blocks > 0), or a dst_stride under
+ * page_bytes; KVX_EOVERFLOW when max_blocks * dst_stride overflows; a
+ * damaged catalog record or a failed catalog read is an error. A keyed
+ * store: KVX_EINVALID. */
+KVX_API int kvx_store_prefix_read(size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens, void *dst,
+                                  size_t dst_stride, size_t max_blocks, float *out_scales);
 /* Exports views (in order) as one envelope of version into a malloc'd
  * buffer (kvx_free). Every page's CRC-32 is checked again first, whatever
  * was checked before (KVX_EPAGECRC naming the block; nothing is built),
