@@ -129,7 +129,7 @@ static kvx_store *pr_store(char *dir, size_t cap, uint32_t *ta, uint32_t *tb, ui
  * wider aligned stride (a read a page) and an unaligned one (through the
  * cache). Out of the cache with an aligned buffer the pages are read with
  * O_DIRECT: the cache is left as it was. */
-/* PROMISE: STORE-36 */
+/* PROMISE: TRUST-13 */
 static void test_prefix_read_matches_prefix(void **state)
 {
     (void)state;
@@ -191,7 +191,7 @@ static void test_prefix_read_matches_prefix(void **state)
  * again; a page damaged after an earlier good read on the same handle is
  * caught too (checked where it lands, every call); once the block is
  * stored again its sound copy is served. */
-/* PROMISE: STORE-36 */
+/* PROMISE: TRUST-13 */
 static void test_prefix_read_damage(void **state)
 {
     (void)state;
@@ -264,7 +264,7 @@ static void test_prefix_read_damage(void **state)
  * prefix (a page whose read failed is read again alone) or an error,
  * every block it serves holds the bytes put, and the store reads the
  * whole prefix afterwards. */
-/* PROMISE: STORE-36 */
+/* PROMISE: TRUST-13 */
 static void test_prefix_read_faults(void **state)
 {
     (void)state;
@@ -312,7 +312,7 @@ static void test_prefix_read_faults(void **state)
 /* test_prefix_read_bad_arguments: each refused with KVX_EINVALID (or
  * KVX_EOVERFLOW) naming the field, before anything is read; n_tokens 0
  * and max_blocks 0 serve nothing; a keyed store is refused. */
-/* PROMISE: STORE-36 */
+/* PROMISE: TRUST-13 */
 static void test_prefix_read_bad_arguments(void **state)
 {
     (void)state;
@@ -358,7 +358,7 @@ static void test_prefix_read_bad_arguments(void **state)
 
 /* test_prefix_read_fp8_scales: an E4M3 store's per-block scales come
  * with the pages, as the views carry them. */
-/* PROMISE: STORE-36 */
+/* PROMISE: TRUST-13 */
 static void test_prefix_read_fp8_scales(void **state)
 {
     (void)state;

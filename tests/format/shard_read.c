@@ -38,7 +38,7 @@ static void sr_drop(const char *path)
  * with gaps (a read a page), out of the cache and from it: every page 0
  * with its bytes; the first page flipped fails alone (KVX_EPAGECRC) and
  * the rest of its run is whole. */
-/* PROMISE: STORE-36 */
+/* PROMISE: TRUST-13 */
 static void test_pages_read_runs(void **state)
 {
     (void)state;
@@ -101,7 +101,7 @@ static void test_pages_read_runs(void **state)
 
 /* test_pages_read_middle_damaged: a run of neighbours read as one read
  * with a damaged page in its middle: that page alone fails. */
-/* PROMISE: STORE-36 */
+/* PROMISE: TRUST-13 */
 static void test_pages_read_middle_damaged(void **state)
 {
     (void)state;
