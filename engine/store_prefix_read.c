@@ -12,8 +12,9 @@
  * memory, no page touched), so every page the run needs is known before
  * the first is read; then all of them are read at once
  * (kvx_shard_pages_read: pages the page cache holds are copied from it,
- * the others read with O_DIRECT, in flight together, neighbours in one
- * file and in the buffer as one read) and each is checked as it lands. A
+ * the others read through the cache or, with KVX_PREFIX_READ_DIRECT,
+ * with O_DIRECT, in flight together, neighbours in one file and in the
+ * buffer as one read) and each is checked as it lands. A
  * page that fails is looked up again alone (every copy of the block tried,
  * read into the same place and checked there); when none is sound the
  * prefix ends before it. The shared tier is not consulted.
@@ -65,7 +66,7 @@ static int spr_again(kvx_store *s, const uint32_t *tokens, size_t i, const kvx_v
 }
 
 KVX_API int kvx_store_prefix_read(size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens, void *dst,
-                                  size_t dst_stride, size_t max_blocks, float *out_scales)
+                                  size_t dst_stride, size_t max_blocks, float *out_scales, uint32_t flags)
 {
     static const char fn[] = "kvx_store_prefix_read";
     if (out_n) *out_n = 0;
@@ -73,6 +74,9 @@ KVX_API int kvx_store_prefix_read(size_t *out_n, kvx_store *s, const uint32_t *t
     if (!s) return kvx_fail(KVX_EINVALID, "%s: store is NULL", fn);
     if (n_tokens && !tokens) return kvx_fail(KVX_EINVALID, "%s: tokens is NULL with n_tokens %zu", fn, n_tokens);
     if (max_blocks && !dst) return kvx_fail(KVX_EINVALID, "%s: dst is NULL with max_blocks %zu", fn, max_blocks);
+    if (flags & ~(uint32_t)KVX_PREFIX_READ_DIRECT)
+        return kvx_fail(KVX_EINVALID, "%s: flags 0x%x: unknown bits 0x%x", fn, flags,
+                        flags & ~(uint32_t)KVX_PREFIX_READ_DIRECT);
     int rc = kvx_st_kind_check(s, 0, fn);
     if (rc) return rc;
     size_t pb = (size_t)s->page_bytes;
@@ -112,7 +116,8 @@ KVX_API int kvx_store_prefix_read(size_t *out_n, kvx_store *s, const uint32_t *t
         d[i] = (uint8_t *)dst + i * dst_stride;
         cap[i] = pb;
     }
-    kvx_shard_pages_read(sh, idx, n, d, cap, st, len);
+    if (flags & KVX_PREFIX_READ_DIRECT) kvx_shard_pages_read(sh, idx, n, d, cap, st, len);
+    else kvx_shard_pages_copy(sh, idx, n, d, cap, st, len);
     /* 3. in order: a page that failed is looked up again alone (another
      * copy may be sound); the prefix ends at the first that stays unserved */
     int damage = 0;

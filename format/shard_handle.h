@@ -66,6 +66,11 @@ struct kvx_shard {
     void **pages;  /* kvx_shard_mem: n pages, each malloc'd */
 };
 
+/* shard_reader.c: before a page is read through the mapping, a reader
+ * going through the file in order has the next KVX_SHARD_RA bytes asked
+ * for (posix_fadvise WILLNEED); last_end notes where r ended. */
+void shard_prefetch(kvx_shard *s, const shard_rec *r);
+
 static inline int is_tomb(const kvx_shard *s, uint32_t index)
 {
     return s->tombs && s->tombs[index] == KVX_TOMB_DELETE;

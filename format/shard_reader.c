@@ -612,7 +612,7 @@ static int page_crc(const kvx_shard *s, uint32_t index)
  * where the fault path's read-around takes large ones).
  */
 #define KVX_SHARD_RA ((uint64_t)1 << 20)
-static void shard_prefetch(kvx_shard *s, const shard_rec *r)
+void shard_prefetch(kvx_shard *s, const shard_rec *r)
 {
     uint64_t end = r->offset + r->bytes;
     uint64_t prev = atomic_exchange_explicit(&s->last_end, end, memory_order_relaxed);

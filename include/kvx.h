@@ -816,17 +816,22 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s,
  * it is ""). Only the first *out_n blocks are promised: the rest of dst
  * (and of out_scales) up to max_blocks may have been written (part of a
  * page, a damaged page's bytes: never use them). Pages the page cache
- * holds are copied from it; the others are read with O_DIRECT straight
- * into dst when dst and dst_stride are 4096-aligned, every read of the
- * run in flight at once, else through the cache. The shared tier is not
- * consulted (kvx_store_prefix's views do). Returns 0 whatever *out_n
- * is; KVX_EINVALID naming the field for a NULL out_n, store, tokens (with
- * n_tokens > 0) or dst (with max_blocks > 0), or a dst_stride under
- * page_bytes; KVX_EOVERFLOW when max_blocks * dst_stride overflows; a
- * damaged catalog record or a failed catalog read is an error. A keyed
- * store: KVX_EINVALID. */
+ * holds are copied from it; the others are read with every read of the
+ * run in flight at once (io_uring), neighbouring pages of a file into
+ * neighbouring space as one read: through the page cache (flags 0: left
+ * there for the next reader), or with KVX_PREFIX_READ_DIRECT by O_DIRECT
+ * straight into dst where dst and dst_stride are 4096-aligned (no copy
+ * in the kernel, nothing left in the cache: for a caller that keeps its
+ * own copy). The shared tier is not consulted (kvx_store_prefix's views
+ * are). Returns 0 whatever *out_n is; KVX_EINVALID naming the field for a
+ * NULL out_n, store, tokens (with n_tokens > 0) or dst (with max_blocks >
+ * 0), a dst_stride under page_bytes, out_scales overlapping dst, unknown
+ * flags; KVX_EOVERFLOW when max_blocks * dst_stride overflows; a damaged
+ * catalog record or a failed catalog read is an error. A keyed store:
+ * KVX_EINVALID. */
+#define KVX_PREFIX_READ_DIRECT 1u
 KVX_API int kvx_store_prefix_read(size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens, void *dst,
-                                  size_t dst_stride, size_t max_blocks, float *out_scales);
+                                  size_t dst_stride, size_t max_blocks, float *out_scales, uint32_t flags);
 /* Exports views (in order) as one envelope of version into a malloc'd
  * buffer (kvx_free). Every page's CRC-32 is checked again first, whatever
  * was checked before (KVX_EPAGECRC naming the block; nothing is built),

@@ -82,14 +82,15 @@ static int pr_has_direct(const char *dir)
 /* kvx_store_prefix_read of t (nb blocks) at stride into buf, checked
  * against kvx_store_prefix on the same handle: the same count, the same
  * bytes and scales. Returns the count. */
-static size_t pr_same(kvx_store *s, const uint32_t *t, size_t n_tokens, size_t max, uint8_t *buf, size_t stride)
+static size_t pr_same(kvx_store *s, const uint32_t *t, size_t n_tokens, size_t max, uint8_t *buf, size_t stride,
+                      uint32_t flags)
 {
     kvx_view v[32];
     size_t nv = 0, nr = 99;
     assert_true(max <= 32);
     float sc[32 * 2];
     memset(buf, 0xA5, max * stride);
-    assert_int_equal(kvx_store_prefix_read(&nr, s, t, n_tokens, buf, stride, max, sc), 0);
+    assert_int_equal(kvx_store_prefix_read(&nr, s, t, n_tokens, buf, stride, max, sc, flags), 0);
     assert_int_equal(kvx_store_prefix(v, &nv, s, t, n_tokens, max), 0);
     assert_int_equal(nr, nv);
     for (size_t i = 0; i < nv; i++) {
@@ -124,11 +125,13 @@ static kvx_store *pr_store(char *dir, size_t cap, uint32_t *ta, uint32_t *tb, ui
 
 /* test_prefix_read_matches_prefix: hits, misses, a prompt that diverges,
  * a partial last block, max_blocks under the prompt: the same blocks and
- * bytes as kvx_store_prefix, out of the page cache and from it, into an
- * aligned buffer at the page size (one read a run of neighbours), at a
- * wider aligned stride (a read a page) and an unaligned one (through the
- * cache). Out of the cache with an aligned buffer the pages are read with
- * O_DIRECT: the cache is left as it was. */
+ * bytes as kvx_store_prefix, out of the page cache and from it, through
+ * the cache (flags 0) and with KVX_PREFIX_READ_DIRECT, into an aligned
+ * buffer at the page size (one read a run of neighbours), at a wider
+ * aligned stride (a read a page) and an unaligned one (through the cache).
+ * Out of the cache, flags 0 leaves the pages in it for the next reader;
+ * KVX_PREFIX_READ_DIRECT into an aligned buffer reads them with O_DIRECT
+ * and leaves the cache as it was. */
 /* PROMISE: TRUST-13 */
 static void test_prefix_read_matches_prefix(void **state)
 {
@@ -145,40 +148,47 @@ static void test_prefix_read_matches_prefix(void **state)
     size_t strides[3] = {PB, PB + 4096, PB + 1};
     uint8_t *raw = aligned_alloc(4096, 32 * (PB + 4096) + 4096);
     int direct = pr_has_direct(dir);
-    for (int cold = 1; cold >= 0; cold--)
-        for (int k = 0; k < 3; k++) {
-            uint8_t *buf = strides[k] == PB + 1 ? raw + 1 : raw;
-            s = su_reopen(dir, KVX_STORE_READONLY);
-            if (cold) pr_drop_cache(dir);
-            size_t n = 0;
-            assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B + 3, buf, strides[k], 32, NULL), 0);
-            assert_int_equal(n, NA);
-            for (size_t i = 0; i < NA; i++) assert_memory_equal(buf + i * strides[k], pa + i * PB, PB);
-            /* O_DIRECT: the pages (16 4 KiB pages each) did not enter the
-             * cache; the tables did, when the handles opened */
-            if (cold && direct && strides[k] != PB + 1) assert_true(pr_resident(dir) < 64);
-            assert_int_equal(pr_same(s, ta, NA * SU_B + 3, 32, buf, strides[k]), NA);
-            assert_int_equal(pr_same(s, ta, NA * SU_B, 7, buf, strides[k]), 7);
-            assert_int_equal(pr_same(s, tb, NA * SU_B, 32, buf, strides[k]), 6);
-            assert_int_equal(pr_same(s, tc, NA * SU_B, 32, buf, strides[k]), 0);
-            assert_int_equal(pr_same(s, td, NA * SU_B, 32, buf, strides[k]), 2);
-            assert_int_equal(pr_same(s, ta, SU_B - 1, 32, buf, strides[k]), 0);
-            kvx_store_close(s);
-        }
-    /* out of the cache, read alone (no views), O_DIRECT leaves it out */
-    if (direct) {
+    for (int d = 0; d < 2; d++)
+        for (int cold = 1; cold >= 0; cold--)
+            for (int k = 0; k < 3; k++) {
+                uint32_t fl = d ? KVX_PREFIX_READ_DIRECT : 0;
+                uint8_t *buf = strides[k] == PB + 1 ? raw + 1 : raw;
+                s = su_reopen(dir, KVX_STORE_READONLY);
+                if (cold) pr_drop_cache(dir);
+                size_t n = 0;
+                assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B + 3, buf, strides[k], 32, NULL, fl), 0);
+                assert_int_equal(n, NA);
+                for (size_t i = 0; i < NA; i++) assert_memory_equal(buf + i * strides[k], pa + i * PB, PB);
+                /* O_DIRECT: the pages (16 4 KiB pages each) did not enter
+                 * the cache (the tables did, when the handles opened);
+                 * through the cache: they are all there */
+                if (cold && d && direct && strides[k] != PB + 1) assert_true(pr_resident(dir) < 64);
+                if (cold && !d) assert_true(pr_resident(dir) >= NA * 16);
+                assert_int_equal(pr_same(s, ta, NA * SU_B + 3, 32, buf, strides[k], fl), NA);
+                assert_int_equal(pr_same(s, ta, NA * SU_B, 7, buf, strides[k], fl), 7);
+                assert_int_equal(pr_same(s, tb, NA * SU_B, 32, buf, strides[k], fl), 6);
+                assert_int_equal(pr_same(s, tc, NA * SU_B, 32, buf, strides[k], fl), 0);
+                assert_int_equal(pr_same(s, td, NA * SU_B, 32, buf, strides[k], fl), 2);
+                assert_int_equal(pr_same(s, ta, SU_B - 1, 32, buf, strides[k], fl), 0);
+                kvx_store_close(s);
+            }
+    /* out of the cache, read alone (no views): O_DIRECT leaves it out;
+     * the hits are counted as a prefix counts them */
+    for (int d = 0; d < 2; d++) {
         s = su_reopen(dir, KVX_STORE_READONLY);
         size_t n = 0;
-        assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, raw, PB, 2, NULL), 0); /* the handles */
+        uint32_t fl = d ? KVX_PREFIX_READ_DIRECT : 0;
+        assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, raw, PB, 2, NULL, fl), 0); /* the handles */
         kvx_store_stats st0 = su_stat(s);
         pr_drop_cache(dir);
         memset(raw, 0, NA * PB);
-        assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, raw, PB, NA, NULL), 0);
+        assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, raw, PB, NA, NULL, fl), 0);
         assert_int_equal(n, NA);
         assert_memory_equal(raw, pa, NA * PB);
-        assert_true(pr_resident(dir) < 64); /* the pages (16 each) stayed out */
+        if (d && direct) assert_true(pr_resident(dir) < 64); /* the pages (16 each) stayed out */
+        if (!d) assert_true(pr_resident(dir) >= NA * 16);
         kvx_store_stats st = su_stat(s);
-        assert_int_equal(st.hits - st0.hits, NA); /* counted as a prefix counts them */
+        assert_int_equal(st.hits - st0.hits, NA);
         kvx_store_close(s);
     }
     free(raw);
@@ -218,24 +228,28 @@ static void test_prefix_read_damage(void **state)
     }
     assert_true(idx != UINT32_MAX);
     uint8_t *buf = aligned_alloc(4096, NA * PB);
-    /* good first, on one handle: then the page rots under it */
-    s = su_reopen(dir, KVX_STORE_READONLY);
     size_t n = 0;
-    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, NULL), 0);
-    assert_int_equal(n, NA);
-    assert_int_equal(su_flip_page_byte(path, idx), 0);
-    for (int pass = 0; pass < 3; pass++) {
-        if (pass) s = su_reopen(dir, KVX_STORE_READONLY);
-        if (pass == 1) pr_drop_cache(dir);
-        for (int again = 0; again < 2; again++) {
-            memset(buf, 0, NA * PB);
-            assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, NULL), 0);
-            assert_int_equal(n, 8);
-            assert_non_null(strstr(kvx_last_error(), "page CRC mismatch"));
-            assert_memory_equal(buf, pa, 8 * PB);
-            assert_int_equal(pr_same(s, ta, NA * SU_B, NA, buf, PB), 8);
+    for (int d = 0; d < 2; d++) {
+        uint32_t fl = d ? KVX_PREFIX_READ_DIRECT : 0;
+        s = su_reopen(dir, KVX_STORE_READONLY);
+        if (!d) { /* good first, on one handle: then the page rots under it */
+            assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, NULL, fl), 0);
+            assert_int_equal(n, NA);
+            assert_int_equal(su_flip_page_byte(path, idx), 0);
         }
-        kvx_store_close(s);
+        for (int pass = 0; pass < 3; pass++) {
+            if (pass) s = su_reopen(dir, KVX_STORE_READONLY);
+            if (pass == 1) pr_drop_cache(dir);
+            for (int again = 0; again < 2; again++) {
+                memset(buf, 0, NA * PB);
+                assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, NULL, fl), 0);
+                assert_int_equal(n, 8);
+                assert_non_null(strstr(kvx_last_error(), "page CRC mismatch"));
+                assert_memory_equal(buf, pa, 8 * PB);
+                assert_int_equal(pr_same(s, ta, NA * SU_B, NA, buf, PB, fl), 8);
+            }
+            kvx_store_close(s);
+        }
     }
     /* the damaged block stored again: the sound copy is read in its place */
     s = su_reopen(dir, 0);
@@ -244,11 +258,12 @@ static void test_prefix_read_damage(void **state)
     assert_int_equal(added, 1);
     assert_int_equal(kvx_store_flush(s), 0);
     kvx_store_close(s);
-    for (int cold = 0; cold < 2; cold++) {
+    for (int cold = 0; cold < 4; cold++) {
         s = su_reopen(dir, KVX_STORE_READONLY);
-        if (cold) pr_drop_cache(dir);
+        if (cold & 1) pr_drop_cache(dir);
         memset(buf, 0, NA * PB);
-        assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, NULL), 0);
+        assert_int_equal(
+            kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, NULL, cold & 2 ? KVX_PREFIX_READ_DIRECT : 0), 0);
         assert_int_equal(n, NA);
         assert_string_equal(kvx_last_error(), "");
         assert_memory_equal(buf, pa, NA * PB);
@@ -287,7 +302,7 @@ static void test_prefix_read_faults(void **state)
                 fault_reset(at, EIO, modes[m]);
                 memset(buf, 0, NA * PB);
                 size_t n = 0;
-                int rc = kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, NULL);
+                int rc = kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, NULL, 0);
                 long hits = fault_hits;
                 fault_uninstall();
                 if (rc == 0) {
@@ -296,7 +311,7 @@ static void test_prefix_read_faults(void **state)
                 } else {
                     assert_int_equal(n, 0);
                 }
-                assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, NULL), 0);
+                assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, NULL, 0), 0);
                 assert_int_equal(n, NA);
                 assert_memory_equal(buf, pa, NA * PB);
                 kvx_store_close(s);
@@ -323,33 +338,35 @@ static void test_prefix_read_bad_arguments(void **state)
     uint8_t *buf = aligned_alloc(4096, NA * PB);
     float sc[NA * 2];
     size_t n = 7;
-    assert_int_equal(kvx_store_prefix_read(NULL, s, ta, NA * SU_B, buf, PB, NA, NULL), KVX_EINVALID);
+    assert_int_equal(kvx_store_prefix_read(NULL, s, ta, NA * SU_B, buf, PB, NA, NULL, 0), KVX_EINVALID);
     assert_non_null(strstr(kvx_last_error(), "out_n"));
-    assert_int_equal(kvx_store_prefix_read(&n, NULL, ta, NA * SU_B, buf, PB, NA, NULL), KVX_EINVALID);
+    assert_int_equal(kvx_store_prefix_read(&n, NULL, ta, NA * SU_B, buf, PB, NA, NULL, 0), KVX_EINVALID);
     assert_non_null(strstr(kvx_last_error(), "store"));
     assert_int_equal(n, 0);
-    assert_int_equal(kvx_store_prefix_read(&n, s, NULL, NA * SU_B, buf, PB, NA, NULL), KVX_EINVALID);
+    assert_int_equal(kvx_store_prefix_read(&n, s, NULL, NA * SU_B, buf, PB, NA, NULL, 0), KVX_EINVALID);
     assert_non_null(strstr(kvx_last_error(), "tokens"));
-    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, NULL, PB, NA, NULL), KVX_EINVALID);
+    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, NULL, PB, NA, NULL, 0), KVX_EINVALID);
     assert_non_null(strstr(kvx_last_error(), "dst"));
-    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB - 1, NA, NULL), KVX_EINVALID);
+    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB - 1, NA, NULL, 0), KVX_EINVALID);
     assert_non_null(strstr(kvx_last_error(), "dst_stride"));
-    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, SIZE_MAX / 2, NA, NULL), KVX_EOVERFLOW);
+    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, SIZE_MAX / 2, NA, NULL, 0), KVX_EOVERFLOW);
     assert_non_null(strstr(kvx_last_error(), "max_blocks"));
-    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, (float *)(buf + PB)), KVX_EINVALID);
+    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, (float *)(buf + PB), 0), KVX_EINVALID);
     assert_non_null(strstr(kvx_last_error(), "out_scales overlaps dst"));
+    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, NULL, 0x80), KVX_EINVALID);
+    assert_non_null(strstr(kvx_last_error(), "flags 0x80"));
     /* nothing asked: nothing served, no buffer needed */
-    assert_int_equal(kvx_store_prefix_read(&n, s, NULL, 0, NULL, 0, 0, NULL), 0);
+    assert_int_equal(kvx_store_prefix_read(&n, s, NULL, 0, NULL, 0, 0, NULL, 0), 0);
     assert_int_equal(n, 0);
-    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, NULL, 0, 0, NULL), 0);
+    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, NULL, 0, 0, NULL, 0), 0);
     assert_int_equal(n, 0);
-    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, sc), 0);
+    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, sc, 0), 0);
     assert_int_equal(n, NA);
     for (size_t i = 0; i < NA * 2; i++) assert_true(sc[i] == 1.0f); /* FP16: no scale table */
     kvx_store_close(s);
     /* a keyed store holds no token prefixes */
     s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 16ull << 20});
-    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, NULL), KVX_EINVALID);
+    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, NULL, 0), KVX_EINVALID);
     assert_non_null(strstr(kvx_last_error(), "keyed store"));
     kvx_store_close(s);
     free(buf);
@@ -380,10 +397,10 @@ static void test_prefix_read_fp8_scales(void **state)
     uint8_t *buf = aligned_alloc(4096, N * PB);
     for (int cold = 0; cold < 2; cold++) {
         if (cold) pr_drop_cache(dir);
-        assert_int_equal(pr_same(s, t, N * SU_B, N, buf, PB), N);
+        assert_int_equal(pr_same(s, t, N * SU_B, N, buf, PB, 0), N);
         float got[N * 2];
         size_t n = 0;
-        assert_int_equal(kvx_store_prefix_read(&n, s, t, N * SU_B, buf, PB, N, got), 0);
+        assert_int_equal(kvx_store_prefix_read(&n, s, t, N * SU_B, buf, PB, N, got, 0), 0);
         assert_int_equal(n, N);
         assert_memory_equal(got, scales, sizeof scales);
         assert_memory_equal(buf, p, N * PB);

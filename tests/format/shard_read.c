@@ -1,6 +1,7 @@
 /*
- * shard_read.c - format/shard_read.c: kvx_shard_pages_read, pages read
- * into the caller's memory and checked there. Out of the page cache,
+ * shard_read.c - format/shard_read.c: kvx_shard_pages_read and
+ * kvx_shard_pages_copy, pages read into the caller's memory and checked
+ * there. Out of the page cache,
  * neighbouring pages of one file read into neighbouring buffer space are
  * one O_DIRECT read: each page still lands whole where it belongs and is
  * checked alone (a damaged page among them fails by itself).
@@ -100,7 +101,9 @@ static void test_pages_read_runs(void **state)
 }
 
 /* test_pages_read_middle_damaged: a run of neighbours read as one read
- * with a damaged page in its middle: that page alone fails. */
+ * (kvx_shard_pages_read), or copied through the cache
+ * (kvx_shard_pages_copy), with a damaged page in its middle: that page
+ * alone fails, cold and warm. */
 /* PROMISE: TRUST-13 */
 static void test_pages_read_middle_damaged(void **state)
 {
@@ -127,9 +130,12 @@ static void test_pages_read_middle_damaged(void **state)
     size_t cap[M], len[M];
     int st[M];
     for (uint32_t k = 0; k < M; k++) shs[k] = sh, idx[k] = k, dst[k] = buf + k * PB, cap[k] = PB;
-    for (int cold = 1; cold >= 0; cold--) {
+    for (int r = 0; r < 4; r++) { /* pages_read, then pages_copy; each cold, then warm */
+        int cold = !(r & 1);
         if (cold) sr_drop(path);
-        kvx_shard_pages_read(shs, idx, M, dst, cap, st, len);
+        memset(buf, 0, M * PB);
+        if (r < 2) kvx_shard_pages_read(shs, idx, M, dst, cap, st, len);
+        else kvx_shard_pages_copy(shs, idx, M, dst, cap, st, len);
         for (uint32_t k = 0; k < M; k++) {
             kvx_entry e;
             assert_int_equal(kvx_shard_entry(&e, sh, k), 0);
