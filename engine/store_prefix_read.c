@@ -10,11 +10,12 @@
  *
  * Cost: the run's entries are matched first (store_lookup.c, tables in
  * memory, no page touched), so every page the run needs is known before
- * the first is read; then all of them are read at once
- * (kvx_shard_pages_read: pages the page cache holds are copied from it,
- * the others read through the cache or, with KVX_PREFIX_READ_DIRECT,
- * with O_DIRECT, in flight together, neighbours in one file and in the
- * buffer as one read) and each is checked as it lands. A
+ * the first is read; then all of them are asked for at once and each is
+ * checked as it lands: through the page cache (kvx_shard_pages_copy: the
+ * run hinted, each page copied from the mapping as it arrives), or with
+ * KVX_PREFIX_READ_DIRECT by O_DIRECT (kvx_shard_pages_read: every read
+ * in flight together, neighbours in one file and in the buffer as one
+ * read; pages the cache holds copied from it). A
  * page that fails is looked up again alone (every copy of the block tried,
  * read into the same place and checked there); when none is sound the
  * prefix ends before it. The shared tier is not consulted.

@@ -815,14 +815,15 @@ KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s,
  * over when a sound one follows): then kvx_last_error() names it (else
  * it is ""). Only the first *out_n blocks are promised: the rest of dst
  * (and of out_scales) up to max_blocks may have been written (part of a
- * page, a damaged page's bytes: never use them). Pages the page cache
- * holds are copied from it; the others are read with every read of the
- * run in flight at once (io_uring), neighbouring pages of a file into
- * neighbouring space as one read: through the page cache (flags 0: left
- * there for the next reader), or with KVX_PREFIX_READ_DIRECT by O_DIRECT
- * straight into dst where dst and dst_stride are 4096-aligned (no copy
- * in the kernel, nothing left in the cache: for a caller that keeps its
- * own copy). The shared tier is not consulted (kvx_store_prefix's views
+ * page, a damaged page's bytes: never use them). flags 0: through the
+ * page cache (pages left there for the next reader): the run's pages are
+ * asked of the kernel at once, then each is copied as it arrives and
+ * checked. KVX_PREFIX_READ_DIRECT: pages the cache holds are copied from
+ * it, the others read with O_DIRECT straight into dst where dst and
+ * dst_stride are 4096-aligned, every read of the run in flight at once
+ * (io_uring), neighbouring pages of a file as one read: no copy in the
+ * kernel and nothing left in the cache, for a caller that keeps its own
+ * copy. The shared tier is not consulted (kvx_store_prefix's views
  * are). Returns 0 whatever *out_n is; KVX_EINVALID naming the field for a
  * NULL out_n, store, tokens (with n_tokens > 0) or dst (with max_blocks >
  * 0), a dst_stride under page_bytes, out_scales overlapping dst, unknown
