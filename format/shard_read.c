@@ -367,7 +367,7 @@ void kvx_shard_pages_copy(kvx_shard *const *s, const uint32_t *index, size_t n, 
             out_rc[i] = kvx_fail(KVX_ECAPACITY, "entry %u (coordinate 0x%08x): the page is %u bytes, the buffer %zu",
                                  index[i], sp.coordinate, sp.bytes, cap[i]);
         if (out_rc[i]) continue;
-        shard_prefetch(s[i], &s[i]->recs[index[i]]);
+        kvx_shard_prefetch(s[i], &s[i]->recs[index[i]]);
         out_rc[i] = sr_copy_checked(&sp, index[i], dst[i], &out_len[i]);
         if (out_rc[i] == 0) /* the bytes in the mapping passed: as a view's first check */
             atomic_fetch_or_explicit(&s[i]->checked[index[i] / 64], 1ull << (index[i] % 64), memory_order_relaxed);
