@@ -273,6 +273,56 @@ static void test_prefix_read_damage(void **state)
     free(pa);
 }
 
+/* test_prefix_read_cut_under_handle: a shard file cut short under an
+ * open handle (its pages mapped and read before): the prefix ends before
+ * the first page the cut reaches, with both modes, the bytes served are
+ * the ones put, and nothing is read outside the file (the process lives:
+ * the mapping's pages past the end read as zeros and fail their CRC). */
+/* PROMISE: TRUST-13 */
+static void test_prefix_read_cut_under_handle(void **state)
+{
+    (void)state;
+    char dir[300];
+    uint32_t ta[NA * SU_B + 3], tb[NA * SU_B];
+    uint8_t *pa;
+    kvx_store *s = pr_store(dir, sizeof dir, ta, tb, &pa);
+    kvx_store_close(s);
+    uint64_t h[NA];
+    kvx_block_hashes(h, ta, NA * SU_B, SU_B);
+    char names[8][64], path[1200];
+    size_t nsh = su_list_names(dir, "shards", names, 8);
+    uint64_t off = UINT64_MAX;
+    for (size_t k = 0; k < nsh && off == UINT64_MAX; k++) {
+        snprintf(path, sizeof path, "%s/shards/%s", dir, names[k]);
+        kvx_shard *sh;
+        assert_int_equal(kvx_shard_open(&sh, path, 0), 0);
+        for (uint32_t i = 0; i < kvx_shard_get_info(sh)->num_blocks; i++) {
+            kvx_entry e;
+            if (kvx_shard_entry(&e, sh, i) == 0 && e.hash == h[9]) off = e.offset;
+        }
+        kvx_shard_close(sh);
+    }
+    assert_true(off != UINT64_MAX);
+    uint8_t *buf = aligned_alloc(4096, NA * PB);
+    s = su_reopen(dir, KVX_STORE_READONLY);
+    size_t n = 0;
+    assert_int_equal(kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, NULL, 0), 0);
+    assert_int_equal(n, NA);
+    assert_int_equal(truncate(path, (off_t)(off + 100)), 0); /* block 9's page cut 100 bytes in */
+    for (int d = 0; d < 2; d++)
+        for (int cold = 0; cold < 2; cold++) {
+            if (cold) pr_drop_cache(dir);
+            memset(buf, 0, NA * PB);
+            assert_int_equal(
+                kvx_store_prefix_read(&n, s, ta, NA * SU_B, buf, PB, NA, NULL, d ? KVX_PREFIX_READ_DIRECT : 0), 0);
+            assert_int_equal(n, 9); /* blocks 0-8 whole, in this file or the other */
+            assert_memory_equal(buf, pa, n * PB);
+        }
+    kvx_store_close(s);
+    free(buf);
+    free(pa);
+}
+
 /* test_prefix_read_faults: a failed read (EIO, a short read) at each of
  * the OS calls in turn (the reads go through pread under the seam), the
  * O_DIRECT descriptor's open among them: the call returns 0 with a
@@ -415,6 +465,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_read_matches_prefix),
         cmocka_unit_test(test_prefix_read_damage),
+        cmocka_unit_test(test_prefix_read_cut_under_handle),
         cmocka_unit_test(test_prefix_read_faults),
         cmocka_unit_test(test_prefix_read_bad_arguments),
         cmocka_unit_test(test_prefix_read_fp8_scales),
