@@ -189,39 +189,34 @@ int kvx_shard_page_read(kvx_shard *s, uint32_t index, void *dst, size_t cap, siz
 typedef struct sr_seg {
     size_t first, count;
     uint64_t off, len;
-    int fd, direct; /* direct: O_DIRECT (whole 4096-blocks); else through the cache */
+    int fd; /* the O_DIRECT descriptor */
     void *dst;
 } sr_seg;
 
 #define SR_SEG_MAX ((uint64_t)1 << 20) /* the most one coalesced read takes (fio's bs 1 MiB) */
 
-/* The bytes of page sp a ring read takes: with O_DIRECT its whole
- * 4096-blocks (the rest through the cache), else all of it. */
-static uint64_t sr_head(const kvx_page_span *sp, int direct)
-{
-    return direct ? sp->bytes - sp->bytes % SR_ALIGN : sp->bytes;
-}
+/* The bytes of page sp an O_DIRECT read takes: its whole 4096-blocks
+ * (the rest through the cache). */
+static uint64_t sr_head(const kvx_page_span *sp) { return sp->bytes - sp->bytes % SR_ALIGN; }
 
 /* Pages w[0..nd) grouped into runs one read fills; returns the count. */
-static size_t sr_segments(sr_seg *seg, const kvx_page_span *sp, const int *direct, void *const *dst, const size_t *w,
-                          size_t nd)
+static size_t sr_segments(sr_seg *seg, const kvx_page_span *sp, void *const *dst, const size_t *w, size_t nd)
 {
     size_t ns = 0;
     for (size_t k = 0; k < nd; k++) {
         size_t i = w[k];
-        int d = direct[i], fd = d ? sp[i].direct_fd : sp[i].fd;
         if (ns) {
             sr_seg *g = &seg[ns - 1];
             size_t p = w[g->first + g->count - 1];
-            if (g->direct == d && g->fd == fd && (!d || sp[p].bytes % SR_ALIGN == 0) &&
+            if (g->fd == sp[i].direct_fd && sp[p].bytes % SR_ALIGN == 0 &&
                 sp[i].offset == sp[p].offset + sp[p].bytes && (uint8_t *)dst[i] == (uint8_t *)dst[p] + sp[p].bytes &&
-                g->len + sr_head(&sp[i], d) <= SR_SEG_MAX) {
+                g->len + sr_head(&sp[i]) <= SR_SEG_MAX) {
                 g->count++;
-                g->len += sr_head(&sp[i], d);
+                g->len += sr_head(&sp[i]);
                 continue;
             }
         }
-        seg[ns++] = (sr_seg){k, 1, sp[i].offset, sr_head(&sp[i], d), fd, d, dst[i]};
+        seg[ns++] = (sr_seg){k, 1, sp[i].offset, sr_head(&sp[i]), sp[i].direct_fd, dst[i]};
     }
     return ns;
 }
@@ -236,13 +231,13 @@ static void sr_landed(const sr_seg *g, int res, const kvx_page_span *sp, void *c
 {
     for (size_t c = 0; c < g->count; c++) {
         size_t i = w[g->first + c];
-        uint64_t at = sp[i].offset - g->off, head = sr_head(&sp[i], g->direct);
+        uint64_t at = sp[i].offset - g->off, head = sr_head(&sp[i]);
         done[i] = 1;
         if (res < 0) {
-            if (res != -EINVAL || !g->direct) err[i] = res;
+            if (res != -EINVAL) err[i] = res;
             continue;
         }
-        uint64_t r = (uint64_t)res - (g->direct ? (uint64_t)res % SR_ALIGN : 0);
+        uint64_t r = (uint64_t)res - (uint64_t)res % SR_ALIGN;
         got[i] = r > at ? (r - at < head ? r - at : head) : 0;
         out_rc[i] = sr_finish(&sp[i], index[i], dst[i], got[i], &out_len[i]);
         fin[i] = 1;
@@ -304,7 +299,7 @@ void kvx_shard_pages_read(kvx_shard *const *s, const uint32_t *index, size_t n, 
         int resident = 0;
         out_rc[i] = sr_plan(&sp[i], &direct[i], &resident, s[i], index[i], dst[i], cap[i]);
         if (out_rc[i]) continue;
-        if (direct[i] && sr_head(&sp[i], 1) < ((uint64_t)1 << 30)) {
+        if (direct[i] && sr_head(&sp[i]) < ((uint64_t)1 << 30)) {
             w[nd++] = i;
         } else if (resident && kvx_os_seam_is_default()) { /* in the cache: from the mapping, no system call */
             out_rc[i] = sr_copy_checked(&sp[i], index[i], dst[i], &out_len[i]);
@@ -315,7 +310,7 @@ void kvx_shard_pages_read(kvx_shard *const *s, const uint32_t *index, size_t n, 
      * the OS's own (a test's fault seam sees each read through sr_direct) */
     struct io_uring ring;
     if (nd >= 2 && kvx_os_seam_is_default()) {
-        size_t ns = sr_segments(seg, sp, direct, dst, w, nd);
+        size_t ns = sr_segments(seg, sp, dst, w, nd);
         if (io_uring_queue_init(ns < SR_RING ? (unsigned)ns : SR_RING, &ring, 0) == 0) {
             for (size_t k = 0; k < ns; k += SR_RING)
                 sr_wave(&ring, seg + k, ns - k < SR_RING ? ns - k : SR_RING, sp, dst, w, index, got, err, done, fin,
