@@ -117,8 +117,10 @@ KVX_API int kvx_store_prefix_read(size_t *out_n, kvx_store *s, const uint32_t *t
         d[i] = (uint8_t *)dst + i * dst_stride;
         cap[i] = pb;
     }
-    if (flags & KVX_PREFIX_READ_DIRECT) kvx_shard_pages_read(sh, idx, n, d, cap, st, len);
-    else kvx_shard_pages_copy(sh, idx, n, d, cap, st, len);
+    if (flags & KVX_PREFIX_READ_DIRECT)
+        kvx_shard_pages_read(sh, idx, n, d, cap, st, len);
+    else
+        kvx_shard_pages_copy(sh, idx, n, d, cap, st, len);
     /* 3. in order: a page that failed is looked up again alone (another
      * copy may be sound); the prefix ends at the first that stays unserved */
     int damage = 0;

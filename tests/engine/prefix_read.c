@@ -142,7 +142,7 @@ static void test_prefix_read_matches_prefix(void **state)
     kvx_store *s = pr_store(dir, sizeof dir, ta, tb, &pa);
     kvx_store_close(s);
     ta[NA * SU_B] = 1, ta[NA * SU_B + 1] = 2, ta[NA * SU_B + 2] = 3; /* a partial block after A */
-    su_tokens(tc, 43, NA, 0);                                         /* nothing held */
+    su_tokens(tc, 43, NA, 0);                                        /* nothing held */
     memcpy(td, ta, sizeof td);
     td[2 * SU_B + 1] ^= 1; /* A with block 2 changed */
     size_t strides[3] = {PB, PB + 4096, PB + 1};
@@ -463,12 +463,9 @@ static void test_prefix_read_fp8_scales(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_prefix_read_matches_prefix),
-        cmocka_unit_test(test_prefix_read_damage),
-        cmocka_unit_test(test_prefix_read_cut_under_handle),
-        cmocka_unit_test(test_prefix_read_faults),
-        cmocka_unit_test(test_prefix_read_bad_arguments),
-        cmocka_unit_test(test_prefix_read_fp8_scales),
+        cmocka_unit_test(test_prefix_read_matches_prefix),   cmocka_unit_test(test_prefix_read_damage),
+        cmocka_unit_test(test_prefix_read_cut_under_handle), cmocka_unit_test(test_prefix_read_faults),
+        cmocka_unit_test(test_prefix_read_bad_arguments),    cmocka_unit_test(test_prefix_read_fp8_scales),
     };
     return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }

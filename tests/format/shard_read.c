@@ -44,8 +44,8 @@ static void test_pages_read_runs(void **state)
 {
     (void)state;
     char dir[300], names[4][64], path[1200];
-    kvx_store *s = su_store(dir, sizeof dir,
-                            (su_spec){.geometry = &SR_G, .capacity = 64ull << 20, .shard_bytes = 8ull << 20});
+    kvx_store *s =
+        su_store(dir, sizeof dir, (su_spec){.geometry = &SR_G, .capacity = 64ull << 20, .shard_bytes = 8ull << 20});
     uint32_t t[N * SU_B];
     uint64_t h[N];
     su_tokens(t, 5, N, 0);
@@ -134,8 +134,10 @@ static void test_pages_read_middle_damaged(void **state)
         int cold = !(r & 1);
         if (cold) sr_drop(path);
         memset(buf, 0, M * PB);
-        if (r < 2) kvx_shard_pages_read(shs, idx, M, dst, cap, st, len);
-        else kvx_shard_pages_copy(shs, idx, M, dst, cap, st, len);
+        if (r < 2)
+            kvx_shard_pages_read(shs, idx, M, dst, cap, st, len);
+        else
+            kvx_shard_pages_copy(shs, idx, M, dst, cap, st, len);
         for (uint32_t k = 0; k < M; k++) {
             kvx_entry e;
             assert_int_equal(kvx_shard_entry(&e, sh, k), 0);
