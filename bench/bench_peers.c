@@ -100,6 +100,8 @@ static int g_nosync;           /* building a data set only (--mode restart): no 
 static int g_trace_mode;       /* the trace replay: no key set, deletes */
 static long g_fio_bs = 1 << 20; /* the fio reference's block size (--fio-bs) */
 static long g_fio_depth = 32;   /* and its queue depth (--fio-depth) */
+static int g_kvx_views;         /* --kvx-views: kvx_store_prefix's views + memcpy (the rows before the prefix read) */
+static int g_kvx_direct;        /* --kvx-direct: kvx_store_prefix_read with KVX_PREFIX_READ_DIRECT */
 static int g_fio = 1;           /* --no-fio: leave the reference out */
 
 static void fail(const char *what, int rc)
@@ -460,6 +462,12 @@ static size_t peer_lookup(peer *p, const uint32_t *toks, const uint64_t *h, size
     size_t n = 0;
     switch (p->kind) {
     case P_KVX: {
+        if (!g_kvx_views) { /* the pages read into dst and checked there */
+            int rc = kvx_store_prefix_read(&n, p->kvx, toks, nb * g_B, dst, (size_t)g_pb, nb, NULL,
+                                           g_kvx_direct ? KVX_PREFIX_READ_DIRECT : 0);
+            if (rc) fail("kvx_store_prefix_read", rc);
+            break;
+        }
         if (nb > p->nviews) {
             p->views = realloc(p->views, nb * sizeof *p->views);
             if (!p->views) fail("realloc", -ENOMEM);
@@ -1222,6 +1230,11 @@ static void usage(FILE *f)
             "  same bytes) (fio --opendir), each start to end: --rw=read --direct=1\n"
             "  --ioengine=io_uring at that block size and depth; kvx cold / fio is printed (and\n"
             "  in the TSV). --no-fio leaves it out.\n"
+            "--kvx-views: kvx's lookups take kvx_store_prefix's zero-copy views and memcpy each\n"
+            "  page into the bench's buffer (the rows before 2026-12-05's prefix read); default:\n"
+            "  kvx_store_prefix_read, the pages read into the buffer and CRC-checked there.\n"
+            "--kvx-direct: kvx_store_prefix_read with KVX_PREFIX_READ_DIRECT (O_DIRECT: nothing\n"
+            "  left in the page cache, so the warm rows read the disk too).\n"
             "--tsv FILE: each row's value and ratio to the best peer, one line a peer and row.\n"
             "DIR needs free space for 2.5x the KV bytes (pages x blocks) + 1 GiB, and for the\n"
             "trace the pages of its block references + 1 GiB; checked first.\n"
@@ -1266,6 +1279,10 @@ int main(int argc, char **argv)
             g_fio_bs = strtol(argv[++i], NULL, 10);
         } else if (!strcmp(a, "--fio-depth") && more) {
             g_fio_depth = strtol(argv[++i], NULL, 10);
+        } else if (!strcmp(a, "--kvx-views")) {
+            g_kvx_views = 1;
+        } else if (!strcmp(a, "--kvx-direct")) {
+            g_kvx_direct = 1;
         } else if (!strcmp(a, "--no-fio")) {
             g_fio = 0;
         } else if (!strcmp(a, "--tsv") && more) {

@@ -463,6 +463,12 @@ size_t kvx_st_tier_fetch(kvx_store *s, const uint32_t *tokens, size_t first, siz
 /* The local part of kvx_store_prefix (its contract, the store's blocks only). */
 int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
                         size_t max_views);
+/* kvx_store_prefix_read's first step: the local prefix's entries matched
+ * as kvx_st_prefix_local matches them (rule 1), views holding their shard
+ * and entry with page NULL: no page read or checked, no use noted. A
+ * damaged catalog record or a failed read is an error (no views held). */
+int kvx_st_prefix_entries(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
+                          size_t max_views, const char *fn);
 /* Looks a block up in snap: 0 and a view (its page CRC-checked), or
  * KVX_ENOTFOUND, KVX_EPAGECRC / KVX_ETRUNC (only damaged copies), or an
  * error (a damaged catalog record, an LMDB failure). Every block holding

@@ -473,15 +473,16 @@ static size_t st_run_pages(kvx_store *s, kvx_cat_snap *snap, st_hc *hc, kvx_view
     return n;
 }
 
-/* kvx_store_prefix's local part (the public call is in store_prefix.c,
- * which continues into the shared tier). */
-int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
-                        size_t max_views)
+/* kvx_store_prefix's local part (entries_only 0), or the entries alone
+ * of kvx_store_prefix_read's run (entries_only 1: views whose page is
+ * NULL, nothing read, nothing noted; fn names the caller). */
+static int st_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
+                     size_t max_views, int entries_only, const char *fn)
 {
     if (!out_n || !s || (n_tokens && !tokens) || (max_views && !out_views))
-        return kvx_fail(KVX_EINVALID, "kvx_store_prefix: NULL argument");
+        return kvx_fail(KVX_EINVALID, "%s: NULL argument", fn);
     *out_n = 0;
-    int krc = kvx_st_kind_check(s, 0, "kvx_store_prefix"); /* keyed pages are never served by prefix */
+    int krc = kvx_st_kind_check(s, 0, fn); /* keyed pages are never served by prefix */
     if (krc) return krc;
     uint32_t B = s->g.block_tokens;
     size_t nblocks = n_tokens / B;
@@ -529,7 +530,7 @@ int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const 
             rc = st_lookup_hc(s, snap, &q, &out_views[i], &hc, ST_ENTRY_ONLY);
         }
         if (rc) break;
-        if (i == 0 && kvx_shard_at_start(out_views[0].shard, out_views[0].entry)) {
+        if (i == 0 && !entries_only && kvx_shard_at_start(out_views[0].shard, out_views[0].entry)) {
             /* a run from a file's start: its first page now, so the
              * fault's read-ahead (large folios) is in flight while the
              * other entries are matched */
@@ -543,7 +544,7 @@ int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const 
         parent = h;
         h = next;
     }
-    if (i > done && snap) { /* the run's pages: asked for at once, then checked in order */
+    if (i > done && snap && !entries_only) { /* the run's pages: asked for at once, then checked in order */
         int prc = 0;
         size_t m = st_run_pages(s, snap, &hc, out_views, done, i, tokens, &prc);
         if (m < i) {
@@ -559,12 +560,28 @@ int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const 
         return rc;
     }
     *out_n = i;
+    if (entries_only) {
+        kvx_clear_error();
+        return 0;
+    }
     kvx_st_note(s, out_views, i, nblocks - i, 1);
     /* a plain miss leaves no message; damage keeps the block's (the
      * served prefix is still good: only the damaged block and what follows
      * are withheld) */
     if (rc != KVX_EPAGECRC && rc != KVX_ETRUNC) kvx_clear_error();
     return 0;
+}
+
+int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
+                        size_t max_views)
+{
+    return st_prefix(out_views, out_n, s, tokens, n_tokens, max_views, 0, "kvx_store_prefix");
+}
+
+int kvx_st_prefix_entries(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
+                          size_t max_views, const char *fn)
+{
+    return st_prefix(out_views, out_n, s, tokens, n_tokens, max_views, 1, fn);
 }
 
 KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tokens, size_t n_tokens)

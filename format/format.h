@@ -21,7 +21,7 @@ typedef struct kvx_page_span {
     int direct_fd; /* an O_DIRECT one of the same file, or < 0 */
     uint64_t offset;
     uint32_t bytes, crc32, coordinate;
-    const uint8_t *map; /* the file's mapping, for a residency check only */
+    const uint8_t *map; /* the file's mapping (under the SIGBUS guard): residency, and a cached page's copy */
 } kvx_page_span;
 int kvx_shard_page_span(kvx_page_span *out, kvx_shard *s, uint32_t index);
 /* Reads entry index's page into dst (cap bytes, at least the page's) and
@@ -34,10 +34,23 @@ int kvx_shard_page_span(kvx_page_span *out, kvx_shard *s, uint32_t index);
  * a read's -errno; on any failure dst's contents are unspecified. */
 int kvx_shard_page_read(kvx_shard *s, uint32_t index, void *dst, size_t cap, size_t *out_len);
 /* kvx_shard_page_read of n pages (s[i]'s entry index[i] into dst[i], cap[i]
- * bytes; out_rc[i], out_len[i]), their O_DIRECT reads in flight together
- * (io_uring, up to 64 at once) rather than one after another: a load's
- * pages stream from the disk while the first are checked. */
+ * bytes; out_rc[i], out_len[i]), their reads in flight together (io_uring,
+ * up to 64 at once) rather than one after another: a load's pages stream
+ * from the disk while the first are checked, each as its read completes.
+ * Pages out of the page cache are read with O_DIRECT where
+ * kvx_shard_page_read would (nothing left in the cache); neighbouring
+ * pages of one file bound for neighbouring memory are one read (up to
+ * 1 MiB). Pages the cache holds are copied from the handle's mapping. */
 void kvx_shard_pages_read(kvx_shard *const *s, const uint32_t *index, size_t n, void *const *dst, const size_t *cap,
+                          int *out_rc, size_t *out_len);
+/* As kvx_shard_pages_read, through the page cache (pages left there for
+ * the next reader): the run asked for at once (kvx_shard_willneed, and
+ * read-ahead past a run that continues the last), then each page copied
+ * from the handle's mapping as it arrives and CRC-checked where it
+ * landed, in steps the core's cache holds. A page that passes is marked
+ * checked in the handle, as a view's first check marks it. Under a test's
+ * OS seam: kvx_shard_pages_read (every read a pread the seam sees). */
+void kvx_shard_pages_copy(kvx_shard *const *s, const uint32_t *index, size_t n, void *const *dst, const size_t *cap,
                           int *out_rc, size_t *out_len);
 /* Asks the kernel, at once, for the pages of entries index[0..n) that
  * this handle has not CRC-checked yet (one hint per contiguous file

@@ -43,7 +43,7 @@ struct kvx_shard {
     /* one bit per page: its CRC passed since this handle was opened
      * (DESIGN.md rule 1: a view is checked before it is first handed out) */
     _Atomic uint64_t *checked;
-    /* shard_prefetch: where the last first check's page ended, and the end
+    /* kvx_shard_prefetch: where the last first check's page ended, and the end
      * of the file range last asked for */
     _Atomic uint64_t last_end, ra_end;
     /* shard_whole: when the file's size and mtime were last looked at
@@ -67,6 +67,11 @@ struct kvx_shard {
     int mem;       /* kvx_shard_mem: pages on the heap, no file */
     void **pages;  /* kvx_shard_mem: n pages, each malloc'd */
 };
+
+/* shard_reader.c: before a page is read through the mapping, a reader
+ * going through the file in order has the next KVX_SHARD_RA bytes asked
+ * for (posix_fadvise WILLNEED); last_end notes where r ended. */
+void kvx_shard_prefetch(kvx_shard *s, const shard_rec *r);
 
 static inline int is_tomb(const kvx_shard *s, uint32_t index)
 {

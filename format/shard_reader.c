@@ -663,7 +663,7 @@ static int page_crc(const kvx_shard *s, uint32_t index)
  * where the fault path's read-around takes large ones).
  */
 #define KVX_SHARD_RA ((uint64_t)1 << 20)
-static void shard_prefetch(kvx_shard *s, const shard_rec *r)
+void kvx_shard_prefetch(kvx_shard *s, const shard_rec *r)
 {
     uint64_t end = r->offset + r->bytes;
     uint64_t prev = atomic_exchange_explicit(&s->last_end, end, memory_order_relaxed);
@@ -745,7 +745,7 @@ int kvx_shard_page(const void **out_page, const kvx_shard *s, uint32_t index, in
     }
     *out_page = page_at(s, index);
     if (!verify) return 0;
-    if (!s->mem) shard_prefetch((kvx_shard *)s, &s->recs[index]); /* the handle's own, mutable memory */
+    if (!s->mem) kvx_shard_prefetch((kvx_shard *)s, &s->recs[index]); /* the handle's own, mutable memory */
     int rc = page_crc(s, index);
     if (rc == 0) atomic_fetch_or_explicit(&s->checked[index / 64], 1ull << (index % 64), memory_order_relaxed);
     return rc;

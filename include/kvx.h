@@ -802,6 +802,37 @@ KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tok
  * page, kvx_last_error() names it (else it is ""). One call per prompt. */
 KVX_API int kvx_store_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s,
                              const uint32_t *tokens, size_t n_tokens, size_t max_views);
+/* The longest cached prefix of tokens, as kvx_store_prefix's store part
+ * serves it (the same blocks: hash, parent, tokens and prefix digest all
+ * equal the prompt's), its pages read into the caller's memory: block i's
+ * page_bytes at dst + i * dst_stride (dst_stride >= the store's
+ * page_bytes), its CRC-32 checked there after the read, at every call;
+ * out_scales (nullable) gets block i's L*2*Hkv scales at
+ * out_scales + i * L*2*Hkv (1.0 where the store keeps none). Up to
+ * max_blocks leading full blocks; *out_n is how many were served. The
+ * prefix ends before the first block that is not held, unverified, or
+ * whose every copy fails its CRC or its read (a damaged copy is passed
+ * over when a sound one follows): then kvx_last_error() names it (else
+ * it is ""). Only the first *out_n blocks are promised: the rest of dst
+ * (and of out_scales) up to max_blocks may have been written (part of a
+ * page, a damaged page's bytes: never use them). flags 0: through the
+ * page cache (pages left there for the next reader): the run's pages are
+ * asked of the kernel at once, then each is copied as it arrives and
+ * checked. KVX_PREFIX_READ_DIRECT: pages the cache holds are copied from
+ * it, the others read with O_DIRECT straight into dst where dst and
+ * dst_stride are 4096-aligned, every read of the run in flight at once
+ * (io_uring), neighbouring pages of a file as one read: no copy in the
+ * kernel and nothing left in the cache, for a caller that keeps its own
+ * copy. The shared tier is not consulted (kvx_store_prefix's views
+ * are). Returns 0 whatever *out_n is; KVX_EINVALID naming the field for a
+ * NULL out_n, store, tokens (with n_tokens > 0) or dst (with max_blocks >
+ * 0), a dst_stride under page_bytes, out_scales overlapping dst, unknown
+ * flags; KVX_EOVERFLOW when max_blocks * dst_stride overflows; a damaged
+ * catalog record or a failed catalog read is an error. A keyed store:
+ * KVX_EINVALID. */
+#define KVX_PREFIX_READ_DIRECT 1u
+KVX_API int kvx_store_prefix_read(size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens, void *dst,
+                                  size_t dst_stride, size_t max_blocks, float *out_scales, uint32_t flags);
 /* Exports views (in order) as one envelope of version into a malloc'd
  * buffer (kvx_free). Every page's CRC-32 is checked again first, whatever
  * was checked before (KVX_EPAGECRC naming the block; nothing is built),

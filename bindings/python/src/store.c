@@ -464,6 +464,49 @@ static PyObject *store_prefix(PyObject *self, PyObject *args, PyObject *kw)
     return list;
 }
 
+/* prefix_read_into(tokens, buffer, stride=None, direct=False) -> int: the
+ * longest verified prefix, block i's page read into buffer[i * stride :]
+ * (kvx_store_prefix_read: its CRC-32 checked there, at every call); the
+ * number served. stride None: page_bytes; as many blocks as the buffer
+ * holds (and the tokens). direct: KVX_PREFIX_READ_DIRECT (O_DIRECT into
+ * a 4096-aligned buffer, nothing left in the page cache). Bytes past the
+ * served blocks are unspecified. One call, the GIL released. */
+static PyObject *store_prefix_read_into(PyObject *self, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"tokens", "buffer", "stride", "direct", NULL};
+    kvxpy_store *st = (kvxpy_store *)self;
+    PyObject *tobj, *bobj, *sobj = Py_None;
+    int direct = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|Op:prefix_read_into", kwlist, &tobj, &bobj, &sobj, &direct))
+        return NULL;
+    size_t pb = (size_t)kvx_page_bytes(&st->geom, st->geom.block_tokens), stride = pb;
+    if (sobj != Py_None) {
+        Py_ssize_t v = PyNumber_AsSsize_t(sobj, PyExc_OverflowError);
+        if (v == -1 && PyErr_Occurred()) return NULL;
+        if (v < 0) {
+            PyErr_Format(PyExc_ValueError, "kvx: prefix_read_into: stride %zd is negative", v);
+            return NULL;
+        }
+        stride = (size_t)v;
+    }
+    Py_buffer buf;
+    if (PyObject_GetBuffer(bobj, &buf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    size_t len = (size_t)buf.len, max = stride && len >= pb ? (len - pb) / stride + 1 : 0;
+    kvxpy_tokens t;
+    if (kvxpy_tokens_get(&t, tobj) < 0) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    size_t n = 0;
+    int rc;
+    STORE_CALL(st, rc, kvx_store_prefix_read(&n, st->s, t.p, t.n, buf.buf, stride, max, NULL,
+                                             direct ? KVX_PREFIX_READ_DIRECT : 0));
+    kvxpy_tokens_release(&t);
+    PyBuffer_Release(&buf);
+    if (rc) return store_fail(rc);
+    return PyLong_FromSize_t(n);
+}
+
 /* get_hashes(hashes) -> [View or None]: one C call for many hashes; a
  * hash without exactly one verified block gives None (get_hash says why). */
 static PyObject *store_get_hashes(PyObject *self, PyObject *arg)
@@ -1506,6 +1549,10 @@ static PyMethodDef store_methods[] = {
      "get_hashes(hashes) -> [View or None], one C call; None where get_hash would raise."},
     {"export", (PyCFunction)(void (*)(void))store_export, METH_VARARGS | METH_KEYWORDS,
      "export(views, version=1) -> bytes: the views as one TLKV envelope (pages' CRCs checked again)."},
+    {"prefix_read_into", (PyCFunction)(void (*)(void))store_prefix_read_into, METH_VARARGS | METH_KEYWORDS,
+     "prefix_read_into(tokens, buffer, stride=None, direct=False) -> int: the longest verified prefix, block i's page "
+     "read into buffer[i*stride:] (stride None: page_bytes) and CRC-checked there; the number of blocks served. "
+     "direct: O_DIRECT into a 4096-aligned buffer. Bytes past the served blocks are unspecified."},
     {"prefix", (PyCFunction)(void (*)(void))store_prefix, METH_VARARGS | METH_KEYWORDS,
      "prefix(tokens, max_views=None) -> [View]: the longest cached prefix, one C call."},
     {"_c_prefix_loop", store_c_prefix_loop, METH_VARARGS, "Benchmark reference (bench/bench_python.py)."},

@@ -33,6 +33,34 @@ def test_round_trip_prefix(filled):
     assert [v.hash for v in views] == kvx.block_hashes(toks, B)
 
 
+# PROMISE: PY-23
+def test_prefix_read_into(filled):
+    """prefix_read_into: the blocks prefix() serves, each page read into the buffer at its stride (an mmap:
+    4096-aligned, as a pinned host slot is) and checked there, through the page cache or O_DIRECT; a buffer
+    shorter than the prefix bounds it; a read-only buffer or a stride under page_bytes is refused."""
+    import mmap
+    st, toks, pages = filled
+    PB = st.page_bytes
+    slab = mmap.mmap(-1, 8 * PB)
+    for direct in (False, True):
+        slab[:] = b"\xee" * (8 * PB)
+        assert st.prefix_read_into(toks, slab, direct=direct) == 4
+        for i in range(4):
+            assert slab[i * PB:(i + 1) * PB] == pages[i].tobytes()
+        assert st.prefix_read_into(toks, memoryview(slab)[:2 * PB + 1], direct=direct) == 2
+        assert st.prefix_read_into(toks, slab, stride=2 * PB, direct=direct) == 4
+        for i in range(4):
+            assert slab[2 * i * PB:(2 * i + 1) * PB] == pages[i].tobytes()
+    other = seq_tokens(9, 4)
+    assert st.prefix_read_into(other, slab) == 0
+    assert st.prefix_read_into(list(toks[:B * 2]) + list(other[B * 2:]), slab) == 2
+    with pytest.raises(BufferError):
+        st.prefix_read_into(toks, bytes(4 * PB))  # read-only
+    with pytest.raises(kvx.InvalidError, match="dst_stride"):
+        st.prefix_read_into(toks, slab, stride=PB - 1)
+    slab.close()
+
+
 @needs_numpy
 def test_round_trip_prefix_as_numpy(filled):
     """np.frombuffer(view, float16) reshaped to the page's [K|V][L][Hkv][B][D] is the page put."""
