@@ -52,6 +52,26 @@ static void active_name(const char *dir, char *out, size_t cap)
     assert_int_equal(k, 1);
 }
 
+/* kvx_store_prefix_read of sequence seq's SU_NB blocks from s (flags):
+ * how many, each page compared byte for byte with what was put. */
+static size_t read_into(kvx_store *s, uint64_t seq, uint32_t flags)
+{
+    uint32_t t[SU_NB * SU_B];
+    uint64_t h[SU_NB];
+    su_tokens(t, seq, SU_NB, 0);
+    uint8_t *want = su_pages(t, SU_NB, h, 64);
+    kvx_geometry g = su_geometry();
+    size_t pb = (size_t)kvx_page_bytes(&g, SU_B), stride = (pb + 4095) & ~(size_t)4095, n = 99;
+    uint8_t *dst = aligned_alloc(4096, stride * SU_NB);
+    assert_non_null(dst);
+    int rc = kvx_store_prefix_read(&n, s, t, SU_NB * SU_B, dst, stride, SU_NB, NULL, flags);
+    if (rc) fail_msg("prefix_read: %s (%s)", kvx_err_name(rc), kvx_last_error());
+    for (size_t i = 0; i < n; i++) assert_memory_equal(dst + i * stride, want + i * pb, pb);
+    free(dst);
+    free(want);
+    return n;
+}
+
 /* PROMISE: STORE-20 */
 static void test_flushes_append_to_one_file(void **state)
 {
@@ -71,6 +91,9 @@ static void test_flushes_append_to_one_file(void **state)
     for (uint64_t q = 1; q <= 8; q++) {
         assert_int_equal(su_prefix_nb(s, q), SU_NB);
         assert_int_equal(su_prefix_nb(early, q), SU_NB);
+        /* read into the caller's memory too: through the cache, O_DIRECT */
+        assert_int_equal(read_into(s, q, 0), SU_NB);
+        assert_int_equal(read_into(early, q, KVX_PREFIX_READ_DIRECT), SU_NB);
     }
     kvx_store_stats st = su_stat(s);
     assert_int_equal(st.blocks, 8 * SU_NB);
