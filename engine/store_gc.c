@@ -129,7 +129,8 @@ static int st_salvage_damaged(kvx_store *s)
 {
     int rc = 0;
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
-        if (!s->reg->live[b]) continue;
+        /* an active shard a batch still appends to: judged once sealed */
+        if (!s->reg->live[b] || (s->act.w && s->act.byte == b)) continue;
         kvx_shard *sh = kvx_st_shard_get_n(s, b, s->reg->rec[b].gen, s->reg->rec[b].n_entries);
         if (!sh) continue;
         uint32_t bad = 0;
@@ -305,6 +306,9 @@ KVX_API int kvx_store_gc(kvx_store *s)
     /* one damaged shard never stops the pass for the others: every shard
      * is judged first, and a bad one set aside (with its reason) before
      * salvage, eviction or compaction copies from any */
+    /* the active shard sealed first (unless a batch's unflushed blocks are
+     * in it), so that gc judges and copies sealed files only */
+    if (kvx_st_active_seal(s) != 0) kvx_clear_error(); /* whole either way */
     st_judge_all(s);
     rc = kvx_st_drop_bad_shards(s, st_keep_deletes);
     if (!rc) rc = st_salvage_damaged(s);

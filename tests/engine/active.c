@@ -353,6 +353,18 @@ static void test_eviction_and_reindex_with_an_active_shard(void **state)
     su_put_flush(s, q, SU_NB);
     assert_int_equal(su_prefix_nb(s, q), SU_NB);
     su_verify_clean(s);
+    /* gc seals it too, unless a batch's unflushed blocks are in it: then
+     * it leaves it alone, and that batch's flush appends as before */
+    su_put_flush(s, q + 1, SU_NB);
+    assert_int_equal(kvx_store_gc(s), 0);
+    assert_int_equal(count_suffix(dir, "shards", ".active"), 0);
+    su_put_nb(s, q + 2);
+    assert_int_equal(count_suffix(dir, "shards", ".active"), 1);
+    assert_int_equal(kvx_store_gc(s), 0);
+    assert_int_equal(count_suffix(dir, "shards", ".active"), 1);
+    assert_int_equal(kvx_store_flush(s), 0);
+    for (uint64_t k = q; k <= q + 2; k++) assert_int_equal(su_prefix_nb(s, k), SU_NB);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
