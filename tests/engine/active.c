@@ -368,6 +368,89 @@ static void test_eviction_and_reindex_with_an_active_shard(void **state)
     kvx_store_close(s);
 }
 
+/* The mixed commit's child: flushes seq 1; puts prompts 100.. into the
+ * built-in batch until its blocks overflow the active shard into a file
+ * of its own (staged); fails call k of the kinds `only` of that flush;
+ * flushes seq 3; writes to fd how many prompts the batch held, whether
+ * its flush and seq 3's answered 0; dies (SIGKILL). */
+static void mixed_child(const char *dir, unsigned only, long k, int fd)
+{
+    kvx_store *c = NULL;
+    if (kvx_store_open(&c, dir, NULL, KVX_STORE_NOWAIT)) _exit(2);
+    if (su_put_seq(c, 1, SU_NB)) _exit(3);
+    int np = 0;
+    while (su_n_files(dir, "staging") == 0 && np < 4000) {
+        if (su_put_batch(c, NULL, 100 + (uint64_t)np, NULL)) _exit(4);
+        np++;
+    }
+    if (su_n_files(dir, "staging") == 0) _exit(5);
+    fault_install();
+    fault_only = only;
+    fault_reset(k, EIO, FAULT_ERRNO);
+    int rc = kvx_store_flush(c);
+    long hits = fault_hits;
+    fault_uninstall();
+    int rc3 = su_put_seq(c, 3, SU_NB);
+    int out[4] = {np, rc == 0, rc3 == 0, hits > 0};
+    if (write(fd, out, sizeof out) != (ssize_t)sizeof out) _exit(6);
+    raise(SIGKILL);
+    _exit(7);
+}
+
+/* PROMISE: STORE-24 */
+static void test_mixed_commit_fault_then_kill(void **state)
+{
+    (void)state;
+    static const unsigned kinds[] = {FAULT_SYNC, FAULT_NAME, FAULT_RW};
+    for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++) {
+        for (long k = 1; k < 200; k++) {
+            int hit = 0;
+            for (int reindex = 0; reindex < 2; reindex++) {
+                char dir[300];
+                kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 256 << 10});
+                kvx_store_close(s);
+                int pfd[2];
+                assert_int_equal(pipe(pfd), 0);
+                fflush(NULL);
+                pid_t pid = fork();
+                assert_true(pid >= 0);
+                if (pid == 0) {
+                    close(pfd[0]);
+                    mixed_child(dir, kinds[ki], k, pfd[1]);
+                }
+                close(pfd[1]);
+                int got[4] = {0};
+                ssize_t r = read(pfd[0], got, sizeof got);
+                close(pfd[0]);
+                int ws = 0;
+                assert_int_equal(waitpid(pid, &ws, 0), pid);
+                if (r != (ssize_t)sizeof got) fail_msg("child: status %d", WIFEXITED(ws) ? WEXITSTATUS(ws) : -1);
+                hit = got[3];
+                if (reindex) assert_int_equal(kvx_store_reindex_dir(dir, KVX_STORE_NOWAIT), 0);
+                s = su_reopen(dir, KVX_STORE_NOWAIT);
+                assert_int_equal(su_prefix_nb(s, 1), SU_NB);
+                /* acknowledged: served; not: all of the batch or none */
+                if (got[2] && su_prefix_nb(s, 3) != SU_NB)
+                    fail_msg("kind 0x%x call %ld%s: seq 3, acknowledged, lost", kinds[ki], k,
+                             reindex ? " (reindex)" : "");
+                int whole = 0, none = 0;
+                for (int q = 0; q < got[0]; q++) {
+                    size_t n = su_prefix_nb(s, 100 + (uint64_t)q);
+                    whole += n == SU_NB;
+                    none += n == 0;
+                }
+                if (got[1] ? whole != got[0] : !(whole == got[0] || none == got[0]))
+                    fail_msg("kind 0x%x call %ld%s: the batch's flush %s: %d of %d prompts whole, %d none",
+                             kinds[ki], k, reindex ? " (reindex)" : "", got[1] ? "answered 0" : "failed", whole,
+                             got[0], none);
+                su_verify_clean(s);
+                kvx_store_close(s);
+            }
+            if (!hit) break;
+        }
+    }
+}
+
 int main(int argc, char **argv)
 {
     unsetenv("KVX_NO_APPEND");
@@ -380,6 +463,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_failed_append_loses_nothing_acknowledged),
         cmocka_unit_test(test_second_batch_writes_its_own_file),
         cmocka_unit_test(test_eviction_and_reindex_with_an_active_shard),
+        cmocka_unit_test(test_mixed_commit_fault_then_kill),
     };
     return cmocka_run_group_tests_name("engine/active", tests, su_setup, su_teardown);
 }
