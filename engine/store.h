@@ -235,6 +235,7 @@ struct kvx_store {
     kvx_store_batch *batches; /* every live batch, own first */
     uint64_t next_gen;
     st_active act;
+    int act_stuck; /* a failed commit's record could not be cut (kvx_st_active_undo): flushes refused */
     /* the sequence number the next commit takes (DESIGN.md "The files are
      * the whole truth"): every entry a commit writes carries it in its
      * file's sequence table; a keyed delete is a tombstone entry with its
@@ -551,6 +552,14 @@ int kvx_st_active_append(kvx_store *s, kvx_store_batch *x, uint64_t seq, kvx_cat
  * (or, after a durable record, leaves the file to recovery); a full
  * shard is sealed. */
 void kvx_st_active_release(kvx_store *s, kvx_store_batch *x, int ok);
+/* x's flush failed after it tried to append with seq: the record is cut
+ * from the active file (sealed below it, store_active.c), then the
+ * commit's mark (marked) goes; if the cut fails, the mark stays (made
+ * again) and the handle refuses flushes (act_stuck), so no later commit
+ * makes the mark look spent and recovery drops the record. */
+void kvx_st_active_undo(kvx_store *s, kvx_store_batch *x, uint64_t seq, int marked);
+/* The flush's refusal while act_stuck. */
+int kvx_st_active_stuck(const kvx_store *s);
 /* Seals the active shard in place (no batch owning it): 0, or the
  * failure (the file stays whole under one of its names). */
 int kvx_st_active_seal(kvx_store *s);

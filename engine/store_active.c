@@ -220,17 +220,11 @@ void kvx_st_active_release(kvx_store *s, kvx_store_batch *x, int ok)
     if (st_active_full(s, s->act.w) && kvx_st_active_seal(s)) kvx_clear_error(); /* whole either way */
 }
 
-/* One active file of recovery: sealed in place (its whole records), or
- * removed when it holds none, or set aside when it cannot be read. */
-static int st_active_recover_one(kvx_store *s, int dirfd, const char *name, void *ctx)
+/* Active file shards/<name> (gen, byte) settled: sealed in place with
+ * its whole records below sequence number below, or removed when it
+ * holds none, or set aside to quarantine/ when it cannot be read. */
+static int st_active_settle(kvx_store *s, const char *name, uint64_t gen, uint32_t byte, uint64_t below)
 {
-    (void)dirfd;
-    uint64_t gen;
-    uint32_t byte;
-    if (!kvx_st_parse_active_name(name, &gen, &byte)) return 0;
-    struct stat st;
-    if (kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT ? 0 : -errno;
-    if (!S_ISREG(st.st_mode)) return 0; /* never followed: the plan leaves it alone */
     char *path = kvx_st_join(s->shards_path, name), sealed[32];
     kvx_st_shard_name(sealed, gen);
     char *spath = kvx_st_join(s->shards_path, sealed);
@@ -242,7 +236,7 @@ static int st_active_recover_one(kvx_store *s, int dirfd, const char *name, void
     kvx_active_params p;
     kvx_st_active_params(s, byte, gen, &p);
     kvx_shard_writer *w;
-    int rc = kvx_shard_writer_resume_below(&w, path, &p, *(const uint64_t *)ctx);
+    int rc = kvx_shard_writer_resume_below(&w, path, &p, below);
     if (rc && !st_open_transient(rc)) {
         char why[480];
         snprintf(why, sizeof why, "an active shard that cannot be read: %s (%s)", kvx_last_error(), kvx_err_name(rc));
@@ -267,15 +261,110 @@ static int st_active_recover_one(kvx_store *s, int dirfd, const char *name, void
     return rc;
 }
 
+/* How many entries the records of shards/<name> below sequence number
+ * below hold; UINT32_MAX when it cannot be read (settling says why). */
+static uint32_t st_active_count(kvx_store *s, const char *name, uint64_t gen, uint32_t byte, uint64_t below)
+{
+    char *path = kvx_st_join(s->shards_path, name);
+    if (!path) return UINT32_MAX;
+    kvx_active_params p;
+    kvx_st_active_params(s, byte, gen, &p);
+    kvx_shard_writer *w;
+    int rc = kvx_shard_writer_resume_below(&w, path, &p, below);
+    free(path);
+    if (rc) {
+        kvx_clear_error();
+        return UINT32_MAX;
+    }
+    uint32_t n = (uint32_t)kvx_shard_writer_appended(w);
+    kvx_shard_writer_abort(w);
+    return n;
+}
+
+typedef struct st_marks_ctx {
+    uint64_t *v; /* the marks of commits that never answered, ascending */
+    size_t n;
+} st_marks_ctx;
+
+/* One active file of recovery: a record of a commit whose mark is in
+ * staging/ (its number exactly: a mark left by a failure says nothing of
+ * the commits after it) and what follows it are the tail. */
+static int st_active_recover_one(kvx_store *s, int dirfd, const char *name, void *ctx)
+{
+    (void)dirfd;
+    const st_marks_ctx *m = ctx;
+    uint64_t gen, below = UINT64_MAX;
+    uint32_t byte;
+    if (!kvx_st_parse_active_name(name, &gen, &byte)) return 0;
+    struct stat st;
+    if (kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT ? 0 : -errno;
+    if (!S_ISREG(st.st_mode)) return 0; /* never followed: the plan leaves it alone */
+    uint32_t all = m->n ? st_active_count(s, name, gen, byte, UINT64_MAX) : 0;
+    for (size_t i = 0; i < m->n && all != UINT32_MAX && below == UINT64_MAX; i++) {
+        uint32_t lo = st_active_count(s, name, gen, byte, m->v[i]);
+        if (lo != UINT32_MAX && lo < all && st_active_count(s, name, gen, byte, m->v[i] + 1) > lo) below = m->v[i];
+    }
+    return st_active_settle(s, name, gen, byte, below);
+}
+
+static int st_u64_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 int kvx_st_active_recover(kvx_store *s)
 {
     /* a commit whose mark is still in staging/ never answered: its record
-     * (the last, one commit at a time) is the tail */
-    uint64_t *marks = NULL, below = UINT64_MAX;
-    size_t nmarks = 0;
-    int rc = kvx_st_commit_marks(s, &marks, &nmarks);
-    for (size_t i = 0; !rc && i < nmarks; i++)
-        if (marks[i] < below) below = marks[i];
-    free(marks);
-    return rc ? rc : kvx_st_each_file(s, s->shardsfd, st_active_recover_one, &below);
+     * (the last of its file: a failed commit ends its file's appends) is
+     * the tail */
+    st_marks_ctx m = {NULL, 0};
+    int rc = kvx_st_commit_marks(s, &m.v, &m.n);
+    if (!rc && m.n) qsort(m.v, m.n, sizeof *m.v, st_u64_cmp);
+    if (!rc) rc = kvx_st_each_file(s, s->shardsfd, st_active_recover_one, &m);
+    free(m.v);
+    return rc;
+}
+
+/* staging/.<seq>.pending made again, durable (best effort: the handle
+ * refuses flushes meanwhile). */
+static void st_mark_again(kvx_store *s, uint64_t seq)
+{
+    char mark[40];
+    kvx_st_pending_name(mark, sizeof mark, seq);
+    int fd = kvx_os.openat(s->stagingfd, mark, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd >= 0) kvx_os.close(fd);
+    kvx_os_fsync_dir(s->staging_path);
+}
+
+void kvx_st_active_undo(kvx_store *s, kvx_store_batch *x, uint64_t seq, int marked)
+{
+    if (s->act.owner != x || !s->act.w) return;
+    char name[ST_ACTIVE_NAME_MAX], msg[1024];
+    snprintf(msg, sizeof msg, "%s", kvx_last_error()); /* the flush's failure, kept */
+    uint64_t gen = s->act.gen;
+    uint32_t byte = s->act.byte;
+    kvx_st_active_name(name, gen, byte);
+    kvx_shard_writer_abort(s->act.w); /* its lock too: the settle takes one */
+    memset(&s->act, 0, sizeof s->act);
+    /* the record, written or not, durable or not, and what follows it go:
+     * the file sealed below seq (its catalog record names no more) */
+    int rc = st_active_settle(s, name, gen, byte, seq);
+    if (rc) {
+        s->act_stuck = 1;
+        if (marked) st_mark_again(s, seq);
+    } else if (marked) {
+        char mark[40];
+        kvx_st_pending_name(mark, sizeof mark, seq);
+        if (kvx_os.unlinkat(s->stagingfd, mark, 0) == 0) kvx_os_fsync_dir(s->staging_path);
+    }
+    kvx_fail(-EIO, "%s", msg);
+}
+
+int kvx_st_active_stuck(const kvx_store *s)
+{
+    return kvx_fail(-EIO,
+                    "store %s: a failed flush's record could not be cut from the active shard: no flush is taken "
+                    "until the store is opened again (its recovery drops that record)",
+                    s->dir);
 }

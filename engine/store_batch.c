@@ -663,7 +663,7 @@ static int st_publish(kvx_store *s, const kvx_store_batch *x, kvx_cat_edit *e)
 
 int kvx_st_flush_locked(kvx_store *s, kvx_store_batch *x)
 {
-    int rc = 0;
+    int rc = s->act_stuck ? kvx_st_active_stuck(s) : 0;
     /* The commit, in order (DESIGN.md "The files are the whole truth"):
      *  1. the batch's writers are parked (unsealed) until now; the commit
      *     takes the next sequence number and every entry gets it, then
@@ -689,7 +689,7 @@ int kvx_st_flush_locked(kvx_store *s, kvx_store_batch *x)
     kvx_cat_edit_init(&e);
     if (!rc && (x->nsealed || act)) {
         uint64_t seq = s->next_seq++;
-        int linked = 0, marked = 0, appended = 0;
+        int linked = 0, marked = 0, tried = 0;
         if (x->nsealed) {
             if (s->keyed) rc = kvx_st_supersede(s, x, &e);
             if (!rc) rc = kvx_st_seal_parked(s, x->sealed, x->nsealed, seq);
@@ -697,13 +697,14 @@ int kvx_st_flush_locked(kvx_store *s, kvx_store_batch *x)
              * takes the files and the record as never acknowledged */
             if (!rc && !(rc = kvx_st_link_files(s, x->sealed, x->nsealed, seq, act, &marked))) linked = 1;
         }
-        if (!rc && act && !(rc = kvx_st_active_append(s, x, seq, &e))) appended = 1;
+        if (!rc && act) tried = 1, rc = kvx_st_active_append(s, x, seq, &e);
         if (!rc && x->nsealed) rc = kvx_st_unstage_files(s, seq, marked);
         if (!rc) rc = st_publish(s, x, &e);
         if (!rc) kvx_st_published(x->sealed, x->nsealed);
-        /* a record appended, then the commit failed: its mark stays (the
-         * files go), so recovery drops the record too */
-        else if (linked) kvx_st_unpublish(s, x->sealed, x->nsealed, seq, marked && !appended);
+        /* an append tried, then the commit failed: the files go, the
+         * mark stays until the record is cut from the active file */
+        else if (linked) kvx_st_unpublish(s, x->sealed, x->nsealed, seq, marked && !tried);
+        if (rc && tried) kvx_st_active_undo(s, x, seq, marked);
     }
     kvx_cat_edit_free(&e);
     int act_byte = act ? s->act.byte : -1;

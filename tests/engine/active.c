@@ -401,7 +401,7 @@ static void mixed_child(const char *dir, unsigned only, long k, int fd)
 static void test_mixed_commit_fault_then_kill(void **state)
 {
     (void)state;
-    static const unsigned kinds[] = {FAULT_SYNC, FAULT_NAME, FAULT_RW};
+    static const unsigned kinds[] = {FAULT_SYNC, FAULT_NAME, FAULT_RW, 0};
     for (size_t ki = 0; ki < sizeof kinds / sizeof kinds[0]; ki++) {
         for (long k = 1; k < 200; k++) {
             int hit = 0;
