@@ -15,6 +15,7 @@
  */
 #include "store_plan.h"
 #include "common/os.h"
+#include "format/shard_journal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -262,22 +263,22 @@ static int st_active_settle(kvx_store *s, const char *name, uint64_t gen, uint32
 }
 
 /* How many entries the records of shards/<name> below sequence number
- * below hold; UINT32_MAX when it cannot be read (settling says why). */
+ * below hold, read only (a writer's resume would cut the rest);
+ * UINT32_MAX when it cannot be read (settling says why). */
 static uint32_t st_active_count(kvx_store *s, const char *name, uint64_t gen, uint32_t byte, uint64_t below)
 {
-    char *path = kvx_st_join(s->shards_path, name);
-    if (!path) return UINT32_MAX;
     kvx_active_params p;
     kvx_st_active_params(s, byte, gen, &p);
-    kvx_shard_writer *w;
-    int rc = kvx_shard_writer_resume_below(&w, path, &p, below);
-    free(path);
-    if (rc) {
-        kvx_clear_error();
-        return UINT32_MAX;
+    int fd = kvx_os.openat(s->shardsfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    struct stat st;
+    kvx_journal_state js;
+    uint32_t n = UINT32_MAX;
+    if (fd >= 0 && kvx_os.fstat(fd, &st) == 0 && kvx_journal_read_below(fd, (uint64_t)st.st_size, &p, below, &js) == 0) {
+        n = js.n;
+        free(js.tables);
     }
-    uint32_t n = (uint32_t)kvx_shard_writer_appended(w);
-    kvx_shard_writer_abort(w);
+    if (fd >= 0) kvx_os.close(fd);
+    kvx_clear_error();
     return n;
 }
 

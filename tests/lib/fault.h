@@ -47,6 +47,7 @@ static long fault_at = 0; /* 1-based call to fail; 0 = none */
 static int fault_errno = EIO;
 static int fault_mode = FAULT_ERRNO;
 static unsigned fault_only;     /* enum fault_kind mask; 0 = every kind */
+static int fault_sticky;        /* 1: every counted call from fault_at on fails, not that one alone */
 static long fault_hits;         /* faults injected */
 static const char *fault_hit_op; /* the call the last fault failed ("mmap", ...) */
 static kvx_os_ops fault_real;
@@ -55,7 +56,7 @@ static int fault_now(unsigned kind, const char *op)
 {
     if (fault_only && !(fault_only & kind)) return 0;
     long n = ++fault_calls;
-    if (fault_at && n == fault_at) {
+    if (fault_at && (n == fault_at || (fault_sticky && n > fault_at))) {
         fault_hits++;
         fault_hit_op = op;
         return 1;
@@ -149,6 +150,7 @@ static inline void fault_install(void)
     kvx_os.dir_open = f_dir_open;
     kvx_os.dir_next = f_dir_next;
     fault_only = 0;
+    fault_sticky = 0;
     fault_reset(0, EIO, FAULT_ERRNO);
 }
 
