@@ -8,7 +8,8 @@
  * Rule kept: an active shard's blocks are acknowledged by its record (its
  * pages durable first, then the record), and the catalog names them only
  * after; nothing removes or shortens an active file but its own seal (in
- * place, pages unmoved) or recovery's seal; an active file that cannot be
+ * place, pages unmoved), recovery's seal or a failed commit's cut
+ * (sealed below its record); an active file that cannot be
  * read goes to quarantine/, never away. One batch at a time owns it: its
  * unflushed blocks are in it, so an append never carries another batch's
  * blocks; the other batches write their own files meanwhile.
