@@ -472,6 +472,83 @@ static void test_mixed_commit_undo_fails_then_kill(void **state)
     mixed_commit_faults(1);
 }
 
+/* How many blocks kvx_store_shards' handles hold, all told. */
+static size_t shards_blocks(kvx_store *s)
+{
+    kvx_shard **sh = NULL;
+    size_t n = 0, blocks = 0;
+    int rc = kvx_store_shards(&sh, &n, s);
+    if (rc) fail_msg("shards: %s (%s)", kvx_err_name(rc), kvx_last_error());
+    for (size_t i = 0; i < n; i++) {
+        blocks += kvx_shard_get_info(sh[i])->num_blocks;
+        kvx_shard_close(sh[i]);
+    }
+    kvx_free(sh);
+    return blocks;
+}
+
+/* PROMISE: STORE-20 */
+static void test_batches_interleave_with_the_active_shard(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20});
+    kvx_store *r = su_reopen(dir, KVX_STORE_READONLY);
+    kvx_store_batch *b, *c;
+    assert_int_equal(kvx_store_batch_create(&b, s), 0);
+    assert_int_equal(kvx_store_batch_create(&c, s), 0);
+    assert_int_equal(su_put_batch(s, b, 1, NULL), 0); /* b owns the active shard */
+    su_put_nb(s, 2);                                   /* the built-in batch: a file of its own */
+    assert_int_equal(su_put_batch(s, c, 3, NULL), 0);
+    /* a reindex while b owns it: refused (b's blocks are in it), nothing lost */
+    int rc = kvx_store_reindex(s);
+    assert_true(rc == KVX_EBUSY || rc == 0);
+    assert_int_equal(kvx_store_batch_flush(c), 0);
+    assert_int_equal(kvx_store_batch_flush(b), 0);
+    assert_int_equal(kvx_store_flush(s), 0);
+    for (uint64_t q = 1; q <= 3; q++) {
+        assert_int_equal(su_prefix_nb(s, q), SU_NB);
+        assert_int_equal(su_prefix_nb(r, q), SU_NB);
+    }
+    /* b again owns it; c destroyed with blocks of its own; b's put after
+     * c's flush; the built-in batch flushed between */
+    assert_int_equal(su_put_batch(s, b, 4, NULL), 0);
+    assert_int_equal(su_put_batch(s, c, 5, NULL), 0);
+    kvx_store_batch_destroy(c);
+    su_put_flush(s, 6, SU_NB);
+    assert_int_equal(su_prefix_nb(s, 4), 0);
+    assert_int_equal(su_prefix_nb(s, 5), 0);
+    assert_int_equal(kvx_store_reindex(s), KVX_EBUSY);
+    /* b destroyed while it owns the active shard: its blocks go, the
+     * shard's acknowledged ones stay; the next put takes it */
+    kvx_store_batch_destroy(b);
+    assert_int_equal(su_prefix_nb(s, 4), 0);
+    su_put_flush(s, 7, SU_NB);
+    assert_int_equal(kvx_store_reindex(s), 0);
+    for (uint64_t q = 1; q <= 7; q++) {
+        size_t want = q == 4 || q == 5 ? 0 : SU_NB;
+        assert_int_equal(su_prefix_nb(s, q), want);
+        assert_int_equal(su_prefix_nb(r, q), want);
+    }
+    /* a batch left unflushed at close: its blocks never adopted */
+    assert_int_equal(kvx_store_batch_create(&b, s), 0);
+    assert_int_equal(su_put_batch(s, b, 8, NULL), 0);
+    su_put_flush(s, 9, SU_NB);
+    assert_int_equal(shards_blocks(r), 6 * SU_NB); /* 1, 2, 3, 6, 7, 9 */
+    su_verify_clean(r);
+    su_verify_clean(s);
+    kvx_store_close(s);
+    kvx_store_batch_destroy(b);
+    assert_int_equal(count_suffix(dir, "shards", ".active"), 0);
+    for (uint64_t q = 1; q <= 9; q++) assert_int_equal(su_prefix_nb(r, q), q == 4 || q == 5 || q == 8 ? 0 : SU_NB);
+    kvx_store_close(r);
+    s = su_reopen(dir, 0);
+    for (uint64_t q = 1; q <= 9; q++) assert_int_equal(su_prefix_nb(s, q), q == 4 || q == 5 || q == 8 ? 0 : SU_NB);
+    assert_int_equal(su_stat(s).blocks, 6 * SU_NB);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
 int main(int argc, char **argv)
 {
     unsetenv("KVX_NO_APPEND");
@@ -486,6 +563,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_eviction_and_reindex_with_an_active_shard),
         cmocka_unit_test(test_mixed_commit_fault_then_kill),
         cmocka_unit_test(test_mixed_commit_undo_fails_then_kill),
+        cmocka_unit_test(test_batches_interleave_with_the_active_shard),
     };
     return cmocka_run_group_tests_name("engine/active", tests, su_setup, su_teardown);
 }
