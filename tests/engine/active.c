@@ -549,6 +549,79 @@ static void test_batches_interleave_with_the_active_shard(void **state)
     kvx_store_close(s);
 }
 
+/* PROMISE: STORE-21 */
+static void test_strange_things_at_active_names(void **state)
+{
+    (void)state;
+    for (int v = 0; v < 6; v++) {
+        char dir[300], name[64], path[700], other[700], cmd[2200];
+        kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20});
+        su_put_flush(s, 1, SU_NB);
+        kvx_store_close(s); /* sealed: 1 in a file of its own */
+        killed_with_unflushed(dir, 20, 3);
+        active_name(dir, name, sizeof name);
+        snprintf(path, sizeof path, "%s/shards/%s", dir, name);
+        uint64_t gen = strtoull(name + 1, NULL, 16);
+        int acked_served = 1; /* after recovery: 20..22 served (else a miss) */
+        switch (v) {
+        case 0: /* a copy under another generation's active name, same byte */
+            snprintf(other, sizeof other, "%s/shards/.%016llx.00.kvx.active", dir, (unsigned long long)gen + 0x100);
+            snprintf(cmd, sizeof cmd, "cp %s %s", path, other);
+            assert_int_equal(system(cmd), 0);
+            break;
+        case 1: /* its name's byte changed: its journal says another file */
+            snprintf(other, sizeof other, "%s/shards/.%016llx.05.kvx.active", dir, (unsigned long long)gen);
+            assert_int_equal(rename(path, other), 0);
+            acked_served = 0;
+            break;
+        case 2: /* a directory at another active name */
+            snprintf(other, sizeof other, "%s/shards/.%016llx.07.kvx.active", dir, (unsigned long long)gen + 7);
+            assert_int_equal(mkdir(other, 0700), 0);
+            break;
+        case 3: /* a FIFO at another active name */
+            snprintf(other, sizeof other, "%s/shards/.%016llx.08.kvx.active", dir, (unsigned long long)gen + 8);
+            assert_int_equal(mkfifo(other, 0600), 0);
+            break;
+        case 4: /* the file moved out, a symlink to it in its place */
+            snprintf(other, sizeof other, "%s/moved.active", dir);
+            assert_int_equal(rename(path, other), 0);
+            assert_int_equal(symlink(other, path), 0);
+            acked_served = 0;
+            break;
+        case 5: { /* its last page cut off: the last record names it */
+            struct stat st;
+            assert_int_equal(stat(path, &st), 0);
+            FILE *f = fopen(path, "r+b");
+            assert_non_null(f);
+            /* the unflushed put's pages are past the records: cut them and
+             * into the last acknowledged page */
+            assert_int_equal(ftruncate(fileno(f), st.st_size - 4096 * (SU_NB + 1)), 0);
+            fclose(f);
+            acked_served = -1; /* 22 in part at most, each block checked */
+            break;
+        }
+        }
+        s = su_reopen(dir, KVX_STORE_NOWAIT);
+        assert_int_equal(su_prefix_nb(s, 1), SU_NB);
+        for (uint64_t q = 20; q < 23; q++) {
+            size_t n = su_prefix_nb(s, q); /* SIZE_MAX: a wrong block */
+            if (acked_served == 1) assert_int_equal(n, SU_NB);
+            else if (acked_served == 0) assert_int_equal(n, 0);
+            else assert_true(n <= SU_NB);
+        }
+        assert_int_equal(su_prefix_nb(s, 23), 0);
+        su_put_flush(s, 30, SU_NB);
+        assert_int_equal(su_prefix_nb(s, 30), SU_NB);
+        if (v == 4) assert_int_equal(access(other, F_OK), 0); /* never followed, never deleted */
+        if (v <= 1) assert_int_equal(count_suffix(dir, "quarantine", ".active"), 1); /* set aside whole */
+        if (v != 5) su_verify_clean(s);
+        kvx_store_close(s);
+        s = su_reopen(dir, KVX_STORE_READONLY);
+        assert_int_equal(su_prefix_nb(s, 30), SU_NB);
+        kvx_store_close(s);
+    }
+}
+
 int main(int argc, char **argv)
 {
     unsetenv("KVX_NO_APPEND");
@@ -564,6 +637,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_mixed_commit_fault_then_kill),
         cmocka_unit_test(test_mixed_commit_undo_fails_then_kill),
         cmocka_unit_test(test_batches_interleave_with_the_active_shard),
+        cmocka_unit_test(test_strange_things_at_active_names),
     };
     return cmocka_run_group_tests_name("engine/active", tests, su_setup, su_teardown);
 }
