@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -622,6 +623,68 @@ static void test_strange_things_at_active_names(void **state)
     }
 }
 
+static void print_problem(void *ctx, const char *what, int code)
+{
+    (void)ctx;
+    if (code) fprintf(stderr, "reader: verify: %s (%s)\n", what, kvx_err_name(code));
+}
+
+/* PROMISE: STORE-20 */
+static void test_reader_process_during_appends_and_seals(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 256 << 20, .shard_bytes = 256 << 10});
+    volatile uint64_t *ack = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    assert_true(ack != MAP_FAILED);
+    ack[0] = 0, ack[1] = 0;
+    su_put_flush(s, 1, SU_NB);
+    ack[0] = 1;
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        kvx_store *r = NULL;
+        if (kvx_store_open(&r, dir, NULL, KVX_STORE_READONLY)) _exit(2);
+        uint64_t looked = 0;
+        for (uint64_t i = 0; !ack[1] || i < 50; i++) {
+            uint64_t a = ack[0];
+            uint64_t q = i % 3 == 0 ? a : 1 + (i * 7919) % a;
+            size_t n = su_prefix_nb(r, q);
+            if (n != SU_NB) {
+                fprintf(stderr, "reader: prompt %llu of %llu acknowledged: %zu of %d blocks\n", (unsigned long long)q,
+                        (unsigned long long)a, n, SU_NB);
+                _exit(3);
+            }
+            if (i % 64 == 0) {
+                uint64_t bad = 9;
+                int vrc = kvx_store_verify(r, &bad, print_problem, NULL);
+                if (vrc || bad) {
+                    fprintf(stderr, "reader: verify %s, %llu bad: %s\n", kvx_err_name(vrc), (unsigned long long)bad,
+                            kvx_last_error());
+                    _exit(4);
+                }
+            }
+            looked++;
+        }
+        kvx_store_close(r);
+        _exit(looked > 50 ? 0 : 5);
+    }
+    for (uint64_t q = 2; q <= 400; q++) {
+        su_put_flush(s, q, SU_NB);
+        ack[0] = q;
+    }
+    ack[1] = 1;
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFEXITED(ws));
+    assert_int_equal(WEXITSTATUS(ws), 0);
+    assert_true(su_stat(s).shards > 2); /* sealed and begun again while it read */
+    su_verify_clean(s);
+    kvx_store_close(s);
+    munmap((void *)ack, 4096);
+}
+
 int main(int argc, char **argv)
 {
     unsetenv("KVX_NO_APPEND");
@@ -638,6 +701,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_mixed_commit_undo_fails_then_kill),
         cmocka_unit_test(test_batches_interleave_with_the_active_shard),
         cmocka_unit_test(test_strange_things_at_active_names),
+        cmocka_unit_test(test_reader_process_during_appends_and_seals),
     };
     return cmocka_run_group_tests_name("engine/active", tests, su_setup, su_teardown);
 }
