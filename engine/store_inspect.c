@@ -198,6 +198,18 @@ static void st_verify_entry(st_verify_ctx *v, kvx_cat_snap *snap, const kvx_cat_
                    (unsigned long long)e->hash);
 }
 
+/* Are sh's entries from `from` on all of commits at or after next_seq
+ * (appended after the snapshot that said next_seq)? */
+static int st_appended_since(const kvx_shard *sh, uint32_t from, uint64_t next_seq)
+{
+    for (uint32_t i = from; i < kvx_shard_get_info(sh)->num_blocks; i++) {
+        uint64_t seq = 0;
+        int tomb = 0;
+        if (kvx_shard_entry_commit(sh, i, &seq, &tomb) != 0 || seq < next_seq) return 0;
+    }
+    return 1;
+}
+
 KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(void *ctx, const char *what, int code),
                              void *ctx)
 {
@@ -251,9 +263,12 @@ KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(voi
         kvx_shard_verify(sh, &nbad, st_page_report, &v);
         const kvx_shard_info *in = kvx_shard_get_info(sh);
         /* an active file (store_active.c) may hold appends newer than
-         * this snapshot: its first n_entries are what it names */
+         * this snapshot, and so may its sealed file when the writer sealed
+         * it since: its first n_entries are what it names */
         int active = name[0] == '.';
-        uint32_t n = active && in->num_blocks > r->n_entries ? r->n_entries : in->num_blocks;
+        uint32_t n = in->num_blocks > r->n_entries && (active || st_appended_since(sh, r->n_entries, reg->next_seq))
+                         ? r->n_entries
+                         : in->num_blocks;
         if (n != r->n_entries)
             st_vreport(&v, KVX_ECORRUPT, "shards/%s: %u entries, registry says %u", name, in->num_blocks, r->n_entries);
         for (uint32_t i = 0; i < n; i++) {
