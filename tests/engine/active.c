@@ -685,6 +685,40 @@ static void test_reader_process_during_appends_and_seals(void **state)
     munmap((void *)ack, 4096);
 }
 
+/* PROMISE: STORE-23 */
+static void test_eviction_reports_every_block_with_appends(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s =
+        su_store(dir, sizeof dir, (su_spec){.capacity = 1 << 20, .shard_bytes = 128 << 10, .flags = KVX_STORE_NOSYNC});
+    static kvx_evicted ev[4096];
+    static uint64_t first[400];
+    uint64_t reported = 0, dropped_all = 0;
+    for (uint64_t q = 1; q <= 300; q++) {
+        uint32_t t[SU_NB * SU_B];
+        uint64_t h[SU_NB];
+        su_tokens(t, q, SU_NB, 0);
+        kvx_block_hashes(h, t, SU_NB * SU_B, SU_B);
+        first[q] = h[0];
+        su_put_flush(s, q, SU_NB);
+        size_t n = 0;
+        uint64_t dropped = 0;
+        assert_int_equal(kvx_store_evicted(s, ev, 4096, &n, &dropped), 0);
+        reported += n;
+        dropped_all += dropped;
+        for (size_t i = 0; i < n; i++)
+            for (uint64_t k = 1; k <= q; k++)
+                if (ev[i].hash == first[k]) assert_int_equal(su_prefix_nb(s, k), 0); /* gone means gone */
+        /* every block put: live, or reported gone */
+        assert_int_equal(su_stat(s).blocks + reported + dropped_all, q * SU_NB);
+        assert_int_equal(su_prefix_nb(s, q), SU_NB);
+    }
+    assert_true(reported > 0);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
 int main(int argc, char **argv)
 {
     unsetenv("KVX_NO_APPEND");
@@ -702,6 +736,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_batches_interleave_with_the_active_shard),
         cmocka_unit_test(test_strange_things_at_active_names),
         cmocka_unit_test(test_reader_process_during_appends_and_seals),
+        cmocka_unit_test(test_eviction_reports_every_block_with_appends),
     };
     return cmocka_run_group_tests_name("engine/active", tests, su_setup, su_teardown);
 }
