@@ -719,6 +719,40 @@ static void test_eviction_reports_every_block_with_appends(void **state)
     kvx_store_close(s);
 }
 
+/* PROMISE: STORE-23 */
+static void test_gc_and_compaction_with_an_active_shard(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 256 << 20, .shard_bytes = 128 << 10});
+    kvx_store_batch *b;
+    assert_int_equal(kvx_store_batch_create(&b, s), 0);
+    for (uint64_t q = 1; q <= 240; q++) {
+        /* every third prompt through a second batch: files of its own,
+         * small ones for compaction to merge */
+        if (q % 3 == 0) {
+            assert_int_equal(su_put_batch(s, b, q, NULL), 0);
+            assert_int_equal(kvx_store_batch_flush(b), 0);
+        } else {
+            su_put_nb(s, q);
+            if (q % 7 == 0) assert_int_equal(kvx_store_gc(s), 0); /* while the built-in batch owns it */
+            assert_int_equal(kvx_store_flush(s), 0);
+        }
+        if (q % 40 == 0) {
+            assert_int_equal(kvx_store_gc(s), 0);
+            for (uint64_t k = 1; k <= q; k++) assert_int_equal(su_prefix_nb(s, k), SU_NB);
+        }
+    }
+    su_verify_clean(s);
+    kvx_store_batch_destroy(b);
+    kvx_store_close(s);
+    s = su_reopen(dir, 0);
+    for (uint64_t k = 1; k <= 240; k++) assert_int_equal(su_prefix_nb(s, k), SU_NB);
+    assert_int_equal(su_stat(s).blocks, 240 * SU_NB);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
 int main(int argc, char **argv)
 {
     unsetenv("KVX_NO_APPEND");
@@ -737,6 +771,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_strange_things_at_active_names),
         cmocka_unit_test(test_reader_process_during_appends_and_seals),
         cmocka_unit_test(test_eviction_reports_every_block_with_appends),
+        cmocka_unit_test(test_gc_and_compaction_with_an_active_shard),
     };
     return cmocka_run_group_tests_name("engine/active", tests, su_setup, su_teardown);
 }
