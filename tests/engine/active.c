@@ -753,6 +753,44 @@ static void test_gc_and_compaction_with_an_active_shard(void **state)
     kvx_store_close(s);
 }
 
+/* PROMISE: STORE-22 */
+static void test_failed_put_into_the_active_shard(void **state)
+{
+    (void)state;
+    int mode = FAULT_ERRNO;
+    for (long k = 1; k < 100; k++) {
+        char dir[300];
+        kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20, .flags = KVX_STORE_NOWAIT});
+        su_put_flush(s, 1, SU_NB);
+        su_put_nb(s, 2); /* owns the active shard, unflushed */
+        fault_install();
+        if (mode == FAULT_SHORT) fault_only = FAULT_RW;
+        fault_reset(k, EIO, mode);
+        int prc = su_put_batch(s, NULL, 3, NULL);
+        long hits = fault_hits;
+        fault_uninstall();
+        int frc = kvx_store_flush(s);
+        /* never a wrong block; what the flush acknowledged is served */
+        assert_int_equal(su_prefix_nb(s, 1), SU_NB);
+        size_t n2 = su_prefix_nb(s, 2), n3 = su_prefix_nb(s, 3);
+        assert_true(n2 <= SU_NB && n3 <= SU_NB);
+        if (frc == 0) assert_int_equal(n2, SU_NB);
+        if (frc == 0 && prc == 0) assert_int_equal(n3, SU_NB);
+        su_put_flush(s, 4, SU_NB);
+        su_verify_clean(s);
+        kvx_store_close(s);
+        s = su_reopen(dir, 0);
+        assert_int_equal(su_prefix_nb(s, 1), SU_NB);
+        assert_int_equal(su_prefix_nb(s, 4), SU_NB);
+        if (frc == 0) assert_int_equal(su_prefix_nb(s, 2), SU_NB);
+        assert_true(su_prefix_nb(s, 3) <= SU_NB);
+        su_verify_clean(s);
+        kvx_store_close(s);
+        if (!hits && mode == FAULT_SHORT) break;
+        if (!hits) mode = FAULT_SHORT, k = 0; /* again, each pwrite or pread short */
+    }
+}
+
 int main(int argc, char **argv)
 {
     unsetenv("KVX_NO_APPEND");
@@ -772,6 +810,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_reader_process_during_appends_and_seals),
         cmocka_unit_test(test_eviction_reports_every_block_with_appends),
         cmocka_unit_test(test_gc_and_compaction_with_an_active_shard),
+        cmocka_unit_test(test_failed_put_into_the_active_shard),
     };
     return cmocka_run_group_tests_name("engine/active", tests, su_setup, su_teardown);
 }
