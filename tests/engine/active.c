@@ -371,21 +371,21 @@ static void test_eviction_and_reindex_with_an_active_shard(void **state)
 
 /* The mixed commit's child: flushes seq 1; puts prompts 100.. into the
  * built-in batch until its blocks overflow the active shard into a file
- * of its own (staged); fails call k of the kinds `only` of that flush
+ * of its own (staged; not mixed: two prompts, all in the active shard); fails call k of the kinds `only` of that flush
  * (sticky: every call from k on, so that undoing it fails too);
  * flushes seq 3; writes to fd how many prompts the batch held, whether
  * its flush and seq 3's answered 0; dies (SIGKILL). */
-static void mixed_child(const char *dir, unsigned only, long k, int sticky, int fd)
+static void mixed_child(const char *dir, unsigned only, long k, int sticky, int mixed, int fd)
 {
     kvx_store *c = NULL;
     if (kvx_store_open(&c, dir, NULL, KVX_STORE_NOWAIT)) _exit(2);
     if (su_put_seq(c, 1, SU_NB)) _exit(3);
     int np = 0;
-    while (su_n_files(dir, "staging") == 0 && np < 4000) {
+    while ((mixed ? su_n_files(dir, "staging") == 0 : np < 2) && np < 4000) {
         if (su_put_batch(c, NULL, 100 + (uint64_t)np, NULL)) _exit(4);
         np++;
     }
-    if (su_n_files(dir, "staging") == 0) _exit(5);
+    if ((su_n_files(dir, "staging") == 0) == mixed) _exit(5);
     fault_install();
     fault_only = only;
     fault_sticky = sticky;
@@ -404,7 +404,7 @@ static void mixed_child(const char *dir, unsigned only, long k, int sticky, int 
  * and every one after, the undo's too), then kill -9: after reopen (and
  * after a reindex from the files alone) every acknowledged block is
  * served, the failed batch is all there or none of it, verify is clean. */
-static void mixed_commit_faults(int sticky)
+static void mixed_commit_faults(int sticky, int mixed)
 {
     static const unsigned kinds[] = {FAULT_SYNC, FAULT_NAME, FAULT_RW, 0};
     int refused = 0;
@@ -422,7 +422,7 @@ static void mixed_commit_faults(int sticky)
                 assert_true(pid >= 0);
                 if (pid == 0) {
                     close(pfd[0]);
-                    mixed_child(dir, kinds[ki], k, sticky, pfd[1]);
+                    mixed_child(dir, kinds[ki], k, sticky, mixed, pfd[1]);
                 }
                 close(pfd[1]);
                 int got[4] = {0};
@@ -463,14 +463,16 @@ static void mixed_commit_faults(int sticky)
 static void test_mixed_commit_fault_then_kill(void **state)
 {
     (void)state;
-    mixed_commit_faults(0);
+    mixed_commit_faults(0, 1);
+    mixed_commit_faults(0, 0); /* a flush that appends alone */
 }
 
 /* PROMISE: STORE-24 */
 static void test_mixed_commit_undo_fails_then_kill(void **state)
 {
     (void)state;
-    mixed_commit_faults(1);
+    mixed_commit_faults(1, 1);
+    mixed_commit_faults(1, 0);
 }
 
 /* How many blocks kvx_store_shards' handles hold, all told. */
