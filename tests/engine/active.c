@@ -793,6 +793,41 @@ static void test_failed_put_into_the_active_shard(void **state)
     }
 }
 
+/* PROMISE: STORE-23 */
+static void test_failed_seal_then_reindex_keeps_every_block(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20, .shard_bytes = 128 << 10});
+    /* every flush's ftruncate fails: a full active shard's seal among
+     * them, so its file stays under its active name, the writer on a new
+     * one */
+    uint64_t q = 1;
+    for (; q <= 40; q++) {
+        su_put_nb(s, q);
+        fault_install();
+        fault_only = FAULT_TRUNC; /* the seal's: a full active shard is sealed after the flush */
+        fault_sticky = 1;
+        fault_reset(1, EIO, FAULT_ERRNO);
+        int rc = kvx_store_flush(s);
+        fault_uninstall();
+        assert_int_equal(rc, 0);
+    }
+    assert_true(count_suffix(dir, "shards", ".active") >= 2); /* left by a failed seal, and the live one */
+    for (uint64_t k = 1; k < q; k++) assert_int_equal(su_prefix_nb(s, k), SU_NB);
+    /* a reindex in the same handle: every acknowledged block still served */
+    assert_int_equal(kvx_store_reindex(s), 0);
+    for (uint64_t k = 1; k < q; k++) assert_int_equal(su_prefix_nb(s, k), SU_NB);
+    for (; q <= 80; q++) su_put_flush(s, q, SU_NB);
+    su_verify_clean(s);
+    kvx_store_close(s);
+    s = su_reopen(dir, 0);
+    for (uint64_t k = 1; k < q; k++) assert_int_equal(su_prefix_nb(s, k), SU_NB);
+    assert_int_equal(su_n_files(dir, "quarantine"), 0);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
 int main(int argc, char **argv)
 {
     unsetenv("KVX_NO_APPEND");
@@ -813,6 +848,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_eviction_reports_every_block_with_appends),
         cmocka_unit_test(test_gc_and_compaction_with_an_active_shard),
         cmocka_unit_test(test_failed_put_into_the_active_shard),
+        cmocka_unit_test(test_failed_seal_then_reindex_keeps_every_block),
     };
     return cmocka_run_group_tests_name("engine/active", tests, su_setup, su_teardown);
 }
