@@ -251,6 +251,9 @@ int kvx_st_reindex_locked(kvx_store *s)
     /* the plan reads sealed files: the active shard is sealed first (no
      * other batch owns it: kvx_store_reindex refused a busy one) */
     int rc = kvx_st_active_seal(s);
+    /* and an active file a failed seal left (the plan leaves active names
+     * alone: its blocks would fall out of the catalog, its byte be reused) */
+    if (!rc) rc = kvx_st_active_recover(s);
     if (rc) return rc;
     rc = st_plan_and_apply(s, ST_PLAN_REBUILD);
     if (!rc) st_note(s);
