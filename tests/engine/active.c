@@ -828,6 +828,38 @@ static void test_failed_seal_then_reindex_keeps_every_block(void **state)
     kvx_store_close(s);
 }
 
+/* PROMISE: STORE-23 */
+static void test_evicted_shard_left_active_by_a_failed_seal_goes(void **state)
+{
+    (void)state;
+    char dir[300];
+    kvx_store *s =
+        su_store(dir, sizeof dir, (su_spec){.capacity = 1 << 20, .shard_bytes = 128 << 10, .flags = KVX_STORE_NOSYNC});
+    /* every seal fails (its ftruncate): each full active file stays under
+     * its active name; eviction then takes them, the oldest first */
+    for (uint64_t q = 1; q <= 200; q++) {
+        su_put_nb(s, q);
+        fault_install();
+        fault_only = FAULT_TRUNC;
+        fault_sticky = 1;
+        fault_reset(1, EIO, FAULT_ERRNO);
+        int rc = kvx_store_flush(s);
+        fault_uninstall();
+        assert_int_equal(rc, 0);
+    }
+    kvx_store_stats st = su_stat(s);
+    assert_true(st.evictions > 0);
+    /* an evicted shard's file is gone whatever its name: only the live
+     * shards' files are left */
+    assert_true(count_suffix(dir, "shards", ".active") + count_suffix(dir, "shards", ".kvx") <= st.shards + 1);
+    kvx_store_close(s);
+    s = su_reopen(dir, KVX_STORE_NOSYNC);
+    st = su_stat(s);
+    assert_true(st.bytes <= st.capacity_bytes);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
 int main(int argc, char **argv)
 {
     unsetenv("KVX_NO_APPEND");
@@ -849,6 +881,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_gc_and_compaction_with_an_active_shard),
         cmocka_unit_test(test_failed_put_into_the_active_shard),
         cmocka_unit_test(test_failed_seal_then_reindex_keeps_every_block),
+        cmocka_unit_test(test_evicted_shard_left_active_by_a_failed_seal_goes),
     };
     return cmocka_run_group_tests_name("engine/active", tests, su_setup, su_teardown);
 }
