@@ -153,11 +153,16 @@ void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const char *damaged
         if (!victims[b]) continue;
         uint64_t gen = s->reg->rec[b].gen;
         kvx_st_cache_drop(s, (uint32_t)b);
-        char name[32], why[600];
+        char name[ST_ACTIVE_NAME_MAX], why[600];
         snprintf(why, sizeof why, "%s", damaged ? damaged : "");
         kvx_st_shard_name(name, gen);
         struct stat st;
-        if (kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        int sr = kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW);
+        if (sr != 0 && errno == ENOENT) { /* a failed seal left it under its active name */
+            kvx_st_active_name(name, gen, (uint32_t)b);
+            sr = kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW);
+        }
+        if (sr != 0) {
             gone[b] = errno == ENOENT;
             continue;
         }
