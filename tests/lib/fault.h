@@ -16,6 +16,7 @@
 #define KVX_TEST_FAULT_H
 
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <string.h>
@@ -24,7 +25,7 @@
 
 #include "common/os.h"
 
-enum fault_mode { FAULT_ERRNO = 0, FAULT_SHORT = 1 };
+enum fault_mode { FAULT_ERRNO = 0, FAULT_SHORT = 1, FAULT_KILL = 2 /* SIGKILL before the call */ };
 
 /* The kinds of call, for fault_only: a mask of the kinds counted (and so
  * failed); 0 counts every call but the closes (close, munmap, dir_close). */
@@ -59,6 +60,7 @@ static int fault_now(unsigned kind, const char *op)
     if (fault_at && (n == fault_at || (fault_sticky && n > fault_at))) {
         fault_hits++;
         fault_hit_op = op;
+        if (fault_mode == FAULT_KILL) raise(SIGKILL);
         return 1;
     }
     return 0;
