@@ -274,7 +274,8 @@ static uint32_t st_active_count(kvx_store *s, const char *name, uint64_t gen, ui
     struct stat st;
     kvx_journal_state js;
     uint32_t n = UINT32_MAX;
-    if (fd >= 0 && kvx_os.fstat(fd, &st) == 0 && kvx_journal_read_below(fd, (uint64_t)st.st_size, &p, below, &js) == 0) {
+    if (fd >= 0 && kvx_os.fstat(fd, &st) == 0 &&
+        kvx_journal_read_below(fd, (uint64_t)st.st_size, &p, below, &js) == 0) {
         n = js.n;
         free(js.tables);
     }
