@@ -97,7 +97,11 @@ int kvx_st_active_seal(kvx_store *s)
     if (!rc) s->wrote[ST_WROTE_PUT].files += tables;
     /* on a failure the file is whole under one of its names: readers find
      * either, the next writer's recovery seals it */
+    uint8_t byte = s->act.byte;
     memset(&s->act, 0, sizeof s->act);
+    /* the cache's handle names the active file: the next use opens the
+     * sealed one (views and handles given out keep theirs: same inode) */
+    if (!rc) kvx_st_cache_drop(s, byte);
     return rc;
 }
 

@@ -500,6 +500,11 @@ func TestCollisionAmbiguousAndDigestPicks(t *testing.T) {
 // store's shard file.
 func damagePage(t *testing.T, s *Store, h uint64, truncate bool) {
 	t.Helper()
+	// the active shard sealed first (docs/STORE.md "Appends"), so the
+	// damage is to a sealed file, as a disk would do it after a close
+	if err := s.GC(); err != nil {
+		t.Fatal(err)
+	}
 	sh, err := s.Shards()
 	if err != nil {
 		t.Fatal(err)
