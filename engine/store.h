@@ -136,7 +136,6 @@ typedef struct st_active {
     int committed;           /* the owner's flush appended (until it is released) */
     uint32_t nunv_pending;   /* the owner's entries without a digest, not yet appended */
     uint32_t nunv_commit;    /* of that append, the entries without a digest */
-    int broken;              /* an append or its catalog edit failed */
 } st_active;
 
 typedef struct st_sealed {

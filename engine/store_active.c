@@ -162,10 +162,7 @@ int kvx_st_active_append(kvx_store *s, kvx_store_batch *x, uint64_t seq, kvx_cat
     kvx_shard_writer *w = s->act.w;
     uint64_t journal = kvx_shard_writer_journal_used(w), before = kvx_shard_writer_appended(w);
     int rc = kvx_shard_writer_append(w, seq);
-    if (rc) {
-        s->act.broken = 1;
-        return rc;
-    }
+    if (rc) return rc; /* the flush undoes it (kvx_st_active_undo) */
     uint32_t nunv = s->act.nunv_pending;
     for (int k = 0; k < 2; k++)
         if (x->cur[k].active) nunv += x->cur[k].nunv;
@@ -179,10 +176,7 @@ int kvx_st_active_append(kvx_store *s, kvx_store_batch *x, uint64_t seq, kvx_cat
                          s->act.ino};
     rc = s->act.registered ? kvx_cat_edit_put_shard(e, s->act.byte, &rec)
                            : kvx_cat_edit_add_shard(e, s->act.byte, &rec, now);
-    if (rc) {
-        s->act.broken = 1; /* appended, and the catalog cannot say so: see kvx_st_active_release */
-        return rc;
-    }
+    if (rc) return rc; /* appended, and the catalog cannot say so: the flush undoes it */
     s->act.created_ns = rec.created_ns;
     s->act.nunv_commit = nunv;
     s->act.committed = 1;
@@ -201,17 +195,11 @@ void kvx_st_active_release(kvx_store *s, kvx_store_batch *x, int ok)
     s->act.owner = NULL;
     s->act.nunv_pending = 0;
     if (!s->act.w) return;
+    /* a flush that appended and then failed gave the shard up already
+     * (kvx_st_active_undo: its owner is none), so a failure here only
+     * rolls back what x added */
     int appended = s->act.committed;
     s->act.committed = 0;
-    if (s->act.broken || (!ok && appended)) {
-        /* an append, or the catalog edit after it, failed: the file keeps
-         * what its records say (a record whose edit failed was never
-         * acknowledged, and adopting it later serves nothing wrong: a
-         * block is its own proof); no more appends to it, the next
-         * recovery seals it */
-        st_active_drop(s);
-        return;
-    }
     if (!ok) {
         kvx_shard_writer_rollback(s->act.w);
     } else if (appended) {
