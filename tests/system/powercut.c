@@ -81,6 +81,7 @@ static void w_page(uint8_t *out, uint64_t hash)
 static uint64_t ck_seed;
 
 static long ck_at;
+static int ck_keep; /* KVX_POWERCUT_KEEP: copy each image (<name>.cut) before its checks change it */
 
 static int ck_fails;
 
@@ -455,6 +456,7 @@ typedef struct ck_ctx {
     uint64_t *hash; /* [nq * W_MAXNB] */
     kvx_store_stats tw;
     const char *when; /* "" or " (power cut during recovery at K)" */
+    int lagging;      /* the cut left UNSYNCED: recovery rebuilds the index, its counters start from 0 */
 } ck_ctx;
 
 /* Steps 3 and 4 on store: the writer's recovery, then a reader. */
@@ -519,9 +521,13 @@ static void check_recovered(const ck_ctx *x, const char *store)
     for (size_t i = 0; i < nmiss; i++)
         if (i == 0 || missing[i] != missing[i - 1]) missing[uniq++] = missing[i];
     /* the counter lives in the index: an index rebuilt from the shards
-     * (recovery after a cut during reindex) starts it again from 0 */
-    uint64_t evicted = st.evicted_blocks >= x->tw.evicted_blocks ? st.evicted_blocks - x->tw.evicted_blocks
-                                                                  : st.evicted_blocks;
+     * (recovery after a cut that left a lagging index, or during reindex)
+     * starts it again from 0, after the cut, so it then counts exactly the
+     * evictions since: a first recovery's committed ones included, when a
+     * second cut stopped it before its unlinks were durable */
+    uint64_t evicted = x->lagging || st.evicted_blocks < x->tw.evicted_blocks
+                           ? st.evicted_blocks
+                           : st.evicted_blocks - x->tw.evicted_blocks;
     if (uniq > evicted)
         ck_fail("after recovery%s %zu acknowledged block(s) the index named at the power cut are gone (first %016" PRIx64
                 "), recovery evicted %" PRIu64,
@@ -619,16 +625,29 @@ static void check_crash_in_recovery(const ck_ctx *x, const char *img, const char
     DIR *dp = opendir(img);
     struct dirent *de;
     while (dp && (de = readdir(dp))) {
-        if (strncmp(de->d_name, "rec-", 4)) continue;
+        if (strncmp(de->d_name, "rec-", 4) || strchr(de->d_name, '.')) continue;
         char p[PATH_MAX], when[96];
         PATHF(p, "%s/%s", img, de->d_name);
         PATHF(when, " (power cut again during recovery, at %s)", de->d_name + 4);
+        if (ck_keep) { /* as the second cut left it, before the checks change it */
+            char pristine[PATH_MAX];
+            PATHF(pristine, "%s/%s.cut", img, de->d_name);
+            pc_copy_tree(p, pristine);
+        }
         ck_ctx y = *x;
         y.when = when;
         pc_reboot();
         check_recovered(&y, p);
     }
     if (dp) closedir(dp);
+}
+
+/* Did the cut leave the store's UNSYNCED mark (a lagging index/)? */
+static int pc_img_lagging(const char *img)
+{
+    char p[PATH_MAX];
+    PATHF(p, "%s/store/UNSYNCED", img);
+    return access(p, F_OK) == 0;
 }
 
 /* Checks img (store, twin, acked); prints each failure; returns how many. */
@@ -638,7 +657,7 @@ static int check_image(const char *img, int crash_in_recovery)
     PATHF(twin, "%s/twin", img);
     PATHF(store, "%s/store", img);
     PATHF(p, "%s/acked", img);
-    ck_ctx x = {.when = ""};
+    ck_ctx x = {.when = "", .lagging = pc_img_lagging(img)};
     size_t capq = 0;
     FILE *f = fopen(p, "r");
     if (!f) {
@@ -725,14 +744,6 @@ typedef struct pc_totals {
     long lagging; /* images whose DIR held UNSYNCED: index/ arbitrary (pc_mangle_lagging_index) */
 } pc_totals;
 
-/* Did the cut leave the store's UNSYNCED mark (a lagging index/)? */
-static int pc_img_lagging(const char *img)
-{
-    char p[PATH_MAX];
-    PATHF(p, "%s/store/UNSYNCED", img);
-    return access(p, F_OK) == 0;
-}
-
 static int check_in_child(const char *img, uint64_t seed, long k, long *reindexed)
 {
     pid_t pid = fork();
@@ -743,6 +754,7 @@ static int check_in_child(const char *img, uint64_t seed, long k, long *reindexe
         ck_at = k;
         ck_fails = 0;
         ck_reindexed = 0;
+        ck_keep = env_u64("KVX_POWERCUT_KEEP", 0) != 0;
         int bad = check_image(img, (pc_mix(seed ^ (uint64_t)k) & 3) == 0);
         _exit(bad ? 1 : ck_reindexed ? 3 : 0);
     }
@@ -826,11 +838,17 @@ static int run_one(const char *root, uint64_t seed, long at, uint64_t pick, int 
     if (nk > 1) qsort(ks, nk, sizeof *ks, cmp_long);
     for (size_t i = 0; i < nk; i++) {
         PATHF(p, "%s/img-%ld", run, ks[i]);
+        if (keep) { /* the store as the cut left it, before the checks change it */
+            char pristine[PATH_MAX], st[PATH_MAX];
+            PATHF(pristine, "%s/store.cut", p);
+            PATHF(st, "%s/store", p);
+            pc_copy_tree(st, pristine);
+        }
         t->lagging += pc_img_lagging(p);
         int r = check_in_child(p, seed, ks[i], &t->reindexed);
         t->crashes++;
         DIR *rd = opendir(p); /* second power cuts, during this one's recovery */
-        while (rd && (de = readdir(rd))) t->recovery_cuts += !strncmp(de->d_name, "rec-", 4);
+        while (rd && (de = readdir(rd))) t->recovery_cuts += !strncmp(de->d_name, "rec-", 4) && !strchr(de->d_name, '.');
         if (rd) closedir(rd);
         if (r) {
             fails++;
