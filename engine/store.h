@@ -609,6 +609,13 @@ uint64_t kvx_st_evict_keep(uint64_t goal, uint64_t pending, uint64_t live_bytes,
 /* The recency an exact LRU keeping `keep` of the n recencies in all would
  * cut at (entries above it stay): 0 when all are kept. Sorts all. */
 uint64_t kvx_st_evict_cut(uint64_t *all, size_t n, uint64_t keep);
+/* The carry cut: a victim's blocks above it are carried. Only the newest
+ * ST_CARRY_HOT_PCT % of the `keep` an exact LRU keeps: a block between the
+ * two cuts, carried, is near the cut again at the next eviction and is
+ * carried again, and again (docs/STORE.md "Eviction"). sorted: ascending
+ * (kvx_st_evict_cut sorted it); 0 when all of them would be carried. */
+#define ST_CARRY_HOT_PCT 80
+uint64_t kvx_st_carry_cut(const uint64_t *sorted, size_t n, uint64_t keep);
 /* Live shards in eviction order: the largest share of entries at or below
  * cut first, then the oldest mean recency, then the shard byte. Returns
  * their number. */

@@ -105,6 +105,8 @@ int kvx_st_active_seal(kvx_store *s)
     return rc;
 }
 
+#define ST_JOURNAL_SHARE_DIV 16 /* a journal at most 1/16 of its entries' bytes (~6 % space) */
+
 /* KVX_NO_APPEND=1 in the environment: every flush writes its own file,
  * as before active shards (docs/STORE.md "Appends"; the tests of that
  * path set it). Read once. */
@@ -130,6 +132,15 @@ int kvx_st_active_take(kvx_store *s, kvx_store_batch *x, int kind, st_open *o)
         kvx_st_active_params(s, 0, 0, &p);
         uint64_t kv = kvx_active_kv_offset(&p);
         if (!kv || kv + 2 * s->page_bytes > s->target) return 0;
+        /* the journal's rows stay in the sealed file (unused space between
+         * its tables and its pages): where they would take more than
+         * 1/ST_JOURNAL_SHARE_DIV of the entries (tiny pages, long blocks'
+         * lineage tokens), files of their own, or the store holds fewer
+         * blocks in its capacity */
+        kvx_journal_geom jg;
+        if (kvx_journal_geom_for(&jg, &p) ||
+            jg.journal_bytes * ST_JOURNAL_SHARE_DIV > (uint64_t)s->max_entries * s->entry_bytes)
+            return 0;
     }
     if (s->act.w && st_active_full(s, s->act.w)) {
         int rc = kvx_st_active_seal(s);

@@ -470,7 +470,9 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
     for (uint32_t b = 0; b < ST_SLOTS; b++)
         if (s->reg->live[b])
             for (uint32_t i = 0; i < s->reg->rec[b].n_entries; i++) all[na++] = r[b][i];
-    uint64_t cut = kvx_st_evict_cut(all, na, kvx_st_evict_keep(goal, pending, total - pending, nblocks));
+    uint64_t keep = kvx_st_evict_keep(goal, pending, total - pending, nblocks);
+    uint64_t cut = kvx_st_evict_cut(all, na, keep);
+    uint64_t carry_cut = kvx_st_carry_cut(all, na, keep);
     free(all);
     st_pshard sh[ST_SLOTS];
     kvx_st_pshards(sh, s, r);
@@ -492,10 +494,10 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
         victims[b] = 1;
         freed += s->reg->rec[b].file_bytes;
         room = kvx_st_carry_room(freed, s->entry_bytes);
-        /* its blocks above the cut, of either kind (a keyed store's pages
+        /* its blocks above the carry cut, of either kind (a keyed store's pages
          * are plain): carrying is optional, the shard is evicted anyway */
         size_t from = nmv;
-        if (!s->evict_cold_only && kvx_st_collect(s, b, r[b], 1, cut, &mv, &nmv, &capmv, SIZE_MAX) != 0) {
+        if (!s->evict_cold_only && kvx_st_collect(s, b, r[b], 1, carry_cut, &mv, &nmv, &capmv, SIZE_MAX) != 0) {
             kvx_clear_error();
             nmv = from;
         }

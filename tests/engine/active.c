@@ -73,6 +73,47 @@ static size_t read_into(kvx_store *s, uint64_t seq, uint32_t flags)
     return n;
 }
 
+/* A store whose journal rows would take more than 1/16 of its entries'
+ * bytes (4 KiB pages of 256-token blocks: 1 KiB of lineage tokens a row)
+ * writes a file per flush: each sealed file would keep that copy of its
+ * rows (docs/STORE.md "Appends"). */
+/* PROMISE: STORE-20 */
+static void test_tiny_pages_long_blocks_write_files(void **state)
+{
+    (void)state;
+    enum { B = 256, NBLK = 2 };
+    char dir[300];
+    kvx_geometry g = {1, 1, 4, B, KVX_QUANT_FP16, 0x1122334455667788ull}; /* page 2*4*256*2 = 4 KiB */
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.geometry = &g, .capacity = 64 << 20});
+    size_t pb = (size_t)kvx_page_bytes(&g, B);
+    uint32_t t[3][NBLK * B + 1];
+    uint8_t *pages = calloc(NBLK, pb);
+    assert_non_null(pages);
+    for (int q = 0; q < 3; q++) {
+        for (size_t i = 0; i < NBLK * B + 1; i++) t[q][i] = (uint32_t)(q * 100000 + i + 1);
+        memset(pages, 0x10 + q, NBLK * pb);
+        size_t added = 0;
+        int rc = kvx_store_put(s, t[q], NBLK * B + 1, pages, NBLK, NULL, &added);
+        if (rc) fail_msg("put %d: %s (%s)", q, kvx_err_name(rc), kvx_last_error());
+        assert_int_equal(added, NBLK);
+        assert_int_equal(kvx_store_flush(s), 0);
+        /* no active shard: a sealed file of its own per flush */
+        assert_int_equal(count_suffix(dir, "shards", ".active"), 0);
+        assert_int_equal(count_suffix(dir, "shards", ".kvx"), q + 1);
+    }
+    for (int q = 0; q < 3; q++) {
+        kvx_view v[NBLK];
+        size_t n = 0;
+        assert_int_equal(kvx_store_prefix(v, &n, s, t[q], NBLK * B + 1, NBLK), 0);
+        assert_int_equal(n, NBLK);
+        for (size_t i = 0; i < n; i++) assert_int_equal(((const uint8_t *)v[i].page)[0], 0x10 + q);
+        kvx_views_release(v, n);
+    }
+    free(pages);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
 /* PROMISE: STORE-20 */
 static void test_flushes_append_to_one_file(void **state)
 {
@@ -911,6 +952,7 @@ int main(int argc, char **argv)
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_flushes_append_to_one_file),
+        cmocka_unit_test(test_tiny_pages_long_blocks_write_files),
         cmocka_unit_test(test_full_active_shard_sealed_and_next_begun),
         cmocka_unit_test(test_kill9_then_recovery_seals),
         cmocka_unit_test(test_unreadable_active_file_quarantined),

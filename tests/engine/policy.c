@@ -34,6 +34,22 @@ static void test_cut_is_exact_lru(void **state)
 }
 
 /* PROMISE: STORE-6 */
+static void test_carry_cut_takes_the_newest_share(void **state)
+{
+    (void)state;
+    uint64_t r[10];
+    for (int i = 0; i < 10; i++) r[i] = (uint64_t)(100 - i * 10); /* 100, 90 .. 10 */
+    /* an LRU keeping 5 keeps 100..60 (cut 50); the carry cut keeps the newest 80 %: 4 (100..70) */
+    assert_int_equal(kvx_st_evict_cut(r, 10, 5), 50);
+    assert_int_equal(kvx_st_carry_cut(r, 10, 5), 60);
+    /* keeping all: nothing below either cut */
+    assert_int_equal(kvx_st_carry_cut(r, 10, 10), 20); /* 8 of 10 carried at most */
+    assert_int_equal(kvx_st_carry_cut(r, 10, 0), 100); /* nothing kept, nothing carried */
+    /* no overflow for a huge keep */
+    assert_int_equal(kvx_st_carry_cut(r, 10, UINT64_MAX), 0);
+}
+
+/* PROMISE: STORE-6 */
 static void test_order_coldest_share_first(void **state)
 {
     (void)state;
@@ -111,6 +127,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_goal_and_keep),
         cmocka_unit_test(test_cut_is_exact_lru),
+        cmocka_unit_test(test_carry_cut_takes_the_newest_share),
         cmocka_unit_test(test_order_coldest_share_first),
         cmocka_unit_test(test_carry_never_exceeds_freed),
         cmocka_unit_test(test_compaction_groups),
