@@ -48,6 +48,10 @@
  *   KVX_MODELB_KEEP=1      keep a failing sequence's store
  *   KVX_MODELB_VERBOSE=1   print every operation
  *   KVX_MODELB_WEIGHTS=... the operation weights, in op_names' order
+ *   KVX_MODELB_BATCHES=N   puts go to the first N batches (1..3)
+ *
+ * A sequence with a kill -9 does not replay exactly (the kill lands at a
+ * time, not at a call); one whose crashes are all quiet ones does.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
