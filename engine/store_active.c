@@ -228,6 +228,36 @@ void kvx_st_active_release(kvx_store *s, kvx_store_batch *x, int ok)
 /* Active file shards/<name> (gen, byte) settled: sealed in place with
  * its whole records below sequence number below, or removed when it
  * holds none, or set aside to quarantine/ when it cannot be read. */
+/* Did shards/<name> never hold a record? Its journal (header and records,
+ * where p puts them) is all zero bytes or past the file's end: a writer
+ * killed between the file's creation and its journal header's write (or
+ * the first append's) leaves it so. Pages alone are never acknowledged. A
+ * file that cannot be read is not blank (quarantine keeps it). */
+static int st_active_blank(kvx_store *s, const char *name, const kvx_active_params *p)
+{
+    kvx_journal_geom jg;
+    if (kvx_journal_geom_for(&jg, p)) return 0;
+    int fd = kvx_os.openat(s->shardsfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0) return 0;
+    struct stat st;
+    int blank = kvx_os.fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    uint64_t end = jg.journal_off + jg.journal_bytes;
+    if (blank && (uint64_t)st.st_size < end) end = (uint64_t)st.st_size;
+    uint8_t buf[16384];
+    for (uint64_t off = jg.journal_off; blank && off < end;) {
+        size_t want = end - off < sizeof buf ? (size_t)(end - off) : sizeof buf;
+        ssize_t got = kvx_os.pread(fd, buf, want, (off_t)off);
+        if (got <= 0) {
+            blank = 0;
+            break;
+        }
+        for (ssize_t i = 0; i < got && blank; i++) blank = buf[i] == 0;
+        off += (uint64_t)got;
+    }
+    kvx_os.close(fd);
+    return blank;
+}
+
 static int st_active_settle(kvx_store *s, const char *name, uint64_t gen, uint32_t byte, uint64_t below)
 {
     char *path = kvx_st_join(s->shards_path, name), sealed[32];
@@ -242,16 +272,20 @@ static int st_active_settle(kvx_store *s, const char *name, uint64_t gen, uint32
     kvx_st_active_params(s, byte, gen, &p);
     kvx_shard_writer *w;
     int rc = kvx_shard_writer_resume_below(&w, path, &p, below);
-    if (rc && !st_open_transient(rc)) {
+    int blank = rc && !st_open_transient(rc) && st_active_blank(s, name, &p);
+    if (rc && !st_open_transient(rc) && !blank) {
         char why[480];
         snprintf(why, sizeof why, "an active shard that cannot be read: %s (%s)", kvx_last_error(), kvx_err_name(rc));
         kvx_clear_error();
         rc = kvx_st_quarantine(s, name, why);
-    } else if (!rc && kvx_shard_writer_appended(w) == 0) {
-        kvx_shard_writer_abort(w); /* no record: nothing in it was acknowledged */
+        if (!rc) s->act_quarantined++;
+    } else if (blank || (!rc && kvx_shard_writer_appended(w) == 0)) {
+        if (!blank) kvx_shard_writer_abort(w); /* no record: nothing in it was acknowledged */
+        kvx_clear_error();
         rc = kvx_os.unlinkat(s->shardsfd, name, 0) ? -errno : 0;
         if (!rc) rc = kvx_os.fsync(s->shardsfd) ? -errno : 0;
         if (rc) rc = kvx_fail(rc, "store %s: removing the empty active file shards/%s: %s", s->dir, name, strerror(-rc));
+        else s->act_deleted++;
     } else if (!rc) {
         rc = kvx_shard_writer_seal_active(w, spath);
         if (rc == -EEXIST) { /* a sealed file of its generation: no writer makes both */
@@ -321,6 +355,7 @@ static int st_u64_cmp(const void *a, const void *b)
 
 int kvx_st_active_recover(kvx_store *s)
 {
+    s->act_quarantined = s->act_deleted = 0;
     /* a commit whose mark is still in staging/ never answered: its record
      * (the last of its file: a failed commit ends its file's appends) is
      * the tail */

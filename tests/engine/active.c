@@ -294,10 +294,63 @@ static void test_unreadable_active_file_quarantined(void **state)
     snprintf(path, sizeof path, "%s/quarantine/%s.why", dir, name);
     assert_int_equal(access(path, F_OK), 0);
     for (uint64_t q = 20; q < 23; q++) assert_int_equal(su_prefix_nb(s, q), 0); /* a miss, never wrong */
+    kvx_recovery_report rep;
+    assert_int_equal(kvx_store_recovery(s, &rep), 0);
+    assert_int_equal(rep.quarantined, 1); /* and the caller hears of it */
     su_put_flush(s, 30, SU_NB);
     assert_int_equal(su_prefix_nb(s, 30), SU_NB);
     su_verify_clean(s);
     kvx_store_close(s);
+}
+
+/* A writer killed between creating its active file and writing the
+ * journal header leaves it empty, or zero bytes to some length: it never
+ * held a record, so recovery removes it (reported as deleted, never as
+ * quarantined); one nonzero byte in its journal region and it goes to
+ * quarantine/ instead (found by tests/system/model_blocks.c). */
+/* PROMISE: STORE-22 */
+static void test_blank_active_file_removed(void **state)
+{
+    (void)state;
+    static const long sizes[] = {0, 512, 64 << 10, 8 << 20};
+    for (int k = 0; k < 5; k++) {
+        char dir[300], path[700];
+        kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20});
+        su_put_flush(s, 1, SU_NB);
+        kvx_store_close(s); /* sealed: no active file */
+        assert_int_equal(count_suffix(dir, "shards", ".active"), 0);
+        const char *name = ".00000000000000f0.09.kvx.active";
+        snprintf(path, sizeof path, "%s/shards/%s", dir, name);
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        long size = k < 4 ? sizes[k] : 64 << 10;
+        if (size) assert_int_equal(ftruncate(fileno(f), size), 0);
+        if (k == 4) { /* nonzero bytes over its journal region: not blank */
+            static uint8_t junk[60 << 10];
+            memset(junk, 0x5a, sizeof junk);
+            assert_int_equal(fseek(f, 4 << 10, SEEK_SET), 0);
+            assert_int_equal(fwrite(junk, 1, sizeof junk, f), sizeof junk);
+        }
+        fclose(f);
+        s = su_reopen(dir, KVX_STORE_NOWAIT);
+        kvx_recovery_report rep;
+        assert_int_equal(kvx_store_recovery(s, &rep), 0);
+        assert_int_equal(count_suffix(dir, "shards", ".active"), 0);
+        snprintf(path, sizeof path, "%s/quarantine/%s", dir, name);
+        if (k < 4) {
+            assert_int_equal(access(path, F_OK), -1); /* removed, not set aside */
+            assert_int_equal(rep.quarantined, 0);
+            assert_int_equal(rep.deleted_unacked, 1);
+        } else {
+            assert_int_equal(access(path, F_OK), 0);
+            assert_int_equal(rep.quarantined, 1);
+        }
+        assert_int_equal(su_prefix_nb(s, 1), SU_NB); /* the sealed file's blocks stay */
+        su_put_flush(s, 2, SU_NB);
+        assert_int_equal(su_prefix_nb(s, 2), SU_NB);
+        su_verify_clean(s);
+        kvx_store_close(s);
+    }
 }
 
 /* PROMISE: STORE-22 */
@@ -956,6 +1009,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_full_active_shard_sealed_and_next_begun),
         cmocka_unit_test(test_kill9_then_recovery_seals),
         cmocka_unit_test(test_unreadable_active_file_quarantined),
+        cmocka_unit_test(test_blank_active_file_removed),
         cmocka_unit_test(test_failed_append_loses_nothing_acknowledged),
         cmocka_unit_test(test_second_batch_writes_its_own_file),
         cmocka_unit_test(test_eviction_and_reindex_with_an_active_shard),
