@@ -391,8 +391,11 @@ int kvx_shard_writer_add(kvx_shard_writer *w, const kvx_entry_in *e)
     rc = kvx_os_pwrite_all(w->fd, e->page, (size_t)bytes, abs);
     if (rc) return kvx_fail(rc, "%s: writing page %u failed: %s", w->tmp_path, w->n, strerror(-rc));
     /* each step of pages goes to the disk while the next is copied, so the
-     * seal's fsync waits for the last one only, not for every byte */
-    if (abs + bytes >= w->kv_data_offset + KVX_WRITEBACK_AFTER && abs + bytes >= w->wb_from + KVX_WRITEBACK_STEP) {
+     * seal's fsync waits for the last one only, not for every byte: from
+     * the first byte in an active shard (its flush syncs every page it
+     * holds), past the first 8 MiB elsewhere (a small temporary may be
+     * deleted before any sync) */
+    if ((w->active || abs + bytes >= w->kv_data_offset + KVX_WRITEBACK_AFTER) && abs + bytes >= w->wb_from + KVX_WRITEBACK_STEP) {
         kvx_os_writeback_start(w->fd, w->wb_from, abs + bytes - w->wb_from);
         w->wb_from = abs + bytes;
     }
