@@ -261,12 +261,12 @@ struct kvx_store {
     uint64_t ev_dropped;
     int index_live;        /* the index names next_gen (not lost or empty) */
     int index_missing;     /* index/ was not there at open */
-    uint64_t act_quarantined, act_deleted; /* active files the last kvx_st_active_recover
-                              set aside / removed (blank: never held a record),
-                              added to `recovery` */
-    int no_open_evict;     /* kvx_store_reindex_dir's handle: its recovery
-                              does not evict (no caller could ask
-                              kvx_store_evicted; the next writer's open does) */
+    /* active files the last kvx_st_active_recover set aside / removed
+     * (blank: never held a record), added to `recovery` */
+    uint64_t act_quarantined, act_deleted;
+    /* kvx_store_reindex_dir's handle: its recovery does not evict (no
+     * caller could ask kvx_store_evicted; the next writer's open does) */
+    int no_open_evict;
     int lagging;           /* the writer's catalog commits skip LMDB's syncs:
                               its mark DIR/UNSYNCED is durable (store_lag.c) */
     int lag_found;         /* at open: 1 a mark of this boot, 2 one of an

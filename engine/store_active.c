@@ -285,7 +285,8 @@ static int st_active_settle(kvx_store *s, const char *name, uint64_t gen, uint32
         rc = kvx_os.unlinkat(s->shardsfd, name, 0) ? -errno : 0;
         if (!rc) rc = kvx_os.fsync(s->shardsfd) ? -errno : 0;
         if (rc) rc = kvx_fail(rc, "store %s: removing the empty active file shards/%s: %s", s->dir, name, strerror(-rc));
-        else s->act_deleted++;
+        else
+            s->act_deleted++;
     } else if (!rc) {
         rc = kvx_shard_writer_seal_active(w, spath);
         if (rc == -EEXIST) { /* a sealed file of its generation: no writer makes both */

@@ -503,7 +503,7 @@ KVX_API int kvx_store_reindex_dir_report(const char *dir, uint32_t flags, kvx_re
     }
     if (!rc) {
         s->writer = 1;
-        s->no_open_evict = 1; /* no caller could hear of it: the next writer's open evicts */
+        s->no_open_evict = 1;      /* no caller could hear of it: the next writer's open evicts */
         rc = st_finish_open(s, 1); /* an empty index: recovery rebuilds it from the shards */
     }
     int note = rc == 0 && kvx_last_error()[0];

@@ -395,7 +395,8 @@ int kvx_shard_writer_add(kvx_shard_writer *w, const kvx_entry_in *e)
      * the first byte in an active shard (its flush syncs every page it
      * holds), past the first 8 MiB elsewhere (a small temporary may be
      * deleted before any sync) */
-    if ((w->active || abs + bytes >= w->kv_data_offset + KVX_WRITEBACK_AFTER) && abs + bytes >= w->wb_from + KVX_WRITEBACK_STEP) {
+    if ((w->active || abs + bytes >= w->kv_data_offset + KVX_WRITEBACK_AFTER) &&
+        abs + bytes >= w->wb_from + KVX_WRITEBACK_STEP) {
         kvx_os_writeback_start(w->fd, w->wb_from, abs + bytes - w->wb_from);
         w->wb_from = abs + bytes;
     }

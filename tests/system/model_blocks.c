@@ -78,9 +78,9 @@
 
 #include "lib/store.h"
 
-#define NQ 24       /* sequences per run */
-#define NFAM 4      /* families: a sequence shares leading blocks with its family */
-#define MAXNB 24    /* blocks a sequence has at most (about 96 KiB of file: over a shard) */
+#define NQ 24    /* sequences per run */
+#define NFAM 4   /* families: a sequence shares leading blocks with its family */
+#define MAXNB 24 /* blocks a sequence has at most (about 96 KiB of file: over a shard) */
 #define NBLK (NQ * MAXNB)
 #define NB 3        /* batches: 0 the built-in one, 1 and 2 created */
 #define WB 4u       /* tokens per block */
@@ -165,11 +165,11 @@ typedef struct mseq {
 
 typedef struct mblk {
     uint64_t hash;
-    int q, b;       /* the first sequence holding it, and where (its page says so) */
-    int acked;      /* a flush of it was acknowledged (it may be served) */
-    int held;       /* H_YES: must be served; H_MAYBE: may miss; H_NO: never acknowledged */
-    int alt;        /* in a flush cut by a kill: acknowledged iff that flush landed */
-    int damaged;    /* a copy of it is in a file the test damaged: 1 + its index in run.dmg_gen */
+    int q, b;    /* the first sequence holding it, and where (its page says so) */
+    int acked;   /* a flush of it was acknowledged (it may be served) */
+    int held;    /* H_YES: must be served; H_MAYBE: may miss; H_NO: never acknowledged */
+    int alt;     /* in a flush cut by a kill: acknowledged iff that flush landed */
+    int damaged; /* a copy of it is in a file the test damaged: 1 + its index in run.dmg_gen */
 } mblk;
 
 typedef struct mbatch {
@@ -186,8 +186,9 @@ typedef struct model {
 } model;
 
 enum { K_REOPEN, K_REINDEX, K_REINDEX_DIR, K_INDEX_GONE, K_OLD_INDEX, K_ROT, K_KILL, K_RO, K_FINAL };
-static const char *const kind_name[] = {"reopen", "reindex", "reindex_dir", "index/ deleted", "old index/ put back",
-                                        "page rotted", "crash", "read-only race", "final reopen"};
+static const char *const kind_name[] = {
+    "reopen",      "reindex", "reindex_dir",    "index/ deleted", "old index/ put back",
+    "page rotted", "crash",   "read-only race", "final reopen"};
 
 /* Damage done to the files of a crashed writer before the next open. */
 enum { D_NONE, D_TRUNC, D_APPEND, D_ROT };
@@ -277,8 +278,10 @@ static void bad(run *r, int cls, const char *fmt, ...)
         fprintf(stderr, "model_blocks: child of seed %" PRIu64 " sequence %ld: %s\n", r->seed, r->seq, what);
         _exit(2);
     }
-    if (cls == C_BLANKQ) r->soft = 1;
-    else r->failed = 1;
+    if (cls == C_BLANKQ)
+        r->soft = 1;
+    else
+        r->failed = 1;
     if (found[cls].count++ == 0) {
         found[cls].seed = r->seed;
         found[cls].seq = r->seq;
@@ -421,8 +424,10 @@ static void apply(run *r, const msg *x)
             if (bk->acked && bk->held == H_YES && !bk->damaged) continue;
             b->blk[b->n] = k;
             b->nw[b->n++] = bk->acked ? 2 : 1; /* H_MAYBE: held or not */
-            if (bk->acked) maybe++;
-            else lo++;
+            if (bk->acked)
+                maybe++;
+            else
+                lo++;
         }
         uint64_t got = x->extra;
         if (judge && (got < (uint64_t)lo || got > (uint64_t)(lo + maybe)))
@@ -449,8 +454,10 @@ static void apply(run *r, const msg *x)
         r->inf_batch = x->batch;
         break;
     case M_FLUSH_D:
-        if (x->rc == 0) m_flush(m, x->batch);
-        else m_drop(m, x->batch);
+        if (x->rc == 0)
+            m_flush(m, x->batch);
+        else
+            m_drop(m, x->batch);
         r->inf_type = 0;
         break;
     case M_GC_I: r->inf_type = M_GC_I; break;
@@ -528,9 +535,11 @@ static int r_open(run *r)
     kvx_recovery_report rep;
     if (r->child_fd < 0 && kvx_store_recovery(r->s, &rep) == 0 &&
         (rep.rebuilt || rep.quarantined || rep.deleted_unacked || rep.deleted_dropped))
-        tr(r, "#%ld   open: rebuilt %" PRIu64 ", kept %" PRIu64 " files, %" PRIu64 " blocks; quarantined %" PRIu64
-           ", deleted %" PRIu64 " unacknowledged, %" PRIu64 " dropped", r->op, rep.rebuilt, rep.shards_kept,
-           rep.blocks_indexed, rep.quarantined, rep.deleted_unacked, rep.deleted_dropped);
+        tr(r,
+           "#%ld   open: rebuilt %" PRIu64 ", kept %" PRIu64 " files, %" PRIu64 " blocks; quarantined %" PRIu64
+           ", deleted %" PRIu64 " unacknowledged, %" PRIu64 " dropped",
+           r->op, rep.rebuilt, rep.shards_kept, rep.blocks_indexed, rep.quarantined, rep.deleted_unacked,
+           rep.deleted_dropped);
     for (int b = 0; b < NB; b++)
         if (batch_create(r, b)) return -1;
     take_evicted(r);
@@ -569,7 +578,8 @@ static void x_put(run *r, int b, int qi, uint32_t nb)
     size_t out_new = 999;
     int rc = b ? kvx_store_batch_put(r->bh[b], q->tok, (size_t)nb * WB, pages, nb, NULL, &out_new)
                : kvx_store_put(r->s, q->tok, (size_t)nb * WB, pages, nb, NULL, &out_new);
-    if (rc && rc != KVX_ECAPACITY) bad(r, C_CALL, "put q%d[0..%u) b%d: %s (%s)", qi, nb, b, kvx_err_name(rc), kvx_last_error());
+    if (rc && rc != KVX_ECAPACITY)
+        bad(r, C_CALL, "put q%d[0..%u) b%d: %s (%s)", qi, nb, b, kvx_err_name(rc), kvx_last_error());
     emit(r, M_PUT, b, qi, rc, nb, rc ? 0 : out_new);
     if (rc == 0 && out_new > 16) n_overflow++;
     take_evicted(r);
@@ -705,11 +715,14 @@ static void check_quarantine(run *r, const filesnap *before, const char *after_w
         for (int d = 0; d < r->n_dmg; d++) damaged |= !strcmp(r->dmg_gen[d], before->shgen[i]);
         if (damaged) continue; /* the test damaged it (maybe before this recovery) */
         if (has_sig(after.q, after.nq, x) && !has_sig(before->q, before->nq, x) && before->shblank[i])
-            bad(r, C_BLANKQ, "after %s the active file of generation %s, all zero or empty (nothing acknowledged in it), "
-                "is in quarantine/", after_what, before->shgen[i]);
+            bad(r, C_BLANKQ,
+                "after %s the active file of generation %s, all zero or empty (nothing acknowledged in it), "
+                "is in quarantine/",
+                after_what, before->shgen[i]);
         else if (has_sig(after.q, after.nq, x) && !has_sig(before->q, before->nq, x))
-            bad(r, C_QUARANTINE, "after %s a file the test left intact (%s, signature %016" PRIx64 ") is in quarantine/",
-                after_what, before->shgen[i], x);
+            bad(r, C_QUARANTINE,
+                "after %s a file the test left intact (%s, signature %016" PRIx64 ") is in quarantine/", after_what,
+                before->shgen[i], x);
     }
 }
 
@@ -972,8 +985,10 @@ static void check_all(run *r, const char *after, uint64_t budget)
     for (int k = 0; k < m->nbl; k++) {
         mblk *bk = &m->bl[k];
         if (!bk->alt || bk->acked || !asked[k]) continue;
-        if (served[k]) n_new++; /* landed (damage takes blocks away, never adds) */
-        else if (!bk->damaged) n_not++;
+        if (served[k])
+            n_new++; /* landed (damage takes blocks away, never adds) */
+        else if (!bk->damaged)
+            n_not++;
     }
     int alt_any = 0;
     for (int k = 0; k < m->nbl; k++) alt_any |= m->bl[k].alt;
@@ -983,8 +998,8 @@ static void check_all(run *r, const char *after, uint64_t budget)
         if (n_new && (uint64_t)n_not > budget)
             bad(r, C_PARTIAL, "after %s the cut flush shows %d of its new blocks, not %d (eviction budget %" PRIu64 ")",
                 after, n_new, n_not, budget);
-        tr(r, "#%ld   the cut flush %s (%d new blocks served, %d not)", r->op, n_new ? "landed" : "did not land",
-           n_new, n_not);
+        tr(r, "#%ld   the cut flush %s (%d new blocks served, %d not)", r->op, n_new ? "landed" : "did not land", n_new,
+           n_not);
     }
     for (int k = 0; k < m->nbl; k++) {
         mblk *bk = &m->bl[k];
@@ -1018,12 +1033,14 @@ static void check_all(run *r, const char *after, uint64_t budget)
     }
     if ((uint64_t)nl <= budget) {
         for (int i = 0; i < nl; i++) m->bl[lost[i]].held = H_MAYBE;
-        if (nl) tr(r, "#%ld   %d blocks missing within an interrupted eviction (budget %" PRIu64 ")", r->op, nl, budget);
+        if (nl)
+            tr(r, "#%ld   %d blocks missing within an interrupted eviction (budget %" PRIu64 ")", r->op, nl, budget);
     } else {
         for (int i = 0; i < nl && i < 8; i++) {
             mblk *bk = &m->bl[lost[i]];
-            bad(r, C_LOST, "after %s block %d of q%d (%016" PRIx64 ", acknowledged) is %s (%d lost, budget %" PRIu64 ")",
-                after, bk->b, bk->q, bk->hash, kvx_err_name(rcs[lost[i]]), nl, budget);
+            bad(r, C_LOST,
+                "after %s block %d of q%d (%016" PRIx64 ", acknowledged) is %s (%d lost, budget %" PRIu64 ")", after,
+                bk->b, bk->q, bk->hash, kvx_err_name(rcs[lost[i]]), nl, budget);
         }
         for (int i = 0; i < nl; i++) m->bl[lost[i]].held = H_MAYBE; /* report each once */
     }
@@ -1047,7 +1064,8 @@ static int damage(run *r, int kind)
         kvx_recovery_report rep;
         memset(&rep, 0, sizeof rep);
         int rc = kvx_store_reindex_dir_report(r->dir, 0, &rep);
-        tr(r, "#%ld   reindex_dir: %s (kept %" PRIu64 " files, %" PRIu64 " blocks; quarantined %" PRIu64
+        tr(r,
+           "#%ld   reindex_dir: %s (kept %" PRIu64 " files, %" PRIu64 " blocks; quarantined %" PRIu64
            ", deleted %" PRIu64 " unacknowledged, %" PRIu64 " dropped)",
            r->op, kvx_err_name(rc), rep.shards_kept, rep.blocks_indexed, rep.quarantined, rep.deleted_unacked,
            rep.deleted_dropped);
@@ -1070,8 +1088,10 @@ static void op_recover(run *r, int kind)
     if (kind == K_REINDEX) {
         int rc = kvx_store_reindex(r->s);
         tr(r, "#%ld   reindex: %s", r->op, kvx_err_name(rc));
-        if (rc == 0) m_flush(&r->m, 0); /* the built-in batch is flushed first */
-        else if (rc != KVX_EBUSY) bad(r, C_CALL, "reindex: %s (%s)", kvx_err_name(rc), kvx_last_error());
+        if (rc == 0)
+            m_flush(&r->m, 0); /* the built-in batch is flushed first */
+        else if (rc != KVX_EBUSY)
+            bad(r, C_CALL, "reindex: %s (%s)", kvx_err_name(rc), kvx_last_error());
         take_evicted(r);
         if (!r->failed) check_all(r, kind_name[kind], 0);
         return;
@@ -1152,7 +1172,8 @@ static void op_ro_race(run *r)
             bad(r, C_BYTES, "a reader racing %s served block %" PRIu64 " of q%d with other bytes", kind_name[kind], x.a,
                 x.q);
         else
-            bad(r, C_UNACKED, "a reader racing %s (round %" PRIu64 ") served block %" PRIu64 " of q%d, never acknowledged",
+            bad(r, C_UNACKED,
+                "a reader racing %s (round %" PRIu64 ") served block %" PRIu64 " of q%d, never acknowledged",
                 kind_name[kind], x.extra, x.a, x.q);
     }
     close(res[0]);
@@ -1210,8 +1231,10 @@ static void op_crash(run *r, int kill_it, int dmg)
     if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
         bad(r, C_CALL, "the child exited %d (a store call failed there)", WEXITSTATUS(status));
     tr(r, "#%ld   %s, in flight: %s b%d (%d blocks)", r->op, WIFSIGNALED(status) ? "killed" : "finished",
-       r->inf_type == M_FLUSH_I ? "flush" : r->inf_type == M_GC_I ? "gc" : "nothing", r->inf_batch,
-       r->inf_type == M_FLUSH_I ? r->m.b[r->inf_batch].n : 0);
+       r->inf_type == M_FLUSH_I ? "flush"
+       : r->inf_type == M_GC_I  ? "gc"
+                                : "nothing",
+       r->inf_batch, r->inf_type == M_FLUSH_I ? r->m.b[r->inf_batch].n : 0);
     if (r->inf_type == M_FLUSH_I) { /* it landed whole or not at all */
         mbatch *b = &r->m.b[r->inf_batch];
         for (int i = 0; i < b->n; i++) r->m.bl[b->blk[i]].alt = 1;
@@ -1226,7 +1249,8 @@ static void op_crash(run *r, int kill_it, int dmg)
     check_quarantine(r, &before, "a crash");
     kvx_store_stats st;
     uint64_t budget = 0;
-    if (kvx_store_stat(&st, r->s) == 0) budget = st.evicted_blocks < told ? st.evicted_blocks : st.evicted_blocks - told;
+    if (kvx_store_stat(&st, r->s) == 0)
+        budget = st.evicted_blocks < told ? st.evicted_blocks : st.evicted_blocks - told;
     /* a cut or a kill during a flush's eviction: a rebuilt index counts
      * from 0, so the budget is at most what the store counted */
     check_all(r, kill_it ? "kill -9" : "crash", budget);
@@ -1235,12 +1259,26 @@ static void op_crash(run *r, int kill_it, int dmg)
 
 /* ---- one sequence ---- */
 
-enum { O_WRITE, O_REOPEN, O_REINDEX, O_REINDEX_DIR, O_INDEX_GONE, O_OLD_INDEX, O_ROT, O_RO, O_KILL, O_CUT, O_GROW,
-       O_CRASH_ROT, O_SAVE, NOPS };
+enum {
+    O_WRITE,
+    O_REOPEN,
+    O_REINDEX,
+    O_REINDEX_DIR,
+    O_INDEX_GONE,
+    O_OLD_INDEX,
+    O_ROT,
+    O_RO,
+    O_KILL,
+    O_CUT,
+    O_GROW,
+    O_CRASH_ROT,
+    O_SAVE,
+    NOPS
+};
 static int op_weights[NOPS] = {80, 3, 3, 2, 2, 3, 2, 1, 3, 3, 2, 1, 2};
-static const char *const op_names[NOPS] = {"write", "reopen", "reindex", "reindex_dir", "index_gone", "old_index",
-                                           "rot", "ro_race", "kill", "cut_active", "grow_active", "crash_rot",
-                                           "save_index"};
+static const char *const op_names[NOPS] = {"write",       "reopen",    "reindex",   "reindex_dir", "index_gone",
+                                           "old_index",   "rot",       "ro_race",   "kill",        "cut_active",
+                                           "grow_active", "crash_rot", "save_index"};
 
 static int run_sequence(uint64_t seed, long seq, const char *root, long nops)
 {
@@ -1313,7 +1351,9 @@ static int run_sequence(uint64_t seed, long seq, const char *root, long nops)
                 lines > 80 ? 80 : lines, t);
     }
     if (failed)
-        fprintf(stderr, "model_blocks: replay with KVX_MODELB_SEED=%" PRIu64 " KVX_MODELB_SEQ=%ld build/tests/system/model_blocks\n",
+        fprintf(stderr,
+                "model_blocks: replay with KVX_MODELB_SEED=%" PRIu64
+                " KVX_MODELB_SEQ=%ld build/tests/system/model_blocks\n",
                 seed, seq);
     if (!failed || !getenv("KVX_MODELB_KEEP")) {
         su_rm_rf(r->dir);
@@ -1391,13 +1431,14 @@ static void test_model_blocks(void **state)
         }
     }
     if (!failed || !getenv("KVX_MODELB_KEEP")) su_rm_rf(root);
-    fprintf(stderr,
-            "model_blocks: %ld sequences of %ld operations, %ld failed, %.0f s; %ld checks of every block (%ld lookups of "
-            "blocks that must be served, %ld blocks served and checked byte for byte), %ld kills, "
-            "%ld cut a flush (%ld of those landed), %ld active files cut, %ld grown by a byte, %ld pages rotted, %ld "
-            "puts of over 16 new blocks\n",
-            done, nops, failed, now_s() - t0, n_checks, n_must, n_served, n_kills, n_cut, n_cut_landed, n_trunc, n_append, n_rot,
-            n_overflow);
+    fprintf(
+        stderr,
+        "model_blocks: %ld sequences of %ld operations, %ld failed, %.0f s; %ld checks of every block (%ld lookups of "
+        "blocks that must be served, %ld blocks served and checked byte for byte), %ld kills, "
+        "%ld cut a flush (%ld of those landed), %ld active files cut, %ld grown by a byte, %ld pages rotted, %ld "
+        "puts of over 16 new blocks\n",
+        done, nops, failed, now_s() - t0, n_checks, n_must, n_served, n_kills, n_cut, n_cut_landed, n_trunc, n_append,
+        n_rot, n_overflow);
     for (int c = 0; c < NCLS; c++)
         if (found[c].count)
             fprintf(stderr, "model_blocks: %s: %ld times; first seed %" PRIu64 " sequence %ld: %s\n", cls_name[c],
