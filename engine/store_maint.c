@@ -434,7 +434,8 @@ static size_t st_lineage_first(const kvx_store *s, st_move *mv, size_t n)
  * An exact LRU holding the goal's worth of blocks would keep those used
  * most recently: their recency is above a cut. Victims are the shards with
  * the largest share of blocks below the cut (then the oldest mean
- * recency); their blocks above the cut are carried into new shards with
+ * recency); their blocks above the carry cut (the newest 80 % of what
+ * the LRU keeps: kvx_st_carry_cut) are carried into new shards with
  * their recency (newest first, at most half of the bytes freed, so
  * eviction always frees room and copies at most as much as it frees),
  * unless their parent is gone. */
@@ -501,7 +502,8 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
             kvx_clear_error();
             nmv = from;
         }
-        nmv = from + st_drop_tombs(mv + from, nmv - from); /* those go with the tombstones below */
+        /* those go with the tombstones below (nothing collected yet: mv may be NULL) */
+        if (nmv > from) nmv = from + st_drop_tombs(mv + from, nmv - from);
         /* a keyed shard's tombstones are not optional: each still hiding
          * an older copy is carried (kvx_st_collect takes only those: with
          * a cut above every recency, no page) */
