@@ -402,7 +402,13 @@ static int st_plan_shard_file(kvx_store *s, int fd, const char *name, void *ctx)
     if (!kvx_st_parse_name(name, &gen)) {
         st_step *x = st_add(p, ST_IN_SHARDS, ST_ACT_LEAVE, ST_K_OTHER, name);
         if (!x) return -ENOMEM;
-        snprintf(x->why, sizeof x->why, "not a shard file name: left alone");
+        uint32_t byte;
+        if (kvx_st_parse_active_name(name, &gen, &byte)) /* what happens to it is not this plan's */
+            snprintf(x->why, sizeof x->why,
+                     "an active shard: a writer's open or a reindex seals it in place first (its whole records' "
+                     "entries, under its sealed name), before a plan like this one reads it; this plan leaves it");
+        else
+            snprintf(x->why, sizeof x->why, "not a shard file name: left alone");
         return 0;
     }
     if (st_decided(p, gen)) return 0;

@@ -114,6 +114,40 @@ static void test_tiny_pages_long_blocks_write_files(void **state)
     kvx_store_close(s);
 }
 
+/* kvx_store_plan_reindex (`kvx store reindex --dry-run`) over a store
+ * holding an active shard names it and says it is sealed before any plan
+ * reads it, rather than "not a shard file name". */
+/* PROMISE: STORE-20 */
+static void test_plan_names_the_active_file(void **state)
+{
+    (void)state;
+    char dir[300], name[64];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20, .flags = KVX_STORE_NOWAIT});
+    su_put_flush(s, 1, SU_NB);
+    active_name(dir, name, sizeof name);
+    kvx_store_plan *plan = NULL;
+    assert_int_equal(kvx_store_plan_reindex(&plan, dir), 0); /* beside the writer */
+    int seen = 0;
+    for (size_t i = 0; i < kvx_store_plan_steps(plan); i++) {
+        kvx_plan_step x;
+        assert_int_equal(kvx_store_plan_step(plan, i, &x), 0);
+        if (strcmp(x.name, name) != 0) continue;
+        seen = 1;
+        assert_string_equal(x.action, "leave");
+        assert_non_null(strstr(x.reason, "an active shard"));
+        assert_non_null(strstr(x.reason, "seals it"));
+    }
+    assert_true(seen);
+    kvx_store_plan_free(plan);
+    kvx_store_close(s); /* sealed: the plan then keeps it under its sealed name */
+    assert_int_equal(kvx_store_plan_reindex(&plan, dir), 0);
+    kvx_recovery_report r;
+    kvx_store_plan_summary(plan, &r);
+    assert_int_equal(r.left_alone, 0);
+    assert_int_equal(r.blocks_indexed, SU_NB);
+    kvx_store_plan_free(plan);
+}
+
 /* PROMISE: STORE-20 */
 static void test_flushes_append_to_one_file(void **state)
 {
@@ -1006,6 +1040,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_flushes_append_to_one_file),
         cmocka_unit_test(test_tiny_pages_long_blocks_write_files),
+        cmocka_unit_test(test_plan_names_the_active_file),
         cmocka_unit_test(test_full_active_shard_sealed_and_next_begun),
         cmocka_unit_test(test_kill9_then_recovery_seals),
         cmocka_unit_test(test_unreadable_active_file_quarantined),
