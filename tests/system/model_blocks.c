@@ -580,9 +580,14 @@ static void x_put(run *r, int b, int qi, uint32_t nb)
                : kvx_store_put(r->s, q->tok, (size_t)nb * WB, pages, nb, NULL, &out_new);
     if (rc && rc != KVX_ECAPACITY)
         bad(r, C_CALL, "put q%d[0..%u) b%d: %s (%s)", qi, nb, b, kvx_err_name(rc), kvx_last_error());
+    /* the put's own evictions first (a sealed file over the capacity evicts
+     * published shards mid-put, and a held block of this very sequence in
+     * one is then written again): the model must know them before it
+     * judges out_new (seed 321225054, sequence 6: "wrote 14, the model
+     * says 0..0", its evictions reported after) */
+    take_evicted(r);
     emit(r, M_PUT, b, qi, rc, nb, rc ? 0 : out_new);
     if (rc == 0 && out_new > 16) n_overflow++;
-    take_evicted(r);
 }
 
 static void x_gc(run *r)
