@@ -225,9 +225,6 @@ void kvx_st_active_release(kvx_store *s, kvx_store_batch *x, int ok)
     if (st_active_full(s, s->act.w) && kvx_st_active_seal(s)) kvx_clear_error(); /* whole either way */
 }
 
-/* Active file shards/<name> (gen, byte) settled: sealed in place with
- * its whole records below sequence number below, or removed when it
- * holds none, or set aside to quarantine/ when it cannot be read. */
 /* Did shards/<name> never hold a record? Its journal (header and records,
  * where p puts them) is all zero bytes or past the file's end: a writer
  * killed between the file's creation and its journal header's write (or
@@ -258,6 +255,9 @@ static int st_active_blank(kvx_store *s, const char *name, const kvx_active_para
     return blank;
 }
 
+/* Active file shards/<name> (gen, byte) settled: sealed in place with
+ * its whole records below sequence number below, or removed when it
+ * holds none or is blank (st_active_blank), or set aside to quarantine/ when it cannot be read. */
 static int st_active_settle(kvx_store *s, const char *name, uint64_t gen, uint32_t byte, uint64_t below)
 {
     char *path = kvx_st_join(s->shards_path, name), sealed[32];
