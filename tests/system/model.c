@@ -61,6 +61,7 @@
 
 #include <cmocka.h>
 
+#include "lib/model_util.h"
 #include "lib/store.h"
 
 #define NK 40       /* keys per sequence: "m-000".."m-039" */
@@ -197,49 +198,23 @@ typedef struct run {
     uint64_t last_evicted_blocks; /* the store's count, as last told */
     uint64_t rot_sig[64];
     int n_rot;
-    char *trace;
-    size_t trace_len, trace_cap;
+    mu_trace trace;
 } run;
 
 static int verbose;
 static long n_checks, n_kills, n_cut, n_cut_landed; /* what ran, for the summary */
 static int n_batches = NB; /* KVX_MODEL_BATCHES: the batches puts go to (1..NB) */
 
-static uint64_t rnd(run *r)
-{
-    r->rng ^= r->rng >> 12;
-    r->rng ^= r->rng << 25;
-    r->rng ^= r->rng >> 27;
-    return r->rng * 0x2545F4914F6CDD1Dull;
-}
-static uint32_t below(run *r, uint32_t n) { return n ? (uint32_t)(rnd(r) % n) : 0; }
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static uint64_t rnd(run *r) { return mu_rnd(&r->rng); }
+static uint32_t below(run *r, uint32_t n) { return mu_below(&r->rng, n); }
 
 static void tr(run *r, const char *fmt, ...)
 {
     if (r->child_fd >= 0) return;
-    char line[300];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line, fmt, ap);
+    mu_trace_vadd(&r->trace, verbose, fmt, ap);
     va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n >= sizeof line) n = sizeof line - 1;
-    if (verbose) fprintf(stderr, "  %s\n", line);
-    if (r->trace_len + (size_t)n + 2 > r->trace_cap) {
-        r->trace_cap = (r->trace_cap + (size_t)n + 2) * 2;
-        r->trace = realloc(r->trace, r->trace_cap);
-    }
-    memcpy(r->trace + r->trace_len, line, (size_t)n);
-    r->trace_len += (size_t)n;
-    r->trace[r->trace_len++] = '\n';
-    r->trace[r->trace_len] = '\0';
 }
 
 static void bad(run *r, int cls, const char *fmt, ...)
@@ -634,26 +609,6 @@ static void x_write_op(run *r)
 
 /* ---- files ---- */
 
-static int copy_file(const char *from, const char *to)
-{
-    FILE *a = fopen(from, "rb");
-    if (!a) return -1;
-    FILE *b = fopen(to, "wbx");
-    if (!b) {
-        fclose(a);
-        return -1;
-    }
-    char buf[65536];
-    size_t n;
-    int rc = 0;
-    while ((n = fread(buf, 1, sizeof buf, a)) > 0)
-        if (fwrite(buf, 1, n, b) != n) rc = -1;
-    fclose(a);
-    if (fclose(b)) rc = -1;
-    chmod(to, 0600);
-    return rc;
-}
-
 static uint64_t file_sig(const char *path)
 {
     FILE *f = fopen(path, "rb");
@@ -691,40 +646,12 @@ static size_t sigs_of(run *r, const char *sub, uint64_t *out, size_t max)
     return k;
 }
 
-static int has_sig(const uint64_t *s, size_t n, uint64_t x)
-{
-    for (size_t i = 0; i < n; i++)
-        if (s[i] == x) return 1;
-    return 0;
-}
-
 static void save_index(run *r)
 {
-    char from[1024], to[1024];
-    su_rm_rf(r->saved);
-    if (mkdir(r->saved, 0700)) return;
-    const char *f[2] = {"data.mdb", "lock.mdb"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(from, sizeof from, "%s/index/%s", r->dir, f[i]);
-        snprintf(to, sizeof to, "%s/%s", r->saved, f[i]);
-        copy_file(from, to);
-    }
-    r->have_saved = 1;
+    if (mu_save_index(r->dir, r->saved) == 0) r->have_saved = 1;
 }
 
-static void put_old_index(run *r)
-{
-    char idx[1024], from[1024], to[1024];
-    snprintf(idx, sizeof idx, "%s/index", r->dir);
-    su_rm_rf(idx);
-    mkdir(idx, 0700);
-    const char *f[2] = {"data.mdb", "lock.mdb"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(from, sizeof from, "%s/%s", r->saved, f[i]);
-        snprintf(to, sizeof to, "%.900s/%s", idx, f[i]);
-        copy_file(from, to);
-    }
-}
+static void put_old_index(run *r) { mu_put_old_index(r->dir, r->saved); }
 
 /* A shard file copied in under a generation no file has: above every
  * one, or below (a name that looks older). */
@@ -739,7 +666,7 @@ static void copy_shard(run *r)
     char from[1024], to[1024];
     snprintf(from, sizeof from, "%s/shards/%.63s", r->dir, src);
     snprintf(to, sizeof to, "%s/shards/%016" PRIx64 ".kvx", r->dir, g);
-    tr(r, "#%ld   copy %s to %016" PRIx64 ".kvx: %d", r->op, src, g, copy_file(from, to));
+    tr(r, "#%ld   copy %s to %016" PRIx64 ".kvx: %d", r->op, src, g, mu_copy_file(from, to));
 }
 
 static void swap_shards(run *r)
@@ -936,9 +863,9 @@ static void check_quarantine(run *r, const filesnap *before, int kind)
     snap(r, &after);
     for (size_t i = 0; i < before->nsh; i++) {
         uint64_t x = before->sh[i];
-        if (has_sig(r->rot_sig, (size_t)r->n_rot, x)) continue;
-        if (has_sig(after.sh, after.nsh, x)) continue;
-        if (has_sig(after.q, after.nq, x) && !has_sig(before->q, before->nq, x))
+        if (mu_has_sig(r->rot_sig, (size_t)r->n_rot, x)) continue;
+        if (mu_has_sig(after.sh, after.nsh, x)) continue;
+        if (mu_has_sig(after.q, after.nq, x) && !mu_has_sig(before->q, before->nq, x))
             bad(r, C_QUARANTINE, "after %s an intact shard file (signature %016" PRIx64 ") is in quarantine/, no copy in shards/",
                 kind_name[kind], x);
     }
@@ -1086,10 +1013,10 @@ static void op_kill(run *r)
     close(fds[1]);
     r->inf_type = 0;
     r->inf_nkeys = 0;
-    double end = now_s() + delay_us * 1e-6;
+    double end = mu_now_s() + delay_us * 1e-6;
     int killed = 0, eof = 0;
     for (;;) {
-        double left = end - now_s();
+        double left = end - mu_now_s();
         if (left <= 0 && !killed) {
             kill(pid, SIGKILL);
             killed = 1;
@@ -1161,9 +1088,7 @@ static int run_sequence(uint64_t seed, long seq, const char *root, long nops)
     r->rng = su_mix(seed * 0x9E3779B97F4A7C15ull + (uint64_t)seq) | 1;
     r->child_fd = -1;
     r->m.next_ver = 1;
-    r->trace_cap = 1 << 16;
-    r->trace = malloc(r->trace_cap);
-    r->trace[0] = '\0';
+    mu_trace_init(&r->trace);
     snprintf(r->dir, sizeof r->dir, "%s/s%ld", root, seq);
     snprintf(r->saved, sizeof r->saved, "%s/s%ld.index", root, seq);
     su_rm_rf(r->dir);
@@ -1208,32 +1133,17 @@ static int run_sequence(uint64_t seed, long seq, const char *root, long nops)
     }
     int failed = r->failed;
     r_close(r);
-    if (failed && r->new_class) { /* a class not seen before */
-        /* the trace, its last lines */
-        const char *t = r->trace;
-        int lines = 0;
-        for (const char *p = r->trace + r->trace_len; p > r->trace; p--)
-            if (*p == '\n' && ++lines > 80) {
-                t = p + 1;
-                break;
-            }
-        fprintf(stderr, "model: trace of seed %" PRIu64 " sequence %ld (last %d lines):\n%s", seed, seq, lines > 80 ? 80 : lines, t);
-    }
+    if (failed && r->new_class) /* a class not seen before */
+        mu_trace_print_tail(&r->trace, "model", seed, seq, 80);
     if (failed)
         fprintf(stderr, "model: replay with KVX_MODEL_SEED=%" PRIu64 " KVX_MODEL_SEQ=%ld build/tests/system/model\n", seed, seq);
     if (!failed || !getenv("KVX_MODEL_KEEP")) {
         su_rm_rf(r->dir);
         su_rm_rf(r->saved);
     }
-    free(r->trace);
+    mu_trace_free(&r->trace);
     free(r);
     return failed;
-}
-
-static long env_long(const char *name, long dflt)
-{
-    const char *e = getenv(name);
-    return e && *e ? strtol(e, NULL, 10) : dflt;
 }
 
 /* The store keeps its promises through a seeded mix of keyed puts,
@@ -1255,14 +1165,14 @@ static void test_model_keyed(void **state)
     char root[300];
     snprintf(root, sizeof root, "%s/kvx-model-XXXXXX", base);
     assert_non_null(mkdtemp(root));
-    uint64_t seed = (uint64_t)env_long("KVX_MODEL_SEED", 0);
+    uint64_t seed = (uint64_t)mu_env_long("KVX_MODEL_SEED", 0);
     if (!getenv("KVX_MODEL_SEED")) seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16);
     seed &= 0xFFFFFFFFull;
-    long only = env_long("KVX_MODEL_SEQ", -1);
-    long runs = env_long("KVX_MODEL_RUNS", 0);
-    double seconds = (double)env_long("KVX_MODEL_SECONDS", MODEL_ASAN ? 120 : 60);
-    long nops = env_long("KVX_MODEL_OPS", 150);
-    n_batches = (int)env_long("KVX_MODEL_BATCHES", NB);
+    long only = mu_env_long("KVX_MODEL_SEQ", -1);
+    long runs = mu_env_long("KVX_MODEL_RUNS", 0);
+    double seconds = (double)mu_env_long("KVX_MODEL_SECONDS", MODEL_ASAN ? 120 : 60);
+    long nops = mu_env_long("KVX_MODEL_OPS", 150);
+    n_batches = (int)mu_env_long("KVX_MODEL_BATCHES", NB);
     if (n_batches < 1 || n_batches > NB) n_batches = NB;
     const char *w = getenv("KVX_MODEL_WEIGHTS");
     for (int i = 0; w && *w && i < NOPS; i++) {
@@ -1275,7 +1185,7 @@ static void test_model_keyed(void **state)
         fprintf(stderr, "\n");
     }
     fprintf(stderr, "model: seed %" PRIu64 "\n", seed);
-    double t0 = now_s();
+    double t0 = mu_now_s();
     long done = 0, failed = 0;
     if (only >= 0) {
         failed += run_sequence(seed, only, root, nops);
@@ -1288,15 +1198,16 @@ static void test_model_keyed(void **state)
             failed += run_sequence(regressions[i].seed, regressions[i].seq, root, nops);
             done++;
         }
-        for (long q = 0; (!runs || q < runs) && now_s() - t0 < seconds; q++) {
+        for (long q = 0; (!runs || q < runs) && mu_now_s() - t0 < seconds; q++) {
             failed += run_sequence(seed, q, root, nops);
             done++;
         }
     }
     su_rm_rf(root);
-    fprintf(stderr, "model: %ld sequences of %ld operations, %ld failed, %.0f s; %ld checks of every key, %ld kills, %ld "
+    fprintf(stderr,
+            "model: %ld sequences of %ld operations, %ld failed, %.0f s; %ld checks of every key, %ld kills, %ld "
             "cut a flush or delete (%ld of those landed)\n",
-            done, nops, failed, now_s() - t0, n_checks, n_kills, n_cut, n_cut_landed);
+            done, nops, failed, mu_now_s() - t0, n_checks, n_kills, n_cut, n_cut_landed);
     for (int c = 0; c < NCLS; c++)
         if (found[c].count)
             fprintf(stderr, "model: %s: %ld times; first seed %" PRIu64 " sequence %ld: %s\n", cls_name[c], found[c].count,

@@ -79,6 +79,7 @@
 
 #include <cmocka.h>
 
+#include "lib/model_util.h"
 #include "lib/store.h"
 
 #define NQ 24    /* sequences per run */
@@ -229,8 +230,7 @@ typedef struct run {
     uint64_t last_evicted_blocks;
     char dmg_gen[64][17]; /* the generations of files the test damaged */
     int n_dmg;
-    char *trace;
-    size_t trace_len, trace_cap;
+    mu_trace trace;
 } run;
 
 static int verbose;
@@ -238,41 +238,16 @@ static int trace_lines = 80; /* of a failing sequence's trace, printed */
 static long n_checks, n_must, n_served, n_kills, n_cut, n_cut_landed, n_trunc, n_append, n_rot, n_overflow;
 static int n_batches = NB;
 
-static uint64_t rnd(run *r)
-{
-    r->rng ^= r->rng >> 12;
-    r->rng ^= r->rng << 25;
-    r->rng ^= r->rng >> 27;
-    return r->rng * 0x2545F4914F6CDD1Dull;
-}
-static uint32_t below(run *r, uint32_t n) { return n ? (uint32_t)(rnd(r) % n) : 0; }
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static uint64_t rnd(run *r) { return mu_rnd(&r->rng); }
+static uint32_t below(run *r, uint32_t n) { return mu_below(&r->rng, n); }
 
 static void tr(run *r, const char *fmt, ...)
 {
     if (r->child_fd >= 0) return;
-    char line[300];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line, fmt, ap);
+    mu_trace_vadd(&r->trace, verbose, fmt, ap);
     va_end(ap);
-    if (n < 0) return;
-    if ((size_t)n >= sizeof line) n = sizeof line - 1;
-    if (verbose) fprintf(stderr, "  %s\n", line);
-    if (r->trace_len + (size_t)n + 2 > r->trace_cap) {
-        r->trace_cap = (r->trace_cap + (size_t)n + 2) * 2;
-        r->trace = realloc(r->trace, r->trace_cap);
-    }
-    memcpy(r->trace + r->trace_len, line, (size_t)n);
-    r->trace_len += (size_t)n;
-    r->trace[r->trace_len++] = '\n';
-    r->trace[r->trace_len] = '\0';
 }
 
 static void bad(run *r, int cls, const char *fmt, ...)
@@ -657,26 +632,6 @@ static void x_write_op(run *r)
 
 /* ---- files ---- */
 
-static int copy_file(const char *from, const char *to)
-{
-    FILE *a = fopen(from, "rb");
-    if (!a) return -1;
-    FILE *b = fopen(to, "wbx");
-    if (!b) {
-        fclose(a);
-        return -1;
-    }
-    char buf[65536];
-    size_t n;
-    int rc = 0;
-    while ((n = fread(buf, 1, sizeof buf, a)) > 0)
-        if (fwrite(buf, 1, n, b) != n) rc = -1;
-    fclose(a);
-    if (fclose(b)) rc = -1;
-    chmod(to, 0600);
-    return rc;
-}
-
 /* The file's signature (FNV-1a of its bytes); *blank (nullable): every
  * byte zero (or none). */
 static uint64_t file_sig(const char *path, int *blank)
@@ -714,13 +669,6 @@ static size_t sigs_of(run *r, const char *sub, uint64_t *out, char (*gens)[17], 
     return k;
 }
 
-static int has_sig(const uint64_t *s, size_t n, uint64_t x)
-{
-    for (size_t i = 0; i < n; i++)
-        if (s[i] == x) return 1;
-    return 0;
-}
-
 typedef struct filesnap {
     uint64_t sh[MAXSH], q[MAXSH];
     char shgen[MAXSH][17], qgen[MAXSH][17];
@@ -743,16 +691,16 @@ static void check_quarantine(run *r, const filesnap *before, const char *after_w
     snap(r, &after);
     for (size_t i = 0; i < before->nsh; i++) {
         uint64_t x = before->sh[i];
-        if (has_sig(after.sh, after.nsh, x)) continue;
+        if (mu_has_sig(after.sh, after.nsh, x)) continue;
         int damaged = 0;
         for (int d = 0; d < r->n_dmg; d++) damaged |= !strcmp(r->dmg_gen[d], before->shgen[i]);
         if (damaged) continue; /* the test damaged it (maybe before this recovery) */
-        if (has_sig(after.q, after.nq, x) && !has_sig(before->q, before->nq, x) && before->shblank[i])
+        if (mu_has_sig(after.q, after.nq, x) && !mu_has_sig(before->q, before->nq, x) && before->shblank[i])
             bad(r, C_BLANKQ,
                 "after %s the active file of generation %s, all zero or empty (nothing acknowledged in it), "
                 "is in quarantine/",
                 after_what, before->shgen[i]);
-        else if (has_sig(after.q, after.nq, x) && !has_sig(before->q, before->nq, x))
+        else if (mu_has_sig(after.q, after.nq, x) && !mu_has_sig(before->q, before->nq, x))
             bad(r, C_QUARANTINE,
                 "after %s a file the test left intact (%s, signature %016" PRIx64 ") is in quarantine/", after_what,
                 before->shgen[i], x);
@@ -761,31 +709,10 @@ static void check_quarantine(run *r, const filesnap *before, const char *after_w
 
 static void save_index(run *r)
 {
-    char from[1024], to[1024];
-    su_rm_rf(r->saved);
-    if (mkdir(r->saved, 0700)) return;
-    const char *f[2] = {"data.mdb", "lock.mdb"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(from, sizeof from, "%s/index/%s", r->dir, f[i]);
-        snprintf(to, sizeof to, "%s/%s", r->saved, f[i]);
-        copy_file(from, to);
-    }
-    r->have_saved = 1;
+    if (mu_save_index(r->dir, r->saved) == 0) r->have_saved = 1;
 }
 
-static void put_old_index(run *r)
-{
-    char idx[1024], from[1024], to[1024];
-    snprintf(idx, sizeof idx, "%s/index", r->dir);
-    su_rm_rf(idx);
-    mkdir(idx, 0700);
-    const char *f[2] = {"data.mdb", "lock.mdb"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(from, sizeof from, "%s/%s", r->saved, f[i]);
-        snprintf(to, sizeof to, "%.900s/%s", idx, f[i]);
-        copy_file(from, to);
-    }
-}
+static void put_old_index(run *r) { mu_put_old_index(r->dir, r->saved); }
 
 /* The generation of the file at path joins the damaged ones: its index. */
 static int note_damaged(run *r, const char *path)
@@ -1241,10 +1168,10 @@ static void op_crash(run *r, int kill_it, int dmg)
     }
     close(fds[1]);
     r->inf_type = 0;
-    double end = now_s() + delay_us * 1e-6;
+    double end = mu_now_s() + delay_us * 1e-6;
     int killed = !kill_it;
     for (;;) {
-        double left = end - now_s();
+        double left = end - mu_now_s();
         if (left <= 0 && !killed) {
             kill(pid, SIGKILL);
             killed = 1;
@@ -1320,9 +1247,7 @@ static int run_sequence(uint64_t seed, long seq, const char *root, long nops)
     r->seq = seq;
     r->rng = su_mix(seed * 0x9E3779B97F4A7C15ull + (uint64_t)seq) | 1;
     r->child_fd = -1;
-    r->trace_cap = 1 << 16;
-    r->trace = malloc(r->trace_cap);
-    r->trace[0] = '\0';
+    mu_trace_init(&r->trace);
     snprintf(r->dir, sizeof r->dir, "%s/s%ld", root, seq);
     snprintf(r->saved, sizeof r->saved, "%s/s%ld.index", root, seq);
     su_rm_rf(r->dir);
@@ -1373,15 +1298,7 @@ static int run_sequence(uint64_t seed, long seq, const char *root, long nops)
     static int traces;
     if (failed && (r->new_class || traces < 6)) { /* a class not seen before, or one of the first failures */
         traces++;
-        const char *t = r->trace;
-        int lines = 0;
-        for (const char *p = r->trace + r->trace_len; p > r->trace; p--)
-            if (*p == '\n' && ++lines > trace_lines) {
-                t = p + 1;
-                break;
-            }
-        fprintf(stderr, "model_blocks: trace of seed %" PRIu64 " sequence %ld (last %d lines):\n%s", seed, seq,
-                lines > trace_lines ? trace_lines : lines, t);
+        mu_trace_print_tail(&r->trace, "model_blocks", seed, seq, trace_lines);
     }
     if (failed)
         fprintf(stderr,
@@ -1394,15 +1311,9 @@ static int run_sequence(uint64_t seed, long seq, const char *root, long nops)
     } else {
         fprintf(stderr, "model_blocks: the store is kept in %s\n", r->dir);
     }
-    free(r->trace);
+    mu_trace_free(&r->trace);
     free(r);
     return failed;
-}
-
-static long env_long(const char *name, long dflt)
-{
-    const char *e = getenv(name);
-    return e && *e ? strtol(e, NULL, 10) : dflt;
 }
 
 /* The block store keeps its promises through a seeded mix of puts of
@@ -1426,14 +1337,14 @@ static void test_model_blocks(void **state)
     char root[300];
     snprintf(root, sizeof root, "%s/kvx-modelb-XXXXXX", base);
     assert_non_null(mkdtemp(root));
-    uint64_t seed = (uint64_t)env_long("KVX_MODELB_SEED", 0);
+    uint64_t seed = (uint64_t)mu_env_long("KVX_MODELB_SEED", 0);
     if (!getenv("KVX_MODELB_SEED")) seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16);
     seed &= 0xFFFFFFFFull;
-    long only = env_long("KVX_MODELB_SEQ", -1);
-    long runs = env_long("KVX_MODELB_RUNS", 0);
-    double seconds = (double)env_long("KVX_MODELB_SECONDS", MODEL_ASAN ? 120 : 45);
-    long nops = env_long("KVX_MODELB_OPS", 150);
-    n_batches = (int)env_long("KVX_MODELB_BATCHES", NB);
+    long only = mu_env_long("KVX_MODELB_SEQ", -1);
+    long runs = mu_env_long("KVX_MODELB_RUNS", 0);
+    double seconds = (double)mu_env_long("KVX_MODELB_SECONDS", MODEL_ASAN ? 120 : 45);
+    long nops = mu_env_long("KVX_MODELB_OPS", 150);
+    n_batches = (int)mu_env_long("KVX_MODELB_BATCHES", NB);
     if (n_batches < 1 || n_batches > NB) n_batches = NB;
     const char *w = getenv("KVX_MODELB_WEIGHTS");
     for (int i = 0; w && *w && i < NOPS; i++) {
@@ -1446,7 +1357,7 @@ static void test_model_blocks(void **state)
         fprintf(stderr, "\n");
     }
     fprintf(stderr, "model_blocks: seed %" PRIu64 "\n", seed);
-    double t0 = now_s();
+    double t0 = mu_now_s();
     long done = 0, failed = 0;
     if (only >= 0) {
         failed += run_sequence(seed, only, root, nops);
@@ -1459,7 +1370,7 @@ static void test_model_blocks(void **state)
             failed += run_sequence(regressions[i].seed, regressions[i].seq, root, nops);
             done++;
         }
-        for (long q = 0; (!runs || q < runs) && now_s() - t0 < seconds; q++) {
+        for (long q = 0; (!runs || q < runs) && mu_now_s() - t0 < seconds; q++) {
             failed += run_sequence(seed, q, root, nops);
             done++;
         }
@@ -1471,8 +1382,8 @@ static void test_model_blocks(void **state)
         "blocks that must be served, %ld blocks served and checked byte for byte), %ld kills, "
         "%ld cut a flush (%ld of those landed), %ld active files cut, %ld grown by a byte, %ld pages rotted, %ld "
         "puts of over 16 new blocks\n",
-        done, nops, failed, now_s() - t0, n_checks, n_must, n_served, n_kills, n_cut, n_cut_landed, n_trunc, n_append,
-        n_rot, n_overflow);
+        done, nops, failed, mu_now_s() - t0, n_checks, n_must, n_served, n_kills, n_cut, n_cut_landed, n_trunc,
+        n_append, n_rot, n_overflow);
     for (int c = 0; c < NCLS; c++)
         if (found[c].count)
             fprintf(stderr, "model_blocks: %s: %ld times; first seed %" PRIu64 " sequence %ld: %s\n", cls_name[c],
