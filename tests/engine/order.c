@@ -229,19 +229,6 @@ static void rot(const char *dir, const char *key, uint64_t ver)
     assert_int_equal(su_flip_page_byte(path, e), 0);
 }
 
-static uint64_t file_sig(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    uint64_t h = 0xcbf29ce484222325ull;
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-        for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)buf[i]) * 0x100000001b3ull;
-    fclose(f);
-    return h;
-}
-
 /* The signatures (FNV-1a of the bytes) of dir/sub's files, ".why" notes
  * left out. */
 static size_t sigs_of(const char *dir, const char *sub, uint64_t *out, size_t max)
@@ -252,7 +239,7 @@ static size_t sigs_of(const char *dir, const char *sub, uint64_t *out, size_t ma
         if (strstr(names[i], ".why")) continue;
         char p[700];
         snprintf(p, sizeof p, "%s/%s/%s", dir, sub, names[i]);
-        out[k++] = file_sig(p);
+        out[k++] = su_file_sig(p, NULL);
     }
     return k;
 }

@@ -131,6 +131,25 @@ static inline int su_flip_page_byte(const char *path, uint32_t entry)
     return fclose(f) == 0 ? rc : -1;
 }
 
+/* A file's signature: FNV-1a 64 of its bytes (0 when it cannot be read);
+ * *blank (nullable): every byte is zero, or there is none. */
+static inline uint64_t su_file_sig(const char *path, int *blank)
+{
+    if (blank) *blank = 1;
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    uint64_t h = 0xcbf29ce484222325ull;
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        for (size_t i = 0; i < n; i++) {
+            h = (h ^ (uint8_t)buf[i]) * 0x100000001b3ull;
+            if (buf[i] && blank) *blank = 0;
+        }
+    fclose(f);
+    return h;
+}
+
 static inline int su_cmp_name(const void *a, const void *b) { return strcmp((const char *)a, (const char *)b); }
 
 /* Sorted names of the entries of dir/sub ("." and ".." left out), at most

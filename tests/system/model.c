@@ -71,17 +71,6 @@
 #define MAXSH 512   /* shard files looked at */
 #define NH 64       /* acknowledged versions remembered per key */
 
-#if defined(__SANITIZE_ADDRESS__)
-#define MODEL_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MODEL_ASAN 1
-#endif
-#endif
-#ifndef MODEL_ASAN
-#define MODEL_ASAN 0
-#endif
-
 /* ---- what can go wrong: the classes a check reports ---- */
 
 enum {
@@ -124,10 +113,7 @@ static struct {
 /* Regression cases, run first: (seed, sequence) pairs whose sequence once
  * found a defect (tests/RUNS.md, "Model test against the previous
  * release"). */
-static const struct {
-    uint64_t seed;
-    long seq;
-} regressions[] = {
+static const mu_case regressions[] = {
     {1, 0},     /* (d), (e): two shard names swapped, one file quarantined, its keys lost */
     {1001, 2},  /* (a): a deleted key served after reindex_dir */
     {1001, 12}, /* (c): a deleted key served after an old index/ was put back */
@@ -609,19 +595,6 @@ static void x_write_op(run *r)
 
 /* ---- files ---- */
 
-static uint64_t file_sig(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    uint64_t h = 0xcbf29ce484222325ull;
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-        for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)buf[i]) * 0x100000001b3ull;
-    fclose(f);
-    return h;
-}
-
 /* The shard files of shards/ ("<16 hex>.kvx"), sorted. */
 static size_t shard_names(run *r, char (*out)[64], size_t max)
 {
@@ -641,7 +614,7 @@ static size_t sigs_of(run *r, const char *sub, uint64_t *out, size_t max)
         if (strstr(names[i], ".why")) continue;
         char p[1024];
         snprintf(p, sizeof p, "%s/%s/%.63s", r->dir, sub, names[i]);
-        out[k++] = file_sig(p);
+        out[k++] = su_file_sig(p, NULL);
     }
     return k;
 }
@@ -716,7 +689,7 @@ static void rot_page(run *r)
         }
     }
     if (fd >= 0) close(fd);
-    if (r->n_rot < 64) r->rot_sig[r->n_rot++] = file_sig(p);
+    if (r->n_rot < 64) r->rot_sig[r->n_rot++] = su_file_sig(p, NULL);
 }
 
 /* ---- the check ---- */
@@ -1160,54 +1133,26 @@ static void test_model_keyed(void **state)
     /* PROMISE: RECOVER-30 */
     (void)state;
     verbose = getenv("KVX_MODEL_VERBOSE") != NULL;
-    const char *base = getenv("KVX_MODEL_DIR");
-    if (!base || !*base) base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    char root[300];
-    snprintf(root, sizeof root, "%s/kvx-model-XXXXXX", base);
-    assert_non_null(mkdtemp(root));
-    uint64_t seed = (uint64_t)mu_env_long("KVX_MODEL_SEED", 0);
-    if (!getenv("KVX_MODEL_SEED")) seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16);
-    seed &= 0xFFFFFFFFull;
-    long only = mu_env_long("KVX_MODEL_SEQ", -1);
-    long runs = mu_env_long("KVX_MODEL_RUNS", 0);
-    double seconds = (double)mu_env_long("KVX_MODEL_SECONDS", MODEL_ASAN ? 120 : 60);
-    long nops = mu_env_long("KVX_MODEL_OPS", 150);
-    n_batches = (int)mu_env_long("KVX_MODEL_BATCHES", NB);
-    if (n_batches < 1 || n_batches > NB) n_batches = NB;
-    const char *w = getenv("KVX_MODEL_WEIGHTS");
-    for (int i = 0; w && *w && i < NOPS; i++) {
-        op_weights[i] = (int)strtol(w, (char **)&w, 10);
-        if (*w == ',') w++;
-    }
-    if (w) {
-        fprintf(stderr, "model: weights");
-        for (int i = 0; i < NOPS; i++) fprintf(stderr, " %s %d", op_names[i], op_weights[i]);
-        fprintf(stderr, "\n");
-    }
-    fprintf(stderr, "model: seed %" PRIu64 "\n", seed);
-    double t0 = mu_now_s();
-    long done = 0, failed = 0;
-    if (only >= 0) {
-        failed += run_sequence(seed, only, root, nops);
-        done++;
-    } else {
-        /* the regression cases replay the default mix only */
-        int dflt = !getenv("KVX_MODEL_WEIGHTS") && !getenv("KVX_MODEL_BATCHES") && !getenv("KVX_MODEL_OPS");
-        for (size_t i = 0; dflt && i < sizeof regressions / sizeof regressions[0]; i++) {
-            fprintf(stderr, "model: regression case seed %" PRIu64 " sequence %ld\n", regressions[i].seed, regressions[i].seq);
-            failed += run_sequence(regressions[i].seed, regressions[i].seq, root, nops);
-            done++;
-        }
-        for (long q = 0; (!runs || q < runs) && mu_now_s() - t0 < seconds; q++) {
-            failed += run_sequence(seed, q, root, nops);
-            done++;
-        }
-    }
-    su_rm_rf(root);
+    mu_campaign camp = {
+        .name = "model",
+        .env = "KVX_MODEL",
+        .seconds = 60,
+        .n_kinds = NOPS,
+        .op_names = op_names,
+        .op_weights = op_weights,
+        .n_batches = &n_batches,
+        .max_batches = NB,
+        .regressions = regressions,
+        .n_regressions = sizeof regressions / sizeof regressions[0],
+        .run_sequence = run_sequence,
+    };
+    long done, nops;
+    double elapsed;
+    long failed = mu_campaign_run(&camp, &done, &nops, &elapsed);
     fprintf(stderr,
             "model: %ld sequences of %ld operations, %ld failed, %.0f s; %ld checks of every key, %ld kills, %ld "
             "cut a flush or delete (%ld of those landed)\n",
-            done, nops, failed, mu_now_s() - t0, n_checks, n_kills, n_cut, n_cut_landed);
+            done, nops, failed, elapsed, n_checks, n_kills, n_cut, n_cut_landed);
     for (int c = 0; c < NCLS; c++)
         if (found[c].count)
             fprintf(stderr, "model: %s: %ld times; first seed %" PRIu64 " sequence %ld: %s\n", cls_name[c], found[c].count,

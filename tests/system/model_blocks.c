@@ -92,17 +92,6 @@
 #define PEND_MAX 60 /* blocks a batch holds before the model flushes it (far below the capacity) */
 #define MAXSH 512
 
-#if defined(__SANITIZE_ADDRESS__)
-#define MODEL_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define MODEL_ASAN 1
-#endif
-#endif
-#ifndef MODEL_ASAN
-#define MODEL_ASAN 0
-#endif
-
 static kvx_geometry mb_geometry(void)
 {
     kvx_geometry g = {2, 1, 32, WB, KVX_QUANT_FP16, 0x4d42c0ffee000001ull};
@@ -146,10 +135,7 @@ static struct {
 
 /* Regression cases, run first: (seed, sequence) pairs whose sequence once
  * found a defect (tests/RUNS.md). */
-static const struct {
-    uint64_t seed;
-    long seq;
-} regressions[] = {
+static const mu_case regressions[] = {
     /* (e): a flush leaves the store over its capacity (520 KiB of 512),
      * then kvx_store_reindex_dir on the closed store evicts a shard of 14
      * acknowledged blocks that no report names (tests/RUNS.md) */
@@ -632,25 +618,6 @@ static void x_write_op(run *r)
 
 /* ---- files ---- */
 
-/* The file's signature (FNV-1a of its bytes); *blank (nullable): every
- * byte zero (or none). */
-static uint64_t file_sig(const char *path, int *blank)
-{
-    if (blank) *blank = 1;
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    uint64_t h = 0xcbf29ce484222325ull;
-    char buf[65536];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
-        for (size_t i = 0; i < n; i++) {
-            h = (h ^ (uint8_t)buf[i]) * 0x100000001b3ull;
-            if (buf[i] && blank) *blank = 0;
-        }
-    fclose(f);
-    return h;
-}
-
 /* The signatures of the shard files in dir/sub (active ones included;
  * quarantine/'s notes left out). */
 static size_t sigs_of(run *r, const char *sub, uint64_t *out, char (*gens)[17], int *blank, size_t max)
@@ -663,7 +630,7 @@ static size_t sigs_of(run *r, const char *sub, uint64_t *out, char (*gens)[17], 
         snprintf(p, sizeof p, "%s/%s/%.63s", r->dir, sub, names[i]);
         snprintf(gens[k], 17, "%.16s", names[i] + (names[i][0] == '.'));
         blank[k] = 0;
-        out[k] = file_sig(p, strstr(names[i], ".active") ? &blank[k] : NULL);
+        out[k] = su_file_sig(p, strstr(names[i], ".active") ? &blank[k] : NULL);
         k++;
     }
     return k;
@@ -1332,58 +1299,30 @@ static void test_model_blocks(void **state)
     (void)state;
     verbose = getenv("KVX_MODELB_VERBOSE") != NULL;
     if (getenv("KVX_MODELB_TRACE_LINES")) trace_lines = atoi(getenv("KVX_MODELB_TRACE_LINES"));
-    const char *base = getenv("KVX_MODELB_DIR");
-    if (!base || !*base) base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    char root[300];
-    snprintf(root, sizeof root, "%s/kvx-modelb-XXXXXX", base);
-    assert_non_null(mkdtemp(root));
-    uint64_t seed = (uint64_t)mu_env_long("KVX_MODELB_SEED", 0);
-    if (!getenv("KVX_MODELB_SEED")) seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16);
-    seed &= 0xFFFFFFFFull;
-    long only = mu_env_long("KVX_MODELB_SEQ", -1);
-    long runs = mu_env_long("KVX_MODELB_RUNS", 0);
-    double seconds = (double)mu_env_long("KVX_MODELB_SECONDS", MODEL_ASAN ? 120 : 45);
-    long nops = mu_env_long("KVX_MODELB_OPS", 150);
-    n_batches = (int)mu_env_long("KVX_MODELB_BATCHES", NB);
-    if (n_batches < 1 || n_batches > NB) n_batches = NB;
-    const char *w = getenv("KVX_MODELB_WEIGHTS");
-    for (int i = 0; w && *w && i < NOPS; i++) {
-        op_weights[i] = (int)strtol(w, (char **)&w, 10);
-        if (*w == ',') w++;
-    }
-    if (w) {
-        fprintf(stderr, "model_blocks: weights");
-        for (int i = 0; i < NOPS; i++) fprintf(stderr, " %s %d", op_names[i], op_weights[i]);
-        fprintf(stderr, "\n");
-    }
-    fprintf(stderr, "model_blocks: seed %" PRIu64 "\n", seed);
-    double t0 = mu_now_s();
-    long done = 0, failed = 0;
-    if (only >= 0) {
-        failed += run_sequence(seed, only, root, nops);
-        done++;
-    } else {
-        int dflt = !getenv("KVX_MODELB_WEIGHTS") && !getenv("KVX_MODELB_BATCHES") && !getenv("KVX_MODELB_OPS");
-        for (size_t i = 0; dflt && i < sizeof regressions / sizeof regressions[0]; i++) {
-            fprintf(stderr, "model_blocks: regression case seed %" PRIu64 " sequence %ld\n", regressions[i].seed,
-                    regressions[i].seq);
-            failed += run_sequence(regressions[i].seed, regressions[i].seq, root, nops);
-            done++;
-        }
-        for (long q = 0; (!runs || q < runs) && mu_now_s() - t0 < seconds; q++) {
-            failed += run_sequence(seed, q, root, nops);
-            done++;
-        }
-    }
-    if (!failed || !getenv("KVX_MODELB_KEEP")) su_rm_rf(root);
+    mu_campaign camp = {
+        .name = "model_blocks",
+        .env = "KVX_MODELB",
+        .seconds = 45,
+        .n_kinds = NOPS,
+        .op_names = op_names,
+        .op_weights = op_weights,
+        .n_batches = &n_batches,
+        .max_batches = NB,
+        .regressions = regressions,
+        .n_regressions = sizeof regressions / sizeof regressions[0],
+        .run_sequence = run_sequence,
+    };
+    long done, nops;
+    double elapsed;
+    long failed = mu_campaign_run(&camp, &done, &nops, &elapsed);
     fprintf(
         stderr,
         "model_blocks: %ld sequences of %ld operations, %ld failed, %.0f s; %ld checks of every block (%ld lookups of "
         "blocks that must be served, %ld blocks served and checked byte for byte), %ld kills, "
         "%ld cut a flush (%ld of those landed), %ld active files cut, %ld grown by a byte, %ld pages rotted, %ld "
         "puts of over 16 new blocks\n",
-        done, nops, failed, mu_now_s() - t0, n_checks, n_must, n_served, n_kills, n_cut, n_cut_landed, n_trunc,
-        n_append, n_rot, n_overflow);
+        done, nops, failed, elapsed, n_checks, n_must, n_served, n_kills, n_cut, n_cut_landed, n_trunc, n_append, n_rot,
+        n_overflow);
     for (int c = 0; c < NCLS; c++)
         if (found[c].count)
             fprintf(stderr, "model_blocks: %s: %ld times; first seed %" PRIu64 " sequence %ld: %s\n", cls_name[c],
