@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* Is the active writer full (no room for one more block)? */
 static int st_active_full(const kvx_store *s, kvx_shard_writer *w)
@@ -225,23 +226,28 @@ void kvx_st_active_release(kvx_store *s, kvx_store_batch *x, int ok)
     if (st_active_full(s, s->act.w) && kvx_st_active_seal(s)) kvx_clear_error(); /* whole either way */
 }
 
-/* Did shards/<name> never hold a record? Its journal (header and records,
- * where p puts them) is all zero bytes or past the file's end: a writer
- * killed between the file's creation and its journal header's write (or
- * the first append's) leaves it so. Pages alone are never acknowledged. A
- * file that cannot be read is not blank (quarantine keeps it). */
-static int st_active_blank(kvx_store *s, const char *name, const kvx_active_params *p)
+/* Did shards/<name> never hold anything? Every byte of it is zero (or it
+ * is empty): a writer killed between the file's creation and its journal
+ * header's write leaves it so. The header is made durable at creation,
+ * before any page, so a zero journal beside nonzero pages is damage, not
+ * a crash: that file is not blank (quarantine keeps it). A file that
+ * cannot be read is not blank either. Holes are skipped (SEEK_DATA). */
+static int st_active_blank(kvx_store *s, const char *name)
 {
-    kvx_journal_geom jg;
-    if (kvx_journal_geom_for(&jg, p)) return 0;
     int fd = kvx_os.openat(s->shardsfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
     if (fd < 0) return 0;
     struct stat st;
     int blank = kvx_os.fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-    uint64_t end = jg.journal_off + jg.journal_bytes;
-    if (blank && (uint64_t)st.st_size < end) end = (uint64_t)st.st_size;
-    uint8_t buf[16384];
-    for (uint64_t off = jg.journal_off; blank && off < end;) {
+    uint64_t end = blank ? (uint64_t)st.st_size : 0;
+    uint8_t buf[65536];
+    for (uint64_t off = 0; blank && off < end;) {
+        off_t data = lseek(fd, (off_t)off, SEEK_DATA);
+        if (data < 0) {
+            if (errno == ENXIO) break; /* a hole to the end */
+            data = (off_t)off;         /* no SEEK_DATA here: read it all */
+        }
+        off = (uint64_t)data;
+        if (off >= end) break;
         size_t want = end - off < sizeof buf ? (size_t)(end - off) : sizeof buf;
         ssize_t got = kvx_os.pread(fd, buf, want, (off_t)off);
         if (got <= 0) {
@@ -272,7 +278,7 @@ static int st_active_settle(kvx_store *s, const char *name, uint64_t gen, uint32
     kvx_st_active_params(s, byte, gen, &p);
     kvx_shard_writer *w;
     int rc = kvx_shard_writer_resume_below(&w, path, &p, below);
-    int blank = rc && !st_open_transient(rc) && st_active_blank(s, name, &p);
+    int blank = rc && !st_open_transient(rc) && st_active_blank(s, name);
     if (rc && !st_open_transient(rc) && !blank) {
         char why[480];
         snprintf(why, sizeof why, "an active shard that cannot be read: %s (%s)", kvx_last_error(), kvx_err_name(rc));

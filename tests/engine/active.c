@@ -340,14 +340,15 @@ static void test_unreadable_active_file_quarantined(void **state)
 /* A writer killed between creating its active file and writing the
  * journal header leaves it empty, or zero bytes to some length: it never
  * held a record, so recovery removes it (reported as deleted, never as
- * quarantined); one nonzero byte in its journal region and it goes to
- * quarantine/ instead (found by tests/system/model_blocks.c). */
+ * quarantined); one nonzero byte in it, in its journal region or among
+ * its pages, and it goes to quarantine/ instead (found by
+ * tests/system/model_blocks.c). */
 /* PROMISE: STORE-22 */
 static void test_blank_active_file_removed(void **state)
 {
     (void)state;
     static const long sizes[] = {0, 512, 64 << 10, 8 << 20};
-    for (int k = 0; k < 5; k++) {
+    for (int k = 0; k < 6; k++) {
         char dir[300], path[700];
         kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20});
         su_put_flush(s, 1, SU_NB);
@@ -364,6 +365,15 @@ static void test_blank_active_file_removed(void **state)
             memset(junk, 0x5a, sizeof junk);
             assert_int_equal(fseek(f, 4 << 10, SEEK_SET), 0);
             assert_int_equal(fwrite(junk, 1, sizeof junk, f), sizeof junk);
+        }
+        if (k == 5) { /* a zero journal beside written pages: damage (the
+                       * header is durable before any page), kept */
+            size = 8 << 20;
+            assert_int_equal(ftruncate(fileno(f), size), 0);
+            static uint8_t page[4096];
+            memset(page, 0xa5, sizeof page);
+            assert_int_equal(fseek(f, (6 << 20) + 8192, SEEK_SET), 0);
+            assert_int_equal(fwrite(page, 1, sizeof page, f), sizeof page);
         }
         fclose(f);
         s = su_reopen(dir, KVX_STORE_NOWAIT);
