@@ -343,7 +343,7 @@ static void test_unreadable_active_file_quarantined(void **state)
  * quarantined); one nonzero byte in it, in its journal region or among
  * its pages, and it goes to quarantine/ instead (found by
  * tests/system/model_blocks.c). */
-/* PROMISE: STORE-22 */
+/* PROMISE: STORE-21 */
 static void test_blank_active_file_removed(void **state)
 {
     (void)state;
