@@ -234,7 +234,8 @@ void kvx_st_active_release(kvx_store *s, kvx_store_batch *x, int ok)
  * cannot be read is not blank either. Holes are skipped (SEEK_DATA). */
 static int st_active_blank(kvx_store *s, const char *name)
 {
-    int fd = kvx_os.openat(s->shardsfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    /* O_NONBLOCK: a FIFO at the name must not hang recovery (fstat then says not a file) */
+    int fd = kvx_os.openat(s->shardsfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0);
     if (fd < 0) return 0;
     struct stat st;
     int blank = kvx_os.fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
