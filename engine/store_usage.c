@@ -22,9 +22,12 @@
 uint64_t *kvx_st_rec_get(kvx_store *s, uint32_t byte, uint64_t gen, uint32_t n)
 {
     st_rec *r = &s->rec[byte];
-    if (r->gen == gen && r->last && r->n == n) return r->last;
+    if (r->gen == gen && r->last && r->n >= n) return r->last;
     uint64_t *a = calloc((size_t)n + 1, sizeof *a);
     if (!a) return NULL;
+    /* the same shard grown (an active shard's appends, a handle opened
+     * after them): its entries' times so far are kept */
+    if (r->gen == gen && r->last) memcpy(a, r->last, (size_t)r->n * sizeof *a);
     free(r->last);
     r->last = a;
     r->gen = gen;
@@ -47,15 +50,22 @@ void kvx_st_note(kvx_store *s, const kvx_view *v, size_t n, uint64_t misses, int
         uint64_t gen = s->cache[b].sh == v[i].shard ? s->cache[b].gen : 0;
         if (!gen) continue;
         st_use *u = &s->use[b];
-        if (u->gen != gen || !u->bits) {
-            uint32_t nb = kvx_shard_get_info(v[i].shard)->num_blocks;
+        uint32_t nb = kvx_shard_get_info(v[i].shard)->num_blocks;
+        if (u->gen != gen || !u->bits || nb > u->nbits) {
             uint8_t *bits = calloc((nb + 7) / 8 + 1, 1);
             if (!bits) continue;
+            /* a shard that grew since (an active shard's appends): its
+             * marks so far are kept; before, its later entries were never
+             * marked, so eviction saw them as unused since their put */
+            int grown = u->gen == gen && u->bits;
+            if (grown) memcpy(bits, u->bits, (u->nbits + 7) / 8);
             free(u->bits);
             u->bits = bits;
             u->nbits = nb;
-            u->gen = gen;
-            u->hits = 0;
+            if (!grown) {
+                u->gen = gen;
+                u->hits = 0;
+            }
         }
         if (v[i].entry < u->nbits) u->bits[v[i].entry / 8] |= (uint8_t)(1u << (v[i].entry % 8));
         u->last_use = now;
@@ -181,7 +191,7 @@ int kvx_st_recency_build(kvx_store *s, const st_usage_view *uv, uint64_t **r)
             break;
         }
         const st_rec *rec = &s->rec[b];
-        int have = rec->gen == s->reg->rec[b].gen && rec->last && rec->n == n;
+        int have = rec->gen == s->reg->rec[b].gen && rec->last && rec->n >= n;
         /* the writer's own latest use of the shard: a later last use in the
          * usage record is another process's (a reader's lookups), which the
          * writer's older per-block times must not hide */
