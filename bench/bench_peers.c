@@ -50,7 +50,7 @@
  *   bench_peers [--mode all|rows|restart|trace] [--size small|large]
  *               [--blocks N] [--only PEER] [--trace FILE] [--trace-requests N]
  *               [--trace-capacity N] [--fio-bs BYTES] [--fio-depth N] [--no-fio]
- *               [--kvx-views] [--kvx-direct] [--kvx-hold-lru] [--tsv FILE] DIR
+ *               [--kvx-views] [--kvx-direct] [--kvx-hold-lru] [--kvx-holes] [--tsv FILE] DIR
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -103,6 +103,7 @@ static long g_fio_depth = 32;   /* and its queue depth (--fio-depth) */
 static int g_kvx_views;         /* --kvx-views: kvx_store_prefix's views + memcpy (the rows before the prefix read) */
 static int g_kvx_direct;        /* --kvx-direct: kvx_store_prefix_read with KVX_PREFIX_READ_DIRECT */
 static int g_kvx_hold_lru;      /* --kvx-hold-lru: the trace's kvx capacity x 64/63 (its goal = the LRU's blocks) */
+static int g_kvx_holes;         /* --kvx-holes: kvx's writer evicts in place (KVX_STORE_HOLES) */
 static int g_fio = 1;           /* --no-fio: leave the reference out */
 
 static void fail(const char *what, int rc)
@@ -257,9 +258,10 @@ static void peer_open(peer *p, int create)
             o.capacity_bytes =
                 p->kvx_capacity ? p->kvx_capacity : g_pb * NB * g_prompts * 2 + ((uint64_t)1 << 30);
             if (g_nosync) o.flags |= KVX_STORE_NOSYNC;
+            if (g_kvx_holes) o.flags |= KVX_STORE_HOLES;
             rc = kvx_store_create(&p->kvx, p->dir, &o);
         } else {
-            rc = kvx_store_open(&p->kvx, p->dir, &g_geo, 0);
+            rc = kvx_store_open(&p->kvx, p->dir, &g_geo, g_kvx_holes ? KVX_STORE_HOLES : 0);
         }
         if (rc) fail("kvx open", rc);
         break;
@@ -1213,7 +1215,7 @@ static void usage(FILE *f)
             "usage: bench_peers [--mode all|rows|restart|trace] [--size small|large] [--blocks N]\n"
             "                   [--only PEER] [--trace FILE] [--trace-requests N]\n"
             "                   [--trace-capacity N] [--fio-bs BYTES] [--fio-depth N] [--no-fio]\n"
-            "                   [--kvx-views] [--kvx-direct] [--kvx-hold-lru] [--tsv FILE] DIR\n"
+            "                   [--kvx-views] [--kvx-direct] [--kvx-hold-lru] [--kvx-holes] [--tsv FILE] DIR\n"
             "  kvx against the stores engine teams persist KV in, same pages, keys and\n"
             "  durability: kvx | file per block | RocksDB (BlobDB) | LMDB values\n"
             "  (PEER for --only: kvx, file, rocksdb, lmdb). Each peer's files live in\n"
@@ -1255,6 +1257,8 @@ static void usage(FILE *f)
             "  (1/64 below the capacity) holds the LRU's blocks; peak disk/cap (bytes on disk\n"
             "  after each put, before its flush evicts, over the LRU's pages) is printed: issue\n"
             "  41 allows kvx the capacity + 5 %%.\n"
+            "--kvx-holes: kvx's writer evicts block by block in place (KVX_STORE_HOLES: a\n"
+            "  free log record, then the pages' extents punched) instead of whole shards.\n"
             "--tsv FILE: each row's value and ratio to the best peer, one line a peer and row.\n"
             "DIR needs free space for 2.5x the KV bytes (pages x blocks) + 1 GiB, and for the\n"
             "trace the pages of its block references + 1 GiB; checked first.\n"
@@ -1305,6 +1309,8 @@ int main(int argc, char **argv)
             g_kvx_direct = 1;
         } else if (!strcmp(a, "--kvx-hold-lru")) {
             g_kvx_hold_lru = 1;
+        } else if (!strcmp(a, "--kvx-holes")) {
+            g_kvx_holes = 1;
         } else if (!strcmp(a, "--no-fio")) {
             g_fio = 0;
         } else if (!strcmp(a, "--tsv") && more) {
@@ -1482,7 +1488,7 @@ int main(int argc, char **argv)
             if (!res[k].trace_ran) continue;
             const result *r = &res[k];
             char peak_s[16] = "-";
-            if (k == P_KVX) snprintf(peak_s, sizeof peak_s, "%.3f", r->peak_amp);
+            if (k == P_KVX) snprintf(peak_s, sizeof peak_s, "%.4f", r->peak_amp);
             printf("%-18s %-26s %9.2f %9.2f %11.2f %10.2f %8.1f %9.3f %9s\n", peer_name[k],
                    k == P_KVX ? (g_kvx_hold_lru ? "kvx's own (goal = LRU's)" : "kvx's own (capacity bytes)")
                               : "the bench's exact LRU",

@@ -15,7 +15,7 @@
  *   unlink, a directory walk over fdopendir, statx for O_DIRECT alignment.
  *
  * The calls: files (open, openat, dup, close, pread, pwrite, fsync,
- * fdatasync, ftruncate, fstat, fstatat, statx, flock, mmap, munmap), names
+ * fdatasync, ftruncate, fstat, fstatat, statx, flock, fallocate, mmap, munmap), names
  * (rename, rename_noreplace, renameat, linkat, unlink, unlinkat, mkdir,
  * mkdirat), a directory walk (dir_open, dir_next, dir_close), the
  * io_uring completion and wait filters and the boot id. Members follow the libc convention (-1 or
@@ -70,6 +70,9 @@ typedef struct kvx_os_ops {
     int (*fstatat)(int dirfd, const char *path, struct stat *st, int flags);
     int (*statx)(int dirfd, const char *path, int flags, unsigned int mask, struct statx *stx);
     int (*flock)(int fd, int op);
+    /* fallocate(2): the store frees an evicted page's extent with
+     * FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE (docs/APPENDS.md "Holes") */
+    int (*fallocate)(int fd, int mode, off_t off, off_t len);
     void *(*mmap)(void *addr, size_t len, int prot, int flags, int fd, off_t off);
     int (*munmap)(void *addr, size_t len);
     /* ---- names */

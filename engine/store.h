@@ -8,6 +8,7 @@
  *   store_config.c   STORE file, geometry, derived sizes, writer check
  *   store_names.c    file names, directory walks, generations, quarantine
  *   store_cache.c    shard cache, the catalog's registry
+ *   store_holes.c    the free log and the pages it frees (holes)
  *   store_usage.c    usage batching and persistence, recency
  *   store_tier.c     the shared tier: DIR/TIER, the client, write-behind,
  *                    counters (tier/ does the network and the bytes)
@@ -36,10 +37,12 @@
 
 #include "common/internal.h"
 #include "format/format.h"
+#include "format/free_log.h"
 #include "index/catalog.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/types.h>
 
 #define ST_SLOTS 256
@@ -55,6 +58,11 @@
  * (4 only marks a store that may hold an active shard, so that a release
  * before appends refuses it instead of misreading it), 1 and 2 do. */
 #define ST_STORE_SEQ_VERSION 3
+/* A store a writer with KVX_STORE_HOLES opened: it may hold a free log
+ * (DIR/FREED) and punched pages, which a release before holes would take
+ * for damage, so it refuses the store instead. Only such a writer's open
+ * raises a store to it; no open lowers it. */
+#define ST_STORE_HOLES_VERSION 5
 #define ST_STORE_BLOCKS 0 /* the STORE file's kind field */
 #define ST_STORE_KEYED 1
 #define ST_COMPACT_AT 192 /* live shards before a flush merges small ones */
@@ -79,7 +87,21 @@ typedef struct st_cache {
     kvx_shard *sh; /* one reference, owned by the cache */
     int bad;       /* the file is missing or failed validation */
     char why[240]; /* bad: the verdict, for quarantine/'s note */
+    /* handles the cache let go of while views still held them (a store
+     * that frees pages in place keeps them, one reference each, so a punch
+     * can see those views: store_holes.c); NULL otherwise */
+    kvx_shard **retired;
+    size_t nretired, capretired;
 } st_cache;
+
+/* The free log's rows that free a live entry (store_holes.c), sorted by
+ * (gen, entry); under wmu. */
+typedef struct st_freed_row {
+    uint64_t gen;
+    uint32_t entry;
+    uint32_t punched; /* its extent is freed (this handle punched it) */
+    uint64_t bytes;   /* the extent's bytes */
+} st_freed_row;
 
 typedef struct st_use {
     uint64_t gen;
@@ -275,6 +297,22 @@ struct kvx_store {
     char qnote[1024];      /* " <name> (<reason>);" of each, since gc cleared it */
     kvx_recovery_report recovery; /* what this writer's open, or its last reindex, did */
     struct st_tier *tier;  /* the shared tier, NULL when none (store_tier.c) */
+    /* holes (store_holes.c, docs/APPENDS.md "Holes"): whether this writer
+     * frees evicted pages in place (KVX_STORE_HOLES); the free log DIR/FREED
+     * (fd -1 when none is open) and what it frees; the bytes it frees in
+     * each live shard; readers_fd, DIR/READERS (read-only handles of other
+     * processes hold a shared flock on it while open). Under wmu. */
+    int holes;
+    int holes_new_store; /* kvx_store_create's handle: no reader can have opened before DIR/READERS */
+    int free_fd, readers_fd;
+    kvx_free_log flog;
+    st_freed_row *freed;
+    size_t nfreed, capfreed;
+    uint64_t freed_bytes[ST_SLOTS];
+    uint64_t punched, punch_deferred; /* pages this handle punched; punches put off (views held) */
+    /* raised after every free's catalog commit, before its punch: a lookup
+     * whose views were taken across a raise looks again (store_lookup.c) */
+    _Atomic uint64_t free_seq;
 };
 
 /* Is rc, from opening a shard file, a passing failure of this process
@@ -312,7 +350,7 @@ uint64_t kvx_st_now_ns(void);
  * release's format version; decode reads it and the previous release's
  * (1 blocks, 2 keyed: migrated at the first writer open, store_migrate.c),
  * the version into *out_version (nullable). */
-void kvx_st_config_encode(uint8_t *b, const kvx_geometry *g, uint64_t cap, uint64_t target);
+void kvx_st_config_encode(uint8_t *b, const kvx_geometry *g, uint64_t cap, uint64_t target, uint32_t version);
 int kvx_st_config_decode(const uint8_t *b, kvx_geometry *g, uint64_t *cap, uint64_t *target, uint32_t *out_version);
 /* KVX_EINVALID / KVX_EQUANT / KVX_EOVERFLOW naming the field. */
 int kvx_st_check_geometry(const kvx_geometry *g);
@@ -396,10 +434,6 @@ void kvx_st_cache_stale(kvx_store *s, uint32_t byte, const kvx_shard *sh);
 void kvx_st_cache_drop(kvx_store *s, uint32_t byte);
 /* Entries of sh with a hash but no prefix digest (unverified). */
 uint32_t kvx_st_count_unverified(const kvx_shard *sh);
-/* Is shard (b, gen) sound: it opens and every page passes its CRC? Only
- * sound blocks are ever deleted (DESIGN.md rule 2). 1 sound, 0 damaged
- * (why filled), -1 cannot tell now (a passing failure). */
-int kvx_st_shard_sound(kvx_store *s, uint32_t b, uint64_t gen, char *why, size_t cap);
 /* Reloads the catalog's registry, then next_gen (above every generation
  * the catalog names) and index_live. */
 int kvx_st_registry_load(kvx_store *s);
@@ -412,6 +446,60 @@ int kvx_st_refuse_predigest(const kvx_store *s, const char *name, uint32_t flags
 int kvx_st_registry_refuse_predigest(const kvx_store *s);
 /* Adds sealed shard x to edit e: its record and an empty usage record. */
 int kvx_st_register(kvx_cat_edit *e, const st_sealed *x);
+
+/* store_holes.c (docs/APPENDS.md "Holes") */
+/* One page to free: its shard (byte, generation), entry, hash and its
+ * extent's bytes. */
+typedef struct st_free_page {
+    uint64_t gen, hash, bytes;
+    uint32_t entry;
+    uint32_t byte;
+} st_free_page;
+/* Is entry of shard gen freed by the free log (a miss, never damage)?
+ * Writer handles (the rows kvx_st_holes_load kept). */
+int kvx_st_freed(const kvx_store *s, uint64_t gen, uint32_t entry);
+/* A live shard's bytes on disk as the capacity counts them: its file's,
+ * less its freed pages'. */
+uint64_t kvx_st_live_bytes(const kvx_store *s, uint32_t b);
+/* The free log's rows that free an entry of a shard reg names (each
+ * checked against the entry: generation, index, hash, and written before
+ * the record), sorted, into *out (malloc'd); the log's state into
+ * *out_log (nullable, rows not kept); rows freeing nothing counted in
+ * *out_stale (nullable). -ENOENT when there is no log. */
+int kvx_st_freed_rows_read(kvx_store *s, const kvx_cat_registry *reg, st_freed_row **out, size_t *out_n,
+                           kvx_free_log *out_log, uint64_t *out_stale);
+/* Writer open, after the plan: the free log's rows (a free whose catalog
+ * commit was lost leaves the catalog now), the log rewritten when it holds
+ * rows of files gone or a torn tail; DIR/READERS made when this writer
+ * frees pages. */
+int kvx_st_holes_load(kvx_store *s);
+void kvx_st_holes_close(kvx_store *s);
+/* Is shard (b, gen) sound: it opens and every page passes its CRC (a page
+ * the free log frees counts as sound)? Only sound blocks are ever deleted
+ * (DESIGN.md rule 2). 1 sound, 0 damaged
+ * (why filled), -1 cannot tell now (a passing failure). */
+int kvx_st_shard_sound(kvx_store *s, uint32_t b, uint64_t gen, char *why, size_t cap);
+/* A read-only handle: a shared lock on DIR/READERS for its life. */
+int kvx_st_readers_join(kvx_store *s);
+/* Frees the n pages: one durable free log record, the catalog edit, then
+ * the punches (kvx_st_punch_pending). Under wmu. */
+int kvx_st_free_commit(kvx_store *s, const st_free_page *list, size_t n);
+/* Punches every freed extent not yet punched whose shard no view holds,
+ * while no read-only handle of another process is open. */
+int kvx_st_punch_pending(kvx_store *s);
+/* After a drop or rewrite: rows of shards no longer live are forgotten. */
+void kvx_st_holes_forget(kvx_store *s);
+/* kvx_shard_verify of sh (generation gen): a failing page the free log
+ * (log, or DIR/FREED read when NULL) frees is counted in *out_freed (nullable), not in *out_bad and not
+ * reported; 0 when every failing page is a freed one. Any handle. */
+int kvx_st_verify_pages(kvx_store *s, const kvx_free_log *log, const kvx_shard *sh, uint64_t gen, uint32_t *out_bad,
+                        uint32_t *out_freed, void (*report)(void *ctx, uint32_t index, int code), void *ctx);
+/* Sorts l's rows by (generation, entry, sequence number), as
+ * kvx_st_log_frees needs them. */
+void kvx_st_log_sort(kvx_free_log *l);
+/* Does free log l (sorted) free entry index of sh (generation gen): a row
+ * names them, with the entry's hash, written after the entry? */
+int kvx_st_log_frees(const kvx_free_log *l, const kvx_shard *sh, uint64_t gen, uint32_t index);
 
 /* store_usage.c */
 /* Writer: the per-entry last-use array of shard (byte, gen) with n

@@ -369,6 +369,17 @@ int kvx_st_recover(kvx_store *s)
         if (!rc) rc = st_migrate_or_refuse(s);
     }
     if (!rc) rc = st_plan_and_apply(s, ST_PLAN_STAGING);
+    /* a writer that frees pages in place: STORE version 5 before any page is
+     * freed, so a release before holes refuses the store instead of taking
+     * a freed page for damage */
+    if (!rc && (s->flags & KVX_STORE_HOLES) && !s->keyed && s->version < ST_STORE_HOLES_VERSION) {
+        uint32_t old = s->version;
+        s->version = ST_STORE_HOLES_VERSION;
+        if ((rc = kvx_st_write_store_file(s))) s->version = old;
+    }
+    /* the free log's pages: out of the catalog, their extents punched */
+    if (!rc) rc = kvx_st_holes_load(s);
+    if (!rc && s->holes) rc = kvx_st_punch_pending(s);
     /* version 3 becomes 4 by its STORE file alone (nothing to rewrite):
      * from here a release before active shards refuses it */
     if (!rc && s->version < ST_STORE_VERSION) rc = kvx_st_write_store_file(s);

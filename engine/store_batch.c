@@ -140,8 +140,8 @@ static int st_lease_room(kvx_store_batch *x, uint32_t b)
     if (any[b]) return 1;
     uint64_t used = 0;
     for (uint32_t c = 0; c < ST_SLOTS; c++)
-        if (any[c] && s->reg->live[c]) used += s->reg->rec[c].file_bytes;
-    uint64_t bytes = s->reg->live[b] ? s->reg->rec[b].file_bytes : 0;
+        if (any[c] && s->reg->live[c]) used += kvx_st_live_bytes(s, c);
+    uint64_t bytes = kvx_st_live_bytes(s, b);
     return used + bytes <= kvx_st_lease_budget(s);
 }
 
@@ -226,7 +226,7 @@ static int st_room_for_pending(kvx_store *s, kvx_store_batch *x)
 {
     uint64_t live = 0, own = 0;
     for (int b = 0; b < ST_SLOTS; b++)
-        if (s->reg->live[b]) live += s->reg->rec[b].file_bytes;
+        if (s->reg->live[b]) live += kvx_st_live_bytes(s, (uint32_t)b);
     for (size_t i = 0; i < x->nsealed; i++) own += x->sealed[i].bytes;
     uint64_t pend = st_unpublished_bytes(s);
     if (live + pend <= s->capacity) return 0;

@@ -53,6 +53,28 @@ int kvx_st_shard_ours(const kvx_store *s, const kvx_shard *sh, char *why, size_t
     return 0;
 }
 
+/* A handle the cache lets go of (under cache_lock, write): closed, or,
+ * in a store that frees pages in place while views still hold it, kept in
+ * the slot's retired list, so a punch sees those views (store_holes.c).
+ * Returns the handle to close after the lock is released, or NULL. */
+static kvx_shard *st_cache_let_go(kvx_store *s, st_cache *c, kvx_shard *old)
+{
+    if (!old || !s->holes || kvx_shard_refs(old) <= 1) return old;
+    if (c->nretired == c->capretired) {
+        size_t cap = c->capretired ? c->capretired * 2 : 4;
+        kvx_shard **r = realloc(c->retired, cap * sizeof *r);
+        if (!r) {
+            /* no room to keep it: no punch in this store until it is gone */
+            s->holes = 0;
+            return old;
+        }
+        c->retired = r;
+        c->capretired = cap;
+    }
+    c->retired[c->nretired++] = old;
+    return NULL;
+}
+
 kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
 {
     pthread_rwlock_rdlock(&s->cache_lock);
@@ -91,7 +113,7 @@ kvx_shard *kvx_st_shard_get(kvx_store *s, uint32_t byte, uint64_t gen)
     c = &s->cache[byte];
     kvx_shard *old = NULL;
     if (c->gen != gen || (!c->sh && !c->bad)) {
-        old = c->sh;
+        old = st_cache_let_go(s, c, c->sh);
         c->gen = gen;
         c->sh = bad ? NULL : sh;
         c->bad = bad;
@@ -125,6 +147,7 @@ void kvx_st_cache_stale(kvx_store *s, uint32_t byte, const kvx_shard *sh)
         s->cache[byte].sh = NULL;
         s->cache[byte].gen = 0;
         s->cache[byte].bad = 0;
+        old = st_cache_let_go(s, &s->cache[byte], old);
     }
     pthread_rwlock_unlock(&s->cache_lock);
     kvx_shard_close(old);
@@ -133,7 +156,7 @@ void kvx_st_cache_stale(kvx_store *s, uint32_t byte, const kvx_shard *sh)
 void kvx_st_cache_drop(kvx_store *s, uint32_t byte)
 {
     pthread_rwlock_wrlock(&s->cache_lock);
-    kvx_shard *old = s->cache[byte].sh;
+    kvx_shard *old = st_cache_let_go(s, &s->cache[byte], s->cache[byte].sh);
     s->cache[byte].sh = NULL;
     s->cache[byte].gen = 0;
     s->cache[byte].bad = 0;
@@ -154,27 +177,6 @@ uint32_t kvx_st_count_unverified(const kvx_shard *sh)
 /* Is shard (b, gen) sound: it opens and every page passes its CRC? Only
  * sound blocks are ever deleted (DESIGN.md rule 2). 1 sound, 0 damaged
  * (why filled), -1 cannot tell now (a passing failure). */
-int kvx_st_shard_sound(kvx_store *s, uint32_t b, uint64_t gen, char *why, size_t cap)
-{
-    kvx_shard *sh = NULL;
-    int rc = kvx_st_open_gen(s, b, gen, &sh, NULL, 0);
-    if (rc == -ENOENT) return 1; /* nothing left to delete */
-    if (rc && st_open_transient(rc)) return -1;
-    if (rc) {
-        snprintf(why, cap, "cannot be validated: %s (%s)", kvx_last_error(), kvx_err_name(rc));
-        return 0;
-    }
-    uint32_t bad = 0;
-    rc = kvx_shard_verify(sh, &bad, NULL, NULL);
-    kvx_shard_close(sh);
-    if (rc && bad) {
-        snprintf(why, cap, "%u damaged or missing page(s) (shard %u); its good blocks were %s", bad, b,
-                 "copied or evicted");
-        return 0;
-    }
-    return rc && st_open_transient(rc) ? -1 : 1;
-}
-
 int kvx_st_registry_load(kvx_store *s)
 {
     int rc = kvx_cat_registry_load(s->cat);

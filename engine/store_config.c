@@ -20,13 +20,13 @@ uint64_t kvx_st_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-void kvx_st_config_encode(uint8_t *b, const kvx_geometry *g, uint64_t cap, uint64_t target)
+void kvx_st_config_encode(uint8_t *b, const kvx_geometry *g, uint64_t cap, uint64_t target, uint32_t version)
 {
     memset(b, 0, ST_CONFIG_BYTES);
     memcpy(b, "KVXSTORE", 8);
     /* the format version, then the kind: a keyed store (block_tokens 0)
      * has its page size at 56 */
-    kvx_store16(b + 8, ST_STORE_VERSION);
+    kvx_store16(b + 8, (uint16_t)version);
     kvx_store16(b + 10, g->block_tokens ? ST_STORE_BLOCKS : ST_STORE_KEYED);
     kvx_store32(b + 12, g->quant);
     kvx_store32(b + 16, g->num_layers);
@@ -51,9 +51,9 @@ int kvx_st_config_decode(const uint8_t *b, kvx_geometry *g, uint64_t *cap, uint6
     if (version == 1 || version == 2) {
         if (kind != 0) return kvx_fail(KVX_ECORRUPT, "store: STORE file: version %u with kind %u", version, kind);
         kind = version == 1 ? ST_STORE_BLOCKS : ST_STORE_KEYED;
-    } else if (version != ST_STORE_VERSION && version != ST_STORE_SEQ_VERSION) {
+    } else if (version != ST_STORE_VERSION && version != ST_STORE_SEQ_VERSION && version != ST_STORE_HOLES_VERSION) {
         return kvx_fail(KVX_EVERSION, "store: STORE file: version %u unknown (this kvx reads 1 to %u)", version,
-                        ST_STORE_VERSION);
+                        ST_STORE_HOLES_VERSION);
     } else if (kind != ST_STORE_BLOCKS && kind != ST_STORE_KEYED) {
         return kvx_fail(KVX_EVERSION, "store: STORE file: kind %u unknown (0 blocks, 1 keyed)", kind);
     }

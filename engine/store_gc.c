@@ -51,6 +51,7 @@ static int st_lin_gather(kvx_store *s, kvx_shard **sh, st_lin **out, size_t *out
         for (uint32_t i = 0; i < cnt && !rc; i++) {
             kvx_entry e;
             if (kvx_shard_entry(&e, sh[b], i) || !e.hash || !e.tokens) continue;
+            if (kvx_st_freed(s, s->reg->rec[b].gen, i)) continue; /* evicted in place */
             if (n == cap) {
                 cap = cap ? cap * 2 : 1024;
                 st_lin *p = realloc(all, cap * sizeof *p);
@@ -134,7 +135,7 @@ static int st_salvage_damaged(kvx_store *s)
         kvx_shard *sh = kvx_st_shard_get_n(s, b, s->reg->rec[b].gen, s->reg->rec[b].n_entries);
         if (!sh) continue;
         uint32_t bad = 0;
-        int v = kvx_shard_verify(sh, &bad, NULL, NULL);
+        int v = kvx_st_verify_pages(s, NULL, sh, s->reg->rec[b].gen, &bad, NULL, NULL, NULL);
         kvx_shard_close(sh);
         if (v && bad) {
             char why[200];

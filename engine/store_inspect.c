@@ -229,6 +229,19 @@ KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(voi
         free(reg);
         return rc;
     }
+    /* the free log: its pages are misses, counted apart from damage (read
+     * after the snapshot, so it holds every free the snapshot reflects) */
+    kvx_free_log flog;
+    int lr = kvx_free_log_read(s->dirfd, "FREED", &flog);
+    if (lr == 0)
+        kvx_st_log_sort(&flog);
+    else if (lr == -ENOENT)
+        memset(&flog, 0, sizeof flog);
+    else if (lr) {
+        st_vreport(&v, lr, "FREED: %s (the pages it freed read as damage below)", kvx_last_error());
+        memset(&flog, 0, sizeof flog);
+    }
+
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
         if (!reg->live[b]) continue;
         const kvx_cat_shard *r = &reg->rec[b];
@@ -259,8 +272,15 @@ KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(voi
             kvx_shard_close(sh);
             continue;
         }
-        uint32_t nbad = 0;
-        kvx_shard_verify(sh, &nbad, st_page_report, &v);
+        uint32_t nbad = 0, nfreed = 0;
+        kvx_st_verify_pages(s, &flog, sh, r->gen, &nbad, &nfreed, st_page_report, &v);
+        if (nfreed) {
+            char note[300];
+            snprintf(note, sizeof note,
+                     "shards/%s (shard %u): %u page(s) freed in place (the free log names them): misses, not damage",
+                     name, b, nfreed);
+            if (report) report(ctx, note, 0);
+        }
         const kvx_shard_info *in = kvx_shard_get_info(sh);
         /* an active file (store_active.c) may hold appends newer than
          * this snapshot, and so may its sealed file when the writer sealed
@@ -277,6 +297,7 @@ KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(voi
             int tomb = 0;
             if (kvx_shard_entry(&en, sh, i) || !en.hash) continue;
             if (kvx_shard_entry_commit(sh, i, &seq, &tomb) == 0 && tomb) continue; /* a delete: in no index */
+            if (flog.n && kvx_st_log_frees(&flog, sh, r->gen, i)) continue;        /* freed: in no index */
             st_verify_entry(&v, snap, r, name, i, &en);
         }
         kvx_shard_close(sh);
@@ -291,6 +312,7 @@ KVX_API int kvx_store_verify(kvx_store *s, uint64_t *out_bad, void (*report)(voi
     if ((rc = kvx_cat_blocks_each(snap, KVX_CAT_ALL, st_verify_coord, &cc)))
         st_vreport(&v, rc, "index: the coordinate records cannot be walked: %s", kvx_last_error());
     kvx_cat_snap_end(snap);
+    kvx_free_log_free(&flog);
     free(reg);
     if (out_bad) *out_bad = v.bad;
     return v.bad ? kvx_fail(KVX_ECORRUPT, "store %s: verify found %llu problem(s)", s->dir, (unsigned long long)v.bad)

@@ -52,6 +52,19 @@ static kvx_shard *st_hc_get(kvx_store *s, st_hc *hc, uint32_t byte, uint64_t gen
 /* Is entry e a verified block (stored with its tokens and digest)? */
 static int st_verified(const kvx_entry *e) { return e->tokens && e->digest; }
 
+/* A writer that frees pages in place raises free_seq after each free's
+ * catalog commit and before its punch (store_holes.c). A lookup that
+ * resolved a block before that commit and took its view after the raise
+ * may hold a page being punched: a call whose views were taken across a
+ * raise releases them and looks again (at most ST_FREE_TRIES times, then
+ * it is a miss). */
+#define ST_FREE_TRIES 4
+static uint64_t st_free_seq(kvx_store *s) { return atomic_load(&s->free_seq); }
+static int st_freed_since(kvx_store *s, uint64_t seen)
+{
+    atomic_thread_fence(memory_order_seq_cst); /* the views' references before the second look */
+    return atomic_load(&s->free_seq) != seen;
+}
 
 /* check_page ST_ENTRY_ONLY: the entry alone is matched and a view made
  * whose page is not yet set (NULL): the caller checks it (st_run_pages). */
@@ -342,7 +355,7 @@ KVX_API void kvx_views_release(kvx_view *views, size_t n)
     for (size_t i = 0; i < n; i++) kvx_view_release(&views[i]);
 }
 
-KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate)
+static int st_get_once(kvx_view *out, kvx_store *s, uint32_t coordinate)
 {
     if (!out || !s) return kvx_fail(KVX_EINVALID, "kvx_store_get: NULL argument");
     st_view_clear(out);
@@ -379,7 +392,7 @@ KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate)
     return rc;
 }
 
-KVX_API int kvx_store_get_hash(kvx_view *out, kvx_store *s, uint64_t hash)
+static int st_get_hash_once(kvx_view *out, kvx_store *s, uint64_t hash)
 {
     if (!out || !s) return kvx_fail(KVX_EINVALID, "kvx_store_get_hash: NULL argument");
     int krc = kvx_st_kind_check(s, 0, "kvx_store_get_hash");
@@ -394,7 +407,7 @@ KVX_API int kvx_store_get_hash(kvx_view *out, kvx_store *s, uint64_t hash)
     return rc;
 }
 
-KVX_API int kvx_store_get_hashes(kvx_view *out_views, int *out_status, kvx_store *s, const uint64_t *hashes, size_t n)
+static int st_get_hashes_once(kvx_view *out_views, int *out_status, kvx_store *s, const uint64_t *hashes, size_t n)
 {
     if (!s || (n && (!out_views || !out_status || !hashes)))
         return kvx_fail(KVX_EINVALID, "kvx_store_get_hashes: NULL argument");
@@ -476,8 +489,8 @@ static size_t st_run_pages(kvx_store *s, kvx_cat_snap *snap, st_hc *hc, kvx_view
 /* kvx_store_prefix's local part (entries_only 0), or the entries alone
  * of kvx_store_prefix_read's run (entries_only 1: views whose page is
  * NULL, nothing read, nothing noted; fn names the caller). */
-static int st_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
-                     size_t max_views, int entries_only, const char *fn)
+static int st_prefix_once(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
+                          size_t max_views, int entries_only, const char *fn)
 {
     if (!out_n || !s || (n_tokens && !tokens) || (max_views && !out_views))
         return kvx_fail(KVX_EINVALID, "%s: NULL argument", fn);
@@ -572,6 +585,19 @@ static int st_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, const uin
     return 0;
 }
 
+static int st_prefix(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
+                     size_t max_views, int entries_only, const char *fn)
+{
+    for (int k = 1;; k++) {
+        uint64_t seen = st_free_seq(s);
+        int rc = st_prefix_once(out_views, out_n, s, tokens, n_tokens, max_views, entries_only, fn);
+        if (rc || !*out_n || !st_freed_since(s, seen)) return rc;
+        kvx_views_release(out_views, *out_n);
+        *out_n = 0;
+        if (k == ST_FREE_TRIES) return 0;
+    }
+}
+
 int kvx_st_prefix_local(kvx_view *out_views, size_t *out_n, kvx_store *s, const uint32_t *tokens, size_t n_tokens,
                         size_t max_views)
 {
@@ -584,7 +610,7 @@ int kvx_st_prefix_entries(kvx_view *out_views, size_t *out_n, kvx_store *s, cons
     return st_prefix(out_views, out_n, s, tokens, n_tokens, max_views, 1, fn);
 }
 
-KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tokens, size_t n_tokens)
+static int st_get_block_once(kvx_view *out, kvx_store *s, const uint32_t *tokens, size_t n_tokens)
 {
     if (!out || !s || !tokens) return kvx_fail(KVX_EINVALID, "kvx_store_get_block: NULL argument");
     st_view_clear(out);
@@ -631,4 +657,52 @@ KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tok
     free(h);
     free(d);
     return rc;
+}
+
+KVX_API int kvx_store_get(kvx_view *out, kvx_store *s, uint32_t coordinate)
+{
+    for (int k = 1;; k++) {
+        uint64_t seen = s ? st_free_seq(s) : 0;
+        int rc = st_get_once(out, s, coordinate);
+        if (rc || !st_freed_since(s, seen)) return rc;
+        kvx_view_release(out);
+        if (k == ST_FREE_TRIES) return kvx_fail(KVX_ENOTFOUND, "store: no block at coordinate 0x%08x", coordinate);
+    }
+}
+
+KVX_API int kvx_store_get_hash(kvx_view *out, kvx_store *s, uint64_t hash)
+{
+    for (int k = 1;; k++) {
+        uint64_t seen = s ? st_free_seq(s) : 0;
+        int rc = st_get_hash_once(out, s, hash);
+        if (rc || !st_freed_since(s, seen)) return rc;
+        kvx_view_release(out);
+        if (k == ST_FREE_TRIES)
+            return kvx_fail(KVX_ENOTFOUND, "store: block %016llx was evicted", (unsigned long long)hash);
+    }
+}
+
+KVX_API int kvx_store_get_hashes(kvx_view *out_views, int *out_status, kvx_store *s, const uint64_t *hashes, size_t n)
+{
+    for (int k = 1;; k++) {
+        uint64_t seen = s ? st_free_seq(s) : 0;
+        int rc = st_get_hashes_once(out_views, out_status, s, hashes, n);
+        if (rc || !st_freed_since(s, seen)) return rc;
+        kvx_views_release(out_views, n);
+        if (k == ST_FREE_TRIES) {
+            for (size_t i = 0; i < n; i++) out_status[i] = KVX_ENOTFOUND;
+            return 0;
+        }
+    }
+}
+
+KVX_API int kvx_store_get_block(kvx_view *out, kvx_store *s, const uint32_t *tokens, size_t n_tokens)
+{
+    for (int k = 1;; k++) {
+        uint64_t seen = s ? st_free_seq(s) : 0;
+        int rc = st_get_block_once(out, s, tokens, n_tokens);
+        if (rc || !st_freed_since(s, seen)) return rc;
+        kvx_view_release(out);
+        if (k == ST_FREE_TRIES) return kvx_fail(KVX_ENOTFOUND, "store: the block was evicted while it was looked up");
+    }
 }

@@ -30,7 +30,7 @@ void kvx_st_pshards(st_pshard *out, const kvx_store *s, uint64_t *const *r)
         p->pinned = p->live && st_is_pinned(s, b);
         p->flags = s->reg->rec[b].flags;
         p->n = s->reg->rec[b].n_entries;
-        p->file_bytes = s->reg->rec[b].file_bytes;
+        p->file_bytes = kvx_st_live_bytes(s, b);
         p->recency = r && p->live ? r[b] : NULL;
     }
 }
@@ -197,6 +197,7 @@ void kvx_st_after_drop(kvx_store *s, const uint8_t *victims, const char *damaged
     if (left && s->lagging && kvx_st_lag_stop(s) != 0) kvx_clear_error();
     /* quarantine/'s retention, when this drop added to it */
     if (s->quarantined != q0 && kvx_st_quarantine_retain(s) != 0) kvx_clear_error();
+    kvx_st_holes_forget(s); /* the victims' freed pages went with them */
 }
 
 int kvx_st_drop_bad_shards(kvx_store *s, st_keep_fn keep)
@@ -373,6 +374,7 @@ void kvx_st_note_evicted(kvx_store *s, const uint8_t *victims)
             uint64_t seq;
             int tomb = 0;
             if (kvx_shard_entry(&e, sh, i) != 0 || (!e.hash && !e.key)) continue; /* a partial tail: no name */
+            if (kvx_st_freed(s, rec->gen, i)) continue;                           /* reported when it was freed */
             if (kvx_shard_entry_commit(sh, i, &seq, &tomb) != 0 || tomb) continue; /* a delete, not a page */
             if (!st_still_held(s, snap, &e)) st_ev_push(s, &e); /* a carried block is held at its new place */
         }
@@ -441,12 +443,126 @@ static size_t st_lineage_first(const kvx_store *s, st_move *mv, size_t n)
  * unless their parent is gone. */
 /* pending: bytes of sealed files not yet published (a put in progress):
  * they count against the capacity and are all kept (the newest blocks). */
+typedef struct st_cold {
+    uint64_t r;
+    uint32_t b, i;
+} st_cold;
+
+static int st_cmp_cold(const void *a, const void *b)
+{
+    const st_cold *x = a, *y = b;
+    if (x->r != y->r) return x->r < y->r ? -1 : 1;
+    if (x->b != y->b) return x->b < y->b ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* Eviction in place (KVX_STORE_HOLES, docs/STORE.md "Holes"): the coldest
+ * blocks, one at a time, down to the goal, as an exact LRU would: a shard
+ * left with none goes whole, the others keep their live blocks and lose
+ * the cold ones' pages (a free log record, then a punch); nothing is
+ * carried. Pinned shards (a pending put's held blocks, the active shard)
+ * are left alone. */
+static int st_evict_holes(kvx_store *s, uint64_t total, uint64_t goal, uint64_t *const *r)
+{
+    size_t n = 0;
+    for (uint32_t b = 0; b < ST_SLOTS; b++)
+        if (s->reg->live[b]) n += s->reg->rec[b].n_entries;
+    st_cold *c = malloc((n + 1) * sizeof *c);
+    if (!c) return kvx_fail(-ENOMEM, "store: out of memory");
+    uint32_t live[ST_SLOTS] = {0}, take[ST_SLOTS] = {0};
+    n = 0;
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        if (!s->reg->live[b]) continue;
+        int pinned = st_is_pinned(s, b);
+        for (uint32_t i = 0; i < s->reg->rec[b].n_entries; i++) {
+            if (kvx_st_freed(s, s->reg->rec[b].gen, i)) continue;
+            live[b]++;
+            if (!pinned) c[n++] = (st_cold){r[b][i], b, i};
+        }
+    }
+    qsort(c, n, sizeof *c, st_cmp_cold);
+    /* a page frees its extent (every page starts 4096-aligned and the next
+     * one no sooner than the end of its last 4096-byte block: FORMAT.md
+     * "KV pages"); the last live page of a shard frees the whole file */
+    uint64_t extent = kvx_align_up(s->page_bytes, 4096);
+    size_t k = 0;
+    uint64_t freed = 0;
+    for (; k < n && total - freed > goal; k++) {
+        uint32_t b = c[k].b;
+        freed += extent;
+        if (++take[b] == live[b]) {
+            uint64_t lb = kvx_st_live_bytes(s, b), pages = (uint64_t)live[b] * extent;
+            freed += lb > pages ? lb - pages : 0;
+        }
+    }
+    uint8_t victims[ST_SLOTS] = {0};
+    int nvict = 0;
+    size_t nfree = 0;
+    for (uint32_t b = 0; b < ST_SLOTS; b++)
+        if (take[b] && take[b] == live[b]) {
+            victims[b] = 1;
+            nvict++;
+        } else {
+            nfree += take[b];
+        }
+    int rc = 0;
+    st_free_page *fl = nfree ? malloc(nfree * sizeof *fl) : NULL;
+    if (nfree && !fl) rc = kvx_fail(-ENOMEM, "store: out of memory");
+    size_t m = 0;
+    for (size_t j = 0; j < k && !rc; j++) {
+        uint32_t b = c[j].b;
+        if (victims[b]) continue;
+        kvx_shard *sh = kvx_st_shard_get_n(s, b, s->reg->rec[b].gen, s->reg->rec[b].n_entries);
+        kvx_entry e;
+        if (!sh || kvx_shard_entry(&e, sh, c[j].i) != 0) {
+            kvx_shard_close(sh);
+            kvx_clear_error();
+            continue; /* cannot be named now: stays */
+        }
+        fl[m++] = (st_free_page){s->reg->rec[b].gen, e.hash, kvx_align_up(e.bytes, 4096), c[j].i, b};
+        kvx_shard_close(sh);
+    }
+    free(c);
+    /* whole shards first (their own commit), then the pages */
+    if (!rc && nvict) {
+        st_drop d = {s, victims, NULL, 0, NULL, 0, 1, 0, 0};
+        rc = kvx_st_drop_write(s, &d);
+        if (!rc) {
+            kvx_st_note_evicted(s, victims);
+            kvx_st_after_drop(s, victims, NULL);
+        }
+    }
+    if (!rc && m) {
+        rc = kvx_st_free_commit(s, fl, m);
+        if (rc == 0) {
+            kvx_cat_snap *snap = NULL;
+            if (kvx_cat_snap_begin(s->cat, &snap) != 0) snap = NULL;
+            char saved[512];
+            snprintf(saved, sizeof saved, "%s", kvx_last_error());
+            for (size_t j = 0; j < m && snap; j++) {
+                kvx_entry e;
+                memset(&e, 0, sizeof e);
+                e.hash = fl[j].hash;
+                e.coordinate = KVX_COORD(fl[j].byte, fl[j].entry, 0);
+                if (!st_still_held(s, snap, &e)) st_ev_push(s, &e);
+            }
+            kvx_cat_snap_end(snap);
+            if (saved[0])
+                kvx_fail(0, "%s", saved);
+            else
+                kvx_clear_error();
+        }
+    }
+    free(fl);
+    return rc;
+}
+
 int kvx_st_evict(kvx_store *s, uint64_t pending)
 {
     uint64_t total = pending, nblocks = 0;
     for (int b = 0; b < ST_SLOTS; b++)
         if (s->reg->live[b]) {
-            total += s->reg->rec[b].file_bytes;
+            total += kvx_st_live_bytes(s, (uint32_t)b);
             nblocks += s->reg->rec[b].n_entries;
         }
     if (total <= s->capacity || nblocks == 0) return 0;
@@ -467,6 +583,15 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
     }
     /* the cut: an exact LRU holding the goal's worth of blocks */
     uint64_t goal = kvx_st_evict_goal(s->capacity);
+    if (s->holes && !s->evict_cold_only) {
+        free(all);
+        rc = st_evict_holes(s, total, goal, r);
+        kvx_st_usage_free(uv);
+        free(uv);
+        kvx_st_recency_free(r);
+        free(r);
+        return rc;
+    }
     size_t na = 0;
     for (uint32_t b = 0; b < ST_SLOTS; b++)
         if (s->reg->live[b])
@@ -606,7 +731,7 @@ int kvx_st_evict_for_ids(kvx_store *s)
     int live = st_live_shards(s);
     uint64_t bytes = 0;
     for (int b = 0; b < ST_SLOTS; b++)
-        if (s->reg->live[b]) bytes += s->reg->rec[b].file_bytes;
+        if (s->reg->live[b]) bytes += kvx_st_live_bytes(s, (uint32_t)b);
     if (live <= ST_COMPACT_AT || !bytes) return 0; /* ids are held by writers and sealed files, not shards */
     /* the capacity's LRU eviction, against the bytes of about
      * ST_COMPACT_AT - 16 shards of today's mean size (so ~80 ids come
@@ -640,7 +765,7 @@ static int st_orphaned_shards(kvx_store *s, uint32_t flags, uint8_t *victims, in
         uint32_t cnt = kvx_shard_get_info(sh)->num_blocks, orphans = 0;
         for (uint32_t i = 0; i < cnt && !rc; i++) {
             kvx_entry e;
-            if (kvx_shard_entry(&e, sh, i)) continue;
+            if (kvx_shard_entry(&e, sh, i) || kvx_st_freed(s, s->reg->rec[b].gen, i)) continue;
             int k = st_parent_kept(snap, e.parent, none, NULL, 0);
             if (k < 0) rc = k;
             else orphans += !k;

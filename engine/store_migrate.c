@@ -105,7 +105,8 @@ static int st_migrate_shard(kvx_store *s, uint32_t b)
 int kvx_st_write_store_file(kvx_store *s)
 {
     uint8_t cfg[ST_CONFIG_BYTES];
-    kvx_st_config_encode(cfg, &s->g, s->capacity, s->target);
+    uint32_t version = s->version > ST_STORE_VERSION ? s->version : ST_STORE_VERSION; /* never lowered */
+    kvx_st_config_encode(cfg, &s->g, s->capacity, s->target, version);
     int fd;
     int rc = kvx_st_open_file(s, "STORE.tmp", O_WRONLY | O_CREAT | O_TRUNC, 0600, &fd);
     if (rc) return rc;
@@ -115,7 +116,7 @@ int kvx_st_write_store_file(kvx_store *s)
     if (!rc && kvx_os.renameat(s->dirfd, "STORE.tmp", s->dirfd, "STORE") != 0) rc = -errno;
     if (!rc && kvx_os.fsync(s->dirfd) != 0) rc = -errno;
     if (rc) return kvx_fail(rc, "store %s: migration: write STORE: %s", s->dir, strerror(-rc));
-    s->version = ST_STORE_VERSION;
+    s->version = version;
     return 0;
 }
 

@@ -27,6 +27,7 @@ static kvx_store *st_alloc(void)
     kvx_store *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     s->dirfd = s->shardsfd = s->stagingfd = s->lockfd = -1;
+    s->free_fd = s->readers_fd = -1;
     s->reg = &st_no_registry;
     pthread_rwlock_init(&s->cache_lock, NULL);
     pthread_mutex_init(&s->use_mu, NULL);
@@ -41,8 +42,11 @@ static void st_free(kvx_store *s)
 {
     kvx_st_tier_detach(s, 0);
     if (s->lagging && kvx_st_lag_stop(s) != 0) kvx_clear_error(); /* the mark stays: the next open knows */
+    kvx_st_holes_close(s);
     for (int i = 0; i < ST_SLOTS; i++) {
         kvx_shard_close(s->cache[i].sh);
+        for (size_t k = 0; k < s->cache[i].nretired; k++) kvx_shard_close(s->cache[i].retired[k]);
+        free(s->cache[i].retired);
         free(s->use[i].bits);
         free(s->rec[i].last);
     }
@@ -262,6 +266,8 @@ static int st_finish_open(kvx_store *s, int create)
         return kvx_fail(KVX_ECORRUPT, "store %s: the index is empty or lost: run 'kvx store reindex %s'", s->dir,
                         s->dir);
     if ((rc = kvx_st_reader_check(s))) return rc;
+    /* a writer that frees pages in place punches none while this handle is open */
+    if ((rc = kvx_st_readers_join(s))) return rc;
     kvx_clear_error();
     return 0;
 }
@@ -311,7 +317,7 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     } else if ((rc = kvx_st_check_geometry(&g))) {
         return rc;
     }
-    if (opts->flags & ~(KVX_STORE_NOWAIT | KVX_STORE_VERIFY | KVX_STORE_NOSYNC))
+    if (opts->flags & ~(KVX_STORE_NOWAIT | KVX_STORE_VERIFY | KVX_STORE_NOSYNC | KVX_STORE_HOLES))
         return kvx_fail(KVX_EINVALID, "kvx_store_create: flags 0x%x unknown or READONLY", opts->flags);
     if ((rc = kvx_st_tier_check(opts, &g))) return rc; /* before anything is made */
     kvx_store *s = st_alloc();
@@ -362,7 +368,10 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
         free(sub);
     }
     uint8_t cfg[ST_CONFIG_BYTES];
-    kvx_st_config_encode(cfg, &s->g, s->capacity, s->target);
+    /* a block store created for a writer that frees pages in place is one
+     * that may hold them from the start */
+    kvx_st_config_encode(cfg, &s->g, s->capacity, s->target,
+                         (s->flags & KVX_STORE_HOLES) && s->g.block_tokens ? ST_STORE_HOLES_VERSION : ST_STORE_VERSION);
     int fd;
     if ((rc = kvx_st_open_file(s, "STORE.tmp", O_WRONLY | O_CREAT | O_TRUNC, 0600, &fd))) goto fail;
     rc = kvx_os_pwrite_all(fd, cfg, sizeof cfg, 0);
@@ -388,6 +397,8 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     if ((rc = st_cat_open(s, 1))) goto fail;
     if ((rc = st_create_catalog(s))) goto fail;
     if ((rc = kvx_st_registry_load(s))) goto fail;
+    s->holes = s->holes_new_store = (s->flags & KVX_STORE_HOLES) && !s->keyed;
+    if (s->holes && (rc = kvx_st_holes_load(s))) goto fail;  /* DIR/READERS */
     if ((rc = kvx_st_tier_attach(s, opts, 0, 1))) goto fail; /* writes DIR/TIER; reaches no server */
     *out = s;
     kvx_clear_error();
@@ -403,8 +414,11 @@ static int st_open_dir(kvx_store **out, const char *dir, const kvx_geometry *exp
     if (!out) return kvx_fail(KVX_EINVALID, "kvx_store_open: out is NULL");
     *out = NULL;
     if (!dir || !*dir) return kvx_fail(KVX_EINVALID, "kvx_store_open: dir is empty");
-    if (flags & ~(KVX_STORE_READONLY | KVX_STORE_NOWAIT | KVX_STORE_VERIFY | KVX_STORE_NOSYNC))
+    if (flags & ~(KVX_STORE_READONLY | KVX_STORE_NOWAIT | KVX_STORE_VERIFY | KVX_STORE_NOSYNC | KVX_STORE_HOLES))
         return kvx_fail(KVX_EINVALID, "kvx_store_open: flags 0x%x has unknown bits", flags);
+    if ((flags & KVX_STORE_HOLES) && (flags & KVX_STORE_READONLY))
+        return kvx_fail(KVX_EINVALID, "kvx_store_open: KVX_STORE_HOLES is a writer's (flags 0x%x are read-only)",
+                        flags);
     kvx_store *s = st_alloc();
     if (!s) return kvx_fail(-ENOMEM, "store: out of memory");
     s->flags = flags;
@@ -429,6 +443,7 @@ static int st_open_dir(kvx_store **out, const char *dir, const kvx_geometry *exp
     if (!rc && !(flags & KVX_STORE_READONLY)) {
         rc = st_lock(s, flags, 0);
         s->writer = rc == 0;
+        s->holes = s->writer && (flags & KVX_STORE_HOLES) && !s->keyed;
     }
     if (!rc) rc = st_finish_open(s, 0);
     if (!rc) rc = kvx_st_tier_attach(s, opts, 1, 0); /* reaches no server */

@@ -121,7 +121,9 @@ static int st_file_sound(kvx_store *s, const char *name, char *why, size_t cap)
         return 0;
     }
     uint32_t bad = 0;
-    int v = kvx_shard_verify(sh, &bad, NULL, NULL);
+    uint64_t gen = 0;
+    kvx_st_parse_name(name, &gen);
+    int v = kvx_st_verify_pages(s, NULL, sh, gen, &bad, NULL, NULL, NULL); /* a freed page is no damage */
     kvx_shard_close(sh);
     if (v && st_open_transient(v) && !bad) return v;
     if (v || bad) {

@@ -223,6 +223,7 @@ int kvx_st_collect(kvx_store *s, uint32_t b, const uint64_t *r, int hot_only, ui
         uint64_t seq = 0;
         int tomb = 0;
         if (kvx_shard_entry(&e, sh, i) || kvx_shard_entry_commit(sh, i, &seq, &tomb)) continue;
+        if (kvx_st_freed(s, s->reg->rec[b].gen, i)) continue; /* evicted in place: gone */
         if (tomb) {
             /* a tombstone outlives every older copy of its key: carried
              * whatever its recency while another shard holds one */

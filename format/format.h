@@ -12,6 +12,9 @@
  * goes through. KVX_EPAGECRC, or KVX_ETRUNC for a missing page, or
  * KVX_ENOTFOUND for a tombstone (no page). */
 int kvx_shard_page_checked(const void **out_page, const kvx_shard *s, uint32_t index);
+/* The references s has now (the store's holes: a handle referenced by
+ * anything but the store's cache is in use). */
+uint32_t kvx_shard_refs(const kvx_shard *s);
 /* Where entry index's page lies in s's file, for a read into the
  * caller's memory (kvx_shard_page_read). KVX_ENOTFOUND for a tombstone,
  * KVX_ETRUNC for a page past the end of the file, KVX_EINVALID for a

@@ -368,3 +368,8 @@ void kvx_shard_pages_copy(kvx_shard *const *s, const uint32_t *index, size_t n, 
             atomic_fetch_or_explicit(&s[i]->checked[index[i] / 64], 1ull << (index[i] % 64), memory_order_relaxed);
     }
 }
+
+uint32_t kvx_shard_refs(const kvx_shard *s)
+{
+    return s ? (uint32_t)atomic_load_explicit(&((kvx_shard *)s)->refs, memory_order_seq_cst) : 0;
+}

@@ -271,7 +271,7 @@ static void index_records(void)
 static void store_config(const char *name, kvx_geometry g, uint64_t cap, uint64_t target)
 {
     uint8_t b[ST_CONFIG_BYTES];
-    kvx_st_config_encode(b, &g, cap, target);
+    kvx_st_config_encode(b, &g, cap, target, ST_STORE_VERSION);
     put_file("store_config", name, b, sizeof b);
 }
 

@@ -36,10 +36,10 @@ static void check_one(const uint8_t *b)
     CHECK(rc == 0 || rc == KVX_EMAGIC || rc == KVX_ECORRUPT || rc == KVX_EVERSION);
     CHECK(kvx_last_error() != NULL);
     if (rc) return;
-    CHECK(version >= 1 && version <= ST_STORE_VERSION);
-    if (version == ST_STORE_VERSION && memcmp(b + 56, "\0\0\0\0", 4) == 0) {
+    CHECK(version >= 1 && version <= ST_STORE_HOLES_VERSION);
+    if (version >= ST_STORE_VERSION && memcmp(b + 56, "\0\0\0\0", 4) == 0) {
         uint8_t out[ST_CONFIG_BYTES];
-        kvx_st_config_encode(out, &g, cap, target);
+        kvx_st_config_encode(out, &g, cap, target, version);
         CHECK(memcmp(out, b, ST_CONFIG_BYTES) == 0);
     }
     rc = kvx_st_check_geometry(&g);

@@ -608,6 +608,15 @@ typedef struct kvx_store kvx_store;
                                    The process's handles of a store share
                                    one LMDB environment: it syncs again once
                                    a handle without the flag joins it */
+#define KVX_STORE_HOLES \
+    0x10u /* writer: eviction frees cold pages in place
+                                   (a hole punched where each was, after a
+                                   durable record in DIR/FREED) instead of
+                                   whole shards and carries; block stores on
+                                   a file system with FALLOC_FL_PUNCH_HOLE
+                                   (docs/STORE.md "Holes"). Read-only
+                                   handles of other processes put punches
+                                   off while they are open */
 
 typedef struct kvx_store_options {
     uint32_t version; /* KVX_STORE_OPTIONS_VERSION */

@@ -57,7 +57,7 @@ static void test_store_file_version_and_kind(void **state)
         int off;
         uint8_t v;
         const char *says;
-    } bad[2] = {{8, 5, "version 5"}, {10, 2, "kind 2"}};
+    } bad[2] = {{8, 6, "version 6"}, {10, 2, "kind 2"}};
     for (int i = 0; i < 2; i++) {
         uint8_t x[64];
         memcpy(x, b, 64);

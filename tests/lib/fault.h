@@ -33,7 +33,7 @@ enum fault_kind {
     FAULT_OPEN = 1 << 0,    /* open, openat, dup */
     FAULT_RW = 1 << 1,      /* pread, pwrite */
     FAULT_SYNC = 1 << 2,    /* fsync, fdatasync */
-    FAULT_TRUNC = 1 << 3,   /* ftruncate */
+    FAULT_TRUNC = 1 << 3,   /* ftruncate, fallocate */
     FAULT_FSTAT = 1 << 4,   /* fstat */
     FAULT_FSTATAT = 1 << 5, /* fstatat (stat by name) */
     FAULT_STATX = 1 << 6,   /* statx */
@@ -102,6 +102,11 @@ static int f_fstat(int fd, struct stat *st) { FAULT_CHECK(FAULT_FSTAT, "fstat", 
 static int f_fstatat(int d, const char *p, struct stat *st, int fl) { FAULT_CHECK(FAULT_FSTATAT, "fstatat", -1); return fault_real.fstatat(d, p, st, fl); }
 static int f_statx(int d, const char *p, int fl, unsigned mask, struct statx *sx) { FAULT_CHECK(FAULT_STATX, "statx", -1); return fault_real.statx(d, p, fl, mask, sx); }
 static int f_flock(int fd, int op) { FAULT_CHECK(FAULT_LOCK, "flock", -1); return fault_real.flock(fd, op); }
+static int f_fallocate(int fd, int mode, off_t o, off_t n)
+{
+    FAULT_CHECK(FAULT_TRUNC, "fallocate", -1);
+    return fault_real.fallocate(fd, mode, o, n);
+}
 static void *f_mmap(void *a, size_t n, int prot, int fl, int fd, off_t o) { FAULT_CHECK(FAULT_MAP, "mmap", MAP_FAILED); return fault_real.mmap(a, n, prot, fl, fd, o); }
 static int f_rename(const char *a, const char *b) { FAULT_CHECK(FAULT_NAME, "rename", -1); return fault_real.rename(a, b); }
 static int f_rename_noreplace(const char *a, const char *b) { FAULT_CHECK(FAULT_NAME, "rename_noreplace", -1); return fault_real.rename_noreplace(a, b); }
@@ -140,6 +145,7 @@ static inline void fault_install(void)
     kvx_os.fstatat = f_fstatat;
     kvx_os.statx = f_statx;
     kvx_os.flock = f_flock;
+    kvx_os.fallocate = f_fallocate;
     kvx_os.mmap = f_mmap;
     kvx_os.rename = f_rename;
     kvx_os.rename_noreplace = f_rename_noreplace;

@@ -1,0 +1,449 @@
+/*
+ * holes.c - engine/store_holes.c and eviction in place (KVX_STORE_HOLES,
+ * docs/STORE.md "Holes"): the coldest blocks go one at a time, each page
+ * freed by a durable free log record and then punched; every other block
+ * is served byte for byte; a freed page is a miss and never damage (verify,
+ * gc, a reopen without the flag, reindex); a view held across an eviction
+ * keeps its bytes; a read-only handle of another process puts punches off.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "kvx.h"
+#include "engine/store.h"
+#include "lib/fault.h"
+#include "lib/store.h"
+
+#define NB 64                    /* blocks a sequence */
+#define CAP ((uint64_t)16 << 20) /* 16 MiB: about 3,800 blocks (a 64-byte page takes 4 KiB), 60 sequences */
+#define HOLES (KVX_STORE_NOWAIT | KVX_STORE_HOLES)
+
+/* Bytes of dir/sub/name on disk (st_blocks), and its size. */
+static uint64_t disk_bytes(const char *dir, const char *name, uint64_t *size)
+{
+    char p[700];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    struct stat st;
+    if (stat(p, &st) != 0) return 0;
+    if (size) *size = (uint64_t)st.st_size;
+    return (uint64_t)st.st_blocks * 512;
+}
+
+/* Every sequence 0..n-1 is served whole, or as a shorter prefix (its cold
+ * blocks evicted), every served block byte for byte: the count of whole
+ * ones. Sequences in hot (nullable, n of them) must be whole. */
+static size_t check_all(kvx_store *s, uint64_t n, const uint8_t *hot)
+{
+    size_t whole = 0;
+    for (uint64_t q = 0; q < n; q++) {
+        size_t got = su_served_prefix(s, q, NB);
+        assert_true(got != SIZE_MAX); /* never a wrong block */
+        if (hot && hot[q]) assert_int_equal(got, NB);
+        whole += got == NB;
+    }
+    return whole;
+}
+
+/* Puts sequences from..to-1, reading every hot one after each put (so an
+ * LRU keeps them). */
+static void fill(kvx_store *s, uint64_t from, uint64_t to, const uint8_t *hot, uint64_t nhot)
+{
+    for (uint64_t q = from; q < to; q++) {
+        su_put_flush(s, q, NB);
+        for (uint64_t h = 0; h < nhot && h <= q; h++)
+            if (hot[h]) {
+                size_t got = su_served_prefix(s, h, NB);
+                assert_int_equal(got, NB);
+            }
+    }
+}
+
+/* PROMISE: STORE-26 */
+static void test_evicts_cold_pages_in_place(void **state)
+{
+    (void)state;
+    char dir[512];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = CAP, .flags = HOLES});
+    uint8_t hot[200] = {0};
+    for (int q = 0; q < 4; q++) hot[q] = 1;
+    fill(s, 0, 200, hot, 4);
+    /* pages were freed in place, and punched */
+    assert_true(s->nfreed > 0);
+    assert_true(s->punched > 0);
+    assert_int_equal(su_exists(dir, "", "FREED"), 1);
+    /* the store is within its capacity */
+    kvx_store_stats st = su_stat(s);
+    uint64_t live = 0;
+    for (uint32_t b = 0; b < ST_SLOTS; b++) live += kvx_st_live_bytes(s, b);
+    assert_true(live <= CAP);
+    (void)st;
+    /* hot sequences whole, every block served right, some cold gone */
+    size_t whole = check_all(s, 200, hot);
+    assert_true(whole < 200);
+    assert_true(whole >= 4);
+    /* evictions reported, each block once */
+    kvx_evicted ev[4096];
+    size_t nev = 0;
+    uint64_t dropped = 0;
+    assert_int_equal(kvx_store_evicted(s, ev, 4096, &nev, &dropped), 0);
+    assert_true(nev > 0);
+    su_verify_clean(s);
+    kvx_store_close(s);
+    /* reopened without the flag: the same blocks served, the freed ones
+     * misses; verify clean; a reindex adopts no freed page */
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    assert_int_equal(check_all(s, 200, hot), whole);
+    su_verify_clean(s);
+    assert_int_equal(kvx_store_reindex(s), 0);
+    assert_int_equal(check_all(s, 200, hot), whole);
+    su_verify_clean(s);
+    assert_int_equal(kvx_store_gc(s), 0);
+    assert_int_equal(check_all(s, 200, hot), whole);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
+/* The disk holds less than the files' sizes say: punched extents are no
+ * longer allocated. */
+/* PROMISE: STORE-26 */
+static void test_punched_extents_are_free(void **state)
+{
+    (void)state;
+    char dir[512];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = CAP, .flags = HOLES});
+    uint8_t hot[1] = {0};
+    fill(s, 0, 200, hot, 0);
+    char shards[600];
+    snprintf(shards, sizeof shards, "%s/shards", dir);
+    char names[64][64];
+    size_t n = su_list_files(dir, "shards", names, 64);
+    uint64_t on_disk = 0, sizes = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t sz = 0;
+        on_disk += disk_bytes(shards, names[i], &sz);
+        sizes += sz;
+    }
+    /* files' sizes say more than the disk holds: holes */
+    assert_true(s->punched > 0);
+    assert_true(on_disk < sizes);
+    kvx_store_close(s);
+}
+
+/* The STORE file's version: 5 once a writer that frees pages in place has
+ * had the store (a release before holes refuses it); no open lowers it. */
+static unsigned store_version(const char *dir)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/STORE", dir);
+    uint8_t b[64];
+    FILE *f = fopen(p, "rb");
+    assert_non_null(f);
+    assert_int_equal(fread(b, 1, 64, f), 64);
+    fclose(f);
+    return (unsigned)b[8] | (unsigned)b[9] << 8;
+}
+
+/* PROMISE: STORE-26 */
+static void test_store_version_marks_holes(void **state)
+{
+    (void)state;
+    char dir[512];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = CAP, .flags = KVX_STORE_NOWAIT});
+    su_put_flush(s, 1, NB);
+    kvx_store_close(s);
+    assert_int_equal(store_version(dir), 4);
+    /* the first writer with the flag: DIR/READERS made, nothing freed in
+     * place this session (a reader opened before the file holds no lock) */
+    s = su_reopen(dir, HOLES);
+    assert_int_equal(store_version(dir), 5);
+    assert_int_equal(s->holes, 0);
+    assert_int_equal(su_exists(dir, "", "READERS"), 1);
+    kvx_store_close(s);
+    s = su_reopen(dir, HOLES);
+    assert_int_equal(s->holes, 1);
+    kvx_store_close(s);
+    s = su_reopen(dir, KVX_STORE_NOWAIT); /* without the flag: stays 5 */
+    assert_int_equal(su_served_prefix(s, 1, NB), NB);
+    kvx_store_close(s);
+    assert_int_equal(store_version(dir), 5);
+    /* a reader changes nothing: no READERS made where there is none */
+    s = su_store(dir, sizeof dir, (su_spec){.capacity = CAP, .flags = KVX_STORE_NOWAIT});
+    kvx_store_close(s);
+    s = su_reopen(dir, KVX_STORE_READONLY);
+    kvx_store_close(s);
+    assert_int_equal(su_exists(dir, "", "READERS"), 0);
+    /* a writer's flag only */
+    kvx_store *r = NULL;
+    assert_int_equal(kvx_store_open(&r, dir, NULL, KVX_STORE_READONLY | KVX_STORE_HOLES), KVX_EINVALID);
+}
+
+/* Puts one sequence at a time until an eviction freed pages; returns the
+ * next sequence number. */
+static uint64_t fill_until_freed(kvx_store *s, uint64_t from, const uint8_t *hot, uint64_t nhot)
+{
+    size_t before = s->nfreed;
+    uint64_t q = from;
+    while (s->nfreed == before) {
+        fill(s, q, q + 1, hot, nhot);
+        q++;
+        assert_true(q < from + 400);
+    }
+    return q;
+}
+
+/* A view held across the eviction of its block keeps its bytes: the punch
+ * waits for the view to go, then lands at a later eviction. */
+/* PROMISE: STORE-27 */
+static void test_view_held_across_eviction(void **state)
+{
+    (void)state;
+    char dir[512];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = CAP, .flags = HOLES});
+    uint8_t none[1] = {0};
+    uint64_t q = fill_until_freed(s, 0, none, 0);
+    /* views of the newest sequence's blocks: evicted later, once cold */
+    uint64_t held = q - 1;
+    uint32_t t[NB * SU_B];
+    uint64_t h[NB];
+    su_tokens(t, held, NB, 0);
+    kvx_block_hashes(h, t, NB * SU_B, SU_B);
+    kvx_view v[NB];
+    size_t n = 0;
+    assert_int_equal(kvx_store_prefix(v, &n, s, t, NB * SU_B, NB), 0);
+    assert_true(n > 0);
+    uint64_t deferred = s->punch_deferred, punched = s->punched;
+    /* the held sequence's blocks are now the newest: age them behind many puts */
+    for (int k = 0; k < 80; k++) q = fill_until_freed(s, q, none, 0);
+    assert_int_equal(su_served_prefix(s, held, NB), 0); /* evicted: a miss for lookups */
+    assert_true(s->punch_deferred > deferred);          /* its shard's punch waited */
+    for (size_t i = 0; i < n; i++) {
+        uint8_t want[64];
+        su_page(want, sizeof want, h[i]);
+        assert_memory_equal(v[i].page, want, sizeof want); /* the held views' bytes */
+    }
+    kvx_views_release(v, n);
+    q = fill_until_freed(s, q, none, 0);
+    assert_true(s->punched > punched);
+    size_t left = 0;
+    for (size_t i = 0; i < s->nfreed; i++) left += !s->freed[i].punched;
+    assert_int_equal(left, 0); /* every freed page punched once no view held it */
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
+/* A read-only handle of another process puts every punch off until it
+ * closes; its lookups are byte-exact throughout. */
+/* PROMISE: STORE-27 */
+static void test_reader_process_defers_punches(void **state)
+{
+    (void)state;
+    char dir[512];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = CAP, .flags = HOLES});
+    uint8_t none[1] = {0};
+    uint64_t q = fill_until_freed(s, 0, none, 0);
+    int go[2], done[2];
+    assert_int_equal(pipe(go), 0);
+    assert_int_equal(pipe(done), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        kvx_store *r = NULL;
+        if (kvx_store_open(&r, dir, NULL, KVX_STORE_READONLY) != 0) _exit(2);
+        char c = 1;
+        if (write(done[1], &c, 1) != 1) _exit(3);
+        if (read(go[0], &c, 1) != 1) _exit(4); /* held open until told */
+        int bad = 0;
+        for (uint64_t k = 0; k < 200; k++) bad |= su_served_prefix(r, k, NB) == SIZE_MAX;
+        kvx_store_close(r);
+        _exit(bad ? 5 : 0);
+    }
+    char c;
+    assert_int_equal(read(done[0], &c, 1), 1);
+    uint64_t punched = s->punched;
+    for (int k = 0; k < 20; k++) q = fill_until_freed(s, q, none, 0);
+    assert_int_equal(s->punched, punched); /* nothing punched while it is open */
+    assert_int_equal(write(go[1], &c, 1), 1);
+    int ws = 0;
+    assert_int_equal(waitpid(pid, &ws, 0), pid);
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    q = fill_until_freed(s, q, none, 0);
+    assert_true(s->punched > punched);
+    close(go[0]);
+    close(go[1]);
+    close(done[0]);
+    close(done[1]);
+    kvx_store_close(s);
+}
+
+/* A freed page is a miss, never damage; a page that rots beside it still
+ * is damage; a damaged free log turns the pages it freed into damage,
+ * reported, never served. */
+/* PROMISE: STORE-26 */
+static void test_damage_beside_holes(void **state)
+{
+    (void)state;
+    char dir[512];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = CAP, .flags = HOLES});
+    uint8_t none[1] = {0};
+    uint64_t q = fill_until_freed(s, 0, none, 0);
+    for (int k = 0; k < 10; k++) q = fill_until_freed(s, q, none, 0);
+    /* a live page of a shard with holes rots */
+    uint64_t gen = s->freed[0].gen;
+    uint32_t live = UINT32_MAX;
+    int b = -1;
+    for (int x = 0; x < ST_SLOTS; x++)
+        if (s->reg->live[x] && s->reg->rec[x].gen == gen) b = x;
+    assert_true(b >= 0);
+    for (uint32_t i = 0; i < s->reg->rec[b].n_entries && live == UINT32_MAX; i++)
+        if (!kvx_st_freed(s, gen, i)) live = i;
+    assert_true(live != UINT32_MAX);
+    kvx_store_close(s);
+    char path[700], name[32];
+    snprintf(name, sizeof name, "%016llx.kvx", (unsigned long long)gen);
+    snprintf(path, sizeof path, "%s/shards/%s", dir, name);
+    assert_int_equal(su_flip_page_byte(path, live), 0);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    uint64_t bad = 0;
+    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), KVX_ECORRUPT);
+    assert_int_equal(bad, 1); /* the rotted page only, not the freed ones */
+    for (uint64_t k = 0; k < q; k++) assert_true(su_served_prefix(s, k, NB) != SIZE_MAX);
+    kvx_store_close(s);
+    /* the free log's first record damaged: its pages read as damage */
+    snprintf(path, sizeof path, "%s/FREED", dir);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t x;
+    assert_int_equal(pread(fd, &x, 1, KVX_FREE_HEADER_BYTES + 30), 1);
+    x ^= 0x10;
+    assert_int_equal(pwrite(fd, &x, 1, KVX_FREE_HEADER_BYTES + 30), 1);
+    close(fd);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), KVX_ECORRUPT);
+    assert_true(bad > 1);
+    for (uint64_t k = 0; k < q; k++) assert_true(su_served_prefix(s, k, NB) != SIZE_MAX);
+    kvx_store_close(s);
+}
+
+/* kill -9 at every OS call of the flushes up to one whose eviction frees
+ * pages in place: after reopening (and after a reindex from the files
+ * alone), every block served is byte-exact, every entry of every live
+ * shard is either freed by the free log or served, every acknowledged
+ * flush is whole, and verify is clean. */
+/* PROMISE: STORE-28 */
+static void test_kill_at_each_step_of_a_free(void **state)
+{
+    (void)state;
+    char base[512];
+    kvx_store *s = su_store(base, sizeof base, (su_spec){.capacity = CAP, .flags = HOLES});
+    uint8_t none[1] = {0};
+    uint64_t q = fill_until_freed(s, 0, none, 0);
+    q = fill_until_freed(s, q, none, 0);
+    kvx_store_close(s);
+    int killed_inside = 0;
+    for (long k = 1; k < 400; k++) {
+        int hit = 0;
+        for (int reindex = 0; reindex < 2; reindex++) {
+            char dir[512], cmd[1200];
+            su_new_dir(dir, sizeof dir);
+            snprintf(cmd, sizeof cmd, "cp -a '%s' '%s'", base, dir);
+            assert_int_equal(system(cmd), 0);
+            int pfd[2];
+            assert_int_equal(pipe(pfd), 0);
+            fflush(NULL);
+            pid_t pid = fork();
+            assert_true(pid >= 0);
+            if (pid == 0) {
+                close(pfd[0]);
+                kvx_store *c = NULL;
+                if (kvx_store_open(&c, dir, NULL, HOLES) != 0) _exit(2);
+                /* the next sequences until one flush frees pages in place;
+                 * the kill at call k of the whole run */
+                fault_install();
+                fault_reset(k, 0, FAULT_KILL);
+                size_t before = c->nfreed;
+                uint64_t x = q;
+                for (; c->nfreed == before && x < q + 400; x++) {
+                    if (su_put_seq(c, x, NB) != 0) _exit(3);
+                    uint64_t w = x;
+                    if (write(pfd[1], &w, sizeof w) != sizeof w) _exit(4); /* acknowledged */
+                }
+                fault_uninstall();
+                _exit(c->nfreed > before ? 0 : 5);
+            }
+            close(pfd[1]);
+            uint64_t acked = UINT64_MAX, w;
+            while (read(pfd[0], &w, sizeof w) == sizeof w) acked = w;
+            close(pfd[0]);
+            int ws = 0;
+            assert_int_equal(waitpid(pid, &ws, 0), pid);
+            int was_killed = WIFSIGNALED(ws) && WTERMSIG(ws) == SIGKILL;
+            if (!was_killed && !(WIFEXITED(ws) && WEXITSTATUS(ws) == 0))
+                fail_msg("call %ld: child status %d", k, WIFEXITED(ws) ? WEXITSTATUS(ws) : -1);
+            hit |= was_killed;
+            if (reindex) assert_int_equal(kvx_store_reindex_dir(dir, KVX_STORE_NOWAIT), 0);
+            kvx_store *r = su_reopen(dir, HOLES);
+            uint64_t top = acked == UINT64_MAX ? q : acked + 2;
+            for (uint64_t x = 0; x < top; x++) {
+                size_t got = su_served_prefix(r, x, NB);
+                if (got == SIZE_MAX)
+                    fail_msg("call %ld%s: sequence %llu served a wrong block", k, reindex ? " (reindex)" : "",
+                             (unsigned long long)x);
+                if (acked != UINT64_MAX && x == acked && x >= q && got != NB)
+                    fail_msg("call %ld%s: sequence %llu, flushed, not whole (%zu)", k, reindex ? " (reindex)" : "",
+                             (unsigned long long)x, got);
+            }
+            /* every entry of every live shard is freed by the log, or served */
+            for (uint32_t b = 0; b < ST_SLOTS; b++) {
+                if (!r->reg->live[b]) continue;
+                kvx_shard *sh = kvx_st_shard_get(r, b, r->reg->rec[b].gen);
+                assert_non_null(sh);
+                for (uint32_t i = 0; i < r->reg->rec[b].n_entries; i++) {
+                    kvx_entry e;
+                    assert_int_equal(kvx_shard_entry(&e, sh, i), 0);
+                    if (kvx_st_freed(r, r->reg->rec[b].gen, i)) continue;
+                    kvx_view v;
+                    int g = kvx_store_get_hash(&v, r, e.hash);
+                    if (g)
+                        fail_msg("call %ld%s: shard %u entry %u, not freed, not served: %s", k,
+                                 reindex ? " (reindex)" : "", b, i, kvx_last_error());
+                    uint8_t want[64];
+                    su_page(want, sizeof want, e.hash);
+                    assert_memory_equal(v.page, want, sizeof want);
+                    kvx_view_release(&v);
+                }
+                kvx_shard_close(sh);
+            }
+            su_verify_clean(r);
+            kvx_store_close(r);
+            killed_inside += was_killed;
+            su_rm_rf(dir);
+        }
+        if (!hit) break;
+    }
+    assert_true(killed_inside > 10);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_evicts_cold_pages_in_place),    cmocka_unit_test(test_punched_extents_are_free),
+        cmocka_unit_test(test_store_version_marks_holes),     cmocka_unit_test(test_view_held_across_eviction),
+        cmocka_unit_test(test_reader_process_defers_punches), cmocka_unit_test(test_damage_beside_holes),
+        cmocka_unit_test(test_kill_at_each_step_of_a_free),
+    };
+    return cmocka_run_group_tests(tests, su_setup, su_teardown);
+}
