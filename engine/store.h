@@ -468,11 +468,12 @@ uint64_t kvx_st_live_bytes(const kvx_store *s, uint32_t b);
  * *out_stale (nullable). -ENOENT when there is no log. */
 int kvx_st_freed_rows_read(kvx_store *s, const kvx_cat_registry *reg, st_freed_row **out, size_t *out_n,
                            kvx_free_log *out_log, uint64_t *out_stale);
-/* Writer open, after the plan: the free log's rows (a free whose catalog
- * commit was lost leaves the catalog now), the log rewritten when it holds
- * rows of files gone or a torn tail; DIR/READERS made when this writer
- * frees pages. */
-int kvx_st_holes_load(kvx_store *s);
+/* Writer open, after the plan (and a reindex's rebuild): the free log's
+ * rows; entries the catalog still names leave it (a free whose catalog
+ * commit was lost: counted in the evicted blocks when count_cut); the log
+ * rewritten when it holds rows of files gone or a torn tail; DIR/READERS
+ * made when this writer frees pages. */
+int kvx_st_holes_load(kvx_store *s, int count_cut);
 void kvx_st_holes_close(kvx_store *s);
 /* Is shard (b, gen) sound: it opens and every page passes its CRC (a page
  * the free log frees counts as sound)? Only sound blocks are ever deleted

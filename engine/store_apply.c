@@ -258,6 +258,9 @@ int kvx_st_reindex_locked(kvx_store *s)
     if (!rc) rc = kvx_st_active_recover(s);
     if (rc) return rc;
     rc = st_plan_and_apply(s, ST_PLAN_REBUILD);
+    /* the rebuilt catalog names every entry of the files: the free log's
+     * pages leave it again */
+    if (!rc) rc = kvx_st_holes_load(s, 0);
     if (!rc) st_note(s);
     return rc;
 }
@@ -378,7 +381,7 @@ int kvx_st_recover(kvx_store *s)
         if ((rc = kvx_st_write_store_file(s))) s->version = old;
     }
     /* the free log's pages: out of the catalog, their extents punched */
-    if (!rc) rc = kvx_st_holes_load(s);
+    if (!rc) rc = kvx_st_holes_load(s, 1);
     if (!rc && s->holes) rc = kvx_st_punch_pending(s);
     /* version 3 becomes 4 by its STORE file alone (nothing to rewrite):
      * from here a release before active shards refuses it */

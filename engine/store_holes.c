@@ -134,7 +134,7 @@ int kvx_st_freed_rows_read(kvx_store *s, const kvx_cat_registry *reg, st_freed_r
     }
     kvx_shard_close(sh);
     kvx_clear_error();
-    qsort(rows, n, sizeof *rows, st_row_cmp);
+    if (n > 1) qsort(rows, n, sizeof *rows, st_row_cmp);
     /* one row per entry (a row freed twice: the later record is stale) */
     size_t w = 0;
     for (size_t i = 0; i < n; i++) {
@@ -199,7 +199,76 @@ int kvx_st_readers_join(kvx_store *s)
     return 0;
 }
 
-int kvx_st_holes_load(kvx_store *s)
+/* The generations that have a file in shards/ (a sealed or an active
+ * name), sorted, into *out. */
+typedef struct st_gens {
+    uint64_t *g;
+    size_t n, cap;
+} st_gens;
+
+static int st_gens_add(kvx_store *s, int dirfd, const char *name, void *ctx)
+{
+    (void)s;
+    (void)dirfd;
+    st_gens *x = ctx;
+    uint64_t gen = 0;
+    uint32_t byte = 0;
+    if (!kvx_st_parse_name(name, &gen) && !kvx_st_parse_active_name(name, &gen, &byte)) return 0;
+    if (x->n == x->cap) {
+        size_t cap = x->cap ? x->cap * 2 : 64;
+        uint64_t *g = realloc(x->g, cap * sizeof *g);
+        if (!g) return kvx_fail(-ENOMEM, "store: out of memory");
+        x->g = g;
+        x->cap = cap;
+    }
+    x->g[x->n++] = gen;
+    return 0;
+}
+
+static int st_u64_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Rewrites the free log with the rows of generations that still have a
+ * file in shards/, each row under its own sequence number (a row is
+ * dropped only when its file is gone: a file that cannot be judged now
+ * keeps its rows, so a punched page never loses its record). */
+static int st_log_compact(kvx_store *s)
+{
+    kvx_free_log l;
+    int rc = kvx_free_log_read(s->dirfd, ST_FREE_LOG, &l);
+    if (rc) return rc == -ENOENT ? 0 : rc;
+    st_gens gs = {NULL, 0, 0};
+    rc = kvx_st_each_file(s, s->shardsfd, st_gens_add, &gs);
+    if (rc) {
+        free(gs.g);
+        kvx_free_log_free(&l);
+        return rc;
+    }
+    if (gs.n) qsort(gs.g, gs.n, sizeof *gs.g, st_u64_cmp);
+    size_t w = 0;
+    for (size_t i = 0; i < l.n; i++)
+        if (gs.n && bsearch(&l.rows[i].gen, gs.g, gs.n, sizeof *gs.g, st_u64_cmp)) l.rows[w++] = l.rows[i];
+    free(gs.g);
+    kvx_free_log out;
+    rc = kvx_free_log_write(s->dirfd, ST_FREE_LOG, l.rows, w, 0, &out);
+    kvx_free_log_free(&l);
+    if (rc) return rc;
+    /* the next record's chain and number follow the rewritten log's */
+    uint64_t max_seq = s->flog.max_seq;
+    kvx_free_log_free(&s->flog);
+    s->flog = out;
+    if (max_seq > s->flog.max_seq) s->flog.max_seq = max_seq;
+    if (s->free_fd >= 0) { /* the open descriptor is of the old file */
+        kvx_os.close(s->free_fd);
+        s->free_fd = -1;
+    }
+    return 0;
+}
+
+int kvx_st_holes_load(kvx_store *s, int count_cut)
 {
     free(s->freed);
     s->freed = NULL;
@@ -222,6 +291,9 @@ int kvx_st_holes_load(kvx_store *s)
     int rc = kvx_st_freed_rows_read(s, s->reg, &s->freed, &s->nfreed, &s->flog, &stale);
     if (rc == -ENOENT) return 0; /* nothing was ever freed */
     if (rc) return rc;
+    /* sequence numbers only grow: a record whose catalog commit a crash
+     * lost is above every number the shards hold */
+    if (s->flog.max_seq >= s->next_seq) s->next_seq = s->flog.max_seq + 1;
     s->capfreed = s->nfreed;
     st_recount(s);
     /* a free whose catalog commit a crash lost (the catalog lags the
@@ -246,28 +318,22 @@ int kvx_st_holes_load(kvx_store *s)
         ndel++;
     }
     kvx_cat_snap_end(snap);
-    if (!rc && ndel) rc = kvx_cat_apply(s->cat, &e);
+    if (!rc && ndel) {
+        /* at a writer's open, counted as the eviction that freed them would
+         * have (its commit was cut): kvx_store_stat's evicted_blocks */
+        if (count_cut) {
+            kvx_cat_stats delta = {0};
+            delta.evicted_blocks = ndel;
+            kvx_cat_edit_stats(&e, &delta, 0);
+        }
+        rc = kvx_cat_apply(s->cat, &e);
+    }
     kvx_cat_edit_free(&e);
     if (rc) return rc;
-    /* rows of files gone, a torn tail: the log is rewritten with the rows
-     * that still free something (one record, at the last one's number) */
-    if (stale || s->flog.tail) {
-        kvx_freed *keep = s->nfreed ? malloc(s->nfreed * sizeof *keep) : NULL;
-        if (s->nfreed && !keep) return kvx_fail(-ENOMEM, "store: out of memory");
-        for (size_t i = 0; i < s->nfreed; i++) {
-            int b = st_byte_of(s->reg, s->freed[i].gen);
-            kvx_shard *sh = kvx_st_shard_get(s, (uint32_t)b, s->freed[i].gen);
-            kvx_entry en;
-            keep[i].gen = s->freed[i].gen;
-            keep[i].entry = s->freed[i].entry;
-            keep[i].hash = sh && kvx_shard_entry(&en, sh, s->freed[i].entry) == 0 ? en.hash : 0;
-            kvx_shard_close(sh);
-        }
-        uint64_t seq = s->flog.max_seq ? s->flog.max_seq : s->next_seq;
-        rc = kvx_free_log_write(s->dirfd, ST_FREE_LOG, keep, s->nfreed, seq, &s->flog);
-        free(keep);
-        if (rc) return rc;
-    }
+    /* rows of files gone, a torn tail: the log is rewritten without them,
+     * every other row kept with its own number */
+    if (stale || s->flog.tail) rc = st_log_compact(s);
+    if (rc) return rc;
     return 0;
 }
 

@@ -398,7 +398,7 @@ KVX_API int kvx_store_create(kvx_store **out, const char *dir, const kvx_store_o
     if ((rc = st_create_catalog(s))) goto fail;
     if ((rc = kvx_st_registry_load(s))) goto fail;
     s->holes = s->holes_new_store = (s->flags & KVX_STORE_HOLES) && !s->keyed;
-    if (s->holes && (rc = kvx_st_holes_load(s))) goto fail;  /* DIR/READERS */
+    if (s->holes && (rc = kvx_st_holes_load(s, 0))) goto fail; /* DIR/READERS */
     if ((rc = kvx_st_tier_attach(s, opts, 0, 1))) goto fail; /* writes DIR/TIER; reaches no server */
     *out = s;
     kvx_clear_error();

@@ -195,28 +195,43 @@ static int fl_check_rows(size_t n, uint64_t seq, uint64_t above)
 int kvx_free_log_write(int dirfd, const char *name, const kvx_freed *rows, size_t n, uint64_t seq, kvx_free_log *out)
 {
     if (!name || (n && !rows)) return kvx_fail(KVX_EINVALID, "free log: NULL argument");
-    int rc = n ? fl_check_rows(n, seq, 0) : 0;
-    if (rc) return rc;
+    /* the records: all rows under seq, or (seq 0) one record per run of
+     * rows sharing a sequence number, each run above the one before */
+    uint64_t prev = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t q = seq ? seq : rows[i].seq;
+        if (q == 0 || q < prev)
+            return kvx_fail(KVX_EINVALID, "free log %s: row %zu has sequence number %llu (after %llu)", name, i,
+                            (unsigned long long)q, (unsigned long long)prev);
+        prev = q;
+    }
     char tmp[96];
     snprintf(tmp, sizeof tmp, ".%s.tmp.%ld", name, (long)getpid());
     uint8_t h[KVX_FREE_HEADER_BYTES];
     fl_header(h);
-    uint32_t crc = kvx_load32(h + 60), hcrc = crc;
-    size_t len = 0;
-    uint8_t *rec = n ? fl_encode(rows, n, seq, crc, &len, &crc) : NULL;
-    if (n && !rec) return kvx_fail(-ENOMEM, "free log %s: out of memory", name);
+    uint32_t crc = kvx_load32(h + 60);
+    uint64_t end = KVX_FREE_HEADER_BYTES, max_seq = 0;
+    uint32_t records = 0;
     kvx_os.unlinkat(dirfd, tmp, 0); /* a crashed writer's leftover of this pid */
     int fd = kvx_os.openat(dirfd, tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0) {
-        rc = kvx_fail(-errno, "free log %s: create %s: %s", name, tmp, strerror(errno));
+    if (fd < 0) return kvx_fail(-errno, "free log %s: create %s: %s", name, tmp, strerror(errno));
+    int rc = kvx_os_pwrite_all(fd, h, sizeof h, 0);
+    for (size_t i = 0; i < n && !rc;) {
+        uint64_t q = seq ? seq : rows[i].seq;
+        size_t j = i;
+        while (j < n && (seq ? seq : rows[j].seq) == q && j - i < KVX_FREE_MAX_ROWS) j++;
+        size_t len = 0;
+        uint8_t *rec = fl_encode(rows + i, j - i, q, crc, &len, &crc);
+        rc = rec ? kvx_os_pwrite_all(fd, rec, len, end) : -ENOMEM;
         free(rec);
-        return rc;
+        end += len;
+        records++;
+        max_seq = q;
+        if (seq && j < n) seq++; /* one number a record */
+        i = j;
     }
-    rc = kvx_os_pwrite_all(fd, h, sizeof h, 0);
-    if (!rc && n) rc = kvx_os_pwrite_all(fd, rec, len, sizeof h);
     if (!rc && kvx_os.fsync(fd) != 0) rc = -errno;
     kvx_os.close(fd);
-    free(rec);
     if (!rc && kvx_os.renameat(dirfd, tmp, dirfd, name) != 0) rc = -errno;
     if (rc) {
         kvx_os.unlinkat(dirfd, tmp, 0);
@@ -231,10 +246,10 @@ int kvx_free_log_write(int dirfd, const char *name, const kvx_freed *rows, size_
     if (out) {
         memset(out, 0, sizeof *out);
         out->n = n;
-        out->records = n ? 1 : 0;
-        out->max_seq = n ? seq : 0;
-        out->end = KVX_FREE_HEADER_BYTES + len;
-        out->last_crc = n ? crc : hcrc;
+        out->records = records;
+        out->max_seq = max_seq;
+        out->end = end;
+        out->last_crc = crc;
     }
     return 0;
 }

@@ -57,10 +57,12 @@ typedef struct kvx_free_log {
 int kvx_free_log_read(int dirfd, const char *name, kvx_free_log *out);
 void kvx_free_log_free(kvx_free_log *l);
 
-/* Writes a new free log holding rows (one record at seq, none when n is 0)
- * as `name` under dirfd: a temporary file, fsync, rename over name, the
- * directory's fsync. On success *out describes it (rows not copied: out->rows
- * NULL, out->n n). Nothing changes on failure. */
+/* Writes a new free log holding rows as `name` under dirfd: all in one
+ * record at seq (none when n is 0), or, seq 0, one record per run of rows
+ * sharing their own .seq (runs in increasing order), so a rewrite keeps
+ * every row's number. A temporary file, fsync, rename over name, the
+ * directory's fsync. On success *out describes it (rows not copied:
+ * out->rows NULL, out->n n). Nothing changes on failure. */
 int kvx_free_log_write(int dirfd, const char *name, const kvx_freed *rows, size_t n, uint64_t seq, kvx_free_log *out);
 
 /* Appends one record of rows at seq (above l->max_seq) to the open log fd

@@ -95,6 +95,27 @@ static void test_round_trip(void **state)
     assert_int_equal(r.n, 0);
     assert_int_equal(r.end, KVX_FREE_HEADER_BYTES);
     kvx_free_log_free(&r);
+    /* a rewrite that keeps each row's own number: one record a run */
+    kvx_freed k[5];
+    rows_make(k, 5, 400);
+    uint64_t seqs[5] = {5, 5, 7, 9, 9};
+    for (int i = 0; i < 5; i++) k[i].seq = seqs[i];
+    assert_int_equal(kvx_free_log_write(dfd, LOG, k, 5, 0, &w), 0);
+    assert_int_equal(w.records, 3);
+    assert_int_equal(w.max_seq, 9);
+    assert_int_equal(kvx_free_log_read(dfd, LOG, &r), 0);
+    assert_int_equal(r.records, 3);
+    assert_int_equal(r.last_crc, w.last_crc);
+    for (int i = 0; i < 5; i++) {
+        assert_int_equal(r.rows[i].seq, seqs[i]);
+        assert_int_equal(r.rows[i].hash, k[i].hash);
+    }
+    kvx_free_log_free(&r);
+    k[3].seq = 6; /* out of order: refused, the log as it was */
+    assert_int_equal(kvx_free_log_write(dfd, LOG, k, 5, 0, &w), KVX_EINVALID);
+    assert_int_equal(kvx_free_log_read(dfd, LOG, &r), 0);
+    assert_int_equal(r.records, 3);
+    kvx_free_log_free(&r);
     /* the rewrite left no temporary file */
     assert_int_equal(dir_entries(), 1);
     close(dfd);

@@ -30,7 +30,7 @@
  *   rename), once one side is durable the other is applied at random (so
  *   a shard fsynced into shards/ may also still be in staging/).
  * - Crash points are the calls that change or sync something: pwrite,
- *   ftruncate, fsync, fdatasync, an open with O_CREAT or O_TRUNC, the
+ *   ftruncate, fallocate (a punched range is a write of zeros), fsync, fdatasync, an open with O_CREAT or O_TRUNC, the
  *   renames, unlinks, linkat, mkdir and mkdirat. Crash point k is the instant just before
  *   the k-th such call (numbered from 1 after pc_begin): the call and all
  *   later ones never happen. The hook given to pc_begin runs there.
@@ -579,6 +579,27 @@ static int pc_w_ftruncate(int fd, off_t len)
     return r;
 }
 
+/* A punched range (FALLOC_FL_PUNCH_HOLE) reads as zeros: to the model, a
+ * write of zeros, unsynced until the file's next sync (so a cut may drop
+ * it, keep it, or tear it at a 512-byte boundary, as a punch of some of
+ * its blocks). Other modes change no byte a reader sees. */
+static int pc_w_fallocate(int fd, int mode, off_t o, off_t n)
+{
+    pc_tick();
+    int r = pc_real.fallocate(fd, mode, o, n);
+    if (r == 0 && (mode & FALLOC_FL_PUNCH_HOLE) && n > 0) {
+        int e = errno, f = pc_fd_file(fd);
+        uint8_t *z = calloc(1, (size_t)n);
+        if (f >= 0 && z)
+            pc_file_op(pc_files[f], PC_W_WRITE, (uint64_t)o, z, (size_t)n);
+        else if (f < 0)
+            pc_note_outside("fallocate of fd %d, a file the model does not know", fd);
+        free(z);
+        errno = e;
+    }
+    return r;
+}
+
 static void pc_dir_sync(int d)
 {
     pc_dir *D = pc_dirs[d];
@@ -1118,6 +1139,7 @@ static inline void pc_begin(const char *root, const char **copy, pc_hook_fn hook
     kvx_os.fsync = pc_w_fsync;
     kvx_os.fdatasync = pc_w_fdatasync;
     kvx_os.ftruncate = pc_w_ftruncate;
+    kvx_os.fallocate = pc_w_fallocate;
     kvx_os.rename = pc_w_rename;
     kvx_os.rename_noreplace = pc_w_rename_noreplace;
     kvx_os.renameat = pc_w_renameat;

@@ -209,6 +209,7 @@ typedef struct run {
     model m;
     long op;
     int child_fd; /* >= 0: this is a child; messages go there */
+    uint32_t wflags; /* the writer's open flags: KVX_STORE_HOLES in every other sequence */
     int failed;
     int soft; /* a failure after which the sequence goes on (C_BLANKQ) */
     int new_class;
@@ -515,7 +516,7 @@ static int batch_create(run *r, int b)
 
 static int r_open(run *r)
 {
-    int rc = kvx_store_open(&r->s, r->dir, NULL, 0);
+    int rc = kvx_store_open(&r->s, r->dir, NULL, r->wflags);
     if (rc) {
         r->s = NULL;
         bad(r, C_CALL, "open: %s (%s)", kvx_err_name(rc), kvx_last_error());
@@ -1222,9 +1223,15 @@ static int run_sequence(uint64_t seed, long seq, const char *root, long nops)
     make_sequences(r);
     kvx_geometry g = mb_geometry();
     kvx_store_options o;
-    su_options(&o, (su_spec){.geometry = &g, .capacity = 512u << 10, .shard_bytes = 64u << 10});
+    /* eviction in place (docs/STORE.md "Holes") in every other sequence, or
+     * as KVX_MODELB_HOLES says (0 never, 1 always) */
+    const char *hv = getenv("KVX_MODELB_HOLES");
+    int holes = hv ? atoi(hv) != 0 : (int)(su_mix(seed ^ (uint64_t)seq) & 1);
+    r->wflags = holes ? KVX_STORE_HOLES : 0;
+    su_options(&o, (su_spec){.geometry = &g, .capacity = 512u << 10, .shard_bytes = 64u << 10, .flags = r->wflags});
     int rc = kvx_store_create(&r->s, r->dir, &o);
     if (rc) fail_msg("create %s: %s (%s)", r->dir, kvx_err_name(rc), kvx_last_error());
+    tr(r, "#0   created, eviction %s", holes ? "in place (KVX_STORE_HOLES)" : "by whole shards");
     for (int b = 0; b < NB; b++) batch_create(r, b);
     int total = 0;
     for (int i = 0; i < NOPS; i++) total += op_weights[i];
