@@ -470,6 +470,9 @@ static int st_evict_holes(kvx_store *s, uint64_t total, uint64_t goal, uint64_t 
     st_cold *c = malloc((n + 1) * sizeof *c);
     if (!c) return kvx_fail(-ENOMEM, "store: out of memory");
     uint32_t live[ST_SLOTS] = {0}, take[ST_SLOTS] = {0};
+    uint8_t victims[ST_SLOTS] = {0};
+    int nvict = 0;
+    uint64_t freed = 0;
     n = 0;
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
         if (!s->reg->live[b]) continue;
@@ -479,6 +482,13 @@ static int st_evict_holes(kvx_store *s, uint64_t total, uint64_t goal, uint64_t 
             live[b]++;
             if (!pinned) c[n++] = (st_cold){r[b][i], b, i};
         }
+        /* every page freed (by this eviction's predecessors): the file's
+         * tables and header go with it now */
+        if (!live[b] && !pinned) {
+            victims[b] = 1;
+            nvict++;
+            freed += kvx_st_live_bytes(s, b);
+        }
     }
     qsort(c, n, sizeof *c, st_cmp_cold);
     /* a page frees its extent (every page starts 4096-aligned and the next
@@ -486,7 +496,6 @@ static int st_evict_holes(kvx_store *s, uint64_t total, uint64_t goal, uint64_t 
      * "KV pages"); the last live page of a shard frees the whole file */
     uint64_t extent = kvx_align_up(s->page_bytes, 4096);
     size_t k = 0;
-    uint64_t freed = 0;
     for (; k < n && total - freed > goal; k++) {
         uint32_t b = c[k].b;
         freed += extent;
@@ -495,8 +504,6 @@ static int st_evict_holes(kvx_store *s, uint64_t total, uint64_t goal, uint64_t 
             freed += lb > pages ? lb - pages : 0;
         }
     }
-    uint8_t victims[ST_SLOTS] = {0};
-    int nvict = 0;
     size_t nfree = 0;
     for (uint32_t b = 0; b < ST_SLOTS; b++)
         if (take[b] && take[b] == live[b]) {

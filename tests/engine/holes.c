@@ -71,6 +71,17 @@ static void fill(kvx_store *s, uint64_t from, uint64_t to, const uint8_t *hot, u
     }
 }
 
+typedef struct notes {
+    int freed, problems;
+} notes;
+
+static void note_count(void *ctx, const char *what, int code)
+{
+    notes *n = ctx;
+    if (code) n->problems++;
+    else if (strstr(what, "freed in place")) n->freed++;
+}
+
 /* PROMISE: STORE-26 */
 static void test_evicts_cold_pages_in_place(void **state)
 {
@@ -90,6 +101,13 @@ static void test_evicts_cold_pages_in_place(void **state)
     for (uint32_t b = 0; b < ST_SLOTS; b++) live += kvx_st_live_bytes(s, b);
     assert_true(live <= CAP);
     (void)st;
+    /* no live shard is left with every page freed: it went whole */
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        if (!s->reg->live[b]) continue;
+        uint32_t left = 0;
+        for (uint32_t i = 0; i < s->reg->rec[b].n_entries; i++) left += !kvx_st_freed(s, s->reg->rec[b].gen, i);
+        assert_true(left > 0);
+    }
     /* hot sequences whole, every block served right, some cold gone */
     size_t whole = check_all(s, 200, hot);
     assert_true(whole < 200);
@@ -101,6 +119,13 @@ static void test_evicts_cold_pages_in_place(void **state)
     assert_int_equal(kvx_store_evicted(s, ev, 4096, &nev, &dropped), 0);
     assert_true(nev > 0);
     su_verify_clean(s);
+    /* verify names the freed pages apart, as notes */
+    notes n = {0, 0};
+    uint64_t bad = 9;
+    assert_int_equal(kvx_store_verify(s, &bad, note_count, &n), 0);
+    assert_int_equal(bad, 0);
+    assert_true(n.freed > 0);
+    assert_int_equal(n.problems, 0);
     kvx_store_close(s);
     /* reopened without the flag: the same blocks served, the freed ones
      * misses; verify clean; a reindex adopts no freed page */
@@ -437,6 +462,69 @@ static void test_kill_at_each_step_of_a_free(void **state)
     assert_true(killed_inside > 10);
 }
 
+/* Not a free log at DIR/FREED: a writer's open names it and refuses
+ * (KVX_EPATH for a directory, FIFO or symlink, never read through or
+ * blocked on; KVX_EMAGIC for another file); nothing in the store changes. */
+/* PROMISE: STORE-26 */
+static void test_strange_things_at_freed(void **state)
+{
+    (void)state;
+    char dir[512], p[700];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = CAP, .flags = HOLES});
+    su_put_flush(s, 1, NB);
+    kvx_store_close(s);
+    snprintf(p, sizeof p, "%s/FREED", dir);
+    kvx_store *w = NULL;
+    assert_int_equal(mkdir(p, 0700), 0);
+    assert_int_equal(kvx_store_open(&w, dir, NULL, HOLES), KVX_EPATH);
+    assert_non_null(strstr(kvx_last_error(), "FREED"));
+    rmdir(p);
+    assert_int_equal(mkfifo(p, 0600), 0);
+    assert_int_equal(kvx_store_open(&w, dir, NULL, HOLES), KVX_EPATH);
+    unlink(p);
+    assert_int_equal(symlink("/dev/zero", p), 0);
+    assert_int_equal(kvx_store_open(&w, dir, NULL, HOLES), KVX_EPATH);
+    unlink(p);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs("not a free log, but long enough to hold its 64-byte header....................", f);
+    fclose(f);
+    assert_int_equal(kvx_store_open(&w, dir, NULL, HOLES), KVX_EMAGIC);
+    unlink(p);
+    /* every block still there once it is gone */
+    s = su_reopen(dir, HOLES);
+    assert_int_equal(su_served_prefix(s, 1, NB), NB);
+    kvx_store_close(s);
+}
+
+/* A file system without holes (fallocate EOPNOTSUPP): the pages are freed
+ * (misses), the store goes on evicting whole shards, every block served is
+ * right and verify is clean. */
+static int no_holes(int fd, int mode, off_t off, off_t len)
+{
+    (void)fd, (void)mode, (void)off, (void)len;
+    errno = EOPNOTSUPP;
+    return -1;
+}
+
+/* PROMISE: STORE-26 */
+static void test_no_punch_on_this_file_system(void **state)
+{
+    (void)state;
+    char dir[512];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = CAP, .flags = HOLES});
+    uint8_t none[1] = {0};
+    kvx_os.fallocate = no_holes;
+    uint64_t q = fill_until_freed(s, 0, none, 0);
+    kvx_os_reset();
+    assert_int_equal(s->punched, 0);
+    assert_int_equal(s->holes, 0); /* whole shards from here */
+    fill(s, q, q + 40, none, 0);
+    for (uint64_t k = 0; k < q + 40; k++) assert_true(su_served_prefix(s, k, NB) != SIZE_MAX);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -444,6 +532,8 @@ int main(void)
         cmocka_unit_test(test_store_version_marks_holes),     cmocka_unit_test(test_view_held_across_eviction),
         cmocka_unit_test(test_reader_process_defers_punches), cmocka_unit_test(test_damage_beside_holes),
         cmocka_unit_test(test_kill_at_each_step_of_a_free),
+        cmocka_unit_test(test_strange_things_at_freed),
+        cmocka_unit_test(test_no_punch_on_this_file_system),
     };
     return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }
