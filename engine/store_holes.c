@@ -503,6 +503,13 @@ int kvx_st_free_commit(kvx_store *s, const st_free_page *list, size_t n)
     s->nfreed += n;
     s->capfreed = s->nfreed;
     qsort(s->freed, s->nfreed, sizeof *s->freed, st_row_cmp);
+    /* handles of these shards now open (a warmup's) skip the pages */
+    pthread_rwlock_rdlock(&s->cache_lock);
+    for (size_t i = 0; i < n; i++) {
+        st_cache *c = &s->cache[list[i].byte];
+        if (c->sh && c->gen == list[i].gen) kvx_shard_mark_freed(c->sh, list[i].entry);
+    }
+    pthread_rwlock_unlock(&s->cache_lock);
     if (rc) return rc; /* not punched: the catalog still names them */
     atomic_fetch_add(&s->free_seq, 1);
     atomic_thread_fence(memory_order_seq_cst);

@@ -84,11 +84,23 @@ KVX_API int kvx_store_shards(kvx_shard ***out_shards, size_t *out_n, kvx_store *
     kvx_shard **arr = rc ? NULL : calloc(ST_SLOTS, sizeof *arr);
     if (!rc && !arr) rc = kvx_fail(-ENOMEM, "store: out of memory");
     size_t n = 0;
+    /* pages the free log frees: marked on the handles, so warmup and
+     * fetches skip them (docs/STORE.md "Holes") */
+    kvx_free_log flog;
+    int lr = rc ? -ENOENT : kvx_free_log_read(s->dirfd, "FREED", &flog);
+    if (lr == 0)
+        kvx_st_log_sort(&flog);
+    else
+        kvx_clear_error(); /* none, or unreadable: every freed page reads as damage there */
     for (uint32_t b = 0; !rc && b < ST_SLOTS; b++) {
         if (!reg->live[b]) continue;
         kvx_shard *sh = kvx_st_shard_get_n(s, b, reg->rec[b].gen, reg->rec[b].n_entries);
-        if (sh) arr[n++] = sh;
+        if (!sh) continue;
+        for (uint32_t i = 0; lr == 0 && flog.n && i < kvx_shard_get_info(sh)->num_blocks; i++)
+            if (kvx_st_log_frees(&flog, sh, reg->rec[b].gen, i)) kvx_shard_mark_freed(sh, i);
+        arr[n++] = sh;
     }
+    if (lr == 0) kvx_free_log_free(&flog);
     free(reg);
     if (rc) return rc;
     *out_shards = arr;

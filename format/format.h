@@ -12,6 +12,12 @@
  * goes through. KVX_EPAGECRC, or KVX_ETRUNC for a missing page, or
  * KVX_ENOTFOUND for a tombstone (no page). */
 int kvx_shard_page_checked(const void **out_page, const kvx_shard *s, uint32_t index);
+/* Marks entry index of s as freed in place by its store (docs/STORE.md
+ * "Holes"): warmup and fetches take it as absent, as a tombstone. */
+void kvx_shard_mark_freed(kvx_shard *s, uint32_t index);
+/* Has entry index no page to read: a tombstone, or a page its store freed
+ * in place (kvx_shard_mark_freed)? */
+int kvx_shard_absent(const kvx_shard *s, uint32_t index);
 /* The references s has now (the store's holes: a handle referenced by
  * anything but the store's cache is in use). */
 uint32_t kvx_shard_refs(const kvx_shard *s);

@@ -62,6 +62,9 @@ struct kvx_shard {
     kvx_spectral spectral;
     uint32_t *spectral_ids;
     float *spectral_psi;
+    /* entries whose page the store freed in place (kvx_shard_mark_freed):
+     * one bit each, made on first need; NULL: none */
+    _Atomic(_Atomic uint64_t *) freed;
     int active;    /* kvx_shard_open_active: its writer appends, so a moved
                       mtime is no sign of damage (a shorter file still is) */
     int mem;       /* kvx_shard_mem: pages on the heap, no file */

@@ -373,3 +373,28 @@ uint32_t kvx_shard_refs(const kvx_shard *s)
 {
     return s ? (uint32_t)atomic_load_explicit(&((kvx_shard *)s)->refs, memory_order_seq_cst) : 0;
 }
+
+void kvx_shard_mark_freed(kvx_shard *s, uint32_t index)
+{
+    if (!s || index >= s->n) return;
+    _Atomic uint64_t *f = atomic_load(&s->freed);
+    if (!f) {
+        _Atomic uint64_t *nf = calloc((size_t)s->n / 64 + 1, sizeof *nf), *none = NULL;
+        if (!nf) return; /* unmarked: a reader of its page finds it damaged, never a wrong page */
+        if (atomic_compare_exchange_strong(&s->freed, &none, nf))
+            f = nf;
+        else {
+            free((void *)nf);
+            f = none;
+        }
+    }
+    atomic_fetch_or(&f[index / 64], 1ull << (index % 64));
+}
+
+int kvx_shard_absent(const kvx_shard *s, uint32_t index)
+{
+    int tomb = 0;
+    if (kvx_shard_entry_commit(s, index, NULL, &tomb) == 0 && tomb) return 1;
+    _Atomic uint64_t *f = s && index < s->n ? atomic_load(&((kvx_shard *)s)->freed) : NULL;
+    return f && (atomic_load(&f[index / 64]) >> (index % 64) & 1);
+}

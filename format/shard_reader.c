@@ -66,7 +66,7 @@ static void shard_free(kvx_shard *s)
     free(s->keys);
     free(s->seqs);
     free(s->tombs);
-    free((void *)s->checked);
+    free((void *)s->checked), free((void *)atomic_load(&s->freed));
     free(s->by_coord);
     free(s->spectral_ids);
     free(s->spectral_psi);

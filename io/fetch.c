@@ -23,6 +23,7 @@
  * outstanding reads; release and cancel touch only their own.
  */
 #include "io.h"
+#include "format/format.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -267,9 +268,9 @@ int kvx_fetch_submit(kvx_fetch *f, const kvx_fetch_req *reqs, size_t n)
         int erc = kvx_shard_entry(&e, reqs[i].shard, reqs[i].entry);
         if (erc == KVX_EINVALID && reqs[i].entry >= kvx_shard_get_info(reqs[i].shard)->num_blocks)
             erc = KVX_ENOTFOUND; /* kvx.h: no such entry; KVX_EINVALID is a NULL shard */
-        int tomb = 0; /* a tombstone (a keyed delete) has no page to fetch */
-        if (!erc && kvx_shard_entry_commit(reqs[i].shard, reqs[i].entry, NULL, &tomb) == 0 && tomb)
-            erc = KVX_ENOTFOUND;
+        /* a tombstone (a keyed delete), or a page its store freed in place:
+         * no page to fetch */
+        if (!erc && kvx_shard_absent(reqs[i].shard, reqs[i].entry)) erc = KVX_ENOTFOUND;
         if (erc) {
             r->status = erc;
             f->done++;

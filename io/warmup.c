@@ -38,6 +38,7 @@
 #include "warmup.h"
 
 #include "common/os.h"
+#include "format/format.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -63,12 +64,9 @@ static int wpage_cmp(const void *a, const void *b)
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
-/* A tombstone (a keyed delete, docs/FORMAT.md) has no page: warmup skips it. */
-static int is_tombstone(const kvx_shard *s, uint32_t i)
-{
-    int tomb = 0;
-    return kvx_shard_entry_commit(s, i, NULL, &tomb) == 0 && tomb;
-}
+/* A tombstone (a keyed delete, docs/FORMAT.md) or a page its store freed
+ * in place (docs/STORE.md "Holes") has no page: warmup skips it. */
+static int is_tombstone(const kvx_shard *s, uint32_t i) { return kvx_shard_absent(s, i); }
 
 int kvx_warmup_sink_bytes(uint64_t *out, kvx_shard *const *shards, size_t n)
 {

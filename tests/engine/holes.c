@@ -24,6 +24,7 @@
 
 #include "kvx.h"
 #include "engine/store.h"
+#include "format/format.h"
 #include "lib/fault.h"
 #include "lib/store.h"
 
@@ -525,15 +526,52 @@ static void test_no_punch_on_this_file_system(void **state)
     kvx_store_close(s);
 }
 
+/* Warmup of a store with holes (kvx_warmup_collect's handles, the whole
+ * shards): every freed page skipped, every other page read and checked,
+ * no failure; a fetch's entry check (kvx_shard_absent) says the same. */
+/* PROMISE: STORE-26 */
+static void test_warmup_skips_freed_pages(void **state)
+{
+    (void)state;
+    char dir[512];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = CAP, .flags = HOLES});
+    uint8_t none[1] = {0};
+    uint64_t q = fill_until_freed(s, 0, none, 0);
+    for (int k = 0; k < 5; k++) q = fill_until_freed(s, q, none, 0);
+    size_t nfreed = s->nfreed;
+    assert_true(nfreed > 0);
+    kvx_store_close(s);
+    const char *paths[] = {dir};
+    kvx_shard **sh = NULL;
+    size_t n = 0;
+    assert_int_equal(kvx_warmup_collect(&sh, &n, paths, 1), 0);
+    uint64_t pages = 0, absent = 0;
+    for (size_t i = 0; i < n; i++)
+        for (uint32_t e = 0; e < kvx_shard_get_info(sh[i])->num_blocks; e++) {
+            pages++;
+            absent += (uint64_t)kvx_shard_absent(sh[i], e);
+        }
+    assert_int_equal(absent, nfreed);
+    kvx_warmup_options o;
+    kvx_warmup_options_init(&o);
+    kvx_warmup_report rep;
+    assert_int_equal(kvx_warmup_run(&rep, sh, n, &o), 0);
+    assert_int_equal(rep.pages, pages - absent);
+    assert_int_equal(rep.crc_failures, 0);
+    assert_int_equal(rep.io_failures, 0);
+    kvx_warmup_report_free(&rep);
+    for (size_t i = 0; i < n; i++) kvx_shard_close(sh[i]);
+    kvx_free(sh);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_evicts_cold_pages_in_place),    cmocka_unit_test(test_punched_extents_are_free),
         cmocka_unit_test(test_store_version_marks_holes),     cmocka_unit_test(test_view_held_across_eviction),
         cmocka_unit_test(test_reader_process_defers_punches), cmocka_unit_test(test_damage_beside_holes),
-        cmocka_unit_test(test_kill_at_each_step_of_a_free),
-        cmocka_unit_test(test_strange_things_at_freed),
-        cmocka_unit_test(test_no_punch_on_this_file_system),
+        cmocka_unit_test(test_kill_at_each_step_of_a_free),   cmocka_unit_test(test_strange_things_at_freed),
+        cmocka_unit_test(test_no_punch_on_this_file_system),  cmocka_unit_test(test_warmup_skips_freed_pages),
     };
     return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }
