@@ -485,6 +485,12 @@ int kvx_st_readers_join(kvx_store *s);
 /* Frees the n pages: one durable free log record, the catalog edit, then
  * the punches (kvx_st_punch_pending). Under wmu. */
 int kvx_st_free_commit(kvx_store *s, const st_free_page *list, size_t n);
+/* May this eviction free pages in place: the writer frees pages in place
+ * and no read-only handle (of any process) is open now? While one is,
+ * its punches would wait for it and the freed pages stay on disk, so
+ * eviction takes whole shards instead (their files go, the space with
+ * them once no view holds them). */
+int kvx_st_holes_now(kvx_store *s);
 /* Punches every freed extent not yet punched whose shard no view holds,
  * while no read-only handle of another process is open. */
 int kvx_st_punch_pending(kvx_store *s);

@@ -382,6 +382,14 @@ static int st_unviewed(kvx_store *s, uint32_t b, uint64_t gen)
     return !busy;
 }
 
+int kvx_st_holes_now(kvx_store *s)
+{
+    if (!s->holes || s->readers_fd < 0) return 0;
+    if (kvx_os.flock(s->readers_fd, LOCK_EX | LOCK_NB) != 0) return 0;
+    kvx_os.flock(s->readers_fd, LOCK_UN);
+    return 1;
+}
+
 int kvx_st_punch_pending(kvx_store *s)
 {
     int any = 0;

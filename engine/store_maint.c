@@ -590,7 +590,7 @@ int kvx_st_evict(kvx_store *s, uint64_t pending)
     }
     /* the cut: an exact LRU holding the goal's worth of blocks */
     uint64_t goal = kvx_st_evict_goal(s->capacity);
-    if (s->holes && !s->evict_cold_only) {
+    if (!s->evict_cold_only && kvx_st_holes_now(s)) {
         free(all);
         rc = st_evict_holes(s, total, goal, r);
         kvx_st_usage_free(uv);
