@@ -42,19 +42,6 @@ static void copy_fixture(char *dir, size_t cap, const char *name)
 }
 
 /* STORE's format version and kind (docs/FORMAT.md "STORE file"). */
-static void store_version(const char *dir, unsigned *version, unsigned *kind)
-{
-    char p[600];
-    snprintf(p, sizeof p, "%s/STORE", dir);
-    uint8_t b[64];
-    FILE *f = fopen(p, "rb");
-    assert_non_null(f);
-    assert_int_equal(fread(b, 1, 64, f), 64);
-    fclose(f);
-    *version = (unsigned)b[8] | (unsigned)b[9] << 8;
-    *kind = (unsigned)b[10] | (unsigned)b[11] << 8;
-}
-
 /* Every shard of s has a sequence table. */
 static void all_shards_seq(kvx_store *s)
 {
@@ -124,7 +111,7 @@ static void test_reader_serves_old_store(void **state)
     assert_int_equal(bad, 0);
     kvx_store_close(s);
     unsigned v, k;
-    store_version(dir, &v, &k);
+    su_store_version(dir, &v, &k);
     assert_true(v == 1 && k == 0);
 }
 
@@ -141,7 +128,7 @@ static void test_writer_keeps_and_extends_old_store(void **state)
     kvx_geometry g = su_geometry();
     assert_int_equal(kvx_store_open(&s, dir, &g, 0), 0);
     unsigned v, k;
-    store_version(dir, &v, &k);
+    su_store_version(dir, &v, &k);
     assert_true(v == 4 && k == 0);
     check_stats(s, 76);
     check_contents(s, 12);
@@ -223,10 +210,10 @@ static void test_keyed_fixture_migrated(void **state)
     check_keys(s);
     kvx_store_close(s);
     unsigned v, k;
-    store_version(dir, &v, &k);
+    su_store_version(dir, &v, &k);
     assert_true(v == 2 && k == 0);
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
-    store_version(dir, &v, &k);
+    su_store_version(dir, &v, &k);
     assert_true(v == 4 && k == 1);
     check_keys(s);
     all_shards_seq(s);
@@ -310,7 +297,7 @@ static void test_crash_mid_migration_resumes(void **state)
         int rc = kvx_store_open(&s, dir, NULL, 0);
         if (rc) fail_msg("killed at op %d: the next writer open failed: %s", n, kvx_last_error());
         unsigned v, k;
-        store_version(dir, &v, &k);
+        su_store_version(dir, &v, &k);
         assert_true(v == 4 && k == 1);
         check_keys(s);
         all_shards_seq(s);
@@ -351,7 +338,7 @@ static void test_unmigrated_without_index_refused(void **state)
             assert_non_null(strstr(kvx_last_error(), "recreate it"));
         }
         unsigned v, k;
-        store_version(dir, &v, &k);
+        su_store_version(dir, &v, &k);
         assert_int_equal(v, f ? 1 : 2);
         assert_int_equal(su_n_files(dir, "quarantine"), 0);
         assert_int_not_equal(kvx_store_open(&s, dir, NULL, KVX_STORE_READONLY), 0);
@@ -385,7 +372,7 @@ static void test_old_store_with_a_cut_drop_migrates(void **state)
     int rc = kvx_store_open(&s, dir, NULL, 0);
     if (rc) fail_msg("open: %s (%s)", kvx_err_name(rc), kvx_last_error());
     unsigned v, k;
-    store_version(dir, &v, &k);
+    su_store_version(dir, &v, &k);
     assert_true(v == 4 && k == 1);
     check_keys(s);
     kvx_store_close(s);

@@ -123,6 +123,21 @@ static inline kvx_store *su_reopen(const char *dir, uint32_t flags)
     return s;
 }
 
+/* The format version and kind DIR/STORE holds (docs/FORMAT.md "STORE
+ * file"): u16 at 8 and at 10. */
+static inline void su_store_version(const char *dir, unsigned *version, unsigned *kind)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/STORE", dir);
+    uint8_t b[64];
+    FILE *f = fopen(p, "rb");
+    assert_non_null(f);
+    assert_int_equal(fread(b, 1, 64, f), 64);
+    fclose(f);
+    *version = (unsigned)b[8] | (unsigned)b[9] << 8;
+    *kind = (unsigned)b[10] | (unsigned)b[11] << 8;
+}
+
 /* kvx_store_verify finds no problem. */
 static inline void su_verify_clean(kvx_store *s)
 {
