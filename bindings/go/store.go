@@ -65,6 +65,10 @@ type StoreOptions struct {
 	NoWait        bool     // a second writer gets ErrBusy at once instead of waiting
 	Verify        bool     // check shard meta CRCs at open and each served page's CRC
 	NoSync        bool     // tests and benchmarks only: LMDB commits without fsync
+	// Holes: this writer evicts cold blocks one at a time in place (a free
+	// log record, then the page's extent punched: docs/STORE.md "Holes")
+	// instead of whole shards and carries.
+	Holes bool
 	// The shared tier (docs/TIER.md), written to DIR/TIER: "" = none.
 	TierURL    string        // redis://[user[:pass]@]host:port[,host:port...]
 	TierTenant string        // namespace salt; "" = none
@@ -78,6 +82,7 @@ type OpenOptions struct {
 	NoWait   bool      // ErrBusy at once when another writer holds the store
 	Verify   bool      // check meta CRCs now and each served page's CRC
 	NoSync   bool      // tests and benchmarks only
+	Holes    bool      // a writer: eviction in place (StoreOptions.Holes)
 	Expect   *Geometry // nil, or a geometry that must match (ErrShape / ErrModel)
 	// The shared tier for this handle only, instead of DIR/TIER's: "" =
 	// DIR/TIER's, "off" = none (docs/TIER.md).
@@ -117,8 +122,11 @@ type Stats struct {
 	TierUp                                    bool
 }
 
-func storeFlags(noWait, verify, noSync, readOnly bool) C.uint32_t {
+func storeFlags(noWait, verify, noSync, readOnly, holes bool) C.uint32_t {
 	var f C.uint32_t
+	if holes {
+		f |= C.KVX_STORE_HOLES
+	}
 	if readOnly {
 		f |= C.KVX_STORE_READONLY
 	}
@@ -140,7 +148,7 @@ func Create(dir string, opts StoreOptions) (*Store, error) {
 	C.kvx_store_options_init(&co) // the version; 0 sizes = the library's defaults
 	co.geometry = opts.Geometry.c()
 	co.capacity_bytes = C.uint64_t(opts.CapacityBytes)
-	co.flags = storeFlags(opts.NoWait, opts.Verify, opts.NoSync, false)
+	co.flags = storeFlags(opts.NoWait, opts.Verify, opts.NoSync, false, opts.Holes)
 	co.shard_bytes = C.uint64_t(opts.ShardBytes)
 	freeTier, err := tierC(&co, opts.TierURL, opts.TierTenant, opts.TierTTL)
 	defer freeTier()
@@ -178,7 +186,7 @@ func Open(dir string, opts *OpenOptions) (*Store, error) {
 		defer C.free(unsafe.Pointer(expect))
 	}
 	var cs *C.kvx_store
-	flags := storeFlags(o.NoWait, o.Verify, o.NoSync, o.ReadOnly)
+	flags := storeFlags(o.NoWait, o.Verify, o.NoSync, o.ReadOnly, o.Holes)
 	if o.TierURL != "" {
 		var co C.kvx_store_options
 		C.kvx_store_options_init(&co)
