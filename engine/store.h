@@ -461,13 +461,6 @@ int kvx_st_freed(const kvx_store *s, uint64_t gen, uint32_t entry);
 /* A live shard's bytes on disk as the capacity counts them: its file's,
  * less its freed pages'. */
 uint64_t kvx_st_live_bytes(const kvx_store *s, uint32_t b);
-/* The free log's rows that free an entry of a shard reg names (each
- * checked against the entry: generation, index, hash, and written before
- * the record), sorted, into *out (malloc'd); the log's state into
- * *out_log (nullable, rows not kept); rows freeing nothing counted in
- * *out_stale (nullable). -ENOENT when there is no log. */
-int kvx_st_freed_rows_read(kvx_store *s, const kvx_cat_registry *reg, st_freed_row **out, size_t *out_n,
-                           kvx_free_log *out_log, uint64_t *out_stale);
 /* Writer open, after the plan (and a reindex's rebuild): the free log's
  * rows; entries the catalog still names leave it (a free whose catalog
  * commit was lost: counted in the evicted blocks when count_cut); the log

@@ -129,13 +129,20 @@ static int st_rewrite_shard(kvx_store *s, uint32_t b, const uint8_t *keep, size_
 static int st_salvage_damaged(kvx_store *s)
 {
     int rc = 0;
+    /* the free log, once for the pass: its pages fail their CRC, and are no damage */
+    kvx_free_log flog;
+    int lr = kvx_free_log_read(s->dirfd, "FREED", &flog);
+    if (lr == 0)
+        kvx_st_log_sort(&flog);
+    else
+        kvx_clear_error(); /* none (or none readable: verify_pages reads it again and reports) */
     for (uint32_t b = 0; b < ST_SLOTS && !rc; b++) {
         /* an active shard a batch still appends to: judged once sealed */
         if (!s->reg->live[b] || (s->act.w && s->act.byte == b)) continue;
         kvx_shard *sh = kvx_st_shard_get_n(s, b, s->reg->rec[b].gen, s->reg->rec[b].n_entries);
         if (!sh) continue;
         uint32_t bad = 0;
-        int v = kvx_st_verify_pages(s, NULL, sh, s->reg->rec[b].gen, &bad, NULL, NULL, NULL);
+        int v = kvx_st_verify_pages(s, lr == 0 ? &flog : NULL, sh, s->reg->rec[b].gen, &bad, NULL, NULL, NULL);
         kvx_shard_close(sh);
         if (v && bad) {
             char why[200];
@@ -144,6 +151,7 @@ static int st_salvage_damaged(kvx_store *s)
         }
         else kvx_clear_error();
     }
+    if (lr == 0) kvx_free_log_free(&flog);
     return rc;
 }
 

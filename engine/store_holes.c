@@ -78,8 +78,13 @@ static int st_byte_of(const kvx_cat_registry *reg, uint64_t gen)
     return -1;
 }
 
-int kvx_st_freed_rows_read(kvx_store *s, const kvx_cat_registry *reg, st_freed_row **out, size_t *out_n,
-                           kvx_free_log *out_log, uint64_t *out_stale)
+/* The free log's rows that free an entry of a shard reg names (each
+ * checked against the entry: generation, index, hash, and written before
+ * the record), sorted, into *out (malloc'd); the log's state into
+ * *out_log (nullable, rows not kept); rows freeing nothing counted in
+ * *out_stale (nullable). -ENOENT when there is no log. */
+static int st_freed_rows_read(kvx_store *s, const kvx_cat_registry *reg, st_freed_row **out, size_t *out_n,
+                              kvx_free_log *out_log, uint64_t *out_stale)
 {
     *out = NULL;
     *out_n = 0;
@@ -157,18 +162,28 @@ int kvx_st_freed_rows_read(kvx_store *s, const kvx_cat_registry *reg, st_freed_r
     return 0;
 }
 
+/* Drops the rows of shards no longer live (a drop, a rewrite) and counts
+ * each live shard's freed bytes again. The rows are sorted by generation:
+ * one registry look a run of them. */
 static void st_recount(kvx_store *s)
 {
     memset(s->freed_bytes, 0, sizeof s->freed_bytes);
-    for (size_t i = 0; i < s->nfreed; i++) {
+    size_t w = 0;
+    for (size_t i = 0; i < s->nfreed;) {
+        size_t j = i;
+        while (j < s->nfreed && s->freed[j].gen == s->freed[i].gen) j++;
         int b = st_byte_of(s->reg, s->freed[i].gen);
-        if (b >= 0) s->freed_bytes[b] += s->freed[i].bytes;
+        for (size_t k = i; k < j && b >= 0; k++) {
+            s->freed_bytes[b] += s->freed[k].bytes;
+            s->freed[w++] = s->freed[k];
+        }
+        i = j;
     }
+    s->nfreed = w;
 }
 
-/* Takes DIR/READERS's lock: exclusive (the writer, about to punch: 0, or
- * KVX_EBUSY while a reader of another process holds it), or shared (a
- * read-only handle, for its life). */
+/* Opens DIR/READERS into s->readers_fd (create: made when missing), a
+ * regular file only; its flocks are the callers'. */
 static int st_readers_open(kvx_store *s, int create)
 {
     if (s->readers_fd >= 0) return 0;
@@ -288,7 +303,7 @@ int kvx_st_holes_load(kvx_store *s, int count_cut)
         if (rc) return rc;
     }
     uint64_t stale = 0;
-    int rc = kvx_st_freed_rows_read(s, s->reg, &s->freed, &s->nfreed, &s->flog, &stale);
+    int rc = st_freed_rows_read(s, s->reg, &s->freed, &s->nfreed, &s->flog, &stale);
     if (rc == -ENOENT) return 0; /* nothing was ever freed */
     if (rc) return rc;
     /* sequence numbers only grow: a record whose catalog commit a crash
@@ -518,21 +533,20 @@ int kvx_st_free_commit(kvx_store *s, const st_free_page *list, size_t n)
         if (c->sh && c->gen == list[i].gen) kvx_shard_mark_freed(c->sh, list[i].entry);
     }
     pthread_rwlock_unlock(&s->cache_lock);
-    if (rc) return rc; /* not punched: the catalog still names them */
+    if (rc) {
+        /* the catalog still names them: never punched while it does, so this
+         * writer frees nothing more in place (whole shards); the next
+         * writer's open takes them out of the catalog, then punches */
+        s->holes = 0;
+        return rc;
+    }
     atomic_fetch_add(&s->free_seq, 1);
     atomic_thread_fence(memory_order_seq_cst);
     return kvx_st_punch_pending(s);
 }
 
 /* The rows of shards no longer live leave the set (a drop, a rewrite). */
-void kvx_st_holes_forget(kvx_store *s)
-{
-    size_t w = 0;
-    for (size_t i = 0; i < s->nfreed; i++)
-        if (st_byte_of(s->reg, s->freed[i].gen) >= 0) s->freed[w++] = s->freed[i];
-    s->nfreed = w;
-    st_recount(s);
-}
+void kvx_st_holes_forget(kvx_store *s) { st_recount(s); }
 
 typedef struct st_vf {
     uint32_t *bad;
