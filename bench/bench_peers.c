@@ -33,7 +33,10 @@
  *                 for kvx, when fio is on PATH, the disk's own figure
  *                 right after: fio reading kvx's shard files (the same
  *                 bytes) sequentially, O_DIRECT, io_uring, --fio-bs and
- *                 --fio-depth (1 MiB, 32), and kvx cold / fio
+ *                 --fio-depth (1 MiB, 32), and kvx cold / fio; and
+ *                 after the warm rows (kvx's mappings gone), fio's mmap
+ *                 engine reading them through the page cache, as kvx's
+ *                 default read does (kvx cold / fio mmap)
  *   p50/p99 us    warm prefix get of a 64-block prompt: hashes, lookups
  *                 and the pages copied into one host buffer
  *   space amp     bytes on disk (st_blocks) over bytes of KV
@@ -50,7 +53,7 @@
  *   bench_peers [--mode all|rows|restart|trace] [--size small|large]
  *               [--blocks N] [--only PEER] [--trace FILE] [--trace-requests N]
  *               [--trace-capacity N] [--fio-bs BYTES] [--fio-depth N] [--no-fio]
- *               [--kvx-views] [--kvx-direct] [--kvx-hold-lru] [--kvx-holes] [--tsv FILE] DIR
+ *               [--rounds N] [--kvx-views] [--kvx-direct] [--kvx-hold-lru] [--kvx-holes] [--tsv FILE] DIR
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -105,6 +108,7 @@ static int g_kvx_direct;        /* --kvx-direct: kvx_store_prefix_read with KVX_
 static int g_kvx_hold_lru;      /* --kvx-hold-lru: the trace's kvx capacity x 64/63 (its goal = the LRU's blocks) */
 static int g_kvx_holes;         /* --kvx-holes: kvx's writer evicts in place (KVX_STORE_HOLES) */
 static int g_fio = 1;           /* --no-fio: leave the reference out */
+static long g_rounds = 1;       /* --rounds N: kvx's row and fio's references N times, alternated */
 
 static void fail(const char *what, int rc)
 {
@@ -541,6 +545,7 @@ typedef struct result {
     int ran, trace_ran;
     double put_mbps, restart_ms, open_ms, cold_gbps, p50_us, p99_us, amp;
     double fio_gbps, fio_gb; /* kvx: fio reading its shard files (0: not run) */
+    double fio_mmap_gbps;    /* and fio's mmap engine reading them through the page cache */
     size_t fio_files;
     /* trace */
     double hit, lru_hit, written_gb, kv_written_gb, trace_s, end_amp, peak_amp;
@@ -683,8 +688,10 @@ static int fio_found(void)
  * and tables; fio's --opendir), one after another, each from its start to
  * its end: O_DIRECT, io_uring, g_fio_bs blocks, g_fio_depth deep. The
  * files' cached pages are dropped first, as for kvx. Returns GB/s (0 when
- * fio fails: the line says why); *gb and *nfiles get what it read. */
-static double fio_ref(const char *store, double *gb, size_t *nfiles)
+ * fio fails: the line says why); *gb and *nfiles get what it read. With
+ * page_cache, fio's mmap engine reads them instead, through the page
+ * cache as kvx's default prefix read does (the page cache's own limit). */
+static double fio_ref(const char *store, double *gb, size_t *nfiles, int page_cache)
 {
     char sdir[1100];
     snprintf(sdir, sizeof sdir, "%s/shards", store);
@@ -714,8 +721,12 @@ static double fio_ref(const char *store, double *gb, size_t *nfiles)
     if (pid == 0) {
         close(pfd[0]);
         dup2(pfd[1], 1);
-        execlp("fio", "fio", "--name=kvx-shards", "--readonly", "--rw=read", "--direct=1", "--ioengine=io_uring",
-               bs, depth, "--file_service_type=sequential", "--output-format=json", fn, (char *)NULL);
+        if (page_cache)
+            execlp("fio", "fio", "--name=kvx-shards", "--readonly", "--rw=read", "--direct=0", "--ioengine=mmap", bs,
+                   "--file_service_type=sequential", "--output-format=json", fn, (char *)NULL);
+        else
+            execlp("fio", "fio", "--name=kvx-shards", "--readonly", "--rw=read", "--direct=1", "--ioengine=io_uring",
+                   bs, depth, "--file_service_type=sequential", "--output-format=json", fn, (char *)NULL);
         _exit(127);
     }
     close(pfd[1]);
@@ -786,7 +797,7 @@ static result run_peer(int kind, const char *base, int restart_only)
     r.cold_gbps = kv / (kvx_bench_now() - t0) / 1e9;
     /* the disk's own figure for the same bytes, right after (the cache
      * dropped again; kvx's store stays open, its pages evicted) */
-    if (kind == P_KVX && g_fio && fio_found()) r.fio_gbps = fio_ref(p->dir, &r.fio_gb, &r.fio_files);
+    if (kind == P_KVX && g_fio && fio_found()) r.fio_gbps = fio_ref(p->dir, &r.fio_gb, &r.fio_files, 0);
 
     /* warm latency: every prompt once more to warm, then up to 2048
      * samples in a shuffled order (fewer when a peer needs over 5 s) */
@@ -811,6 +822,11 @@ static result run_peer(int kind, const char *base, int restart_only)
     r.p99_us = lat[(size_t)((double)ns * 0.99)];
     free(lat);
     peer_close(p);
+    if (kind == P_KVX && g_fio && fio_found()) { /* the page cache's reference: with kvx's mappings gone */
+        double gb;
+        size_t nf;
+        r.fio_mmap_gbps = fio_ref(p->dir, &gb, &nf, 1);
+    }
 done:
     free(p->keys);
     free(p->views);
@@ -855,6 +871,106 @@ static void fio_put_print(double fio, double kvx)
     printf("\nfio reference (durable put): the same bytes, bs %" PRIu64 " (one page), one fdatasync per prompt "
            "(%d pages), psync, a new file: %.1f MB/s; kvx put / fio = %.2f\n",
            g_pb, NB, fio, kvx > 0 ? kvx / fio : 0);
+}
+
+/* ------------------------------------------------- rounds (--rounds N) */
+
+/* kvx's row and the two fio references again and again, alternated, so a
+ * ratio is a median of pairs measured minutes apart at most, not one pair
+ * (this virtual disk swings +-25 % between neighbouring fio runs). */
+#define ROUNDS_MAX 99
+typedef struct rounds {
+    int n;
+    double put[ROUNDS_MAX], fio_put[ROUNDS_MAX], cold[ROUNDS_MAX], fio_cold[ROUNDS_MAX], fio_mmap[ROUNDS_MAX];
+    double p50[ROUNDS_MAX], p99[ROUNDS_MAX], restart[ROUNDS_MAX];
+} rounds;
+
+static double median_of(const double *v, int n)
+{
+    double t[ROUNDS_MAX];
+    memcpy(t, v, (size_t)n * sizeof *t);
+    qsort(t, (size_t)n, sizeof *t, cmp_d);
+    return n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+}
+
+/* Round 1 is the peers' run (kvx's row, then fio's put after the peers);
+ * rounds 2..N run fio's put, then kvx's row (with fio's read of its
+ * files). kvx's result and fio's figures become the rounds' medians. */
+static void rounds_run(rounds *rd, const char *dir, result *kvx, double *fio_put)
+{
+    rd->n = 0;
+    if (g_rounds < 2) return;
+    for (int i = 0; i < g_rounds; i++) {
+        result r = *kvx;
+        double fp = *fio_put;
+        if (i) { /* fio first: each then follows the other's removal of as many bytes */
+            fp = fio_put_mbps(dir);
+            r = run_peer(P_KVX, dir, 0);
+        }
+        rd->put[i] = r.put_mbps, rd->fio_put[i] = fp, rd->cold[i] = r.cold_gbps, rd->fio_cold[i] = r.fio_gbps;
+        rd->fio_mmap[i] = r.fio_mmap_gbps;
+        rd->p50[i] = r.p50_us, rd->p99[i] = r.p99_us, rd->restart[i] = r.restart_ms;
+        rd->n = i + 1;
+        fprintf(stderr, "bench_peers: round %d of %ld: kvx put %.1f MB/s (fio %.1f), cold %.2f GB/s (fio %.2f)\n",
+                i + 1, g_rounds, r.put_mbps, fp, r.cold_gbps, r.fio_gbps);
+    }
+    kvx->put_mbps = median_of(rd->put, rd->n), kvx->cold_gbps = median_of(rd->cold, rd->n);
+    kvx->p50_us = median_of(rd->p50, rd->n), kvx->p99_us = median_of(rd->p99, rd->n);
+    kvx->restart_ms = median_of(rd->restart, rd->n), kvx->fio_gbps = median_of(rd->fio_cold, rd->n);
+    kvx->fio_mmap_gbps = median_of(rd->fio_mmap, rd->n);
+    *fio_put = median_of(rd->fio_put, rd->n);
+}
+
+/* each round's kvx / fio ("-" where fio did not run), then the median */
+static void rounds_line(FILE *f, const char *sep, const double *kvx, const double *fio, int n, double *median)
+{
+    double r[ROUNDS_MAX];
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        if (fio[i] > 0) r[k++] = kvx[i] / fio[i];
+        if (fio[i] > 0)
+            fprintf(f, "%s%.2f", i ? sep : "", kvx[i] / fio[i]);
+        else
+            fprintf(f, "%s-", i ? sep : "");
+    }
+    *median = k ? median_of(r, k) : 0;
+}
+
+static void rounds_print(const rounds *rd)
+{
+    if (rd->n < 2) return;
+    double m;
+    printf("\n%d rounds, alternated (kvx's rows above are their medians)\n  kvx put / fio put:   ", rd->n);
+    rounds_line(stdout, ", ", rd->put, rd->fio_put, rd->n, &m);
+    printf("; median %.2f\n  kvx cold / fio read: ", m);
+    rounds_line(stdout, ", ", rd->cold, rd->fio_cold, rd->n, &m);
+    printf("; median %.2f\n  kvx cold / fio mmap: ", m);
+    rounds_line(stdout, ", ", rd->cold, rd->fio_mmap, rd->n, &m);
+    printf("; median %.2f\n", m);
+}
+
+static void rounds_tsv(FILE *tf, const rounds *rd)
+{
+    if (rd->n < 2) return;
+    double m;
+    FILE *null = fopen("/dev/null", "w");
+    if (!null) return;
+    rounds_line(null, ",", rd->put, rd->fio_put, rd->n, &m);
+    fprintf(tf, "put / fio\tkvx\t%.6g\t%.4f\tmedian of %d rounds: ", median_of(rd->put, rd->n), m, rd->n);
+    rounds_line(tf, ",", rd->put, rd->fio_put, rd->n, &m);
+    fprintf(tf, "\n");
+    rounds_line(null, ",", rd->cold, rd->fio_cold, rd->n, &m);
+    fprintf(tf,
+            "cold / fio\tkvx\t%.6g\t%.4f\tmedian of %d rounds (fio bs %ld iodepth %ld): ", median_of(rd->cold, rd->n),
+            m, rd->n, g_fio_bs, g_fio_depth);
+    rounds_line(tf, ",", rd->cold, rd->fio_cold, rd->n, &m);
+    fprintf(tf, "\n");
+    rounds_line(null, ",", rd->cold, rd->fio_mmap, rd->n, &m);
+    fprintf(tf, "cold / fio mmap\tkvx\t%.6g\t%.4f\tmedian of %d rounds (fio --ioengine=mmap, bs %ld): ",
+            median_of(rd->cold, rd->n), m, rd->n, g_fio_bs);
+    rounds_line(tf, ",", rd->cold, rd->fio_mmap, rd->n, &m);
+    fprintf(tf, "\n");
+    fclose(null);
 }
 
 /* ------------------------------------------------------------ the trace */
@@ -1214,7 +1330,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: bench_peers [--mode all|rows|restart|trace] [--size small|large] [--blocks N]\n"
             "                   [--only PEER] [--trace FILE] [--trace-requests N]\n"
-            "                   [--trace-capacity N] [--fio-bs BYTES] [--fio-depth N] [--no-fio]\n"
+            "                   [--trace-capacity N] [--fio-bs BYTES] [--fio-depth N] [--no-fio] [--rounds N]\n"
             "                   [--kvx-views] [--kvx-direct] [--kvx-hold-lru] [--kvx-holes] [--tsv FILE] DIR\n"
             "  kvx against the stores engine teams persist KV in, same pages, keys and\n"
             "  durability: kvx | file per block | RocksDB (BlobDB) | LMDB values\n"
@@ -1247,7 +1363,14 @@ static void usage(FILE *f)
             "  when fio is on PATH, right after kvx's cold row it reads kvx's shard files (the\n"
             "  same bytes) (fio --opendir), each start to end: --rw=read --direct=1\n"
             "  --ioengine=io_uring at that block size and depth; kvx cold / fio is printed (and\n"
-            "  in the TSV). --no-fio leaves it out.\n"
+            "  in the TSV); then fio's mmap engine (buffered, bs as above) reads them through\n"
+            "  the page cache, as kvx's default prefix read does: the page cache's own limit\n"
+            "  (kvx cold / fio mmap). --no-fio leaves both out.\n"
+            "--rounds N: kvx's row and the fio references N times, alternated (kvx put, kvx\n"
+            "  cold, fio read, ..., fio put; then fio put, kvx's row, ...): each round's kvx /\n"
+            "  fio and their median, printed and in the TSV; the rows table holds kvx's\n"
+            "  medians. A virtual disk that reads 1.3-2.4 GB/s minutes apart makes one pair\n"
+            "  a coin toss (default 1).\n"
             "--kvx-views: kvx's lookups take kvx_store_prefix's zero-copy views and memcpy each\n"
             "  page into the bench's buffer (the rows before 2026-12-05's prefix read); default:\n"
             "  kvx_store_prefix_read, the pages read into the buffer and CRC-checked there.\n"
@@ -1303,6 +1426,12 @@ int main(int argc, char **argv)
             g_fio_bs = strtol(argv[++i], NULL, 10);
         } else if (!strcmp(a, "--fio-depth") && more) {
             g_fio_depth = strtol(argv[++i], NULL, 10);
+        } else if (!strcmp(a, "--rounds") && more) {
+            g_rounds = strtol(argv[++i], NULL, 10);
+            if (g_rounds < 1 || g_rounds > 99) {
+                fprintf(stderr, "bench_peers: --rounds %ld is not in 1..99\n", g_rounds);
+                return 2;
+            }
         } else if (!strcmp(a, "--kvx-views")) {
             g_kvx_views = 1;
         } else if (!strcmp(a, "--kvx-direct")) {
@@ -1426,6 +1555,9 @@ int main(int argc, char **argv)
     /* after the peers: a reference run just before kvx left its file's
      * removal (discards) and the host's write-back to kvx's put row */
     double fio_put = do_rows && !restart_only && (only < 0 || only == P_KVX) ? fio_put_mbps(dir) : 0;
+    rounds rd = {0};
+    if (do_rows && !restart_only && (only < 0 || only == P_KVX) && res[P_KVX].ran)
+        rounds_run(&rd, dir, &res[P_KVX], &fio_put);
     double lru_hit = do_trace ? lru_prefix_ratio(&tr, (size_t)trace_cap) : 0;
     for (int k = 0; k < P_COUNT && do_trace; k++) {
         if (only >= 0 && k != only) continue;
@@ -1467,6 +1599,7 @@ int main(int argc, char **argv)
         }
     }
     if (do_rows && !restart_only && (only < 0 || only == P_KVX)) fio_put_print(fio_put, res[P_KVX].put_mbps);
+    rounds_print(&rd);
     const result *rk = &res[P_KVX];
     if (do_rows && rk->ran && rk->fio_gbps > 0)
         printf("\ncold read against the disk: fio read kvx's %zu shard files (%.3f GB, the same bytes plus "
@@ -1474,6 +1607,11 @@ int main(int argc, char **argv)
                "%.2f GB/s = %.2fx fio\n",
                rk->fio_files, rk->fio_gb, g_fio_bs, g_fio_depth, rk->fio_gbps, rk->cold_gbps,
                rk->cold_gbps / rk->fio_gbps);
+    if (do_rows && rk->ran && rk->fio_mmap_gbps > 0)
+        printf("the page cache's own limit: fio's mmap engine read the same files (buffered, bs %ld): %.2f GB/s; "
+               "kvx cold = %.2fx of it%s\n",
+               g_fio_bs, rk->fio_mmap_gbps, rk->cold_gbps / rk->fio_mmap_gbps,
+               rd.n > 1 ? " (these two lines: medians of the rounds)" : "");
     else if (do_rows && rk->ran && !restart_only)
         printf("\ncold read against the disk: no fio reference (%s)\n",
                !g_fio ? "--no-fio" : fio_found() ? "fio failed" : "fio is not on PATH");
@@ -1527,9 +1665,13 @@ int main(int argc, char **argv)
         }
         printf("\n");
     }
-    if (tf && rk->ran && rk->fio_gbps > 0)
+    if (tf && rk->ran && rk->fio_gbps > 0 && rd.n < 2)
         fprintf(tf, "cold / fio\tkvx\t%.6g\t%.4f\tfio bs %ld iodepth %ld: %.6g GB/s\n", rk->cold_gbps,
                 rk->cold_gbps / rk->fio_gbps, g_fio_bs, g_fio_depth, rk->fio_gbps);
+    if (tf && rk->ran && rk->fio_mmap_gbps > 0 && rd.n < 2)
+        fprintf(tf, "cold / fio mmap\tkvx\t%.6g\t%.4f\tfio --ioengine=mmap bs %ld: %.6g GB/s\n", rk->cold_gbps,
+                rk->cold_gbps / rk->fio_mmap_gbps, g_fio_bs, rk->fio_mmap_gbps);
+    if (tf) rounds_tsv(tf, &rd);
     if (tf) fclose(tf);
     free(tr.ids);
     free(tr.off);
