@@ -82,28 +82,29 @@ static kvxpy_store *store_alloc(kvx_store *s)
     return o;
 }
 
-static uint32_t flag_bits(int nowait, int verify, int nosync, int readonly)
+static uint32_t flag_bits(int nowait, int verify, int nosync, int readonly, int holes)
 {
     return (nowait ? KVX_STORE_NOWAIT : 0) | (verify ? KVX_STORE_VERIFY : 0) | (nosync ? KVX_STORE_NOSYNC : 0) |
-           (readonly ? KVX_STORE_READONLY : 0);
+           (readonly ? KVX_STORE_READONLY : 0) | (holes ? KVX_STORE_HOLES : 0);
 }
 
 static PyObject *store_create(PyObject *cls, PyObject *args, PyObject *kw)
 {
     (void)cls;
-    static char *kwlist[] = {"dir",      "num_layers", "kv_heads", "head_dim", "block_tokens", "quant",
-                             "model_signature", "capacity", "shard_bytes", "nowait", "verify", "nosync",
-                             "page_bytes", "tier_url", "tier_tenant", "tier_ttl_ms", NULL};
+    static char *kwlist[] = {"dir",         "num_layers",      "kv_heads",   "head_dim",    "block_tokens",
+                             "quant",       "model_signature", "capacity",   "shard_bytes", "nowait",
+                             "verify",      "nosync",          "page_bytes", "tier_url",    "tier_tenant",
+                             "tier_ttl_ms", "holes",           NULL};
     PyObject *dirobj, *quant = NULL;
     unsigned int L = UINT32_MAX, H = UINT32_MAX, D = UINT32_MAX, B = UINT32_MAX;
     unsigned long long sig = 0, cap = 0, shard = 0, pb = 0, ttl = 0;
-    int nowait = 0, verify = 0, nosync = 0;
+    int nowait = 0, verify = 0, nosync = 0, holes = 0;
     const char *tier = NULL, *tenant = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$O&O&O&O&OO&O&O&pppO&zzO&:Store.create", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$O&O&O&O&OO&O&O&pppO&zzO&p:Store.create", kwlist,
                                      PyUnicode_FSConverter, &dirobj, kvxpy_u32_conv, &L, kvxpy_u32_conv, &H,
                                      kvxpy_u32_conv, &D, kvxpy_u32_conv, &B, &quant, kvxpy_u64_conv, &sig,
                                      kvxpy_u64_conv, &cap, kvxpy_u64_conv, &shard, &nowait, &verify, &nosync,
-                                     kvxpy_u64_conv, &pb, &tier, &tenant, kvxpy_u64_conv, &ttl))
+                                     kvxpy_u64_conv, &pb, &tier, &tenant, kvxpy_u64_conv, &ttl, &holes))
         return NULL;
     int any_geom = L != UINT32_MAX || H != UINT32_MAX || D != UINT32_MAX || B != UINT32_MAX || quant || sig;
     if (pb && any_geom) { /* a keyed store has a page size instead of a geometry */
@@ -131,7 +132,7 @@ static PyObject *store_create(PyObject *cls, PyObject *args, PyObject *kw)
     }
     o.capacity_bytes = cap;
     o.shard_bytes = shard;
-    o.flags = flag_bits(nowait, verify, nosync, 0);
+    o.flags = flag_bits(nowait, verify, nosync, 0, holes);
     o.tier_url = tier;
     o.tier_tenant = tenant;
     o.tier_ttl_ms = ttl;
@@ -149,21 +150,22 @@ static PyObject *store_create(PyObject *cls, PyObject *args, PyObject *kw)
 static PyObject *store_open(PyObject *cls, PyObject *args, PyObject *kw)
 {
     (void)cls;
-    static char *kwlist[] = {"dir", "readonly", "nowait", "verify", "nosync", "tier_url", "tier_tenant", "tier_ttl_ms",
-                             NULL};
+    static char *kwlist[] = {"dir",      "readonly",    "nowait",      "verify", "nosync",
+                             "tier_url", "tier_tenant", "tier_ttl_ms", "holes",  NULL};
     PyObject *dirobj;
-    int readonly = 0, nowait = 0, verify = 0, nosync = 0;
+    int readonly = 0, nowait = 0, verify = 0, nosync = 0, holes = 0;
     const char *tier = NULL, *tenant = NULL;
     unsigned long long ttl = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$ppppzzO&:Store.open", kwlist, PyUnicode_FSConverter, &dirobj,
-                                     &readonly, &nowait, &verify, &nosync, &tier, &tenant, kvxpy_u64_conv, &ttl))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&|$ppppzzO&p:Store.open", kwlist, PyUnicode_FSConverter, &dirobj,
+                                     &readonly, &nowait, &verify, &nosync, &tier, &tenant, kvxpy_u64_conv, &ttl,
+                                     &holes))
         return NULL;
     kvx_store *s = NULL;
     int rc;
     const char *dir = PyBytes_AsString(dirobj);
     kvx_store_options oo;
     kvx_store_options_init(&oo);
-    oo.flags = flag_bits(nowait, verify, nosync, readonly);
+    oo.flags = flag_bits(nowait, verify, nosync, readonly, holes);
     oo.tier_url = tier; /* None: DIR/TIER's */
     oo.tier_tenant = tenant;
     oo.tier_ttl_ms = ttl;
@@ -1524,11 +1526,13 @@ static PyType_Spec batch_spec = {
 static PyMethodDef store_methods[] = {
     {"create", (PyCFunction)(void (*)(void))store_create, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "Store.create(dir, *, num_layers, kv_heads, head_dim, block_tokens, quant='fp16', model_signature=0, "
-     "capacity=0, shard_bytes=0, nowait=False, verify=False, nosync=False) -> a new store (0 sizes: the "
-     "library's defaults). quant: a name from kvx.quant_names() or its number. "
+     "capacity=0, shard_bytes=0, nowait=False, verify=False, nosync=False, holes=False) -> a new store (0 sizes: "
+     "the library's defaults). quant: a name from kvx.quant_names() or its number. holes=True: eviction frees "
+     "pages in place (KVX_STORE_HOLES, a block store's writer). "
      "Store.create(dir, *, page_bytes=N, capacity=0, ...) -> a new keyed store (no geometry)."},
     {"open", (PyCFunction)(void (*)(void))store_open, METH_VARARGS | METH_KEYWORDS | METH_CLASS,
-     "Store.open(dir, *, readonly=False, nowait=False, verify=False, nosync=False) -> the store, recovered."},
+     "Store.open(dir, *, readonly=False, nowait=False, verify=False, nosync=False, holes=False) -> the store, "
+     "recovered. holes=True: a writer that evicts in place (KVX_STORE_HOLES; not with readonly)."},
     {"close", store_close, METH_NOARGS,
      "Close the store (waits for calls in flight); unflushed puts are dropped. Views stay valid. Idempotent."},
     {"__enter__", store_enter, METH_NOARGS, NULL},
