@@ -1053,6 +1053,8 @@ static int run_stat(const cli_cmd *self, int argc, char **argv)
         cli_json_u64(&j, st.quarantined);
         cli_json_key(&j, "quarantine_bytes");
         cli_json_u64(&j, st.quarantine_bytes);
+        cli_json_key(&j, "freed_bytes");
+        cli_json_u64(&j, st.freed_bytes);
         cli_json_key(&j, "unverified");
         cli_json_u64(&j, st.unverified);
         cli_json_key(&j, "kind");
@@ -1096,9 +1098,15 @@ static int run_stat(const cli_cmd *self, int argc, char **argv)
                g.model_signature);
         printf("blocks       %" PRIu64 "\n", st.blocks);
     }
-    printf("bytes        %s of %s capacity (%.1f%%)\n", cli_fmt_size(a, sizeof a, st.bytes),
+    /* pages freed in place are in the files' sizes, not on the disk nor in the capacity */
+    uint64_t live = st.bytes > st.freed_bytes ? st.bytes - st.freed_bytes : 0;
+    printf("bytes        %s of %s capacity (%.1f%%)", cli_fmt_size(a, sizeof a, live),
            cli_fmt_size(b, sizeof b, st.capacity_bytes),
-           st.capacity_bytes ? 100.0 * (double)st.bytes / (double)st.capacity_bytes : 0.0);
+           st.capacity_bytes ? 100.0 * (double)live / (double)st.capacity_bytes : 0.0);
+    if (st.freed_bytes)
+        printf(": the files hold %s, %s of it pages freed in place", cli_fmt_size(a, sizeof a, st.bytes),
+               cli_fmt_size(b, sizeof b, st.freed_bytes));
+    printf("\n");
     printf("shards       %" PRIu64 "\n", st.shards);
     uint64_t look = st.hits + st.misses;
     printf("hits         %" PRIu64 " (%.1f%% of %" PRIu64 " lookups)\n", st.hits,
@@ -1139,7 +1147,8 @@ static const cli_cmd cmd_stat = {
     "Options:\n"
     "  -j, --json  one JSON object: blocks, bytes, shards, capacity, hits,\n"
     "              misses, evictions, evicted_blocks, compactions, quarantined,\n"
-    "              quarantine_bytes,\n"
+    "              quarantine_bytes, freed_bytes (pages freed in place: bytes\n"
+    "              counts them, the capacity does not),\n"
     "              unverified, num_layers,\n"
     "              kv_heads, head_dim, block_tokens, quant_format,\n"
     "              model_signature, tier (the URL, \"\" when none), and this\n"

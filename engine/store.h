@@ -461,6 +461,9 @@ int kvx_st_freed(const kvx_store *s, uint64_t gen, uint32_t entry);
 /* A live shard's bytes on disk as the capacity counts them: its file's,
  * less its freed pages'. */
 uint64_t kvx_st_live_bytes(const kvx_store *s, uint32_t b);
+/* The bytes the free log frees (its rows checked as at open, each page
+ * rounded up to 4096) in the shards reg names: 0 without a log. */
+int kvx_st_freed_bytes_read(kvx_store *s, const kvx_cat_registry *reg, uint64_t *out);
 /* Writer open, after the plan (and a reindex's rebuild): the free log's
  * rows; entries the catalog still names leave it (a free whose catalog
  * commit was lost: counted in the evicted blocks when count_cut); the log

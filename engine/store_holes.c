@@ -162,6 +162,19 @@ static int st_freed_rows_read(kvx_store *s, const kvx_cat_registry *reg, st_free
     return 0;
 }
 
+int kvx_st_freed_bytes_read(kvx_store *s, const kvx_cat_registry *reg, uint64_t *out)
+{
+    *out = 0;
+    st_freed_row *rows;
+    size_t n;
+    int rc = st_freed_rows_read(s, reg, &rows, &n, NULL, NULL);
+    if (rc == -ENOENT) return 0;
+    if (rc) return rc;
+    for (size_t i = 0; i < n; i++) *out += rows[i].bytes;
+    free(rows);
+    return 0;
+}
+
 /* Drops the rows of shards no longer live (a drop, a rewrite) and counts
  * each live shard's freed bytes again. The rows are sorted by generation:
  * one registry look a run of them. */

@@ -50,6 +50,7 @@ KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s)
         if (!(r->flags & KVX_FLAG_KEYS)) /* keyed pages are no blocks: never "unverified" */
             out->unverified += (r->flags & KVX_FLAG_DIGEST) ? r->n_unverified : r->n_entries;
     }
+    if (!rc && !s->keyed) rc = kvx_st_freed_bytes_read(s, reg, &out->freed_bytes);
     free(reg);
     if (rc) return rc;
     out->blocks = cn.blocks;

@@ -689,6 +689,11 @@ typedef struct kvx_store_stats {
     uint64_t tier_bytes_down; /* value bytes received */
     uint64_t tier_up;         /* 1: the tier answered (or a probe now did); 0: down or none */
     uint64_t quarantine_bytes; /* bytes of those files: they count toward capacity_bytes */
+    /* pages freed in place (KVX_STORE_HOLES, docs/STORE.md "Holes") in
+     * live shards, each rounded up to 4096: bytes (the files' sizes) counts
+     * them, the disk and the capacity do not (bytes - freed_bytes is what
+     * the capacity holds). Read from DIR/FREED, in a reader as in the writer. */
+    uint64_t freed_bytes;
 } kvx_store_stats;
 
 /* Creates a new store directory (0700) with fixed geometry and capacity. */

@@ -51,6 +51,9 @@ func TestHolesEvictInPlace(t *testing.T) {
 	if err != nil || st.EvictedBlocks == 0 {
 		t.Fatalf("Stat: %+v, %v: nothing evicted", st, err)
 	}
+	if st.FreedBytes == 0 || st.FreedBytes >= st.Bytes {
+		t.Fatalf("Stat: FreedBytes %d of Bytes %d: no page freed in place", st.FreedBytes, st.Bytes)
+	}
 	if _, err := os.Stat(dir + "/FREED"); err != nil {
 		t.Fatalf("no free log: %v", err)
 	}

@@ -115,6 +115,9 @@ type Stats struct {
 	ShardBytes                                uint64
 	// Files in DIR/quarantine/ and their bytes (counted in the capacity).
 	Quarantined, QuarantineBytes uint64
+	// Pages freed in place (Holes) in live shards: Bytes counts them, the
+	// disk and the capacity do not.
+	FreedBytes uint64
 	// The shared tier, this handle's counts (docs/TIER.md).
 	TierHits, TierMisses, TierErrors, TierBad uint64
 	TierReplaced, TierWrites                  uint64
@@ -565,6 +568,7 @@ func (s *Store) Stat() (Stats, error) {
 		Compactions: uint64(st.compactions), PendingBlocks: uint64(st.pending_blocks),
 		DroppedShards: uint64(st.dropped_shards), ShardBytes: uint64(st.shard_bytes),
 		Quarantined: uint64(st.quarantined), QuarantineBytes: uint64(st.quarantine_bytes),
+		FreedBytes: uint64(st.freed_bytes),
 		TierHits: uint64(st.tier_hits), TierMisses: uint64(st.tier_misses), TierErrors: uint64(st.tier_errors),
 		TierBad: uint64(st.tier_bad), TierReplaced: uint64(st.tier_replaced), TierWrites: uint64(st.tier_writes),
 		TierBytesUp: uint64(st.tier_bytes_up), TierBytesDown: uint64(st.tier_bytes_down), TierUp: st.tier_up != 0,

@@ -87,10 +87,15 @@ static void test_evicts_cold_pages_in_place(void **state)
     assert_int_equal(su_exists(dir, "", "FREED"), 1);
     /* the store is within its capacity */
     kvx_store_stats st = su_stat(s);
-    uint64_t live = 0;
+    uint64_t live = 0, freed = 0;
     for (uint32_t b = 0; b < ST_SLOTS; b++) live += kvx_st_live_bytes(s, b);
+    for (uint32_t b = 0; b < ST_SLOTS; b++) freed += s->reg->live[b] ? s->freed_bytes[b] : 0;
     assert_true(live <= CAP);
-    (void)st;
+    /* stat: the files' sizes count the freed pages, freed_bytes names them,
+     * and what is left is what the capacity holds */
+    assert_true(st.freed_bytes > 0);
+    assert_int_equal(st.freed_bytes, freed);
+    assert_int_equal(st.bytes - st.freed_bytes, live);
     /* no live shard is left with every page freed: it went whole */
     for (uint32_t b = 0; b < ST_SLOTS; b++) {
         if (!s->reg->live[b]) continue;
@@ -117,6 +122,13 @@ static void test_evicts_cold_pages_in_place(void **state)
     assert_true(n.freed > 0);
     assert_int_equal(n.problems, 0);
     kvx_store_close(s);
+    /* a reader's stat reads the free log: the same freed bytes */
+    kvx_store *r = NULL;
+    assert_int_equal(kvx_store_open(&r, dir, NULL, KVX_STORE_READONLY), 0);
+    kvx_store_stats rst = su_stat(r);
+    assert_int_equal(rst.freed_bytes, st.freed_bytes);
+    assert_int_equal(rst.bytes, st.bytes);
+    kvx_store_close(r);
     /* reopened without the flag: the same blocks served, the freed ones
      * misses; verify clean; a reindex adopts no freed page */
     s = su_reopen(dir, KVX_STORE_NOWAIT);

@@ -1226,11 +1226,13 @@ static PyObject *store_stat(PyObject *self, PyObject *u)
                          "quarantined", (unsigned long long)s.quarantined, "unverified",
                          (unsigned long long)s.unverified, "page_bytes", (unsigned long long)s.page_bytes);
     /* the shared tier's counters (docs/TIER.md) */
-    const char *tk[] = {"tier_hits", "tier_misses", "tier_errors", "tier_bad", "tier_replaced",
-                        "tier_writes", "tier_bytes_up", "tier_bytes_down", "tier_up", "quarantine_bytes"};
-    const uint64_t tv[] = {s.tier_hits, s.tier_misses, s.tier_errors, s.tier_bad, s.tier_replaced,
-                           s.tier_writes, s.tier_bytes_up, s.tier_bytes_down, s.tier_up, s.quarantine_bytes};
-    for (int i = 0; d && i < 10; i++) {
+    const char *tk[] = {"tier_hits",     "tier_misses",      "tier_errors",   "tier_bad",
+                        "tier_replaced", "tier_writes",      "tier_bytes_up", "tier_bytes_down",
+                        "tier_up",       "quarantine_bytes", "freed_bytes"};
+    const uint64_t tv[] = {s.tier_hits,     s.tier_misses,      s.tier_errors,   s.tier_bad,
+                           s.tier_replaced, s.tier_writes,      s.tier_bytes_up, s.tier_bytes_down,
+                           s.tier_up,       s.quarantine_bytes, s.freed_bytes};
+    for (int i = 0; d && i < 11; i++) {
         PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)tv[i]);
         if (!v || PyDict_SetItemString(d, tk[i], v) < 0) Py_CLEAR(d);
         Py_XDECREF(v);
