@@ -567,9 +567,8 @@ func (s *Store) Stat() (Stats, error) {
 		Evictions: uint64(st.evictions), EvictedBlocks: uint64(st.evicted_blocks),
 		Compactions: uint64(st.compactions), PendingBlocks: uint64(st.pending_blocks),
 		DroppedShards: uint64(st.dropped_shards), ShardBytes: uint64(st.shard_bytes),
-		Quarantined: uint64(st.quarantined), QuarantineBytes: uint64(st.quarantine_bytes),
-		FreedBytes: uint64(st.freed_bytes),
-		TierHits:   uint64(st.tier_hits), TierMisses: uint64(st.tier_misses), TierErrors: uint64(st.tier_errors),
+		Quarantined: uint64(st.quarantined), QuarantineBytes: uint64(st.quarantine_bytes), FreedBytes: uint64(st.freed_bytes),
+		TierHits: uint64(st.tier_hits), TierMisses: uint64(st.tier_misses), TierErrors: uint64(st.tier_errors),
 		TierBad: uint64(st.tier_bad), TierReplaced: uint64(st.tier_replaced), TierWrites: uint64(st.tier_writes),
 		TierBytesUp: uint64(st.tier_bytes_up), TierBytesDown: uint64(st.tier_bytes_down), TierUp: st.tier_up != 0,
 	}, nil
