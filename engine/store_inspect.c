@@ -50,7 +50,12 @@ KVX_API int kvx_store_stat(kvx_store_stats *out, kvx_store *s)
         if (!(r->flags & KVX_FLAG_KEYS)) /* keyed pages are no blocks: never "unverified" */
             out->unverified += (r->flags & KVX_FLAG_DIGEST) ? r->n_unverified : r->n_entries;
     }
-    if (!rc && !s->keyed) rc = kvx_st_freed_bytes_read(s, reg, &out->freed_bytes);
+    if (!rc && !s->keyed && kvx_st_freed_bytes_read(s, reg, &out->freed_bytes)) {
+        /* a damaged or strange DIR/FREED: the counters still count (verify
+         * reports the log, a writer's open refuses it), freed_bytes says 0 */
+        out->freed_bytes = 0;
+        kvx_clear_error();
+    }
     free(reg);
     if (rc) return rc;
     out->blocks = cn.blocks;

@@ -692,7 +692,8 @@ typedef struct kvx_store_stats {
     /* pages freed in place (KVX_STORE_HOLES, docs/STORE.md "Holes") in
      * live shards, each rounded up to 4096: bytes (the files' sizes) counts
      * them, the disk and the capacity do not (bytes - freed_bytes is what
-     * the capacity holds). Read from DIR/FREED, in a reader as in the writer. */
+     * the capacity holds). Read from DIR/FREED, in a reader as in the writer;
+     * 0 when that log cannot be read (kvx_store_verify says why). */
     uint64_t freed_bytes;
 } kvx_store_stats;
 
