@@ -211,8 +211,37 @@ static int st_readers_open(kvx_store *s, int create)
     return 0;
 }
 
+/*
+ * shards/ itself is the readers' second lock: a read-only handle holds a
+ * shared flock on it for its whole life too, so a DIR/READERS removed by
+ * hand (the next writer makes a new one, which an old reader does not
+ * hold) cannot hide an open reader from a later writer. A file system that
+ * takes no flock on a directory (NFS) leaves READERS alone to tell; so
+ * does an older release's reader, which holds READERS only.
+ */
+static void st_readers_dir_join(kvx_store *s)
+{
+    if (s->shardsfd < 0) return;
+    while (kvx_os.flock(s->shardsfd, LOCK_SH) != 0 && errno == EINTR)
+        ;
+}
+
+/* 1 while a reader holds shards/ (the writer's exclusive try fails); else
+ * 0, with the writer then holding it exclusively when *held is set */
+static int st_readers_dir_busy(kvx_store *s, int *held)
+{
+    *held = 0;
+    if (s->shardsfd < 0) return 0;
+    if (kvx_os.flock(s->shardsfd, LOCK_EX | LOCK_NB) == 0) {
+        *held = 1;
+        return 0;
+    }
+    return errno == EWOULDBLOCK || errno == EAGAIN || errno == EINTR;
+}
+
 int kvx_st_readers_join(kvx_store *s)
 {
+    st_readers_dir_join(s);
     /* a reader changes nothing (DESIGN.md rule 3): no DIR/READERS, no lock
      * to take; a writer that makes the file frees no page in place in that
      * session (kvx_st_holes_load), so every reader open meanwhile is safe */
@@ -414,8 +443,10 @@ int kvx_st_holes_now(kvx_store *s)
 {
     if (!s->holes || s->readers_fd < 0) return 0;
     if (kvx_os.flock(s->readers_fd, LOCK_EX | LOCK_NB) != 0) return 0;
+    int held, busy = st_readers_dir_busy(s, &held);
+    if (held) kvx_os.flock(s->shardsfd, LOCK_UN);
     kvx_os.flock(s->readers_fd, LOCK_UN);
-    return 1;
+    return !busy;
 }
 
 int kvx_st_punch_pending(kvx_store *s)
@@ -425,6 +456,12 @@ int kvx_st_punch_pending(kvx_store *s)
     if (!any || s->readers_fd < 0) return 0;
     /* readers of other processes: none may hold a view while a punch runs */
     if (kvx_os.flock(s->readers_fd, LOCK_EX | LOCK_NB) != 0) {
+        s->punch_deferred++;
+        return 0;
+    }
+    int dir_held;
+    if (st_readers_dir_busy(s, &dir_held)) {
+        kvx_os.flock(s->readers_fd, LOCK_UN);
         s->punch_deferred++;
         return 0;
     }
@@ -474,6 +511,7 @@ int kvx_st_punch_pending(kvx_store *s)
         st_unviewed(s, (uint32_t)b, gen); /* the handle a lookup opened meanwhile saw the old mtime */
         i = j;
     }
+    if (dir_held) kvx_os.flock(s->shardsfd, LOCK_UN);
     kvx_os.flock(s->readers_fd, LOCK_UN);
     return rc;
 }

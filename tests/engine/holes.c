@@ -294,18 +294,16 @@ static void test_view_held_across_eviction(void **state)
     kvx_store_close(s);
 }
 
-/* While a read-only handle of another process is open, nothing is freed
- * in place (eviction takes whole shards, the store within its capacity);
- * its lookups are byte-exact throughout; once it closes, the next
- * eviction frees pages in place and punches them. */
-/* PROMISE: STORE-27 */
-static void test_reader_process_defers_punches(void **state)
+/* A read-only handle in a child process: open (then a byte on done),
+ * held until a byte on go, then 200 prefixes read and closed; the child
+ * exits 0 when every block it was served was right. */
+typedef struct reader_child {
+    pid_t pid;
+    int go, done; /* the parent's ends */
+} reader_child;
+
+static reader_child reader_spawn(const char *dir)
 {
-    (void)state;
-    char dir[512];
-    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = CAP, .flags = HOLES});
-    uint8_t none[1] = {0};
-    uint64_t q = fill_until_freed(s, 0, none, 0);
     int go[2], done[2];
     assert_int_equal(pipe(go), 0);
     assert_int_equal(pipe(done), 0);
@@ -332,27 +330,88 @@ static void test_reader_process_defers_punches(void **state)
     close(done[1]);
     char c;
     assert_int_equal(read(done[0], &c, 1), 1);
-    /* while it is open: no page freed in place (its views could be under
-     * a punch), eviction by whole shards, so the disk stays bounded */
+    return (reader_child){pid, go[1], done[0]};
+}
+
+static void reader_finish(reader_child *rc)
+{
+    char c = 1;
+    assert_int_equal(write(rc->go, &c, 1), 1);
+    int ws = 0;
+    assert_int_equal(waitpid(rc->pid, &ws, 0), rc->pid);
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    close(rc->go);
+    close(rc->done);
+}
+
+/* While the reader is open, s frees nothing in place (eviction by whole
+ * shards, the store within its capacity); q: the next sequence to put. */
+static uint64_t fill_beside_reader(kvx_store *s, uint64_t q)
+{
+    uint8_t none[1] = {0};
     uint64_t punched = s->punched;
     uint32_t records = s->flog.records;
     uint64_t ev0 = su_stat(s).evictions;
     fill(s, q, q + 40, none, 0);
-    q += 40;
     assert_int_equal(s->punched, punched);
     assert_int_equal(s->flog.records, records); /* nothing more freed in place */
     assert_true(su_stat(s).evictions > ev0);
     uint64_t live = 0;
     for (uint32_t b = 0; b < ST_SLOTS; b++) live += kvx_st_live_bytes(s, b);
     assert_true(live <= CAP);
-    assert_int_equal(write(go[1], &c, 1), 1);
-    int ws = 0;
-    assert_int_equal(waitpid(pid, &ws, 0), pid);
-    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+    return q + 40;
+}
+
+/* While a read-only handle of another process is open, nothing is freed
+ * in place (eviction takes whole shards, the store within its capacity);
+ * its lookups are byte-exact throughout; once it closes, the next
+ * eviction frees pages in place and punches them. */
+/* PROMISE: STORE-27 */
+static void test_reader_process_defers_punches(void **state)
+{
+    (void)state;
+    char dir[512];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = CAP, .flags = HOLES});
+    uint8_t none[1] = {0};
+    uint64_t q = fill_until_freed(s, 0, none, 0);
+    reader_child r = reader_spawn(dir);
+    /* while it is open: no page freed in place (its views could be under
+     * a punch), eviction by whole shards, so the disk stays bounded */
+    uint64_t punched = s->punched;
+    q = fill_beside_reader(s, q);
+    reader_finish(&r);
     q = fill_until_freed(s, q, none, 0);
     assert_true(s->punched > punched);
-    close(go[1]);
-    close(done[0]);
+    kvx_store_close(s);
+}
+
+/* DIR/READERS removed by hand while a reader holds it: the next writer
+ * makes a new one the reader does not hold, yet a later writer still sees
+ * the reader (its shared lock on shards/) and frees nothing in place
+ * until it closes. */
+/* PROMISE: STORE-27 */
+static void test_readers_file_removed_by_hand(void **state)
+{
+    (void)state;
+    char dir[512];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = CAP, .flags = HOLES});
+    uint8_t none[1] = {0};
+    uint64_t q = fill_until_freed(s, 0, none, 0);
+    kvx_store_close(s);
+    reader_child r = reader_spawn(dir);
+    char path[600];
+    snprintf(path, sizeof path, "%s/READERS", dir);
+    assert_int_equal(unlink(path), 0);
+    s = su_reopen(dir, HOLES); /* makes a new READERS: frees nothing in place this session */
+    assert_int_equal(access(path, F_OK), 0);
+    kvx_store_close(s);
+    s = su_reopen(dir, HOLES); /* holds the new READERS alone: the reader is still there */
+    uint64_t punched = s->punched;
+    q = fill_beside_reader(s, q);
+    reader_finish(&r);
+    q = fill_until_freed(s, q, none, 0);
+    assert_true(s->punched > punched);
+    su_verify_clean(s);
     kvx_store_close(s);
 }
 
@@ -631,9 +690,10 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_evicts_cold_pages_in_place),    cmocka_unit_test(test_punched_extents_are_free),
         cmocka_unit_test(test_store_version_marks_holes),     cmocka_unit_test(test_view_held_across_eviction),
-        cmocka_unit_test(test_reader_process_defers_punches), cmocka_unit_test(test_damage_beside_holes),
-        cmocka_unit_test(test_kill_at_each_step_of_a_free),   cmocka_unit_test(test_strange_things_at_freed),
-        cmocka_unit_test(test_no_punch_on_this_file_system),  cmocka_unit_test(test_warmup_skips_freed_pages),
+        cmocka_unit_test(test_reader_process_defers_punches), cmocka_unit_test(test_readers_file_removed_by_hand),
+        cmocka_unit_test(test_damage_beside_holes),           cmocka_unit_test(test_kill_at_each_step_of_a_free),
+        cmocka_unit_test(test_strange_things_at_freed),       cmocka_unit_test(test_no_punch_on_this_file_system),
+        cmocka_unit_test(test_warmup_skips_freed_pages),
     };
     return cmocka_run_group_tests(tests, su_setup, su_teardown);
 }
