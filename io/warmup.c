@@ -64,10 +64,6 @@ static int wpage_cmp(const void *a, const void *b)
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
-/* A tombstone (a keyed delete, docs/FORMAT.md) or a page its store freed
- * in place (docs/STORE.md "Holes") has no page: warmup skips it. */
-static int is_tombstone(const kvx_shard *s, uint32_t i) { return kvx_shard_absent(s, i); }
-
 int kvx_warmup_sink_bytes(uint64_t *out, kvx_shard *const *shards, size_t n)
 {
     if (!out || (n && !shards)) return kvx_fail(KVX_EINVALID, "kvx_warmup_sink_bytes: a NULL argument");
@@ -79,7 +75,7 @@ int kvx_warmup_sink_bytes(uint64_t *out, kvx_shard *const *shards, size_t n)
             kvx_entry e;
             int rc = kvx_shard_entry(&e, shards[s], i);
             if (rc) return rc;
-            if (is_tombstone(shards[s], i)) continue;
+            if (kvx_shard_absent(shards[s], i)) continue; /* a tombstone or a freed page: none to read */
             total = kvx_align_up(total, SINK_ALIGN) + e.bytes;
         }
     }
@@ -300,7 +296,7 @@ static int warmup_new(kvx_warmup **out, kvx_shard *const *shards, size_t n, cons
         uint32_t nb = kvx_shard_get_info(shards[s])->num_blocks;
         for (uint32_t i = 0; i < nb; i++) {
             kvx_entry e;
-            if (is_tombstone(shards[s], i)) continue;
+            if (kvx_shard_absent(shards[s], i)) continue; /* a tombstone or a freed page: none to read */
             kvx_shard_entry(&e, shards[s], i); /* checked by sink_bytes */
             wpage *p = &w->pages[w->n_pages];
             sink = kvx_align_up(sink, SINK_ALIGN);
