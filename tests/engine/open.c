@@ -224,10 +224,7 @@ static void test_store_file_tampering(void **state)
     char path[600];
     snprintf(path, sizeof path, "%s/STORE", dir);
     uint8_t orig[64];
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    assert_int_equal(fread(orig, 1, 64, f), 64);
-    fclose(f);
+    su_store_bytes(dir, orig);
     struct {
         size_t off;
         uint32_t v;
@@ -241,7 +238,7 @@ static void test_store_file_tampering(void **state)
                 fail_msg("STORE byte %zu = %u: opened (%s)", cases[i].off, cases[i].v, ro ? "reader" : "writer");
             }
         }
-        f = fopen(path, "wb");
+        FILE *f = fopen(path, "wb");
         assert_non_null(f);
         assert_int_equal(fwrite(orig, 1, 64, f), 64);
         assert_int_equal(fclose(f), 0);

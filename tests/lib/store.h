@@ -123,17 +123,22 @@ static inline kvx_store *su_reopen(const char *dir, uint32_t flags)
     return s;
 }
 
-/* The format version and kind DIR/STORE holds (docs/FORMAT.md "STORE
- * file"): u16 at 8 and at 10. */
-static inline void su_store_version(const char *dir, unsigned *version, unsigned *kind)
+/* DIR/STORE's 64 bytes (docs/FORMAT.md "STORE file") into b. */
+static inline void su_store_bytes(const char *dir, uint8_t b[64])
 {
     char p[600];
     snprintf(p, sizeof p, "%s/STORE", dir);
-    uint8_t b[64];
     FILE *f = fopen(p, "rb");
     assert_non_null(f);
     assert_int_equal(fread(b, 1, 64, f), 64);
     fclose(f);
+}
+
+/* The format version and kind DIR/STORE holds: u16 at 8 and at 10. */
+static inline void su_store_version(const char *dir, unsigned *version, unsigned *kind)
+{
+    uint8_t b[64];
+    su_store_bytes(dir, b);
     *version = (unsigned)b[8] | (unsigned)b[9] << 8;
     *kind = (unsigned)b[10] | (unsigned)b[11] << 8;
 }
