@@ -211,6 +211,55 @@ static void test_store_round_trip(void **state)
     assert_int_equal(prefix_blocks(args), 3);
 }
 
+/* A store that evicts in place (KVX_STORE_HOLES): stat --json names the
+ * freed pages' bytes (bytes counts them), and the human stat reads the
+ * live bytes against the capacity, never over 100 %, and says how much
+ * of the files' bytes is freed pages. */
+/* PROMISE: STORE-26 */
+static void test_store_stat_holes(void **state)
+{
+    (void)state;
+    char dir[400];
+    snprintf(dir, sizeof dir, "%s/holes", tmpdir);
+    kvx_store_options o;
+    kvx_store_options_init(&o);
+    o.geometry = G;
+    o.capacity_bytes = 1 << 20;
+    o.flags = KVX_STORE_NOSYNC | KVX_STORE_HOLES;
+    kvx_store *s = NULL;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    size_t pb = kvx_page_bytes(&G, G.block_tokens);
+    uint8_t *pages = calloc(NB, pb);
+    uint32_t t[NB * 4];
+    for (uint32_t q = 0; q < 400; q++) {
+        for (uint32_t i = 0; i < NB * 4; i++) t[i] = q * 1000 + i + 1;
+        assert_int_equal(kvx_store_put(s, t, NB * 4, pages, NB, NULL, NULL), 0);
+        assert_int_equal(kvx_store_flush(s), 0);
+    }
+    free(pages);
+    kvx_store_stats st;
+    assert_int_equal(kvx_store_stat(&st, s), 0);
+    kvx_store_close(s);
+    assert_true(st.freed_bytes > 0);
+
+    cli_run r = CLI(NULL, "store", "stat", "--json", dir);
+    jval *v = run_json(&r, 0);
+    assert_non_null(jget(v, "freed_bytes"));
+    double freed = jget(v, "freed_bytes")->num, bytes = jget(v, "bytes")->num, cap = jget(v, "capacity")->num;
+    assert_true(freed == (double)st.freed_bytes);
+    assert_true(bytes > cap);          /* the files' sizes still count the freed pages */
+    assert_true(bytes - freed <= cap); /* what is left is within the capacity */
+    jfree(v);
+    cli_run_free(&r);
+    r = CLI(NULL, "store", "stat", dir);
+    EXPECT_RC(r, 0);
+    assert_non_null(strstr(r.out, "pages freed in place"));
+    const char *pct = strchr(strstr(r.out, "bytes        "), '(');
+    assert_non_null(pct);
+    assert_true(strtod(pct + 1, NULL) <= 100.0);
+    cli_run_free(&r);
+}
+
 /* A bf16 store: create --quant bf16, stat --json says "bf16"; a v3
  * envelope put with tokens comes back byte for byte from get and prefix -o
  * --format v3; v1 works while every value fits f16, else exit 1 naming the
@@ -528,6 +577,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_store_round_trip),
         cmocka_unit_test(test_store_bf16),
+        cmocka_unit_test(test_store_stat_holes),
         cmocka_unit_test(test_store_failures),
         cmocka_unit_test(test_store_verify_finds_damage),
         cmocka_unit_test(test_store_usage),
