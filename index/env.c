@@ -637,11 +637,19 @@ typedef struct idx_wctx {
     int commit_rc;
 } idx_wctx;
 
+int (*kvx_idx_commit_fault)(void);
+
 static int idx_write_run(MDB_txn *txn, void *p)
 {
     idx_wctx *w = p;
     int rc = w->body(txn, w->ctx);
     if (rc) return rc;
+    int fault = kvx_idx_commit_fault ? kvx_idx_commit_fault() : 0;
+    if (fault) {
+        mdb_txn_abort(txn); /* what a failed mdb_txn_commit leaves: nothing of it */
+        w->commit_rc = fault;
+        return 0;
+    }
     w->commit_rc = mdb_txn_commit(txn);
     return 0;
 }

@@ -225,6 +225,13 @@ int kvx_idx_guard(kvx_index *ix, MDB_txn *txn, kvx_idx_body body, void *ctx);
  * Body and commit run under the guard: a fault in the map aborts the
  * transaction and returns KVX_ECORRUPT naming reindex. */
 int kvx_idx_write(kvx_index *ix, kvx_idx_body body, void *ctx);
+/* The commit's seam, for tests only (as common/os.h's is for the OS
+ * calls): when set, called before each write transaction's commit; a
+ * non-zero errno from it aborts the transaction instead, and the write
+ * fails as a commit LMDB could not make durable (EIO from its fdatasync)
+ * does. LMDB's own I/O is outside the OS seam, so this is how a test
+ * fails a catalog commit at a chosen step. NULL (always, in use). */
+extern int (*kvx_idx_commit_fault)(void);
 
 /* Small typed helpers used inside transactions (records.c). The getters
  * return 0, an LMDB code (MDB_CORRUPTED for a record of the wrong size or

@@ -25,6 +25,7 @@
 #include "kvx.h"
 #include "engine/store.h"
 #include "format/format.h"
+#include "index/index.h"
 #include "lib/fault.h"
 #include "lib/store.h"
 
@@ -254,6 +255,30 @@ static uint64_t fill_until_freed(kvx_store *s, uint64_t from, const uint8_t *hot
     return q;
 }
 
+/* Every entry of every live shard of r is freed by the free log, or
+ * served by its hash with the bytes put (what names the case). */
+static void entries_freed_or_served(kvx_store *r, const char *what)
+{
+    for (uint32_t b = 0; b < ST_SLOTS; b++) {
+        if (!r->reg->live[b]) continue;
+        kvx_shard *sh = kvx_st_shard_get(r, b, r->reg->rec[b].gen);
+        assert_non_null(sh);
+        for (uint32_t i = 0; i < r->reg->rec[b].n_entries; i++) {
+            kvx_entry e;
+            assert_int_equal(kvx_shard_entry(&e, sh, i), 0);
+            if (kvx_st_freed(r, r->reg->rec[b].gen, i)) continue;
+            kvx_view v;
+            if (kvx_store_get_hash(&v, r, e.hash))
+                fail_msg("%s: shard %u entry %u, not freed, not served: %s", what, b, i, kvx_last_error());
+            uint8_t want[64];
+            su_page(want, sizeof want, e.hash);
+            assert_memory_equal(v.page, want, sizeof want);
+            kvx_view_release(&v);
+        }
+        kvx_shard_close(sh);
+    }
+}
+
 /* A view held across the eviction of its block keeps its bytes: the punch
  * waits for the view to go, then lands at a later eviction. */
 /* PROMISE: STORE-27 */
@@ -464,6 +489,103 @@ static void test_damage_beside_holes(void **state)
     kvx_store_close(s);
 }
 
+/* The catalog commit at a chosen step fails (kvx_idx_commit_fault). */
+static long commit_fail_at, commit_calls;
+static int commit_fault(void) { return ++commit_calls == commit_fail_at ? EIO : 0; }
+
+/* A catalog commit that fails after the free record is durable, at each
+ * commit of the flushes up to one whose eviction frees pages in place:
+ * the writer goes on (its flushes evict whole shards from then on) and
+ * serves only byte-exact blocks (a freed page the catalog still names is
+ * never punched, so it is served with its bytes or not at all); the flush
+ * that evicted lands (eviction is its tidy-up, after its own commit); the
+ * last acknowledged flush is whole; the next writer's open takes the freed
+ * pages out of the catalog (every entry of every live shard freed by the
+ * log or served, verify clean, the last acknowledged flush whole), and
+ * frees in place again. */
+/* PROMISE: STORE-29 */
+static void test_catalog_commit_fails_after_free_record(void **state)
+{
+    (void)state;
+    char base[512];
+    kvx_store *s = su_store(base, sizeof base, (su_spec){.capacity = CAP, .flags = HOLES});
+    uint8_t none[1] = {0};
+    uint64_t q = fill_until_freed(s, 0, none, 0);
+    q = fill_until_freed(s, q, none, 0);
+    kvx_store_close(s);
+    int after_record = 0;
+    for (long k = 1; k < 60; k++) {
+        char dir[512], cmd[1200], what[64];
+        su_new_dir(dir, sizeof dir);
+        snprintf(cmd, sizeof cmd, "cp -a '%s' '%s'", base, dir);
+        assert_int_equal(system(cmd), 0);
+        snprintf(what, sizeof what, "commit %ld", k);
+        kvx_store *c = su_reopen(dir, HOLES);
+        size_t before = c->nfreed;
+        commit_calls = 0;
+        commit_fail_at = k;
+        kvx_idx_commit_fault = commit_fault;
+        uint64_t x = q, acked = UINT64_MAX;
+        int failed = 0;
+        for (; x < q + 400 && !(c->nfreed > before && failed) && !(c->nfreed > before && commit_calls >= k); x++) {
+            int rc = su_put_seq(c, x, NB);
+            if (rc == 0) acked = x;
+            failed |= rc != 0;
+        }
+        kvx_idx_commit_fault = NULL;
+        int hit = commit_calls >= k;
+        int record_then_fail = hit && c->nfreed > before && !c->holes; /* the free record durable, its commit not */
+        after_record += record_then_fail;
+        /* eviction is the flush's tidy-up, after its own commit: the flush lands */
+        if (record_then_fail && (failed || acked != x - 1)) fail_msg("%s: the flush that evicted failed", what);
+        /* the same writer: never a wrong block */
+        for (uint64_t y = 0; y < x; y++)
+            if (su_served_prefix(c, y, NB) == SIZE_MAX)
+                fail_msg("%s: sequence %llu served a wrong block", what, (unsigned long long)y);
+        for (size_t f = 0; f < c->nfreed; f++) {
+            uint32_t b = UINT32_MAX;
+            for (uint32_t bb = 0; bb < ST_SLOTS; bb++)
+                if (c->reg->live[bb] && c->reg->rec[bb].gen == c->freed[f].gen) b = bb;
+            if (b == UINT32_MAX) continue;
+            kvx_shard *sh = kvx_st_shard_get(c, b, c->freed[f].gen);
+            kvx_entry e;
+            assert_int_equal(kvx_shard_entry(&e, sh, c->freed[f].entry), 0);
+            kvx_shard_close(sh);
+            kvx_view v;
+            int g = kvx_store_get_hash(&v, c, e.hash);
+            if (g != 0 && g != KVX_ENOTFOUND) /* a miss at worst, never damage */
+                fail_msg("%s: freed page (shard %u entry %u): %s", what, b, c->freed[f].entry, kvx_last_error());
+            if (g == 0) { /* the catalog still names it: never punched */
+                uint8_t want[64];
+                su_page(want, sizeof want, e.hash);
+                if (memcmp(v.page, want, sizeof want))
+                    fail_msg("%s: freed page (shard %u entry %u) served with other bytes", what, b, c->freed[f].entry);
+                kvx_view_release(&v);
+            }
+        }
+        if (acked != UINT64_MAX && su_served_prefix(c, acked, NB) != NB)
+            fail_msg("%s: sequence %llu, acknowledged, not whole", what, (unsigned long long)acked);
+        su_verify_clean(c); /* nothing the catalog names was punched */
+        /* and it goes on: a flush after the failure lands */
+        assert_int_equal(su_put_seq(c, q + 500, NB), 0);
+        acked = q + 500;
+        kvx_store_close(c);
+        /* the next writer mends the catalog, then frees in place again */
+        kvx_store *r = su_reopen(dir, HOLES);
+        entries_freed_or_served(r, what);
+        su_verify_clean(r);
+        if (su_served_prefix(r, acked, NB) != NB)
+            fail_msg("%s: sequence %llu, acknowledged, not whole after reopening", what, (unsigned long long)acked);
+        assert_true(r->holes);
+        fill_until_freed(r, q + 600, none, 0);
+        su_verify_clean(r);
+        kvx_store_close(r);
+        su_rm_rf(dir);
+        if (!hit) break;
+    }
+    assert_true(after_record > 0);
+}
+
 /* kill -9 at every OS call of the flushes up to one whose eviction frees
  * pages in place: after reopening (and after a reindex from the files
  * alone), every block served is byte-exact, every entry of every live
@@ -532,27 +654,9 @@ static void test_kill_at_each_step_of_a_free(void **state)
                     fail_msg("call %ld%s: sequence %llu, flushed, not whole (%zu)", k, reindex ? " (reindex)" : "",
                              (unsigned long long)x, got);
             }
-            /* every entry of every live shard is freed by the log, or served */
-            for (uint32_t b = 0; b < ST_SLOTS; b++) {
-                if (!r->reg->live[b]) continue;
-                kvx_shard *sh = kvx_st_shard_get(r, b, r->reg->rec[b].gen);
-                assert_non_null(sh);
-                for (uint32_t i = 0; i < r->reg->rec[b].n_entries; i++) {
-                    kvx_entry e;
-                    assert_int_equal(kvx_shard_entry(&e, sh, i), 0);
-                    if (kvx_st_freed(r, r->reg->rec[b].gen, i)) continue;
-                    kvx_view v;
-                    int g = kvx_store_get_hash(&v, r, e.hash);
-                    if (g)
-                        fail_msg("call %ld%s: shard %u entry %u, not freed, not served: %s", k,
-                                 reindex ? " (reindex)" : "", b, i, kvx_last_error());
-                    uint8_t want[64];
-                    su_page(want, sizeof want, e.hash);
-                    assert_memory_equal(v.page, want, sizeof want);
-                    kvx_view_release(&v);
-                }
-                kvx_shard_close(sh);
-            }
+            char what[64];
+            snprintf(what, sizeof what, "call %ld%s", k, reindex ? " (reindex)" : "");
+            entries_freed_or_served(r, what);
             su_verify_clean(r);
             kvx_store_close(r);
             killed_inside += was_killed;
@@ -688,11 +792,17 @@ int main(void)
         return 77;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_evicts_cold_pages_in_place),    cmocka_unit_test(test_punched_extents_are_free),
-        cmocka_unit_test(test_store_version_marks_holes),     cmocka_unit_test(test_view_held_across_eviction),
-        cmocka_unit_test(test_reader_process_defers_punches), cmocka_unit_test(test_readers_file_removed_by_hand),
-        cmocka_unit_test(test_damage_beside_holes),           cmocka_unit_test(test_kill_at_each_step_of_a_free),
-        cmocka_unit_test(test_strange_things_at_freed),       cmocka_unit_test(test_no_punch_on_this_file_system),
+        cmocka_unit_test(test_evicts_cold_pages_in_place),
+        cmocka_unit_test(test_punched_extents_are_free),
+        cmocka_unit_test(test_store_version_marks_holes),
+        cmocka_unit_test(test_view_held_across_eviction),
+        cmocka_unit_test(test_reader_process_defers_punches),
+        cmocka_unit_test(test_readers_file_removed_by_hand),
+        cmocka_unit_test(test_damage_beside_holes),
+        cmocka_unit_test(test_kill_at_each_step_of_a_free),
+        cmocka_unit_test(test_catalog_commit_fails_after_free_record),
+        cmocka_unit_test(test_strange_things_at_freed),
+        cmocka_unit_test(test_no_punch_on_this_file_system),
         cmocka_unit_test(test_warmup_skips_freed_pages),
     };
     return cmocka_run_group_tests(tests, su_setup, su_teardown);
