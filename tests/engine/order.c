@@ -774,7 +774,7 @@ static void on_disk(const char *dir, int *pages, int *tombs)
     *pages = *tombs = 0;
     for (size_t i = 0; i < n; i++) {
         char path[700];
-        snprintf(path, sizeof path, "%s/shards/%s", dir, names[i]);
+        snprintf(path, sizeof path, "%.600s/shards/%.63s", dir, names[i]);
         kvx_shard *sh;
         if (kvx_shard_open(&sh, path, 0)) continue;
         uint32_t nb = kvx_shard_get_info(sh)->num_blocks;
@@ -953,7 +953,7 @@ static void count_entries(const char *dir, const char *prefix, int *tombs, int *
     *tombs = *pages = 0;
     for (size_t i = 0; i < n; i++) {
         char path[700];
-        snprintf(path, sizeof path, "%s/shards/%s", dir, names[i]);
+        snprintf(path, sizeof path, "%.600s/shards/%.63s", dir, names[i]);
         kvx_shard *sh;
         if (kvx_shard_open(&sh, path, 0)) continue;
         for (uint32_t e = 0; e < kvx_shard_get_info(sh)->num_blocks; e++) {

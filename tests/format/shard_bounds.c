@@ -82,7 +82,7 @@ static void fix_meta_crc(uint8_t *b)
 {
     kvx_shard_header h;
     kvx_header_decode(&h, b);
-    kvx_shard_layout lay;
+    kvx_shard_layout lay = {0};
     assert_int_equal(kvx_shard_layout_for(&lay, h.num_blocks, h.flags, h.block_tokens, h.num_layers, h.kv_heads), 0);
     kvx_store32(b + KVX_H_META_CRC, kvx_crc32c(kvx_crc32c(0, b, 60), b + 64, lay.tables_end - 64));
 }
@@ -105,7 +105,7 @@ static uint64_t sparse_lineage(uint8_t b[4096], uint32_t B)
     h.block_tokens = B;
     h.quant = KVX_QUANT_FP16;
     h.flags = KVX_FLAG_HASHES | KVX_FLAG_LINEAGE;
-    kvx_shard_layout lay;
+    kvx_shard_layout lay = {0};
     assert_int_equal(kvx_shard_layout_for(&lay, n, h.flags, B, 1, 1), 0);
     h.kv_data_offset = (lay.tables_end + 4095) / 4096 * 4096;
     kvx_header_encode(b, &h);
@@ -221,7 +221,7 @@ static void test_table_past_eof(void **state)
         uint8_t *b = read_file(path_of(files[fi]), &len);
         kvx_shard_header h;
         kvx_header_decode(&h, b);
-        kvx_shard_layout lay;
+        kvx_shard_layout lay = {0};
         assert_int_equal(kvx_shard_layout_for(&lay, h.num_blocks, h.flags, h.block_tokens, h.num_layers, h.kv_heads),
                          0);
         const struct {
@@ -272,7 +272,7 @@ static void test_sparse_tables_refused(void **state)
     memset(b, 0, sizeof b);
     kvx_shard_header h = {.format_version = KVX_FORMAT_VERSION, .num_layers = 4096, .kv_heads = 4096, .head_dim = 1,
                           .num_blocks = 1, .quant = KVX_QUANT_E4M3, .flags = KVX_FLAG_SCALES};
-    kvx_shard_layout lay;
+    kvx_shard_layout lay = {0};
     assert_int_equal(kvx_shard_layout_for(&lay, 1, h.flags, 0, 4096, 4096), 0);
     h.kv_data_offset = (lay.tables_end + 4095) / 4096 * 4096;
     kvx_header_encode(b, &h);
@@ -412,7 +412,7 @@ static void test_limits_open(void **state)
     b = read_file(part, &len);
     kvx_shard_header h;
     kvx_header_decode(&h, b);
-    kvx_shard_layout lay;
+    kvx_shard_layout lay = {0};
     assert_int_equal(kvx_shard_layout_for(&lay, h.num_blocks, h.flags, h.block_tokens, 1, 1), 0);
     free(b);
     int fd = open(part, O_RDWR);
@@ -485,7 +485,7 @@ static int open_checked(mutation_run *r, const char *path, uint64_t size)
     }
     r->opened++;
     const kvx_shard_info *info = kvx_shard_get_info(s);
-    kvx_shard_layout lay;
+    kvx_shard_layout lay = {0};
     int bad = info->file_size != size ||
               kvx_shard_layout_for(&lay, info->num_blocks, info->flags, info->geometry.block_tokens,
                                    info->geometry.num_layers, info->geometry.kv_heads) != 0 ||
@@ -516,7 +516,7 @@ static int write_variant(const char *path, const base_file *bf, uint8_t *b, int 
 {
     kvx_shard_header h;
     kvx_header_decode(&h, b);
-    kvx_shard_layout lay;
+    kvx_shard_layout lay = {0};
     int lay_ok = kvx_shard_layout_for(&lay, h.num_blocks, h.flags, h.block_tokens, h.num_layers, h.kv_heads) == 0;
     *size = v & 2 ? 1ull << 40 : bf->len;
     if (!(v & 4)) {

@@ -987,9 +987,9 @@ static int pc_image_dir(int d, const char *path, int all)
 static inline int pc_mangle_lagging_index(const char *dst)
 {
     char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s/UNSYNCED", dst);
+    snprintf(p, sizeof p, "%.4000s/UNSYNCED", dst);
     if (access(p, F_OK) != 0) return 0;
-    snprintf(p, sizeof p, "%s/index/data.mdb", dst);
+    snprintf(p, sizeof p, "%.4000s/index/data.mdb", dst);
     struct stat st;
     if (stat(p, &st) != 0) return 0;
     uint64_t pages = (uint64_t)st.st_size / 4096;
