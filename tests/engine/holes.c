@@ -489,6 +489,27 @@ static void test_damage_beside_holes(void **state)
     kvx_store_close(s);
 }
 
+/* A holes store at a fresh path (into base) whose eviction has freed
+ * pages in place twice, closed; returns the next sequence to put. */
+static uint64_t store_freed_twice(char *base, size_t cap)
+{
+    kvx_store *s = su_store(base, cap, (su_spec){.capacity = CAP, .flags = HOLES});
+    uint8_t none[1] = {0};
+    uint64_t q = fill_until_freed(s, 0, none, 0);
+    q = fill_until_freed(s, q, none, 0);
+    kvx_store_close(s);
+    return q;
+}
+
+/* A copy of the store at base, at a fresh path (into dir). */
+static void store_copy(const char *base, char *dir, size_t cap)
+{
+    char cmd[1200];
+    su_new_dir(dir, cap);
+    snprintf(cmd, sizeof cmd, "cp -a '%s' '%s'", base, dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* The catalog commit at a chosen step fails (kvx_idx_commit_fault). */
 static long commit_fail_at, commit_calls;
 static int commit_fault(void) { return ++commit_calls == commit_fail_at ? EIO : 0; }
@@ -508,17 +529,12 @@ static void test_catalog_commit_fails_after_free_record(void **state)
 {
     (void)state;
     char base[512];
-    kvx_store *s = su_store(base, sizeof base, (su_spec){.capacity = CAP, .flags = HOLES});
     uint8_t none[1] = {0};
-    uint64_t q = fill_until_freed(s, 0, none, 0);
-    q = fill_until_freed(s, q, none, 0);
-    kvx_store_close(s);
+    uint64_t q = store_freed_twice(base, sizeof base);
     int after_record = 0;
     for (long k = 1; k < 60; k++) {
-        char dir[512], cmd[1200], what[64];
-        su_new_dir(dir, sizeof dir);
-        snprintf(cmd, sizeof cmd, "cp -a '%s' '%s'", base, dir);
-        assert_int_equal(system(cmd), 0);
+        char dir[512], what[64];
+        store_copy(base, dir, sizeof dir);
         snprintf(what, sizeof what, "commit %ld", k);
         kvx_store *c = su_reopen(dir, HOLES);
         size_t before = c->nfreed;
@@ -596,19 +612,13 @@ static void test_kill_at_each_step_of_a_free(void **state)
 {
     (void)state;
     char base[512];
-    kvx_store *s = su_store(base, sizeof base, (su_spec){.capacity = CAP, .flags = HOLES});
-    uint8_t none[1] = {0};
-    uint64_t q = fill_until_freed(s, 0, none, 0);
-    q = fill_until_freed(s, q, none, 0);
-    kvx_store_close(s);
+    uint64_t q = store_freed_twice(base, sizeof base);
     int killed_inside = 0;
     for (long k = 1; k < 400; k++) {
         int hit = 0;
         for (int reindex = 0; reindex < 2; reindex++) {
-            char dir[512], cmd[1200];
-            su_new_dir(dir, sizeof dir);
-            snprintf(cmd, sizeof cmd, "cp -a '%s' '%s'", base, dir);
-            assert_int_equal(system(cmd), 0);
+            char dir[512];
+            store_copy(base, dir, sizeof dir);
             int pfd[2];
             assert_int_equal(pipe(pfd), 0);
             fflush(NULL);
