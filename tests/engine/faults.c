@@ -19,6 +19,7 @@
 
 #include <cmocka.h>
 
+#include "index/index.h"
 #include "lib/fault.h"
 #include "lib/store.h"
 
@@ -129,6 +130,90 @@ static void test_flush_faults(void **state)
     assert_int_equal(kvx_store_verify(s, &bad, NULL, NULL), 0);
     assert_int_equal(bad, 0);
     kvx_store_close(s);
+}
+
+/* The catalog's commits (LMDB's own I/O, outside the OS seam), counted,
+ * and the one at commit_fail_at failed with EIO (kvx_idx_commit_fault). */
+static long commit_fail_at, commit_calls;
+static int commit_fault(void) { return ++commit_calls == commit_fail_at ? EIO : 0; }
+
+/* Each catalog commit of a put + flush (appends, eviction in a small
+ * store, the lagging catalog's catch-up) failed in turn: the flush is
+ * acknowledged whole or reports the error with nothing of it served,
+ * every acknowledged block is still served byte for byte, the store takes
+ * the next flush; reopened, every acknowledged block is served, each
+ * failed batch whole or not at all, and verify is clean. */
+/* PROMISE: DUR-21 */
+static void test_flush_catalog_commit_faults(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/commits", su_root);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = 2 << 20; /* evictions among the flushes */
+    kvx_store *s;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    nacked = 0;
+    uint64_t seq = 10000, failed[64];
+    int nfailed = 0;
+    while (su_stat(s).evictions < 2) assert_int_equal(put_flush(s, seq++), 0); /* full: each flush evicts */
+    for (long k = 1; k <= 200; k++) {
+        commit_calls = 0;
+        commit_fail_at = k;
+        kvx_idx_commit_fault = commit_fault;
+        /* several flushes a round, so the fault lands on the k-th commit
+         * whichever flush makes it */
+        int hit = 0;
+        for (int f = 0; f < 4; f++) {
+            uint64_t q = seq++;
+            long before = commit_calls;
+            int rc = put_flush(s, q);
+            int here = before < k && commit_calls >= k;
+            hit |= here;
+            if (rc == 0) {
+                assert_int_equal(served(s, q), NB);
+                acked[nacked++] = q;
+            } else {
+                assert_true(here);
+                assert_non_null(strstr(kvx_last_error(), "index"));
+                assert_int_equal(served(s, q), 0); /* nothing half-visible */
+                if (nfailed < 64) failed[nfailed++] = q;
+            }
+        }
+        kvx_idx_commit_fault = NULL;
+        /* evicted blocks are gone by design: keep the acknowledged ones
+         * the store still holds, and check them */
+        int kept = 0;
+        for (int i = 0; i < nacked; i++) {
+            size_t n = served(s, acked[i]);
+            assert_true(n != SIZE_MAX);
+            if (n == NB) acked[kept++] = acked[i];
+        }
+        nacked = kept;
+        uint64_t q2 = seq++;
+        assert_int_equal(put_flush(s, q2), 0); /* usable afterwards */
+        acked[nacked++] = q2;
+        if (!hit) break;
+    }
+    assert_true(nfailed > 0 && su_stat(s).evictions > 2);
+    kvx_store_close(s);
+    /* reopened, then rebuilt from the files alone */
+    for (int reindex = 0; reindex < 2; reindex++) {
+        if (reindex) assert_int_equal(kvx_store_reindex_dir(dir, 0), 0);
+        assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+        for (int i = 0; i < nacked; i++) {
+            size_t n = served(s, acked[i]);
+            assert_true(n == NB || n == 0); /* evicted at open at most, never in part */
+        }
+        assert_int_equal(served(s, acked[nacked - 1]), NB);
+        for (int i = 0; i < nfailed; i++) {
+            size_t n = served(s, failed[i]);
+            assert_true(n == NB || n == 0); /* a failed batch: whole or not at all */
+        }
+        su_verify_clean(s);
+        kvx_store_close(s);
+    }
 }
 
 /* gc that compacts many small shards (and evicts), failing each call. */
@@ -719,17 +804,12 @@ int main(int argc, char **argv)
     setenv("KVX_NO_APPEND", "1", 1);
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test by name (a glob) */
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_flush_faults),
-        cmocka_unit_test(test_gc_faults),
-        cmocka_unit_test(test_store_map_faults),
-        cmocka_unit_test(test_store_stat_faults),
-        cmocka_unit_test(test_store_lock_faults),
-        cmocka_unit_test(test_store_walk_faults),
-        cmocka_unit_test(test_sweep_flush_evict),
-        cmocka_unit_test(test_sweep_gc),
-        cmocka_unit_test(test_sweep_reindex),
-        cmocka_unit_test(test_sweep_reindex_dir),
-        cmocka_unit_test(test_sweep_recovery),
+        cmocka_unit_test(test_flush_faults),      cmocka_unit_test(test_flush_catalog_commit_faults),
+        cmocka_unit_test(test_gc_faults),         cmocka_unit_test(test_store_map_faults),
+        cmocka_unit_test(test_store_stat_faults), cmocka_unit_test(test_store_lock_faults),
+        cmocka_unit_test(test_store_walk_faults), cmocka_unit_test(test_sweep_flush_evict),
+        cmocka_unit_test(test_sweep_gc),          cmocka_unit_test(test_sweep_reindex),
+        cmocka_unit_test(test_sweep_reindex_dir), cmocka_unit_test(test_sweep_recovery),
     };
     return cmocka_run_group_tests_name("engine/faults", tests, su_setup, su_teardown);
 }
