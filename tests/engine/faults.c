@@ -259,6 +259,51 @@ static void test_gc_faults(void **state)
     kvx_store_close(s);
 }
 
+/* gc (compaction, eviction) with each of its catalog commits failed in
+ * turn: the error surfaces, no block is lost, failed or not, and the
+ * store reopens with every acknowledged block and verifies clean. */
+/* PROMISE: DUR-21 */
+static void test_gc_catalog_commit_faults(void **state)
+{
+    (void)state;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/gc-commits", su_root);
+    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
+    o.geometry = su_geometry();
+    o.capacity_bytes = 64 << 20;
+    kvx_store *s;
+    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
+    nacked = 0;
+    uint64_t seq = 20000;
+    int failures = 0;
+    for (long k = 1;; k++) {
+        for (int i = 0; i < 4; i++) {
+            assert_int_equal(put_flush(s, seq), 0);
+            acked[nacked++] = seq++;
+        }
+        commit_calls = 0;
+        commit_fail_at = k;
+        kvx_idx_commit_fault = commit_fault;
+        int rc = kvx_store_gc(s);
+        kvx_idx_commit_fault = NULL;
+        int hit = commit_calls >= k;
+        if (rc != 0) {
+            assert_true(hit);
+            assert_true(kvx_last_error()[0] != '\0');
+            failures++;
+        }
+        check_all(s);    /* compaction never loses a block, failed or not */
+        if (!hit) break; /* k passed gc's last commit */
+        assert_true(k < 200);
+    }
+    assert_true(failures > 0 && su_stat(s).compactions > 0);
+    kvx_store_close(s);
+    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
+    check_all(s);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
 /* Entries of dir ("." and ".." left out). */
 static int dir_count(const char *dir)
 {
@@ -805,11 +850,12 @@ int main(int argc, char **argv)
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test by name (a glob) */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_flush_faults),      cmocka_unit_test(test_flush_catalog_commit_faults),
-        cmocka_unit_test(test_gc_faults),         cmocka_unit_test(test_store_map_faults),
-        cmocka_unit_test(test_store_stat_faults), cmocka_unit_test(test_store_lock_faults),
-        cmocka_unit_test(test_store_walk_faults), cmocka_unit_test(test_sweep_flush_evict),
-        cmocka_unit_test(test_sweep_gc),          cmocka_unit_test(test_sweep_reindex),
-        cmocka_unit_test(test_sweep_reindex_dir), cmocka_unit_test(test_sweep_recovery),
+        cmocka_unit_test(test_gc_faults),         cmocka_unit_test(test_gc_catalog_commit_faults),
+        cmocka_unit_test(test_store_map_faults),  cmocka_unit_test(test_store_stat_faults),
+        cmocka_unit_test(test_store_lock_faults), cmocka_unit_test(test_store_walk_faults),
+        cmocka_unit_test(test_sweep_flush_evict), cmocka_unit_test(test_sweep_gc),
+        cmocka_unit_test(test_sweep_reindex),     cmocka_unit_test(test_sweep_reindex_dir),
+        cmocka_unit_test(test_sweep_recovery),
     };
     return cmocka_run_group_tests_name("engine/faults", tests, su_setup, su_teardown);
 }
