@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "common/os.h"
+#include "lib/commit_fault.h"
 #include "lib/fault.h"
 #include "lib/store.h"
 
@@ -619,6 +620,18 @@ static void test_mixed_commit_undo_fails_then_kill(void **state)
     mixed_commit_faults(1, 0);
 }
 
+/* Each catalog commit of appending flushes that evict failed in turn
+ * (tests/lib/commit_fault.h; each flush its own file:
+ * tests/engine/faults.c). */
+/* PROMISE: DUR-21 */
+static void test_append_catalog_commit_faults(void **state)
+{
+    (void)state;
+    char dir[512];
+    su_new_dir(dir, sizeof dir);
+    cf_flush_commit_faults(dir);
+}
+
 /* PROMISE: STORE-24 */
 static void test_flush_killed_at_each_call(void **state)
 {
@@ -1049,6 +1062,7 @@ int main(int argc, char **argv)
     if (argc > 1) cmocka_set_test_filter(argv[1]);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_flushes_append_to_one_file),
+        cmocka_unit_test(test_append_catalog_commit_faults),
         cmocka_unit_test(test_tiny_pages_long_blocks_write_files),
         cmocka_unit_test(test_plan_names_the_active_file),
         cmocka_unit_test(test_full_active_shard_sealed_and_next_begun),

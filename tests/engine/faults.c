@@ -19,7 +19,7 @@
 
 #include <cmocka.h>
 
-#include "index/index.h"
+#include "lib/commit_fault.h"
 #include "lib/fault.h"
 #include "lib/store.h"
 
@@ -132,97 +132,27 @@ static void test_flush_faults(void **state)
     kvx_store_close(s);
 }
 
-/* The catalog's commits (LMDB's own I/O, outside the OS seam), counted,
- * and the one at commit_fail_at failed with EIO (kvx_idx_commit_fault). */
-static long commit_fail_at, commit_calls;
-static int commit_fault(void) { return ++commit_calls == commit_fail_at ? EIO : 0; }
-
-/* Each catalog commit of a put + flush (appends, eviction in a small
- * store, the lagging catalog's catch-up) failed in turn: the flush is
- * acknowledged whole or reports the error with nothing of it served,
- * every acknowledged block is still served byte for byte, the store takes
- * the next flush; reopened, every acknowledged block is served, each
- * failed batch whole or not at all, and verify is clean. */
+/* Each catalog commit of flushes that evict failed in turn, each flush
+ * its own file (tests/lib/commit_fault.h; the active shard's appends:
+ * tests/engine/active.c). */
 /* PROMISE: DUR-21 */
 static void test_flush_catalog_commit_faults(void **state)
 {
     (void)state;
     char dir[300];
     snprintf(dir, sizeof dir, "%s/commits", su_root);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = 2 << 20; /* evictions among the flushes */
-    kvx_store *s;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    nacked = 0;
-    uint64_t seq = 10000, failed[64];
-    int nfailed = 0;
-    while (su_stat(s).evictions < 2) assert_int_equal(put_flush(s, seq++), 0); /* full: each flush evicts */
-    for (long k = 1; k <= 200; k++) {
-        commit_calls = 0;
-        commit_fail_at = k;
-        kvx_idx_commit_fault = commit_fault;
-        /* several flushes a round, so the fault lands on the k-th commit
-         * whichever flush makes it */
-        int hit = 0;
-        for (int f = 0; f < 4; f++) {
-            uint64_t q = seq++;
-            long before = commit_calls;
-            int rc = put_flush(s, q);
-            int here = before < k && commit_calls >= k;
-            hit |= here;
-            if (rc == 0) {
-                assert_int_equal(served(s, q), NB);
-                acked[nacked++] = q;
-            } else {
-                assert_true(here);
-                assert_non_null(strstr(kvx_last_error(), "index"));
-                assert_int_equal(served(s, q), 0); /* nothing half-visible */
-                if (nfailed < 64) failed[nfailed++] = q;
-            }
-        }
-        kvx_idx_commit_fault = NULL;
-        /* evicted blocks are gone by design: keep the acknowledged ones
-         * the store still holds, and check them */
-        int kept = 0;
-        for (int i = 0; i < nacked; i++) {
-            size_t n = served(s, acked[i]);
-            assert_true(n != SIZE_MAX);
-            if (n == NB) acked[kept++] = acked[i];
-        }
-        nacked = kept;
-        uint64_t q2 = seq++;
-        assert_int_equal(put_flush(s, q2), 0); /* usable afterwards */
-        acked[nacked++] = q2;
-        if (!hit) break;
-    }
-    assert_true(nfailed > 0 && su_stat(s).evictions > 2);
-    kvx_store_close(s);
-    /* reopened, then rebuilt from the files alone */
-    for (int reindex = 0; reindex < 2; reindex++) {
-        if (reindex) assert_int_equal(kvx_store_reindex_dir(dir, 0), 0);
-        assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
-        for (int i = 0; i < nacked; i++) {
-            size_t n = served(s, acked[i]);
-            assert_true(n == NB || n == 0); /* evicted at open at most, never in part */
-        }
-        assert_int_equal(served(s, acked[nacked - 1]), NB);
-        for (int i = 0; i < nfailed; i++) {
-            size_t n = served(s, failed[i]);
-            assert_true(n == NB || n == 0); /* a failed batch: whole or not at all */
-        }
-        su_verify_clean(s);
-        kvx_store_close(s);
-    }
+    cf_flush_commit_faults(dir);
 }
 
-/* gc that compacts many small shards (and evicts), failing each call. */
-/* PROMISE: DUR-6 */
-static void test_gc_faults(void **state)
+/* gc that compacts small shards (and evicts) with each step failed in
+ * turn: each OS call (by_commit 0: EIO or ENOSPC through the OS seam), or
+ * each catalog commit (by_commit 1: tests/lib/commit_fault.h). The error
+ * surfaces, no block is lost, failed or not, and the store reopens with
+ * every acknowledged block and verifies clean. */
+static void gc_faults_in_turn(const char *name, int by_commit)
 {
-    (void)state;
     char dir[300];
-    snprintf(dir, sizeof dir, "%s/g", su_root);
+    snprintf(dir, sizeof dir, "%s/%s", su_root, name);
     kvx_store_options o = KVX_STORE_OPTIONS_INIT;
     o.geometry = su_geometry();
     o.capacity_bytes = 64 << 20;
@@ -230,17 +160,28 @@ static void test_gc_faults(void **state)
     assert_int_equal(kvx_store_create(&s, dir, &o), 0);
     nacked = 0;
     uint64_t seq = 10000;
-    fault_install();
+    int failures = 0;
+    if (!by_commit) fault_install();
     for (long k = 1;; k++) {
         for (int i = 0; i < 4; i++) { /* four small shards to merge */
             assert_int_equal(put_flush(s, seq), 0);
             acked[nacked++] = seq++;
         }
-        fault_reset(k, k % 2 ? EIO : ENOSPC, FAULT_ERRNO);
+        if (by_commit)
+            cf_arm(k);
+        else
+            fault_reset(k, k % 2 ? EIO : ENOSPC, FAULT_ERRNO);
         int rc = kvx_store_gc(s);
-        long hits = fault_hits;
-        fault_reset(0, EIO, FAULT_ERRNO);
-        if (rc != 0) assert_true(hits > 0);
+        long hits = by_commit ? cf_calls >= k : fault_hits;
+        if (by_commit)
+            kvx_idx_commit_fault = NULL;
+        else
+            fault_reset(0, EIO, FAULT_ERRNO);
+        if (rc != 0) {
+            assert_true(hits > 0);
+            assert_true(kvx_last_error()[0] != '\0');
+            failures++;
+        }
         if (getenv("FAULT_DEBUG")) fprintf(stderr, "k=%ld rc=%d hits=%ld %s\n", k, rc, hits, kvx_last_error());
         check_all(s); /* compaction never loses a block, failed or not */
         if (hits == 0) {
@@ -249,59 +190,27 @@ static void test_gc_faults(void **state)
         }
         assert_true(k < 200);
     }
-    fault_uninstall();
-    kvx_store_stats st;
-    assert_int_equal(kvx_store_stat(&st, s), 0);
-    assert_true(st.compactions > 0);
-    kvx_store_close(s);
-    assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
-    check_all(s);
-    kvx_store_close(s);
-}
-
-/* gc (compaction, eviction) with each of its catalog commits failed in
- * turn: the error surfaces, no block is lost, failed or not, and the
- * store reopens with every acknowledged block and verifies clean. */
-/* PROMISE: DUR-21 */
-static void test_gc_catalog_commit_faults(void **state)
-{
-    (void)state;
-    char dir[300];
-    snprintf(dir, sizeof dir, "%s/gc-commits", su_root);
-    kvx_store_options o = KVX_STORE_OPTIONS_INIT;
-    o.geometry = su_geometry();
-    o.capacity_bytes = 64 << 20;
-    kvx_store *s;
-    assert_int_equal(kvx_store_create(&s, dir, &o), 0);
-    nacked = 0;
-    uint64_t seq = 20000;
-    int failures = 0;
-    for (long k = 1;; k++) {
-        for (int i = 0; i < 4; i++) {
-            assert_int_equal(put_flush(s, seq), 0);
-            acked[nacked++] = seq++;
-        }
-        commit_calls = 0;
-        commit_fail_at = k;
-        kvx_idx_commit_fault = commit_fault;
-        int rc = kvx_store_gc(s);
-        kvx_idx_commit_fault = NULL;
-        int hit = commit_calls >= k;
-        if (rc != 0) {
-            assert_true(hit);
-            assert_true(kvx_last_error()[0] != '\0');
-            failures++;
-        }
-        check_all(s);    /* compaction never loses a block, failed or not */
-        if (!hit) break; /* k passed gc's last commit */
-        assert_true(k < 200);
-    }
+    if (!by_commit) fault_uninstall();
     assert_true(failures > 0 && su_stat(s).compactions > 0);
     kvx_store_close(s);
     assert_int_equal(kvx_store_open(&s, dir, NULL, 0), 0);
     check_all(s);
     su_verify_clean(s);
     kvx_store_close(s);
+}
+
+/* PROMISE: DUR-6 */
+static void test_gc_faults(void **state)
+{
+    (void)state;
+    gc_faults_in_turn("g", 0);
+}
+
+/* PROMISE: DUR-21 */
+static void test_gc_catalog_commit_faults(void **state)
+{
+    (void)state;
+    gc_faults_in_turn("gc-commits", 1);
 }
 
 /* Entries of dir ("." and ".." left out). */

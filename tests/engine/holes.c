@@ -25,7 +25,7 @@
 #include "kvx.h"
 #include "engine/store.h"
 #include "format/format.h"
-#include "index/index.h"
+#include "lib/commit_fault.h"
 #include "lib/fault.h"
 #include "lib/store.h"
 
@@ -510,10 +510,6 @@ static void store_copy(const char *base, char *dir, size_t cap)
     assert_int_equal(system(cmd), 0);
 }
 
-/* The catalog commit at a chosen step fails (kvx_idx_commit_fault). */
-static long commit_fail_at, commit_calls;
-static int commit_fault(void) { return ++commit_calls == commit_fail_at ? EIO : 0; }
-
 /* A catalog commit that fails after the free record is durable, at each
  * commit of the flushes up to one whose eviction frees pages in place:
  * the writer goes on (its flushes evict whole shards from then on) and
@@ -538,18 +534,16 @@ static void test_catalog_commit_fails_after_free_record(void **state)
         snprintf(what, sizeof what, "commit %ld", k);
         kvx_store *c = su_reopen(dir, HOLES);
         size_t before = c->nfreed;
-        commit_calls = 0;
-        commit_fail_at = k;
-        kvx_idx_commit_fault = commit_fault;
+        cf_arm(k);
         uint64_t x = q, acked = UINT64_MAX;
         int failed = 0;
-        for (; x < q + 400 && !(c->nfreed > before && failed) && !(c->nfreed > before && commit_calls >= k); x++) {
+        for (; x < q + 400 && !(c->nfreed > before && failed) && !(c->nfreed > before && cf_calls >= k); x++) {
             int rc = su_put_seq(c, x, NB);
             if (rc == 0) acked = x;
             failed |= rc != 0;
         }
         kvx_idx_commit_fault = NULL;
-        int hit = commit_calls >= k;
+        int hit = cf_calls >= k;
         int record_then_fail = hit && c->nfreed > before && !c->holes; /* the free record durable, its commit not */
         after_record += record_then_fail;
         /* eviction is the flush's tidy-up, after its own commit: the flush lands */
