@@ -16,9 +16,9 @@ static int idx_err(const kvx_index *ix, int rc, const char *what)
 {
     if (rc == 0) return 0;
     if (rc < 0 && (rc < MDB_KEYEXIST || rc > MDB_LAST_ERRCODE)) return rc; /* a kvx code, with its message */
-    if (rc > 0) return kvx_fail(-rc, "index: %s: %s", what, mdb_strerror(rc));
     const char *store = ix && ix->store ? ix->store : "DIR";
     const char *dir = ix && ix->path ? ix->path : "DIR/index";
+    if (rc > 0) return kvx_fail(-rc, "index %s/data.mdb: %s: %s", dir, what, mdb_strerror(rc));
     switch (rc) {
     case MDB_NOTFOUND: return kvx_fail(KVX_ENOTFOUND, "index: %s: not found", what);
     case MDB_VERSION_MISMATCH: return kvx_fail(KVX_EVERSION, "index: %s: %s", what, mdb_strerror(rc));

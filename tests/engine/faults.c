@@ -456,6 +456,10 @@ static void vreport(void *ctx, const char *what, int code)
 
 typedef int (*op_fn)(kvx_store **s, const char *dir, uint64_t extra);
 
+/* 1: sweep_one fails the k-th catalog commit (tests/lib/commit_fault.h)
+ * instead of the k-th OS call. */
+static int sweep_by_commit;
+
 /* The operation under test runs on a fresh copy of the image; call k of
  * it fails (errno err). Then: a clean writer open (recovery), every block
  * of the image present unless counted as evicted, nothing served wrong,
@@ -472,15 +476,23 @@ static long sweep_one(const image *im, op_fn op, long k, int err, int mode, unsi
     int before = all_present(s, im, 0, 0);
     assert_true(before >= 0);
     uint64_t extra = 5000 + (uint64_t)k;
-    fault_install();
-    fault_only = only;
-    fault_reset(k, err, mode);
+    if (sweep_by_commit) {
+        cf_arm(k);
+    } else {
+        fault_install();
+        fault_only = only;
+        fault_reset(k, err, mode);
+    }
     int rc = op(&s, work, extra);
-    long calls = fault_calls, hits = fault_hits;
-    const char *hit = fault_hit_op;
+    long calls = sweep_by_commit ? cf_calls : fault_calls;
+    long hits = sweep_by_commit ? k && cf_calls >= k : fault_hits;
+    const char *hit = sweep_by_commit ? (hits ? "a catalog commit" : NULL) : fault_hit_op;
     char msg[600];
     snprintf(msg, sizeof msg, "%s", kvx_last_error());
-    fault_uninstall();
+    if (sweep_by_commit)
+        kvx_idx_commit_fault = NULL;
+    else
+        fault_uninstall();
     if (getenv("ATTACK_DEBUG")) {
         kvx_store_stats st = {0};
         if (s) kvx_store_stat(&st, s);
@@ -535,6 +547,12 @@ static void sweep(const image *im, op_fn op, const char *tag)
     if (getenv("ATTACK_DEBUG")) fprintf(stderr, "%s: %ld calls\n", tag, n);
     for (long k = 1; k <= n; k++) sweep_one(im, op, k, k % 2 ? EIO : ENOSPC, FAULT_ERRNO, 0, tag);
     for (long k = 1; k <= n; k++) sweep_one(im, op, k, EIO, FAULT_SHORT, 0, tag);
+    /* and each catalog commit (LMDB's own I/O, outside the OS seam) */
+    sweep_by_commit = 1;
+    n = -sweep_one(im, op, 0, EIO, FAULT_ERRNO, 0, tag);
+    if (getenv("ATTACK_DEBUG")) fprintf(stderr, "%s: %ld catalog commits\n", tag, n);
+    for (long k = 1; k <= n; k++) sweep_one(im, op, k, EIO, FAULT_ERRNO, 0, tag);
+    sweep_by_commit = 0;
 }
 
 /* An image of many small shards near the capacity: the next flush evicts
@@ -561,6 +579,7 @@ static int op_flush_evict(kvx_store **s, const char *dir, uint64_t extra)
     fault_at = 0;
     for (uint64_t q = 12; q < 24; q += 2) (void)su_served_prefix(*s, q, NB);
     fault_calls = 0;
+    cf_calls = 0;
     fault_at = saved;
     return su_put_seq(*s, extra, NB);
 }
@@ -644,9 +663,12 @@ static int op_reindex_dir(kvx_store **s, const char *dir, uint64_t extra)
     *s = NULL;
     int rc = kvx_store_reindex_dir(dir, 0);
     uint64_t saved = fault_at;
+    long cf_saved = cf_fail_at;
     fault_at = 0;
+    cf_fail_at = 0; /* the reopen is not under test */
     int r2 = kvx_store_open(s, dir, NULL, 0);
     fault_at = saved;
+    cf_fail_at = cf_saved;
     if (r2) *s = NULL;
     return rc;
 }
@@ -732,6 +754,7 @@ static int op_recover_pristine(kvx_store **s, const char *dir, uint64_t extra)
     *s = NULL;
     copy_tree(pristine, dir);
     fault_calls = 0;
+    cf_calls = 0;
     fault_at = saved;
     int rc = kvx_store_open(s, dir, NULL, 0);
     if (rc) *s = NULL;
