@@ -28,6 +28,7 @@
 
 #include "common/digest.h"
 #include "engine/store.h"
+#include "lib/commit_fault.h"
 #include "lib/store.h"
 #include "lib/fault.h"
 
@@ -336,6 +337,83 @@ static void test_put_get_exists_delete(void **state)
     assert_true(served_ok(s, k[0], lens[0]));
     assert_int_equal(kvx_store_keyed_delete(s, del, 1, NULL), KVX_EINVALID);
     kvx_store_close(s);
+}
+
+/* Keys of the commit-fault test: "cf-<n>", each 100 + n % 900 bytes. */
+static void cf_key(char *buf, size_t cap, int n, size_t *len)
+{
+    snprintf(buf, cap, "cf-%d", n);
+    *len = 100 + (size_t)n % 900;
+}
+
+/* Each catalog commit of keyed puts, flushes and deletes failed in turn
+ * (tests/lib/commit_fault.h): a flush acknowledged serves its keys, a
+ * failed one serves none of them; an acknowledged delete's key is never
+ * served again, on this handle, after reopening or after a reindex from
+ * the files alone; every other acknowledged key is served byte for byte
+ * (a failed delete's key: served or gone, never wrong); verify is clean. */
+/* PROMISE: KEYED-6 */
+static void test_keyed_catalog_commit_faults(void **state)
+{
+    (void)state;
+    enum { MAXK = 512 };
+    static char state_of[MAXK]; /* 0 none, 'a' acknowledged, 'd' deleted, '?' a failed delete's, 'f' a failed put's */
+    memset(state_of, 0, sizeof state_of);
+    char dir[300], name[32];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.page_bytes = PB, .capacity = 64ull << 20});
+    int next = 0;
+    size_t len;
+    for (; next < 8; next++) {
+        cf_key(name, sizeof name, next, &len);
+        const char *k = name;
+        put_keys(s, NULL, &k, &len, 1);
+        state_of[next] = 'a';
+    }
+    assert_int_equal(kvx_store_flush(s), 0);
+    int victim = 0, failed_puts = 0, failed_deletes = 0;
+    long k = 1;
+    for (; k < 100 && next < MAXK - 4; k++) {
+        cf_arm(k);
+        int first = next;
+        for (int i = 0; i < 2; i++, next++) {
+            cf_key(name, sizeof name, next, &len);
+            const char *kk = name;
+            put_keys(s, NULL, &kk, &len, 1);
+        }
+        int frc = kvx_store_flush(s);
+        for (int i = first; i < next; i++) state_of[i] = frc == 0 ? 'a' : 'f';
+        failed_puts += frc != 0;
+        while (state_of[victim] != 'a') victim++;
+        cf_key(name, sizeof name, victim, &len);
+        kvx_key del = key_of(name);
+        int drc = kvx_store_keyed_delete(s, &del, 1, NULL);
+        state_of[victim] = drc == 0 ? 'd' : '?';
+        failed_deletes += drc != 0;
+        kvx_idx_commit_fault = NULL;
+        int hit = cf_calls >= k;
+        for (int i = 0; i < next; i++) {
+            cf_key(name, sizeof name, i, &len);
+            int ok = served_ok(s, name, len);
+            if ((state_of[i] == 'a' && !ok) || ((state_of[i] == 'd' || state_of[i] == 'f') && ok))
+                fail_msg("commit %ld: key %s (%c) %s", k, name, state_of[i], ok ? "served" : "not served");
+        }
+        if (!hit) break;
+    }
+    assert_true(k > 3 && failed_puts > 0 && failed_deletes > 0);
+    kvx_store_close(s);
+    for (int reindex = 0; reindex < 2; reindex++) {
+        if (reindex) assert_int_equal(kvx_store_reindex_dir(dir, 0), 0);
+        s = su_reopen(dir, 0);
+        for (int i = 0; i < next; i++) {
+            cf_key(name, sizeof name, i, &len);
+            int ok = served_ok(s, name, len); /* a wrong page is never "ok" */
+            if ((state_of[i] == 'a' && !ok) || (state_of[i] == 'd' && ok))
+                fail_msg("%s: key %s (%c) %s", reindex ? "reindexed" : "reopened", name, state_of[i],
+                         ok ? "served" : "not served");
+        }
+        su_verify_clean(s);
+        kvx_store_close(s);
+    }
 }
 
 /* PROMISE: KEYED-2 */
@@ -1810,6 +1888,7 @@ int main(int argc, char **argv)
     if (argc > 1) cmocka_set_test_filter(argv[1]); /* one test by name (a glob) */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_keyed_geometry),
+        cmocka_unit_test(test_keyed_catalog_commit_faults),
         cmocka_unit_test(test_keyed_options_padding_ignored),
         cmocka_unit_test(test_key_table_round_trip),
         cmocka_unit_test(test_key_table_damage),
