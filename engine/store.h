@@ -313,6 +313,9 @@ struct kvx_store {
     /* raised after every free's catalog commit, before its punch: a lookup
      * whose views were taken across a raise looks again (store_lookup.c) */
     _Atomic uint64_t free_seq;
+    /* the readers' locks' keeper: every shard handle this store opens
+     * holds it, so the locks outlive the store while a view does */
+    struct st_view_locks *vlocks;
 };
 
 /* Is rc, from opening a shard file, a passing failure of this process
@@ -478,6 +481,18 @@ void kvx_st_holes_close(kvx_store *s);
 int kvx_st_shard_sound(kvx_store *s, uint32_t b, uint64_t gen, char *why, size_t cap);
 /* A read-only handle: a shared lock on DIR/READERS for its life. */
 int kvx_st_readers_join(kvx_store *s);
+/* The locks that keep punches from under this store's views (a reader's
+ * shared flocks on DIR/READERS and shards/) must last as long as any view
+ * does, and a view may outlive kvx_store_close (kvx.h). So the store and
+ * each shard handle it opens hold one keeper (kvx_st_vlocks_new at
+ * allocation, kvx_st_vlocks_attach on each open); at close,
+ * kvx_st_vlocks_keep hands it the store's two lock descriptors (a
+ * writer's first taking those shared locks too, so a later writer cannot
+ * punch under its views) and lets go of the store's hold: the descriptors
+ * are closed, and the locks released, when the last handle goes. */
+struct st_view_locks *kvx_st_vlocks_new(void);
+void kvx_st_vlocks_attach(kvx_store *s, kvx_shard *sh);
+void kvx_st_vlocks_keep(kvx_store *s);
 /* Frees the n pages: one durable free log record, the catalog edit, then
  * the punches (kvx_st_punch_pending). Under wmu. */
 int kvx_st_free_commit(kvx_store *s, const st_free_page *list, size_t n);

@@ -90,6 +90,7 @@ int kvx_st_open_gen(kvx_store *s, uint32_t byte, uint64_t gen, kvx_shard **out, 
         if (name) kvx_st_shard_name(name, gen);
         return kvx_fail(-ENOENT, "store %s: shards/%s is gone", s->dir, sealed);
     }
+    if (rc == 0) kvx_st_vlocks_attach(s, *out); /* its views keep the readers' locks past the store's close */
     return rc;
 }
 

@@ -26,6 +26,10 @@ static kvx_store *st_alloc(void)
 {
     kvx_store *s = calloc(1, sizeof *s);
     if (!s) return NULL;
+    if (!(s->vlocks = kvx_st_vlocks_new())) {
+        free(s);
+        return NULL;
+    }
     s->dirfd = s->shardsfd = s->stagingfd = s->lockfd = -1;
     s->free_fd = s->readers_fd = -1;
     s->reg = &st_no_registry;
@@ -42,6 +46,7 @@ static void st_free(kvx_store *s)
 {
     kvx_st_tier_detach(s, 0);
     if (s->lagging && kvx_st_lag_stop(s) != 0) kvx_clear_error(); /* the mark stays: the next open knows */
+    kvx_st_vlocks_keep(s); /* before LOCK goes: a view that outlives the handle keeps the readers' locks */
     kvx_st_holes_close(s);
     for (int i = 0; i < ST_SLOTS; i++) {
         kvx_shard_close(s->cache[i].sh);

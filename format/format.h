@@ -21,6 +21,11 @@ int kvx_shard_absent(const kvx_shard *s, uint32_t index);
 /* The references s has now (the store's holes: a handle referenced by
  * anything but the store's cache is in use). */
 uint32_t kvx_shard_refs(const kvx_shard *s);
+/* fn(ctx) is called once, after s's last reference is gone and its
+ * mapping unmapped (the store's readers' locks outlive a closed store's
+ * views: engine/store_holes.c). Set once, right after the open, before s
+ * is shared. */
+void kvx_shard_on_free(kvx_shard *s, void (*fn)(void *ctx), void *ctx);
 /* Where entry index's page lies in s's file, for a read into the
  * caller's memory (kvx_shard_page_read). KVX_ENOTFOUND for a tombstone,
  * KVX_ETRUNC for a page past the end of the file, KVX_EINVALID for a

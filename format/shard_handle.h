@@ -69,6 +69,9 @@ struct kvx_shard {
                       mtime is no sign of damage (a shorter file still is) */
     int mem;       /* kvx_shard_mem: pages on the heap, no file */
     void **pages;  /* kvx_shard_mem: n pages, each malloc'd */
+    /* kvx_shard_on_free: called once the last reference is gone */
+    void (*on_free)(void *ctx);
+    void *on_free_ctx;
 };
 
 /* shard_reader.c: before a page is read through the mapping, a reader

@@ -374,6 +374,13 @@ uint32_t kvx_shard_refs(const kvx_shard *s)
     return s ? (uint32_t)atomic_load_explicit(&((kvx_shard *)s)->refs, memory_order_seq_cst) : 0;
 }
 
+void kvx_shard_on_free(kvx_shard *s, void (*fn)(void *ctx), void *ctx)
+{
+    if (!s) return;
+    s->on_free = fn;
+    s->on_free_ctx = ctx;
+}
+
 void kvx_shard_mark_freed(kvx_shard *s, uint32_t index)
 {
     if (!s || index >= s->n) return;

@@ -440,6 +440,72 @@ static void test_readers_file_removed_by_hand(void **state)
     kvx_store_close(s);
 }
 
+/* Views of every sequence r serves now (at most max), into v (NB a
+ * sequence), their hashes into h: how many views in all. */
+static size_t views_of_all(kvx_store *r, uint64_t nseq, kvx_view *v, uint64_t *h, size_t max)
+{
+    size_t all = 0;
+    for (uint64_t q = 0; q < nseq && all + NB <= max; q++) {
+        uint32_t t[NB * SU_B];
+        su_tokens(t, q, NB, 0);
+        kvx_block_hashes(h + all, t, NB * SU_B, SU_B);
+        size_t n = 0;
+        assert_int_equal(kvx_store_prefix(v + all, &n, r, t, NB * SU_B, NB), 0);
+        all += n;
+    }
+    return all;
+}
+
+static void views_intact(const kvx_view *v, const uint64_t *h, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint8_t want[64];
+        su_page(want, sizeof want, h[i]);
+        if (memcmp(v[i].page, want, sizeof want) != 0)
+            fail_msg("view %zu of %zu (block %016llx) reads other bytes than its block's", i, n,
+                     (unsigned long long)h[i]);
+    }
+}
+
+/* A view outlives its store's close (kvx.h, STORE-5), and a punch never
+ * lands under it: a read-only handle's views held past kvx_store_close,
+ * then a writer's, each keep the readers' locks until released. Before
+ * the fix, the close let the locks go and the next writer punched under
+ * the views (all-zero pages). */
+/* PROMISE: STORE-27 */
+static void test_views_outlive_close(void **state)
+{
+    (void)state;
+    char dir[512];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = CAP, .flags = HOLES});
+    uint8_t none[1] = {0};
+    uint64_t q = fill_until_freed(s, 0, none, 0);
+    kvx_store_close(s);
+    enum { MAXV = 64 * NB };
+    kvx_view *v = calloc(MAXV, sizeof *v);
+    uint64_t *h = calloc(MAXV, sizeof *h);
+    assert_non_null(v);
+    assert_non_null(h);
+    for (int writer = 0; writer < 2; writer++) {
+        kvx_store *r = writer ? su_reopen(dir, HOLES) : NULL;
+        if (!writer) assert_int_equal(kvx_store_open(&r, dir, NULL, KVX_STORE_READONLY), 0);
+        size_t n = views_of_all(r, q, v, h, MAXV);
+        assert_true(n > NB);
+        kvx_store_close(r); /* the views stay */
+        s = su_reopen(dir, HOLES);
+        uint64_t punched = s->punched;
+        q = fill_beside_reader(s, q); /* evicts their blocks, frees nothing in place */
+        views_intact(v, h, n);
+        kvx_views_release(v, n); /* the last view: the locks go */
+        q = fill_until_freed(s, q, none, 0);
+        assert_true(s->punched > punched);
+        su_verify_clean(s);
+        kvx_store_close(s);
+    }
+    free(v);
+    free(h);
+}
+
 /* A freed page is a miss, never damage; a page that rots beside it still
  * is damage; a damaged free log turns the pages it freed into damage,
  * reported, never served. */
@@ -802,6 +868,7 @@ int main(void)
         cmocka_unit_test(test_view_held_across_eviction),
         cmocka_unit_test(test_reader_process_defers_punches),
         cmocka_unit_test(test_readers_file_removed_by_hand),
+        cmocka_unit_test(test_views_outlive_close),
         cmocka_unit_test(test_damage_beside_holes),
         cmocka_unit_test(test_kill_at_each_step_of_a_free),
         cmocka_unit_test(test_catalog_commit_fails_after_free_record),
