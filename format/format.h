@@ -23,7 +23,7 @@ int kvx_shard_absent(const kvx_shard *s, uint32_t index);
 uint32_t kvx_shard_refs(const kvx_shard *s);
 /* fn(ctx) is called once, after s's last reference is gone and its
  * mapping unmapped (the store's readers' locks outlive a closed store's
- * views: engine/store_holes.c). Set once, right after the open, before s
+ * views: engine/store_viewlocks.c). Set once, right after the open, before s
  * is shared. */
 void kvx_shard_on_free(kvx_shard *s, void (*fn)(void *ctx), void *ctx);
 /* Where entry index's page lies in s's file, for a read into the

@@ -67,13 +67,9 @@ static void shard_free(kvx_shard *s)
     free(s->seqs);
     free(s->tombs);
     free((void *)s->checked), free((void *)atomic_load(&s->freed));
-    free(s->by_coord);
-    free(s->spectral_ids);
-    free(s->spectral_psi);
-    void (*on_free)(void *) = s->on_free;
-    void *ctx = s->on_free_ctx;
+    free(s->by_coord), free(s->spectral_ids), free(s->spectral_psi);
+    if (s->on_free) s->on_free(s->on_free_ctx); /* unmapped: the layer above lets go of what kept it safe */
     free(s);
-    if (on_free) on_free(ctx); /* the mapping is gone: the layer above may let go of what kept it safe */
 }
 
 /* pread of exactly len bytes; a short read means the file shrank under us. */

@@ -318,7 +318,7 @@ static void test_store_stat_faults(void **state)
 }
 
 /* A writer's open, its calls counted; its close's are not (the close
- * takes flocks of its own: kvx_st_vlocks_keep, engine/store_holes.c). */
+ * takes flocks of its own: kvx_st_vlocks_keep, engine/store_viewlocks.c). */
 static int open_writer(const char *dir)
 {
     kvx_store *s;
