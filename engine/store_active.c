@@ -329,6 +329,43 @@ static uint32_t st_active_count(kvx_store *s, const char *name, uint64_t gen, ui
     return n;
 }
 
+/* Is the first entry past shards/<name>'s whole records (gen, byte) one
+ * the catalog names, while the journal holds bytes past those records?
+ * Then its record was whole once: the catalog edit follows the record's
+ * fdatasync, and a record torn by a crash or a power cut never reached
+ * the catalog. It is an acknowledged flush damaged since (a bit flipped),
+ * not a torn tail, and cutting it would delete what was acknowledged on
+ * the word of a CRC (DESIGN.md rule 2). A catalog that cannot be read says
+ * nothing (0). */
+static int st_active_tail_acknowledged(kvx_store *s, const char *name, uint64_t gen, uint32_t byte, uint32_t *out_n)
+{
+    kvx_active_params p;
+    kvx_st_active_params(s, byte, gen, &p);
+    int fd = kvx_os.openat(s->shardsfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0);
+    struct stat st;
+    kvx_journal_state js;
+    int torn = 0;
+    if (fd >= 0 && kvx_os.fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        kvx_journal_read(fd, (uint64_t)st.st_size, &p, &js) == 0) {
+        torn = js.tail_end > js.next_pos;
+        *out_n = js.n;
+        free(js.tables);
+    }
+    if (fd >= 0) kvx_os.close(fd);
+    kvx_clear_error();
+    if (!torn || !s->cat || js.n > 0xFFFFu) return 0; /* no coordinate names it */
+    kvx_cat_snap *snap;
+    if (kvx_cat_snap_begin(s->cat, &snap) != 0) {
+        kvx_clear_error();
+        return 0;
+    }
+    kvx_cat_coord cv;
+    int named = kvx_cat_coord_get(snap, KVX_COORD(byte, js.n, 0), &cv) == 0 && cv.gen == gen;
+    kvx_cat_snap_end(snap);
+    kvx_clear_error();
+    return named;
+}
+
 typedef struct st_marks_ctx {
     uint64_t *v; /* the marks of commits that never answered, ascending */
     size_t n;
@@ -351,6 +388,17 @@ static int st_active_recover_one(kvx_store *s, int dirfd, const char *name, void
     for (size_t i = 0; i < m->n && all != UINT32_MAX && below == UINT64_MAX; i++) {
         uint32_t lo = st_active_count(s, name, gen, byte, m->v[i]);
         if (lo != UINT32_MAX && lo < all && st_active_count(s, name, gen, byte, m->v[i] + 1) > lo) below = m->v[i];
+    }
+    uint32_t whole = 0;
+    if (below == UINT64_MAX && st_active_tail_acknowledged(s, name, gen, byte, &whole)) {
+        char why[480];
+        snprintf(why, sizeof why,
+                 "an active shard whose record after its %u whole entries does not read whole, yet the catalog "
+                 "names entry %u: an acknowledged flush damaged since, not a torn one (KVX_ECORRUPT)",
+                 whole, whole);
+        int rc = kvx_st_quarantine(s, name, why);
+        if (!rc) s->act_quarantined++;
+        return rc;
     }
     return st_active_settle(s, name, gen, byte, below);
 }

@@ -338,6 +338,72 @@ static void test_unreadable_active_file_quarantined(void **state)
     kvx_store_close(s);
 }
 
+/* One bit flipped in the last append record of an acknowledged flush
+ * (found by an attack: recovery took it for a torn tail and cut the
+ * flush's pages off, silently). The catalog names that record's entries,
+ * and a torn record never reaches the catalog (its edit follows the
+ * record's fdatasync): so it is damage, and the active file goes to
+ * quarantine/ whole, reported, never cut. A reader before that serves
+ * the flushes before it and the damaged one as a miss. */
+/* PROMISE: STORE-21 */
+static void test_damaged_last_record_quarantined(void **state)
+{
+    (void)state;
+    char dir[300], name[64], path[700];
+    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = 64 << 20});
+    kvx_store_close(s);
+    killed_with_unflushed(dir, 40, 6);
+    active_name(dir, name, sizeof name);
+    snprintf(path, sizeof path, "%s/shards/%s", dir, name);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    struct stat before;
+    assert_int_equal(fstat(fileno(f), &before), 0);
+    uint8_t *img = malloc((size_t)before.st_size);
+    assert_non_null(img);
+    assert_int_equal(fread(img, 1, (size_t)before.st_size, f), (size_t)before.st_size);
+    long last = -1;
+    for (long at = 0; at + 8 <= (long)before.st_size; at += 8)
+        if (memcmp(img + at, "KVXAPPND", 8) == 0) last = at;
+    assert_true(last > 0);
+    uint32_t count, row;
+    memcpy(&count, img + last + 20, 4);
+    memcpy(&row, img + last + 24, 4);
+    assert_int_equal(count, SU_NB);
+    long at = last + 32 + (long)row * (SU_NB / 2) + 3; /* a row of the record, not its header */
+    assert_int_equal(fseek(f, at, SEEK_SET), 0);
+    fputc(img[at] ^ 0x10, f);
+    fclose(f);
+    free(img);
+    /* a reader before any writer: the earlier flushes, the damaged one a miss */
+    kvx_store *r = su_reopen(dir, KVX_STORE_READONLY);
+    for (uint64_t q = 40; q < 45; q++) assert_int_equal(su_prefix_nb(r, q), SU_NB);
+    assert_int_equal(su_prefix_nb(r, 45), 0);
+    kvx_store_close(r);
+    s = su_reopen(dir, KVX_STORE_NOWAIT);
+    assert_int_equal(count_suffix(dir, "shards", ".active"), 0);
+    snprintf(path, sizeof path, "%s/quarantine/%s", dir, name);
+    struct stat after;
+    assert_int_equal(stat(path, &after), 0);
+    assert_true(after.st_ino == before.st_ino && after.st_size == before.st_size); /* moved whole, nothing cut */
+    snprintf(path, sizeof path, "%s/quarantine/%s.why", dir, name);
+    char why[1024] = "";
+    f = fopen(path, "r");
+    assert_non_null(f);
+    size_t got = fread(why, 1, sizeof why - 1, f);
+    fclose(f);
+    why[got] = '\0';
+    assert_non_null(strstr(why, "acknowledged flush damaged"));
+    kvx_recovery_report rep;
+    assert_int_equal(kvx_store_recovery(s, &rep), 0);
+    assert_int_equal(rep.quarantined, 1);
+    for (uint64_t q = 40; q < 46; q++) assert_int_equal(su_prefix_nb(s, q), 0); /* misses, never wrong */
+    su_put_flush(s, 50, SU_NB);
+    assert_int_equal(su_prefix_nb(s, 50), SU_NB);
+    su_verify_clean(s);
+    kvx_store_close(s);
+}
+
 /* A writer killed between creating its active file and writing the
  * journal header leaves it empty, or zero bytes to some length: it never
  * held a record, so recovery removes it (reported as deleted, never as
@@ -1068,6 +1134,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_full_active_shard_sealed_and_next_begun),
         cmocka_unit_test(test_kill9_then_recovery_seals),
         cmocka_unit_test(test_unreadable_active_file_quarantined),
+        cmocka_unit_test(test_damaged_last_record_quarantined),
         cmocka_unit_test(test_blank_active_file_removed),
         cmocka_unit_test(test_failed_append_loses_nothing_acknowledged),
         cmocka_unit_test(test_second_batch_writes_its_own_file),
