@@ -253,6 +253,17 @@ func (s *Store) Geometry() Geometry {
 }
 
 // acquire read-locks the store; the caller must call s.mu.RUnlock().
+// live is ErrClosed for a nil, zero or closed Store, asked before any
+// argument is looked at: a closed store's answer is ErrClosed whatever the
+// call was given (GO-2).
+func (s *Store) live() error {
+	if _, err := s.acquire(); err != nil {
+		return err
+	}
+	s.mu.RUnlock()
+	return nil
+}
+
 func (s *Store) acquire() (*C.kvx_store, error) {
 	if s == nil || s.storeHandle == nil {
 		return nil, ErrClosed
@@ -272,8 +283,8 @@ func (s *Store) acquire() (*C.kvx_store, error) {
 // written. Nothing is visible or durable until Flush returns nil. The
 // library copies the pages during the call.
 func (s *Store) Put(tokens []uint32, pages []byte, scales []float32) (int, error) {
-	if s == nil {
-		return 0, ErrClosed
+	if err := s.live(); err != nil {
+		return 0, err
 	}
 	n, err := s.pageCount("Put", pages, scales)
 	if n == 0 || err != nil {
@@ -324,6 +335,9 @@ func (s *Store) pageCount(fn string, pages []byte, scales []float32) (uint64, er
 // verified put of the same blocks supersedes them. Nothing is visible or
 // durable until Flush returns nil.
 func (s *Store) PutEnvelope(env []byte, tokens []uint32) (int, error) {
+	if err := s.live(); err != nil {
+		return 0, err
+	}
 	if len(env) == 0 {
 		return 0, newError(CodeFormat, "PutEnvelope: empty envelope")
 	}
@@ -389,8 +403,8 @@ func (s *Store) Prefix(tokens []uint32) (*Views, error) {
 
 // PrefixMax is Prefix serving at most max blocks.
 func (s *Store) PrefixMax(tokens []uint32, max int) (*Views, error) {
-	if s == nil {
-		return nil, ErrClosed
+	if err := s.live(); err != nil {
+		return nil, err
 	}
 	nb := 0
 	if s.geom.BlockTokens > 0 {
@@ -424,8 +438,8 @@ func (s *Store) PrefixMax(tokens []uint32, max int) (*Views, error) {
 // block matches, ErrTokens when tokens hold no full block, ErrPageCRC (or
 // ErrTruncated) when the block's only copy is damaged.
 func (s *Store) GetBlock(tokens []uint32) (*Views, error) {
-	if s == nil {
-		return nil, ErrClosed
+	if err := s.live(); err != nil {
+		return nil, err
 	}
 	if s.geom.BlockTokens == 0 || len(tokens) < int(s.geom.BlockTokens) {
 		return nil, newError(CodeTokens, "GetBlock: "+strconv.Itoa(len(tokens))+" tokens hold no full block of "+
@@ -462,6 +476,9 @@ func (s *Store) GetHash(hash uint64) (*Views, error) {
 // hashes[i]; a miss has Found() false and errs[i] non-nil (ErrNotFound,
 // ErrAmbiguous, ErrUnverified as for GetHash, or ErrPageCRC).
 func (s *Store) GetHashes(hashes []uint64) (*Views, []error, error) {
+	if err := s.live(); err != nil {
+		return nil, nil, err
+	}
 	if len(hashes) == 0 {
 		return newViews(0), nil, nil
 	}
@@ -492,8 +509,8 @@ func (s *Store) GetHashes(hashes []uint64) (*Views, []error, error) {
 // ErrInvalid) and come from a store of this store's geometry (ErrShape).
 // One cgo crossing; the envelope is copied into Go memory.
 func (s *Store) Export(views *Views, version uint16) ([]byte, error) {
-	if s == nil {
-		return nil, ErrClosed
+	if err := s.live(); err != nil {
+		return nil, err
 	}
 	n := views.Len()
 	if views != nil && views.viewSet != nil {
