@@ -13,6 +13,7 @@
 
 #define KVXPY_CLOSED 1 /* never a kvx code (those are <= 0) */
 #define KVXPY_FORKED_RC 2 /* the handle belongs to the parent of a fork */
+#define KVXPY_STORE_GONE 3 /* a batch whose store was closed (kvx detached it) */
 
 static PyObject *closed_error(const char *what)
 {
@@ -1357,26 +1358,32 @@ static PyObject *store_batch(PyObject *self, PyObject *u)
 }
 
 /* expr runs with the GIL released, the batch's mutex and the store's
- * lock held (a closed store's batch is detached: kvx answers
- * KVX_EINVALID). */
-#define BATCH_CALL(o, rc, expr)                      \
-    do {                                             \
-        if (KVXPY_FORKED((o)->store)) {              \
-            (rc) = (o)->b ? KVXPY_FORKED_RC : KVXPY_CLOSED; \
-            break;                                   \
-        }                                            \
-        Py_BEGIN_ALLOW_THREADS;                      \
-        pthread_mutex_lock(&(o)->mu);                \
-        pthread_rwlock_rdlock(&(o)->store->lock);    \
-        (rc) = (o)->b ? (int)(expr) : KVXPY_CLOSED;  \
-        pthread_rwlock_unlock(&(o)->store->lock);    \
-        pthread_mutex_unlock(&(o)->mu);              \
-        Py_END_ALLOW_THREADS;                        \
+ * lock held; a closed store's batch is detached (kvx would answer
+ * KVX_EINVALID): misuse, a ValueError as for the store (PY-1). */
+#define BATCH_CALL(o, rc, expr) BATCH_CALL_IF(o, rc, 1, expr)
+/* need_store 0: also on a batch whose store was closed (its destroy) */
+#define BATCH_CALL_IF(o, rc, need_store, expr)                                                           \
+    do {                                                                                                 \
+        if (KVXPY_FORKED((o)->store)) {                                                                  \
+            (rc) = (o)->b ? KVXPY_FORKED_RC : KVXPY_CLOSED;                                              \
+            break;                                                                                       \
+        }                                                                                                \
+        Py_BEGIN_ALLOW_THREADS;                                                                          \
+        pthread_mutex_lock(&(o)->mu);                                                                    \
+        pthread_rwlock_rdlock(&(o)->store->lock);                                                        \
+        (rc) = !(o)->b ? KVXPY_CLOSED : (need_store) && !(o)->store->s ? KVXPY_STORE_GONE : (int)(expr); \
+        pthread_rwlock_unlock(&(o)->store->lock);                                                        \
+        pthread_mutex_unlock(&(o)->mu);                                                                  \
+        Py_END_ALLOW_THREADS;                                                                            \
     } while (0)
 
 static PyObject *batch_fail(int rc)
 {
     if (rc == KVXPY_FORKED_RC) return forked_error();
+    if (rc == KVXPY_STORE_GONE) {
+        PyErr_SetString(PyExc_ValueError, "kvx: the batch's store is closed: its blocks were never acknowledged");
+        return NULL;
+    }
     return rc == KVXPY_CLOSED ? closed_error("the batch") : kvxpy_raise(rc, NULL);
 }
 
@@ -1440,7 +1447,7 @@ static void batch_close_now(kvxpy_batch *o)
     int rc;
     if (KVXPY_FORKED(o->store)) /* the parent's batch: destroying it would unlink its staging files */
         o->b = NULL;
-    BATCH_CALL(o, rc, (kvx_store_batch_destroy(o->b), o->b = NULL, 0));
+    BATCH_CALL_IF(o, rc, 0, (kvx_store_batch_destroy(o->b), o->b = NULL, 0));
     (void)rc;
 }
 

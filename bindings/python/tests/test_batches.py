@@ -45,7 +45,7 @@ def test_batch_after_store_close(store):
     b = store.batch()
     b.put(seq_tokens(5, 1), kv_pages(store, 1))
     store.close()  # the batch is detached: its unflushed blocks dropped
-    with pytest.raises(kvx.InvalidError):
+    with pytest.raises(ValueError, match="batch's store is closed"):  # misuse, as for the store (PY-1)
         b.flush()
     b.close()
 
