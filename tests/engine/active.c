@@ -338,6 +338,14 @@ static void test_unreadable_active_file_quarantined(void **state)
     kvx_store_close(s);
 }
 
+/* verify's report: the count of problems whose code is ctx's */
+static void count_code(void *ctx, const char *what, int code)
+{
+    (void)what;
+    int *want = ctx;
+    if (code == want[0]) want[1]++;
+}
+
 /* One bit flipped in the last append record of an acknowledged flush
  * (found by an attack: recovery took it for a torn tail and cut the
  * flush's pages off, silently). The catalog names that record's entries,
@@ -379,6 +387,11 @@ static void test_damaged_last_record_quarantined(void **state)
     kvx_store *r = su_reopen(dir, KVX_STORE_READONLY);
     for (uint64_t q = 40; q < 45; q++) assert_int_equal(su_prefix_nb(r, q), SU_NB);
     assert_int_equal(su_prefix_nb(r, 45), 0);
+    int corrupt[2] = {KVX_ECORRUPT, 0};
+    uint64_t bad = 0;
+    int vrc = kvx_store_verify(r, &bad, count_code, corrupt);
+    assert_true(vrc == 0 || vrc == KVX_ECORRUPT);
+    assert_true(bad >= 1 && corrupt[1] >= 1); /* the file's entries short of the catalog's */
     kvx_store_close(r);
     s = su_reopen(dir, KVX_STORE_NOWAIT);
     assert_int_equal(count_suffix(dir, "shards", ".active"), 0);
