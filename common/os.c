@@ -16,6 +16,7 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 static int os_open(const char *path, int flags, mode_t mode) { return open(path, flags, mode); }
@@ -91,14 +92,15 @@ static int os_rename_noreplace(const char *from, const char *to)
 
 /* The libc table; a macro so both the live table and its pristine copy are
  * constant initializers. */
-#define KVX_OS_DEFAULTS                                                                                                \
-    {                                                                                                                  \
-        .open = os_open, .openat = os_openat, .dup = os_dup, .close = close, .pread = pread, .pwrite = pwrite,         \
-        .fsync = fsync, .fdatasync = fdatasync, .ftruncate = ftruncate, .fstat = os_fstat, .fstatat = os_fstatat,      \
-        .statx = statx, .flock = flock, .fallocate = fallocate, .mmap = mmap, .munmap = munmap, .rename = rename,      \
-        .rename_noreplace = os_rename_noreplace, .renameat = renameat, .linkat = linkat, .unlink = unlink,             \
-        .unlinkat = unlinkat, .mkdir = mkdir, .mkdirat = mkdirat, .dir_open = os_dir_open, .dir_next = os_dir_next,    \
-        .dir_close = os_dir_close, .uring_result = os_uring_result, .uring_wait = os_uring_wait, .boot_id = os_boot_id \
+#define KVX_OS_DEFAULTS                                                                                             \
+    {                                                                                                               \
+        .open = os_open, .openat = os_openat, .dup = os_dup, .close = close, .pread = pread, .pwrite = pwrite,      \
+        .fsync = fsync, .fdatasync = fdatasync, .ftruncate = ftruncate, .fstat = os_fstat, .fstatat = os_fstatat,   \
+        .statx = statx, .flock = flock, .fallocate = fallocate, .mmap = mmap, .munmap = munmap, .rename = rename,   \
+        .rename_noreplace = os_rename_noreplace, .renameat = renameat, .linkat = linkat, .unlink = unlink,          \
+        .unlinkat = unlinkat, .mkdir = mkdir, .mkdirat = mkdirat, .dir_open = os_dir_open, .dir_next = os_dir_next, \
+        .dir_close = os_dir_close, .uring_result = os_uring_result, .uring_wait = os_uring_wait,                    \
+        .boot_id = os_boot_id, .statvfs = statvfs                                                                   \
     }
 
 const char *kvx_file_type_name(unsigned int mode)

@@ -49,6 +49,7 @@
 
 struct stat;
 struct statx;
+struct statvfs;
 
 /* An open directory being walked (a DIR underneath). */
 typedef struct kvx_os_dir kvx_os_dir;
@@ -114,6 +115,9 @@ typedef struct kvx_os_ops {
      * by it whether the machine went down since a writer's unsynced
      * catalog commits, so tests swap it to model a reboot. */
     int (*boot_id)(char *buf, size_t cap);
+    /* ---- statvfs(2): the index tells a full file system from an I/O
+     * error when LMDB's commit answers a short page write with EIO */
+    int (*statvfs)(const char *path, struct statvfs *st);
 } kvx_os_ops;
 
 /* The table in use. Tests may replace entries; restore with kvx_os_reset. */

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -656,6 +657,26 @@ static int idx_write_run(MDB_txn *txn, void *p)
 
 static int idx_write(kvx_index *ix, kvx_idx_body body, void *ctx);
 
+/* LMDB answers a page write that comes up short with EIO (mdb_page_flush),
+ * which is what a full file system gives it: with under IDX_FULL_BYTES
+ * free where the index lives, a commit's EIO is reported as ENOSPC, the
+ * code a full disk gets everywhere else (the CLI's hint, kvxd's
+ * RESOURCE_EXHAUSTED), its message saying both. */
+#define IDX_FULL_BYTES ((uint64_t)4 << 20)
+static int idx_commit_err(const kvx_index *ix, int c)
+{
+    struct statvfs vs;
+    if (c == EIO && ix->path && kvx_os.statvfs(ix->path, &vs) == 0) {
+        uint64_t avail = (uint64_t)vs.f_bavail * vs.f_frsize;
+        if (avail < IDX_FULL_BYTES)
+            return kvx_fail(-ENOSPC,
+                            "index %s/data.mdb: commit: No space left on device (LMDB's write came up short, "
+                            "EIO, with %llu KiB free on its file system)",
+                            ix->path, (unsigned long long)(avail >> 10));
+    }
+    return kvx_idx_errp(ix, c, "commit");
+}
+
 /* write_bytes of /proc/thread-self/io (0 when it cannot be read). */
 static uint64_t idx_thread_write_bytes(void)
 {
@@ -710,7 +731,7 @@ static int idx_write(kvx_index *ix, kvx_idx_body body, void *ctx)
                     if ((rc = idx_grow(ix))) return rc;
                     continue;
                 }
-                return kvx_idx_errp(ix, c, "commit");
+                return idx_commit_err(ix, c);
             }
             mdb_txn_abort(txn);
         }
