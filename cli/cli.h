@@ -125,6 +125,9 @@ int cli_read_input_head(const cli_cmd *c, const char *path, int *out_fd, int *ou
 int cli_read_envelope_fd(const cli_cmd *c, const char *name, int fd, int regular, uint64_t size,
                          const uint8_t *head, size_t head_len, void **out, size_t *out_len);
 void cli_close_input(int fd);
+/* A note for an input that gave no bytes: path names a FIFO, which reads
+ * as empty until a writer opens it (inputs never wait); else "". */
+const char *cli_empty_why(const char *path);
 /* Opens a text input read line by line (a trace): a regular file, a FIFO
  * (opened without blocking: one no process writes to reads as empty) or
  * "-" (standard input); anything else is refused by type before it is

@@ -72,7 +72,8 @@ static int run_convert(const cli_cmd *self, int argc, char **argv)
     int is_env = got >= 4 && !memcmp(magic, "TLKV", 4);
     int is_shard = got >= 8 && !memcmp(magic, "RADX-KVX", 8);
     if (!is_env) cli_close_input(fd);
-    if (got == 0) return cli_fail(self, "'%s' is empty: neither a TLKV envelope nor a KVX shard", name);
+    if (got == 0)
+        return cli_fail(self, "'%s' is empty: neither a TLKV envelope nor a KVX shard%s", name, cli_empty_why(in));
     if (!is_env && !is_shard)
         return cli_fail(self, "'%s' is neither a TLKV envelope nor a KVX shard (bad magic)", name);
 
@@ -154,8 +155,10 @@ const cli_cmd cli_cmd_convert = {
     "\n"
     "An envelope may come from '-' (standard input), a pipe, a FIFO or a\n"
     "device: it is read to exactly the length its header declares (at most\n"
-    "4 GiB) and refused at its first bad header field. A shard input must be\n"
-    "a regular file; anything else is refused by type, without waiting.\n"
+    "4 GiB) and refused at its first bad header field. Inputs never wait: a\n"
+    "FIFO that no process has opened for writing yet reads as empty (start\n"
+    "its writer first). A shard input must be a regular file; anything else\n"
+    "is refused by type, without waiting.\n"
     "\n"
     "The output is replaced only when it is a regular file: it is written to\n"
     "an unnamed temporary file beside it and renamed into place, so a killed\n"

@@ -565,7 +565,8 @@ static const cli_cmd cmd_put = {
     "exits 0 only once the blocks are durable (flushed and published).\n"
     "ENVELOPE may be '-' (standard input), a FIFO or a device: it is read to\n"
     "exactly the length its header declares (at most 4 GiB), and refused at\n"
-    "its first bad header field.\n"
+    "its first bad header field. A FIFO that no process has opened for\n"
+    "writing yet reads as empty (kvx never waits): start its writer first.\n"
     "\n"
     "Blocks put without --tokens are unverified: they are stored, but a\n"
     "prefix lookup never serves them and a get by hash refuses them, until a\n"
@@ -588,8 +589,7 @@ static const cli_cmd cmd_put = {
     "                         '-' reads standard input); they fill the lineage\n"
     "                         and digest, so a lookup serves a block only for\n"
     "                         the exact same prefix. Their block hashes must\n"
-    "                         equal the envelope's. At most 1 GiB of text.\n"
-    WAIT_HELP
+    "                         equal the envelope's. At most 1 GiB of text.\n" WAIT_HELP
     "  -h, --help             show this help\n"
     "\n"
     "Exit status: 0 blocks durable, 1 failure (bad envelope, wrong geometry,\n"

@@ -159,6 +159,15 @@ int cli_open_input(const cli_cmd *c, const char *path, int *out_fd)
     return open_input_as(c, path, 0, out_fd, &st);
 }
 
+const char *cli_empty_why(const char *path)
+{
+    struct stat st;
+    if (path && strcmp(path, "-") && stat(path, &st) == 0 && S_ISFIFO(st.st_mode))
+        return " (a FIFO gives nothing until a process opens it for writing, and kvx does not wait: start the "
+               "writer first)";
+    return "";
+}
+
 static void close_input(int fd)
 {
     if (fd != STDIN_FILENO) close(fd);
@@ -230,7 +239,8 @@ int cli_read_envelope_fd(const cli_cmd *c, const char *name, int fd, int regular
     if (have < sizeof h) {
         if (have >= 4 && memcmp(h, "TLKV", 4) != 0)
             return cli_fail(c, "'%s' is not a TLKV envelope (bad magic)", name);
-        return cli_fail(c, "'%s' is %zu bytes, shorter than an envelope's 32", name, have);
+        return cli_fail(c, "'%s' is %zu bytes, shorter than an envelope's 32%s", name, have,
+                        have ? "" : cli_empty_why(name));
     }
     size_t total = 0;
     if (envelope_header(c, name, h, cli_envelope_cap(), &total) != CLI_OK) return CLI_FAIL;

@@ -294,6 +294,32 @@ static void test_warmup_fifo_input(void **state)
     cli_run_free(&r);
 }
 
+/* An envelope input that is a FIFO no process writes to yet reads as
+ * empty (inputs never wait): the message says so instead of blaming the
+ * contents alone (found by an attack: a writer started late). */
+/* PROMISE: CLI-8 */
+static void test_fifo_input_without_a_writer(void **state)
+{
+    (void)state;
+    char fifo[320], out[320], st[320];
+    path_in(fifo, sizeof fifo, "nowriter.fifo");
+    path_in(out, sizeof out, "nowriter.kvx");
+    path_in(st, sizeof st, "nowriter-store");
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    cli_run r = CLI(NULL, "convert", fifo, "-o", out);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "is empty"));
+    assert_non_null(strstr(r.err, "start the writer first"));
+    cli_run_free(&r);
+    assert_int_equal(access(out, F_OK), -1); /* nothing written */
+    create_store(st, "64MiB");
+    r = CLI(NULL, "store", "put", st, fifo);
+    EXPECT_RC(r, 1);
+    assert_non_null(strstr(r.err, "0 bytes"));
+    assert_non_null(strstr(r.err, "start the writer first"));
+    cli_run_free(&r);
+}
+
 /* PROMISE: CLI-9 */
 static void test_get_names_a_damaged_shard(void **state)
 {
@@ -538,6 +564,7 @@ int main(void)
         cmocka_unit_test(test_put_of_unhashed_blocks_says_why),
         cmocka_unit_test(test_put_larger_than_the_capacity),
         cmocka_unit_test(test_verify_hints_name_what_helps),
+        cmocka_unit_test(test_fifo_input_without_a_writer),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
