@@ -255,6 +255,19 @@ static uint64_t fill_until_freed(kvx_store *s, uint64_t from, const uint8_t *hot
     return q;
 }
 
+/* A store with holes made at a fresh path (into dir), filled until its
+ * eviction has freed pages in place times times, then closed: the next
+ * sequence to put. */
+static uint64_t store_freed(char *dir, size_t cap, int times)
+{
+    kvx_store *s = su_store(dir, cap, (su_spec){.capacity = CAP, .flags = HOLES});
+    uint8_t none[1] = {0};
+    uint64_t q = 0;
+    for (int k = 0; k < times; k++) q = fill_until_freed(s, q, none, 0);
+    kvx_store_close(s);
+    return q;
+}
+
 /* Every entry of every live shard of r is freed by the free log, or
  * served by its hash with the bytes put (what names the case). */
 static void entries_freed_or_served(kvx_store *r, const char *what)
@@ -419,10 +432,9 @@ static void test_readers_file_removed_by_hand(void **state)
 {
     (void)state;
     char dir[512];
-    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = CAP, .flags = HOLES});
+    uint64_t q = store_freed(dir, sizeof dir, 1);
     uint8_t none[1] = {0};
-    uint64_t q = fill_until_freed(s, 0, none, 0);
-    kvx_store_close(s);
+    kvx_store *s;
     reader_child r = reader_spawn(dir);
     char path[600];
     snprintf(path, sizeof path, "%s/READERS", dir);
@@ -477,10 +489,9 @@ static void test_views_outlive_close(void **state)
 {
     (void)state;
     char dir[512];
-    kvx_store *s = su_store(dir, sizeof dir, (su_spec){.capacity = CAP, .flags = HOLES});
+    uint64_t q = store_freed(dir, sizeof dir, 1);
     uint8_t none[1] = {0};
-    uint64_t q = fill_until_freed(s, 0, none, 0);
-    kvx_store_close(s);
+    kvx_store *s;
     enum { MAXV = 64 * NB };
     kvx_view *v = calloc(MAXV, sizeof *v);
     uint64_t *h = calloc(MAXV, sizeof *h);
@@ -555,17 +566,6 @@ static void test_damage_beside_holes(void **state)
     kvx_store_close(s);
 }
 
-/* A holes store at a fresh path (into base) whose eviction has freed
- * pages in place twice, closed; returns the next sequence to put. */
-static uint64_t store_freed_twice(char *base, size_t cap)
-{
-    kvx_store *s = su_store(base, cap, (su_spec){.capacity = CAP, .flags = HOLES});
-    uint8_t none[1] = {0};
-    uint64_t q = fill_until_freed(s, 0, none, 0);
-    q = fill_until_freed(s, q, none, 0);
-    kvx_store_close(s);
-    return q;
-}
 
 /* A copy of the store at base, at a fresh path (into dir). */
 static void store_copy(const char *base, char *dir, size_t cap)
@@ -592,7 +592,7 @@ static void test_catalog_commit_fails_after_free_record(void **state)
     (void)state;
     char base[512];
     uint8_t none[1] = {0};
-    uint64_t q = store_freed_twice(base, sizeof base);
+    uint64_t q = store_freed(base, sizeof base, 2);
     int after_record = 0;
     for (long k = 1; k < 60; k++) {
         char dir[512], what[64];
@@ -672,7 +672,7 @@ static void test_kill_at_each_step_of_a_free(void **state)
 {
     (void)state;
     char base[512];
-    uint64_t q = store_freed_twice(base, sizeof base);
+    uint64_t q = store_freed(base, sizeof base, 2);
     int killed_inside = 0;
     for (long k = 1; k < 400; k++) {
         int hit = 0;
