@@ -74,6 +74,26 @@ def test_hand_named_store_of_another_namespace_refused(tmp_path):
 
 
 # PROMISE: ENGINE-28
+def test_namespace_record_outlives_eviction(tmp_path):
+    """The record is written once, so it sits in the oldest shard, which eviction drops first. Found by an
+    attack: after enough sets the store held rev-A's pages but no record, and a hand-named directory reopened
+    under rev-B took it for a store from before namespaces and served rev-A's pages. Each flush now puts the
+    record again when its eviction took it: the store still records rev-A, and rev-B is refused."""
+    d = str(tmp_path / "by-hand")
+    kw = dict(path=d, per_rank_path=True, page_bytes=PB, capacity="1MiB", nosync=True)
+    with KvxConnector(**kw, **NS) as c:
+        record = c.namespace[1]
+        for i in range(0, 200, 2):
+            f = c.submit_batch_set(["k%d" % i, "k%d" % (i + 1)], [memoryview(rand_bytes(i, PB))] * 2)
+            assert drain_until(c, [f])[f][1]
+        assert c._store.stat()["evictions"] > 0
+    with kvx.Store.open(d, readonly=True) as st:
+        assert _common.read_namespace(st) == record
+    with pytest.raises(kvx.ShapeError):
+        KvxConnector(**kw, **dict(NS, revision="other"))
+
+
+# PROMISE: ENGINE-28
 def test_model_path_config_digest_is_the_revision(tmp_path):
     """No revision given: a local model directory's config files are digested as the revision, so changed weights
     config under the same model name opens another store."""

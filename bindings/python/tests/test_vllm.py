@@ -12,6 +12,7 @@ import pytest
 
 import kvx
 from conftest import damage_page, run_child
+from kvx.integrations import _common
 from kvx.integrations import vllm as kv
 from vllm_driver import LookupResult, Manager, Primary, S, create_secondary_tier, key, make_spec, tier_config
 
@@ -405,6 +406,31 @@ def test_namespace_names_the_store(tmp_path):
     assert d(make_spec(tp=2, agnostic=True)) == d(make_spec(tp=4, agnostic=True))  # parallelism-agnostic bytes
     with pytest.raises(kvx.ShapeError, match="another namespace"):
         tier(base, per_rank_path=True, revision="r9")
+
+
+# PROMISE: PY-17
+def test_namespace_record_outlives_eviction(tmp_path):
+    """The record is written once, in the oldest shard, which eviction drops first. Found by an attack: after
+    enough stores a hand-named tier held r1's chunks but no record, and reopened under r2 (float16) it took the
+    store for one from before namespaces and loaded r1's chunks. Each group's flush now puts the record again
+    when its eviction took it: the store still records r1, and r2 is refused."""
+    d = str(tmp_path / "by-hand")
+    t, p, m = tier(d, primary=Primary(32, SLOT), per_rank_path=True, capacity="256KiB", shard_bytes=65536)
+    try:
+        fill(p, range(32), 500)
+        for i in range(0, 32, 2):
+            m.submit_store([key(i), key(i + 1)], [i, i + 1])
+            t.drain_jobs()
+            assert all(r.success for r in t.get_finished_jobs())
+        assert t.kvx_stats()["evicted_keys"] > 0
+        record = t._record
+    finally:
+        t.shutdown()
+    with kvx.Store.open(d, readonly=True) as st:
+        assert _common.read_namespace(st) == record
+    with pytest.raises(kvx.ShapeError, match="another namespace"):
+        tier(d, primary=Primary(32, SLOT), spec=make_spec(dtype="float16"), per_rank_path=True, revision="r2",
+             capacity="256KiB", shard_bytes=65536)
 
 
 # PROMISE: PY-16

@@ -211,6 +211,21 @@ def read_namespace(st):
         return bytes(v.page)
 
 
+def keep_namespace(st, record, logger=None):
+    """After a writer's flush: the namespace record put again when that flush's eviction took it (eviction
+    drops the oldest shards whole, and the record, written once, sits in the oldest). A store whose pages
+    outlive their record would be taken at its next open for one written before namespaces, and a hand-named
+    directory opened under another namespace would then adopt its pages: wrong KV. A failure is logged once,
+    never raised (the flush before it stands)."""
+    try:
+        if read_namespace(st) is None:
+            with st.batch() as b:
+                b.keyed_put([NAMESPACE_KEY], [record])
+    except Exception as e:  # noqa: BLE001
+        log_once(("keep-namespace", id(st)), logging.WARNING, "kvx: the namespace record could not be put again "
+                 "after an eviction took it: %s", e, logger=logger)
+
+
 def dir_bytes(d):
     """Bytes of the files under d (what an operator frees by removing it)."""
     n = 0

@@ -212,6 +212,11 @@ class KvxConnector:
         self.close()
         return False
 
+    def _keep_namespace(self):
+        """After a flush: the namespace record again if its eviction took it (_common.keep_namespace)."""
+        if self.namespace is not None:
+            _common.keep_namespace(self._store, self.namespace[1])
+
     def _record_namespace(self):
         """Record this connector's namespace in a store holding none; refuse one that records another."""
         rec = _common.read_namespace(self._store)
@@ -316,6 +321,7 @@ class KvxConnector:
                             batch = self._store.batch()
                         batch.keyed_put(keys, bufs)
                         batch.flush()  # 0: durable; only now is the set ok
+                        self._keep_namespace()
                         res = (fid, True, "", None)
                     elif op == _EXISTS:
                         res = (fid, True, "", self._store.keyed_exists(keys)[0])
@@ -356,6 +362,7 @@ class KvxConnector:
         if op == _SET:  # the key pages in the same batch as the pages: one flush makes both durable
             batch.keyed_put(list(keys) + [kk for _, kk, _ in longs], list(bufs) + [full for _, _, full in longs])
             batch.flush()
+            self._keep_namespace()
             return None
         own = self._owned(longs)
         idx = [j for j in range(len(keys)) if own.get(j, True)]  # a digest's page another key owns: a miss

@@ -625,6 +625,7 @@ class KvxHiCacheStorage(_Base):
         t0 = time.perf_counter()
         with st.batch() as b:  # flushes on exit: 0 = durable; an exception drops only these pages
             b.keyed_put(keys, bufs)
+        _common.keep_namespace(st, self.namespace[1], logger=log)  # the flush's eviction may have taken it
         self._count(set_=pages, bytes_set=nbytes, seconds=time.perf_counter() - t0, read=False)
 
     # ---- the generic (copying) interface -----------------------------------

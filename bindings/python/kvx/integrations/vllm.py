@@ -394,6 +394,8 @@ class KvxSecondaryTier(_Base):
             ok = True  # the with block flushed: durable
         except Exception as e:
             self._fail("store", e)
+        if ok:
+            _common.keep_namespace(self._store, self._record, logger=log)
         dt = time.monotonic() - t0
         ev = self._take_evicted()
         for job_id, keys, cids, t_sub in group:
