@@ -433,6 +433,44 @@ def test_namespace_record_outlives_eviction(tmp_path):
              capacity="256KiB", shard_bytes=65536)
 
 
+def queued_together(t, m, jobs):
+    """Submits jobs [(keys, chunk ids)] while the tier's writer is held busy, so they wait and go in one group
+    (group commit); -> each job's success, in order."""
+    gate, store_group = threading.Event(), t._store_group
+    t._store_group = lambda group: (gate.wait(5), store_group(group))[1]
+    blocker = m.submit_store([key(1000)], [0])
+    time.sleep(0.2)  # the writer has taken it and waits at the gate
+    ids = [m.submit_store(keys, cids) for keys, cids in jobs]
+    gate.set()
+    t.drain_jobs()
+    done = {r.job_id: r.success for r in t.get_finished_jobs()}
+    assert done[blocker]
+    return [done[i] for i in ids]
+
+
+# PROMISE: PY-13
+def test_a_job_fails_for_its_own_reasons_only(tmp_path):
+    """Store jobs that wait together go in one flush. Found by an attack: one job's chunk id outside the view
+    failed its group's valid jobs, and on a store under 256 MiB a group of jobs that each fit failed whole
+    (KVX_ECAPACITY). Groups now stop at a quarter of the store, and a group that fails whole is stored job by
+    job: only the bad job fails, and every other is stored and loads byte for byte."""
+    t, p, m = tier(tmp_path, primary=Primary(8, SLOT))
+    try:
+        fill(p, range(8))
+        ok = queued_together(t, m, [([key(1)], [1]), ([key(2)], [99]), ([key(3)], [3])])
+        assert ok == [True, False, True]
+    finally:
+        t.shutdown()
+    big = 1 << 20
+    t, p, m = tier(tmp_path / "small", primary=Primary(24, big), capacity="8MiB")
+    try:
+        fill(p, range(24))
+        assert queued_together(t, m, [([key(100 + i)], [4 + i]) for i in range(12)]) == [True] * 12
+        assert t.kvx_stats()["stores_failed"] == 0
+    finally:
+        t.shutdown()
+
+
 # PROMISE: PY-16
 def test_no_exception_escapes(tmp_path):
     """Every failure is an answer: bad chunk ids, keys and ids that differ, the store closed underneath, the

@@ -370,7 +370,14 @@ class KvxSecondaryTier(_Base):
                 return
             group, stop = [item], False
             size = len(item[1]) * self._bs
-            while size < (256 << 20):  # the jobs waiting go in one flush
+            # the jobs waiting go in one flush, up to 256 MiB and a quarter of the store (a group over its
+            # capacity would fail whole: KVX_ECAPACITY)
+            cap = 256 << 20
+            try:
+                cap = min(cap, max(self._bs, self._store.stat()["capacity_bytes"] // 4))
+            except Exception:  # noqa: BLE001 (a closed store: the group's own flush says so)
+                pass
+            while size < cap:
                 try:
                     nxt = self._wq.get_nowait()
                 except queue.Empty:
@@ -385,14 +392,20 @@ class KvxSecondaryTier(_Base):
                 return
 
     def _store_group(self, group):
+        """One flush for the group's jobs. A group that fails whole (a job's bad chunk id, a group over what the
+        store can take) is stored again job by job: a job fails for its own reasons only (PY-13)."""
         t0 = time.monotonic()
         ok = False
         try:
-            with self._store.batch() as b:
+            with self._store.batch() as b:  # an exception inside drops the batch's pages: nothing is durable
                 for _, keys, cids, _ in group:
                     b.keyed_put(keys, [self._slot(c) for c in cids])
             ok = True  # the with block flushed: durable
         except Exception as e:
+            if len(group) > 1:
+                for job in group:
+                    self._store_group([job])
+                return
             self._fail("store", e)
         if ok:
             _common.keep_namespace(self._store, self._record, logger=log)
