@@ -344,12 +344,16 @@ def test_wrong_sizes_and_bad_keys_refused(tmp_path):
         lambda: c.submit_batch_get(["a"], [memoryview(bytes(PB))]),
         lambda: c.submit_batch_exists("one-key-not-a-list"),
     ]
+    small = KvxConnector(path=str(tmp_path / "small"), page_bytes=100, capacity="64MiB", nosync=True)
+    # a key over a 100-byte page, in a list (the bulk path; an attack found it took keys up to 255 bytes there)
+    bad += [lambda: small.submit_batch_exists(["x" * 200]), lambda: small.submit_batch_exists([b"x" * 101])]
     try:
         for i, call in enumerate(bad):
             with pytest.raises(kvx.InvalidError) as e:
                 call()
             assert e.value.code == kvx.EINVALID and e.value.name == "KVX_EINVALID", i
-        assert c.drain_completions() == []
+        assert c.drain_completions() == [] and small.drain_completions() == []
+        small.close()
         assert select.select([c.event_fd()], [], [], 0.05)[0] == []
         ok = c.submit_batch_set(["x" * 255, "y"], [page, memoryview(bytearray(100))])  # 255 bytes: a key
         assert ok == 1  # the refused submissions took no future id

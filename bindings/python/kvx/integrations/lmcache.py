@@ -237,7 +237,8 @@ class KvxConnector:
             try:
                 kb = [k.encode() if type(k) is str else (k if type(k) is bytes else None) for k in keys]
                 lens = list(map(len, kb))
-                if min(lens) >= 1 and max(lens) <= _common.KEY_MAX and not any(k.startswith(_RESERVED) for k in kb):
+                if min(lens) >= 1 and max(lens) <= min(_common.KEY_MAX, self.page_bytes) and \
+                        not any(k.startswith(_RESERVED) for k in kb):
                     return kb, None
             except (TypeError, UnicodeError, AttributeError):
                 pass
