@@ -123,6 +123,7 @@ class KvxConnector:
             self._store.close()
             raise
         self._mu = threading.Lock()  # future ids, completions, closed
+        self._pid = os.getpid()  # a forked child's copy is unusable: its lock may be held by a thread it lacks
         self._next_id = 1
         self._done = collections.deque()
         self._closed = False
@@ -169,6 +170,8 @@ class KvxConnector:
     def drain_completions(self):
         """Every completion posted so far, oldest first: [(future_id, ok, error, [bool] or None)]. Clears the
         eventfd first, so a completion posted meanwhile signals it again."""
+        if os.getpid() != self._pid:
+            return []  # a forked child's copy: nothing of the parent's is completed here
         with self._mu:
             if self._closed:
                 return []
@@ -184,6 +187,9 @@ class KvxConnector:
         """Stop: the operations being run finish, the queued ones are dropped (never completed: a set not
         completed was never acknowledged), then the store and the eventfd close. After close returns no
         buffer given to a submission is read or written again. Idempotent."""
+        if os.getpid() != self._pid:  # a forked child's copy: the parent's threads and store are the parent's
+            self._closed = True
+            return
         with self._mu:
             if self._closed:
                 return
@@ -292,6 +298,8 @@ class KvxConnector:
         return out
 
     def _submit(self, op, keys, bufs, longs=None):
+        if os.getpid() != self._pid:  # never its lock: a parent thread may have held it at the fork
+            raise ValueError("kvx: this connector belongs to the parent of a fork: open one in the child")
         with self._mu:
             if self._closed:
                 raise ValueError("kvx: the connector is closed")
