@@ -363,6 +363,8 @@ def test_wrong_sizes_and_bad_keys_refused(tmp_path):
     buffer differs in length from the page: False, untouched."""
     c = KvxConnector(path=str(tmp_path / "bad"), page_bytes=PB, capacity="64MiB", nosync=True)
     page = memoryview(bytearray(PB))
+    released = memoryview(bytearray(PB))
+    released.release()
     bad = [
         lambda: c.submit_batch_set([], []),
         lambda: c.submit_batch_exists([]),
@@ -377,6 +379,10 @@ def test_wrong_sizes_and_bad_keys_refused(tmp_path):
         lambda: c.submit_batch_set(["a", "b"], [page]),
         lambda: c.submit_batch_get(["a"], [memoryview(bytes(PB))]),
         lambda: c.submit_batch_exists("one-key-not-a-list"),
+        # None for either list, a released buffer (an attack found TypeError and ValueError escaping here)
+        lambda: c.submit_batch_exists(None),
+        lambda: c.submit_batch_set(["k"], None),
+        lambda: c.submit_batch_set(["k"], [released]),
     ]
     small = KvxConnector(path=str(tmp_path / "small"), page_bytes=100, capacity="64MiB", nosync=True)
     # a key over a 100-byte page, in a list (the bulk path; an attack found it took keys up to 255 bytes there)

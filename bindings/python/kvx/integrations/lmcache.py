@@ -250,7 +250,10 @@ class KvxConnector:
                 pass
         if isinstance(keys, (str, bytes)):
             _common.raise_kvx(kvx.InvalidError, kvx.EINVALID, f"{what}: keys is a list of keys, not one key")
-        keys = list(keys)
+        try:
+            keys = list(keys)
+        except TypeError:
+            _common.raise_kvx(kvx.InvalidError, kvx.EINVALID, f"{what}: keys is not a list of keys")
         if not keys:
             _common.raise_kvx(kvx.InvalidError, kvx.EINVALID, f"{what}: keys list is empty")
         out, longs = [], []
@@ -275,17 +278,21 @@ class KvxConnector:
                     sizes = [m.nbytes for m in ms]
                     if min(sizes) >= 1 and max(sizes) <= self.page_bytes:
                         return ms
-            except TypeError:
+            except (TypeError, ValueError):  # any doubt (a released view): the exact path below names it
                 pass
-        bufs = list(bufs)
+        try:
+            bufs = list(bufs)
+        except TypeError:
+            _common.raise_kvx(kvx.InvalidError, kvx.EINVALID, f"{what}: memoryviews is not a list of buffers")
         if len(bufs) != n:
             _common.raise_kvx(kvx.InvalidError, kvx.EINVALID, f"{what}: {n} keys but {len(bufs)} memoryviews")
         out = []
         for i, b in enumerate(bufs):
             try:
                 m = memoryview(b)
-            except TypeError:
-                _common.raise_kvx(kvx.InvalidError, kvx.EINVALID, f"{what}: memoryviews[{i}] is not a buffer")
+            except (TypeError, ValueError):  # ValueError: a released memoryview
+                _common.raise_kvx(kvx.InvalidError, kvx.EINVALID, f"{what}: memoryviews[{i}] is not a buffer "
+                                  "(or was released)")
             if not m.c_contiguous or (writable and m.readonly):
                 _common.raise_kvx(kvx.InvalidError, kvx.EINVALID,
                                   f"{what}: memoryviews[{i}] is not a contiguous{' writable' if writable else ''} "
