@@ -310,18 +310,23 @@ static int st_active_settle(kvx_store *s, const char *name, uint64_t gen, uint32
 
 /* How many entries the records of shards/<name> below sequence number
  * below hold, read only (a writer's resume would cut the rest);
- * UINT32_MAX when it cannot be read (settling says why). */
-static uint32_t st_active_count(kvx_store *s, const char *name, uint64_t gen, uint32_t byte, uint64_t below)
+ * UINT32_MAX when it cannot be read (settling says why). *out_tail
+ * (nullable): whether the journal holds bytes past those records. */
+static uint32_t st_active_count(kvx_store *s, const char *name, uint64_t gen, uint32_t byte, uint64_t below,
+                                int *out_tail)
 {
     kvx_active_params p;
     kvx_st_active_params(s, byte, gen, &p);
-    int fd = kvx_os.openat(s->shardsfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+    /* O_NONBLOCK: a FIFO put at the name since it was looked at must not hang recovery */
+    int fd = kvx_os.openat(s->shardsfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0);
     struct stat st;
     kvx_journal_state js;
     uint32_t n = UINT32_MAX;
-    if (fd >= 0 && kvx_os.fstat(fd, &st) == 0 &&
+    if (out_tail) *out_tail = 0;
+    if (fd >= 0 && kvx_os.fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
         kvx_journal_read_below(fd, (uint64_t)st.st_size, &p, below, &js) == 0) {
         n = js.n;
+        if (out_tail) *out_tail = js.tail_end > js.next_pos;
         free(js.tables);
     }
     if (fd >= 0) kvx_os.close(fd);
@@ -329,38 +334,27 @@ static uint32_t st_active_count(kvx_store *s, const char *name, uint64_t gen, ui
     return n;
 }
 
-/* Is the first entry past shards/<name>'s whole records (gen, byte) one
- * the catalog names, while the journal holds bytes past those records?
- * Then its record was whole once: the catalog edit follows the record's
- * fdatasync, and a record torn by a crash or a power cut never reached
- * the catalog. It is an acknowledged flush damaged since (a bit flipped),
- * not a torn tail, and cutting it would delete what was acknowledged on
- * the word of a CRC (DESIGN.md rule 2). A catalog that cannot be read says
- * nothing (0). */
+/* Is the first entry past shards/<name>'s whole records (gen, byte; n of
+ * them) one the catalog names, while the journal holds bytes past those
+ * records? Then its record was whole once: the catalog edit follows the
+ * record's fdatasync, and a record torn by a crash or a power cut never
+ * reached the catalog. It is an acknowledged flush damaged since (a bit
+ * flipped), not a torn tail, and cutting it would delete what was
+ * acknowledged on the word of a CRC (DESIGN.md rule 2). A catalog that
+ * cannot be read says nothing (0). */
 static int st_active_tail_acknowledged(kvx_store *s, const char *name, uint64_t gen, uint32_t byte, uint32_t *out_n)
 {
-    kvx_active_params p;
-    kvx_st_active_params(s, byte, gen, &p);
-    int fd = kvx_os.openat(s->shardsfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0);
-    struct stat st;
-    kvx_journal_state js;
-    int torn = 0;
-    if (fd >= 0 && kvx_os.fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
-        kvx_journal_read(fd, (uint64_t)st.st_size, &p, &js) == 0) {
-        torn = js.tail_end > js.next_pos;
-        *out_n = js.n;
-        free(js.tables);
-    }
-    if (fd >= 0) kvx_os.close(fd);
-    kvx_clear_error();
-    if (!torn || !s->cat || js.n > 0xFFFFu) return 0; /* no coordinate names it */
+    int tail = 0;
+    uint32_t n = st_active_count(s, name, gen, byte, UINT64_MAX, &tail);
+    *out_n = n;
+    if (!tail || n > 0xFFFFu || !s->cat) return 0; /* nothing past them, or no coordinate names it */
     kvx_cat_snap *snap;
     if (kvx_cat_snap_begin(s->cat, &snap) != 0) {
         kvx_clear_error();
         return 0;
     }
     kvx_cat_coord cv;
-    int named = kvx_cat_coord_get(snap, KVX_COORD(byte, js.n, 0), &cv) == 0 && cv.gen == gen;
+    int named = kvx_cat_coord_get(snap, KVX_COORD(byte, n, 0), &cv) == 0 && cv.gen == gen;
     kvx_cat_snap_end(snap);
     kvx_clear_error();
     return named;
@@ -384,10 +378,11 @@ static int st_active_recover_one(kvx_store *s, int dirfd, const char *name, void
     struct stat st;
     if (kvx_os.fstatat(s->shardsfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT ? 0 : -errno;
     if (!S_ISREG(st.st_mode)) return 0; /* never followed: the plan leaves it alone */
-    uint32_t all = m->n ? st_active_count(s, name, gen, byte, UINT64_MAX) : 0;
+    uint32_t all = m->n ? st_active_count(s, name, gen, byte, UINT64_MAX, NULL) : 0;
     for (size_t i = 0; i < m->n && all != UINT32_MAX && below == UINT64_MAX; i++) {
-        uint32_t lo = st_active_count(s, name, gen, byte, m->v[i]);
-        if (lo != UINT32_MAX && lo < all && st_active_count(s, name, gen, byte, m->v[i] + 1) > lo) below = m->v[i];
+        uint32_t lo = st_active_count(s, name, gen, byte, m->v[i], NULL);
+        if (lo != UINT32_MAX && lo < all && st_active_count(s, name, gen, byte, m->v[i] + 1, NULL) > lo)
+            below = m->v[i];
     }
     uint32_t whole = 0;
     if (below == UINT64_MAX && st_active_tail_acknowledged(s, name, gen, byte, &whole)) {

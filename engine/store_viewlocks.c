@@ -53,8 +53,8 @@ void kvx_st_vlocks_keep(kvx_store *s)
         /* still the only writer (its LOCK is held until after this): no
          * other process holds these exclusively, so the tries succeed; a
          * later writer's exclusive try then fails while a view lives */
-        if (s->readers_fd >= 0 && kvx_os.flock(s->readers_fd, LOCK_SH | LOCK_NB) != 0) kvx_clear_error();
-        if (s->shardsfd >= 0 && kvx_os.flock(s->shardsfd, LOCK_SH | LOCK_NB) != 0) kvx_clear_error();
+        if (s->readers_fd >= 0) (void)kvx_os.flock(s->readers_fd, LOCK_SH | LOCK_NB);
+        if (s->shardsfd >= 0) (void)kvx_os.flock(s->shardsfd, LOCK_SH | LOCK_NB);
     }
     k->fd[0] = s->readers_fd;
     k->fd[1] = s->shardsfd;
