@@ -364,19 +364,19 @@ class KvxSecondaryTier(_Base):
         return self._flat[c * self._bs:(c + 1) * self._bs]
 
     def _writer(self):
+        # the jobs waiting go in one flush, up to 256 MiB and a quarter of the store (a group over its
+        # capacity would fail whole: KVX_ECAPACITY); the capacity is the store's for its whole life
+        cap = 256 << 20
+        try:
+            cap = min(cap, max(self._bs, self._store.stat()["capacity_bytes"] // 4))
+        except Exception:  # noqa: BLE001 (a closed store: the group's own flush says so)
+            pass
         while True:
             item = self._wq.get()
             if item is _STOP:
                 return
             group, stop = [item], False
             size = len(item[1]) * self._bs
-            # the jobs waiting go in one flush, up to 256 MiB and a quarter of the store (a group over its
-            # capacity would fail whole: KVX_ECAPACITY)
-            cap = 256 << 20
-            try:
-                cap = min(cap, max(self._bs, self._store.stat()["capacity_bytes"] // 4))
-            except Exception:  # noqa: BLE001 (a closed store: the group's own flush says so)
-                pass
             while size < cap:
                 try:
                     nxt = self._wq.get_nowait()
